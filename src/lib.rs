@@ -1,0 +1,20 @@
+//! durable-informer: Kubernetes informers whose cache lives in an embedded, crash-safe
+//! database ([redb](https://docs.rs/redb)) instead of process memory.
+//!
+//! The pipeline, one module per stage (see `design.md`):
+//!
+//! * [`store`] — the redb schema, codec, the single writer thread and the read handles;
+//! * [`sim`] — a simulated Kubernetes API server for tests, benches and the demo;
+//! * [`queue`] — client-go style rate-limited workqueue.
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
+pub mod error;
+pub mod selector;
+pub mod store;
+
+#[cfg(feature = "sim")]
+pub mod sim;
+
+pub mod queue;
+
+pub use error::{Error, Result};

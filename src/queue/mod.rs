@@ -1,0 +1,1 @@
+//! Rate-limited workqueue with client-go semantics.
