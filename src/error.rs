@@ -1,9 +1,121 @@
 //! Error enums per stage and the umbrella [`Error`].
+//!
+//! Every message says what happened and, where the caller can act, what to do. Credentials
+//! never appear in any of them.
+
+use std::path::PathBuf;
+
+use crate::store::{CodecError, KeyError, ResourceVersion, ScopeId};
+
+/// Errors of the durable store (opening, writing, reading).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum StoreError {
+    /// The file exists but is not a redb database.
+    #[error("{path}: not a durable-informer database (no redb header); pass a new path or remove the file")]
+    NotADatabase {
+        /// The file.
+        path: PathBuf,
+    },
+    /// Another process (or another handle in this one) has the database open.
+    #[error("{path}: the database is locked by another process; stop it or use another --db file")]
+    Locked {
+        /// The file.
+        path: PathBuf,
+    },
+    /// The database is damaged.
+    #[error("{path}: the database is corrupted ({detail}); restore a backup or delete the file to rebuild it from the cluster")]
+    Corrupted {
+        /// The file.
+        path: PathBuf,
+        /// What was found.
+        detail: String,
+    },
+    /// Written by a newer release with a schema this build does not know.
+    #[error("{path}: database schema version {found} is newer than this build supports ({supported}); upgrade durable-informer or use another file")]
+    NewerSchema {
+        /// The file.
+        path: PathBuf,
+        /// The schema version found.
+        found: u32,
+        /// The newest schema version this build knows.
+        supported: u32,
+    },
+    /// The database was filled from another cluster.
+    #[error("database belongs to cluster {stored:?}, but the server is cluster {found:?}; use another --db file, or reset it to rebuild from this cluster")]
+    ClusterMismatch {
+        /// Identity stored in the database.
+        stored: String,
+        /// Identity of the server now.
+        found: String,
+    },
+    /// An I/O error opening or creating the file.
+    #[error("{path}: {source}")]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// redb failed (a full disk shows up here as an I/O error with "No space left on device").
+    #[error("{path}: storage error: {source}; the last committed state is intact")]
+    Storage {
+        /// The file.
+        path: PathBuf,
+        /// The cause.
+        #[source]
+        source: redb::Error,
+    },
+    /// A value in the database or an incoming object does not encode/decode.
+    #[error(transparent)]
+    Codec(#[from] CodecError),
+    /// An object key cannot be stored.
+    #[error(transparent)]
+    Key(#[from] KeyError),
+    /// A batch would move a scope's resourceVersion backwards outside a relist (invariant 2).
+    #[error("{scope}: resourceVersion would go backwards from {persisted} to {offered}; relist instead")]
+    RvRegression {
+        /// The scope.
+        scope: ScopeId,
+        /// What is persisted.
+        persisted: ResourceVersion,
+        /// What the batch carried.
+        offered: ResourceVersion,
+    },
+    /// No scope with that id.
+    #[error("{0}: no such scope in this database")]
+    UnknownScope(ScopeId),
+    /// No index of that name on the scope.
+    #[error("{scope}: no index named {name:?} (register it with the informer's indexers)")]
+    UnknownIndex {
+        /// The scope.
+        scope: ScopeId,
+        /// The index name.
+        name: String,
+    },
+    /// The writer thread has stopped (the store was closed, or it failed to start).
+    #[error("the database writer has stopped")]
+    WriterGone,
+    /// Another command in the same group commit failed, so this one was not committed.
+    #[error("not committed: {0}")]
+    Aborted(String),
+}
+
+impl StoreError {
+    /// A copy suitable for acknowledging every command of an aborted group commit.
+    pub(crate) fn to_aborted(&self) -> StoreError {
+        StoreError::Aborted(self.to_string())
+    }
+}
 
 /// The umbrella error of the crate.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
+    /// The durable store failed.
+    #[error(transparent)]
+    Store(#[from] StoreError),
     /// An I/O error outside the database.
     #[error("I/O error: {0}")]
     Io(#[from] std::io::Error),

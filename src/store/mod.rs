@@ -1,1 +1,391 @@
-//! The durable store.
+//! The durable store: a redb database holding the delta log, the objects, the secondary indexes
+//! and each scope's resourceVersion, always changed together in one write transaction.
+//!
+//! It owns everything that touches redb; nothing above it opens a transaction. Writes go through
+//! one [`Writer`] thread (redb is blocking, so it never runs inside an async task); reads go
+//! through cheap cloned [`Store`] / [`LogReader`] handles over MVCC read transactions that the
+//! writer never blocks.
+//!
+//! ## Usage
+//!
+//! ```no_run
+//! use durable_informer::store::{Batch, Delta, DeltaKind, DurableStore, RawObject, ScopeSpec, StoreConfig};
+//!
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let db = DurableStore::open(StoreConfig::new("/tmp/cache.redb"))?;
+//! let scope = db.writer().register_scope_blocking(&ScopeSpec::new("", "v1", "configmaps"))?;
+//! let obj = RawObject::from_json(r#"{"metadata":{"name":"a","namespace":"ns","resourceVersion":"5"}}"#.as_bytes().to_vec())?;
+//! db.writer().apply_blocking(Batch::new(scope).delta(DeltaKind::Added, obj).rv("5"))?;
+//! let store = db.store(scope);
+//! assert_eq!(store.list()?.len(), 1);
+//! # Ok(()) }
+//! ```
+//!
+//! ## Crash safety
+//!
+//! Invariant 1: log entries, object rows, index rows and a scope's RV change in one transaction,
+//! so after any crash the database equals the state at some committed RV. A commit is
+//! acknowledged only after redb returned from a durable commit (unless
+//! [`StoreConfig::durable`] was turned off, which trades the last commits before a power loss for
+//! speed; a process crash alone loses nothing even then, as redb writes through the page cache).
+
+mod check;
+mod codec;
+mod index;
+mod migrate;
+mod read;
+mod schema;
+mod writer;
+
+use std::fs::OpenOptions;
+use std::io::Read;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+pub use check::CheckReport;
+pub use codec::{extract_meta, CodecError, Compression, DeltaKind, ObjectMeta, OwnerReference, RawObject, ScopeRecord};
+pub use index::{IndexFunc, Indexer, LABELS, NAMESPACE};
+pub use read::{LogReader, LogRecord, Snapshot, Store, StoredObject};
+pub use schema::{IndexName, IndexValue, KeyError, ObjectKey, ResourceVersion, ScopeId, Seq};
+pub use writer::{Batch, Committed, CompactReport, Delta, RelistSummary, Writer};
+
+pub use crate::error::StoreError;
+
+use index::IndexRegistry;
+
+/// The newest schema version this build writes (see `migrations/`).
+pub const SCHEMA_VERSION: u32 = migrate::LATEST;
+
+/// What a scope watches: resource, namespace and selectors. Two informers with equal specs
+/// share one scope.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Default)]
+pub struct ScopeSpec {
+    /// API group (`""` for core).
+    pub group: String,
+    /// API version.
+    pub version: String,
+    /// Plural resource name.
+    pub resource: String,
+    /// Namespace, or `None` for all namespaces / cluster-scoped resources.
+    pub namespace: Option<String>,
+    /// Label selector, as sent to the server.
+    pub label_selector: Option<String>,
+    /// Field selector, as sent to the server.
+    pub field_selector: Option<String>,
+}
+
+impl ScopeSpec {
+    /// A scope over all namespaces with no selectors.
+    #[must_use]
+    pub fn new(group: &str, version: &str, resource: &str) -> Self {
+        Self {
+            group: group.to_owned(),
+            version: version.to_owned(),
+            resource: resource.to_owned(),
+            ..Self::default()
+        }
+    }
+
+    /// Restricts the scope to one namespace.
+    #[must_use]
+    pub fn namespace(mut self, ns: &str) -> Self {
+        self.namespace = Some(ns.to_owned());
+        self
+    }
+
+    /// Adds a label selector.
+    #[must_use]
+    pub fn labels(mut self, selector: &str) -> Self {
+        self.label_selector = Some(selector.to_owned()).filter(|s| !s.is_empty());
+        self
+    }
+
+    /// Adds a field selector.
+    #[must_use]
+    pub fn fields(mut self, selector: &str) -> Self {
+        self.field_selector = Some(selector.to_owned()).filter(|s| !s.is_empty());
+        self
+    }
+
+    /// The canonical string that identifies the scope in the database:
+    /// `group/version/resource?ns=…&labels=…&fields=…`.
+    #[must_use]
+    pub fn canonical(&self) -> String {
+        format!(
+            "{}/{}/{}?ns={}&labels={}&fields={}",
+            self.group,
+            self.version,
+            self.resource,
+            self.namespace.as_deref().unwrap_or(""),
+            self.label_selector.as_deref().unwrap_or(""),
+            self.field_selector.as_deref().unwrap_or("")
+        )
+    }
+}
+
+/// How to open a [`DurableStore`].
+#[derive(Debug, Clone)]
+pub struct StoreConfig {
+    pub(crate) path: PathBuf,
+    pub(crate) durable: bool,
+    pub(crate) cache_bytes: usize,
+    pub(crate) max_batch_deltas: usize,
+    pub(crate) max_batch_bytes: usize,
+    pub(crate) compression: Compression,
+    pub(crate) retention_entries: Option<u64>,
+    pub(crate) retention_age: Option<Duration>,
+    pub(crate) check_integrity: bool,
+}
+
+impl StoreConfig {
+    /// Defaults: durable commits, 256 MiB page cache, group commits of up to 10,000 deltas or
+    /// 64 MiB, no compression, log retention of 1,000,000 entries.
+    #[must_use]
+    pub fn new(path: impl Into<PathBuf>) -> Self {
+        Self {
+            path: path.into(),
+            durable: true,
+            cache_bytes: 256 << 20,
+            max_batch_deltas: 10_000,
+            max_batch_bytes: 64 << 20,
+            compression: Compression::None,
+            retention_entries: Some(1_000_000),
+            retention_age: None,
+            check_integrity: false,
+        }
+    }
+
+    /// Whether commits are fsynced before they are acknowledged (default true). Without it a
+    /// power loss can lose the last acknowledged commits (the database stays consistent).
+    #[must_use]
+    pub fn durable(mut self, durable: bool) -> Self {
+        self.durable = durable;
+        self
+    }
+
+    /// redb's page cache size.
+    #[must_use]
+    pub fn cache_bytes(mut self, bytes: usize) -> Self {
+        self.cache_bytes = bytes;
+        self
+    }
+
+    /// Bounds of one group commit.
+    #[must_use]
+    pub fn group_commit(mut self, max_deltas: usize, max_bytes: usize) -> Self {
+        self.max_batch_deltas = max_deltas.max(1);
+        self.max_batch_bytes = max_bytes.max(1);
+        self
+    }
+
+    /// Compression of stored object bytes.
+    #[must_use]
+    pub fn compression(mut self, compression: Compression) -> Self {
+        self.compression = compression;
+        self
+    }
+
+    /// Keep at most this many log entries (compaction never removes entries a durable cursor
+    /// has not passed). `None` keeps everything.
+    #[must_use]
+    pub fn retention_entries(mut self, entries: Option<u64>) -> Self {
+        self.retention_entries = entries;
+        self
+    }
+
+    /// Keep log entries younger than this (measured from the commit that wrote them).
+    #[must_use]
+    pub fn retention_age(mut self, age: Option<Duration>) -> Self {
+        self.retention_age = age;
+        self
+    }
+
+    /// Verify every page checksum on open (slow for large files; catches tampered files).
+    #[must_use]
+    pub fn check_integrity(mut self, check: bool) -> Self {
+        self.check_integrity = check;
+        self
+    }
+
+    /// The database path.
+    #[must_use]
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+/// State shared by the writer and every read handle.
+pub(crate) struct Shared {
+    pub(crate) db: redb::Database,
+    pub(crate) path: PathBuf,
+    pub(crate) indexes: IndexRegistry,
+}
+
+impl Shared {
+    pub(crate) fn storage<E: Into<redb::Error>>(&self, e: E) -> StoreError {
+        StoreError::Storage {
+            path: self.path.clone(),
+            source: e.into(),
+        }
+    }
+}
+
+/// An open database: the writer thread plus the factory for read handles.
+///
+/// Dropping it (or calling [`close`](Self::close)) stops the writer after it committed
+/// everything queued; read handles keep the file open until they are dropped too.
+pub struct DurableStore {
+    shared: Arc<Shared>,
+    writer: Writer,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+const REDB_MAGIC: [u8; 9] = [b'r', b'e', b'd', b'b', 0x1A, 0x0A, 0xA9, 0x0D, 0x0A];
+
+impl DurableStore {
+    /// Opens (or creates, with mode 0600) the database, migrates an older schema in one
+    /// transaction, and starts the writer thread.
+    ///
+    /// This blocks (file I/O); from async code call it through `tokio::task::spawn_blocking`.
+    pub fn open(config: StoreConfig) -> Result<Self, StoreError> {
+        let path = config.path.clone();
+        let io = |source| StoreError::Io {
+            path: path.clone(),
+            source,
+        };
+        // Invariant 5: the file may hold Secrets, so it is created readable by the owner only.
+        let mut file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .mode(0o600)
+            .open(&path)
+            .map_err(io)?;
+        let len = file.metadata().map_err(io)?.len();
+        if len > 0 {
+            let mut magic = [0u8; 9];
+            if (len as usize) < magic.len() || file.read_exact(&mut magic).is_err() || magic != REDB_MAGIC {
+                return Err(StoreError::NotADatabase { path });
+            }
+        }
+        let backend = redb::backends::FileBackend::new(file).map_err(|e| classify_open(&path, e))?;
+        let mut builder = redb::Builder::new();
+        builder.set_cache_size(config.cache_bytes);
+        builder.set_check_integrity_on_open(config.check_integrity);
+        // redb may panic on a damaged file instead of returning an error; a damaged file must give
+        // an error that names it, so the panic is caught here, at the one place files are opened.
+        let opened = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| builder.create_with_backend(backend)));
+        let db = match opened {
+            Ok(Ok(db)) => db,
+            Ok(Err(e)) => return Err(classify_open(&path, e)),
+            Err(panic) => {
+                let detail = panic
+                    .downcast_ref::<String>()
+                    .cloned()
+                    .or_else(|| panic.downcast_ref::<&str>().map(|s| (*s).to_owned()))
+                    .unwrap_or_else(|| "redb panicked while opening it".to_owned());
+                return Err(StoreError::Corrupted { path, detail });
+            }
+        };
+        let shared = Arc::new(Shared {
+            db,
+            path,
+            indexes: IndexRegistry::default(),
+        });
+        migrate::run(&shared)?;
+        let (writer, thread) = writer::spawn(shared.clone(), &config)?;
+        Ok(Self {
+            shared,
+            writer,
+            thread: Some(thread),
+        })
+    }
+
+    /// The handle through which every write goes. Cheap to clone.
+    #[must_use]
+    pub fn writer(&self) -> Writer {
+        self.writer.clone()
+    }
+
+    /// A read handle over one scope.
+    #[must_use]
+    pub fn store(&self, scope: ScopeId) -> Store {
+        Store::new(self.shared.clone(), scope)
+    }
+
+    /// A reader of the delta log.
+    #[must_use]
+    pub fn log(&self) -> LogReader {
+        LogReader::new(self.shared.clone())
+    }
+
+    /// Registers an index function for a scope in this process. Rows are maintained from now
+    /// on; call [`Writer::ensure_index`] to backfill existing objects and record the index.
+    pub fn register_index(&self, scope: ScopeId, indexer: Indexer) {
+        self.shared.indexes.register(scope, indexer);
+    }
+
+    /// Verifies the invariants of the design (see [`CheckReport`]). Runs in one read
+    /// transaction; blocking.
+    pub fn check(&self) -> Result<CheckReport, StoreError> {
+        check::run(&self.shared)
+    }
+
+    /// The database file.
+    #[must_use]
+    pub fn path(&self) -> &Path {
+        &self.shared.path
+    }
+
+    /// Every scope in the database with its record.
+    pub fn scopes(&self) -> Result<Vec<(ScopeId, ScopeRecord)>, StoreError> {
+        read::scopes(&self.shared)
+    }
+
+    /// The stored cluster identity, if any.
+    pub fn cluster_identity(&self) -> Result<Option<String>, StoreError> {
+        read::meta_string(&self.shared, schema::META_CLUSTER_IDENTITY)
+    }
+
+    /// Stops the writer after everything queued was committed, and waits for it.
+    pub fn close(mut self) -> Result<(), StoreError> {
+        self.stop()
+    }
+
+    fn stop(&mut self) -> Result<(), StoreError> {
+        self.writer.shutdown();
+        if let Some(t) = self.thread.take() {
+            t.join().map_err(|_| StoreError::WriterGone)?;
+        }
+        Ok(())
+    }
+}
+
+impl Drop for DurableStore {
+    fn drop(&mut self) {
+        let _ = self.stop();
+    }
+}
+
+fn classify_open(path: &Path, e: redb::DatabaseError) -> StoreError {
+    match e {
+        redb::DatabaseError::DatabaseAlreadyOpen | redb::DatabaseError::LockProtocolMismatch => {
+            StoreError::Locked { path: path.to_owned() }
+        }
+        redb::DatabaseError::UpgradeRequired(v) => StoreError::Corrupted {
+            path: path.to_owned(),
+            detail: format!("redb file format {v} needs a manual upgrade"),
+        },
+        redb::DatabaseError::Storage(redb::StorageError::Corrupted(detail)) => StoreError::Corrupted {
+            path: path.to_owned(),
+            detail,
+        },
+        other => StoreError::Storage {
+            path: path.to_owned(),
+            source: other.into(),
+        },
+    }
+}

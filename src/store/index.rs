@@ -1,0 +1,101 @@
+//! Secondary indexes: the functions that compute index values, and their registry.
+//!
+//! Namespace listing needs no index: objects are keyed by (scope, namespace, name), so one
+//! namespace is a key-range scan. Index rows are written only for indexes a scope asked for:
+//! the built-in [`LABELS`] index (`key=value` per label) or custom functions registered by name.
+
+use std::collections::{BTreeMap, HashMap};
+use std::fmt;
+use std::sync::{Arc, RwLock};
+
+use super::codec::ObjectMeta;
+use super::schema::{IndexName, ScopeId};
+
+/// Name of the built-in label index; its values are `key=value`.
+pub const LABELS: &str = "labels";
+
+/// Name under which [`by_index`](super::Store::by_index) answers from the key order instead of
+/// index rows: its value is a namespace.
+pub const NAMESPACE: &str = "namespace";
+
+/// Computes the values an object is indexed under, from its metadata and JSON bytes.
+pub type IndexFunc = Arc<dyn Fn(&ObjectMeta, &[u8]) -> Vec<String> + Send + Sync>;
+
+/// An index a scope maintains.
+#[derive(Clone)]
+pub struct Indexer {
+    /// Its name.
+    pub name: IndexName,
+    /// Its function.
+    pub func: IndexFunc,
+}
+
+impl fmt::Debug for Indexer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Indexer")
+            .field("name", &self.name)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Indexer {
+    /// The built-in label index: one value `key=value` per label.
+    #[must_use]
+    pub fn labels() -> Self {
+        Self::new(LABELS, |meta, _| {
+            meta.labels.iter().map(|(k, v)| format!("{k}={v}")).collect()
+        })
+    }
+
+    /// A custom index. The function must be deterministic: the same object must always give
+    /// the same values (`check` compares stored rows with fresh answers).
+    ///
+    /// ```
+    /// use durable_informer::store::Indexer;
+    /// let by_owner = Indexer::new("owner", |meta, _json| {
+    ///     meta.owner_references.iter().map(|o| o.name.clone()).collect()
+    /// });
+    /// assert_eq!(by_owner.name.0, "owner");
+    /// ```
+    pub fn new(name: &str, func: impl Fn(&ObjectMeta, &[u8]) -> Vec<String> + Send + Sync + 'static) -> Self {
+        Self {
+            name: IndexName(name.to_owned()),
+            func: Arc::new(func),
+        }
+    }
+
+    /// The sorted, deduplicated values for one object.
+    #[must_use]
+    pub fn values(&self, meta: &ObjectMeta, json: &[u8]) -> Vec<String> {
+        let mut v = (self.func)(meta, json);
+        v.sort_unstable();
+        v.dedup();
+        v
+    }
+}
+
+/// Index functions per scope, shared by the writer (which maintains rows) and `check`.
+/// Functions cannot be persisted: a process registers them again on every start.
+#[derive(Clone, Default)]
+pub(crate) struct IndexRegistry {
+    inner: Arc<RwLock<HashMap<ScopeId, BTreeMap<IndexName, Indexer>>>>,
+}
+
+impl IndexRegistry {
+    pub(crate) fn register(&self, scope: ScopeId, indexer: Indexer) {
+        let mut map = self.inner.write().unwrap_or_else(std::sync::PoisonError::into_inner);
+        map.entry(scope).or_default().insert(indexer.name.clone(), indexer);
+    }
+
+    pub(crate) fn for_scope(&self, scope: ScopeId) -> Vec<Indexer> {
+        let map = self.inner.read().unwrap_or_else(std::sync::PoisonError::into_inner);
+        map.get(&scope)
+            .map(|m| m.values().cloned().collect())
+            .unwrap_or_default()
+    }
+
+    pub(crate) fn get(&self, scope: ScopeId, name: &IndexName) -> Option<Indexer> {
+        let map = self.inner.read().unwrap_or_else(std::sync::PoisonError::into_inner);
+        map.get(&scope).and_then(|m| m.get(name).cloned())
+    }
+}

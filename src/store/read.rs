@@ -1,0 +1,438 @@
+//! Read handles: [`Store`] over one scope's objects and indexes, [`Snapshot`] for several reads
+//! at one point in time, and [`LogReader`] over the delta log.
+//!
+//! Every read runs in a redb read transaction (MVCC): it sees one committed state and is never
+//! blocked by the writer. Reads are synchronous and short (microseconds per object), like
+//! client-go's listers; a list of a very large scope is proportional to its size.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use redb::{ReadTransaction, ReadableDatabase, ReadableTable};
+use serde::de::DeserializeOwned;
+
+use super::codec::{self, DataRef, DeltaKind, ObjectHeader, ObjectMeta, PrevRef, ScopeRecord};
+use super::index::NAMESPACE;
+use super::schema::{
+    keys, IndexName, IndexValue, ObjectKey, ResourceVersion, ScopeId, Seq, CURSORS, INDEX, LOG, META, OBJECTS, SCOPES,
+};
+use super::{Shared, StoreError};
+
+/// One stored object: its key, metadata and JSON bytes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoredObject {
+    /// Its key.
+    pub key: ObjectKey,
+    /// Its metadata.
+    pub meta: ObjectMeta,
+    /// Its JSON bytes (as received, after the informer's transform).
+    pub bytes: Bytes,
+}
+
+impl StoredObject {
+    /// Decodes the JSON into `K` (for example `k8s_openapi::api::core::v1::Pod`).
+    pub fn decode<K: DeserializeOwned>(&self) -> Result<K, StoreError> {
+        serde_json::from_slice(&self.bytes).map_err(|e| StoreError::Codec(codec::CodecError::Json(e)))
+    }
+}
+
+/// Reads the current bytes of an object row: from the row itself or from the log entry it
+/// points at.
+pub(crate) fn object_bytes<T: ReadableTable<u64, &'static [u8]>>(
+    shared: &Shared,
+    log: &T,
+    header: &ObjectHeader,
+    inline: &[u8],
+) -> Result<Bytes, StoreError> {
+    match header.data {
+        DataRef::Inline => Ok(codec::decompress(header.compression, inline)?),
+        DataRef::Log(seq) => {
+            let Some(row) = log.get(seq).map_err(|e| shared.storage(e))? else {
+                return Err(StoreError::Corrupted {
+                    path: shared.path.clone(),
+                    detail: format!("object {} points at missing log entry {seq}", header.meta.key()),
+                });
+            };
+            let (h, data, _) = codec::decode_log(row.value())?;
+            Ok(codec::decompress(h.compression, data)?)
+        }
+    }
+}
+
+/// A consistent view of the database at one commit.
+pub struct Snapshot {
+    shared: Arc<Shared>,
+    txn: ReadTransaction,
+    scope: ScopeId,
+}
+
+impl Snapshot {
+    fn objects_in(&self, start: &[u8], end: &[u8]) -> Result<Vec<StoredObject>, StoreError> {
+        let s = &self.shared;
+        let objects = self.txn.open_table(OBJECTS).map_err(|e| s.storage(e))?;
+        let log = self.txn.open_table(LOG).map_err(|e| s.storage(e))?;
+        let mut out = Vec::new();
+        for row in objects.range::<&[u8]>(start..end).map_err(|e| s.storage(e))? {
+            let (k, v) = row.map_err(|e| s.storage(e))?;
+            let (h, inline) = codec::decode_object(v.value())?;
+            let bytes = object_bytes(s, &log, &h, inline)?;
+            let (_, key) = keys::decode_object(k.value())?;
+            out.push(StoredObject {
+                key,
+                meta: h.meta,
+                bytes,
+            });
+        }
+        Ok(out)
+    }
+
+    /// The object with this key.
+    pub fn get(&self, key: &ObjectKey) -> Result<Option<StoredObject>, StoreError> {
+        let s = &self.shared;
+        let objects = self.txn.open_table(OBJECTS).map_err(|e| s.storage(e))?;
+        let Some(v) = objects
+            .get(keys::object(self.scope, key).as_slice())
+            .map_err(|e| s.storage(e))?
+        else {
+            return Ok(None);
+        };
+        let (h, inline) = codec::decode_object(v.value())?;
+        let log = self.txn.open_table(LOG).map_err(|e| s.storage(e))?;
+        let bytes = object_bytes(s, &log, &h, inline)?;
+        Ok(Some(StoredObject {
+            key: key.clone(),
+            meta: h.meta,
+            bytes,
+        }))
+    }
+
+    /// Every object of the scope, in key order.
+    pub fn list(&self) -> Result<Vec<StoredObject>, StoreError> {
+        let (start, end) = keys::scope_range(self.scope);
+        self.objects_in(&start, &end)
+    }
+
+    /// Every object of one namespace (a key-range scan, no index rows).
+    pub fn list_namespace(&self, namespace: &str) -> Result<Vec<StoredObject>, StoreError> {
+        let (start, end) = keys::namespace_range(self.scope, namespace);
+        self.objects_in(&start, &end)
+    }
+
+    /// Every key of the scope, in order.
+    pub fn list_keys(&self) -> Result<Vec<ObjectKey>, StoreError> {
+        let s = &self.shared;
+        let objects = self.txn.open_table(OBJECTS).map_err(|e| s.storage(e))?;
+        let (start, end) = keys::scope_range(self.scope);
+        let mut out = Vec::new();
+        for row in objects
+            .range::<&[u8]>(start.as_slice()..end.as_slice())
+            .map_err(|e| s.storage(e))?
+        {
+            let (k, _) = row.map_err(|e| s.storage(e))?;
+            out.push(keys::decode_object(k.value())?.1);
+        }
+        Ok(out)
+    }
+
+    /// Number of objects in the scope.
+    pub fn len(&self) -> Result<u64, StoreError> {
+        Ok(self.record()?.object_count)
+    }
+
+    /// True when the scope holds no object.
+    pub fn is_empty(&self) -> Result<bool, StoreError> {
+        Ok(self.len()? == 0)
+    }
+
+    /// Keys of the objects indexed under `value` (the `namespace` index answers from key order).
+    pub fn index_keys(&self, index: &str, value: &str) -> Result<Vec<ObjectKey>, StoreError> {
+        if index == NAMESPACE {
+            return Ok(self.list_namespace(value)?.into_iter().map(|o| o.key).collect());
+        }
+        let s = &self.shared;
+        let name = IndexName(index.to_owned());
+        self.require_index(&name)?;
+        let table = self.txn.open_table(INDEX).map_err(|e| s.storage(e))?;
+        let (start, end) = keys::index_value_range(self.scope, &name, &IndexValue(value.to_owned()));
+        let mut out = Vec::new();
+        for row in table
+            .range::<&[u8]>(start.as_slice()..end.as_slice())
+            .map_err(|e| s.storage(e))?
+        {
+            let (k, _) = row.map_err(|e| s.storage(e))?;
+            out.push(keys::decode_index(k.value(), self.scope, &name)?.1);
+        }
+        Ok(out)
+    }
+
+    /// The objects indexed under `value`.
+    pub fn by_index(&self, index: &str, value: &str) -> Result<Vec<StoredObject>, StoreError> {
+        if index == NAMESPACE {
+            return self.list_namespace(value);
+        }
+        let mut out = Vec::new();
+        for key in self.index_keys(index, value)? {
+            if let Some(o) = self.get(&key)? {
+                out.push(o);
+            }
+        }
+        Ok(out)
+    }
+
+    /// Every distinct value of an index, in order.
+    pub fn list_index_values(&self, index: &str) -> Result<Vec<String>, StoreError> {
+        let s = &self.shared;
+        let name = IndexName(index.to_owned());
+        self.require_index(&name)?;
+        let table = self.txn.open_table(INDEX).map_err(|e| s.storage(e))?;
+        let (start, end) = keys::index_range(self.scope, &name);
+        let mut out: Vec<String> = Vec::new();
+        for row in table
+            .range::<&[u8]>(start.as_slice()..end.as_slice())
+            .map_err(|e| s.storage(e))?
+        {
+            let (k, _) = row.map_err(|e| s.storage(e))?;
+            let (v, _) = keys::decode_index(k.value(), self.scope, &name)?;
+            if out.last() != Some(&v.0) {
+                out.push(v.0);
+            }
+        }
+        Ok(out)
+    }
+
+    fn require_index(&self, name: &IndexName) -> Result<(), StoreError> {
+        if self.record()?.indexes.iter().any(|i| *i == name.0) {
+            Ok(())
+        } else {
+            Err(StoreError::UnknownIndex {
+                scope: self.scope,
+                name: name.0.clone(),
+            })
+        }
+    }
+
+    /// The scope's persisted record (RV, synced flag, counts).
+    pub fn record(&self) -> Result<ScopeRecord, StoreError> {
+        let s = &self.shared;
+        let scopes = self.txn.open_table(SCOPES).map_err(|e| s.storage(e))?;
+        let Some(v) = scopes.get(self.scope.0).map_err(|e| s.storage(e))? else {
+            return Err(StoreError::UnknownScope(self.scope));
+        };
+        Ok(codec::decode_scope(v.value())?)
+    }
+}
+
+/// A cheap, cloneable read handle over one scope.
+#[derive(Clone)]
+pub struct Store {
+    shared: Arc<Shared>,
+    scope: ScopeId,
+}
+
+impl std::fmt::Debug for Store {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Store")
+            .field("scope", &self.scope)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Store {
+    pub(crate) fn new(shared: Arc<Shared>, scope: ScopeId) -> Self {
+        Self { shared, scope }
+    }
+
+    /// The scope this handle reads.
+    #[must_use]
+    pub fn scope(&self) -> ScopeId {
+        self.scope
+    }
+
+    /// A view at the latest commit, for several consistent reads.
+    pub fn snapshot(&self) -> Result<Snapshot, StoreError> {
+        let txn = self.shared.db.begin_read().map_err(|e| self.shared.storage(e))?;
+        Ok(Snapshot {
+            shared: self.shared.clone(),
+            txn,
+            scope: self.scope,
+        })
+    }
+
+    /// See [`Snapshot::get`].
+    pub fn get(&self, key: &ObjectKey) -> Result<Option<StoredObject>, StoreError> {
+        self.snapshot()?.get(key)
+    }
+
+    /// The object with this key, decoded into `K`.
+    pub fn get_as<K: DeserializeOwned>(&self, key: &ObjectKey) -> Result<Option<K>, StoreError> {
+        self.get(key)?.map(|o| o.decode()).transpose()
+    }
+
+    /// See [`Snapshot::list`].
+    pub fn list(&self) -> Result<Vec<StoredObject>, StoreError> {
+        self.snapshot()?.list()
+    }
+
+    /// See [`Snapshot::list_namespace`].
+    pub fn list_namespace(&self, namespace: &str) -> Result<Vec<StoredObject>, StoreError> {
+        self.snapshot()?.list_namespace(namespace)
+    }
+
+    /// See [`Snapshot::list_keys`].
+    pub fn list_keys(&self) -> Result<Vec<ObjectKey>, StoreError> {
+        self.snapshot()?.list_keys()
+    }
+
+    /// See [`Snapshot::by_index`].
+    pub fn by_index(&self, index: &str, value: &str) -> Result<Vec<StoredObject>, StoreError> {
+        self.snapshot()?.by_index(index, value)
+    }
+
+    /// See [`Snapshot::index_keys`].
+    pub fn index_keys(&self, index: &str, value: &str) -> Result<Vec<ObjectKey>, StoreError> {
+        self.snapshot()?.index_keys(index, value)
+    }
+
+    /// See [`Snapshot::list_index_values`].
+    pub fn list_index_values(&self, index: &str) -> Result<Vec<String>, StoreError> {
+        self.snapshot()?.list_index_values(index)
+    }
+
+    /// See [`Snapshot::record`].
+    pub fn record(&self) -> Result<ScopeRecord, StoreError> {
+        self.snapshot()?.record()
+    }
+
+    /// The persisted resourceVersion of the scope.
+    pub fn resource_version(&self) -> Result<Option<ResourceVersion>, StoreError> {
+        Ok(self.record()?.rv)
+    }
+}
+
+/// One entry of the delta log, with the bytes a handler needs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LogRecord {
+    /// Its seq.
+    pub seq: Seq,
+    /// Its scope.
+    pub scope: ScopeId,
+    /// What happened (`Added`, `Updated`, `Deleted` or `Sync`).
+    pub kind: DeltaKind,
+    /// The object's key.
+    pub key: ObjectKey,
+    /// The RV of this version (of the deletion, for deletes with a known final state).
+    pub rv: ResourceVersion,
+    /// The new state (for deletes: the final state, when known).
+    pub object: Option<Bytes>,
+    /// The previous state (updates and deletes), while it is retained.
+    pub old: Option<Bytes>,
+    /// A delete found by a relist: `object` is `None` and `old` is the last known state.
+    pub final_state_unknown: bool,
+}
+
+/// A reader of the delta log.
+#[derive(Clone)]
+pub struct LogReader {
+    shared: Arc<Shared>,
+}
+
+impl std::fmt::Debug for LogReader {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LogReader").finish_non_exhaustive()
+    }
+}
+
+impl LogReader {
+    pub(crate) fn new(shared: Arc<Shared>) -> Self {
+        Self { shared }
+    }
+
+    /// Up to `limit` entries with seq greater than `after`, in order; only those of `scope` when
+    /// given.
+    pub fn read_after(&self, after: Seq, limit: usize, scope: Option<ScopeId>) -> Result<Vec<LogRecord>, StoreError> {
+        let s = &self.shared;
+        let txn = s.db.begin_read().map_err(|e| s.storage(e))?;
+        let log = txn.open_table(LOG).map_err(|e| s.storage(e))?;
+        let mut out = Vec::new();
+        for row in log.range(after.0.saturating_add(1)..).map_err(|e| s.storage(e))? {
+            if out.len() >= limit {
+                break;
+            }
+            let (k, v) = row.map_err(|e| s.storage(e))?;
+            let (h, data, prev_inline) = codec::decode_log(v.value())?;
+            if scope.is_some_and(|sc| sc.0 != h.scope) {
+                continue;
+            }
+            let object = if h.has_data {
+                Some(codec::decompress(h.compression, data)?)
+            } else {
+                None
+            };
+            let old = match h.prev {
+                PrevRef::None => None,
+                PrevRef::Inline(c) => Some(codec::decompress(c, prev_inline)?),
+                PrevRef::Log(p) => match log.get(p).map_err(|e| s.storage(e))? {
+                    Some(row) => {
+                        let (ph, pdata, _) = codec::decode_log(row.value())?;
+                        ph.has_data
+                            .then(|| codec::decompress(ph.compression, pdata))
+                            .transpose()?
+                    }
+                    None => None,
+                },
+            };
+            let (object, old) = match h.kind {
+                // A sync carries no bytes: its state is the previous (= current) one.
+                DeltaKind::Sync => (old.clone(), old),
+                _ => (object, old),
+            };
+            out.push(LogRecord {
+                seq: Seq(k.value()),
+                scope: ScopeId(h.scope),
+                kind: h.kind,
+                key: h.key,
+                rv: h.rv,
+                object,
+                old,
+                final_state_unknown: h.final_state_unknown,
+            });
+        }
+        Ok(out)
+    }
+
+    /// The first and last seq in the log (`None` when empty).
+    pub fn bounds(&self) -> Result<Option<(Seq, Seq)>, StoreError> {
+        let s = &self.shared;
+        let txn = s.db.begin_read().map_err(|e| s.storage(e))?;
+        let log = txn.open_table(LOG).map_err(|e| s.storage(e))?;
+        let first = log.first().map_err(|e| s.storage(e))?.map(|(k, _)| k.value());
+        let last = log.last().map_err(|e| s.storage(e))?.map(|(k, _)| k.value());
+        Ok(first.zip(last).map(|(a, b)| (Seq(a), Seq(b))))
+    }
+
+    /// A durable consumer's cursor.
+    pub fn cursor(&self, name: &str) -> Result<Option<Seq>, StoreError> {
+        let s = &self.shared;
+        let txn = s.db.begin_read().map_err(|e| s.storage(e))?;
+        let cursors = txn.open_table(CURSORS).map_err(|e| s.storage(e))?;
+        Ok(cursors.get(name).map_err(|e| s.storage(e))?.map(|v| Seq(v.value())))
+    }
+}
+
+pub(crate) fn scopes(shared: &Shared) -> Result<Vec<(ScopeId, ScopeRecord)>, StoreError> {
+    let txn = shared.db.begin_read().map_err(|e| shared.storage(e))?;
+    let table = txn.open_table(SCOPES).map_err(|e| shared.storage(e))?;
+    let mut out = Vec::new();
+    for row in table.iter().map_err(|e| shared.storage(e))? {
+        let (k, v) = row.map_err(|e| shared.storage(e))?;
+        out.push((ScopeId(k.value()), codec::decode_scope(v.value())?));
+    }
+    Ok(out)
+}
+
+pub(crate) fn meta_string(shared: &Shared, key: &str) -> Result<Option<String>, StoreError> {
+    let txn = shared.db.begin_read().map_err(|e| shared.storage(e))?;
+    let table = txn.open_table(META).map_err(|e| shared.storage(e))?;
+    let v = table.get(key).map_err(|e| shared.storage(e))?;
+    Ok(v.map(|v| String::from_utf8_lossy(v.value()).into_owned()))
+}

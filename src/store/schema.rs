@@ -1,0 +1,455 @@
+//! The database schema: every table, and the key types with their byte encodings.
+//!
+//! Keys are hand-encoded so that byte order equals logical order (redb compares `&[u8]` keys
+//! lexicographically). Values are bincode envelopes from [`super::codec`]; nothing here knows
+//! bincode.
+//!
+//! | table | key | value |
+//! |---|---|---|
+//! | `meta` | name | schema version, cluster identity, crate version |
+//! | `scopes` | [`ScopeId`] | [`super::codec::ScopeRecord`] |
+//! | `scope_names` | canonical scope spec | [`ScopeId`] |
+//! | `objects` | [`ObjectRowKey`]: scope, namespace, name | [`super::codec::StoredObject`] |
+//! | `log` | [`Seq`] | [`super::codec::LogEntry`] |
+//! | `index` | scope, index name, value, object key | `()` |
+//! | `index_rev` | scope, index name, object key | the values the object is indexed under |
+//! | `relist` | scope, object key | a listed object staged during a relist |
+//! | `cursors` | consumer name | last delivered [`Seq`] |
+
+use std::fmt;
+
+use redb::TableDefinition;
+
+/// Schema-level metadata: `schema_version`, `cluster_identity`, `crate_version`.
+pub const META: TableDefinition<&str, &[u8]> = TableDefinition::new("meta");
+/// Watched scopes by id.
+pub const SCOPES: TableDefinition<u32, &[u8]> = TableDefinition::new("scopes");
+/// Canonical scope spec (see [`super::ScopeSpec::canonical`]) → scope id.
+pub const SCOPE_NAMES: TableDefinition<&str, u32> = TableDefinition::new("scope_names");
+/// Current objects; one namespace of one scope is a contiguous key range.
+pub const OBJECTS: TableDefinition<&[u8], &[u8]> = TableDefinition::new("objects");
+/// The global delta log, dense seq numbers.
+pub const LOG: TableDefinition<u64, &[u8]> = TableDefinition::new("log");
+/// Secondary index rows: presence of (scope, index, value, key).
+pub const INDEX: TableDefinition<&[u8], ()> = TableDefinition::new("index");
+/// Reverse index map: (scope, index, key) → values, so stale rows can be dropped.
+pub const INDEX_REV: TableDefinition<&[u8], &[u8]> = TableDefinition::new("index_rev");
+/// Objects listed during a relist, staged until the list completes.
+pub const RELIST: TableDefinition<&[u8], &[u8]> = TableDefinition::new("relist");
+/// Durable consumer cursors.
+pub const CURSORS: TableDefinition<&str, u64> = TableDefinition::new("cursors");
+
+/// `meta` key holding the schema version (u32, big endian).
+pub const META_SCHEMA_VERSION: &str = "schema_version";
+/// `meta` key holding the cluster identity (UTF-8).
+pub const META_CLUSTER_IDENTITY: &str = "cluster_identity";
+/// `meta` key holding the version of the crate that created the database (UTF-8).
+pub const META_CREATED_BY: &str = "created_by";
+
+/// Separator inside composite keys. Kubernetes names, namespaces, label keys and values never
+/// contain NUL, and NUL sorts before every other byte, so `("a", "b") < ("ab", "")`.
+const SEP: u8 = 0;
+
+/// Identifier of a watched scope (resource + namespace + selectors) inside one database.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ScopeId(pub u32);
+
+impl fmt::Display for ScopeId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "scope#{}", self.0)
+    }
+}
+
+/// Position in the delta log. Dense and increasing (invariant 4); 0 means "before the first
+/// entry".
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
+pub struct Seq(pub u64);
+
+impl fmt::Display for Seq {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+/// A Kubernetes resourceVersion: opaque to clients, but in practice a decimal integer that can
+/// be compared (KEP-5504 makes that official).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Default, serde::Serialize, serde::Deserialize)]
+pub struct ResourceVersion(pub String);
+
+impl ResourceVersion {
+    /// The resourceVersion as an integer, when it is one.
+    #[must_use]
+    pub fn as_u64(&self) -> Option<u64> {
+        self.0.parse().ok()
+    }
+
+    /// The string form.
+    #[must_use]
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    /// True for the empty resourceVersion.
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// `true` when `self` is known to be older than `other` (both integers).
+    #[must_use]
+    pub fn is_older_than(&self, other: &ResourceVersion) -> bool {
+        matches!((self.as_u64(), other.as_u64()), (Some(a), Some(b)) if a < b)
+    }
+}
+
+impl fmt::Display for ResourceVersion {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl From<&str> for ResourceVersion {
+    fn from(s: &str) -> Self {
+        Self(s.to_owned())
+    }
+}
+
+impl From<String> for ResourceVersion {
+    fn from(s: String) -> Self {
+        Self(s)
+    }
+}
+
+/// The key of an object inside a scope: `namespace/name`, or `name` for cluster-scoped objects
+/// (client-go's `MetaNamespaceKeyFunc`).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize)]
+pub struct ObjectKey {
+    /// Namespace; `None` for cluster-scoped objects.
+    pub namespace: Option<String>,
+    /// Name.
+    pub name: String,
+}
+
+impl ObjectKey {
+    /// A namespaced key.
+    #[must_use]
+    pub fn namespaced(namespace: impl Into<String>, name: impl Into<String>) -> Self {
+        Self {
+            namespace: Some(namespace.into()),
+            name: name.into(),
+        }
+    }
+
+    /// A cluster-scoped key.
+    #[must_use]
+    pub fn cluster(name: impl Into<String>) -> Self {
+        Self {
+            namespace: None,
+            name: name.into(),
+        }
+    }
+
+    /// Parses `ns/name` or `name`.
+    pub fn parse(s: &str) -> Result<Self, KeyError> {
+        let key = match s.split_once('/') {
+            Some((ns, name)) => Self::namespaced(ns, name),
+            None => Self::cluster(s),
+        };
+        key.validate()?;
+        Ok(key)
+    }
+
+    /// Checks that the key can be encoded: a non-empty name, no NUL and no `/` in either part.
+    pub fn validate(&self) -> Result<(), KeyError> {
+        let bad = |s: &str| s.bytes().any(|b| b == SEP || b == b'/');
+        if self.name.is_empty() {
+            return Err(KeyError::EmptyName);
+        }
+        if bad(&self.name) || self.namespace.as_deref().is_some_and(|ns| ns.is_empty() || bad(ns)) {
+            return Err(KeyError::Invalid(self.to_string()));
+        }
+        Ok(())
+    }
+
+    /// The namespace, or `""` for cluster-scoped objects.
+    #[must_use]
+    pub fn namespace_str(&self) -> &str {
+        self.namespace.as_deref().unwrap_or("")
+    }
+}
+
+impl fmt::Display for ObjectKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.namespace {
+            Some(ns) => write!(f, "{ns}/{}", self.name),
+            None => f.write_str(&self.name),
+        }
+    }
+}
+
+impl std::str::FromStr for ObjectKey {
+    type Err = KeyError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Self::parse(s)
+    }
+}
+
+/// The name of a secondary index.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize)]
+pub struct IndexName(pub String);
+
+impl fmt::Display for IndexName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl From<&str> for IndexName {
+    fn from(s: &str) -> Self {
+        Self(s.to_owned())
+    }
+}
+
+/// A value an object is indexed under.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize)]
+pub struct IndexValue(pub String);
+
+impl fmt::Display for IndexValue {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl From<&str> for IndexValue {
+    fn from(s: &str) -> Self {
+        Self(s.to_owned())
+    }
+}
+
+impl From<String> for IndexValue {
+    fn from(s: String) -> Self {
+        Self(s)
+    }
+}
+
+/// A key that cannot be stored.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum KeyError {
+    /// The object has no name.
+    #[error("object has an empty name")]
+    EmptyName,
+    /// A NUL byte or a `/` inside a name or namespace, or an empty namespace.
+    #[error("invalid object key {0:?}: names and namespaces must be non-empty and contain no NUL or '/'")]
+    Invalid(String),
+    /// A stored key does not decode: the database is damaged.
+    #[error("malformed stored key {0:?}")]
+    Malformed(Vec<u8>),
+}
+
+/// Byte encodings of composite keys. Each `encode_*` has a matching `decode_*` and the pair is
+/// held to "decode(encode(x)) == x, and encode preserves order" by tests.
+pub mod keys {
+    use super::{IndexName, IndexValue, KeyError, ObjectKey, ScopeId, SEP};
+
+    fn push_key(out: &mut Vec<u8>, key: &ObjectKey) {
+        // Cluster-scoped: empty namespace; sorts before every namespace.
+        out.extend_from_slice(key.namespace_str().as_bytes());
+        out.push(SEP);
+        out.extend_from_slice(key.name.as_bytes());
+    }
+
+    fn split_key(bytes: &[u8]) -> Result<ObjectKey, KeyError> {
+        let malformed = || KeyError::Malformed(bytes.to_vec());
+        let pos = bytes.iter().position(|b| *b == SEP).ok_or_else(malformed)?;
+        let ns = std::str::from_utf8(&bytes[..pos]).map_err(|_| malformed())?;
+        let name = std::str::from_utf8(&bytes[pos + 1..]).map_err(|_| malformed())?;
+        Ok(ObjectKey {
+            namespace: (!ns.is_empty()).then(|| ns.to_owned()),
+            name: name.to_owned(),
+        })
+    }
+
+    /// `objects` / `relist` key: scope (u32 BE), namespace, NUL, name.
+    #[must_use]
+    pub fn object(scope: ScopeId, key: &ObjectKey) -> Vec<u8> {
+        let mut out = Vec::with_capacity(6 + key.name.len() + key.namespace_str().len());
+        out.extend_from_slice(&scope.0.to_be_bytes());
+        push_key(&mut out, key);
+        out
+    }
+
+    /// Decodes an `objects` key.
+    pub fn decode_object(bytes: &[u8]) -> Result<(ScopeId, ObjectKey), KeyError> {
+        if bytes.len() < 5 {
+            return Err(KeyError::Malformed(bytes.to_vec()));
+        }
+        let scope = ScopeId(u32::from_be_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]));
+        Ok((scope, split_key(&bytes[4..])?))
+    }
+
+    /// Range `[start, end)` covering every object of a scope.
+    #[must_use]
+    pub fn scope_range(scope: ScopeId) -> (Vec<u8>, Vec<u8>) {
+        let start = scope.0.to_be_bytes().to_vec();
+        let end = match scope.0.checked_add(1) {
+            Some(next) => next.to_be_bytes().to_vec(),
+            None => vec![0xff; 5],
+        };
+        (start, end)
+    }
+
+    /// Range `[start, end)` covering one namespace of a scope (`""` = cluster-scoped objects).
+    #[must_use]
+    pub fn namespace_range(scope: ScopeId, namespace: &str) -> (Vec<u8>, Vec<u8>) {
+        let mut start = scope.0.to_be_bytes().to_vec();
+        start.extend_from_slice(namespace.as_bytes());
+        let mut end = start.clone();
+        start.push(SEP);
+        // Every key of the namespace is `ns SEP name`; `ns 0x01` is just past them.
+        end.push(SEP + 1);
+        (start, end)
+    }
+
+    fn index_prefix(scope: ScopeId, index: &IndexName) -> Vec<u8> {
+        let mut out = scope.0.to_be_bytes().to_vec();
+        out.extend_from_slice(index.0.as_bytes());
+        out.push(SEP);
+        out
+    }
+
+    /// `index` key: scope, index name, NUL, value, NUL, object key.
+    #[must_use]
+    pub fn index(scope: ScopeId, index: &IndexName, value: &IndexValue, key: &ObjectKey) -> Vec<u8> {
+        let mut out = index_prefix(scope, index);
+        out.extend_from_slice(value.0.as_bytes());
+        out.push(SEP);
+        push_key(&mut out, key);
+        out
+    }
+
+    /// Range over every row of one index value.
+    #[must_use]
+    pub fn index_value_range(scope: ScopeId, index: &IndexName, value: &IndexValue) -> (Vec<u8>, Vec<u8>) {
+        let mut start = index_prefix(scope, index);
+        start.extend_from_slice(value.0.as_bytes());
+        let mut end = start.clone();
+        start.push(SEP);
+        end.push(SEP + 1);
+        (start, end)
+    }
+
+    /// Range over every row of one index.
+    #[must_use]
+    pub fn index_range(scope: ScopeId, index: &IndexName) -> (Vec<u8>, Vec<u8>) {
+        let start = index_prefix(scope, index);
+        let mut end = start.clone();
+        if let Some(last) = end.last_mut() {
+            *last = SEP + 1;
+        }
+        (start, end)
+    }
+
+    /// Decodes an `index` key into (value, object key), given its index name.
+    pub fn decode_index(bytes: &[u8], scope: ScopeId, index: &IndexName) -> Result<(IndexValue, ObjectKey), KeyError> {
+        let prefix = index_prefix(scope, index);
+        let malformed = || KeyError::Malformed(bytes.to_vec());
+        let rest = bytes.strip_prefix(prefix.as_slice()).ok_or_else(malformed)?;
+        let pos = rest.iter().position(|b| *b == SEP).ok_or_else(malformed)?;
+        let value = std::str::from_utf8(&rest[..pos]).map_err(|_| malformed())?;
+        Ok((IndexValue(value.to_owned()), split_key(&rest[pos + 1..])?))
+    }
+
+    /// `index_rev` key: scope, index name, NUL, object key.
+    #[must_use]
+    pub fn index_rev(scope: ScopeId, index: &IndexName, key: &ObjectKey) -> Vec<u8> {
+        let mut out = index_prefix(scope, index);
+        push_key(&mut out, key);
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::keys;
+    use super::*;
+    use proptest::prelude::*;
+
+    fn name() -> impl Strategy<Value = String> {
+        "[a-z0-9][a-z0-9.-]{0,12}"
+    }
+
+    fn object_key() -> impl Strategy<Value = ObjectKey> {
+        (proptest::option::of(name()), name()).prop_map(|(namespace, name)| ObjectKey { namespace, name })
+    }
+
+    proptest! {
+        #[test]
+        fn object_keys_round_trip_and_keep_order(scope_a in 0u32..4, a in object_key(), scope_b in 0u32..4, b in object_key()) {
+            let ea = keys::object(ScopeId(scope_a), &a);
+            let eb = keys::object(ScopeId(scope_b), &b);
+            prop_assert_eq!(keys::decode_object(&ea).unwrap(), (ScopeId(scope_a), a.clone()));
+            let logical = (scope_a, a.namespace_str().to_owned(), a.name.clone())
+                .cmp(&(scope_b, b.namespace_str().to_owned(), b.name.clone()));
+            prop_assert_eq!(ea.cmp(&eb), logical);
+        }
+
+        #[test]
+        fn namespace_range_holds_exactly_that_namespace(scope in 0u32..3, key in object_key(), ns in name()) {
+            let (start, end) = keys::namespace_range(ScopeId(1), &ns);
+            let enc = keys::object(ScopeId(scope), &key);
+            let inside = enc >= start && enc < end;
+            prop_assert_eq!(inside, scope == 1 && key.namespace.as_deref() == Some(ns.as_str()));
+        }
+
+        #[test]
+        fn index_keys_round_trip_and_keep_order(v1 in "[a-z=]{0,6}", v2 in "[a-z=]{0,6}", a in object_key(), b in object_key()) {
+            let idx = IndexName::from("labels");
+            let e1 = keys::index(ScopeId(7), &idx, &IndexValue(v1.clone()), &a);
+            let e2 = keys::index(ScopeId(7), &idx, &IndexValue(v2.clone()), &b);
+            prop_assert_eq!(keys::decode_index(&e1, ScopeId(7), &idx).unwrap(), (IndexValue(v1.clone()), a.clone()));
+            let logical = (v1.clone(), a.namespace_str().to_owned(), a.name.clone())
+                .cmp(&(v2.clone(), b.namespace_str().to_owned(), b.name.clone()));
+            prop_assert_eq!(e1.cmp(&e2), logical);
+            let (start, end) = keys::index_value_range(ScopeId(7), &idx, &IndexValue(v1.clone()));
+            prop_assert!(e1 >= start && e1 < end);
+            prop_assert_eq!(e2 >= start && e2 < end, v1 == v2);
+        }
+    }
+
+    #[test]
+    fn cluster_scoped_objects_sort_before_namespaced_ones() {
+        let c = keys::object(ScopeId(1), &ObjectKey::cluster("zzz"));
+        let n = keys::object(ScopeId(1), &ObjectKey::namespaced("a", "a"));
+        assert!(c < n);
+    }
+
+    #[test]
+    fn scope_ranges_do_not_overlap() {
+        let (_, end1) = keys::scope_range(ScopeId(1));
+        let (start2, _) = keys::scope_range(ScopeId(2));
+        assert!(end1 <= start2);
+        let k = keys::object(ScopeId(1), &ObjectKey::namespaced("zz", "zz"));
+        assert!(k < end1);
+        let (_, end_max) = keys::scope_range(ScopeId(u32::MAX));
+        assert!(keys::object(ScopeId(u32::MAX), &ObjectKey::cluster("z")) < end_max);
+    }
+
+    #[test]
+    fn keys_parse_and_reject_bad_names() {
+        assert_eq!(ObjectKey::parse("ns/a").unwrap(), ObjectKey::namespaced("ns", "a"));
+        assert_eq!(ObjectKey::parse("node-1").unwrap(), ObjectKey::cluster("node-1"));
+        assert_eq!(ObjectKey::parse("").unwrap_err(), KeyError::EmptyName);
+        assert!(ObjectKey::parse("a/b/c").is_err());
+        assert!(ObjectKey::parse("/b").is_err());
+        assert!(ObjectKey::namespaced("a", "b\0").validate().is_err());
+        assert!(keys::decode_object(&[0, 0, 0, 1, b'x']).is_err());
+    }
+
+    #[test]
+    fn resource_versions_compare_as_integers() {
+        assert!(ResourceVersion::from("9").is_older_than(&"10".into()));
+        assert!(!ResourceVersion::from("10").is_older_than(&"9".into()));
+        assert!(!ResourceVersion::from("x").is_older_than(&"9".into()));
+    }
+}

@@ -1,0 +1,1116 @@
+//! The writer: one OS thread that owns every write transaction.
+//!
+//! Commands arrive over a crossbeam channel. The thread takes what is queued (bounded by count
+//! and bytes: group commit), applies it in one transaction, commits, and only then acknowledges
+//! each sender and publishes the committed log position. A command that is refused (say, an RV
+//! regression) is refused before it writes anything, so the others in the group still commit;
+//! a storage error aborts the whole group and every sender hears of it.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use crossbeam_channel::{Receiver, Sender};
+use redb::{ReadableTable, WriteTransaction};
+use tokio::sync::{oneshot, watch};
+
+use super::codec::{self, Compression, DataRef, DeltaKind, LogHeader, ObjectHeader, PrevRef, RawObject, ScopeRecord};
+use super::index::Indexer;
+use super::schema::{
+    keys, IndexName, ObjectKey, ResourceVersion, ScopeId, Seq, CURSORS, INDEX, INDEX_REV, LOG, META,
+    META_CLUSTER_IDENTITY, OBJECTS, RELIST, SCOPES, SCOPE_NAMES,
+};
+use super::{Shared, StoreConfig, StoreError};
+
+/// One change to apply.
+#[derive(Debug, Clone)]
+pub struct Delta {
+    /// What happened. `Added`/`Updated`/`Replaced` are stored as an add or an update depending on
+    /// whether the key exists; a `Deleted` of an unknown key and an upsert with the stored RV are
+    /// dropped, so redelivered events are harmless.
+    pub kind: DeltaKind,
+    /// The object (for deletes, its final state).
+    pub object: RawObject,
+}
+
+/// Deltas for one scope, committed atomically together with the scope's new RV.
+#[derive(Debug, Clone)]
+pub struct Batch {
+    /// The scope.
+    pub scope: ScopeId,
+    /// The changes, in order.
+    pub deltas: Vec<Delta>,
+    /// The scope's RV after this batch (from the last event or a bookmark). `None` keeps it.
+    pub rv: Option<ResourceVersion>,
+    /// Marks the scope synced (the end of an initial list).
+    pub mark_synced: bool,
+}
+
+impl Batch {
+    /// An empty batch for `scope`.
+    #[must_use]
+    pub fn new(scope: ScopeId) -> Self {
+        Self {
+            scope,
+            deltas: Vec::new(),
+            rv: None,
+            mark_synced: false,
+        }
+    }
+
+    /// Appends a delta.
+    #[must_use]
+    pub fn delta(mut self, kind: DeltaKind, object: RawObject) -> Self {
+        self.deltas.push(Delta { kind, object });
+        self
+    }
+
+    /// Sets the RV the scope reaches with this batch.
+    #[must_use]
+    pub fn rv(mut self, rv: impl Into<ResourceVersion>) -> Self {
+        self.rv = Some(rv.into());
+        self
+    }
+
+    /// Marks the scope synced.
+    #[must_use]
+    pub fn synced(mut self) -> Self {
+        self.mark_synced = true;
+        self
+    }
+
+    fn bytes(&self) -> usize {
+        self.deltas.iter().map(|d| d.object.bytes.len()).sum()
+    }
+}
+
+/// What a commit made durable.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Committed {
+    /// The last log seq in the database after the commit.
+    pub seq: Seq,
+    /// How many log entries this command appended.
+    pub entries: u64,
+}
+
+/// The outcome of a relist diff.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RelistSummary {
+    /// Listed objects the store did not have.
+    pub added: u64,
+    /// Listed objects whose RV differed.
+    pub updated: u64,
+    /// Stored objects the list did not contain (delivered as deletes, final state unknown).
+    pub deleted: u64,
+    /// Listed objects equal to what was stored (no event).
+    pub unchanged: u64,
+    /// The last log seq after the commit.
+    pub seq: Seq,
+}
+
+/// The outcome of a log compaction.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CompactReport {
+    /// Entries removed.
+    pub removed: u64,
+    /// Object rows whose bytes moved from the log into the row.
+    pub inlined: u64,
+    /// The first seq still in the log (0 when empty).
+    pub first_retained: Seq,
+}
+
+type Ack<T> = oneshot::Sender<Result<T, StoreError>>;
+
+enum Command {
+    RegisterScope(String, Ack<ScopeId>),
+    Apply(Batch, Ack<Committed>),
+    Stage(ScopeId, Vec<RawObject>, Ack<()>),
+    FinishRelist(ScopeId, ResourceVersion, String, Ack<RelistSummary>),
+    AbortRelist(ScopeId, Ack<()>),
+    EnsureIndex(ScopeId, IndexName, Ack<()>),
+    SetCursor(String, Seq, Ack<()>),
+    DeleteCursor(String, Ack<()>),
+    Compact(Option<u64>, Ack<CompactReport>),
+    Identity(String, bool, Ack<bool>),
+    ResetScope(ScopeId, Ack<()>),
+    Shutdown,
+}
+
+impl Command {
+    fn weight(&self) -> (usize, usize) {
+        match self {
+            Command::Apply(b, _) => (b.deltas.len().max(1), b.bytes()),
+            Command::Stage(_, objs, _) => (objs.len().max(1), objs.iter().map(|o| o.bytes.len()).sum()),
+            _ => (1, 0),
+        }
+    }
+}
+
+/// The handle through which every write goes. Cheap to clone; usable from async code (the
+/// `async` methods) and from plain threads (the `_blocking` methods, which must not be called
+/// from inside an async task: they block the thread until the commit).
+#[derive(Clone)]
+pub struct Writer {
+    tx: Sender<Command>,
+    committed: watch::Receiver<Seq>,
+}
+
+impl std::fmt::Debug for Writer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Writer")
+            .field("committed", &*self.committed.borrow())
+            .finish()
+    }
+}
+
+macro_rules! request {
+    ($name:ident, $blocking:ident, ($($arg:ident: $ty:ty),*) -> $out:ty, $variant:ident, $doc:literal) => {
+        #[doc = $doc]
+        pub async fn $name(&self, $($arg: $ty),*) -> Result<$out, StoreError> {
+            let (ack, rx) = oneshot::channel();
+            self.send(Command::$variant($($arg.into()),*, ack))?;
+            rx.await.map_err(|_| StoreError::WriterGone)?
+        }
+
+        #[doc = $doc]
+        ///
+        /// Blocks the calling thread until the commit; never call it from an async task.
+        pub fn $blocking(&self, $($arg: $ty),*) -> Result<$out, StoreError> {
+            let (ack, rx) = oneshot::channel();
+            self.send(Command::$variant($($arg.into()),*, ack))?;
+            rx.blocking_recv().map_err(|_| StoreError::WriterGone)?
+        }
+    };
+}
+
+impl Writer {
+    fn send(&self, cmd: Command) -> Result<(), StoreError> {
+        self.tx.send(cmd).map_err(|_| StoreError::WriterGone)
+    }
+
+    /// Registers a scope, or finds the one with the same spec.
+    pub async fn register_scope(&self, spec: &super::ScopeSpec) -> Result<ScopeId, StoreError> {
+        let (ack, rx) = oneshot::channel();
+        self.send(Command::RegisterScope(spec.canonical(), ack))?;
+        rx.await.map_err(|_| StoreError::WriterGone)?
+    }
+
+    /// Registers a scope, or finds the one with the same spec. Blocking.
+    pub fn register_scope_blocking(&self, spec: &super::ScopeSpec) -> Result<ScopeId, StoreError> {
+        let (ack, rx) = oneshot::channel();
+        self.send(Command::RegisterScope(spec.canonical(), ack))?;
+        rx.blocking_recv().map_err(|_| StoreError::WriterGone)?
+    }
+
+    request!(apply, apply_blocking, (batch: Batch) -> Committed, Apply,
+        "Applies a batch in the next group commit and returns once it is durable.");
+    request!(stage_relist, stage_relist_blocking, (scope: ScopeId, objects: Vec<RawObject>) -> (), Stage,
+        "Stages one page of a relist. Readers keep seeing the old state until `finish_relist`.");
+    request!(abort_relist, abort_relist_blocking, (scope: ScopeId) -> (), AbortRelist,
+        "Drops what was staged for a relist (for example when the list restarts).");
+    request!(ensure_index, ensure_index_blocking, (scope: ScopeId, name: IndexName) -> (), EnsureIndex,
+        "Records an index registered with `DurableStore::register_index` on the scope and backfills its rows for the objects already stored.");
+    request!(set_cursor, set_cursor_blocking, (name: String, seq: Seq) -> (), SetCursor,
+        "Persists a durable consumer's cursor: every entry up to `seq` was handled.");
+    request!(delete_cursor, delete_cursor_blocking, (name: String) -> (), DeleteCursor,
+        "Removes a durable consumer's cursor, so it no longer holds back compaction.");
+    request!(compact, compact_blocking, (keep_entries: Option<u64>) -> CompactReport, Compact,
+        "Removes log entries below every durable cursor and beyond `keep_entries` (default: the configured retention).");
+    request!(reset_scope, reset_scope_blocking, (scope: ScopeId) -> (), ResetScope,
+        "Forgets a scope's objects, indexes and RV (its log entries stay, for cursors).");
+
+    /// Diffs the staged relist against the stored objects and swaps it in, in one transaction:
+    /// new → Added, changed RV → Updated, not listed → Deleted (final state unknown), same RV →
+    /// nothing. Sets the scope RV to `rv` (which may be lower than before: a relist is the only
+    /// way an RV moves backwards).
+    pub async fn finish_relist(
+        &self,
+        scope: ScopeId,
+        rv: ResourceVersion,
+        reason: &str,
+    ) -> Result<RelistSummary, StoreError> {
+        let (ack, rx) = oneshot::channel();
+        self.send(Command::FinishRelist(scope, rv, reason.to_owned(), ack))?;
+        rx.await.map_err(|_| StoreError::WriterGone)?
+    }
+
+    /// Blocking form of [`finish_relist`](Self::finish_relist).
+    pub fn finish_relist_blocking(
+        &self,
+        scope: ScopeId,
+        rv: ResourceVersion,
+        reason: &str,
+    ) -> Result<RelistSummary, StoreError> {
+        let (ack, rx) = oneshot::channel();
+        self.send(Command::FinishRelist(scope, rv, reason.to_owned(), ack))?;
+        rx.blocking_recv().map_err(|_| StoreError::WriterGone)?
+    }
+
+    /// Records the cluster identity, or checks it against the stored one. With `reset`, a
+    /// different identity wipes every scope instead of failing. Returns `true` when the
+    /// database was wiped.
+    pub async fn cluster_identity(&self, identity: &str, reset: bool) -> Result<bool, StoreError> {
+        let (ack, rx) = oneshot::channel();
+        self.send(Command::Identity(identity.to_owned(), reset, ack))?;
+        rx.await.map_err(|_| StoreError::WriterGone)?
+    }
+
+    /// Blocking form of [`cluster_identity`](Self::cluster_identity).
+    pub fn cluster_identity_blocking(&self, identity: &str, reset: bool) -> Result<bool, StoreError> {
+        let (ack, rx) = oneshot::channel();
+        self.send(Command::Identity(identity.to_owned(), reset, ack))?;
+        rx.blocking_recv().map_err(|_| StoreError::WriterGone)?
+    }
+
+    /// The last committed log seq, updated after every commit.
+    #[must_use]
+    pub fn committed(&self) -> watch::Receiver<Seq> {
+        self.committed.clone()
+    }
+
+    pub(crate) fn shutdown(&self) {
+        let _ = self.tx.send(Command::Shutdown);
+    }
+}
+
+/// Starts the writer thread.
+pub(crate) fn spawn(
+    shared: Arc<Shared>,
+    config: &StoreConfig,
+) -> Result<(Writer, std::thread::JoinHandle<()>), StoreError> {
+    let last = last_seq_read(&shared)?;
+    let (tx, rx) = crossbeam_channel::unbounded();
+    let (seq_tx, seq_rx) = watch::channel(last);
+    let state = WriterThread {
+        shared,
+        rx,
+        seq_tx,
+        durable: config.durable,
+        max_deltas: config.max_batch_deltas,
+        max_bytes: config.max_batch_bytes,
+        compression: config.compression,
+        retention_entries: config.retention_entries,
+    };
+    let thread = std::thread::Builder::new()
+        .name("durable-informer-writer".into())
+        .spawn(move || state.run())
+        .map_err(|source| StoreError::Io {
+            path: "writer thread".into(),
+            source,
+        })?;
+    Ok((Writer { tx, committed: seq_rx }, thread))
+}
+
+fn last_seq_read(shared: &Shared) -> Result<Seq, StoreError> {
+    use redb::ReadableDatabase;
+    let txn = shared.db.begin_read().map_err(|e| shared.storage(e))?;
+    let log = txn.open_table(LOG).map_err(|e| shared.storage(e))?;
+    let last = log.last().map_err(|e| shared.storage(e))?;
+    Ok(Seq(last.map_or(0, |(k, _)| k.value())))
+}
+
+struct WriterThread {
+    shared: Arc<Shared>,
+    rx: Receiver<Command>,
+    seq_tx: watch::Sender<Seq>,
+    durable: bool,
+    max_deltas: usize,
+    max_bytes: usize,
+    compression: Compression,
+    retention_entries: Option<u64>,
+}
+
+/// A command's reply, held until the transaction commits.
+enum Reply {
+    Scope(Ack<ScopeId>, Result<ScopeId, StoreError>),
+    Committed(Ack<Committed>, Result<u64, StoreError>),
+    Unit(Ack<()>, Result<(), StoreError>),
+    Relist(Ack<RelistSummary>, Result<RelistSummary, StoreError>),
+    Compact(Ack<CompactReport>, Result<CompactReport, StoreError>),
+    Bool(Ack<bool>, Result<bool, StoreError>),
+}
+
+/// Why a command did not apply: `Refused` wrote nothing, so the group goes on; `Fatal` may have
+/// written part of the command, so the whole group is rolled back.
+enum Failure {
+    Refused(StoreError),
+    Fatal(StoreError),
+}
+
+impl From<StoreError> for Failure {
+    fn from(e: StoreError) -> Self {
+        Failure::Fatal(e)
+    }
+}
+
+type Step<T> = Result<T, Failure>;
+
+impl WriterThread {
+    fn run(self) {
+        let mut stop = false;
+        while !stop {
+            let Ok(first) = self.rx.recv() else { break };
+            let mut group = vec![first];
+            let (mut n, mut bytes) = group[0].weight();
+            while n < self.max_deltas && bytes < self.max_bytes {
+                match self.rx.try_recv() {
+                    Ok(cmd) => {
+                        let (dn, db) = cmd.weight();
+                        n += dn;
+                        bytes += db;
+                        group.push(cmd);
+                    }
+                    Err(_) => break,
+                }
+            }
+            if let Some(pos) = group.iter().position(|c| matches!(c, Command::Shutdown)) {
+                // Everything queued before the shutdown is still committed.
+                group.truncate(pos);
+                stop = true;
+            }
+            if !group.is_empty() {
+                self.commit_group(group);
+            }
+        }
+    }
+
+    fn commit_group(&self, group: Vec<Command>) {
+        let _span = tracing::debug_span!("commit", commands = group.len()).entered();
+        let mut txn = match self.shared.db.begin_write() {
+            Ok(t) => t,
+            Err(e) => return fail_all(group, &self.shared.storage(e)),
+        };
+        if !self.durable {
+            let _ = txn.set_durability(redb::Durability::None);
+        }
+        let mut replies = Vec::with_capacity(group.len());
+        let mut fatal = None;
+        let mut pending = group.into_iter();
+        for cmd in pending.by_ref() {
+            match self.apply(&txn, cmd) {
+                Ok(reply) => replies.push(reply),
+                Err((reply, e)) => {
+                    replies.push(reply);
+                    fatal = Some(e);
+                    break;
+                }
+            }
+        }
+        let rest: Vec<Command> = pending.collect();
+        if let Some(e) = fatal {
+            drop(txn);
+            tracing::warn!(error = %e, "group commit rolled back");
+            fail_replies(replies, &e);
+            fail_all(rest, &e);
+            return;
+        }
+        let last = match last_seq(&self.shared, &txn) {
+            Ok(s) => s,
+            Err(e) => {
+                fail_replies(replies, &e);
+                return;
+            }
+        };
+        if let Err(e) = txn.commit() {
+            let e = self.shared.storage(e);
+            tracing::warn!(error = %e, "commit failed");
+            fail_replies(replies, &e);
+            return;
+        }
+        self.seq_tx.send_replace(last);
+        for r in replies {
+            send_reply(r, last);
+        }
+    }
+
+    /// Applies one command. `Err` carries the reply and the error that aborts the group.
+    fn apply(&self, txn: &WriteTransaction, cmd: Command) -> Result<Reply, (Reply, StoreError)> {
+        macro_rules! run {
+            ($variant:ident, $ack:expr, $call:expr) => {
+                match $call {
+                    Ok(v) => Ok(Reply::$variant($ack, Ok(v))),
+                    Err(Failure::Refused(e)) => Ok(Reply::$variant($ack, Err(e))),
+                    Err(Failure::Fatal(e)) => {
+                        let aborted = e.to_aborted();
+                        Err((Reply::$variant($ack, Err(e)), aborted))
+                    }
+                }
+            };
+        }
+        match cmd {
+            Command::RegisterScope(spec, ack) => run!(Scope, ack, self.register_scope(txn, &spec)),
+            Command::Apply(batch, ack) => run!(Committed, ack, self.apply_batch(txn, batch)),
+            Command::Stage(scope, objs, ack) => run!(Unit, ack, self.stage(txn, scope, objs)),
+            Command::FinishRelist(scope, rv, reason, ack) => {
+                run!(Relist, ack, self.finish_relist(txn, scope, rv, &reason))
+            }
+            Command::AbortRelist(scope, ack) => run!(Unit, ack, self.clear_staged(txn, scope)),
+            Command::EnsureIndex(scope, name, ack) => run!(Unit, ack, self.ensure_index(txn, scope, &name)),
+            Command::SetCursor(name, seq, ack) => run!(Unit, ack, self.set_cursor(txn, &name, seq)),
+            Command::DeleteCursor(name, ack) => run!(Unit, ack, self.delete_cursor(txn, &name)),
+            Command::Compact(keep, ack) => run!(Compact, ack, self.compact(txn, keep)),
+            Command::Identity(id, reset, ack) => run!(Bool, ack, self.identity(txn, &id, reset)),
+            Command::ResetScope(scope, ack) => run!(Unit, ack, self.reset_scope(txn, scope)),
+            Command::Shutdown => Ok(Reply::Unit(oneshot::channel().0, Ok(()))),
+        }
+    }
+
+    fn st<E: Into<redb::Error>>(&self, e: E) -> StoreError {
+        self.shared.storage(e)
+    }
+
+    fn register_scope(&self, txn: &WriteTransaction, spec: &str) -> Step<ScopeId> {
+        let mut names = txn.open_table(SCOPE_NAMES).map_err(|e| self.st(e))?;
+        if let Some(id) = names.get(spec).map_err(|e| self.st(e))? {
+            return Ok(ScopeId(id.value()));
+        }
+        let mut scopes = txn.open_table(SCOPES).map_err(|e| self.st(e))?;
+        let next = scopes.last().map_err(|e| self.st(e))?.map_or(1, |(k, _)| k.value() + 1);
+        let record = ScopeRecord {
+            spec: spec.to_owned(),
+            ..ScopeRecord::default()
+        };
+        let encoded = codec::encode_scope(&record).map_err(StoreError::from)?;
+        scopes.insert(next, encoded.as_slice()).map_err(|e| self.st(e))?;
+        names.insert(spec, next).map_err(|e| self.st(e))?;
+        Ok(ScopeId(next))
+    }
+
+    fn load_scope(&self, txn: &WriteTransaction, scope: ScopeId) -> Step<ScopeRecord> {
+        let scopes = txn.open_table(SCOPES).map_err(|e| self.st(e))?;
+        let Some(v) = scopes.get(scope.0).map_err(|e| self.st(e))? else {
+            return Err(Failure::Refused(StoreError::UnknownScope(scope)));
+        };
+        Ok(codec::decode_scope(v.value()).map_err(StoreError::from)?)
+    }
+
+    fn save_scope(&self, txn: &WriteTransaction, scope: ScopeId, record: &ScopeRecord) -> Step<()> {
+        let mut scopes = txn.open_table(SCOPES).map_err(|e| self.st(e))?;
+        let encoded = codec::encode_scope(record).map_err(StoreError::from)?;
+        scopes.insert(scope.0, encoded.as_slice()).map_err(|e| self.st(e))?;
+        Ok(())
+    }
+
+    fn apply_batch(&self, txn: &WriteTransaction, batch: Batch) -> Step<u64> {
+        let mut record = self.load_scope(txn, batch.scope)?;
+        // Refuse before writing anything, so the rest of the group still commits.
+        for d in &batch.deltas {
+            d.object.key().validate().map_err(|e| Failure::Refused(e.into()))?;
+        }
+        if let (Some(persisted), Some(offered)) = (&record.rv, &batch.rv) {
+            // Invariant 2: the persisted RV never moves backwards outside a relist.
+            if offered.is_older_than(persisted) {
+                return Err(Failure::Refused(StoreError::RvRegression {
+                    scope: batch.scope,
+                    persisted: persisted.clone(),
+                    offered: offered.clone(),
+                }));
+            }
+        }
+        let indexers = self.shared.indexes.for_scope(batch.scope);
+        let mut tables = Tables::open(self, txn)?;
+        let mut appended = 0;
+        for d in batch.deltas {
+            if self.apply_delta(
+                &mut tables,
+                batch.scope,
+                &indexers,
+                &mut record,
+                d.kind,
+                &d.object,
+                false,
+            )? {
+                appended += 1;
+            }
+        }
+        if let Some(rv) = batch.rv {
+            record.rv = Some(rv);
+        }
+        record.synced |= batch.mark_synced;
+        drop(tables);
+        self.save_scope(txn, batch.scope, &record)?;
+        Ok(appended)
+    }
+
+    /// Applies one delta to the object, index and log tables. Returns whether a log entry was
+    /// appended.
+    #[allow(clippy::too_many_arguments)] // one call site; a struct would only rename these
+    fn apply_delta(
+        &self,
+        t: &mut Tables<'_>,
+        scope: ScopeId,
+        indexers: &[Indexer],
+        record: &mut ScopeRecord,
+        kind: DeltaKind,
+        obj: &RawObject,
+        final_state_unknown: bool,
+    ) -> Step<bool> {
+        let key = obj.key();
+        let okey = keys::object(scope, &key);
+        let existing = match t.objects.get(okey.as_slice()).map_err(|e| self.st(e))? {
+            Some(v) => {
+                let (h, inline) = codec::decode_object(v.value()).map_err(StoreError::from)?;
+                Some((h, inline.to_vec()))
+            }
+            None => None,
+        };
+        let (prev, prev_inline) = match &existing {
+            None => (PrevRef::None, Vec::new()),
+            Some((h, inline)) => match h.data {
+                DataRef::Log(s) => (PrevRef::Log(s), Vec::new()),
+                DataRef::Inline => (PrevRef::Inline(h.compression), inline.clone()),
+            },
+        };
+        let seq = t.next_seq;
+        match kind {
+            DeltaKind::Deleted => {
+                let Some((old, _)) = existing else { return Ok(false) };
+                let (data, compression) = if final_state_unknown {
+                    (Vec::new(), Compression::None)
+                } else {
+                    (
+                        self.compression.compress(&obj.bytes).map_err(StoreError::from)?,
+                        self.compression,
+                    )
+                };
+                let rv = if final_state_unknown {
+                    old.meta.resource_version.clone()
+                } else {
+                    obj.meta.resource_version.clone()
+                };
+                self.append_log(
+                    t,
+                    scope,
+                    DeltaKind::Deleted,
+                    &key,
+                    rv,
+                    &data,
+                    !final_state_unknown,
+                    compression,
+                    prev,
+                    &prev_inline,
+                    final_state_unknown,
+                )?;
+                t.objects.remove(okey.as_slice()).map_err(|e| self.st(e))?;
+                for ix in indexers {
+                    self.set_index_values(t, scope, &ix.name, &key, &[])?;
+                }
+                record.object_count = record.object_count.saturating_sub(1);
+                Ok(true)
+            }
+            DeltaKind::Sync => {
+                let Some((h, _)) = existing else { return Ok(false) };
+                self.append_log(
+                    t,
+                    scope,
+                    DeltaKind::Sync,
+                    &key,
+                    h.meta.resource_version.clone(),
+                    &[],
+                    false,
+                    Compression::None,
+                    prev,
+                    &prev_inline,
+                    false,
+                )?;
+                Ok(true)
+            }
+            DeltaKind::Added | DeltaKind::Updated | DeltaKind::Replaced => {
+                if let Some((h, _)) = &existing {
+                    if h.meta.resource_version == obj.meta.resource_version && !obj.meta.resource_version.is_empty() {
+                        return Ok(false);
+                    }
+                }
+                let stored_kind = if existing.is_some() {
+                    DeltaKind::Updated
+                } else {
+                    DeltaKind::Added
+                };
+                let data = self.compression.compress(&obj.bytes).map_err(StoreError::from)?;
+                self.append_log(
+                    t,
+                    scope,
+                    stored_kind,
+                    &key,
+                    obj.meta.resource_version.clone(),
+                    &data,
+                    true,
+                    self.compression,
+                    prev,
+                    &prev_inline,
+                    false,
+                )?;
+                let header = ObjectHeader {
+                    meta: obj.meta.clone(),
+                    data: DataRef::Log(seq),
+                    compression: self.compression,
+                };
+                let row = codec::encode_object(&header, None).map_err(StoreError::from)?;
+                t.objects
+                    .insert(okey.as_slice(), row.as_slice())
+                    .map_err(|e| self.st(e))?;
+                for ix in indexers {
+                    let values = ix.values(&obj.meta, &obj.bytes);
+                    self.set_index_values(t, scope, &ix.name, &key, &values)?;
+                }
+                if existing.is_none() {
+                    record.object_count += 1;
+                }
+                Ok(true)
+            }
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)] // mirrors the log header's fields
+    fn append_log(
+        &self,
+        t: &mut Tables<'_>,
+        scope: ScopeId,
+        kind: DeltaKind,
+        key: &ObjectKey,
+        rv: ResourceVersion,
+        data: &[u8],
+        has_data: bool,
+        compression: Compression,
+        prev: PrevRef,
+        prev_inline: &[u8],
+        final_state_unknown: bool,
+    ) -> Step<()> {
+        let header = LogHeader {
+            scope: scope.0,
+            kind,
+            key: key.clone(),
+            rv,
+            data_len: u32::try_from(data.len()).map_err(|_| StoreError::Aborted("object larger than 4 GiB".into()))?,
+            has_data,
+            compression,
+            prev,
+            final_state_unknown,
+        };
+        let row = codec::encode_log(&header, data, prev_inline).map_err(StoreError::from)?;
+        // Invariant 4: seqs are dense; `next_seq` is always last + 1.
+        t.log.insert(t.next_seq, row.as_slice()).map_err(|e| self.st(e))?;
+        t.next_seq += 1;
+        Ok(())
+    }
+
+    /// Makes the index rows of `key` equal `values`, dropping stale ones through the reverse map.
+    fn set_index_values(
+        &self,
+        t: &mut Tables<'_>,
+        scope: ScopeId,
+        index: &IndexName,
+        key: &ObjectKey,
+        values: &[String],
+    ) -> Step<()> {
+        let rkey = keys::index_rev(scope, index, key);
+        let old: Vec<String> = match t.index_rev.get(rkey.as_slice()).map_err(|e| self.st(e))? {
+            Some(v) => codec::decode_values(v.value()).map_err(StoreError::from)?,
+            None => Vec::new(),
+        };
+        if old == values {
+            return Ok(());
+        }
+        for v in old.iter().filter(|v| !values.contains(v)) {
+            let k = keys::index(scope, index, &v.as_str().into(), key);
+            t.index.remove(k.as_slice()).map_err(|e| self.st(e))?;
+        }
+        for v in values.iter().filter(|v| !old.contains(v)) {
+            let k = keys::index(scope, index, &v.as_str().into(), key);
+            t.index.insert(k.as_slice(), ()).map_err(|e| self.st(e))?;
+        }
+        if values.is_empty() {
+            t.index_rev.remove(rkey.as_slice()).map_err(|e| self.st(e))?;
+        } else {
+            let enc = codec::encode_values(values).map_err(StoreError::from)?;
+            t.index_rev
+                .insert(rkey.as_slice(), enc.as_slice())
+                .map_err(|e| self.st(e))?;
+        }
+        Ok(())
+    }
+
+    fn stage(&self, txn: &WriteTransaction, scope: ScopeId, objs: Vec<RawObject>) -> Step<()> {
+        self.load_scope(txn, scope)?;
+        for o in &objs {
+            o.key().validate().map_err(|e| Failure::Refused(e.into()))?;
+        }
+        let mut relist = txn.open_table(RELIST).map_err(|e| self.st(e))?;
+        for o in objs {
+            let header = ObjectHeader {
+                meta: o.meta.clone(),
+                data: DataRef::Inline,
+                compression: Compression::None,
+            };
+            let row = codec::encode_object(&header, Some(&o.bytes)).map_err(StoreError::from)?;
+            relist
+                .insert(keys::object(scope, &o.key()).as_slice(), row.as_slice())
+                .map_err(|e| self.st(e))?;
+        }
+        Ok(())
+    }
+
+    fn clear_staged(&self, txn: &WriteTransaction, scope: ScopeId) -> Step<()> {
+        let mut relist = txn.open_table(RELIST).map_err(|e| self.st(e))?;
+        let (start, end) = keys::scope_range(scope);
+        relist
+            .retain_in::<&[u8], _>(start.as_slice()..end.as_slice(), |_, _| false)
+            .map_err(|e| self.st(e))?;
+        Ok(())
+    }
+
+    fn finish_relist(
+        &self,
+        txn: &WriteTransaction,
+        scope: ScopeId,
+        rv: ResourceVersion,
+        reason: &str,
+    ) -> Step<RelistSummary> {
+        let mut record = self.load_scope(txn, scope)?;
+        let indexers = self.shared.indexes.for_scope(scope);
+        let (start, end) = keys::scope_range(scope);
+        let range = start.as_slice()..end.as_slice();
+        // Stored objects' RVs, to diff against; keys only, so memory stays proportional to the
+        // number of keys, not their bytes.
+        let mut stored: HashMap<Vec<u8>, ResourceVersion> = HashMap::new();
+        {
+            let objects = txn.open_table(OBJECTS).map_err(|e| self.st(e))?;
+            for row in objects.range::<&[u8]>(range.clone()).map_err(|e| self.st(e))? {
+                let (k, v) = row.map_err(|e| self.st(e))?;
+                let (h, _) = codec::decode_object(v.value()).map_err(StoreError::from)?;
+                stored.insert(k.value().to_vec(), h.meta.resource_version);
+            }
+        }
+        let mut summary = RelistSummary::default();
+        let relist = txn.open_table(RELIST).map_err(|e| self.st(e))?;
+        let mut t = Tables::open(self, txn)?;
+        for row in relist.range::<&[u8]>(range.clone()).map_err(|e| self.st(e))? {
+            let (k, v) = row.map_err(|e| self.st(e))?;
+            let (h, inline) = codec::decode_object(v.value()).map_err(StoreError::from)?;
+            match stored.remove(k.value()) {
+                Some(old_rv) if old_rv == h.meta.resource_version => summary.unchanged += 1,
+                seen => {
+                    let obj = RawObject {
+                        meta: h.meta,
+                        bytes: bytes::Bytes::copy_from_slice(inline),
+                    };
+                    self.apply_delta(&mut t, scope, &indexers, &mut record, DeltaKind::Replaced, &obj, false)?;
+                    if seen.is_some() {
+                        summary.updated += 1;
+                    } else {
+                        summary.added += 1;
+                    }
+                }
+            }
+        }
+        drop(relist);
+        // What was stored but not listed was deleted while we were not watching.
+        let mut gone: Vec<Vec<u8>> = stored.into_keys().collect();
+        gone.sort();
+        for k in gone {
+            let (_, key) = keys::decode_object(&k).map_err(StoreError::from)?;
+            let obj = RawObject {
+                meta: super::codec::ObjectMeta {
+                    namespace: key.namespace.clone(),
+                    name: key.name.clone(),
+                    ..Default::default()
+                },
+                bytes: bytes::Bytes::new(),
+            };
+            self.apply_delta(&mut t, scope, &indexers, &mut record, DeltaKind::Deleted, &obj, true)?;
+            summary.deleted += 1;
+        }
+        summary.seq = Seq(t.next_seq.saturating_sub(1));
+        drop(t);
+        self.clear_staged(txn, scope)?;
+        if record.synced {
+            record.relist_count += 1;
+        }
+        record.rv = Some(rv);
+        record.synced = true;
+        record.last_relist_reason = Some(reason.to_owned());
+        record.last_relist_at_ms = Some(now_ms());
+        self.save_scope(txn, scope, &record)?;
+        Ok(summary)
+    }
+
+    fn ensure_index(&self, txn: &WriteTransaction, scope: ScopeId, name: &IndexName) -> Step<()> {
+        let mut record = self.load_scope(txn, scope)?;
+        let Some(ix) = self.shared.indexes.get(scope, name) else {
+            return Err(Failure::Refused(StoreError::UnknownIndex {
+                scope,
+                name: name.0.clone(),
+            }));
+        };
+        if record.indexes.contains(&name.0) {
+            return Ok(());
+        }
+        // Backfill. Rows written by batches since registration are already right; rewriting
+        // them is idempotent.
+        let (start, end) = keys::scope_range(scope);
+        let mut rows = Vec::new();
+        {
+            let objects = txn.open_table(OBJECTS).map_err(|e| self.st(e))?;
+            let log = txn.open_table(LOG).map_err(|e| self.st(e))?;
+            for row in objects
+                .range::<&[u8]>(start.as_slice()..end.as_slice())
+                .map_err(|e| self.st(e))?
+            {
+                let (k, v) = row.map_err(|e| self.st(e))?;
+                let (h, inline) = codec::decode_object(v.value()).map_err(StoreError::from)?;
+                let json = super::read::object_bytes(&self.shared, &log, &h, inline)?;
+                let (_, key) = keys::decode_object(k.value()).map_err(StoreError::from)?;
+                rows.push((key, ix.values(&h.meta, &json)));
+            }
+        }
+        let mut t = Tables::open(self, txn)?;
+        for (key, values) in rows {
+            self.set_index_values(&mut t, scope, name, &key, &values)?;
+        }
+        drop(t);
+        record.indexes.push(name.0.clone());
+        record.indexes.sort();
+        self.save_scope(txn, scope, &record)?;
+        Ok(())
+    }
+
+    fn set_cursor(&self, txn: &WriteTransaction, name: &str, seq: Seq) -> Step<()> {
+        let mut cursors = txn.open_table(CURSORS).map_err(|e| self.st(e))?;
+        cursors.insert(name, seq.0).map_err(|e| self.st(e))?;
+        Ok(())
+    }
+
+    fn delete_cursor(&self, txn: &WriteTransaction, name: &str) -> Step<()> {
+        let mut cursors = txn.open_table(CURSORS).map_err(|e| self.st(e))?;
+        cursors.remove(name).map_err(|e| self.st(e))?;
+        Ok(())
+    }
+
+    /// Invariant 4: removes only entries below every durable cursor and outside the retention.
+    /// Bytes still needed move out of the removed entries: into object rows that point at them,
+    /// and into the first retained entry of a key whose previous version they hold.
+    fn compact(&self, txn: &WriteTransaction, keep: Option<u64>) -> Step<CompactReport> {
+        let keep = keep.or(self.retention_entries);
+        let mut report = CompactReport::default();
+        let mut t = Tables::open(self, txn)?;
+        let last = t.next_seq.saturating_sub(1);
+        let first = match t.log.first().map_err(|e| self.st(e))? {
+            Some((k, _)) => k.value(),
+            None => return Ok(report),
+        };
+        let mut bound = keep.map_or(first, |k| last.saturating_sub(k) + 1);
+        {
+            let cursors = txn.open_table(CURSORS).map_err(|e| self.st(e))?;
+            for row in cursors.iter().map_err(|e| self.st(e))? {
+                let (_, v) = row.map_err(|e| self.st(e))?;
+                bound = bound.min(v.value() + 1);
+            }
+        }
+        if bound <= first {
+            report.first_retained = Seq(first);
+            return Ok(report);
+        }
+        // Bytes of removed versions that a retained entry may point at as its previous state.
+        let mut orphans: HashMap<(u32, ObjectKey), (u64, Compression, Vec<u8>)> = HashMap::new();
+        let removed: Vec<(u64, Vec<u8>)> = t
+            .log
+            .range(first..bound)
+            .map_err(|e| self.st(e))?
+            .map(|r| r.map(|(k, v)| (k.value(), v.value().to_vec())))
+            .collect::<Result<_, _>>()
+            .map_err(|e| self.st(e))?;
+        for (seq, row) in removed {
+            let (h, data, _) = codec::decode_log(&row).map_err(StoreError::from)?;
+            let id = (h.scope, h.key.clone());
+            if h.kind == DeltaKind::Deleted {
+                orphans.remove(&id);
+            } else if h.has_data {
+                let okey = keys::object(ScopeId(h.scope), &h.key);
+                let current = match t.objects.get(okey.as_slice()).map_err(|e| self.st(e))? {
+                    Some(v) => Some(codec::decode_object(v.value()).map_err(StoreError::from)?.0),
+                    None => None,
+                };
+                match current {
+                    Some(mut oh) if oh.data == DataRef::Log(seq) => {
+                        oh.data = DataRef::Inline;
+                        let row = codec::encode_object(&oh, Some(data)).map_err(StoreError::from)?;
+                        t.objects
+                            .insert(okey.as_slice(), row.as_slice())
+                            .map_err(|e| self.st(e))?;
+                        report.inlined += 1;
+                        orphans.remove(&id);
+                    }
+                    _ => {
+                        orphans.insert(id, (seq, h.compression, data.to_vec()));
+                    }
+                }
+            }
+            t.log.remove(seq).map_err(|e| self.st(e))?;
+            report.removed += 1;
+        }
+        // Retained entries pointing at removed ones get those bytes inlined.
+        if !orphans.is_empty() {
+            let tail: Vec<(u64, Vec<u8>)> = t
+                .log
+                .range(bound..)
+                .map_err(|e| self.st(e))?
+                .map(|r| r.map(|(k, v)| (k.value(), v.value().to_vec())))
+                .collect::<Result<_, _>>()
+                .map_err(|e| self.st(e))?;
+            for (seq, row) in tail {
+                if orphans.is_empty() {
+                    break;
+                }
+                let (mut h, data, _) = codec::decode_log(&row).map_err(StoreError::from)?;
+                let Some((oseq, comp, bytes)) = orphans.remove(&(h.scope, h.key.clone())) else {
+                    continue;
+                };
+                if h.prev == PrevRef::Log(oseq) {
+                    h.prev = PrevRef::Inline(comp);
+                    let row = codec::encode_log(&h, data, &bytes).map_err(StoreError::from)?;
+                    t.log.insert(seq, row.as_slice()).map_err(|e| self.st(e))?;
+                }
+            }
+        }
+        report.first_retained = Seq(bound);
+        Ok(report)
+    }
+
+    fn identity(&self, txn: &WriteTransaction, identity: &str, reset: bool) -> Step<bool> {
+        let stored = {
+            let meta = txn.open_table(META).map_err(|e| self.st(e))?;
+            let v = meta.get(META_CLUSTER_IDENTITY).map_err(|e| self.st(e))?;
+            v.map(|v| String::from_utf8_lossy(v.value()).into_owned())
+        };
+        match stored {
+            Some(s) if s == identity => return Ok(false),
+            Some(s) if !reset => {
+                return Err(Failure::Refused(StoreError::ClusterMismatch {
+                    stored: s,
+                    found: identity.to_owned(),
+                }))
+            }
+            _ => {}
+        }
+        let wiped = if stored.is_some() {
+            // Another cluster's data must not leak into this one: wipe every scope's state.
+            let ids: Vec<u32> = {
+                let scopes = txn.open_table(SCOPES).map_err(|e| self.st(e))?;
+                scopes
+                    .iter()
+                    .map_err(|e| self.st(e))?
+                    .map(|r| r.map(|(k, _)| k.value()))
+                    .collect::<Result<_, _>>()
+                    .map_err(|e| self.st(e))?
+            };
+            for id in ids {
+                self.reset_scope(txn, ScopeId(id))?;
+            }
+            true
+        } else {
+            false
+        };
+        let mut meta = txn.open_table(META).map_err(|e| self.st(e))?;
+        meta.insert(META_CLUSTER_IDENTITY, identity.as_bytes())
+            .map_err(|e| self.st(e))?;
+        Ok(wiped)
+    }
+
+    fn reset_scope(&self, txn: &WriteTransaction, scope: ScopeId) -> Step<()> {
+        let mut record = self.load_scope(txn, scope)?;
+        let (start, end) = keys::scope_range(scope);
+        let range = start.as_slice()..end.as_slice();
+        for table in [OBJECTS, INDEX_REV, RELIST] {
+            let mut t = txn.open_table(table).map_err(|e| self.st(e))?;
+            t.retain_in::<&[u8], _>(range.clone(), |_, _| false)
+                .map_err(|e| self.st(e))?;
+        }
+        let mut index = txn.open_table(INDEX).map_err(|e| self.st(e))?;
+        index
+            .retain_in::<&[u8], _>(range, |_, _| false)
+            .map_err(|e| self.st(e))?;
+        record.rv = None;
+        record.synced = false;
+        record.object_count = 0;
+        self.save_scope(txn, scope, &record)
+    }
+}
+
+/// The tables a delta touches, opened once per command.
+struct Tables<'t> {
+    objects: redb::Table<'t, &'static [u8], &'static [u8]>,
+    log: redb::Table<'t, u64, &'static [u8]>,
+    index: redb::Table<'t, &'static [u8], ()>,
+    index_rev: redb::Table<'t, &'static [u8], &'static [u8]>,
+    next_seq: u64,
+}
+
+impl<'t> Tables<'t> {
+    fn open(w: &WriterThread, txn: &'t WriteTransaction) -> Result<Self, StoreError> {
+        let log = txn.open_table(LOG).map_err(|e| w.st(e))?;
+        let next_seq = log.last().map_err(|e| w.st(e))?.map_or(1, |(k, _)| k.value() + 1);
+        Ok(Self {
+            objects: txn.open_table(OBJECTS).map_err(|e| w.st(e))?,
+            log,
+            index: txn.open_table(INDEX).map_err(|e| w.st(e))?,
+            index_rev: txn.open_table(INDEX_REV).map_err(|e| w.st(e))?,
+            next_seq,
+        })
+    }
+}
+
+fn last_seq(shared: &Shared, txn: &WriteTransaction) -> Result<Seq, StoreError> {
+    let log = txn.open_table(LOG).map_err(|e| shared.storage(e))?;
+    let last = log.last().map_err(|e| shared.storage(e))?;
+    Ok(Seq(last.map_or(0, |(k, _)| k.value())))
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+fn send_reply(reply: Reply, last: Seq) {
+    match reply {
+        Reply::Scope(a, r) => drop(a.send(r)),
+        Reply::Committed(a, r) => drop(a.send(r.map(|entries| Committed { seq: last, entries }))),
+        Reply::Unit(a, r) => drop(a.send(r)),
+        Reply::Relist(a, r) => drop(a.send(r)),
+        Reply::Compact(a, r) => drop(a.send(r)),
+        Reply::Bool(a, r) => drop(a.send(r)),
+    }
+}
+
+fn fail_replies(replies: Vec<Reply>, e: &StoreError) {
+    for r in replies {
+        match r {
+            Reply::Scope(a, _) => drop(a.send(Err(e.to_aborted()))),
+            Reply::Committed(a, _) => drop(a.send(Err(e.to_aborted()))),
+            Reply::Unit(a, _) => drop(a.send(Err(e.to_aborted()))),
+            Reply::Relist(a, _) => drop(a.send(Err(e.to_aborted()))),
+            Reply::Compact(a, _) => drop(a.send(Err(e.to_aborted()))),
+            Reply::Bool(a, _) => drop(a.send(Err(e.to_aborted()))),
+        }
+    }
+}
+
+fn fail_all(cmds: Vec<Command>, e: &StoreError) {
+    for c in cmds {
+        let err = e.to_aborted();
+        match c {
+            Command::RegisterScope(_, a) => drop(a.send(Err(err))),
+            Command::Apply(_, a) => drop(a.send(Err(err))),
+            Command::Stage(_, _, a)
+            | Command::AbortRelist(_, a)
+            | Command::EnsureIndex(_, _, a)
+            | Command::SetCursor(_, _, a)
+            | Command::DeleteCursor(_, a)
+            | Command::ResetScope(_, a) => drop(a.send(Err(err))),
+            Command::FinishRelist(_, _, _, a) => drop(a.send(Err(err))),
+            Command::Compact(_, a) => drop(a.send(Err(err))),
+            Command::Identity(_, _, a) => drop(a.send(Err(err))),
+            Command::Shutdown => {}
+        }
+    }
+}
