@@ -43,6 +43,8 @@ pub const CURSORS: TableDefinition<&str, u64> = TableDefinition::new("cursors");
 pub const META_SCHEMA_VERSION: &str = "schema_version";
 /// `meta` key holding the cluster identity (UTF-8).
 pub const META_CLUSTER_IDENTITY: &str = "cluster_identity";
+/// `meta` key holding the last log seq ever handed out (u64, big endian).
+pub const META_LAST_SEQ: &str = "last_seq";
 /// `meta` key holding the version of the crate that created the database (UTF-8).
 pub const META_CREATED_BY: &str = "created_by";
 

@@ -6,6 +6,7 @@
 //! regression) is refused before it writes anything, so the others in the group still commit;
 //! a storage error aborts the whole group and every sender hears of it.
 
+use std::cell::Cell;
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -18,7 +19,7 @@ use super::codec::{self, Compression, DataRef, DeltaKind, LogHeader, ObjectHeade
 use super::index::Indexer;
 use super::schema::{
     keys, IndexName, ObjectKey, ResourceVersion, ScopeId, Seq, CURSORS, INDEX, INDEX_REV, LOG, META,
-    META_CLUSTER_IDENTITY, OBJECTS, RELIST, SCOPES, SCOPE_NAMES,
+    META_CLUSTER_IDENTITY, META_LAST_SEQ, OBJECTS, RELIST, SCOPES, SCOPE_NAMES,
 };
 use super::{Shared, StoreConfig, StoreError};
 
@@ -282,6 +283,7 @@ pub(crate) fn spawn(
     let (tx, rx) = crossbeam_channel::unbounded();
     let (seq_tx, seq_rx) = watch::channel(last);
     let state = WriterThread {
+        next_seq: Cell::new(last.0 + 1),
         shared,
         rx,
         seq_tx,
@@ -305,11 +307,18 @@ fn last_seq_read(shared: &Shared) -> Result<Seq, StoreError> {
     use redb::ReadableDatabase;
     let txn = shared.db.begin_read().map_err(|e| shared.storage(e))?;
     let log = txn.open_table(LOG).map_err(|e| shared.storage(e))?;
-    let last = log.last().map_err(|e| shared.storage(e))?;
-    Ok(Seq(last.map_or(0, |(k, _)| k.value())))
+    let in_log = log.last().map_err(|e| shared.storage(e))?.map_or(0, |(k, _)| k.value());
+    let meta = txn.open_table(META).map_err(|e| shared.storage(e))?;
+    let saved = match meta.get(META_LAST_SEQ).map_err(|e| shared.storage(e))? {
+        Some(v) => <[u8; 8]>::try_from(v.value()).map(u64::from_be_bytes).unwrap_or(0),
+        None => 0,
+    };
+    Ok(Seq(in_log.max(saved)))
 }
 
 struct WriterThread {
+    /// Next log seq to hand out; reset to its value at the start of a group that rolls back.
+    next_seq: Cell<u64>,
     shared: Arc<Shared>,
     rx: Receiver<Command>,
     seq_tx: watch::Sender<Seq>,
@@ -383,6 +392,7 @@ impl WriterThread {
         if !self.durable {
             let _ = txn.set_durability(redb::Durability::None);
         }
+        let start_seq = self.next_seq.get();
         let mut replies = Vec::with_capacity(group.len());
         let mut fatal = None;
         let mut pending = group.into_iter();
@@ -399,21 +409,22 @@ impl WriterThread {
         let rest: Vec<Command> = pending.collect();
         if let Some(e) = fatal {
             drop(txn);
+            self.next_seq.set(start_seq);
             tracing::warn!(error = %e, "group commit rolled back");
             fail_replies(replies, &e);
             fail_all(rest, &e);
             return;
         }
-        let last = match last_seq(&self.shared, &txn) {
-            Ok(s) => s,
-            Err(e) => {
-                fail_replies(replies, &e);
-                return;
-            }
-        };
+        let last = Seq(self.next_seq.get() - 1);
+        if let Err(e) = save_last_seq(&self.shared, &txn, last.0) {
+            self.next_seq.set(start_seq);
+            fail_replies(replies, &e);
+            return;
+        }
         if let Err(e) = txn.commit() {
             let e = self.shared.storage(e);
             tracing::warn!(error = %e, "commit failed");
+            self.next_seq.set(start_seq);
             fail_replies(replies, &e);
             return;
         }
@@ -1043,26 +1054,35 @@ struct Tables<'t> {
     index: redb::Table<'t, &'static [u8], ()>,
     index_rev: redb::Table<'t, &'static [u8], &'static [u8]>,
     next_seq: u64,
+    seq_cell: &'t Cell<u64>,
 }
 
 impl<'t> Tables<'t> {
-    fn open(w: &WriterThread, txn: &'t WriteTransaction) -> Result<Self, StoreError> {
-        let log = txn.open_table(LOG).map_err(|e| w.st(e))?;
-        let next_seq = log.last().map_err(|e| w.st(e))?.map_or(1, |(k, _)| k.value() + 1);
+    fn open(w: &'t WriterThread, txn: &'t WriteTransaction) -> Result<Self, StoreError> {
         Ok(Self {
             objects: txn.open_table(OBJECTS).map_err(|e| w.st(e))?,
-            log,
+            log: txn.open_table(LOG).map_err(|e| w.st(e))?,
             index: txn.open_table(INDEX).map_err(|e| w.st(e))?,
             index_rev: txn.open_table(INDEX_REV).map_err(|e| w.st(e))?,
-            next_seq,
+            next_seq: w.next_seq.get(),
+            seq_cell: &w.next_seq,
         })
     }
 }
 
-fn last_seq(shared: &Shared, txn: &WriteTransaction) -> Result<Seq, StoreError> {
-    let log = txn.open_table(LOG).map_err(|e| shared.storage(e))?;
-    let last = log.last().map_err(|e| shared.storage(e))?;
-    Ok(Seq(last.map_or(0, |(k, _)| k.value())))
+impl Drop for Tables<'_> {
+    fn drop(&mut self) {
+        // Seqs are never reused, even when compaction empties the log (invariant 4).
+        self.seq_cell.set(self.next_seq);
+    }
+}
+
+/// Persists the last seq handed out, so seqs stay increasing after the log is emptied.
+fn save_last_seq(shared: &Shared, txn: &WriteTransaction, last: u64) -> Result<(), StoreError> {
+    let mut meta = txn.open_table(META).map_err(|e| shared.storage(e))?;
+    meta.insert(META_LAST_SEQ, last.to_be_bytes().as_slice())
+        .map_err(|e| shared.storage(e))?;
+    Ok(())
 }
 
 fn now_ms() -> u64 {
