@@ -201,7 +201,7 @@ impl Snapshot {
     }
 
     fn require_index(&self, name: &IndexName) -> Result<(), StoreError> {
-        if self.record()?.indexes.iter().any(|i| *i == name.0) {
+        if self.record()?.indexes.contains(&name.0) {
             Ok(())
         } else {
             Err(StoreError::UnknownIndex {

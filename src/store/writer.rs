@@ -435,6 +435,7 @@ impl WriterThread {
     }
 
     /// Applies one command. `Err` carries the reply and the error that aborts the group.
+    #[allow(clippy::result_large_err)] // private, returned once per command, never propagated
     fn apply(&self, txn: &WriteTransaction, cmd: Command) -> Result<Reply, (Reply, StoreError)> {
         macro_rules! run {
             ($variant:ident, $ack:expr, $call:expr) => {

@@ -1,0 +1,330 @@
+//! The durable store's contract as a user sees it: opening bad files, permissions, locking,
+//! schema versions, cluster identity, relist diffs, index backfill and concurrent readers.
+
+use std::os::unix::fs::PermissionsExt;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use durable_informer::store::{
+    Batch, DeltaKind, DurableStore, Indexer, ObjectKey, RawObject, ScopeSpec, StoreConfig, StoreError, LABELS,
+    SCHEMA_VERSION,
+};
+
+fn cm(ns: &str, name: &str, rv: u64, app: &str) -> RawObject {
+    RawObject::from_json(
+        format!(r#"{{"metadata":{{"name":"{name}","namespace":"{ns}","resourceVersion":"{rv}","labels":{{"app":"{app}"}}}}}}"#)
+            .into_bytes(),
+    )
+    .unwrap()
+}
+
+fn spec() -> ScopeSpec {
+    ScopeSpec::new("", "v1", "configmaps")
+}
+
+#[test]
+fn database_file_is_created_owner_only() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("db.redb");
+    let db = DurableStore::open(StoreConfig::new(&path)).unwrap();
+    let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600);
+    assert!(db.check().unwrap().is_ok());
+}
+
+#[test]
+fn a_file_that_is_not_a_database_is_refused_and_left_alone() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("notes.txt");
+    std::fs::write(&path, b"hello, this is not redb").unwrap();
+    let err = DurableStore::open(StoreConfig::new(&path)).err().expect("must fail");
+    assert!(matches!(err, StoreError::NotADatabase { .. }), "{err}");
+    assert!(err.to_string().contains("notes.txt"), "{err}");
+    assert_eq!(std::fs::read(&path).unwrap(), b"hello, this is not redb");
+}
+
+#[test]
+fn a_second_open_gets_a_clear_locked_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("db.redb");
+    let _first = DurableStore::open(StoreConfig::new(&path)).unwrap();
+    let err = DurableStore::open(StoreConfig::new(&path)).err().expect("must fail");
+    assert!(matches!(err, StoreError::Locked { .. }), "{err}");
+    assert!(err.to_string().contains("locked"), "{err}");
+}
+
+#[test]
+fn a_newer_schema_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("db.redb");
+    {
+        let db = redb::Database::create(&path).unwrap();
+        let txn = db.begin_write().unwrap();
+        {
+            let mut meta = txn
+                .open_table(redb::TableDefinition::<&str, &[u8]>::new("meta"))
+                .unwrap();
+            meta.insert("schema_version", (SCHEMA_VERSION + 1).to_be_bytes().as_slice())
+                .unwrap();
+        }
+        txn.commit().unwrap();
+    }
+    let err = DurableStore::open(StoreConfig::new(&path)).err().expect("must fail");
+    match &err {
+        StoreError::NewerSchema { found, supported, .. } => {
+            assert_eq!((*found, *supported), (SCHEMA_VERSION + 1, SCHEMA_VERSION));
+        }
+        other => panic!("unexpected {other}"),
+    }
+    assert!(err.to_string().contains("upgrade durable-informer"), "{err}");
+}
+
+#[test]
+fn the_golden_v1_database_opens_and_reads() {
+    // Written by `cargo run --example write_golden_db` with schema v1; never regenerate it for a
+    // newer schema: add a new golden file instead.
+    let golden = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/golden/schema-v1.redb");
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("copy.redb");
+    std::fs::copy(golden, &path).unwrap();
+    let db = DurableStore::open(StoreConfig::new(&path)).unwrap();
+    let scope = db.writer().register_scope_blocking(&spec()).unwrap();
+    let store = db.store(scope);
+    let keys = store.list_keys().unwrap();
+    assert_eq!(
+        keys,
+        vec![
+            ObjectKey::namespaced("default", "a"),
+            ObjectKey::namespaced("default", "c")
+        ]
+    );
+    assert_eq!(store.resource_version().unwrap().unwrap().as_str(), "13");
+    assert_eq!(db.cluster_identity().unwrap().as_deref(), Some("golden-cluster"));
+    assert!(db.check().unwrap().is_ok());
+}
+
+#[test]
+fn damaged_files_give_errors_not_panics() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("db.redb");
+    {
+        let db = DurableStore::open(StoreConfig::new(&path)).unwrap();
+        let scope = db.writer().register_scope_blocking(&spec()).unwrap();
+        for i in 0..50 {
+            db.writer()
+                .apply_blocking(Batch::new(scope).delta(DeltaKind::Added, cm("a", &format!("o{i}"), i + 1, "x")))
+                .unwrap();
+        }
+    }
+    let original = std::fs::read(&path).unwrap();
+    // Truncations and garbled pages: each open either works (redb repairs what it can) or
+    // returns an error; none may panic through to the caller.
+    for (i, cut) in [original.len() / 2, 4096, 600, 20].into_iter().enumerate() {
+        let p = dir.path().join(format!("cut{i}.redb"));
+        std::fs::write(&p, &original[..cut.min(original.len())]).unwrap();
+        let _ = DurableStore::open(StoreConfig::new(&p).check_integrity(true)).map(|db| db.check());
+    }
+    let mut garbled = original.clone();
+    for b in garbled.iter_mut().skip(512).step_by(7) {
+        *b ^= 0x5a;
+    }
+    let p = dir.path().join("garbled.redb");
+    std::fs::write(&p, &garbled).unwrap();
+    let _ = DurableStore::open(StoreConfig::new(&p).check_integrity(true)).map(|db| db.check());
+}
+
+#[test]
+fn another_clusters_database_is_refused_unless_reset() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = DurableStore::open(StoreConfig::new(dir.path().join("db.redb"))).unwrap();
+    let w = db.writer();
+    assert!(!w.cluster_identity_blocking("uid-A@https://a", false).unwrap());
+    let scope = w.register_scope_blocking(&spec()).unwrap();
+    w.apply_blocking(Batch::new(scope).delta(DeltaKind::Added, cm("a", "x", 5, "x")).rv("5"))
+        .unwrap();
+    assert!(!w.cluster_identity_blocking("uid-A@https://a", false).unwrap());
+    let err = w.cluster_identity_blocking("uid-B@https://b", false).unwrap_err();
+    let msg = err.to_string();
+    assert!(
+        msg.contains("uid-A@https://a") && msg.contains("uid-B@https://b"),
+        "{msg}"
+    );
+    assert_eq!(
+        db.store(scope).list().unwrap().len(),
+        1,
+        "a refused identity changes nothing"
+    );
+    assert!(w.cluster_identity_blocking("uid-B@https://b", true).unwrap());
+    assert!(db.store(scope).list().unwrap().is_empty());
+    assert_eq!(db.store(scope).resource_version().unwrap(), None);
+    assert!(db.check().unwrap().is_ok());
+}
+
+#[test]
+fn an_rv_regression_is_refused_while_the_rest_of_the_group_commits() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = DurableStore::open(StoreConfig::new(dir.path().join("db.redb"))).unwrap();
+    let w = db.writer();
+    let scope = w.register_scope_blocking(&spec()).unwrap();
+    w.apply_blocking(
+        Batch::new(scope)
+            .delta(DeltaKind::Added, cm("a", "x", 10, "x"))
+            .rv("10"),
+    )
+    .unwrap();
+    let err = w
+        .apply_blocking(Batch::new(scope).delta(DeltaKind::Added, cm("a", "y", 9, "x")).rv("9"))
+        .unwrap_err();
+    assert!(matches!(err, StoreError::RvRegression { .. }), "{err}");
+    assert_eq!(
+        db.store(scope).list_keys().unwrap(),
+        vec![ObjectKey::namespaced("a", "x")]
+    );
+    w.apply_blocking(
+        Batch::new(scope)
+            .delta(DeltaKind::Added, cm("a", "z", 11, "x"))
+            .rv("11"),
+    )
+    .unwrap();
+    assert_eq!(db.store(scope).list().unwrap().len(), 2);
+}
+
+#[test]
+fn relist_reports_only_real_differences_and_swaps_atomically() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = DurableStore::open(StoreConfig::new(dir.path().join("db.redb"))).unwrap();
+    let w = db.writer();
+    let scope = w.register_scope_blocking(&spec()).unwrap();
+    let mut batch = Batch::new(scope).rv("100");
+    for i in 0..100 {
+        batch = batch.delta(DeltaKind::Added, cm("ns", &format!("o{i:03}"), i + 1, "x"));
+    }
+    w.apply_blocking(batch.synced()).unwrap();
+    let before = db.log().bounds().unwrap().unwrap().1;
+    // The relist: o000 deleted, o001 changed, o100 new, the rest unchanged.
+    let mut page = vec![cm("ns", "o001", 200, "y"), cm("ns", "o100", 201, "x")];
+    for i in 2..100 {
+        page.push(cm("ns", &format!("o{i:03}"), i + 1, "x"));
+    }
+    w.stage_relist_blocking(scope, page).unwrap();
+    // Readers still see the old state until the relist finishes.
+    assert!(db
+        .store(scope)
+        .get(&ObjectKey::namespaced("ns", "o000"))
+        .unwrap()
+        .is_some());
+    let summary = w.finish_relist_blocking(scope, "300".into(), "410 Gone").unwrap();
+    assert_eq!(
+        (summary.added, summary.updated, summary.deleted, summary.unchanged),
+        (1, 1, 1, 98)
+    );
+    let entries = db.log().read_after(before, 100, Some(scope)).unwrap();
+    assert_eq!(entries.len(), 3, "only real differences reach the log");
+    let deleted = entries.iter().find(|e| e.kind == DeltaKind::Deleted).unwrap();
+    assert!(deleted.final_state_unknown);
+    assert_eq!(deleted.key, ObjectKey::namespaced("ns", "o000"));
+    assert!(deleted.old.is_some(), "the last known state travels with the delete");
+    let rec = db.store(scope).record().unwrap();
+    assert_eq!((rec.rv.unwrap().0, rec.relist_count), ("300".to_owned(), 1));
+    assert_eq!(rec.last_relist_reason.as_deref(), Some("410 Gone"));
+    assert!(db.check().unwrap().is_ok());
+}
+
+#[test]
+fn adding_an_index_to_a_filled_scope_backfills_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = DurableStore::open(StoreConfig::new(dir.path().join("db.redb"))).unwrap();
+    let w = db.writer();
+    let scope = w.register_scope_blocking(&spec()).unwrap();
+    let mut batch = Batch::new(scope);
+    for i in 0..30 {
+        batch = batch.delta(
+            DeltaKind::Added,
+            cm("ns", &format!("o{i}"), i + 1, if i % 3 == 0 { "web" } else { "db" }),
+        );
+    }
+    w.apply_blocking(batch).unwrap();
+    assert!(matches!(
+        db.store(scope).by_index(LABELS, "app=web"),
+        Err(StoreError::UnknownIndex { .. })
+    ));
+    db.register_index(scope, Indexer::labels());
+    w.ensure_index_blocking(scope, LABELS.into()).unwrap();
+    assert_eq!(db.store(scope).by_index(LABELS, "app=web").unwrap().len(), 10);
+    assert_eq!(
+        db.store(scope).list_index_values(LABELS).unwrap(),
+        vec!["app=db", "app=web"]
+    );
+    // Later changes keep it up to date, stale values are dropped.
+    w.apply_blocking(Batch::new(scope).delta(DeltaKind::Updated, cm("ns", "o0", 100, "db")))
+        .unwrap();
+    assert_eq!(db.store(scope).by_index(LABELS, "app=web").unwrap().len(), 9);
+    assert!(db.check().unwrap().is_ok());
+}
+
+#[test]
+fn readers_during_writes_only_see_committed_snapshots() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = DurableStore::open(StoreConfig::new(dir.path().join("db.redb")).durable(false)).unwrap();
+    let w = db.writer();
+    let scope = w.register_scope_blocking(&spec()).unwrap();
+    let store = db.store(scope);
+    let done = Arc::new(AtomicBool::new(false));
+    let reader = {
+        let done = done.clone();
+        std::thread::spawn(move || {
+            let mut reads = 0;
+            while !done.load(Ordering::Relaxed) {
+                let snap = store.snapshot().unwrap();
+                let objs = snap.list().unwrap();
+                let rv = snap.record().unwrap().rv.and_then(|r| r.as_u64()).unwrap_or(0);
+                // Each batch adds 10 objects and sets RV = 10 × batches: a torn read breaks this.
+                assert_eq!(objs.len() as u64, rv, "saw a half-applied batch");
+                assert_eq!(snap.len().unwrap(), rv);
+                reads += 1;
+            }
+            reads
+        })
+    };
+    for b in 0..200u64 {
+        let mut batch = Batch::new(scope).rv(((b + 1) * 10).to_string());
+        for j in 0..10 {
+            batch = batch.delta(DeltaKind::Added, cm("ns", &format!("o{b}-{j}"), b * 10 + j + 1, "x"));
+        }
+        w.apply_blocking(batch).unwrap();
+    }
+    done.store(true, Ordering::Relaxed);
+    let reads = reader.join().unwrap();
+    assert!(reads > 0);
+}
+
+#[test]
+fn group_commit_acknowledges_every_sender() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = DurableStore::open(StoreConfig::new(dir.path().join("db.redb"))).unwrap();
+    let w = db.writer();
+    let scope = w.register_scope_blocking(&spec()).unwrap();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .build()
+        .unwrap();
+    let committed = rt.block_on(async {
+        let mut tasks = Vec::new();
+        for i in 0..200u64 {
+            let w = w.clone();
+            tasks.push(tokio::spawn(async move {
+                w.apply(Batch::new(scope).delta(DeltaKind::Added, cm("ns", &format!("o{i}"), i + 1, "x")))
+                    .await
+            }));
+        }
+        let mut n = 0;
+        for t in tasks {
+            let c = t.await.unwrap().unwrap();
+            n += c.entries;
+        }
+        n
+    });
+    assert_eq!(committed, 200);
+    assert_eq!(*w.committed().borrow(), durable_informer::store::Seq(200));
+    assert_eq!(db.store(scope).list().unwrap().len(), 200);
+}
