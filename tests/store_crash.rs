@@ -21,7 +21,7 @@ fn batch_ops(i: u64) -> Vec<(bool, String, u64)> {
     (0..DELTAS_PER_BATCH)
         .map(|j| {
             let name = format!("cm-{}", (i * 7 + j * 13) % 60);
-            let delete = (i + j) % 5 == 0;
+            let delete = (i + j).is_multiple_of(5);
             (delete, name, i * 100 + j)
         })
         .collect()
