@@ -9,7 +9,9 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 pub mod error;
+pub mod reflector;
 pub mod selector;
+pub mod source;
 pub mod store;
 
 #[cfg(feature = "sim")]

@@ -203,6 +203,15 @@ impl Writer {
         rx.blocking_recv().map_err(|_| StoreError::WriterGone)?
     }
 
+    /// Queues a batch now and returns a receiver for its commit, so a caller can keep reading
+    /// while earlier batches commit (pipelining). The batch is durable once the receiver yields
+    /// `Ok`.
+    pub fn submit(&self, batch: Batch) -> Result<oneshot::Receiver<Result<Committed, StoreError>>, StoreError> {
+        let (ack, rx) = oneshot::channel();
+        self.send(Command::Apply(batch, ack))?;
+        Ok(rx)
+    }
+
     request!(apply, apply_blocking, (batch: Batch) -> Committed, Apply,
         "Applies a batch in the next group commit and returns once it is durable.");
     request!(stage_relist, stage_relist_blocking, (scope: ScopeId, objects: Vec<RawObject>) -> (), Stage,

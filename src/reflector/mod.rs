@@ -1,0 +1,829 @@
+//! The reflector: lists and watches a [`Source`] into the durable store.
+//!
+//! It owns the protocol, never redb: every change goes to the store's [`Writer`], and a
+//! resourceVersion counts as persisted only after the writer acknowledged the durable commit.
+//!
+//! ```text
+//!            ┌────────── persisted RV, synced ──────────┐
+//!  start ────┤                                          ▼
+//!            └─ none ─▶ List ──▶ Watch(rv) ◀──▶ Resume probe (one limit=1 LIST)
+//!                        ▲         │  ended: re-watch from the persisted RV
+//!                        │         │  429/5xx/I/O/stall/malformed: backoff, re-watch
+//!                        └─────────┘  410 Gone / 504 too-large RV / RV regression: relist as a diff
+//! ```
+//!
+//! A resume makes no full LIST: the watch starts from the persisted RV and the scope reports
+//! synced once its committed RV reaches the server's current RV, read by one `limit=1` LIST.
+//! A relist is staged in the database and swapped in with one transaction; handlers see only
+//! the differences, including the deletes that happened while nobody watched.
+
+mod backoff;
+mod transform;
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::{FutureExt, StreamExt};
+use rand::Rng;
+use tokio::sync::{oneshot, watch};
+
+pub use backoff::BackoffConfig;
+pub use transform::{strip_managed_fields, OversizePolicy, Transform, TransformError, TransformFn};
+
+use crate::source::{ListRequest, Source, SourceError, WatchEvent, WatchRequest};
+use crate::store::{Batch, Committed, DeltaKind, RawObject, ResourceVersion, ScopeId, Store, StoreError, Writer};
+use backoff::Backoff;
+
+/// Reflector settings. `Default` gives client-go's behaviour.
+#[derive(Debug, Clone)]
+pub struct ReflectorConfig {
+    /// LIST page size (default 500).
+    pub page_size: u32,
+    /// Try a streaming list (`sendInitialEvents`) first, falling back to a paginated LIST on
+    /// 422 or any error (default true).
+    pub streaming_list: bool,
+    /// `timeoutSeconds` of each watch, picked at random in this range (default 5–10 minutes).
+    pub watch_timeout: (Duration, Duration),
+    /// A watch that delivers nothing (not even a bookmark) for longer than its timeout plus this
+    /// is considered stalled and reopened (default 30 s).
+    pub stall_grace: Duration,
+    /// Backoff after errors.
+    pub backoff: BackoffConfig,
+    /// Transforms before persisting.
+    pub transform: Transform,
+    /// Most deltas per batch handed to the writer (default 1000).
+    pub max_batch: usize,
+    /// Wipe the database instead of failing when it belongs to another cluster (default false).
+    pub reset_on_cluster_change: bool,
+}
+
+impl Default for ReflectorConfig {
+    fn default() -> Self {
+        Self {
+            page_size: 500,
+            streaming_list: true,
+            watch_timeout: (Duration::from_secs(300), Duration::from_secs(600)),
+            stall_grace: Duration::from_secs(30),
+            backoff: BackoffConfig::default(),
+            transform: Transform::default(),
+            max_batch: 1000,
+            reset_on_cluster_change: false,
+        }
+    }
+}
+
+/// Errors of the reflector. Each names the resource, the RV and what the server said.
+#[derive(Debug, Clone, thiserror::Error)]
+#[non_exhaustive]
+pub enum ReflectorError {
+    /// Talking to the server failed.
+    #[error("{source} (resourceVersion {rv:?})")]
+    Source {
+        /// The failure.
+        #[source]
+        source: SourceError,
+        /// The RV the request was made from.
+        rv: String,
+    },
+    /// The store refused or failed a write.
+    #[error("{resource}: store: {message}")]
+    Store {
+        /// The resource.
+        resource: String,
+        /// The store's message.
+        message: String,
+    },
+    /// An object was not stored.
+    #[error("{resource}: {source}")]
+    Transform {
+        /// The resource.
+        resource: String,
+        /// Why.
+        #[source]
+        source: TransformError,
+    },
+    /// The database belongs to another cluster (fatal: the reflector stops).
+    #[error("{0}")]
+    ClusterMismatch(String),
+}
+
+/// Where the reflector is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Phase {
+    /// Not started.
+    #[default]
+    Starting,
+    /// Listing (initial list or relist).
+    Listing,
+    /// Probing the server's RV before resuming.
+    Probing,
+    /// Watching.
+    Watching,
+    /// Waiting after an error.
+    Backoff,
+    /// Stopped.
+    Stopped,
+}
+
+/// What the reflector reports about itself.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ReflectorStatus {
+    /// The phase.
+    pub phase: Phase,
+    /// The store holds a complete, current view (initial list done, or resume caught up).
+    pub synced: bool,
+    /// The store was restored from disk at start (no initial LIST was needed).
+    pub restored: bool,
+    /// The last durably committed RV.
+    pub committed_rv: Option<ResourceVersion>,
+    /// Full lists made (initial + relists).
+    pub lists: u64,
+    /// Relists (after the first list) and why the last one ran.
+    pub relists: u64,
+    /// Why the last list ran.
+    pub last_list_reason: Option<String>,
+    /// Watches opened.
+    pub watches: u64,
+    /// Events persisted.
+    pub events: u64,
+    /// The last error, if any.
+    pub last_error: Option<String>,
+}
+
+/// A callback for every error the reflector meets (it also logs them and keeps the last one in
+/// its status).
+pub type ErrorHook = Arc<dyn Fn(&ReflectorError) + Send + Sync>;
+
+/// The reflector of one scope.
+pub struct Reflector<S: Source> {
+    source: S,
+    writer: Writer,
+    store: Store,
+    config: ReflectorConfig,
+    status: watch::Sender<ReflectorStatus>,
+    on_error: Option<ErrorHook>,
+    streaming_unsupported: bool,
+    backoff: Backoff,
+}
+
+enum Next {
+    List(String),
+    Resume(ResourceVersion),
+    Watch(ResourceVersion),
+}
+
+enum WatchEnd {
+    /// The stream ended normally: re-watch.
+    Ended,
+    /// 410: relist.
+    Gone(String),
+    /// 504 too-large RV: relist from "".
+    TooLarge(String),
+    /// Retry after a backoff (with a Retry-After hint).
+    Retry(Option<Duration>),
+    /// Stop was requested.
+    Stop,
+}
+
+impl<S: Source> Reflector<S> {
+    /// A reflector writing `source` into `scope` of the database behind `writer`/`store`.
+    #[must_use]
+    pub fn new(source: S, writer: Writer, store: Store, config: ReflectorConfig) -> Self {
+        let backoff = Backoff::new(config.backoff);
+        let (status, _) = watch::channel(ReflectorStatus::default());
+        Self {
+            source,
+            writer,
+            store,
+            config,
+            status,
+            on_error: None,
+            streaming_unsupported: false,
+            backoff,
+        }
+    }
+
+    /// Calls `hook` for every error.
+    #[must_use]
+    pub fn on_error(mut self, hook: ErrorHook) -> Self {
+        self.on_error = Some(hook);
+        self
+    }
+
+    /// The reflector's status, updated as it goes.
+    #[must_use]
+    pub fn status(&self) -> watch::Receiver<ReflectorStatus> {
+        self.status.subscribe()
+    }
+
+    fn scope(&self) -> ScopeId {
+        self.store.scope()
+    }
+
+    fn report(&self, err: &ReflectorError) {
+        tracing::warn!(scope = %self.scope(), error = %err, "reflector");
+        self.status.send_modify(|s| s.last_error = Some(err.to_string()));
+        if let Some(h) = &self.on_error {
+            h(err);
+        }
+    }
+
+    fn store_err(&self, e: &StoreError) -> ReflectorError {
+        ReflectorError::Store {
+            resource: self.source.resource(),
+            message: e.to_string(),
+        }
+    }
+
+    fn phase(&self, phase: Phase) {
+        self.status.send_modify(|s| s.phase = phase);
+    }
+
+    /// Waits `delay` unless stop is requested first; returns false on stop.
+    async fn sleep(&self, delay: Duration, stop: &mut watch::Receiver<bool>) -> bool {
+        self.phase(Phase::Backoff);
+        tokio::select! {
+            () = tokio::time::sleep(delay) => true,
+            _ = stop.wait_for(|s| *s) => false,
+        }
+    }
+
+    /// Runs until `stop` turns true (or is dropped), or a fatal error. Cancelling the future is
+    /// also safe: every commit is atomic, and an unacknowledged batch is at most redelivered.
+    pub async fn run(mut self, mut stop: watch::Receiver<bool>) -> Result<(), ReflectorError> {
+        let result = self.run_inner(&mut stop).await;
+        self.phase(Phase::Stopped);
+        result
+    }
+
+    async fn run_inner(&mut self, stop: &mut watch::Receiver<bool>) -> Result<(), ReflectorError> {
+        self.check_identity(stop).await?;
+        let record = match self.store.record() {
+            Ok(r) => r,
+            Err(e) => {
+                let err = self.store_err(&e);
+                self.report(&err);
+                return Err(err);
+            }
+        };
+        let mut next = match record.rv.clone() {
+            Some(rv) if record.synced => {
+                self.status.send_modify(|s| {
+                    s.restored = true;
+                    s.committed_rv = Some(rv.clone());
+                });
+                Next::Resume(rv)
+            }
+            _ => Next::List("initial list".to_owned()),
+        };
+        let mut sync_target: Option<ResourceVersion> = None;
+        loop {
+            if *stop.borrow() {
+                return Ok(());
+            }
+            next = match next {
+                Next::Resume(rv) => {
+                    self.phase(Phase::Probing);
+                    match self.probe().await {
+                        Ok(server_rv) if server_rv.is_older_than(&rv) => {
+                            // etcd restored from an older backup (kubernetes#107457): a watch
+                            // from our RV would be silently empty.
+                            Next::List(format!(
+                                "persisted resourceVersion {rv} is ahead of the server's {server_rv} (cluster restored from a backup?)"
+                            ))
+                        }
+                        Ok(server_rv) => {
+                            sync_target = Some(server_rv);
+                            self.mark_synced_if_caught_up(&rv, &sync_target, false);
+                            Next::Watch(rv)
+                        }
+                        Err(e) => {
+                            let hint = e.status().and_then(|s| s.retry_after);
+                            self.report(&ReflectorError::Source {
+                                source: e,
+                                rv: String::new(),
+                            });
+                            let delay = self.backoff.delay(hint);
+                            if !self.sleep(delay, stop).await {
+                                return Ok(());
+                            }
+                            Next::Resume(rv)
+                        }
+                    }
+                }
+                Next::List(reason) => {
+                    self.phase(Phase::Listing);
+                    match self.list_all(&reason, stop).await {
+                        Ok(Some(rv)) => {
+                            sync_target = None;
+                            self.status.send_modify(|s| {
+                                s.synced = true;
+                                s.committed_rv = Some(rv.clone());
+                            });
+                            Next::Watch(rv)
+                        }
+                        Ok(None) => return Ok(()),
+                        Err((err, hint)) => {
+                            self.report(&err);
+                            let delay = self.backoff.delay(hint);
+                            if !self.sleep(delay, stop).await {
+                                return Ok(());
+                            }
+                            Next::List(reason)
+                        }
+                    }
+                }
+                Next::Watch(rv) => {
+                    self.phase(Phase::Watching);
+                    let end = self.watch_once(rv.clone(), &mut sync_target, stop).await;
+                    // Always continue from what is durably persisted, which may be ahead of
+                    // what this loop saw acknowledged.
+                    let persisted = self.store.resource_version().ok().flatten().unwrap_or(rv);
+                    match end {
+                        WatchEnd::Stop => return Ok(()),
+                        WatchEnd::Ended => Next::Watch(persisted),
+                        WatchEnd::Gone(msg) => Next::List(format!("410 Gone: {msg}")),
+                        WatchEnd::TooLarge(msg) => Next::List(format!(
+                            "504 too large resourceVersion {persisted} (cluster rebuilt or restored?): {msg}"
+                        )),
+                        WatchEnd::Retry(hint) => {
+                            let delay = self.backoff.delay(hint);
+                            if !self.sleep(delay, stop).await {
+                                return Ok(());
+                            }
+                            Next::Watch(persisted)
+                        }
+                    }
+                }
+            };
+        }
+    }
+
+    async fn check_identity(&mut self, stop: &mut watch::Receiver<bool>) -> Result<(), ReflectorError> {
+        let identity = loop {
+            match self.source.cluster_identity().await {
+                Ok(id) => break id,
+                Err(e) => {
+                    let hint = e.status().and_then(|s| s.retry_after);
+                    self.report(&ReflectorError::Source {
+                        source: e,
+                        rv: String::new(),
+                    });
+                    let delay = self.backoff.delay(hint);
+                    if !self.sleep(delay, stop).await {
+                        return Ok(());
+                    }
+                }
+            }
+        };
+        let Some(identity) = identity else { return Ok(()) };
+        match self
+            .writer
+            .cluster_identity(&identity, self.config.reset_on_cluster_change)
+            .await
+        {
+            Ok(wiped) => {
+                if wiped {
+                    tracing::warn!(%identity, "database belonged to another cluster and was reset");
+                }
+                Ok(())
+            }
+            Err(e @ StoreError::ClusterMismatch { .. }) => {
+                let err = ReflectorError::ClusterMismatch(e.to_string());
+                self.report(&err);
+                Err(err)
+            }
+            Err(e) => {
+                let err = self.store_err(&e);
+                self.report(&err);
+                Err(err)
+            }
+        }
+    }
+
+    /// The server's current RV, from a one-object LIST.
+    async fn probe(&self) -> Result<ResourceVersion, SourceError> {
+        let page = self
+            .source
+            .list(ListRequest {
+                limit: Some(1),
+                ..ListRequest::default()
+            })
+            .await?;
+        Ok(page.resource_version)
+    }
+
+    fn mark_synced_if_caught_up(
+        &self,
+        committed: &ResourceVersion,
+        target: &Option<ResourceVersion>,
+        progressed: bool,
+    ) {
+        let caught_up = match target {
+            None => false,
+            Some(t) => match (committed.as_u64(), t.as_u64()) {
+                (Some(c), Some(t)) => c >= t,
+                // Not comparable: the first event or bookmark after the probe.
+                _ => progressed,
+            },
+        };
+        if caught_up {
+            self.status.send_if_modified(|s| {
+                let changed = !s.synced;
+                s.synced = true;
+                changed
+            });
+        }
+    }
+
+    fn transform(&self, obj: RawObject) -> Option<RawObject> {
+        match self.config.transform.apply(obj) {
+            Ok(o) => o,
+            Err(e) => {
+                let err = ReflectorError::Transform {
+                    resource: self.source.resource(),
+                    source: e,
+                };
+                match self.config.transform.oversize {
+                    OversizePolicy::Skip
+                        if matches!(
+                            err,
+                            ReflectorError::Transform {
+                                source: TransformError::TooLarge { .. },
+                                ..
+                            }
+                        ) =>
+                    {
+                        tracing::warn!(error = %err, "skipped");
+                    }
+                    _ => self.report(&err),
+                }
+                None
+            }
+        }
+    }
+
+    /// A full list into the store. Returns the list RV, or `None` when stopped.
+    async fn list_all(
+        &mut self,
+        reason: &str,
+        stop: &mut watch::Receiver<bool>,
+    ) -> Result<Option<ResourceVersion>, (ReflectorError, Option<Duration>)> {
+        let record = self.store.record().map_err(|e| (self.store_err(&e), None))?;
+        let first = record.rv.is_none() && !record.synced;
+        tracing::info!(scope = %self.scope(), reason, "listing");
+        self.status.send_modify(|s| {
+            s.lists += 1;
+            if !first || s.lists > 1 {
+                s.relists += 1;
+            }
+            s.last_list_reason = Some(reason.to_owned());
+        });
+        // Directly into an empty scope; staged (and swapped in at once) otherwise.
+        let direct = record.rv.is_none() && record.object_count == 0;
+        let mut restarts = 0;
+        loop {
+            let attempt = if self.config.streaming_list && !self.streaming_unsupported {
+                match self.streaming_list(direct, stop).await {
+                    Ok(r) => Ok(r),
+                    Err((err, _)) => {
+                        // Fall back to a paginated LIST on 422 (old server) or any error.
+                        tracing::info!(error = %err, "streaming list failed; falling back to paginated LIST");
+                        self.streaming_unsupported = true;
+                        let _ = self.writer.abort_relist(self.scope()).await;
+                        self.paginated_list(direct).await
+                    }
+                }
+            } else {
+                self.paginated_list(direct).await
+            };
+            match attempt {
+                Ok(Some(rv)) => {
+                    if direct {
+                        self.writer
+                            .apply(Batch::new(self.scope()).rv(rv.clone()).synced())
+                            .await
+                            .map_err(|e| (self.store_err(&e), None))?;
+                    } else {
+                        let summary = self
+                            .writer
+                            .finish_relist(self.scope(), rv.clone(), reason)
+                            .await
+                            .map_err(|e| (self.store_err(&e), None))?;
+                        tracing::info!(scope = %self.scope(), added = summary.added, updated = summary.updated,
+                            deleted = summary.deleted, unchanged = summary.unchanged, "relist applied as a diff");
+                    }
+                    return Ok(Some(rv));
+                }
+                Ok(None) => return Ok(None),
+                Err(ListFailure::Restart(msg)) if restarts < 3 => {
+                    // An expired continue token: the list restarts from scratch.
+                    restarts += 1;
+                    tracing::info!(scope = %self.scope(), msg, "list restarted");
+                    let _ = self.writer.abort_relist(self.scope()).await;
+                }
+                Err(ListFailure::Restart(msg)) => {
+                    return Err((
+                        ReflectorError::Store {
+                            resource: self.source.resource(),
+                            message: format!("list restarted {restarts} times: {msg}"),
+                        },
+                        None,
+                    ))
+                }
+                Err(ListFailure::Failed(err, hint)) => {
+                    let _ = self.writer.abort_relist(self.scope()).await;
+                    return Err((err, hint));
+                }
+            }
+        }
+    }
+
+    async fn put_page(&self, direct: bool, items: Vec<RawObject>) -> Result<(), StoreError> {
+        let items: Vec<RawObject> = items.into_iter().filter_map(|o| self.transform(o)).collect();
+        if items.is_empty() {
+            return Ok(());
+        }
+        if direct {
+            let mut batch = Batch::new(self.scope());
+            batch.deltas = items
+                .into_iter()
+                .map(|object| crate::store::Delta {
+                    kind: DeltaKind::Replaced,
+                    object,
+                })
+                .collect();
+            self.writer.apply(batch).await.map(|_| ())
+        } else {
+            self.writer.stage_relist(self.scope(), items).await
+        }
+    }
+
+    async fn paginated_list(&mut self, direct: bool) -> Result<Option<ResourceVersion>, ListFailure> {
+        let mut token = None;
+        loop {
+            let req = ListRequest {
+                limit: Some(self.config.page_size),
+                continue_token: token.clone(),
+                ..ListRequest::default()
+            };
+            let page = match self.source.list(req).await {
+                Ok(p) => p,
+                Err(e) if token.is_some() && e.status().is_some_and(|s| s.is_gone()) => {
+                    return Err(ListFailure::Restart(e.to_string()))
+                }
+                Err(e) => {
+                    let hint = e.status().and_then(|s| s.retry_after);
+                    return Err(ListFailure::Failed(
+                        ReflectorError::Source {
+                            source: e,
+                            rv: String::new(),
+                        },
+                        hint,
+                    ));
+                }
+            };
+            let rv = page.resource_version.clone();
+            self.put_page(direct, page.items)
+                .await
+                .map_err(|e| ListFailure::Failed(self.store_err(&e), None))?;
+            token = page.continue_token;
+            if token.is_none() {
+                return Ok(Some(rv));
+            }
+        }
+    }
+
+    async fn streaming_list(
+        &mut self,
+        direct: bool,
+        stop: &mut watch::Receiver<bool>,
+    ) -> Result<Option<ResourceVersion>, (ReflectorError, Option<Duration>)> {
+        let req = WatchRequest {
+            resource_version: String::new(),
+            timeout_secs: self.watch_timeout_secs(),
+            bookmarks: true,
+            send_initial_events: true,
+        };
+        let src_err = |e: SourceError| {
+            let hint = e.status().and_then(|s| s.retry_after);
+            (
+                ReflectorError::Source {
+                    source: e,
+                    rv: String::new(),
+                },
+                hint,
+            )
+        };
+        let mut stream = self.source.watch(req).await.map_err(src_err)?;
+        let mut page = Vec::new();
+        loop {
+            let ev = tokio::select! {
+                ev = stream.next() => ev,
+                _ = stop.wait_for(|s| *s) => return Ok(None),
+            };
+            match ev {
+                Some(Ok(WatchEvent::Added(o) | WatchEvent::Modified(o))) => {
+                    page.push(o);
+                    if page.len() >= self.config.page_size as usize {
+                        self.put_page(direct, std::mem::take(&mut page))
+                            .await
+                            .map_err(|e| (self.store_err(&e), None))?;
+                    }
+                }
+                Some(Ok(WatchEvent::Bookmark {
+                    resource_version,
+                    initial_events_end: true,
+                })) => {
+                    self.put_page(direct, page)
+                        .await
+                        .map_err(|e| (self.store_err(&e), None))?;
+                    return Ok(Some(resource_version));
+                }
+                Some(Ok(WatchEvent::Bookmark { .. } | WatchEvent::Deleted(_))) => {}
+                Some(Ok(WatchEvent::Error(status))) => {
+                    return Err(src_err(SourceError::Api {
+                        resource: self.source.resource(),
+                        status,
+                    }))
+                }
+                Some(Err(e)) => return Err(src_err(e)),
+                None => {
+                    // A server that ignores sendInitialEvents sends no end bookmark.
+                    return Err(src_err(SourceError::Decode {
+                        resource: self.source.resource(),
+                        line: None,
+                        detail: "streaming list ended without the initial-events-end bookmark".into(),
+                    }));
+                }
+            }
+        }
+    }
+
+    fn watch_timeout_secs(&self) -> u32 {
+        let (lo, hi) = self.config.watch_timeout;
+        let (lo, hi) = (lo.as_secs().max(1), hi.as_secs().max(1));
+        let secs = if hi > lo { rand::rng().random_range(lo..=hi) } else { lo };
+        u32::try_from(secs).unwrap_or(u32::MAX)
+    }
+
+    /// One watch from `rv` until it ends. Batches events, pipelines commits (at most two in
+    /// flight) and updates the committed RV on each durable acknowledgement.
+    async fn watch_once(
+        &mut self,
+        rv: ResourceVersion,
+        sync_target: &mut Option<ResourceVersion>,
+        stop: &mut watch::Receiver<bool>,
+    ) -> WatchEnd {
+        let timeout_secs = self.watch_timeout_secs();
+        let req = WatchRequest {
+            resource_version: rv.0.clone(),
+            timeout_secs,
+            bookmarks: true,
+            send_initial_events: false,
+        };
+        self.status.send_modify(|s| s.watches += 1);
+        let mut stream = match self.source.watch(req).await {
+            Ok(s) => s,
+            Err(e) => return self.classify(e, &rv),
+        };
+        let idle = Duration::from_secs(u64::from(timeout_secs)) + self.config.stall_grace;
+        let mut inflight: VecDeque<(oneshot::Receiver<Result<Committed, StoreError>>, ResourceVersion, u64)> =
+            VecDeque::new();
+        let mut end = None;
+        while end.is_none() {
+            let first = tokio::select! {
+                ev = tokio::time::timeout(idle, stream.next()) => ev,
+                _ = stop.wait_for(|s| *s) => { end = Some(WatchEnd::Stop); break; }
+            };
+            let mut batch = Batch::new(self.scope());
+            let mut events = 0u64;
+            let mut item = match first {
+                Err(_) => {
+                    self.report(&ReflectorError::Source {
+                        source: SourceError::Transport {
+                            resource: self.source.resource(),
+                            detail: format!("watch stalled: nothing received for {idle:?}"),
+                        },
+                        rv: rv.0.clone(),
+                    });
+                    end = Some(WatchEnd::Retry(None));
+                    None
+                }
+                Ok(item) => Some(item),
+            };
+            // Take everything already received, up to a batch.
+            while let Some(next) = item.take() {
+                match next {
+                    None => {
+                        end = Some(WatchEnd::Ended);
+                        break;
+                    }
+                    Some(Err(e)) => {
+                        end = Some(self.classify(e, &rv));
+                        break;
+                    }
+                    Some(Ok(ev)) => {
+                        events += 1;
+                        match ev {
+                            WatchEvent::Added(o) | WatchEvent::Modified(o) => {
+                                let rv = o.meta.resource_version.clone();
+                                if let Some(o) = self.transform(o) {
+                                    batch.deltas.push(crate::store::Delta {
+                                        kind: DeltaKind::Updated,
+                                        object: o,
+                                    });
+                                }
+                                batch.rv = Some(rv);
+                            }
+                            WatchEvent::Deleted(o) => {
+                                batch.rv = Some(o.meta.resource_version.clone());
+                                batch.deltas.push(crate::store::Delta {
+                                    kind: DeltaKind::Deleted,
+                                    object: o,
+                                });
+                            }
+                            WatchEvent::Bookmark { resource_version, .. } => {
+                                if !resource_version.is_empty() {
+                                    batch.rv = Some(resource_version);
+                                }
+                            }
+                            WatchEvent::Error(status) => {
+                                let e = SourceError::Api {
+                                    resource: self.source.resource(),
+                                    status,
+                                };
+                                end = Some(self.classify(e, &rv));
+                                break;
+                            }
+                        }
+                    }
+                }
+                if batch.deltas.len() >= self.config.max_batch {
+                    break;
+                }
+                item = stream.next().now_or_never();
+            }
+            if batch.rv.is_some() || !batch.deltas.is_empty() {
+                let brv = batch.rv.clone().unwrap_or_else(|| rv.clone());
+                match self.writer.submit(batch) {
+                    Ok(rx) => inflight.push_back((rx, brv, events)),
+                    Err(e) => {
+                        self.report(&self.store_err(&e));
+                        end = Some(WatchEnd::Retry(None));
+                    }
+                }
+            }
+            // Keep at most two batches in flight; all of them when the watch ends.
+            while inflight.len() > 1 || (end.is_some() && !inflight.is_empty()) {
+                let Some((rx, brv, n)) = inflight.pop_front() else {
+                    break;
+                };
+                match rx.await {
+                    Ok(Ok(_)) => {
+                        self.status.send_modify(|s| {
+                            s.committed_rv = Some(brv.clone());
+                            s.events += n;
+                        });
+                        self.mark_synced_if_caught_up(&brv, sync_target, true);
+                    }
+                    Ok(Err(e)) => {
+                        self.report(&self.store_err(&e));
+                        inflight.clear();
+                        end = Some(WatchEnd::Retry(None));
+                    }
+                    Err(_) => {
+                        self.report(&self.store_err(&StoreError::WriterGone));
+                        inflight.clear();
+                        end = Some(WatchEnd::Retry(None));
+                    }
+                }
+            }
+        }
+        end.unwrap_or(WatchEnd::Ended)
+    }
+
+    fn classify(&self, e: SourceError, rv: &ResourceVersion) -> WatchEnd {
+        let end = match e.status() {
+            Some(s) if s.is_gone() => WatchEnd::Gone(s.message.clone()),
+            Some(s) if s.is_too_large_rv() => WatchEnd::TooLarge(s.message.clone()),
+            Some(s) => WatchEnd::Retry(s.retry_after),
+            None => WatchEnd::Retry(None),
+        };
+        if !matches!(end, WatchEnd::Gone(_)) {
+            self.report(&ReflectorError::Source {
+                source: e,
+                rv: rv.0.clone(),
+            });
+        } else {
+            tracing::info!(scope = %self.scope(), rv = %rv, "watch expired (410); relisting");
+        }
+        end
+    }
+}
+
+enum ListFailure {
+    Restart(String),
+    Failed(ReflectorError, Option<Duration>),
+}

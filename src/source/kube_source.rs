@@ -1,0 +1,351 @@
+//! The live source: LIST and WATCH through `kube::Client` (kubeconfig, in-cluster config, auth,
+//! TLS and request building are kube's), with the response body read here as raw bytes.
+
+use std::time::Duration;
+
+use bytes::{Buf, Bytes, BytesMut};
+use futures::StreamExt;
+use http_body_util::BodyExt;
+use kube::core::{ApiResource, DynamicObject, Request, Resource};
+use kube::Client;
+use tracing::Instrument;
+
+use super::decode::{decode_list, decode_status, decode_watch_line};
+use super::{ListPage, ListRequest, Source, SourceError, WatchRequest, WatchStream};
+
+/// Longest watch line accepted (one object); longer lines are reported as malformed.
+const MAX_LINE: usize = 64 << 20;
+
+/// A [`Source`] over a live API server (or the simulated one) through `kube::Client`.
+#[derive(Clone)]
+pub struct KubeSource {
+    client: Client,
+    server: String,
+    resource: ApiResource,
+    namespace: Option<String>,
+    label_selector: Option<String>,
+    field_selector: Option<String>,
+}
+
+impl std::fmt::Debug for KubeSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // The client holds credentials: never print it.
+        f.debug_struct("KubeSource")
+            .field("server", &self.server)
+            .field("resource", &self.resource.plural)
+            .field("namespace", &self.namespace)
+            .finish_non_exhaustive()
+    }
+}
+
+impl KubeSource {
+    /// A source for any resource. `server` is the cluster URL (part of the cluster identity).
+    ///
+    /// ```no_run
+    /// # async fn f() -> Result<(), Box<dyn std::error::Error>> {
+    /// use durable_informer::source::KubeSource;
+    /// let config = kube::Config::infer().await?;
+    /// let server = config.cluster_url.to_string();
+    /// let client = kube::Client::try_from(config)?;
+    /// let pods = KubeSource::typed::<k8s_openapi::api::core::v1::Pod>(client, &server).namespace("default");
+    /// # Ok(()) }
+    /// ```
+    #[must_use]
+    pub fn new(client: Client, server: &str, resource: ApiResource) -> Self {
+        Self {
+            client,
+            server: server.trim_end_matches('/').to_owned(),
+            resource,
+            namespace: None,
+            label_selector: None,
+            field_selector: None,
+        }
+    }
+
+    /// A source for a typed resource such as `k8s_openapi::api::core::v1::Pod`.
+    #[must_use]
+    pub fn typed<K: Resource<DynamicType = ()>>(client: Client, server: &str) -> Self {
+        Self::new(client, server, ApiResource::erase::<K>(&()))
+    }
+
+    /// Watches one namespace only.
+    #[must_use]
+    pub fn namespace(mut self, ns: &str) -> Self {
+        self.namespace = Some(ns.to_owned());
+        self
+    }
+
+    /// Adds a label selector.
+    #[must_use]
+    pub fn labels(mut self, selector: &str) -> Self {
+        self.label_selector = Some(selector.to_owned()).filter(|s| !s.is_empty());
+        self
+    }
+
+    /// Adds a field selector.
+    #[must_use]
+    pub fn fields(mut self, selector: &str) -> Self {
+        self.field_selector = Some(selector.to_owned()).filter(|s| !s.is_empty());
+        self
+    }
+
+    /// The resource.
+    #[must_use]
+    pub fn api_resource(&self) -> &ApiResource {
+        &self.resource
+    }
+
+    /// The namespace, if one.
+    #[must_use]
+    pub fn namespace_name(&self) -> Option<&str> {
+        self.namespace.as_deref()
+    }
+
+    /// The label selector, if any.
+    #[must_use]
+    pub fn label_selector(&self) -> Option<&str> {
+        self.label_selector.as_deref()
+    }
+
+    /// The field selector, if any.
+    #[must_use]
+    pub fn field_selector(&self) -> Option<&str> {
+        self.field_selector.as_deref()
+    }
+
+    fn request(&self) -> Request {
+        Request::new(DynamicObject::url_path(&self.resource, self.namespace.as_deref()))
+    }
+
+    fn name(&self) -> String {
+        if self.resource.group.is_empty() {
+            self.resource.plural.clone()
+        } else {
+            format!("{}.{}", self.resource.plural, self.resource.group)
+        }
+    }
+
+    fn transport(&self, e: impl std::fmt::Display) -> SourceError {
+        SourceError::Transport {
+            resource: self.name(),
+            detail: e.to_string(),
+        }
+    }
+
+    /// Sends a request; an HTTP error status becomes [`SourceError::Api`] with `Retry-After`.
+    async fn send(&self, req: http::Request<Vec<u8>>) -> Result<http::Response<kube::client::Body>, SourceError> {
+        let res = self
+            .client
+            .send(req.map(kube::client::Body::from))
+            .await
+            .map_err(|e| self.transport(e))?;
+        let status = res.status();
+        if status.is_success() {
+            return Ok(res);
+        }
+        let retry_after = res
+            .headers()
+            .get(http::header::RETRY_AFTER)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .map(Duration::from_secs);
+        let body = res
+            .into_body()
+            .collect()
+            .await
+            .map(|b| b.to_bytes())
+            .unwrap_or_default();
+        let mut st = decode_status(status.as_u16(), &body);
+        st.code = status.as_u16();
+        st.retry_after = retry_after.or(st.retry_after);
+        Err(SourceError::Api {
+            resource: self.name(),
+            status: st,
+        })
+    }
+
+    fn build_error(&self, e: kube::core::request::Error) -> SourceError {
+        SourceError::Decode {
+            resource: self.name(),
+            line: None,
+            detail: format!("cannot build request: {e}"),
+        }
+    }
+}
+
+impl Source for KubeSource {
+    async fn list(&self, req: ListRequest) -> Result<ListPage, SourceError> {
+        let span = tracing::debug_span!("list", resource = %self.name(), rv = ?req.resource_version);
+        self.list_page(req).instrument(span).await
+    }
+
+    async fn watch(&self, req: WatchRequest) -> Result<WatchStream, SourceError> {
+        let span = tracing::debug_span!("watch", resource = %self.name(), rv = %req.resource_version);
+        self.open_watch(req).instrument(span).await
+    }
+
+    async fn cluster_identity(&self) -> Result<Option<String>, SourceError> {
+        self.identity().await
+    }
+
+    fn resource(&self) -> String {
+        self.name()
+    }
+}
+
+impl KubeSource {
+    async fn list_page(&self, req: ListRequest) -> Result<ListPage, SourceError> {
+        let mut lp = kube::api::ListParams {
+            label_selector: self.label_selector.clone(),
+            field_selector: self.field_selector.clone(),
+            limit: req.limit,
+            continue_token: req.continue_token.clone(),
+            ..Default::default()
+        };
+        if let Some(rv) = &req.resource_version {
+            lp.resource_version = Some(rv.clone());
+            if req.not_older_than && rv != "0" {
+                lp.version_match = Some(kube::api::VersionMatch::NotOlderThan);
+            }
+        }
+        let http_req = self.request().list(&lp).map_err(|e| self.build_error(e))?;
+        let res = self.send(http_req).await?;
+        let body = res
+            .into_body()
+            .collect()
+            .await
+            .map_err(|e| self.transport(e))?
+            .to_bytes();
+        decode_list(&body).map_err(|detail| SourceError::Decode {
+            resource: self.name(),
+            line: None,
+            detail,
+        })
+    }
+
+    async fn open_watch(&self, req: WatchRequest) -> Result<WatchStream, SourceError> {
+        let wp = kube::api::WatchParams {
+            label_selector: self.label_selector.clone(),
+            field_selector: self.field_selector.clone(),
+            timeout: Some(req.timeout_secs),
+            bookmarks: req.bookmarks || req.send_initial_events,
+            send_initial_events: req.send_initial_events,
+        };
+        let http_req = self
+            .request()
+            .watch(&wp, &req.resource_version)
+            .map_err(|e| self.build_error(e))?;
+        tracing::debug!(resource = %self.name(), rv = %req.resource_version, "watch");
+        let res = self.send(http_req).await?;
+        let resource = self.name();
+        let body = res.into_body();
+        let state = LineReader {
+            body,
+            buf: BytesMut::new(),
+            line_no: 0,
+            done: false,
+            resource,
+        };
+        Ok(futures::stream::unfold(state, |mut st| async move {
+            let item = st.next_event().await?;
+            Some((item, st))
+        })
+        .boxed())
+    }
+
+    async fn identity(&self) -> Result<Option<String>, SourceError> {
+        let req = Request::new("/api/v1/namespaces")
+            .get("kube-system", &Default::default())
+            .map_err(|e| self.build_error(e))?;
+        match self.send(req).await {
+            Ok(res) => {
+                let body = res
+                    .into_body()
+                    .collect()
+                    .await
+                    .map_err(|e| self.transport(e))?
+                    .to_bytes();
+                let meta = crate::store::extract_meta(&body).map_err(|e| SourceError::Decode {
+                    resource: "namespaces".into(),
+                    line: None,
+                    detail: e.to_string(),
+                })?;
+                Ok(Some(format!("{}@{}", meta.uid.unwrap_or_default(), self.server)))
+            }
+            // Without access to kube-system the server URL alone identifies the cluster.
+            Err(SourceError::Api { status, .. }) if status.code == 404 || status.code == 403 => {
+                Ok(Some(format!("@{}", self.server)))
+            }
+            Err(e) => Err(e),
+        }
+    }
+}
+
+/// Splits a streaming body into lines and decodes each as a watch event.
+struct LineReader {
+    body: kube::client::Body,
+    buf: BytesMut,
+    line_no: u64,
+    done: bool,
+    resource: String,
+}
+
+impl LineReader {
+    fn malformed(&self, detail: String) -> SourceError {
+        SourceError::Decode {
+            resource: self.resource.clone(),
+            line: Some(self.line_no),
+            detail,
+        }
+    }
+
+    async fn next_event(&mut self) -> Option<Result<super::WatchEvent, SourceError>> {
+        loop {
+            if let Some(pos) = self.buf.iter().position(|b| *b == b'\n') {
+                let line: Bytes = self.buf.split_to(pos + 1).freeze();
+                self.line_no += 1;
+                let line = line.slice(..pos);
+                if line.iter().all(u8::is_ascii_whitespace) {
+                    continue;
+                }
+                return Some(decode_watch_line(&line).map_err(|d| self.malformed(d)));
+            }
+            if self.done {
+                if self.buf.iter().all(u8::is_ascii_whitespace) {
+                    return None;
+                }
+                let rest = self.buf.split().freeze();
+                self.line_no += 1;
+                // The server ends every event with a newline; a last line without one may
+                // still be complete JSON, or a chunk cut short.
+                return Some(decode_watch_line(&rest).map_err(|d| self.malformed(format!("truncated stream: {d}"))));
+            }
+            if self.buf.len() > MAX_LINE {
+                self.done = true;
+                self.buf.clear();
+                return Some(Err(self.malformed(format!("watch line longer than {MAX_LINE} bytes"))));
+            }
+            match self.body.frame().await {
+                None => self.done = true,
+                Some(Ok(frame)) => {
+                    if let Ok(mut data) = frame.into_data() {
+                        while data.has_remaining() {
+                            let chunk = data.chunk();
+                            let n = chunk.len();
+                            self.buf.extend_from_slice(chunk);
+                            data.advance(n);
+                        }
+                    }
+                }
+                Some(Err(e)) => {
+                    self.done = true;
+                    self.buf.clear();
+                    return Some(Err(SourceError::Transport {
+                        resource: self.resource.clone(),
+                        detail: e.to_string(),
+                    }));
+                }
+            }
+        }
+    }
+}
