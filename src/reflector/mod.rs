@@ -336,7 +336,7 @@ impl<S: Source> Reflector<S> {
                 }
                 Next::Watch(rv) => {
                     self.phase(Phase::Watching);
-                    let end = self.watch_once(rv.clone(), &mut sync_target, stop).await;
+                    let end = self.watch_once(rv.clone(), &sync_target, stop).await;
                     // Always continue from what is durably persisted, which may be ahead of
                     // what this loop saw acknowledged.
                     let persisted = self.store.resource_version().ok().flatten().unwrap_or(rv);
@@ -673,7 +673,7 @@ impl<S: Source> Reflector<S> {
     async fn watch_once(
         &mut self,
         rv: ResourceVersion,
-        sync_target: &mut Option<ResourceVersion>,
+        sync_target: &Option<ResourceVersion>,
         stop: &mut watch::Receiver<bool>,
     ) -> WatchEnd {
         let timeout_secs = self.watch_timeout_secs();
@@ -689,13 +689,23 @@ impl<S: Source> Reflector<S> {
             Err(e) => return self.classify(e, &rv),
         };
         let idle = Duration::from_secs(u64::from(timeout_secs)) + self.config.stall_grace;
-        let mut inflight: VecDeque<(oneshot::Receiver<Result<Committed, StoreError>>, ResourceVersion, u64)> =
-            VecDeque::new();
+        let mut inflight: Inflight = VecDeque::new();
         let mut end = None;
         while end.is_none() {
-            let first = tokio::select! {
-                ev = tokio::time::timeout(idle, stream.next()) => ev,
-                _ = stop.wait_for(|s| *s) => { end = Some(WatchEnd::Stop); break; }
+            let first = match stream.next().now_or_never() {
+                Some(item) => Ok(item),
+                None => {
+                    // Nothing ready: settle what is in flight first, so the committed RV (and
+                    // the synced flag) never wait for the next event.
+                    if let Err(e) = self.settle(&mut inflight, sync_target, 0).await {
+                        end = Some(e);
+                        break;
+                    }
+                    tokio::select! {
+                        ev = tokio::time::timeout(idle, stream.next()) => ev,
+                        _ = stop.wait_for(|s| *s) => { end = Some(WatchEnd::Stop); break; }
+                    }
+                }
             };
             let mut batch = Batch::new(self.scope());
             let mut events = 0u64;
@@ -775,33 +785,48 @@ impl<S: Source> Reflector<S> {
                     }
                 }
             }
-            // Keep at most two batches in flight; all of them when the watch ends.
-            while inflight.len() > 1 || (end.is_some() && !inflight.is_empty()) {
-                let Some((rx, brv, n)) = inflight.pop_front() else {
-                    break;
-                };
-                match rx.await {
-                    Ok(Ok(_)) => {
-                        self.status.send_modify(|s| {
-                            s.committed_rv = Some(brv.clone());
-                            s.events += n;
-                        });
-                        self.mark_synced_if_caught_up(&brv, sync_target, true);
-                    }
-                    Ok(Err(e)) => {
-                        self.report(&self.store_err(&e));
-                        inflight.clear();
-                        end = Some(WatchEnd::Retry(None));
-                    }
-                    Err(_) => {
-                        self.report(&self.store_err(&StoreError::WriterGone));
-                        inflight.clear();
-                        end = Some(WatchEnd::Retry(None));
-                    }
-                }
+            // Keep at most two batches in flight.
+            if let Err(e) = self.settle(&mut inflight, sync_target, 1).await {
+                end = Some(e);
             }
         }
+        // Whatever ended the watch, what was sent is settled before the caller re-watches.
+        let settled = self.settle(&mut inflight, sync_target, 0).await;
+        if let (None | Some(WatchEnd::Ended), Err(e)) = (&end, settled) {
+            end = Some(e);
+        }
         end.unwrap_or(WatchEnd::Ended)
+    }
+
+    /// Awaits in-flight commits until at most `keep` remain, updating the committed RV.
+    async fn settle(
+        &self,
+        inflight: &mut Inflight,
+        sync_target: &Option<ResourceVersion>,
+        keep: usize,
+    ) -> Result<(), WatchEnd> {
+        while inflight.len() > keep {
+            let Some((rx, brv, n)) = inflight.pop_front() else {
+                break;
+            };
+            let err = match rx.await {
+                Ok(Ok(_)) => {
+                    self.status.send_modify(|s| {
+                        s.committed_rv = Some(brv.clone());
+                        s.events += n;
+                    });
+                    self.mark_synced_if_caught_up(&brv, sync_target, true);
+                    continue;
+                }
+                Ok(Err(e)) => e,
+                Err(_) => StoreError::WriterGone,
+            };
+            self.report(&self.store_err(&err));
+            // Later batches may or may not commit; the caller re-watches from what is persisted.
+            inflight.clear();
+            return Err(WatchEnd::Retry(None));
+        }
+        Ok(())
     }
 
     fn classify(&self, e: SourceError, rv: &ResourceVersion) -> WatchEnd {
@@ -822,6 +847,8 @@ impl<S: Source> Reflector<S> {
         end
     }
 }
+
+type Inflight = VecDeque<(oneshot::Receiver<Result<Committed, StoreError>>, ResourceVersion, u64)>;
 
 enum ListFailure {
     Restart(String),

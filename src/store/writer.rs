@@ -179,7 +179,7 @@ macro_rules! request {
         pub fn $blocking(&self, $($arg: $ty),*) -> Result<$out, StoreError> {
             let (ack, rx) = oneshot::channel();
             self.send(Command::$variant($($arg.into()),*, ack))?;
-            rx.blocking_recv().map_err(|_| StoreError::WriterGone)?
+            futures::executor::block_on(rx).map_err(|_| StoreError::WriterGone)?
         }
     };
 }
@@ -200,7 +200,7 @@ impl Writer {
     pub fn register_scope_blocking(&self, spec: &super::ScopeSpec) -> Result<ScopeId, StoreError> {
         let (ack, rx) = oneshot::channel();
         self.send(Command::RegisterScope(spec.canonical(), ack))?;
-        rx.blocking_recv().map_err(|_| StoreError::WriterGone)?
+        futures::executor::block_on(rx).map_err(|_| StoreError::WriterGone)?
     }
 
     /// Queues a batch now and returns a receiver for its commit, so a caller can keep reading
@@ -253,7 +253,7 @@ impl Writer {
     ) -> Result<RelistSummary, StoreError> {
         let (ack, rx) = oneshot::channel();
         self.send(Command::FinishRelist(scope, rv, reason.to_owned(), ack))?;
-        rx.blocking_recv().map_err(|_| StoreError::WriterGone)?
+        futures::executor::block_on(rx).map_err(|_| StoreError::WriterGone)?
     }
 
     /// Records the cluster identity, or checks it against the stored one. With `reset`, a
@@ -269,7 +269,7 @@ impl Writer {
     pub fn cluster_identity_blocking(&self, identity: &str, reset: bool) -> Result<bool, StoreError> {
         let (ack, rx) = oneshot::channel();
         self.send(Command::Identity(identity.to_owned(), reset, ack))?;
-        rx.blocking_recv().map_err(|_| StoreError::WriterGone)?
+        futures::executor::block_on(rx).map_err(|_| StoreError::WriterGone)?
     }
 
     /// The last committed log seq, updated after every commit.
