@@ -116,6 +116,9 @@ pub enum Error {
     /// The durable store failed.
     #[error(transparent)]
     Store(#[from] StoreError),
+    /// A reflector stopped with an error.
+    #[error(transparent)]
+    Reflector(#[from] crate::reflector::ReflectorError),
     /// An I/O error outside the database.
     #[error("I/O error: {0}")]
     Io(#[from] std::io::Error),

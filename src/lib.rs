@@ -9,6 +9,7 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 pub mod error;
+pub mod informer;
 pub mod reflector;
 pub mod selector;
 pub mod source;

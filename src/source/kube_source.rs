@@ -191,6 +191,17 @@ impl Source for KubeSource {
     fn resource(&self) -> String {
         self.name()
     }
+
+    fn scope(&self) -> crate::store::ScopeSpec {
+        crate::store::ScopeSpec {
+            group: self.resource.group.clone(),
+            version: self.resource.version.clone(),
+            resource: self.resource.plural.clone(),
+            namespace: self.namespace.clone(),
+            label_selector: self.label_selector.clone(),
+            field_selector: self.field_selector.clone(),
+        }
+    }
 }
 
 impl KubeSource {

@@ -16,7 +16,7 @@ use futures::stream::BoxStream;
 pub use decode::{decode_list, decode_watch_line};
 pub use kube_source::KubeSource;
 
-use crate::store::{RawObject, ResourceVersion};
+use crate::store::{RawObject, ResourceVersion, ScopeSpec};
 
 /// A `Status` returned by the API server, as an HTTP error or an in-stream `ERROR` event.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -171,4 +171,6 @@ pub trait Source: Send + Sync + 'static {
     fn cluster_identity(&self) -> impl Future<Output = Result<Option<String>, SourceError>> + Send;
     /// The resource, for messages (`pods`, `deployments.apps`).
     fn resource(&self) -> String;
+    /// What this source watches, as a store scope.
+    fn scope(&self) -> ScopeSpec;
 }

@@ -14,7 +14,8 @@ use serde::de::DeserializeOwned;
 use super::codec::{self, DataRef, DeltaKind, ObjectHeader, ObjectMeta, PrevRef, ScopeRecord};
 use super::index::NAMESPACE;
 use super::schema::{
-    keys, IndexName, IndexValue, ObjectKey, ResourceVersion, ScopeId, Seq, CURSORS, INDEX, LOG, META, OBJECTS, SCOPES,
+    keys, IndexName, IndexValue, ObjectKey, ResourceVersion, ScopeId, Seq, CURSORS, INDEX, LOG, META, META_LAST_SEQ,
+    OBJECTS, SCOPES,
 };
 use super::{Shared, StoreError};
 
@@ -110,6 +111,57 @@ impl Snapshot {
     pub fn list(&self) -> Result<Vec<StoredObject>, StoreError> {
         let (start, end) = keys::scope_range(self.scope);
         self.objects_in(&start, &end)
+    }
+
+    /// Up to `limit` objects after `after` (exclusive), in key order: pages through a large
+    /// scope within one consistent view.
+    pub fn list_after(&self, after: Option<&ObjectKey>, limit: usize) -> Result<Vec<StoredObject>, StoreError> {
+        let s = &self.shared;
+        let (start, end) = keys::scope_range(self.scope);
+        let start = match after {
+            // The smallest key greater than `after`: its encoding plus one NUL byte.
+            Some(k) => {
+                let mut v = keys::object(self.scope, k);
+                v.push(0);
+                v
+            }
+            None => start,
+        };
+        let objects = self.txn.open_table(OBJECTS).map_err(|e| s.storage(e))?;
+        let log = self.txn.open_table(LOG).map_err(|e| s.storage(e))?;
+        let mut out = Vec::new();
+        for row in objects
+            .range::<&[u8]>(start.as_slice()..end.as_slice())
+            .map_err(|e| s.storage(e))?
+        {
+            if out.len() >= limit {
+                break;
+            }
+            let (k, v) = row.map_err(|e| s.storage(e))?;
+            let (h, inline) = codec::decode_object(v.value())?;
+            let bytes = object_bytes(s, &log, &h, inline)?;
+            let (_, key) = keys::decode_object(k.value())?;
+            out.push(StoredObject {
+                key,
+                meta: h.meta,
+                bytes,
+            });
+        }
+        Ok(out)
+    }
+
+    /// The last log seq committed when this view was taken: every log entry up to it is
+    /// reflected in the objects this view reads.
+    pub fn position(&self) -> Result<Seq, StoreError> {
+        let s = &self.shared;
+        let meta = self.txn.open_table(META).map_err(|e| s.storage(e))?;
+        let saved = match meta.get(META_LAST_SEQ).map_err(|e| s.storage(e))? {
+            Some(v) => <[u8; 8]>::try_from(v.value()).map(u64::from_be_bytes).unwrap_or(0),
+            None => 0,
+        };
+        let log = self.txn.open_table(LOG).map_err(|e| s.storage(e))?;
+        let in_log = log.last().map_err(|e| s.storage(e))?.map_or(0, |(k, _)| k.value());
+        Ok(Seq(saved.max(in_log)))
     }
 
     /// Every object of one namespace (a key-range scan, no index rows).
@@ -359,45 +411,37 @@ impl LogReader {
                 break;
             }
             let (k, v) = row.map_err(|e| s.storage(e))?;
-            let (h, data, prev_inline) = codec::decode_log(v.value())?;
-            if scope.is_some_and(|sc| sc.0 != h.scope) {
-                continue;
+            if let Some(r) = decode_record(s, &log, k.value(), v.value(), scope)? {
+                out.push(r);
             }
-            let object = if h.has_data {
-                Some(codec::decompress(h.compression, data)?)
-            } else {
-                None
-            };
-            let old = match h.prev {
-                PrevRef::None => None,
-                PrevRef::Inline(c) => Some(codec::decompress(c, prev_inline)?),
-                PrevRef::Log(p) => match log.get(p).map_err(|e| s.storage(e))? {
-                    Some(row) => {
-                        let (ph, pdata, _) = codec::decode_log(row.value())?;
-                        ph.has_data
-                            .then(|| codec::decompress(ph.compression, pdata))
-                            .transpose()?
-                    }
-                    None => None,
-                },
-            };
-            let (object, old) = match h.kind {
-                // A sync carries no bytes: its state is the previous (= current) one.
-                DeltaKind::Sync => (old.clone(), old),
-                _ => (object, old),
-            };
-            out.push(LogRecord {
-                seq: Seq(k.value()),
-                scope: ScopeId(h.scope),
-                kind: h.kind,
-                key: h.key,
-                rv: h.rv,
-                object,
-                old,
-                final_state_unknown: h.final_state_unknown,
-            });
         }
         Ok(out)
+    }
+
+    /// Like [`read_after`](Self::read_after) for one scope, and also says how far it looked:
+    /// a consumer of one scope advances its cursor past other scopes' entries too.
+    pub fn read_scope_after(
+        &self,
+        after: Seq,
+        limit: usize,
+        scope: ScopeId,
+    ) -> Result<(Vec<LogRecord>, Seq), StoreError> {
+        let s = &self.shared;
+        let txn = s.db.begin_read().map_err(|e| s.storage(e))?;
+        let log = txn.open_table(LOG).map_err(|e| s.storage(e))?;
+        let mut scanned = after;
+        let mut out = Vec::new();
+        for row in log.range(after.0.saturating_add(1)..).map_err(|e| s.storage(e))? {
+            if out.len() >= limit {
+                break;
+            }
+            let (k, v) = row.map_err(|e| s.storage(e))?;
+            scanned = Seq(k.value());
+            if let Some(r) = decode_record(s, &log, k.value(), v.value(), Some(scope))? {
+                out.push(r);
+            }
+        }
+        Ok((out, scanned))
     }
 
     /// The first and last seq in the log (`None` when empty).
@@ -417,6 +461,54 @@ impl LogReader {
         let cursors = txn.open_table(CURSORS).map_err(|e| s.storage(e))?;
         Ok(cursors.get(name).map_err(|e| s.storage(e))?.map(|v| Seq(v.value())))
     }
+}
+
+/// Decodes one log row into a record with the bytes a handler needs (`None` when it belongs to
+/// another scope than `scope`).
+fn decode_record<T: ReadableTable<u64, &'static [u8]>>(
+    s: &Shared,
+    log: &T,
+    seq: u64,
+    value: &[u8],
+    scope: Option<ScopeId>,
+) -> Result<Option<LogRecord>, StoreError> {
+    let (h, data, prev_inline) = codec::decode_log(value)?;
+    if scope.is_some_and(|sc| sc.0 != h.scope) {
+        return Ok(None);
+    }
+    let object = if h.has_data {
+        Some(codec::decompress(h.compression, data)?)
+    } else {
+        None
+    };
+    let old = match h.prev {
+        PrevRef::None => None,
+        PrevRef::Inline(c) => Some(codec::decompress(c, prev_inline)?),
+        PrevRef::Log(p) => match log.get(p).map_err(|e| s.storage(e))? {
+            Some(row) => {
+                let (ph, pdata, _) = codec::decode_log(row.value())?;
+                ph.has_data
+                    .then(|| codec::decompress(ph.compression, pdata))
+                    .transpose()?
+            }
+            None => None,
+        },
+    };
+    let (object, old) = match h.kind {
+        // A sync carries no bytes: its state is the previous (= current) one.
+        DeltaKind::Sync => (old.clone(), old),
+        _ => (object, old),
+    };
+    Ok(Some(LogRecord {
+        seq: Seq(seq),
+        scope: ScopeId(h.scope),
+        kind: h.kind,
+        key: h.key,
+        rv: h.rv,
+        object,
+        old,
+        final_state_unknown: h.final_state_unknown,
+    }))
 }
 
 pub(crate) fn scopes(shared: &Shared) -> Result<Vec<(ScopeId, ScopeRecord)>, StoreError> {

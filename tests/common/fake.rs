@@ -328,4 +328,8 @@ impl Source for Fake {
     fn resource(&self) -> String {
         "configmaps".into()
     }
+
+    fn scope(&self) -> durable_informer::store::ScopeSpec {
+        durable_informer::store::ScopeSpec::new("", "v1", "configmaps")
+    }
 }

@@ -1,0 +1,139 @@
+//! kube-runtime interop: an informer as a stream of `kube::runtime::watcher::Event<K>`, so
+//! `kube::runtime::reflector` and `Controller::for_stream` can consume it.
+//!
+//! ```no_run
+//! # async fn f(informer: durable_informer::informer::Informer<k8s_openapi::api::core::v1::Pod>) {
+//! use futures::StreamExt;
+//! use kube::runtime::{reflector, WatchStreamExt};
+//! let (reader, writer) = reflector::store();
+//! let stream = reflector(writer, durable_informer::informer::watcher_stream(&informer)).applied_objects();
+//! // kube::runtime::Controller::for_stream(stream, reader).run(reconcile, error_policy, ctx) …
+//! # let _ = (reader, stream);
+//! # }
+//! ```
+
+use std::collections::VecDeque;
+use std::time::Duration;
+
+use futures::Stream;
+use kube::runtime::watcher;
+use serde::de::DeserializeOwned;
+
+use super::Informer;
+use crate::store::{DeltaKind, LogReader, ObjectKey, ScopeId, Seq, Store};
+
+enum Phase {
+    Start,
+    Initial(Option<ObjectKey>, Seq),
+    Live(Seq),
+}
+
+struct State<K> {
+    store: Store,
+    log: LogReader,
+    scope: ScopeId,
+    committed: tokio::sync::watch::Receiver<Seq>,
+    phase: Phase,
+    queue: VecDeque<watcher::Event<K>>,
+}
+
+/// The informer's store as an initial list (`Init`, `InitApply`…, `InitDone`) followed by its
+/// live changes (`Apply`, `Delete`), read from the durable log. Relists that find deletes
+/// produce `Delete` with the last known state.
+pub fn watcher_stream<K>(informer: &Informer<K>) -> impl Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send
+where
+    K: DeserializeOwned + Clone + Send + Sync + 'static,
+{
+    let state = State::<K> {
+        store: informer.inner.store.clone(),
+        log: informer.inner.log.clone(),
+        scope: informer.inner.scope,
+        committed: informer.inner.writer.committed(),
+        phase: Phase::Start,
+        queue: VecDeque::new(),
+    };
+    futures::stream::unfold(state, |mut st| async move {
+        loop {
+            if let Some(ev) = st.queue.pop_front() {
+                return Some((Ok(ev), st));
+            }
+            match std::mem::replace(&mut st.phase, Phase::Start) {
+                Phase::Start => {
+                    let store = st.store.clone();
+                    let pos = tokio::task::spawn_blocking(move || store.snapshot().and_then(|s| s.position())).await;
+                    let pos = match pos {
+                        Ok(Ok(p)) => p,
+                        _ => {
+                            tokio::time::sleep(Duration::from_millis(200)).await;
+                            continue;
+                        }
+                    };
+                    st.queue.push_back(watcher::Event::Init);
+                    st.phase = Phase::Initial(None, pos);
+                }
+                Phase::Initial(after, pos) => {
+                    // Pages are read from the live store: objects changed after `pos` are
+                    // re-applied from the log later, which a reflector store absorbs.
+                    let store = st.store.clone();
+                    let from = after.clone();
+                    let page = tokio::task::spawn_blocking(move || {
+                        store.snapshot().and_then(|s| s.list_after(from.as_ref(), 256))
+                    })
+                    .await;
+                    let Ok(Ok(page)) = page else {
+                        st.phase = Phase::Initial(after, pos);
+                        tokio::time::sleep(Duration::from_millis(200)).await;
+                        continue;
+                    };
+                    if page.is_empty() {
+                        st.queue.push_back(watcher::Event::InitDone);
+                        st.phase = Phase::Live(pos);
+                        continue;
+                    }
+                    let last = page.last().map(|o| o.key.clone());
+                    for o in page {
+                        if let Ok(k) = serde_json::from_slice::<K>(&o.bytes) {
+                            st.queue.push_back(watcher::Event::InitApply(k));
+                        }
+                    }
+                    st.phase = Phase::Initial(last, pos);
+                }
+                Phase::Live(cursor) => {
+                    let log = st.log.clone();
+                    let scope = st.scope;
+                    let read = tokio::task::spawn_blocking(move || log.read_scope_after(cursor, 256, scope)).await;
+                    let (records, scanned) = match read {
+                        Ok(Ok(r)) => r,
+                        _ => {
+                            st.phase = Phase::Live(cursor);
+                            tokio::time::sleep(Duration::from_millis(200)).await;
+                            continue;
+                        }
+                    };
+                    st.phase = Phase::Live(scanned);
+                    if records.is_empty() && scanned == cursor {
+                        if st.committed.changed().await.is_err() {
+                            return None;
+                        }
+                        continue;
+                    }
+                    for r in records {
+                        let ev = match r.kind {
+                            DeltaKind::Added | DeltaKind::Updated | DeltaKind::Replaced => r
+                                .object
+                                .and_then(|b| serde_json::from_slice::<K>(&b).ok())
+                                .map(watcher::Event::Apply),
+                            DeltaKind::Deleted => r
+                                .object
+                                .or(r.old)
+                                .and_then(|b| serde_json::from_slice::<K>(&b).ok())
+                                .map(watcher::Event::Delete),
+                            DeltaKind::Sync => None,
+                        };
+                        st.queue.extend(ev);
+                    }
+                }
+            }
+        }
+    })
+}

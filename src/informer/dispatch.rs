@@ -1,0 +1,307 @@
+//! The dispatcher: one task per handler, reading the log after the handler's cursor.
+//!
+//! Nothing is buffered in memory beyond one batch: a slow handler only falls behind in the log
+//! (it costs disk, not RAM). A handler that errors or panics is reported and the others go on.
+
+use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::FutureExt;
+use serde::de::DeserializeOwned;
+use tokio::sync::watch;
+
+use super::handler::{Event, EventHandler, HandlerOptions};
+use crate::reflector::ReflectorStatus;
+use crate::store::{DeltaKind, LogReader, LogRecord, ObjectKey, ScopeId, Seq, Store, Writer};
+
+/// How many log entries one read takes.
+const BATCH: usize = 256;
+
+pub(crate) type Report = Arc<dyn Fn(String) + Send + Sync>;
+
+pub(crate) struct Ctx {
+    pub(crate) store: Store,
+    pub(crate) log: LogReader,
+    pub(crate) writer: Writer,
+    pub(crate) scope: ScopeId,
+    pub(crate) status: watch::Receiver<ReflectorStatus>,
+    /// The log position at which the informer became synced.
+    pub(crate) sync_seq: watch::Receiver<Option<Seq>>,
+    pub(crate) report: Report,
+}
+
+fn decode<K: DeserializeOwned>(bytes: &[u8]) -> Result<Arc<K>, String> {
+    serde_json::from_slice(bytes).map(Arc::new).map_err(|e| e.to_string())
+}
+
+enum Wake {
+    Data,
+    Resync,
+    Stop,
+}
+
+/// Runs one handler until `stop`.
+pub(crate) async fn run<K>(
+    ctx: Ctx,
+    handler: Arc<dyn EventHandler<K>>,
+    opts: HandlerOptions,
+    mut stop: watch::Receiver<bool>,
+    synced: watch::Sender<bool>,
+    position: watch::Sender<Seq>,
+) where
+    K: DeserializeOwned + Send + Sync + 'static,
+{
+    let label = opts.name.clone().unwrap_or_else(|| "volatile handler".to_owned());
+    let stored = match &opts.name {
+        Some(name) => match ctx.log.cursor(name) {
+            Ok(c) => c,
+            Err(e) => {
+                (ctx.report)(format!("{label}: cannot read its cursor: {e}"));
+                return;
+            }
+        },
+        None => None,
+    };
+    let mut cursor = match stored {
+        Some(c) => c,
+        None => match initial_adds(&ctx, &*handler, &label, &mut stop).await {
+            Some(c) => c,
+            None => return,
+        },
+    };
+    if let Some(name) = &opts.name {
+        if stored.is_none() {
+            persist(&ctx, name, cursor).await;
+        }
+    }
+    position.send_replace(cursor);
+    let mut committed = ctx.writer.committed();
+    let mut status = ctx.status.clone();
+    let mut sync_seq = ctx.sync_seq.clone();
+    let period = opts.resync.unwrap_or(Duration::MAX);
+    let mut resync_at = tokio::time::Instant::now().checked_add(period);
+    loop {
+        if let Some(target) = *sync_seq.borrow() {
+            if cursor >= target {
+                synced.send_if_modified(|s| !std::mem::replace(s, true));
+            }
+        }
+        let log = ctx.log.clone();
+        let scope = ctx.scope;
+        let read = tokio::task::spawn_blocking(move || log.read_scope_after(cursor, BATCH, scope)).await;
+        let (records, scanned) = match read {
+            Ok(Ok(r)) => r,
+            Ok(Err(e)) => {
+                (ctx.report)(format!("{label}: reading the log: {e}"));
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                continue;
+            }
+            Err(_) => return,
+        };
+        if records.is_empty() {
+            if scanned > cursor {
+                cursor = scanned;
+                position.send_replace(cursor);
+                continue;
+            }
+            let resync_sleep = async {
+                match resync_at {
+                    Some(at) => tokio::time::sleep_until(at).await,
+                    None => futures::future::pending().await,
+                }
+            };
+            let woke = tokio::select! {
+                _ = committed.changed() => Wake::Data,
+                _ = status.changed() => Wake::Data,
+                _ = sync_seq.changed() => Wake::Data,
+                () = resync_sleep => Wake::Resync,
+                _ = stop.wait_for(|s| *s) => Wake::Stop,
+            };
+            match woke {
+                Wake::Data => {}
+                Wake::Resync => {
+                    resync(&ctx, &*handler, &label).await;
+                    resync_at = tokio::time::Instant::now().checked_add(period);
+                }
+                Wake::Stop => return,
+            }
+            continue;
+        }
+        for rec in records {
+            if *stop.borrow() {
+                return;
+            }
+            deliver(&ctx, &*handler, &label, rec).await;
+        }
+        cursor = scanned;
+        if let Some(name) = &opts.name {
+            persist(&ctx, name, cursor).await;
+        }
+        position.send_replace(cursor);
+    }
+}
+
+async fn persist(ctx: &Ctx, name: &str, cursor: Seq) {
+    if let Err(e) = ctx.writer.set_cursor(name.to_owned(), cursor).await {
+        (ctx.report)(format!("{name}: cannot persist its cursor: {e}"));
+    }
+}
+
+/// Calls the handler, catching panics; returns whether it succeeded.
+async fn call<K: Send + Sync + 'static>(ctx: &Ctx, handler: &dyn EventHandler<K>, label: &str, ev: Event<K>) -> bool {
+    let fut = match std::panic::catch_unwind(AssertUnwindSafe(|| handler.handle(ev))) {
+        Ok(f) => f,
+        Err(p) => {
+            (ctx.report)(format!("{label} panicked: {}", panic_text(&p)));
+            return false;
+        }
+    };
+    match AssertUnwindSafe(fut).catch_unwind().await {
+        Ok(Ok(())) => true,
+        Ok(Err(e)) => {
+            (ctx.report)(format!("{label} failed: {e}"));
+            false
+        }
+        Err(p) => {
+            (ctx.report)(format!("{label} panicked: {}", panic_text(&p)));
+            false
+        }
+    }
+}
+
+fn panic_text(p: &Box<dyn std::any::Any + Send>) -> String {
+    p.downcast_ref::<String>()
+        .cloned()
+        .or_else(|| p.downcast_ref::<&str>().map(|s| (*s).to_owned()))
+        .unwrap_or_else(|| "unknown panic".to_owned())
+}
+
+async fn deliver<K>(ctx: &Ctx, handler: &dyn EventHandler<K>, label: &str, rec: LogRecord)
+where
+    K: DeserializeOwned + Send + Sync + 'static,
+{
+    let decode_or_report = |bytes: &[u8]| match decode::<K>(bytes) {
+        Ok(k) => Some(k),
+        Err(e) => {
+            (ctx.report)(format!("{label}: {} at seq {}: does not decode: {e}", rec.key, rec.seq));
+            None
+        }
+    };
+    let ev = match rec.kind {
+        DeltaKind::Added | DeltaKind::Replaced => match rec.object.as_deref().and_then(decode_or_report) {
+            Some(object) => Event::Add { object, initial: false },
+            None => return,
+        },
+        DeltaKind::Updated => {
+            let (Some(new_bytes), old_bytes) = (rec.object.as_deref(), rec.old.as_deref()) else {
+                return;
+            };
+            // Same bytes (same RV): nothing changed for the handler.
+            if old_bytes == Some(new_bytes) {
+                return;
+            }
+            let Some(new) = decode_or_report(new_bytes) else { return };
+            let old = match old_bytes.and_then(decode_or_report) {
+                Some(o) => o,
+                // The previous state left the retained log: old = new is the best we have.
+                None => new.clone(),
+            };
+            Event::Update {
+                old,
+                new,
+                resync: false,
+            }
+        }
+        DeltaKind::Deleted => {
+            let bytes = rec.object.as_deref().or(rec.old.as_deref());
+            match bytes.and_then(decode_or_report) {
+                Some(object) => Event::Delete {
+                    object,
+                    final_state_unknown: rec.final_state_unknown,
+                },
+                None => return,
+            }
+        }
+        DeltaKind::Sync => return,
+    };
+    call(ctx, handler, label, ev).await;
+}
+
+/// Synthetic adds of everything in the store, read from one consistent view in pages. Returns
+/// the log position of that view, or `None` when stopped.
+async fn initial_adds<K>(
+    ctx: &Ctx,
+    handler: &dyn EventHandler<K>,
+    label: &str,
+    stop: &mut watch::Receiver<bool>,
+) -> Option<Seq>
+where
+    K: DeserializeOwned + Send + Sync + 'static,
+{
+    let snapshot = match ctx.store.snapshot() {
+        Ok(s) => Arc::new(s),
+        Err(e) => {
+            (ctx.report)(format!("{label}: {e}"));
+            return None;
+        }
+    };
+    let position = match snapshot.position() {
+        Ok(p) => p,
+        Err(e) => {
+            (ctx.report)(format!("{label}: {e}"));
+            return None;
+        }
+    };
+    let mut after: Option<ObjectKey> = None;
+    loop {
+        if *stop.borrow() {
+            return None;
+        }
+        let snap = snapshot.clone();
+        let from = after.clone();
+        let page = tokio::task::spawn_blocking(move || snap.list_after(from.as_ref(), BATCH)).await;
+        let page = match page {
+            Ok(Ok(p)) => p,
+            Ok(Err(e)) => {
+                (ctx.report)(format!("{label}: {e}"));
+                return None;
+            }
+            Err(_) => return None,
+        };
+        if page.is_empty() {
+            return Some(position);
+        }
+        after = page.last().map(|o| o.key.clone());
+        for o in page {
+            match decode::<K>(&o.bytes) {
+                Ok(object) => {
+                    call(ctx, handler, label, Event::Add { object, initial: true }).await;
+                }
+                Err(e) => (ctx.report)(format!("{label}: {} does not decode: {e}", o.key)),
+            }
+        }
+    }
+}
+
+/// A resync: `Update { old = new }` for every object, from one view.
+async fn resync<K>(ctx: &Ctx, handler: &dyn EventHandler<K>, label: &str)
+where
+    K: DeserializeOwned + Send + Sync + 'static,
+{
+    let store = ctx.store.clone();
+    let Ok(Ok(all)) = tokio::task::spawn_blocking(move || store.list()).await else {
+        (ctx.report)(format!("{label}: resync could not read the store"));
+        return;
+    };
+    for o in all {
+        if let Ok(object) = decode::<K>(&o.bytes) {
+            let ev = Event::Update {
+                old: object.clone(),
+                new: object,
+                resync: true,
+            };
+            call(ctx, handler, label, ev).await;
+        }
+    }
+}

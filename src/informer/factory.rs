@@ -1,0 +1,187 @@
+//! The informer factory: one database, many informers, each scope shared.
+
+use std::any::Any;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use kube::core::{ApiResource, Resource};
+use serde::de::DeserializeOwned;
+
+use super::Informer;
+use crate::reflector::{ReflectorConfig, ReflectorError};
+use crate::source::{KubeSource, Source};
+use crate::store::{DurableStore, Indexer, StoreError};
+
+type Starter = Box<dyn Fn() + Send + Sync>;
+type Waiter = Box<dyn Fn() -> futures::future::BoxFuture<'static, ()> + Send + Sync>;
+type Stopper = Box<dyn Fn() -> futures::future::BoxFuture<'static, Result<(), ReflectorError>> + Send + Sync>;
+
+struct Entry {
+    informer: Box<dyn Any + Send + Sync>,
+    start: Starter,
+    wait: Waiter,
+    stop: Stopper,
+}
+
+/// client-go's `SharedInformerFactory`: one database file, many informers; asking twice for
+/// the same scope (resource + namespace + selectors) returns the same informer.
+///
+/// ```no_run
+/// # async fn f(client: kube::Client) -> Result<(), Box<dyn std::error::Error>> {
+/// use durable_informer::informer::InformerFactory;
+/// use durable_informer::store::{DurableStore, StoreConfig};
+/// use k8s_openapi::api::{apps::v1::Deployment, core::v1::Pod};
+/// let factory = InformerFactory::new(DurableStore::open(StoreConfig::new("cache.redb"))?, client, "https://cluster");
+/// let pods = factory.informer::<Pod>(None).await?;
+/// let deployments = factory.informer::<Deployment>(Some("default")).await?;
+/// factory.start();
+/// factory.wait_for_cache_sync().await;
+/// factory.shutdown().await?;
+/// # let _ = (pods, deployments); Ok(()) }
+/// ```
+pub struct InformerFactory {
+    db: Mutex<Option<Arc<DurableStore>>>,
+    client: kube::Client,
+    server: String,
+    config: ReflectorConfig,
+    informers: Mutex<HashMap<String, Arc<Entry>>>,
+}
+
+impl InformerFactory {
+    /// A factory over `db`, talking to the server at `server` through `client`.
+    #[must_use]
+    pub fn new(db: DurableStore, client: kube::Client, server: &str) -> Self {
+        Self {
+            db: Mutex::new(Some(Arc::new(db))),
+            client,
+            server: server.to_owned(),
+            config: ReflectorConfig::default(),
+            informers: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Reflector settings for informers created from now on.
+    #[must_use]
+    pub fn reflector_config(mut self, config: ReflectorConfig) -> Self {
+        self.config = config;
+        self
+    }
+
+    /// The shared informer of a typed resource in one namespace (or all).
+    pub async fn informer<K>(&self, namespace: Option<&str>) -> Result<Informer<K>, StoreError>
+    where
+        K: Resource<DynamicType = ()> + DeserializeOwned + Send + Sync + 'static,
+    {
+        self.informer_for(ApiResource::erase::<K>(&()), namespace, None, None, Vec::new())
+            .await
+    }
+
+    /// The shared informer of any resource, with selectors and indexers. Indexers apply when the
+    /// informer is created; a later call for the same scope returns it as it is.
+    pub async fn informer_for<K>(
+        &self,
+        resource: ApiResource,
+        namespace: Option<&str>,
+        label_selector: Option<&str>,
+        field_selector: Option<&str>,
+        indexers: Vec<Indexer>,
+    ) -> Result<Informer<K>, StoreError>
+    where
+        K: DeserializeOwned + Send + Sync + 'static,
+    {
+        let mut source = KubeSource::new(self.client.clone(), &self.server, resource);
+        if let Some(ns) = namespace {
+            source = source.namespace(ns);
+        }
+        if let Some(l) = label_selector {
+            source = source.labels(l);
+        }
+        if let Some(f) = field_selector {
+            source = source.fields(f);
+        }
+        let key = format!("{}#{}", source.scope().canonical(), std::any::type_name::<K>());
+        if let Some(e) = self
+            .informers
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .get(&key)
+        {
+            if let Some(i) = e.informer.downcast_ref::<Informer<K>>() {
+                return Ok(i.clone());
+            }
+        }
+        let db = self
+            .db
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone();
+        let db = db.ok_or(StoreError::WriterGone)?;
+        let mut b = Informer::<K>::builder(&db, source).reflector_config(self.config.clone());
+        for ix in indexers {
+            b = b.indexer(ix);
+        }
+        let informer = b.build().await?;
+        let (i1, i2, i3) = (informer.clone(), informer.clone(), informer.clone());
+        let entry = Arc::new(Entry {
+            informer: Box::new(informer.clone()),
+            start: Box::new(move || i1.start()),
+            wait: Box::new(move || {
+                let i = i2.clone();
+                Box::pin(async move { i.wait_for_sync().await })
+            }),
+            stop: Box::new(move || {
+                let i = i3.clone();
+                Box::pin(async move { i.shutdown().await })
+            }),
+        });
+        let mut map = self.informers.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        // Another task may have created the same scope meanwhile: keep the first.
+        let e = map.entry(key).or_insert(entry);
+        Ok(e.informer.downcast_ref::<Informer<K>>().cloned().unwrap_or(informer))
+    }
+
+    fn entries(&self) -> Vec<Arc<Entry>> {
+        self.informers
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .values()
+            .cloned()
+            .collect()
+    }
+
+    /// Starts every informer created so far (again for new ones: starting twice is harmless).
+    pub fn start(&self) {
+        for e in self.entries() {
+            (e.start)();
+        }
+    }
+
+    /// Waits until every informer has synced.
+    pub async fn wait_for_cache_sync(&self) {
+        for e in self.entries() {
+            (e.wait)().await;
+        }
+    }
+
+    /// Stops every watch, drains the handlers (they receive everything committed), then
+    /// flushes the writer and closes the database.
+    pub async fn shutdown(&self) -> Result<(), crate::Error> {
+        let mut first_err = None;
+        for e in self.entries() {
+            if let Err(err) = (e.stop)().await {
+                first_err.get_or_insert(err);
+            }
+        }
+        let db = self.db.lock().unwrap_or_else(std::sync::PoisonError::into_inner).take();
+        if let Some(db) = db.and_then(|db| Arc::try_unwrap(db).ok()) {
+            tokio::task::spawn_blocking(move || db.close())
+                .await
+                .map_err(|e| crate::Error::Io(std::io::Error::other(e)))??;
+        }
+        match first_err {
+            // A cluster mismatch stopped an informer: the caller must hear of it.
+            Some(e) => Err(crate::Error::Reflector(e)),
+            None => Ok(()),
+        }
+    }
+}

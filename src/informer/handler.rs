@@ -1,0 +1,348 @@
+//! Event handlers: what a handler receives, the ways to write one (sync closures, async
+//! closures, client-go style add/update/delete funcs, filters), and the registration handle.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::future::BoxFuture;
+use futures::FutureExt;
+use tokio::sync::watch;
+
+/// One event delivered to a handler.
+#[derive(Debug)]
+pub enum Event<K> {
+    /// A new object; `initial` for the synthetic adds a new handler gets for what the store
+    /// already holds.
+    Add {
+        /// The object.
+        object: Arc<K>,
+        /// Part of the handler's initial list.
+        initial: bool,
+    },
+    /// A changed object; `resync` for periodic resyncs (then `old` and `new` are the same).
+    Update {
+        /// The previous state.
+        old: Arc<K>,
+        /// The new state.
+        new: Arc<K>,
+        /// A periodic resync rather than a change.
+        resync: bool,
+    },
+    /// A removed object.
+    Delete {
+        /// Its final state, or, when `final_state_unknown`, the last state the store knew (the
+        /// delete was found by a relist: client-go's `DeletedFinalStateUnknown`).
+        object: Arc<K>,
+        /// See `object`.
+        final_state_unknown: bool,
+    },
+}
+
+impl<K> Clone for Event<K> {
+    fn clone(&self) -> Self {
+        match self {
+            Event::Add { object, initial } => Event::Add {
+                object: object.clone(),
+                initial: *initial,
+            },
+            Event::Update { old, new, resync } => Event::Update {
+                old: old.clone(),
+                new: new.clone(),
+                resync: *resync,
+            },
+            Event::Delete {
+                object,
+                final_state_unknown,
+            } => Event::Delete {
+                object: object.clone(),
+                final_state_unknown: *final_state_unknown,
+            },
+        }
+    }
+}
+
+impl<K> Event<K> {
+    /// The object the event is about (the new state for updates).
+    #[must_use]
+    pub fn object(&self) -> &Arc<K> {
+        match self {
+            Event::Add { object, .. } | Event::Delete { object, .. } => object,
+            Event::Update { new, .. } => new,
+        }
+    }
+}
+
+/// A handler's failure; reported, never fatal to other handlers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HandlerError(pub String);
+
+impl fmt::Display for HandlerError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// Something that handles events of `K`. Usually built with [`handler_fn`],
+/// [`async_handler_fn`] or [`HandlerFuncs`].
+pub trait EventHandler<K>: Send + Sync + 'static {
+    /// Handles one event. The dispatcher awaits it before the next event of this handler.
+    fn handle(&self, event: Event<K>) -> BoxFuture<'_, Result<(), HandlerError>>;
+}
+
+struct SyncFn<F>(F);
+
+impl<K, F, E> EventHandler<K> for SyncFn<F>
+where
+    K: Send + Sync + 'static,
+    F: Fn(Event<K>) -> Result<(), E> + Send + Sync + 'static,
+    E: fmt::Display,
+{
+    fn handle(&self, event: Event<K>) -> BoxFuture<'_, Result<(), HandlerError>> {
+        futures::future::ready((self.0)(event).map_err(|e| HandlerError(e.to_string()))).boxed()
+    }
+}
+
+/// A handler from a synchronous closure.
+///
+/// ```
+/// use durable_informer::informer::{handler_fn, Event};
+/// use k8s_openapi::api::core::v1::Pod;
+/// let h = handler_fn(|ev: Event<Pod>| -> Result<(), std::convert::Infallible> {
+///     println!("{:?}", ev.object().metadata.name);
+///     Ok(())
+/// });
+/// # let _ = h;
+/// ```
+pub fn handler_fn<K, F, E>(f: F) -> impl EventHandler<K>
+where
+    K: Send + Sync + 'static,
+    F: Fn(Event<K>) -> Result<(), E> + Send + Sync + 'static,
+    E: fmt::Display,
+{
+    SyncFn(f)
+}
+
+struct AsyncFn<F>(F);
+
+impl<K, F, Fut, E> EventHandler<K> for AsyncFn<F>
+where
+    K: Send + Sync + 'static,
+    F: Fn(Event<K>) -> Fut + Send + Sync + 'static,
+    Fut: std::future::Future<Output = Result<(), E>> + Send + 'static,
+    E: fmt::Display,
+{
+    fn handle(&self, event: Event<K>) -> BoxFuture<'_, Result<(), HandlerError>> {
+        (self.0)(event)
+            .map(|r| r.map_err(|e| HandlerError(e.to_string())))
+            .boxed()
+    }
+}
+
+/// A handler from an async closure.
+pub fn async_handler_fn<K, F, Fut, E>(f: F) -> impl EventHandler<K>
+where
+    K: Send + Sync + 'static,
+    F: Fn(Event<K>) -> Fut + Send + Sync + 'static,
+    Fut: std::future::Future<Output = Result<(), E>> + Send + 'static,
+    E: fmt::Display,
+{
+    AsyncFn(f)
+}
+
+type AddFn<K> = Box<dyn Fn(Arc<K>, bool) + Send + Sync>;
+type UpdateFn<K> = Box<dyn Fn(Arc<K>, Arc<K>) + Send + Sync>;
+type DeleteFn<K> = Box<dyn Fn(Arc<K>, bool) + Send + Sync>;
+
+/// client-go's `ResourceEventHandlerFuncs`: optional add, update and delete callbacks.
+pub struct HandlerFuncs<K> {
+    add: Option<AddFn<K>>,
+    update: Option<UpdateFn<K>>,
+    delete: Option<DeleteFn<K>>,
+}
+
+impl<K> Default for HandlerFuncs<K> {
+    fn default() -> Self {
+        Self {
+            add: None,
+            update: None,
+            delete: None,
+        }
+    }
+}
+
+impl<K: Send + Sync + 'static> HandlerFuncs<K> {
+    /// No callbacks yet.
+    #[must_use]
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// `on_add(object, is_in_initial_list)`.
+    #[must_use]
+    pub fn on_add(mut self, f: impl Fn(Arc<K>, bool) + Send + Sync + 'static) -> Self {
+        self.add = Some(Box::new(f));
+        self
+    }
+
+    /// `on_update(old, new)`.
+    #[must_use]
+    pub fn on_update(mut self, f: impl Fn(Arc<K>, Arc<K>) + Send + Sync + 'static) -> Self {
+        self.update = Some(Box::new(f));
+        self
+    }
+
+    /// `on_delete(object, final_state_unknown)`.
+    #[must_use]
+    pub fn on_delete(mut self, f: impl Fn(Arc<K>, bool) + Send + Sync + 'static) -> Self {
+        self.delete = Some(Box::new(f));
+        self
+    }
+}
+
+impl<K: Send + Sync + 'static> EventHandler<K> for HandlerFuncs<K> {
+    fn handle(&self, event: Event<K>) -> BoxFuture<'_, Result<(), HandlerError>> {
+        match event {
+            Event::Add { object, initial } => {
+                if let Some(f) = &self.add {
+                    f(object, initial);
+                }
+            }
+            Event::Update { old, new, .. } => {
+                if let Some(f) = &self.update {
+                    f(old, new);
+                }
+            }
+            Event::Delete {
+                object,
+                final_state_unknown,
+            } => {
+                if let Some(f) = &self.delete {
+                    f(object, final_state_unknown);
+                }
+            }
+        }
+        futures::future::ready(Ok(())).boxed()
+    }
+}
+
+/// client-go's `FilteringResourceEventHandler`: passes only objects the filter accepts; an
+/// update that makes an object pass becomes an add, one that makes it fail becomes a delete.
+pub struct Filtering<K, H> {
+    filter: Box<dyn Fn(&K) -> bool + Send + Sync>,
+    inner: H,
+}
+
+impl<K, H: EventHandler<K>> Filtering<K, H> {
+    /// Wraps `inner`.
+    pub fn new(filter: impl Fn(&K) -> bool + Send + Sync + 'static, inner: H) -> Self {
+        Self {
+            filter: Box::new(filter),
+            inner,
+        }
+    }
+}
+
+impl<K: Send + Sync + 'static, H: EventHandler<K>> EventHandler<K> for Filtering<K, H> {
+    fn handle(&self, event: Event<K>) -> BoxFuture<'_, Result<(), HandlerError>> {
+        let pass = |o: &Arc<K>| (self.filter)(o);
+        let mapped = match event {
+            Event::Add { object, initial } => pass(&object).then_some(Event::Add { object, initial }),
+            Event::Update { old, new, resync } => match (pass(&old), pass(&new)) {
+                (true, true) => Some(Event::Update { old, new, resync }),
+                (false, true) => Some(Event::Add {
+                    object: new,
+                    initial: false,
+                }),
+                (true, false) => Some(Event::Delete {
+                    object: old,
+                    final_state_unknown: false,
+                }),
+                (false, false) => None,
+            },
+            Event::Delete {
+                object,
+                final_state_unknown,
+            } => pass(&object).then_some(Event::Delete {
+                object,
+                final_state_unknown,
+            }),
+        };
+        match mapped {
+            Some(ev) => self.inner.handle(ev),
+            None => futures::future::ready(Ok(())).boxed(),
+        }
+    }
+}
+
+/// How a handler is registered.
+#[derive(Debug, Clone, Default)]
+pub struct HandlerOptions {
+    pub(crate) name: Option<String>,
+    pub(crate) resync: Option<Duration>,
+}
+
+impl HandlerOptions {
+    /// A volatile handler: it starts with a synthetic add of everything in the store, then
+    /// live events (client-go's behaviour for late handlers); nothing survives a restart.
+    #[must_use]
+    pub fn volatile() -> Self {
+        Self::default()
+    }
+
+    /// A durable handler: its cursor into the log is persisted under `name`, and after a restart
+    /// it receives everything committed after that cursor. Delivery is **at least once**: the
+    /// cursor is persisted after each batch was handled, so a crash can redeliver the events of
+    /// the batch in progress; nothing is lost.
+    #[must_use]
+    pub fn durable(name: &str) -> Self {
+        Self {
+            name: Some(name.to_owned()),
+            resync: None,
+        }
+    }
+
+    /// Re-delivers every object as `Update { resync: true }` at this period.
+    #[must_use]
+    pub fn resync(mut self, period: Duration) -> Self {
+        self.resync = Some(period);
+        self
+    }
+}
+
+/// A registered handler. Dropping it does not remove the handler; [`remove`](Self::remove) does.
+#[derive(Debug)]
+pub struct Registration {
+    pub(crate) stop: watch::Sender<bool>,
+    pub(crate) synced: watch::Receiver<bool>,
+    pub(crate) done: watch::Receiver<bool>,
+    pub(crate) cursor: watch::Receiver<crate::store::Seq>,
+}
+
+impl Registration {
+    /// True once this handler received everything up to the informer's sync point.
+    #[must_use]
+    pub fn has_synced(&self) -> bool {
+        *self.synced.borrow()
+    }
+
+    /// Waits until [`has_synced`](Self::has_synced).
+    pub async fn wait_for_sync(&self) {
+        let mut rx = self.synced.clone();
+        let _ = rx.wait_for(|s| *s).await;
+    }
+
+    /// The log position this handler has handled up to.
+    #[must_use]
+    pub fn cursor(&self) -> crate::store::Seq {
+        *self.cursor.borrow()
+    }
+
+    /// Stops delivery; the handler receives nothing more once this returns. A durable handler's
+    /// cursor stays in the database.
+    pub async fn remove(self) {
+        let _ = self.stop.send(true);
+        let mut done = self.done.clone();
+        let _ = done.wait_for(|d| *d).await;
+    }
+}

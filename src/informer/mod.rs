@@ -1,0 +1,423 @@
+//! Shared informers, event handlers with durable cursors, listers and the informer factory:
+//! what controller authors program against.
+//!
+//! The vocabulary is client-go's (informer, handler, lister, indexer, `WaitForCacheSync`); the
+//! feel is kube-rs's (builders, `Arc<K>`, async). The cache is the durable store: an informer
+//! restarted on the same database resumes without a LIST, and its durable handlers receive what
+//! was committed while they were away.
+//!
+//! ## Example
+//!
+//! ```no_run
+//! use durable_informer::informer::{handler_fn, Event, HandlerOptions, Informer};
+//! use durable_informer::source::KubeSource;
+//! use durable_informer::store::{DurableStore, StoreConfig};
+//! use k8s_openapi::api::core::v1::Pod;
+//!
+//! # async fn f() -> Result<(), Box<dyn std::error::Error>> {
+//! let config = kube::Config::infer().await?;
+//! let server = config.cluster_url.to_string();
+//! let client = kube::Client::try_from(config)?;
+//! let db = DurableStore::open(StoreConfig::new("pods.redb"))?;
+//! let informer = Informer::<Pod>::builder(&db, KubeSource::typed::<Pod>(client, &server)).build().await?;
+//! informer.add_event_handler(
+//!     handler_fn(|ev: Event<Pod>| -> Result<(), std::convert::Infallible> {
+//!         println!("{:?}", ev.object().metadata.name);
+//!         Ok(())
+//!     }),
+//!     HandlerOptions::durable("printer"),
+//! );
+//! informer.start();
+//! informer.wait_for_sync().await;
+//! let pods = informer.lister().namespace("default").list(&Default::default())?;
+//! # let _ = pods; Ok(()) }
+//! ```
+
+mod adaptor;
+mod dispatch;
+mod factory;
+mod handler;
+mod lister;
+
+use std::marker::PhantomData;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::future::BoxFuture;
+use futures::FutureExt;
+use serde::de::DeserializeOwned;
+use tokio::sync::watch;
+
+pub use adaptor::watcher_stream;
+pub use factory::InformerFactory;
+pub use handler::{
+    async_handler_fn, handler_fn, Event, EventHandler, Filtering, HandlerError, HandlerFuncs, HandlerOptions,
+    Registration,
+};
+pub use lister::{Lister, NamespaceLister};
+
+use crate::reflector::{Reflector, ReflectorConfig, ReflectorError, ReflectorStatus, Transform};
+use crate::source::Source;
+use crate::store::{DurableStore, Indexer, LogReader, ResourceVersion, ScopeId, Seq, Store, StoreError, Writer};
+
+type RunFn = Box<dyn FnOnce(watch::Receiver<bool>) -> BoxFuture<'static, Result<(), ReflectorError>> + Send>;
+
+struct Inner {
+    scope: ScopeId,
+    store: Store,
+    log: LogReader,
+    writer: Writer,
+    status: watch::Receiver<ReflectorStatus>,
+    run: Mutex<Option<RunFn>>,
+    stop: watch::Sender<bool>,
+    task: Mutex<Option<tokio::task::JoinHandle<Result<(), ReflectorError>>>>,
+    sync_seq: watch::Sender<Option<Seq>>,
+    restored: bool,
+    resync: Option<Duration>,
+    errors: Arc<Mutex<Vec<String>>>,
+    handlers: Mutex<Vec<Slot>>,
+}
+
+/// What the informer keeps of each handler, to drain and stop it at shutdown.
+struct Slot {
+    stop: watch::Sender<bool>,
+    done: watch::Receiver<bool>,
+    cursor: watch::Receiver<Seq>,
+}
+
+/// An informer of one scope (resource + namespace + selectors), typed by `K` (a
+/// `k8s_openapi` type, your own `CustomResource`, or `kube::core::DynamicObject`).
+///
+/// Cheap to clone; clones share everything.
+pub struct Informer<K> {
+    inner: Arc<Inner>,
+    _k: PhantomData<fn() -> K>,
+}
+
+impl<K> Clone for Informer<K> {
+    fn clone(&self) -> Self {
+        Self {
+            inner: self.inner.clone(),
+            _k: PhantomData,
+        }
+    }
+}
+
+/// Builds an [`Informer`].
+pub struct InformerBuilder<'a, K, S> {
+    db: &'a DurableStore,
+    source: S,
+    indexers: Vec<Indexer>,
+    config: ReflectorConfig,
+    resync: Option<Duration>,
+    _k: PhantomData<fn() -> K>,
+}
+
+impl<K, S: Source> InformerBuilder<'_, K, S> {
+    /// Maintains an index (see [`Indexer`]); `Indexer::labels()` gives `key=value` lookups.
+    #[must_use]
+    pub fn indexer(mut self, indexer: Indexer) -> Self {
+        self.indexers.push(indexer);
+        self
+    }
+
+    /// Transforms objects before they are stored (default: drop `metadata.managedFields`).
+    #[must_use]
+    pub fn transform(mut self, transform: Transform) -> Self {
+        self.config.transform = transform;
+        self
+    }
+
+    /// Reflector settings (page size, timeouts, backoff, cluster-change policy).
+    #[must_use]
+    pub fn reflector_config(mut self, config: ReflectorConfig) -> Self {
+        let transform = std::mem::take(&mut self.config.transform);
+        self.config = config;
+        if self.config.transform.func.is_none() {
+            self.config.transform = transform;
+        }
+        self
+    }
+
+    /// Default resync period of handlers registered without one.
+    #[must_use]
+    pub fn resync(mut self, period: Duration) -> Self {
+        self.resync = Some(period);
+        self
+    }
+}
+
+impl<K, S> InformerBuilder<'_, K, S>
+where
+    K: DeserializeOwned + Send + Sync + 'static,
+    S: Source,
+{
+    /// Registers the scope and its indexes in the database (backfilling new indexes) and
+    /// returns the informer, not yet started. The store is readable at once.
+    pub async fn build(self) -> Result<Informer<K>, StoreError> {
+        let writer = self.db.writer();
+        let scope = writer.register_scope(&self.source.scope()).await?;
+        for ix in self.indexers {
+            let name = ix.name.clone();
+            self.db.register_index(scope, ix);
+            writer.ensure_index(scope, name).await?;
+        }
+        let store = self.db.store(scope);
+        let record = store.record()?;
+        let restored = record.synced && record.rv.is_some();
+        let errors: Arc<Mutex<Vec<String>>> = Arc::default();
+        let e2 = errors.clone();
+        let reflector = Reflector::new(self.source, writer.clone(), store.clone(), self.config).on_error(Arc::new(
+            move |e: &ReflectorError| {
+                let mut v = e2.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+                v.push(e.to_string());
+                let excess = v.len().saturating_sub(100);
+                v.drain(..excess);
+            },
+        ));
+        let status = reflector.status();
+        let run: RunFn = Box::new(move |stop| reflector.run(stop).boxed());
+        let (stop, _) = watch::channel(false);
+        let (sync_seq, _) = watch::channel(None);
+        Ok(Informer {
+            inner: Arc::new(Inner {
+                scope,
+                store,
+                log: self.db.log(),
+                writer,
+                status,
+                run: Mutex::new(Some(run)),
+                stop,
+                task: Mutex::new(None),
+                sync_seq,
+                restored,
+                resync: self.resync,
+                errors,
+                handlers: Mutex::new(Vec::new()),
+            }),
+            _k: PhantomData,
+        })
+    }
+}
+
+impl<K> Informer<K>
+where
+    K: DeserializeOwned + Send + Sync + 'static,
+{
+    /// An informer builder over `source`, stored in `db`.
+    pub fn builder<S: Source>(db: &DurableStore, source: S) -> InformerBuilder<'_, K, S> {
+        InformerBuilder {
+            db,
+            source,
+            indexers: Vec::new(),
+            config: ReflectorConfig::default(),
+            resync: None,
+            _k: PhantomData,
+        }
+    }
+
+    /// Starts the reflector on the current tokio runtime (once; later calls do nothing).
+    pub fn start(&self) {
+        let Some(run) = self
+            .inner
+            .run
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .take()
+        else {
+            return;
+        };
+        let fut = run(self.inner.stop.subscribe());
+        // Record the log position at which the informer became synced, for handlers' sync.
+        let inner = self.inner.clone();
+        let mut status = self.inner.status.clone();
+        tokio::spawn(async move {
+            if status.wait_for(|s| s.synced).await.is_ok() {
+                let seq = *inner.writer.committed().borrow();
+                inner.sync_seq.send_replace(Some(seq));
+            }
+        });
+        let handle = tokio::spawn(fut);
+        *self
+            .inner
+            .task
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(handle);
+    }
+
+    /// Starts and runs until [`stop`](Self::stop) or a fatal error (another cluster's database).
+    pub async fn run(&self) -> Result<(), ReflectorError> {
+        self.start();
+        let task = self
+            .inner
+            .task
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .take();
+        match task {
+            Some(t) => t.await.unwrap_or(Ok(())),
+            None => Ok(()),
+        }
+    }
+
+    /// Stops the reflector and waits for it. Handlers keep their registrations until removed
+    /// (see [`shutdown`](Self::shutdown)).
+    pub async fn stop(&self) -> Result<(), ReflectorError> {
+        let _ = self.inner.stop.send(true);
+        let task = self
+            .inner
+            .task
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .take();
+        match task {
+            Some(t) => t.await.unwrap_or(Ok(())),
+            None => Ok(()),
+        }
+    }
+
+    /// Registers a handler. Volatile handlers start with a synthetic add of everything in the
+    /// store; durable ones continue from their persisted cursor (see [`HandlerOptions`]).
+    pub fn add_event_handler(&self, handler: impl EventHandler<K>, options: HandlerOptions) -> Registration {
+        self.add_shared_handler(Arc::new(handler), options)
+    }
+
+    /// Like [`add_event_handler`](Self::add_event_handler) for a handler shared by several informers.
+    pub fn add_shared_handler(&self, handler: Arc<dyn EventHandler<K>>, mut options: HandlerOptions) -> Registration {
+        if options.resync.is_none() {
+            options.resync = self.inner.resync;
+        }
+        let (stop, stop_rx) = watch::channel(false);
+        let (synced_tx, synced) = watch::channel(false);
+        let errors = self.inner.errors.clone();
+        let ctx = dispatch::Ctx {
+            store: self.inner.store.clone(),
+            log: self.inner.log.clone(),
+            writer: self.inner.writer.clone(),
+            scope: self.inner.scope,
+            status: self.inner.status.clone(),
+            sync_seq: self.inner.sync_seq.subscribe(),
+            report: Arc::new(move |msg: String| {
+                tracing::warn!(%msg, "handler");
+                let mut v = errors.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+                v.push(msg);
+                let excess = v.len().saturating_sub(100);
+                v.drain(..excess);
+            }),
+        };
+        let (cursor_tx, cursor) = watch::channel(Seq(0));
+        let (done_tx, done) = watch::channel(false);
+        tokio::spawn(async move {
+            dispatch::run(ctx, handler, options, stop_rx, synced_tx, cursor_tx).await;
+            let _ = done_tx.send(true);
+        });
+        let mut slots = self
+            .inner
+            .handlers
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        slots.retain(|s| !*s.done.borrow());
+        slots.push(Slot {
+            stop: stop.clone(),
+            done: done.clone(),
+            cursor: cursor.clone(),
+        });
+        Registration {
+            stop,
+            synced,
+            done,
+            cursor,
+        }
+    }
+
+    /// Stops the reflector, lets every handler catch up with what was committed (for at most
+    /// `drain_timeout` each), then stops the handlers.
+    pub async fn shutdown(&self) -> Result<(), ReflectorError> {
+        let result = self.stop().await;
+        let target = *self.inner.writer.committed().borrow();
+        let slots: Vec<(watch::Sender<bool>, watch::Receiver<bool>, watch::Receiver<Seq>)> = self
+            .inner
+            .handlers
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .drain(..)
+            .map(|s| (s.stop, s.done, s.cursor))
+            .collect();
+        for (stop, mut done, mut cursor) in slots {
+            let drained = cursor.wait_for(|c| *c >= target);
+            let _ = tokio::time::timeout(Duration::from_secs(30), drained).await;
+            let _ = stop.send(true);
+            let _ = done.wait_for(|d| *d).await;
+        }
+        result
+    }
+
+    /// The read handle over this informer's objects (get, list, indexes, snapshots).
+    #[must_use]
+    pub fn store(&self) -> Store {
+        self.inner.store.clone()
+    }
+
+    /// The same handle, by client-go's name: index queries go through it.
+    #[must_use]
+    pub fn indexer(&self) -> Store {
+        self.store()
+    }
+
+    /// A typed lister.
+    #[must_use]
+    pub fn lister(&self) -> Lister<K> {
+        Lister::new(self.inner.store.clone())
+    }
+
+    /// True once the store holds a complete, current view.
+    #[must_use]
+    pub fn has_synced(&self) -> bool {
+        self.inner.status.borrow().synced
+    }
+
+    /// Waits until [`has_synced`](Self::has_synced).
+    pub async fn wait_for_sync(&self) {
+        let mut rx = self.inner.status.clone();
+        let _ = rx.wait_for(|s| s.synced).await;
+    }
+
+    /// The last durably committed resourceVersion.
+    #[must_use]
+    pub fn last_synced_resource_version(&self) -> Option<ResourceVersion> {
+        self.inner
+            .status
+            .borrow()
+            .committed_rv
+            .clone()
+            .or_else(|| self.inner.store.resource_version().ok().flatten())
+    }
+
+    /// True when the store was restored from disk (the informer resumes without a LIST).
+    #[must_use]
+    pub fn is_restored(&self) -> bool {
+        self.inner.restored
+    }
+
+    /// The reflector's status (phase, counts, last error).
+    #[must_use]
+    pub fn status(&self) -> watch::Receiver<ReflectorStatus> {
+        self.inner.status.clone()
+    }
+
+    /// The last errors reported by the reflector and the handlers (at most 100).
+    #[must_use]
+    pub fn errors(&self) -> Vec<String> {
+        self.inner
+            .errors
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+
+    /// The scope in the database.
+    #[must_use]
+    pub fn scope(&self) -> ScopeId {
+        self.inner.scope
+    }
+}
