@@ -1,0 +1,336 @@
+//! Informers and handlers against the scripted in-memory server: exact event sequences,
+//! durable cursors across restarts, late volatile handlers, removal, resync, listers, and the
+//! kube-runtime adaptor.
+
+mod common;
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use common::fake::Fake;
+use durable_informer::informer::{handler_fn, watcher_stream, Event, Filtering, HandlerOptions, Informer};
+use durable_informer::reflector::{BackoffConfig, ReflectorConfig};
+use durable_informer::store::{DurableStore, StoreConfig};
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::ConfigMap;
+
+type Seen = Arc<Mutex<Vec<String>>>;
+
+fn describe(ev: &Event<ConfigMap>) -> String {
+    let name = |c: &ConfigMap| c.metadata.name.clone().unwrap_or_default();
+    let val = |c: &ConfigMap| c.data.as_ref().and_then(|d| d.get("v").cloned()).unwrap_or_default();
+    match ev {
+        Event::Add { object, initial } => format!(
+            "add {} {}{}",
+            name(object),
+            val(object),
+            if *initial { " (initial)" } else { "" }
+        ),
+        Event::Update { old, new, resync } => {
+            format!(
+                "update {} {}->{}{}",
+                name(new),
+                val(old),
+                val(new),
+                if *resync { " (resync)" } else { "" }
+            )
+        }
+        Event::Delete {
+            object,
+            final_state_unknown,
+        } => {
+            format!(
+                "delete {}{}",
+                name(object),
+                if *final_state_unknown { " (unknown)" } else { "" }
+            )
+        }
+    }
+}
+
+fn recorder(seen: &Seen) -> impl durable_informer::informer::EventHandler<ConfigMap> {
+    let seen = seen.clone();
+    handler_fn(move |ev: Event<ConfigMap>| -> Result<(), std::convert::Infallible> {
+        seen.lock().unwrap().push(describe(&ev));
+        Ok(())
+    })
+}
+
+fn cfg() -> ReflectorConfig {
+    ReflectorConfig {
+        page_size: 3,
+        backoff: BackoffConfig {
+            initial: Duration::from_millis(5),
+            max: Duration::from_millis(50),
+            ..BackoffConfig::default()
+        },
+        ..ReflectorConfig::default()
+    }
+}
+
+async fn informer(db: &DurableStore, fake: &Fake) -> Informer<ConfigMap> {
+    Informer::<ConfigMap>::builder(db, fake.clone())
+        .reflector_config(cfg())
+        .indexer(durable_informer::store::Indexer::labels())
+        .build()
+        .await
+        .unwrap()
+}
+
+async fn wait_len(seen: &Seen, n: usize) -> Vec<String> {
+    for _ in 0..500 {
+        if seen.lock().unwrap().len() >= n {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let v = seen.lock().unwrap().clone();
+    assert!(v.len() >= n, "only {} of {n} events: {v:?}", v.len());
+    v
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handler_receives_exactly_the_servers_event_sequence() {
+    let fake = Fake::new();
+    fake.upsert("a", "1");
+    fake.upsert("b", "1");
+    let dir = tempfile::tempdir().unwrap();
+    let db = DurableStore::open(StoreConfig::new(dir.path().join("db.redb"))).unwrap();
+    let inf = informer(&db, &fake).await;
+    let seen = Seen::default();
+    let reg = inf.add_event_handler(recorder(&seen), HandlerOptions::volatile());
+    inf.start();
+    inf.wait_for_sync().await;
+    reg.wait_for_sync().await;
+    fake.upsert("a", "2");
+    fake.upsert("c", "1");
+    fake.delete("b");
+    fake.upsert("a", "3");
+    let got = wait_len(&seen, 6).await;
+    assert_eq!(
+        got,
+        [
+            "add a 1",
+            "add b 1",
+            "update a 1->2",
+            "add c 1",
+            "delete b",
+            "update a 2->3"
+        ]
+    );
+    inf.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_durable_handler_gets_what_was_committed_while_it_was_away() {
+    let fake = Fake::new();
+    fake.upsert("a", "1");
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("db.redb");
+    {
+        let db = DurableStore::open(StoreConfig::new(&path)).unwrap();
+        let inf = informer(&db, &fake).await;
+        let seen = Seen::default();
+        inf.add_event_handler(recorder(&seen), HandlerOptions::durable("audit"));
+        inf.start();
+        inf.wait_for_sync().await;
+        fake.upsert("b", "1");
+        assert_eq!(wait_len(&seen, 2).await, ["add a 1", "add b 1"]);
+        inf.shutdown().await.unwrap();
+        db.close().unwrap();
+    }
+    // Down: the cluster changes.
+    fake.upsert("a", "2");
+    fake.delete("b");
+    let db = DurableStore::open(StoreConfig::new(&path)).unwrap();
+    let inf = informer(&db, &fake).await;
+    assert!(inf.is_restored());
+    let seen = Seen::default();
+    inf.add_event_handler(recorder(&seen), HandlerOptions::durable("audit"));
+    inf.start();
+    inf.wait_for_sync().await;
+    // No initial adds for a durable handler with a cursor: exactly the missed changes.
+    assert_eq!(wait_len(&seen, 2).await, ["update a 1->2", "delete b"]);
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert_eq!(seen.lock().unwrap().len(), 2);
+    assert_eq!(fake.full_lists(), 1, "the restart made no full LIST");
+    inf.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn late_volatile_handlers_get_the_whole_store_and_removed_ones_get_nothing_more() {
+    let fake = Fake::new();
+    for n in ["a", "b", "c"] {
+        fake.upsert(n, "1");
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let db = DurableStore::open(StoreConfig::new(dir.path().join("db.redb"))).unwrap();
+    let inf = informer(&db, &fake).await;
+    inf.start();
+    inf.wait_for_sync().await;
+    let late = Seen::default();
+    let reg = inf.add_event_handler(recorder(&late), HandlerOptions::volatile());
+    reg.wait_for_sync().await;
+    assert!(reg.has_synced());
+    assert_eq!(
+        wait_len(&late, 3).await,
+        ["add a 1 (initial)", "add b 1 (initial)", "add c 1 (initial)"]
+    );
+    reg.remove().await;
+    fake.upsert("d", "1");
+    let other = Seen::default();
+    let _keep = inf.add_event_handler(recorder(&other), HandlerOptions::volatile());
+    wait_len(&other, 4).await;
+    assert_eq!(late.lock().unwrap().len(), 3, "a removed handler receives nothing more");
+    inf.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn filtering_handlers_turn_updates_into_adds_and_deletes() {
+    let fake = Fake::new();
+    fake.upsert("a", "keep");
+    let dir = tempfile::tempdir().unwrap();
+    let db = DurableStore::open(StoreConfig::new(dir.path().join("db.redb"))).unwrap();
+    let inf = informer(&db, &fake).await;
+    let seen = Seen::default();
+    let filter = |c: &ConfigMap| c.data.as_ref().and_then(|d| d.get("v")).is_some_and(|v| v == "keep");
+    inf.add_event_handler(Filtering::new(filter, recorder(&seen)), HandlerOptions::volatile());
+    inf.start();
+    inf.wait_for_sync().await;
+    fake.upsert("a", "drop");
+    fake.upsert("a", "keep");
+    fake.upsert("b", "drop");
+    assert_eq!(wait_len(&seen, 3).await, ["add a keep", "delete a", "add a keep"]);
+    inf.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_panicking_handler_is_reported_and_does_not_stop_the_others() {
+    let fake = Fake::new();
+    fake.upsert("a", "1");
+    let dir = tempfile::tempdir().unwrap();
+    let db = DurableStore::open(StoreConfig::new(dir.path().join("db.redb"))).unwrap();
+    let inf = informer(&db, &fake).await;
+    inf.add_event_handler(
+        handler_fn(|_: Event<ConfigMap>| -> Result<(), String> { panic!("boom in handler") }),
+        HandlerOptions::volatile(),
+    );
+    inf.add_event_handler(
+        handler_fn(|_: Event<ConfigMap>| -> Result<(), String> { Err("refused".into()) }),
+        HandlerOptions::volatile(),
+    );
+    let seen = Seen::default();
+    inf.add_event_handler(recorder(&seen), HandlerOptions::volatile());
+    inf.start();
+    fake.upsert("b", "1");
+    wait_len(&seen, 2).await;
+    for _ in 0..500 {
+        if inf.errors().iter().filter(|e| e.contains("panicked")).count() >= 2 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let errors = inf.errors();
+    assert!(
+        errors
+            .iter()
+            .any(|e| e.contains("panicked") && e.contains("boom in handler")),
+        "{errors:?}"
+    );
+    assert!(errors.iter().any(|e| e.contains("refused")), "{errors:?}");
+    inf.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn resync_redelivers_every_object_at_its_period() {
+    let fake = Fake::new();
+    fake.upsert("a", "1");
+    fake.upsert("b", "1");
+    let dir = tempfile::tempdir().unwrap();
+    let db = DurableStore::open(StoreConfig::new(dir.path().join("db.redb"))).unwrap();
+    let inf = informer(&db, &fake).await;
+    inf.start();
+    inf.wait_for_sync().await;
+    let seen = Seen::default();
+    inf.add_event_handler(
+        recorder(&seen),
+        HandlerOptions::volatile().resync(Duration::from_millis(300)),
+    );
+    let got = wait_len(&seen, 6).await;
+    assert_eq!(
+        got[2..6],
+        [
+            "update a 1->1 (resync)",
+            "update b 1->1 (resync)",
+            "update a 1->1 (resync)",
+            "update b 1->1 (resync)"
+        ]
+    );
+    inf.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn listers_select_by_labels_and_namespace() {
+    let fake = Fake::new();
+    for n in ["a", "b"] {
+        fake.upsert(n, "1");
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let db = DurableStore::open(StoreConfig::new(dir.path().join("db.redb"))).unwrap();
+    let inf = informer(&db, &fake).await;
+    inf.start();
+    inf.wait_for_sync().await;
+    let lister = inf.lister();
+    assert_eq!(lister.list(&Default::default()).unwrap().len(), 2);
+    assert_eq!(lister.namespace("ns").list(&"!app".parse().unwrap()).unwrap().len(), 2);
+    assert!(lister
+        .namespace("ns")
+        .list(&"app=web".parse().unwrap())
+        .unwrap()
+        .is_empty());
+    assert_eq!(
+        lister
+            .namespace("ns")
+            .get("a")
+            .unwrap()
+            .unwrap()
+            .metadata
+            .name
+            .as_deref(),
+        Some("a")
+    );
+    assert!(lister.namespace("other").get("a").unwrap().is_none());
+    inf.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_watcher_adaptor_feeds_a_kube_runtime_reflector() {
+    let fake = Fake::new();
+    fake.upsert("a", "1");
+    fake.upsert("b", "1");
+    let dir = tempfile::tempdir().unwrap();
+    let db = DurableStore::open(StoreConfig::new(dir.path().join("db.redb"))).unwrap();
+    let inf = informer(&db, &fake).await;
+    inf.start();
+    inf.wait_for_sync().await;
+    let (reader, writer) = kube::runtime::reflector::store::<ConfigMap>();
+    let stream = kube::runtime::reflector(writer, watcher_stream(&inf));
+    let mut stream = Box::pin(stream);
+    fake.upsert("c", "1");
+    fake.delete("a");
+    let mut names = Vec::new();
+    for _ in 0..50 {
+        let _ = tokio::time::timeout(Duration::from_millis(100), stream.next()).await;
+        names = reader
+            .state()
+            .iter()
+            .filter_map(|c| c.metadata.name.clone())
+            .collect::<Vec<_>>();
+        names.sort();
+        if names == ["b", "c"] {
+            break;
+        }
+    }
+    assert_eq!(names, ["b", "c"]);
+    inf.shutdown().await.unwrap();
+}
