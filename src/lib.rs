@@ -10,6 +10,7 @@
 
 pub mod error;
 pub mod informer;
+pub mod metrics;
 pub mod reflector;
 pub mod selector;
 pub mod source;

@@ -10,6 +10,7 @@ use std::time::Duration;
 use futures::FutureExt;
 use serde::de::DeserializeOwned;
 use tokio::sync::watch;
+use tracing::Instrument;
 
 use super::handler::{Event, EventHandler, HandlerOptions};
 use crate::reflector::ReflectorStatus;
@@ -29,6 +30,7 @@ pub(crate) struct Ctx {
     /// The log position at which the informer became synced.
     pub(crate) sync_seq: watch::Receiver<Option<Seq>>,
     pub(crate) report: Report,
+    pub(crate) resource: String,
 }
 
 fn decode<K: DeserializeOwned>(bytes: &[u8]) -> Result<Arc<K>, String> {
@@ -132,13 +134,23 @@ pub(crate) async fn run<K>(
             if *stop.borrow() {
                 return;
             }
-            deliver(&ctx, &*handler, &label, rec).await;
+            deliver(&ctx, &*handler, &label, rec)
+                .instrument(tracing::trace_span!("dispatch"))
+                .await;
         }
         cursor = scanned;
         if let Some(name) = &opts.name {
             persist(&ctx, name, cursor).await;
         }
         position.send_replace(cursor);
+        let lag = ctx.writer.committed().borrow().0.saturating_sub(cursor.0);
+        crate::metrics::global()
+            .handler_lag
+            .get_or_create(&crate::metrics::HandlerLabels {
+                resource: ctx.resource.clone(),
+                handler: label.clone(),
+            })
+            .set(i64::try_from(lag).unwrap_or(i64::MAX));
     }
 }
 

@@ -76,6 +76,7 @@ struct Inner {
     resync: Option<Duration>,
     errors: Arc<Mutex<Vec<String>>>,
     handlers: Mutex<Vec<Slot>>,
+    resource: String,
 }
 
 /// What the informer keeps of each handler, to drain and stop it at shutdown.
@@ -163,6 +164,7 @@ where
             writer.ensure_index(scope, name).await?;
         }
         let store = self.db.store(scope);
+        let resource = self.source.resource();
         let record = store.record()?;
         let restored = record.synced && record.rv.is_some();
         let errors: Arc<Mutex<Vec<String>>> = Arc::default();
@@ -194,6 +196,7 @@ where
                 resync: self.resync,
                 errors,
                 handlers: Mutex::new(Vec::new()),
+                resource,
             }),
             _k: PhantomData,
         })
@@ -297,6 +300,7 @@ where
             scope: self.inner.scope,
             status: self.inner.status.clone(),
             sync_seq: self.inner.sync_seq.subscribe(),
+            resource: self.inner.resource.clone(),
             report: Arc::new(move |msg: String| {
                 tracing::warn!(%msg, "handler");
                 let mut v = errors.lock().unwrap_or_else(std::sync::PoisonError::into_inner);

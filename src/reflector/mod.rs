@@ -27,10 +27,12 @@ use std::time::Duration;
 use futures::{FutureExt, StreamExt};
 use rand::Rng;
 use tokio::sync::{oneshot, watch};
+use tracing::Instrument;
 
 pub use backoff::BackoffConfig;
 pub use transform::{strip_managed_fields, OversizePolicy, Transform, TransformError, TransformFn};
 
+use crate::metrics;
 use crate::source::{ListRequest, Source, SourceError, WatchEvent, WatchRequest};
 use crate::store::{Batch, Committed, DeltaKind, RawObject, ResourceVersion, ScopeId, Store, StoreError, Writer};
 use backoff::Backoff;
@@ -221,6 +223,12 @@ impl<S: Source> Reflector<S> {
         self.store.scope()
     }
 
+    fn labels(&self) -> metrics::ResourceLabels {
+        metrics::ResourceLabels {
+            resource: self.source.resource(),
+        }
+    }
+
     fn report(&self, err: &ReflectorError) {
         tracing::warn!(scope = %self.scope(), error = %err, "reflector");
         self.status.send_modify(|s| s.last_error = Some(err.to_string()));
@@ -404,6 +412,7 @@ impl<S: Source> Reflector<S> {
 
     /// The server's current RV, from a one-object LIST.
     async fn probe(&self) -> Result<ResourceVersion, SourceError> {
+        metrics::global().list_requests.get_or_create(&self.labels()).inc();
         let page = self
             .source
             .list(ListRequest {
@@ -473,6 +482,13 @@ impl<S: Source> Reflector<S> {
         let record = self.store.record().map_err(|e| (self.store_err(&e), None))?;
         let first = record.rv.is_none() && !record.synced;
         tracing::info!(scope = %self.scope(), reason, "listing");
+        metrics::global()
+            .lists
+            .get_or_create(&metrics::ReasonLabels {
+                resource: self.source.resource(),
+                reason: metrics::reason_class(reason).to_owned(),
+            })
+            .inc();
         self.status.send_modify(|s| {
             s.lists += 1;
             if !first || s.lists > 1 {
@@ -568,7 +584,8 @@ impl<S: Source> Reflector<S> {
                 continue_token: token.clone(),
                 ..ListRequest::default()
             };
-            let page = match self.source.list(req).await {
+            metrics::global().list_requests.get_or_create(&self.labels()).inc();
+            let page = match self.source.list(req).instrument(tracing::debug_span!("list")).await {
                 Ok(p) => p,
                 Err(e) if token.is_some() && e.status().is_some_and(|s| s.is_gone()) => {
                     return Err(ListFailure::Restart(e.to_string()))
@@ -616,6 +633,7 @@ impl<S: Source> Reflector<S> {
                 hint,
             )
         };
+        metrics::global().watch_requests.get_or_create(&self.labels()).inc();
         let mut stream = self.source.watch(req).await.map_err(src_err)?;
         let mut page = Vec::new();
         loop {
@@ -684,7 +702,13 @@ impl<S: Source> Reflector<S> {
             send_initial_events: false,
         };
         self.status.send_modify(|s| s.watches += 1);
-        let mut stream = match self.source.watch(req).await {
+        metrics::global().watch_requests.get_or_create(&self.labels()).inc();
+        let mut stream = match self
+            .source
+            .watch(req)
+            .instrument(tracing::debug_span!("watch", rv = %rv))
+            .await
+        {
             Ok(s) => s,
             Err(e) => return self.classify(e, &rv),
         };
@@ -736,6 +760,20 @@ impl<S: Source> Reflector<S> {
                     }
                     Some(Ok(ev)) => {
                         events += 1;
+                        let kind = match &ev {
+                            WatchEvent::Added(_) => "ADDED",
+                            WatchEvent::Modified(_) => "MODIFIED",
+                            WatchEvent::Deleted(_) => "DELETED",
+                            WatchEvent::Bookmark { .. } => "BOOKMARK",
+                            WatchEvent::Error(_) => "ERROR",
+                        };
+                        metrics::global()
+                            .events
+                            .get_or_create(&metrics::EventLabels {
+                                resource: self.source.resource(),
+                                kind: kind.to_owned(),
+                            })
+                            .inc();
                         match ev {
                             WatchEvent::Added(o) | WatchEvent::Modified(o) => {
                                 let rv = o.meta.resource_version.clone();
@@ -777,8 +815,12 @@ impl<S: Source> Reflector<S> {
             }
             if batch.rv.is_some() || !batch.deltas.is_empty() {
                 let brv = batch.rv.clone().unwrap_or_else(|| rv.clone());
+                metrics::global()
+                    .batch_size
+                    .get_or_create(&self.labels())
+                    .observe(batch.deltas.len() as f64);
                 match self.writer.submit(batch) {
-                    Ok(rx) => inflight.push_back((rx, brv, events)),
+                    Ok(rx) => inflight.push_back((rx, brv, events, std::time::Instant::now())),
                     Err(e) => {
                         self.report(&self.store_err(&e));
                         end = Some(WatchEnd::Retry(None));
@@ -806,11 +848,15 @@ impl<S: Source> Reflector<S> {
         keep: usize,
     ) -> Result<(), WatchEnd> {
         while inflight.len() > keep {
-            let Some((rx, brv, n)) = inflight.pop_front() else {
+            let Some((rx, brv, n, sent)) = inflight.pop_front() else {
                 break;
             };
             let err = match rx.await {
                 Ok(Ok(_)) => {
+                    metrics::global()
+                        .commit_latency
+                        .get_or_create(&self.labels())
+                        .observe(sent.elapsed().as_secs_f64());
                     self.status.send_modify(|s| {
                         s.committed_rv = Some(brv.clone());
                         s.events += n;
@@ -848,7 +894,12 @@ impl<S: Source> Reflector<S> {
     }
 }
 
-type Inflight = VecDeque<(oneshot::Receiver<Result<Committed, StoreError>>, ResourceVersion, u64)>;
+type Inflight = VecDeque<(
+    oneshot::Receiver<Result<Committed, StoreError>>,
+    ResourceVersion,
+    u64,
+    std::time::Instant,
+)>;
 
 enum ListFailure {
     Restart(String),
