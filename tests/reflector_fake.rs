@@ -152,6 +152,12 @@ async fn streaming_list_is_used_where_the_server_supports_it() {
     let mut r = start(&fake, &db, scope, config());
     r.synced().await;
     converge(&db, scope, &fake).await;
+    for _ in 0..200 {
+        if fake.requests().len() >= 2 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     assert_eq!(fake.requests()[..2], ["watch rv= initial-events", "watch rv=105"]);
     assert_eq!(fake.full_lists(), 0);
     r.stop().await;
@@ -425,11 +431,15 @@ async fn a_quiet_scope_reports_synced_at_the_first_bookmark_after_resume() {
     r.synced().await;
     r.stop().await;
     // The cluster RV moves without touching this scope (another resource changed).
-    fake.upsert("zz", "1");
-    fake.compact();
-    fake.restore_backup_to(fake.current_rv());
-    let r2 = start(&fake, &db, scope, config());
+    fake.bump_rv();
+    let cfg = ReflectorConfig {
+        resume_quiet_period: None,
+        ..config()
+    };
+    let r2 = start(&fake, &db, scope, cfg);
     let mut st = r2.status.clone();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!st.borrow().synced, "not synced before the bookmark");
     tokio::time::sleep(Duration::from_millis(100)).await;
     fake.bookmark();
     tokio::time::timeout(Duration::from_secs(10), st.wait_for(|s| s.synced))
@@ -437,4 +447,25 @@ async fn a_quiet_scope_reports_synced_at_the_first_bookmark_after_resume() {
         .unwrap()
         .unwrap();
     r2.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_quiet_resumed_watch_reports_synced_after_the_quiet_period() {
+    let fake = Fake::new();
+    fake.upsert("a", "1");
+    let dir = tempfile::tempdir().unwrap();
+    let (db, scope) = open(&dir);
+    let mut r = start(&fake, &db, scope, config());
+    r.synced().await;
+    r.stop().await;
+    fake.upsert("zz", "1");
+    fake.compact();
+    fake.restore_backup_to(fake.current_rv());
+    let cfg = ReflectorConfig {
+        resume_quiet_period: Some(Duration::from_millis(200)),
+        ..config()
+    };
+    let mut r = start(&fake, &db, scope, cfg);
+    r.synced().await;
+    r.stop().await;
 }

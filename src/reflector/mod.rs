@@ -58,6 +58,13 @@ pub struct ReflectorConfig {
     pub max_batch: usize,
     /// Wipe the database instead of failing when it belongs to another cluster (default false).
     pub reset_on_cluster_change: bool,
+    /// After a resume, the scope counts as synced when its committed RV reaches the server's
+    /// RV (read by the one-object probe), or at the first bookmark — or, with this set, once the
+    /// resumed watch has delivered its backlog and stayed quiet this long (default 2 s). The
+    /// server sends every event after the resumed RV as soon as the watch opens, so a quiet
+    /// watch means nothing was missed; without it a scope whose objects did not change waits for
+    /// the next bookmark (about a minute on a real server). `None` disables it.
+    pub resume_quiet_period: Option<Duration>,
 }
 
 impl Default for ReflectorConfig {
@@ -71,6 +78,7 @@ impl Default for ReflectorConfig {
             transform: Transform::default(),
             max_batch: 1000,
             reset_on_cluster_change: false,
+            resume_quiet_period: Some(Duration::from_secs(2)),
         }
     }
 }
@@ -725,8 +733,21 @@ impl<S: Source> Reflector<S> {
                         end = Some(e);
                         break;
                     }
+                    // After a resume, a watch that stays quiet this long has nothing to catch up
+                    // on: the server sends everything after our RV as soon as the watch opens.
+                    let waiting = sync_target.is_some() && !self.status.borrow().synced;
+                    let quiet = async {
+                        match self.config.resume_quiet_period {
+                            Some(d) if waiting => tokio::time::sleep(d).await,
+                            _ => futures::future::pending().await,
+                        }
+                    };
                     tokio::select! {
                         ev = tokio::time::timeout(idle, stream.next()) => ev,
+                        () = quiet => {
+                            self.status.send_modify(|s| s.synced = true);
+                            continue;
+                        }
                         _ = stop.wait_for(|s| *s) => { end = Some(WatchEnd::Stop); break; }
                     }
                 }

@@ -123,6 +123,11 @@ impl Fake {
         }
     }
 
+    /// Moves the cluster RV without an event for this resource (another resource changed).
+    pub fn bump_rv(&self) {
+        self.state.lock().unwrap().rv += 1;
+    }
+
     /// Compacts the history up to the current RV.
     pub fn compact(&self) {
         let mut s = self.state.lock().unwrap();
