@@ -1,6 +1,10 @@
-//! The `durable-informer` command-line tool (work in progress: see the README).
+//! The `durable-informer` command-line tool: a demo on the built-in simulated cluster, live
+//! persistent watches, recording and replay, and inspection of databases.
+//!
+//! Built only on the library's public API.
+
+mod cli;
 
 fn main() {
-    eprintln!("durable-informer: the command-line tool is not built yet; see README.md");
-    std::process::exit(2);
+    std::process::exit(cli::main());
 }

@@ -355,6 +355,24 @@ impl DurableStore {
         self.stop()
     }
 
+    /// Closes the database and compacts the file (returns whether redb compacted anything).
+    /// Every read handle must have been dropped; otherwise the file is closed uncompacted.
+    pub fn close_and_compact(mut self) -> Result<bool, StoreError> {
+        self.stop()?;
+        let shared = self.shared.clone();
+        drop(self);
+        match Arc::try_unwrap(shared) {
+            Ok(mut shared) => {
+                let path = shared.path.clone();
+                shared.db.compact().map_err(|e| StoreError::Storage {
+                    path,
+                    source: e.into(),
+                })
+            }
+            Err(_) => Ok(false),
+        }
+    }
+
     fn stop(&mut self) -> Result<(), StoreError> {
         self.writer.shutdown();
         if let Some(t) = self.thread.take() {

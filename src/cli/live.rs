@@ -1,0 +1,170 @@
+//! Commands that talk to a cluster: `watch`, and the helpers to build a client and resolve a
+//! resource.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use durable_informer::informer::{handler_fn, Event, HandlerOptions, Informer};
+use durable_informer::reflector::ReflectorConfig;
+use durable_informer::source::KubeSource;
+use durable_informer::store::{DurableStore, StoreConfig};
+use kube::api::{ApiResource, DynamicObject};
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use serde_json::json;
+
+use super::db::split_resource;
+use super::{ClusterArgs, CliError, CliResult, Output, ScopeArgs};
+
+/// A client for the cluster, and the server URL (part of the cluster identity).
+pub async fn client(args: &ClusterArgs) -> CliResult<(kube::Client, String)> {
+    let config = if let Some(server) = &args.server {
+        let uri: http::Uri = server.parse().map_err(|e| CliError::new(2, format!("bad --server {server:?}: {e}")))?;
+        kube::Config::new(uri)
+    } else {
+        let options = KubeConfigOptions {
+            context: args.context.clone(),
+            ..KubeConfigOptions::default()
+        };
+        match &args.kubeconfig {
+            Some(path) => {
+                let kc = Kubeconfig::read_from(path)
+                    .map_err(|e| CliError::runtime(format!("cannot read kubeconfig {}: {e}", path.display())))?;
+                kube::Config::from_custom_kubeconfig(kc, &options)
+                    .await
+                    .map_err(|e| CliError::runtime(format!("kubeconfig {}: {e}", path.display())))?
+            }
+            None if args.context.is_some() => kube::Config::from_kubeconfig(&options)
+                .await
+                .map_err(|e| CliError::runtime(format!("kubeconfig: {e}")))?,
+            None => kube::Config::infer().await.map_err(|_| {
+                CliError::runtime(
+                    "no cluster configured: pass --kubeconfig FILE, set KUBECONFIG, or --server URL (try `durable-informer sim serve`)",
+                )
+            })?,
+        }
+    };
+    let server = config.cluster_url.to_string();
+    let client = kube::Client::try_from(config).map_err(|e| CliError::runtime(format!("cannot build a client: {e}")))?;
+    Ok((client, server))
+}
+
+/// Resolves `plural[.group]` through discovery: the resource and whether it is namespaced.
+pub async fn resolve(client: &kube::Client, server: &str, resource: &str) -> CliResult<(ApiResource, bool)> {
+    let (plural, group) = split_resource(resource);
+    let discovery = kube::discovery::Discovery::new(client.clone())
+        .filter(&[group.as_str()])
+        .run()
+        .await
+        .map_err(|e| CliError::runtime(format!("cannot reach the API server at {server}: {e}; check --server or --kubeconfig")))?;
+    for g in discovery.groups() {
+        for (ar, caps) in g.recommended_resources() {
+            if ar.plural == plural && ar.group == group {
+                return Ok((ar, caps.scope == kube::discovery::Scope::Namespaced));
+            }
+        }
+    }
+    Err(CliError::new(5, format!("unknown resource {resource:?} on {server} (use plural[.group], e.g. pods or deployments.apps)")))
+}
+
+fn print_event(output: Output, ev: &Event<DynamicObject>) {
+    let (kind, obj) = match ev {
+        Event::Add { object, .. } => ("ADDED", object),
+        Event::Update { new, .. } => ("MODIFIED", new),
+        Event::Delete { object, .. } => ("DELETED", object),
+    };
+    match output {
+        Output::Json | Output::Yaml => println!("{}", json!({"type": kind, "object": &**obj})),
+        _ => println!(
+            "{:<9} {:<24} {:<48} {}",
+            kind,
+            obj.metadata.namespace.as_deref().unwrap_or("-"),
+            obj.metadata.name.as_deref().unwrap_or("-"),
+            obj.metadata.resource_version.as_deref().unwrap_or("-")
+        ),
+    }
+}
+
+/// Waits for SIGINT or SIGTERM.
+pub async fn wait_for_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(s) => s,
+            Err(_) => {
+                let _ = ctrl_c.await;
+                return;
+            }
+        };
+        tokio::select! {
+            _ = ctrl_c => {}
+            _ = term.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = ctrl_c.await;
+}
+
+pub async fn watch(scope: ScopeArgs, cluster: ClusterArgs, db: PathBuf, output: Output, reset: bool) -> CliResult {
+    let (client, server) = client(&cluster).await?;
+    let (ar, namespaced) = resolve(&client, &server, &scope.resource).await?;
+    if ar.plural == "secrets" && ar.group.is_empty() && std::env::var("DURABLE_INFORMER_ALLOW_SECRETS").as_deref() != Ok("1") {
+        return Err(CliError::new(
+            2,
+            "watching Secrets stores them on disk in the database file; set DURABLE_INFORMER_ALLOW_SECRETS=1 to allow it",
+        ));
+    }
+    let store = {
+        let db = db.clone();
+        tokio::task::spawn_blocking(move || DurableStore::open(StoreConfig::new(db)))
+            .await
+            .map_err(CliError::runtime)??
+    };
+    let mut source = KubeSource::new(client, &server, ar);
+    if let (Some(ns), true) = (&scope.namespace, namespaced) {
+        source = source.namespace(ns);
+    }
+    if let Some(l) = &scope.selector {
+        source = source.labels(l);
+    }
+    if let Some(f) = &scope.field_selector {
+        source = source.fields(f);
+    }
+    let config = ReflectorConfig {
+        reset_on_cluster_change: reset,
+        ..ReflectorConfig::default()
+    };
+    let informer = Informer::<DynamicObject>::builder(&store, source).reflector_config(config).build().await?;
+    if informer.is_restored() {
+        eprintln!(
+            "resuming from resourceVersion {} stored in {} (no full LIST)",
+            informer.last_synced_resource_version().map(|r| r.0).unwrap_or_default(),
+            db.display()
+        );
+    }
+    if output == Output::Table {
+        println!("{:<9} {:<24} {:<48} RESOURCE-VERSION", "EVENT", "NAMESPACE", "NAME");
+    }
+    // Durable: after a restart it prints only what happened since.
+    let handler = handler_fn(move |ev: Event<DynamicObject>| -> Result<(), std::convert::Infallible> {
+        print_event(output, &ev);
+        Ok(())
+    });
+    let _reg = informer.add_shared_handler(Arc::new(handler), HandlerOptions::durable("cli-watch"));
+    informer.start();
+    let mut status = informer.status();
+    let outcome = tokio::select! {
+        () = wait_for_signal() => Ok(()),
+        r = status.wait_for(|s| s.phase == durable_informer::reflector::Phase::Stopped) => {
+            let _ = r;
+            match informer.errors().into_iter().rev().find(|e| e.contains("belongs to cluster")) {
+                Some(msg) => Err(CliError::new(4, msg)),
+                None => Err(CliError::runtime("the watch stopped")),
+            }
+        }
+    };
+    informer.shutdown().await.ok();
+    drop(informer);
+    tokio::task::spawn_blocking(move || store.close()).await.map_err(CliError::runtime)??;
+    outcome
+}

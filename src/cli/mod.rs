@@ -1,0 +1,343 @@
+//! Command-line parsing, dispatch and error reporting.
+//!
+//! Exit codes: 0 success; 1 runtime error (server unreachable, I/O); 2 usage error; 3 `check`
+//! found violations; 4 the database cannot be used (locked, another cluster's, newer schema,
+//! not a database); 5 unknown resource.
+
+mod db;
+mod demo;
+mod live;
+mod sim;
+
+use std::fmt;
+use std::path::PathBuf;
+
+use clap::{Parser, Subcommand, ValueEnum};
+use durable_informer::store::StoreError;
+
+/// Durable Kubernetes informers: a cache in an embedded crash-safe database.
+#[derive(Parser, Debug)]
+#[command(name = "durable-informer", version, about, long_about = None)]
+pub struct Cli {
+    /// Log level for diagnostics on stderr (error, warn, info, debug, trace).
+    #[arg(long, global = true, default_value = "warn")]
+    pub log: String,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// Output formats.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Output {
+    /// Human-readable table.
+    Table,
+    /// JSON.
+    Json,
+    /// YAML (list only).
+    Yaml,
+    /// Table with more columns (list only).
+    Wide,
+}
+
+/// Demo cluster sizes.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Size {
+    /// About 1,000 Pods over 5 namespaces: seconds.
+    Small,
+    /// About 20,000 Pods over 50 namespaces.
+    Medium,
+    /// About 100,000 Pods over 100 namespaces.
+    Large,
+}
+
+/// Where a live command finds its cluster.
+#[derive(clap::Args, Debug, Clone)]
+pub struct ClusterArgs {
+    /// kubeconfig file (default: $KUBECONFIG, ~/.kube/config, or in-cluster config).
+    #[arg(long)]
+    pub kubeconfig: Option<PathBuf>,
+    /// kubeconfig context.
+    #[arg(long)]
+    pub context: Option<String>,
+    /// API server URL, overriding the kubeconfig's (no credentials: for the simulated server).
+    #[arg(long)]
+    pub server: Option<String>,
+}
+
+/// What a live command watches.
+#[derive(clap::Args, Debug, Clone)]
+pub struct ScopeArgs {
+    /// Resource: `pods`, `deployments.apps`, any `plural[.group]`.
+    #[arg(long, short = 'r')]
+    pub resource: String,
+    /// Namespace.
+    #[arg(long, short = 'n', conflicts_with = "all_namespaces")]
+    pub namespace: Option<String>,
+    /// All namespaces (the default when no namespace is given).
+    #[arg(long, short = 'A')]
+    pub all_namespaces: bool,
+    /// Label selector.
+    #[arg(long, short = 'l')]
+    pub selector: Option<String>,
+    /// Field selector.
+    #[arg(long)]
+    pub field_selector: Option<String>,
+}
+
+/// Subcommands.
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Run the whole story on a built-in simulated cluster: sync, churn, restart without a
+    /// LIST, a relist after compaction reporting only differences.
+    Demo {
+        /// Cluster size.
+        #[arg(long, value_enum, default_value = "medium")]
+        size: Size,
+        /// Database file (default: a temporary one).
+        #[arg(long)]
+        db: Option<PathBuf>,
+        /// Output format of the summary.
+        #[arg(long, short = 'o', value_enum, default_value = "table")]
+        output: Output,
+    },
+    /// Run a persistent informer and print its events; resumes on restart.
+    Watch {
+        #[command(flatten)]
+        scope: ScopeArgs,
+        #[command(flatten)]
+        cluster: ClusterArgs,
+        /// Database file.
+        #[arg(long)]
+        db: PathBuf,
+        /// Output format (table or json lines).
+        #[arg(long, short = 'o', value_enum, default_value = "table")]
+        output: Output,
+        /// Wipe the database if it belongs to another cluster instead of failing.
+        #[arg(long)]
+        reset_on_cluster_change: bool,
+    },
+    /// Print one stored object.
+    Get {
+        /// Database file.
+        #[arg(long)]
+        db: PathBuf,
+        /// Resource (`pods`, `deployments.apps`).
+        #[arg(long, short = 'r')]
+        resource: String,
+        /// Key: `namespace/name` or `name`.
+        key: String,
+        /// Output format.
+        #[arg(long, short = 'o', value_enum, default_value = "json")]
+        output: Output,
+    },
+    /// List stored objects.
+    List {
+        /// Database file.
+        #[arg(long)]
+        db: PathBuf,
+        /// Resource.
+        #[arg(long, short = 'r')]
+        resource: String,
+        /// Namespace.
+        #[arg(long, short = 'n', conflicts_with = "all_namespaces")]
+        namespace: Option<String>,
+        /// All namespaces (default).
+        #[arg(long, short = 'A')]
+        all_namespaces: bool,
+        /// Label selector.
+        #[arg(long, short = 'l')]
+        selector: Option<String>,
+        /// Index lookup `NAME=VALUE` (for the label index: `labels=app=web`).
+        #[arg(long)]
+        index: Option<String>,
+        /// Output format.
+        #[arg(long, short = 'o', value_enum, default_value = "table")]
+        output: Output,
+    },
+    /// The retained history of one key.
+    History {
+        /// Database file.
+        #[arg(long)]
+        db: PathBuf,
+        /// Resource.
+        #[arg(long, short = 'r')]
+        resource: String,
+        /// Key: `namespace/name` or `name`.
+        key: String,
+        /// Output format.
+        #[arg(long, short = 'o', value_enum, default_value = "table")]
+        output: Output,
+    },
+    /// Scopes, objects, RVs, log and database size, last relist and why.
+    Stats {
+        /// Database file.
+        #[arg(long)]
+        db: PathBuf,
+        /// Output format.
+        #[arg(long, short = 'o', value_enum, default_value = "table")]
+        output: Output,
+    },
+    /// Verify the database's invariants; exit 0 only when they hold.
+    Check {
+        /// Database file.
+        #[arg(long)]
+        db: PathBuf,
+        /// Output format.
+        #[arg(long, short = 'o', value_enum, default_value = "table")]
+        output: Output,
+    },
+    /// Apply log retention, then compact the file.
+    Compact {
+        /// Database file.
+        #[arg(long)]
+        db: PathBuf,
+        /// Keep at most this many log entries (default: the store's retention).
+        #[arg(long)]
+        keep: Option<u64>,
+    },
+    /// The simulated API server.
+    Sim {
+        #[command(subcommand)]
+        command: SimCommand,
+    },
+}
+
+/// `sim` subcommands.
+#[derive(Subcommand, Debug)]
+pub enum SimCommand {
+    /// Serve the simulated API server on 127.0.0.1 until SIGINT/SIGTERM.
+    Serve {
+        /// Port (default: any free one).
+        #[arg(long, default_value_t = 0)]
+        port: u16,
+        /// Write a kubeconfig for it here.
+        #[arg(long)]
+        kubeconfig_out: Option<PathBuf>,
+        /// Generate a cluster of this size first (empty when not given).
+        #[arg(long, value_enum)]
+        size: Option<Size>,
+    },
+}
+
+/// A failure with its exit code. The message is one line saying what happened and what to do.
+#[derive(Debug)]
+pub struct CliError {
+    pub code: i32,
+    pub message: String,
+}
+
+impl fmt::Display for CliError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl CliError {
+    pub fn new(code: i32, message: impl Into<String>) -> Self {
+        Self {
+            code,
+            message: message.into(),
+        }
+    }
+
+    pub fn runtime(message: impl fmt::Display) -> Self {
+        Self::new(1, message.to_string())
+    }
+}
+
+impl From<StoreError> for CliError {
+    fn from(e: StoreError) -> Self {
+        let code = match e {
+            StoreError::Locked { .. }
+            | StoreError::NewerSchema { .. }
+            | StoreError::NotADatabase { .. }
+            | StoreError::Corrupted { .. }
+            | StoreError::ClusterMismatch { .. } => 4,
+            _ => 1,
+        };
+        CliError::new(code, e.to_string())
+    }
+}
+
+impl From<durable_informer::Error> for CliError {
+    fn from(e: durable_informer::Error) -> Self {
+        match e {
+            durable_informer::Error::Store(s) => s.into(),
+            durable_informer::Error::Reflector(durable_informer::reflector::ReflectorError::ClusterMismatch(m)) => {
+                CliError::new(4, m)
+            }
+            other => CliError::runtime(other),
+        }
+    }
+}
+
+pub type CliResult<T = ()> = Result<T, CliError>;
+
+fn init_tracing(level: &str) {
+    let filter = tracing_subscriber::EnvFilter::try_new(level).unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_target(false).try_init();
+}
+
+/// Parses, runs, and returns the exit code.
+pub fn main() -> i32 {
+    let cli = match Cli::try_parse() {
+        Ok(c) => c,
+        Err(e) => {
+            let code = if e.use_stderr() { 2 } else { 0 };
+            let _ = e.print();
+            return code;
+        }
+    };
+    init_tracing(&cli.log);
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            return 1;
+        }
+    };
+    let result = runtime.block_on(run(cli.command));
+    // Background tasks (watches) end with the runtime.
+    runtime.shutdown_timeout(std::time::Duration::from_secs(2));
+    match result {
+        Ok(()) => 0,
+        Err(e) => {
+            eprintln!("error: {e}");
+            e.code
+        }
+    }
+}
+
+async fn run(command: Command) -> CliResult {
+    match command {
+        Command::Demo { size, db, output } => demo::run(size, db, output).await,
+        Command::Watch {
+            scope,
+            cluster,
+            db,
+            output,
+            reset_on_cluster_change,
+        } => live::watch(scope, cluster, db, output, reset_on_cluster_change).await,
+        Command::Get { db, resource, key, output } => db::get(&db, &resource, &key, output),
+        Command::List {
+            db,
+            resource,
+            namespace,
+            all_namespaces: _,
+            selector,
+            index,
+            output,
+        } => db::list(&db, &resource, namespace.as_deref(), selector.as_deref(), index.as_deref(), output),
+        Command::History { db, resource, key, output } => db::history(&db, &resource, &key, output),
+        Command::Stats { db, output } => db::stats(&db, output),
+        Command::Check { db, output } => db::check(&db, output),
+        Command::Compact { db, keep } => db::compact(&db, keep),
+        Command::Sim { command } => match command {
+            SimCommand::Serve {
+                port,
+                kubeconfig_out,
+                size,
+            } => sim::serve(port, kubeconfig_out, size).await,
+        },
+    }
+}

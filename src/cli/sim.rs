@@ -1,0 +1,34 @@
+//! `sim serve`: the simulated API server alone, for kubectl and your own controllers.
+
+use std::path::PathBuf;
+
+use durable_informer::sim::{Sim, SimConfig, WorkloadGen};
+
+use super::{CliError, CliResult, Size};
+
+pub async fn serve(port: u16, kubeconfig_out: Option<PathBuf>, size: Option<Size>) -> CliResult {
+    let sim = tokio::task::spawn_blocking(move || -> Result<Sim, CliError> {
+        let sim = Sim::start(SimConfig::default().port(port)).map_err(|e| CliError::runtime(format!("cannot start: {e}")))?;
+        if let Some(size) = size {
+            let (pods, ns) = match size {
+                Size::Small => (1_000, 5),
+                Size::Medium => (20_000, 50),
+                Size::Large => (100_000, 100),
+            };
+            let mut gen = WorkloadGen::new(42).namespaces(ns);
+            sim.bulk_load("namespaces", gen.namespace_objects()).map_err(CliError::runtime)?;
+            sim.bulk_load("pods", gen.pods(pods)).map_err(CliError::runtime)?;
+        }
+        Ok(sim)
+    })
+    .await
+    .map_err(CliError::runtime)??;
+    if let Some(path) = &kubeconfig_out {
+        sim.write_kubeconfig(path).map_err(|e| CliError::runtime(format!("{}: {e}", path.display())))?;
+        eprintln!("kubeconfig written to {} (kubectl --kubeconfig {} get pods -A)", path.display(), path.display());
+    }
+    println!("simulated API server listening on {} (Ctrl-C to stop)", sim.url());
+    super::live::wait_for_signal().await;
+    drop(sim);
+    Ok(())
+}
