@@ -1,1 +1,884 @@
 //! Label and field selectors with the API server's syntax (shared by the simulated server and listers).
+//!
+//! This module is neutral: it knows nothing about HTTP, the simulated server or the client side.
+//! It parses the selector strings a kube-apiserver accepts in `labelSelector` and
+//! `fieldSelector` query parameters, validates them the way the server does, matches them
+//! against an object's labels or fields, and prints them back in canonical syntax.
+//!
+//! ## Label selectors
+//!
+//! A label selector is a comma-separated list of requirements, all of which must hold (AND):
+//!
+//! | syntax | meaning |
+//! |---|---|
+//! | `key=value`, `key==value` | the label is present and equal to `value` |
+//! | `key!=value` | the label is absent, or present with another value |
+//! | `key in (a,b)` | the label is present and one of the listed values |
+//! | `key notin (a,b)` | the label is absent, or present with none of the listed values |
+//! | `key` | the label is present |
+//! | `!key` | the label is absent |
+//!
+//! Keys are validated as Kubernetes label keys (optional DNS-subdomain prefix, `/`, name of at
+//! most 63 characters); values as label values (at most 63 characters, alphanumeric at both
+//! ends, `-`, `_`, `.` inside, or empty).
+//!
+//! ## Field selectors
+//!
+//! A field selector is a comma-separated list of `path=value`, `path==value` or `path!=value`
+//! terms over dotted paths such as `metadata.name` or `status.phase`. A backslash escapes `,`,
+//! `=`, `!` and `\` inside values. Which paths are *supported* depends on the resource; that
+//! check belongs to the caller (the API server answers 400 for unsupported fields).
+//!
+//! ## Example
+//!
+//! ```no_run
+//! use std::collections::BTreeMap;
+//! use durable_informer::selector::{FieldSelector, LabelSelector};
+//!
+//! let sel: LabelSelector = "app=web,tier in (front,back),!canary".parse()?;
+//! let labels = BTreeMap::from([("app".to_string(), "web".to_string()),
+//!                              ("tier".to_string(), "front".to_string())]);
+//! assert!(sel.matches(&labels));
+//! assert_eq!(sel.to_string(), "app=web,!canary,tier in (back,front)");
+//!
+//! let fields: FieldSelector = "metadata.name=pod-1,status.phase!=Failed".parse()?;
+//! assert!(fields.matches(|path| match path {
+//!     "metadata.name" => Some("pod-1".to_string()),
+//!     "status.phase" => Some("Running".to_string()),
+//!     _ => None,
+//! }));
+//! # Ok::<(), durable_informer::selector::SelectorError>(())
+//! ```
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::fmt;
+use std::str::FromStr;
+
+/// Why a selector string was rejected. The messages follow the API server's wording closely
+/// enough to be shown to a user as the reason of an HTTP 400.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum SelectorError {
+    /// The label selector is not well formed (unexpected token, missing value, …).
+    #[error("unable to parse requirement: {0}")]
+    Syntax(String),
+    /// A label key is not a valid Kubernetes label key.
+    #[error("unable to parse requirement: invalid label key {key:?}: {reason}")]
+    InvalidKey {
+        /// The rejected key.
+        key: String,
+        /// What rule it breaks.
+        reason: String,
+    },
+    /// A label value is not a valid Kubernetes label value.
+    #[error("unable to parse requirement: invalid label value {value:?}: {reason}")]
+    InvalidValue {
+        /// The rejected value.
+        value: String,
+        /// What rule it breaks.
+        reason: String,
+    },
+    /// A field selector term has no operator, or an empty field path.
+    #[error("invalid selector: '{selector}'; can't understand '{term}'")]
+    FieldTerm {
+        /// The whole field selector.
+        selector: String,
+        /// The term that could not be understood.
+        term: String,
+    },
+}
+
+/// Result of selector parsing.
+pub type Result<T, E = SelectorError> = std::result::Result<T, E>;
+
+/// Read access to an object's labels, so selectors can match any label container.
+pub trait Labels {
+    /// The value of label `key`, if present.
+    fn get_label(&self, key: &str) -> Option<&str>;
+}
+
+impl Labels for BTreeMap<String, String> {
+    fn get_label(&self, key: &str) -> Option<&str> {
+        self.get(key).map(String::as_str)
+    }
+}
+
+impl<S: std::hash::BuildHasher> Labels for HashMap<String, String, S> {
+    fn get_label(&self, key: &str) -> Option<&str> {
+        self.get(key).map(String::as_str)
+    }
+}
+
+impl Labels for [(String, String)] {
+    fn get_label(&self, key: &str) -> Option<&str> {
+        self.iter().find(|(k, _)| k == key).map(|(_, v)| v.as_str())
+    }
+}
+
+impl<L: Labels + ?Sized> Labels for &L {
+    fn get_label(&self, key: &str) -> Option<&str> {
+        (**self).get_label(key)
+    }
+}
+
+/// The operator of one label requirement.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum LabelOp {
+    /// `key=value`
+    Equals,
+    /// `key==value`
+    DoubleEquals,
+    /// `key!=value`
+    NotEquals,
+    /// `key in (a,b)`
+    In,
+    /// `key notin (a,b)`
+    NotIn,
+    /// `key`
+    Exists,
+    /// `!key`
+    DoesNotExist,
+}
+
+/// One requirement of a [`LabelSelector`]: a key, an operator and its values.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct LabelRequirement {
+    key: String,
+    op: LabelOp,
+    /// Exactly one value for `=`/`==`/`!=`, one or more for `in`/`notin`, none otherwise.
+    values: BTreeSet<String>,
+}
+
+impl LabelRequirement {
+    /// The label key.
+    pub fn key(&self) -> &str {
+        &self.key
+    }
+    /// The operator.
+    pub fn op(&self) -> LabelOp {
+        self.op
+    }
+    /// The values, sorted (one for equality operators, empty for existence operators).
+    pub fn values(&self) -> impl Iterator<Item = &str> {
+        self.values.iter().map(String::as_str)
+    }
+
+    /// Whether `labels` satisfies this requirement.
+    pub fn matches<L: Labels + ?Sized>(&self, labels: &L) -> bool {
+        let got = labels.get_label(&self.key);
+        match self.op {
+            LabelOp::Equals | LabelOp::DoubleEquals | LabelOp::In => {
+                got.is_some_and(|v| self.values.contains(v))
+            }
+            LabelOp::NotEquals | LabelOp::NotIn => got.is_none_or(|v| !self.values.contains(v)),
+            LabelOp::Exists => got.is_some(),
+            LabelOp::DoesNotExist => got.is_none(),
+        }
+    }
+}
+
+impl fmt::Display for LabelRequirement {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let first = self.values.iter().next().map_or("", String::as_str);
+        match self.op {
+            LabelOp::Equals => write!(f, "{}={}", self.key, first),
+            LabelOp::DoubleEquals => write!(f, "{}=={}", self.key, first),
+            LabelOp::NotEquals => write!(f, "{}!={}", self.key, first),
+            LabelOp::Exists => write!(f, "{}", self.key),
+            LabelOp::DoesNotExist => write!(f, "!{}", self.key),
+            LabelOp::In | LabelOp::NotIn => {
+                let word = if self.op == LabelOp::In { "in" } else { "notin" };
+                write!(f, "{} {} (", self.key, word)?;
+                for (i, v) in self.values.iter().enumerate() {
+                    if i > 0 {
+                        f.write_str(",")?;
+                    }
+                    f.write_str(v)?;
+                }
+                f.write_str(")")
+            }
+        }
+    }
+}
+
+/// A parsed label selector: requirements that must all hold. The empty selector matches
+/// everything.
+///
+/// Requirements are kept sorted by key (as the API server does), so [`Display`](fmt::Display)
+/// gives one canonical string for equivalent inputs and parsing that string gives the same
+/// selector back.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
+pub struct LabelSelector {
+    requirements: Vec<LabelRequirement>,
+}
+
+impl LabelSelector {
+    /// The selector that matches every object.
+    pub fn everything() -> Self {
+        Self::default()
+    }
+
+    /// Parse `s` with the API server's syntax; the empty string gives [`everything`](Self::everything).
+    pub fn parse(s: &str) -> Result<Self> {
+        let tokens = lex(s)?;
+        let mut p = Parser { tokens, pos: 0 };
+        let mut requirements = Vec::new();
+        if p.peek() == &Token::End {
+            return Ok(Self::everything());
+        }
+        loop {
+            requirements.push(p.requirement()?);
+            match p.next() {
+                Token::End => break,
+                Token::Comma => {
+                    if p.peek() == &Token::End {
+                        return Err(SelectorError::Syntax(
+                            "found '', expected: identifier after ','".into(),
+                        ));
+                    }
+                }
+                other => {
+                    return Err(SelectorError::Syntax(format!(
+                        "found '{}', expected: ',' or end of string",
+                        other.text()
+                    )))
+                }
+            }
+        }
+        requirements.sort_by(|a, b| a.key.cmp(&b.key));
+        Ok(Self { requirements })
+    }
+
+    /// Whether the selector has no requirements (matches everything).
+    pub fn is_empty(&self) -> bool {
+        self.requirements.is_empty()
+    }
+
+    /// The requirements, sorted by key.
+    pub fn requirements(&self) -> &[LabelRequirement] {
+        &self.requirements
+    }
+
+    /// Whether `labels` satisfies every requirement.
+    pub fn matches<L: Labels + ?Sized>(&self, labels: &L) -> bool {
+        self.requirements.iter().all(|r| r.matches(labels))
+    }
+}
+
+impl fmt::Display for LabelSelector {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, r) in self.requirements.iter().enumerate() {
+            if i > 0 {
+                f.write_str(",")?;
+            }
+            write!(f, "{r}")?;
+        }
+        Ok(())
+    }
+}
+
+impl FromStr for LabelSelector {
+    type Err = SelectorError;
+    fn from_str(s: &str) -> Result<Self> {
+        Self::parse(s)
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Token {
+    Ident(String),
+    In,
+    NotIn,
+    Eq,
+    DoubleEq,
+    NotEq,
+    Bang,
+    Open,
+    Close,
+    Comma,
+    End,
+}
+
+impl Token {
+    fn text(&self) -> &str {
+        match self {
+            Token::Ident(s) => s,
+            Token::In => "in",
+            Token::NotIn => "notin",
+            Token::Eq => "=",
+            Token::DoubleEq => "==",
+            Token::NotEq => "!=",
+            Token::Bang => "!",
+            Token::Open => "(",
+            Token::Close => ")",
+            Token::Comma => ",",
+            Token::End => "",
+        }
+    }
+}
+
+fn is_special(c: char) -> bool {
+    matches!(c, '=' | '!' | '(' | ')' | ',' | '<' | '>')
+}
+
+fn lex(s: &str) -> Result<Vec<Token>> {
+    let mut out = Vec::new();
+    let mut it = s.chars().peekable();
+    while let Some(&c) = it.peek() {
+        if c.is_whitespace() {
+            it.next();
+            continue;
+        }
+        if is_special(c) {
+            it.next();
+            let tok = match c {
+                '=' if it.peek() == Some(&'=') => {
+                    it.next();
+                    Token::DoubleEq
+                }
+                '=' => Token::Eq,
+                '!' if it.peek() == Some(&'=') => {
+                    it.next();
+                    Token::NotEq
+                }
+                '!' => Token::Bang,
+                '(' => Token::Open,
+                ')' => Token::Close,
+                ',' => Token::Comma,
+                other => {
+                    return Err(SelectorError::Syntax(format!(
+                        "unsupported operator '{other}' (supported: =, ==, !=, in, notin, exists, !exists)"
+                    )))
+                }
+            };
+            out.push(tok);
+            continue;
+        }
+        let mut ident = String::new();
+        while let Some(&c) = it.peek() {
+            if c.is_whitespace() || is_special(c) {
+                break;
+            }
+            ident.push(c);
+            it.next();
+        }
+        out.push(match ident.as_str() {
+            "in" => Token::In,
+            "notin" => Token::NotIn,
+            _ => Token::Ident(ident),
+        });
+    }
+    out.push(Token::End);
+    Ok(out)
+}
+
+struct Parser {
+    tokens: Vec<Token>,
+    pos: usize,
+}
+
+impl Parser {
+    fn peek(&self) -> &Token {
+        self.tokens.get(self.pos).unwrap_or(&Token::End)
+    }
+    fn next(&mut self) -> Token {
+        let t = self.peek().clone();
+        if self.pos < self.tokens.len() {
+            self.pos += 1;
+        }
+        t
+    }
+
+    fn requirement(&mut self) -> Result<LabelRequirement> {
+        let negated = if self.peek() == &Token::Bang {
+            self.next();
+            true
+        } else {
+            false
+        };
+        let key = match self.next() {
+            Token::Ident(k) => k,
+            other => {
+                return Err(SelectorError::Syntax(format!(
+                    "found '{}', expected: !, identifier",
+                    other.text()
+                )))
+            }
+        };
+        validate_key(&key)?;
+        if negated {
+            return Ok(LabelRequirement { key, op: LabelOp::DoesNotExist, values: BTreeSet::new() });
+        }
+        let op = match self.peek() {
+            Token::End | Token::Comma => {
+                return Ok(LabelRequirement { key, op: LabelOp::Exists, values: BTreeSet::new() })
+            }
+            Token::Eq => LabelOp::Equals,
+            Token::DoubleEq => LabelOp::DoubleEquals,
+            Token::NotEq => LabelOp::NotEquals,
+            Token::In => LabelOp::In,
+            Token::NotIn => LabelOp::NotIn,
+            other => {
+                return Err(SelectorError::Syntax(format!(
+                    "found '{}', expected: in, notin, =, ==, !=",
+                    other.text()
+                )))
+            }
+        };
+        self.next();
+        let mut values = BTreeSet::new();
+        match op {
+            LabelOp::In | LabelOp::NotIn => {
+                if self.next() != Token::Open {
+                    return Err(SelectorError::Syntax(format!(
+                        "found '{}', expected: '(' after '{}'",
+                        self.tokens.get(self.pos.saturating_sub(1)).map_or("", Token::text),
+                        if op == LabelOp::In { "in" } else { "notin" }
+                    )));
+                }
+                // value (',' value)* ')' where a value may be empty
+                loop {
+                    let v = match self.peek().clone() {
+                        Token::Ident(v) => {
+                            self.next();
+                            v
+                        }
+                        Token::Comma | Token::Close => String::new(),
+                        other => {
+                            return Err(SelectorError::Syntax(format!(
+                                "found '{}', expected: ',', ')' or identifier",
+                                other.text()
+                            )))
+                        }
+                    };
+                    validate_value(&v)?;
+                    values.insert(v);
+                    match self.next() {
+                        Token::Comma => continue,
+                        Token::Close => break,
+                        other => {
+                            return Err(SelectorError::Syntax(format!(
+                                "found '{}', expected: ',' or ')'",
+                                other.text()
+                            )))
+                        }
+                    }
+                }
+            }
+            _ => {
+                let v = match self.peek().clone() {
+                    Token::Ident(v) => {
+                        self.next();
+                        v
+                    }
+                    // `key=` selects the empty value, as on the API server.
+                    Token::End | Token::Comma => String::new(),
+                    other => {
+                        return Err(SelectorError::Syntax(format!(
+                            "found '{}', expected: identifier",
+                            other.text()
+                        )))
+                    }
+                };
+                validate_value(&v)?;
+                values.insert(v);
+            }
+        }
+        Ok(LabelRequirement { key, op, values })
+    }
+}
+
+fn is_alnum(c: char) -> bool {
+    c.is_ascii_alphanumeric()
+}
+
+/// A qualified name part: at most 63 characters, alphanumeric at both ends, `-_.` inside.
+fn check_name_part(s: &str) -> std::result::Result<(), String> {
+    if s.is_empty() {
+        return Err("name part must be non-empty".into());
+    }
+    if s.len() > 63 {
+        return Err("name part must be no more than 63 characters".into());
+    }
+    check_label_chars(s, "name part")
+}
+
+fn check_label_chars(s: &str, what: &str) -> std::result::Result<(), String> {
+    let ok_inner = s.chars().all(|c| is_alnum(c) || matches!(c, '-' | '_' | '.'));
+    let first = s.chars().next().is_some_and(is_alnum);
+    let last = s.chars().last().is_some_and(is_alnum);
+    if ok_inner && first && last {
+        Ok(())
+    } else {
+        Err(format!(
+            "{what} must consist of alphanumeric characters, '-', '_' or '.', and must start and end with an alphanumeric character"
+        ))
+    }
+}
+
+fn check_dns_subdomain(s: &str) -> std::result::Result<(), String> {
+    let ok = !s.is_empty()
+        && s.len() <= 253
+        && s.split('.').all(|l| {
+            !l.is_empty()
+                && l.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+                && !l.starts_with('-')
+                && !l.ends_with('-')
+        });
+    if ok {
+        Ok(())
+    } else {
+        Err("prefix part must be a lowercase RFC 1123 subdomain of at most 253 characters".into())
+    }
+}
+
+fn validate_key(key: &str) -> Result<()> {
+    let res = match key.split_once('/') {
+        Some((prefix, name)) => check_dns_subdomain(prefix).and_then(|()| check_name_part(name)),
+        None => check_name_part(key),
+    };
+    res.map_err(|reason| SelectorError::InvalidKey { key: key.to_string(), reason })
+}
+
+fn validate_value(v: &str) -> Result<()> {
+    if v.is_empty() {
+        return Ok(());
+    }
+    let res = if v.len() > 63 {
+        Err("must be no more than 63 characters".to_string())
+    } else {
+        check_label_chars(v, "a valid label value")
+    };
+    res.map_err(|reason| SelectorError::InvalidValue { value: v.to_string(), reason })
+}
+
+/// The operator of one field requirement.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum FieldOp {
+    /// `path=value`
+    Equals,
+    /// `path==value`
+    DoubleEquals,
+    /// `path!=value`
+    NotEquals,
+}
+
+/// One term of a [`FieldSelector`].
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct FieldRequirement {
+    field: String,
+    op: FieldOp,
+    value: String,
+}
+
+impl FieldRequirement {
+    /// The dotted field path, e.g. `metadata.name`.
+    pub fn field(&self) -> &str {
+        &self.field
+    }
+    /// The operator.
+    pub fn op(&self) -> FieldOp {
+        self.op
+    }
+    /// The (unescaped) value.
+    pub fn value(&self) -> &str {
+        &self.value
+    }
+    /// Whether the field's value satisfies this term (a missing field counts as `""`).
+    pub fn matches_value(&self, got: Option<&str>) -> bool {
+        let got = got.unwrap_or("");
+        match self.op {
+            FieldOp::Equals | FieldOp::DoubleEquals => got == self.value,
+            FieldOp::NotEquals => got != self.value,
+        }
+    }
+}
+
+fn escape_field_value(v: &str) -> String {
+    let mut out = String::with_capacity(v.len());
+    for c in v.chars() {
+        if matches!(c, '\\' | ',' | '=' | '!') {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out
+}
+
+impl fmt::Display for FieldRequirement {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let op = match self.op {
+            FieldOp::Equals => "=",
+            FieldOp::DoubleEquals => "==",
+            FieldOp::NotEquals => "!=",
+        };
+        write!(f, "{}{}{}", self.field, op, escape_field_value(&self.value))
+    }
+}
+
+/// A parsed field selector: terms over dotted field paths that must all hold. The empty
+/// selector matches everything. Terms keep their input order.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
+pub struct FieldSelector {
+    requirements: Vec<FieldRequirement>,
+}
+
+impl FieldSelector {
+    /// The selector that matches every object.
+    pub fn everything() -> Self {
+        Self::default()
+    }
+
+    /// Parse `s` with the API server's syntax; the empty string gives [`everything`](Self::everything).
+    pub fn parse(s: &str) -> Result<Self> {
+        let mut requirements = Vec::new();
+        if s.trim().is_empty() {
+            return Ok(Self::everything());
+        }
+        for term in split_unescaped(s, ',') {
+            let bad = || SelectorError::FieldTerm { selector: s.to_string(), term: term.clone() };
+            let (field, op, raw) =
+                if let Some((l, r)) = split_op(&term, "!=") {
+                    (l, FieldOp::NotEquals, r)
+                } else if let Some((l, r)) = split_op(&term, "==") {
+                    (l, FieldOp::DoubleEquals, r)
+                } else if let Some((l, r)) = split_op(&term, "=") {
+                    (l, FieldOp::Equals, r)
+                } else {
+                    return Err(bad());
+                };
+            let field = field.trim();
+            if field.is_empty() || field.contains('\\') {
+                return Err(bad());
+            }
+            let value = unescape(raw).ok_or_else(bad)?;
+            requirements.push(FieldRequirement { field: field.to_string(), op, value });
+        }
+        Ok(Self { requirements })
+    }
+
+    /// Whether the selector has no terms.
+    pub fn is_empty(&self) -> bool {
+        self.requirements.is_empty()
+    }
+
+    /// The terms in input order.
+    pub fn requirements(&self) -> &[FieldRequirement] {
+        &self.requirements
+    }
+
+    /// Whether every term holds; `field` returns the value at a dotted path (`None` = absent,
+    /// which compares as the empty string, as on the API server).
+    pub fn matches<F: Fn(&str) -> Option<String>>(&self, field: F) -> bool {
+        self.requirements.iter().all(|r| r.matches_value(field(&r.field).as_deref()))
+    }
+}
+
+/// Split `term` at the first occurrence of `op` that is not escaped by a backslash.
+fn split_op<'a>(term: &'a str, op: &str) -> Option<(&'a str, &'a str)> {
+    let bytes = term.as_bytes();
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'\\' {
+            i += 2;
+            continue;
+        }
+        if term[i..].starts_with(op) {
+            return Some((&term[..i], &term[i + op.len()..]));
+        }
+        i += 1;
+    }
+    None
+}
+
+fn split_unescaped(s: &str, sep: char) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut cur = String::new();
+    let mut it = s.chars();
+    while let Some(c) = it.next() {
+        if c == '\\' {
+            cur.push(c);
+            if let Some(n) = it.next() {
+                cur.push(n);
+            }
+        } else if c == sep {
+            out.push(std::mem::take(&mut cur));
+        } else {
+            cur.push(c);
+        }
+    }
+    out.push(cur);
+    out
+}
+
+fn unescape(s: &str) -> Option<String> {
+    let mut out = String::with_capacity(s.len());
+    let mut it = s.chars();
+    while let Some(c) = it.next() {
+        if c == '\\' {
+            match it.next() {
+                Some(n @ ('\\' | ',' | '=' | '!')) => out.push(n),
+                _ => return None,
+            }
+        } else if c == '=' || c == '!' {
+            // an unescaped operator character inside a value: the API server rejects it too
+            return None;
+        } else {
+            out.push(c);
+        }
+    }
+    Some(out)
+}
+
+impl fmt::Display for FieldSelector {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, r) in self.requirements.iter().enumerate() {
+            if i > 0 {
+                f.write_str(",")?;
+            }
+            write!(f, "{r}")?;
+        }
+        Ok(())
+    }
+}
+
+impl FromStr for FieldSelector {
+    type Err = SelectorError;
+    fn from_str(s: &str) -> Result<Self> {
+        Self::parse(s)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+        pairs.iter().map(|(k, v)| ((*k).to_string(), (*v).to_string())).collect()
+    }
+
+    #[test]
+    fn label_selectors_parse_to_canonical_form() {
+        let table = [
+            ("", ""),
+            ("app=web", "app=web"),
+            ("app == web", "app==web"),
+            ("app!=web", "app!=web"),
+            ("env in (prod, dev)", "env in (dev,prod)"),
+            ("env notin (a,b,a)", "env notin (a,b)"),
+            ("app", "app"),
+            ("!app", "!app"),
+            ("  b=1 , a=2 ", "a=2,b=1"),
+            ("example.com/tier=front", "example.com/tier=front"),
+            ("x=", "x="),
+            ("x in (a,)", "x in (,a)"),
+            ("a,!b,c in (z)", "a,!b,c in (z)"),
+        ];
+        for (input, canonical) in table {
+            let sel = LabelSelector::parse(input)
+                .unwrap_or_else(|e| panic!("{input:?} should parse: {e}"));
+            assert_eq!(sel.to_string(), canonical, "input {input:?}");
+            let again: LabelSelector = canonical.parse().expect("canonical form parses");
+            assert_eq!(again, sel, "round trip of {input:?}");
+        }
+    }
+
+    #[test]
+    fn malformed_label_selectors_are_rejected_with_a_reason() {
+        let table = [
+            ("app=", None),
+            ("=web", Some("expected: !, identifier")),
+            ("app=web,", Some("after ','")),
+            ("app in a", Some("expected: '('")),
+            ("app in (a", Some("expected: ',' or ')'")),
+            ("app web", Some("expected: in, notin")),
+            ("app>1", Some("unsupported operator")),
+            ("-app=x", Some("invalid label key")),
+            ("app=-x", Some("invalid label value")),
+            ("a/b/c=x", Some("invalid label key")),
+            ("Example.com/a=x", Some("invalid label key")),
+            (&*format!("app={}", "v".repeat(64)), Some("63")),
+            (&*format!("{}=v", "k".repeat(64)), Some("63")),
+            ("!", Some("expected: !, identifier")),
+            ("app==", None),
+            ("a,,b", Some("expected: !, identifier")),
+            ("app=(x)", Some("expected: identifier")),
+        ];
+        for (input, want) in table {
+            match (LabelSelector::parse(input), want) {
+                (Ok(_), None) => {}
+                (Ok(sel), Some(_)) => panic!("{input:?} should fail, parsed as {sel}"),
+                (Err(e), None) => panic!("{input:?} should parse, got {e}"),
+                (Err(e), Some(fragment)) => {
+                    let msg = e.to_string();
+                    assert!(msg.contains(fragment), "{input:?}: {msg:?} lacks {fragment:?}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn label_selectors_match_like_the_api_server() {
+        let l = labels(&[("app", "web"), ("env", "prod"), ("empty", "")]);
+        let table = [
+            ("", true),
+            ("app=web", true),
+            ("app==web", true),
+            ("app=db", false),
+            ("app!=db", true),
+            ("missing!=x", true),
+            ("app in (db,web)", true),
+            ("app in (db)", false),
+            ("missing in (x)", false),
+            ("app notin (db)", true),
+            ("app notin (web)", false),
+            ("missing notin (x)", true),
+            ("app", true),
+            ("missing", false),
+            ("!missing", true),
+            ("!app", false),
+            ("empty=", true),
+            ("empty", true),
+            ("app=web,env=dev", false),
+            ("app=web,env=prod,!missing", true),
+        ];
+        for (input, want) in table {
+            let sel = LabelSelector::parse(input).expect("valid");
+            assert_eq!(sel.matches(&l), want, "{input:?}");
+        }
+    }
+
+    #[test]
+    fn field_selectors_parse_match_and_round_trip() {
+        let field = |p: &str| match p {
+            "metadata.name" => Some("pod-1".to_string()),
+            "metadata.namespace" => Some("ns,1".to_string()),
+            "status.phase" => Some("Running".to_string()),
+            _ => None,
+        };
+        let table = [
+            ("", true, ""),
+            ("metadata.name=pod-1", true, "metadata.name=pod-1"),
+            ("metadata.name==pod-1", true, "metadata.name==pod-1"),
+            ("metadata.name!=pod-1", false, "metadata.name!=pod-1"),
+            ("metadata.namespace=ns\\,1", true, "metadata.namespace=ns\\,1"),
+            ("status.phase=Running,spec.nodeName=", true, "status.phase=Running,spec.nodeName="),
+            ("spec.nodeName!=", false, "spec.nodeName!="),
+            ("status.phase=Pending", false, "status.phase=Pending"),
+        ];
+        for (input, want, canonical) in table {
+            let sel = FieldSelector::parse(input).expect("valid");
+            assert_eq!(sel.matches(field), want, "{input:?}");
+            assert_eq!(sel.to_string(), canonical);
+            assert_eq!(FieldSelector::parse(canonical).expect("reparse"), sel);
+        }
+    }
+
+    #[test]
+    fn malformed_field_selectors_are_rejected() {
+        for input in ["metadata.name", "=x", "a=b,c", "a=b=c", "a=\\x", ","] {
+            let err = FieldSelector::parse(input).expect_err(input);
+            assert!(err.to_string().contains("can't understand"), "{input:?}: {err}");
+        }
+    }
+}
