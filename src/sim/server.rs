@@ -108,7 +108,8 @@ async fn handle(shared: Arc<Shared>, req: Request<Incoming>) -> Resp {
             None => not_found_path(),
         },
         ["apis", g, v] if has_group_version(&shared.lock(), g, v) => {
-            json_response(StatusCode::OK, resource_list(&shared.lock(), g, v))
+            let body = resource_list(&shared.lock(), g, v);
+            json_response(StatusCode::OK, body)
         }
         _ => {
             let target = route(&shared.lock(), &segs);
@@ -626,6 +627,9 @@ fn plan_watch(shared: &Shared, t: &Target, q: &Query) -> Result<WatchPlan, ApiEr
         }
     };
     let faults = &shared.faults;
+    let drop_after = faults.lock().drop_watch_after;
+    let stall = faults.take_counter(|f| &mut f.stall_watches);
+    let cut = faults.take_counter(|f| &mut f.cut_watches);
     Ok(WatchPlan {
         res: t.res,
         def: t.def.clone(),
@@ -634,9 +638,9 @@ fn plan_watch(shared: &Shared, t: &Target, q: &Query) -> Result<WatchPlan, ApiEr
         start,
         timeout,
         bookmarks: allow_bookmarks && cfg.watch_cache,
-        drop_after: faults.lock().drop_watch_after,
-        stall: faults.take_counter(|f| &mut f.stall_watches),
-        cut: faults.take_counter(|f| &mut f.cut_watches),
+        drop_after,
+        stall,
+        cut,
     })
 }
 
