@@ -101,6 +101,9 @@ async fn handle(shared: Arc<Shared>, req: Request<Incoming>) -> Resp {
         ["version"] => json_response(StatusCode::OK, version_body(&shared)),
         ["healthz" | "readyz" | "livez"] => text_response("ok"),
         ["api"] => json_response(StatusCode::OK, api_versions()),
+        ["openapi", "v3"] => json_response(StatusCode::OK, openapi_root(&shared.lock())),
+        ["openapi", "v3", "api", "v1"] => json_response(StatusCode::OK, openapi_gv(&shared.lock(), "", "v1")),
+        ["openapi", "v3", "apis", g, v] => json_response(StatusCode::OK, openapi_gv(&shared.lock(), g, v)),
         ["apis"] => json_response(StatusCode::OK, api_groups(&shared.lock())),
         ["api", "v1"] => json_response(StatusCode::OK, resource_list(&shared.lock(), "", "v1")),
         ["apis", g] => match api_group(&shared.lock(), g) {
@@ -203,6 +206,13 @@ async fn resource_request(
     }
     if t.status && !matches!(method, Method::GET | Method::PUT | Method::PATCH) {
         return status_response(shared, &method_not_allowed());
+    }
+    let ct = content_type.split(';').next().unwrap_or("").trim();
+    if !body.is_empty() && (ct.contains("protobuf") || ct.contains("cbor") || ct.contains("yaml") && ct != "application/apply-patch+yaml") {
+        return status_response(
+            shared,
+            &ApiError::new(415, "UnsupportedMediaType", format!("the body of the request was in an unknown format - accepted media types include: application/json, application/merge-patch+json, application/strategic-merge-patch+json, application/apply-patch+yaml (got {ct})")),
+        );
     }
     let result = match (&method, &t.name) {
         (&Method::GET, None) if is_watch => return watch(shared, &t, q),
@@ -1021,4 +1031,43 @@ fn resource_list(st: &State, g: &str, v: &str) -> Value {
     }
     let gv = if g.is_empty() { v.to_string() } else { format!("{g}/{v}") };
     json!({"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": gv, "resources": resources})
+}
+
+/// Minimal OpenAPI v3 discovery: enough for `kubectl` to see that the server validates fields
+/// itself (`fieldValidation` on PATCH), so it skips client-side schema validation. No schemas.
+fn openapi_root(st: &State) -> Value {
+    let mut paths = serde_json::Map::new();
+    paths.insert("api/v1".into(), json!({"serverRelativeURL": "/openapi/v3/api/v1?hash=sim"}));
+    for (g, vs) in groups(st) {
+        for v in vs {
+            paths.insert(format!("apis/{g}/{v}"), json!({"serverRelativeURL": format!("/openapi/v3/apis/{g}/{v}?hash=sim")}));
+        }
+    }
+    json!({"paths": paths})
+}
+
+fn openapi_gv(st: &State, g: &str, v: &str) -> Value {
+    let mut paths = serde_json::Map::new();
+    let params = json!([
+        {"name": "fieldValidation", "in": "query", "schema": {"type": "string"}},
+        {"name": "fieldManager", "in": "query", "schema": {"type": "string"}},
+        {"name": "dryRun", "in": "query", "schema": {"type": "string"}}
+    ]);
+    for d in st.resources.iter().filter(|d| d.group == g && d.version == v) {
+        let base = if g.is_empty() { format!("/api/{v}") } else { format!("/apis/{g}/{v}") };
+        let path = if d.namespaced {
+            format!("{base}/namespaces/{{namespace}}/{}/{{name}}", d.plural)
+        } else {
+            format!("{base}/{}/{{name}}", d.plural)
+        };
+        let gvk = json!({"group": d.group, "version": d.version, "kind": d.kind});
+        paths.insert(
+            path,
+            json!({
+                "patch": {"x-kubernetes-group-version-kind": gvk, "parameters": params, "responses": {}},
+                "put": {"x-kubernetes-group-version-kind": gvk, "parameters": params, "responses": {}}
+            }),
+        );
+    }
+    json!({"openapi": "3.0.0", "info": {"title": "Kubernetes (durable-informer sim)", "version": "v1.33.0"}, "paths": paths})
 }
