@@ -95,12 +95,32 @@ async fn handle(shared: Arc<Shared>, req: Request<Incoming>) -> Resp {
         .and_then(|v| v.to_str().ok())
         .unwrap_or("")
         .to_string();
+    let accept_protobuf = req
+        .headers()
+        .get(header::ACCEPT)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|a| a.contains("protobuf"));
     let segs: Vec<&str> = path.split('/').filter(|s| !s.is_empty()).collect();
 
     let resp = match segs.as_slice() {
         ["version"] => json_response(StatusCode::OK, version_body(&shared)),
         ["healthz" | "readyz" | "livez"] => text_response("ok"),
         ["api"] => json_response(StatusCode::OK, api_versions()),
+        // An empty OpenAPI v2 document: older kubectl validates against it and finds no schema
+        // for any kind, so it skips client-side validation. (An empty protobuf message is a
+        // valid empty `openapi_v2.Document`.)
+        ["openapi", "v2"] if accept_protobuf => {
+            let mut r = full_response(StatusCode::OK, Bytes::new());
+            r.headers_mut().insert(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("application/octet-stream"),
+            );
+            r
+        }
+        ["openapi", "v2"] => json_response(
+            StatusCode::OK,
+            json!({"swagger": "2.0", "info": {"title": "Kubernetes (durable-informer sim)", "version": "v1.33.0"}, "paths": {}}),
+        ),
         ["openapi", "v3"] => json_response(StatusCode::OK, openapi_root(&shared.lock())),
         ["openapi", "v3", "api", "v1"] => json_response(StatusCode::OK, openapi_gv(&shared.lock(), "", "v1")),
         ["openapi", "v3", "apis", g, v] => json_response(StatusCode::OK, openapi_gv(&shared.lock(), g, v)),
