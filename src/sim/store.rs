@@ -1,0 +1,651 @@
+//! The simulated etcd: one global revision, objects as serialized JSON, the event history and
+//! compaction. Knows nothing about HTTP.
+//!
+//! Invariants (kept by [`State`]'s methods):
+//! 1. `rv` only grows, by one per create/update/delete, except through `restore`.
+//! 2. `history` holds every event with `rv > compact_rv`, in increasing `rv` order.
+//! 3. For every resource, `objects[res]` equals the result of applying all events up to `rv`.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::ops::Bound;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use serde_json::{json, Map, Value};
+
+use super::util;
+use super::ResourceDef;
+use crate::selector::{FieldSelector, LabelSelector};
+
+/// One stored object version: its serialized JSON plus the small index a server needs.
+#[derive(Debug)]
+pub(crate) struct Obj {
+    /// Storage key: `namespace/name` for namespaced resources, `name` otherwise (etcd's order).
+    pub key: String,
+    pub ns: String,
+    pub name: String,
+    pub rv: u64,
+    pub labels: BTreeMap<String, String>,
+    /// Selectable fields besides `metadata.name`/`metadata.namespace`.
+    pub fields: Vec<(&'static str, String)>,
+    /// The object with `kind` and `apiVersion` first: `{"kind":…,"apiVersion":…,<rest>`.
+    pub full: Bytes,
+    /// Length of the `{"kind":…,"apiVersion":…,` prefix; `{` + `full[prefix_len..]` is the
+    /// object as a LIST item (the API server leaves kind/apiVersion out of list items).
+    pub prefix_len: usize,
+}
+
+impl Obj {
+    /// The object as a LIST item (without `kind`/`apiVersion`), appended to `out`.
+    pub fn write_item(&self, out: &mut Vec<u8>) {
+        out.push(b'{');
+        out.extend_from_slice(&self.full[self.prefix_len..]);
+    }
+
+    /// The parsed object.
+    pub fn value(&self) -> Value {
+        serde_json::from_slice(&self.full).unwrap_or(Value::Null)
+    }
+
+    /// The value of a selectable field (`None` if the resource does not have it).
+    pub fn field(&self, path: &str) -> Option<String> {
+        match path {
+            "metadata.name" => Some(self.name.clone()),
+            "metadata.namespace" => Some(self.ns.clone()),
+            _ => self.fields.iter().find(|(p, _)| *p == path).map(|(_, v)| v.clone()),
+        }
+    }
+
+    /// Whether both selectors match.
+    pub fn matches(&self, labels: &LabelSelector, fields: &FieldSelector) -> bool {
+        labels.matches(&self.labels) && fields.matches(|p| self.field(p))
+    }
+}
+
+/// What happened to an object.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum EventKind {
+    Added,
+    Modified,
+    Deleted,
+}
+
+impl EventKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EventKind::Added => "ADDED",
+            EventKind::Modified => "MODIFIED",
+            EventKind::Deleted => "DELETED",
+        }
+    }
+}
+
+/// One entry of the history.
+#[derive(Debug)]
+pub(crate) struct Event {
+    pub rv: u64,
+    pub res: usize,
+    pub kind: EventKind,
+    /// The new state; for a delete, the last state stamped with the deletion's RV.
+    pub obj: Arc<Obj>,
+    /// The state before (None for an add).
+    pub prev: Option<Arc<Obj>>,
+    pub at: Instant,
+}
+
+/// An error shaped like an API server `Status`.
+#[derive(Debug, Clone)]
+pub(crate) struct ApiError {
+    pub code: u16,
+    pub reason: &'static str,
+    pub message: String,
+    pub details: Option<Value>,
+}
+
+impl ApiError {
+    pub fn new(code: u16, reason: &'static str, message: impl Into<String>) -> Self {
+        Self { code, reason, message: message.into(), details: None }
+    }
+    pub fn bad_request(message: impl Into<String>) -> Self {
+        Self::new(400, "BadRequest", message)
+    }
+    fn not_found(def: &ResourceDef, name: &str) -> Self {
+        let mut e = Self::new(404, "NotFound", format!("{} \"{name}\" not found", def.resource_group()));
+        e.details = Some(json!({"name": name, "group": def.group, "kind": def.plural}));
+        e
+    }
+    fn conflict(def: &ResourceDef, name: &str) -> Self {
+        let mut e = Self::new(
+            409,
+            "Conflict",
+            format!(
+                "Operation cannot be fulfilled on {} \"{name}\": the object has been modified; please apply your changes to the latest version and try again",
+                def.resource_group()
+            ),
+        );
+        e.details = Some(json!({"name": name, "group": def.group, "kind": def.plural}));
+        e
+    }
+    fn invalid(def: &ResourceDef, name: &str, message: &str) -> Self {
+        let mut e = Self::new(422, "Invalid", format!("{} \"{name}\" is invalid: {message}", def.kind));
+        e.details = Some(json!({"name": name, "group": def.group, "kind": def.kind}));
+        e
+    }
+}
+
+/// Limits of the history (the compaction window).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Window {
+    pub max_events: usize,
+    pub max_age: Duration,
+}
+
+/// A copy of the stored objects at one revision ("an etcd backup").
+#[derive(Debug, Clone)]
+pub struct Backup {
+    pub(crate) rv: u64,
+    pub(crate) objects: Vec<BTreeMap<String, Arc<Obj>>>,
+}
+
+impl Backup {
+    /// The revision the backup was taken at.
+    pub fn resource_version(&self) -> u64 {
+        self.rv
+    }
+}
+
+/// Everything behind the server's lock.
+#[derive(Debug)]
+pub(crate) struct State {
+    pub rv: u64,
+    /// Events with `rv <= compact_rv` are gone: a watch/list from `N < compact_rv` is expired.
+    pub compact_rv: u64,
+    pub resources: Vec<Arc<ResourceDef>>,
+    pub objects: Vec<BTreeMap<String, Arc<Obj>>>,
+    pub history: VecDeque<Event>,
+    pub window: Window,
+}
+
+/// The storage key of an object.
+pub(crate) fn key_of(def: &ResourceDef, ns: &str, name: &str) -> String {
+    if def.namespaced {
+        format!("{ns}/{name}")
+    } else {
+        name.to_string()
+    }
+}
+
+impl State {
+    pub fn new(resources: Vec<ResourceDef>, window: Window) -> Self {
+        let n = resources.len();
+        Self {
+            rv: 1,
+            compact_rv: 1,
+            resources: resources.into_iter().map(Arc::new).collect(),
+            objects: vec![BTreeMap::new(); n],
+            history: VecDeque::new(),
+            window,
+        }
+    }
+
+    /// Find a resource by plural, `plural.group`, or (group, version, plural).
+    pub fn find(&self, name: &str) -> Option<usize> {
+        self.resources.iter().position(|d| d.plural == name || format!("{}.{}", d.plural, d.group) == name)
+    }
+
+    pub fn find_gvr(&self, group: &str, version: &str, plural: &str) -> Option<usize> {
+        self.resources
+            .iter()
+            .position(|d| d.group == group && d.version == version && d.plural == plural)
+    }
+
+    pub fn register(&mut self, def: ResourceDef) -> usize {
+        if let Some(i) = self.find_gvr(&def.group, &def.version, &def.plural) {
+            return i;
+        }
+        self.resources.push(Arc::new(def));
+        self.objects.push(BTreeMap::new());
+        self.resources.len() - 1
+    }
+
+    /// Drop history outside the window (count and age).
+    pub fn maintain(&mut self) {
+        let now = Instant::now();
+        while let Some(front) = self.history.front() {
+            let too_many = self.history.len() > self.window.max_events;
+            let too_old = now.duration_since(front.at) > self.window.max_age;
+            if !(too_many || too_old) {
+                break;
+            }
+            self.compact_rv = self.compact_rv.max(front.rv);
+            self.history.pop_front();
+        }
+    }
+
+    /// Compact the history up to and including `rv` (clamped to the current revision).
+    pub fn compact_to(&mut self, rv: u64) {
+        let rv = rv.min(self.rv);
+        while self.history.front().is_some_and(|e| e.rv <= rv) {
+            self.history.pop_front();
+        }
+        self.compact_rv = self.compact_rv.max(rv);
+    }
+
+    /// Forget the history (a server restart: the watch cache starts at the current revision).
+    pub fn reset_history(&mut self) {
+        self.history.clear();
+        self.compact_rv = self.rv;
+    }
+
+    pub fn backup(&self) -> Backup {
+        Backup { rv: self.rv, objects: self.objects.clone() }
+    }
+
+    /// Go back to a backup: the revision moves backwards, the history is gone.
+    pub fn restore(&mut self, b: &Backup) {
+        for (i, m) in b.objects.iter().enumerate() {
+            if let Some(slot) = self.objects.get_mut(i) {
+                slot.clone_from(m);
+            }
+        }
+        for slot in self.objects.iter_mut().skip(b.objects.len()) {
+            slot.clear();
+        }
+        self.rv = b.rv;
+        self.reset_history();
+    }
+
+    fn push_event(&mut self, res: usize, kind: EventKind, obj: Arc<Obj>, prev: Option<Arc<Obj>>) {
+        self.history.push_back(Event { rv: obj.rv, res, kind, obj, prev, at: Instant::now() });
+        self.maintain();
+    }
+
+    /// Create an object. `ns` is the namespace from the path (ignored for cluster resources).
+    pub fn create(&mut self, res: usize, ns: Option<&str>, mut v: Value) -> Result<Arc<Obj>, ApiError> {
+        let def = self.def(res)?;
+        let meta = meta_mut(&mut v)?;
+        let name = match meta.get("name").and_then(Value::as_str) {
+            Some(n) if !n.is_empty() => n.to_string(),
+            _ => match meta.get("generateName").and_then(Value::as_str) {
+                Some(g) if !g.is_empty() => format!("{g}{}", random_suffix()),
+                _ => {
+                    return Err(ApiError::invalid(
+                        &def,
+                        "",
+                        "metadata.name: Required value: name or generateName is required",
+                    ))
+                }
+            },
+        };
+        let ns = resolve_ns(&def, ns, meta)?;
+        check_name(&def, &name)?;
+        let key = key_of(&def, &ns, &name);
+        if self.objects[res].contains_key(&key) {
+            let mut e = ApiError::new(
+                409,
+                "AlreadyExists",
+                format!("{} \"{name}\" already exists", def.resource_group()),
+            );
+            e.details = Some(json!({"name": name, "group": def.group, "kind": def.plural}));
+            return Err(e);
+        }
+        let rv = self.rv + 1;
+        meta.insert("name".into(), json!(name));
+        meta.remove("generateName");
+        if def.namespaced {
+            meta.insert("namespace".into(), json!(ns));
+        } else {
+            meta.remove("namespace");
+        }
+        meta.insert("uid".into(), json!(util::new_uid()));
+        meta.insert("resourceVersion".into(), json!(rv.to_string()));
+        meta.insert("creationTimestamp".into(), json!(util::now_rfc3339()));
+        meta.remove("deletionTimestamp");
+        if def.has_generation() {
+            meta.insert("generation".into(), json!(1));
+        }
+        if def.plural == "namespaces" && def.group.is_empty() {
+            let obj = v.as_object_mut().ok_or_else(|| ApiError::bad_request("object expected"))?;
+            obj.entry("spec").or_insert_with(|| json!({"finalizers": ["kubernetes"]}));
+            obj.entry("status").or_insert_with(|| json!({"phase": "Active"}));
+        }
+        let obj = Arc::new(build_obj(&def, key.clone(), v)?);
+        self.rv = rv;
+        self.objects[res].insert(key, obj.clone());
+        self.push_event(res, EventKind::Added, obj.clone(), None);
+        Ok(obj)
+    }
+
+    /// Replace an object (PUT). `status_only` applies only `.status` (the status subresource);
+    /// otherwise `.status` is kept for resources with a status subresource.
+    pub fn update(
+        &mut self,
+        res: usize,
+        ns: Option<&str>,
+        name: &str,
+        mut v: Value,
+        status_only: bool,
+    ) -> Result<Arc<Obj>, ApiError> {
+        let def = self.def(res)?;
+        let ns_s = if def.namespaced { ns.unwrap_or("default") } else { "" };
+        let key = key_of(&def, ns_s, name);
+        let Some(old) = self.objects[res].get(&key).cloned() else {
+            return Err(ApiError::not_found(&def, name));
+        };
+        let meta = meta_mut(&mut v)?;
+        if let Some(body_name) = meta.get("name").and_then(Value::as_str) {
+            if body_name != name {
+                return Err(ApiError::bad_request(format!(
+                    "the name of the object ({body_name}) does not match the name on the URL ({name})"
+                )));
+            }
+        }
+        if let Some(want) = meta.get("resourceVersion").and_then(Value::as_str) {
+            if !want.is_empty() && want != old.rv.to_string() {
+                return Err(ApiError::conflict(&def, name));
+            }
+        }
+        let old_v = old.value();
+        let mut new_v = if status_only {
+            let mut base = old_v.clone();
+            if let (Some(b), Some(s)) = (base.as_object_mut(), v.get("status")) {
+                b.insert("status".into(), s.clone());
+            }
+            base
+        } else {
+            if def.status_subresource {
+                if let (Some(o), Some(s)) = (v.as_object_mut(), old_v.get("status")) {
+                    o.insert("status".into(), s.clone());
+                }
+            }
+            v
+        };
+        self.store_update(res, &def, key, old, &old_v, &mut new_v)
+    }
+
+    /// Apply a JSON merge patch (RFC 7386) to an object.
+    pub fn patch(
+        &mut self,
+        res: usize,
+        ns: Option<&str>,
+        name: &str,
+        patch: &Value,
+        status_only: bool,
+    ) -> Result<Arc<Obj>, ApiError> {
+        let def = self.def(res)?;
+        let ns_s = if def.namespaced { ns.unwrap_or("default") } else { "" };
+        let key = key_of(&def, ns_s, name);
+        let Some(old) = self.objects[res].get(&key).cloned() else {
+            return Err(ApiError::not_found(&def, name));
+        };
+        if let Some(want) = patch.pointer("/metadata/resourceVersion").and_then(Value::as_str) {
+            if want != old.rv.to_string() {
+                return Err(ApiError::conflict(&def, name));
+            }
+        }
+        let old_v = old.value();
+        let mut new_v = old_v.clone();
+        if status_only {
+            if let Some(s) = patch.get("status") {
+                let mut st = new_v.get("status").cloned().unwrap_or(Value::Null);
+                merge_patch(&mut st, s);
+                if let Some(o) = new_v.as_object_mut() {
+                    o.insert("status".into(), st);
+                }
+            }
+        } else {
+            merge_patch(&mut new_v, patch);
+            if def.status_subresource {
+                if let Some(o) = new_v.as_object_mut() {
+                    match old_v.get("status") {
+                        Some(s) => o.insert("status".into(), s.clone()),
+                        None => o.remove("status"),
+                    };
+                }
+            }
+        }
+        self.store_update(res, &def, key, old, &old_v, &mut new_v)
+    }
+
+    fn store_update(
+        &mut self,
+        res: usize,
+        def: &ResourceDef,
+        key: String,
+        old: Arc<Obj>,
+        old_v: &Value,
+        new_v: &mut Value,
+    ) -> Result<Arc<Obj>, ApiError> {
+        let rv = self.rv + 1;
+        let spec_changed = old_v.get("spec") != new_v.get("spec");
+        let old_meta = old_v.get("metadata").cloned().unwrap_or_else(|| json!({}));
+        let meta = meta_mut(new_v)?;
+        for k in ["name", "namespace", "uid", "creationTimestamp"] {
+            match old_meta.get(k) {
+                Some(x) => meta.insert(k.into(), x.clone()),
+                None => meta.remove(k),
+            };
+        }
+        meta.insert("resourceVersion".into(), json!(rv.to_string()));
+        if def.has_generation() {
+            let g = old_meta.get("generation").and_then(Value::as_i64).unwrap_or(1);
+            meta.insert("generation".into(), json!(if spec_changed { g + 1 } else { g }));
+        }
+        let obj = Arc::new(build_obj(def, key.clone(), new_v.take())?);
+        self.rv = rv;
+        self.objects[res].insert(key, obj.clone());
+        self.push_event(res, EventKind::Modified, obj.clone(), Some(old));
+        Ok(obj)
+    }
+
+    /// Delete an object; returns its last state stamped with the deletion's RV.
+    pub fn delete(&mut self, res: usize, ns: Option<&str>, name: &str) -> Result<Arc<Obj>, ApiError> {
+        let def = self.def(res)?;
+        let ns_s = if def.namespaced { ns.unwrap_or("default") } else { "" };
+        let key = key_of(&def, ns_s, name);
+        let Some(old) = self.objects[res].remove(&key) else {
+            return Err(ApiError::not_found(&def, name));
+        };
+        let rv = self.rv + 1;
+        let mut v = old.value();
+        let meta = meta_mut(&mut v)?;
+        meta.insert("resourceVersion".into(), json!(rv.to_string()));
+        if def.plural == "pods" && def.group.is_empty() {
+            // Pods are deleted gracefully on a real server; the final event carries these.
+            meta.insert("deletionTimestamp".into(), json!(util::now_rfc3339()));
+            meta.insert("deletionGracePeriodSeconds".into(), json!(0));
+        }
+        let obj = Arc::new(build_obj(&def, key, v)?);
+        self.rv = rv;
+        self.push_event(res, EventKind::Deleted, obj.clone(), Some(old));
+        Ok(obj)
+    }
+
+    pub fn get(&self, res: usize, ns: Option<&str>, name: &str) -> Result<Arc<Obj>, ApiError> {
+        let def = self.def(res)?;
+        let ns_s = if def.namespaced { ns.unwrap_or("default") } else { "" };
+        self.objects[res]
+            .get(&key_of(&def, ns_s, name))
+            .cloned()
+            .ok_or_else(|| ApiError::not_found(&def, name))
+    }
+
+    pub fn def(&self, res: usize) -> Result<Arc<ResourceDef>, ApiError> {
+        self.resources
+            .get(res)
+            .cloned()
+            .ok_or_else(|| ApiError::new(404, "NotFound", "the server could not find the requested resource"))
+    }
+
+    /// The objects of `res` at revision `at` (>= `compact_rv`), with keys in `[from, ..)` under
+    /// `prefix`, in key order.
+    pub fn snapshot_iter<'a>(
+        &'a self,
+        res: usize,
+        at: u64,
+        prefix: &'a str,
+        from: &str,
+    ) -> impl Iterator<Item = Arc<Obj>> + 'a {
+        let start = if from < prefix { prefix.to_string() } else { from.to_string() };
+        // The state at `at` of every key changed after it: the first later event tells.
+        let mut overlay: BTreeMap<String, Option<Arc<Obj>>> = BTreeMap::new();
+        if at < self.rv {
+            let i = self.history.partition_point(|e| e.rv <= at);
+            for e in self.history.range(i..) {
+                if e.res == res && e.obj.key.as_str() >= start.as_str() && e.obj.key.starts_with(prefix) {
+                    overlay.entry(e.obj.key.clone()).or_insert_with(|| match e.kind {
+                        EventKind::Added => None,
+                        _ => e.prev.clone(),
+                    });
+                }
+            }
+        }
+        let cur = self.objects[res]
+            .range::<str, _>((Bound::Included(start.as_str()), Bound::Unbounded))
+            .take_while(move |(k, _)| k.starts_with(prefix));
+        Merge { cur: cur.peekable(), over: overlay.into_iter().peekable() }
+    }
+}
+
+/// Merges the current objects with an overlay of older states (None = did not exist).
+struct Merge<A: Iterator, B: Iterator> {
+    cur: std::iter::Peekable<A>,
+    over: std::iter::Peekable<B>,
+}
+
+impl<'a, A, B> Iterator for Merge<A, B>
+where
+    A: Iterator<Item = (&'a String, &'a Arc<Obj>)>,
+    B: Iterator<Item = (String, Option<Arc<Obj>>)>,
+{
+    type Item = Arc<Obj>;
+    fn next(&mut self) -> Option<Arc<Obj>> {
+        loop {
+            let take_over = match (self.cur.peek(), self.over.peek()) {
+                (None, None) => return None,
+                (Some(_), None) => false,
+                (None, Some(_)) => true,
+                (Some((ck, _)), Some((ok, _))) => ok.as_str() <= ck.as_str(),
+            };
+            if take_over {
+                let (k, v) = self.over.next()?;
+                if self.cur.peek().is_some_and(|(ck, _)| **ck == k) {
+                    self.cur.next();
+                }
+                if let Some(o) = v {
+                    return Some(o);
+                }
+            } else {
+                return self.cur.next().map(|(_, o)| o.clone());
+            }
+        }
+    }
+}
+
+fn random_suffix() -> String {
+    const CH: &[u8] = b"bcdfghjklmnpqrstvwxz2456789";
+    (0..5).map(|_| char::from(CH[rand::random_range(0..CH.len())])).collect()
+}
+
+fn meta_mut(v: &mut Value) -> Result<&mut Map<String, Value>, ApiError> {
+    let obj = v.as_object_mut().ok_or_else(|| ApiError::bad_request("the body must be a JSON object"))?;
+    let meta = obj.entry("metadata").or_insert_with(|| json!({}));
+    if !meta.is_object() {
+        return Err(ApiError::bad_request("metadata must be an object"));
+    }
+    meta.as_object_mut().ok_or_else(|| ApiError::bad_request("metadata must be an object"))
+}
+
+fn resolve_ns(def: &ResourceDef, path_ns: Option<&str>, meta: &Map<String, Value>) -> Result<String, ApiError> {
+    if !def.namespaced {
+        return Ok(String::new());
+    }
+    let body_ns = meta.get("namespace").and_then(Value::as_str).filter(|s| !s.is_empty());
+    match (path_ns, body_ns) {
+        (Some(p), Some(b)) if p != b => Err(ApiError::bad_request(
+            "the namespace of the provided object does not match the namespace sent on the request",
+        )),
+        (Some(p), _) => Ok(p.to_string()),
+        (None, Some(b)) => Ok(b.to_string()),
+        (None, None) => Ok("default".to_string()),
+    }
+}
+
+fn check_name(def: &ResourceDef, name: &str) -> Result<(), ApiError> {
+    let ok = name.len() <= 253
+        && !name.is_empty()
+        && name.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '.')
+        && name.chars().next().is_some_and(|c| c.is_ascii_alphanumeric())
+        && name.chars().last().is_some_and(|c| c.is_ascii_alphanumeric());
+    if ok {
+        Ok(())
+    } else {
+        Err(ApiError::invalid(
+            def,
+            name,
+            &format!("metadata.name: Invalid value: \"{name}\": a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', and must start and end with an alphanumeric character"),
+        ))
+    }
+}
+
+/// RFC 7386 JSON merge patch.
+pub(crate) fn merge_patch(target: &mut Value, patch: &Value) {
+    let Some(p) = patch.as_object() else {
+        *target = patch.clone();
+        return;
+    };
+    if !target.is_object() {
+        *target = json!({});
+    }
+    if let Some(t) = target.as_object_mut() {
+        for (k, v) in p {
+            if v.is_null() {
+                t.remove(k);
+            } else {
+                merge_patch(t.entry(k.clone()).or_insert(Value::Null), v);
+            }
+        }
+    }
+}
+
+/// Serialize an object (kind/apiVersion first) and extract its index.
+pub(crate) fn build_obj(def: &ResourceDef, key: String, mut v: Value) -> Result<Obj, ApiError> {
+    let obj = v.as_object_mut().ok_or_else(|| ApiError::bad_request("the body must be a JSON object"))?;
+    obj.remove("kind");
+    obj.remove("apiVersion");
+    let meta = obj.get("metadata").cloned().unwrap_or_else(|| json!({}));
+    let s = |p: &str| meta.get(p).and_then(Value::as_str).unwrap_or("").to_string();
+    let rv = s("resourceVersion").parse().unwrap_or(0);
+    let labels = meta
+        .get("labels")
+        .and_then(Value::as_object)
+        .map(|m| m.iter().map(|(k, v)| (k.clone(), v.as_str().unwrap_or("").to_string())).collect())
+        .unwrap_or_default();
+    let mut fields = Vec::new();
+    for path in def.extra_fields() {
+        let ptr = format!("/{}", path.replace('.', "/"));
+        let val = v.pointer(&ptr).map(|x| match x {
+            Value::String(s) => s.clone(),
+            Value::Null => String::new(),
+            other => other.to_string(),
+        });
+        fields.push((*path, val.unwrap_or_default()));
+    }
+    let rest = serde_json::to_vec(&v).map_err(|e| ApiError::bad_request(e.to_string()))?;
+    let prefix = format!(r#"{{"kind":{},"apiVersion":{},"#, json!(def.kind), json!(def.api_version()));
+    let mut full = Vec::with_capacity(prefix.len() + rest.len());
+    full.extend_from_slice(prefix.as_bytes());
+    // `rest` is `{…}` with at least `metadata` inside.
+    full.extend_from_slice(rest.get(1..).unwrap_or(b"}"));
+    Ok(Obj {
+        key,
+        ns: s("namespace"),
+        name: s("name"),
+        rv,
+        labels,
+        fields,
+        full: Bytes::from(full),
+        prefix_len: prefix.len(),
+    })
+}

@@ -1,0 +1,162 @@
+//! Small helpers of the simulated server: base64, RFC 3339 time, query-string decoding, UIDs.
+
+use std::time::{SystemTime, UNIX_EPOCH};
+
+const B64: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
+
+/// base64 with the URL-safe alphabet and no padding (Go's `base64.RawURLEncoding`).
+pub(crate) fn b64_encode(data: &[u8]) -> String {
+    let mut out = String::with_capacity(data.len().div_ceil(3) * 4);
+    for chunk in data.chunks(3) {
+        let b = [chunk[0], *chunk.get(1).unwrap_or(&0), *chunk.get(2).unwrap_or(&0)];
+        let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
+        let chars = chunk.len() + 1;
+        for i in 0..chars {
+            out.push(char::from(B64[((n >> (18 - 6 * i)) & 63) as usize]));
+        }
+    }
+    out
+}
+
+/// Decode base64 in either alphabet, padding optional. `None` on any garbage (never panics).
+pub(crate) fn b64_decode(s: &str) -> Option<Vec<u8>> {
+    let s = s.trim_end_matches('=');
+    let mut out = Vec::with_capacity(s.len() * 3 / 4);
+    let mut acc: u32 = 0;
+    let mut bits = 0;
+    for c in s.bytes() {
+        let v = match c {
+            b'A'..=b'Z' => c - b'A',
+            b'a'..=b'z' => c - b'a' + 26,
+            b'0'..=b'9' => c - b'0' + 52,
+            b'-' | b'+' => 62,
+            b'_' | b'/' => 63,
+            _ => return None,
+        };
+        acc = (acc << 6) | u32::from(v);
+        bits += 6;
+        if bits >= 8 {
+            bits -= 8;
+            out.push(((acc >> bits) & 0xff) as u8);
+        }
+    }
+    if bits >= 6 {
+        return None;
+    }
+    Some(out)
+}
+
+/// The current time as RFC 3339 with second precision, e.g. `2026-11-22T09:07:28Z`.
+pub(crate) fn now_rfc3339() -> String {
+    let secs = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
+    rfc3339(secs)
+}
+
+/// Format seconds since the epoch as RFC 3339 (UTC).
+pub(crate) fn rfc3339(secs: u64) -> String {
+    let days = i64::try_from(secs / 86_400).unwrap_or(0);
+    let rem = secs % 86_400;
+    // civil-from-days (Howard Hinnant's algorithm)
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let y = yoe + era * 400;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = if m <= 2 { y + 1 } else { y };
+    format!(
+        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z",
+        rem / 3600,
+        (rem / 60) % 60,
+        rem % 60
+    )
+}
+
+/// A random UUID (version 4 layout).
+pub(crate) fn new_uid() -> String {
+    let n: u128 = rand::random();
+    let n = (n & !(0xf << 76) | (0x4 << 76)) & !(0x3 << 62) | (0x2 << 62);
+    let h = format!("{n:032x}");
+    format!("{}-{}-{}-{}-{}", &h[0..8], &h[8..12], &h[12..16], &h[16..20], &h[20..32])
+}
+
+/// Decode one `application/x-www-form-urlencoded` component (`+` is a space).
+/// Invalid escapes are kept literally; invalid UTF-8 is replaced.
+pub(crate) fn percent_decode(s: &str) -> String {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        match bytes[i] {
+            b'+' => out.push(b' '),
+            b'%' if i + 2 < bytes.len() => {
+                let hex = std::str::from_utf8(&bytes[i + 1..i + 3]).ok();
+                match hex.and_then(|h| u8::from_str_radix(h, 16).ok()) {
+                    Some(b) => {
+                        out.push(b);
+                        i += 2;
+                    }
+                    None => out.push(b'%'),
+                }
+            }
+            b => out.push(b),
+        }
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// Parse a query string into (name, value) pairs, decoded.
+pub(crate) fn parse_query(q: Option<&str>) -> Vec<(String, String)> {
+    q.unwrap_or("")
+        .split('&')
+        .filter(|p| !p.is_empty())
+        .map(|p| match p.split_once('=') {
+            Some((k, v)) => (percent_decode(k), percent_decode(v)),
+            None => (percent_decode(p), String::new()),
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn base64_round_trips_and_matches_the_recorded_token() {
+        let token = "eyJ2IjoibWV0YS5rOHMuaW8vdjEiLCJydiI6MzQ3LCJzdGFydCI6InJlYy1jbS0xMlx1MDAwMCJ9";
+        let raw = b64_decode(token).expect("valid");
+        assert_eq!(
+            std::str::from_utf8(&raw).expect("utf8"),
+            r#"{"v":"meta.k8s.io/v1","rv":347,"start":"rec-cm-12\u0000"}"#
+        );
+        assert_eq!(b64_encode(&raw), token);
+        for n in 0..20 {
+            let data: Vec<u8> = (0..n).map(|i| (i * 37 + 11) as u8).collect();
+            assert_eq!(b64_decode(&b64_encode(&data)).as_deref(), Some(&data[..]));
+        }
+        assert_eq!(b64_decode("a"), None);
+        assert_eq!(b64_decode("ab!c"), None);
+    }
+
+    #[test]
+    fn time_and_query_helpers() {
+        assert_eq!(rfc3339(0), "1970-01-01T00:00:00Z");
+        assert_eq!(rfc3339(1_795_338_448), "2026-11-22T09:07:28Z");
+        assert_eq!(percent_decode("app%3Dweb+x%2"), "app=web x%2");
+        assert_eq!(
+            parse_query(Some("a=1&labelSelector=x%20in%20(a%2Cb)&w")),
+            vec![
+                ("a".into(), "1".into()),
+                ("labelSelector".into(), "x in (a,b)".into()),
+                ("w".into(), String::new())
+            ]
+        );
+        let uid = new_uid();
+        assert_eq!(uid.len(), 36);
+        assert_eq!(&uid[14..15], "4");
+    }
+}
