@@ -7,7 +7,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use durable_informer::informer::{handler_fn, Event, HandlerOptions, Informer};
-use durable_informer::sim::{Churn, ChurnStats, Counters, Sim, SimConfig, WorkloadGen};
+use durable_informer::sim::workload::{Churn, ChurnStats, WorkloadGen};
+use durable_informer::sim::{Counters, Sim, SimConfig};
 use durable_informer::source::KubeSource;
 use durable_informer::store::{DurableStore, Indexer, StoreConfig};
 use indicatif::{ProgressBar, ProgressStyle};
@@ -139,6 +140,21 @@ async fn caught_up(r: &Running, sim: &Sim, tally: &Tally, events: u64, pb: &Prog
     }
 }
 
+/// How the server was asked for the full state, from its counters (a probe LIST returns at
+/// most one object and is not counted as a list).
+fn how_listed(before: Counters, after: Counters) -> String {
+    let objects = after.list_objects - before.list_objects;
+    let requests = after.list_requests - before.list_requests;
+    if objects > 1 {
+        format!("paginated LIST of {objects} objects in {requests} requests")
+    } else {
+        format!(
+            "streaming list (one WATCH with sendInitialEvents, {} events)",
+            after.watch_events - before.watch_events
+        )
+    }
+}
+
 fn delta(before: Counters, after: Counters) -> serde_json::Value {
     json!({
         "listRequests": after.list_requests - before.list_requests,
@@ -197,6 +213,7 @@ pub async fn run(size: Size, db: Option<PathBuf>, output: Output) -> CliResult {
         }
     };
     let tmp = tempfile_dir()?;
+    let cleanup = TempDir(if db.is_none() { Some(tmp.clone()) } else { None });
     let path = db.unwrap_or_else(|| tmp.join("demo.redb"));
 
     // The simulated cluster.
@@ -233,10 +250,9 @@ pub async fn run(size: Size, db: Option<PathBuf>, output: Output) -> CliResult {
     let cold = t.elapsed();
     let c1 = sim.counters();
     say(format!(
-        "1. cold start        {:>8.2?}  full LIST of {} objects in {} requests; handler got {} adds",
+        "1. cold start        {:>8.2?}  initial list: {}; handler got {} adds",
         cold,
-        c1.list_objects - c0.list_objects,
-        c1.list_requests - c0.list_requests,
+        how_listed(c0, c1),
         tally.get().0
     ));
     report.insert("coldStart".into(), json!({"seconds": cold.as_secs_f64(), "server": delta(c0, c1)}));
@@ -344,10 +360,10 @@ pub async fn run(size: Size, db: Option<PathBuf>, output: Output) -> CliResult {
     let c1 = sim.counters();
     let (a, u, d, unknown) = tally.get();
     say(format!(
-        "5. 410 relist        {:>8.2?}  history compacted while down ({} ops): one full LIST of {} objects",
+        "5. 410 relist        {:>8.2?}  history compacted while down ({} ops): relisted by {}",
         relist,
         down2.creates + down2.updates + down2.deletes,
-        c1.list_objects - c0.list_objects
+        how_listed(c0, c1)
     ));
     say(format!(
         "                               handler events: {a} adds, {u} updates, {d} deletes ({unknown} found by the relist) = the {} real differences, not {} objects",
@@ -367,13 +383,25 @@ pub async fn run(size: Size, db: Option<PathBuf>, output: Output) -> CliResult {
     if !human {
         println!("{}", serde_json::Value::Object(report));
     }
+    drop(cleanup);
     if !equal || (a, u, d) != (want_add, want_upd, want_del) {
         return Err(CliError::runtime("the relist did not report exactly the differences"));
     }
     Ok(())
 }
 
-/// A temporary directory removed at exit (best effort).
+/// Removes the demo's temporary directory when dropped.
+struct TempDir(Option<PathBuf>);
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        if let Some(d) = &self.0 {
+            let _ = std::fs::remove_dir_all(d);
+        }
+    }
+}
+
+/// A private temporary directory for the demo's database.
 fn tempfile_dir() -> CliResult<PathBuf> {
     let dir = std::env::temp_dir().join(format!("durable-informer-demo-{}", std::process::id()));
     std::fs::create_dir_all(&dir).map_err(|e| CliError::runtime(format!("{}: {e}", dir.display())))?;
