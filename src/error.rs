@@ -94,6 +94,12 @@ pub enum StoreError {
         /// The index name.
         name: String,
     },
+    /// The store was closed; this handle outlived it.
+    #[error("{path}: the database was closed")]
+    Closed {
+        /// The file.
+        path: PathBuf,
+    },
     /// The writer thread has stopped (the store was closed, or it failed to start).
     #[error("the database writer has stopped")]
     WriterGone,

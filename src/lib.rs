@@ -8,6 +8,7 @@
 //! * [`queue`] — client-go style rate-limited workqueue.
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+pub mod controller;
 pub mod error;
 pub mod informer;
 pub mod metrics;

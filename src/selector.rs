@@ -167,9 +167,7 @@ impl LabelRequirement {
     pub fn matches<L: Labels + ?Sized>(&self, labels: &L) -> bool {
         let got = labels.get_label(&self.key);
         match self.op {
-            LabelOp::Equals | LabelOp::DoubleEquals | LabelOp::In => {
-                got.is_some_and(|v| self.values.contains(v))
-            }
+            LabelOp::Equals | LabelOp::DoubleEquals | LabelOp::In => got.is_some_and(|v| self.values.contains(v)),
             LabelOp::NotEquals | LabelOp::NotIn => got.is_none_or(|v| !self.values.contains(v)),
             LabelOp::Exists => got.is_some(),
             LabelOp::DoesNotExist => got.is_none(),
@@ -232,9 +230,7 @@ impl LabelSelector {
                 Token::End => break,
                 Token::Comma => {
                     if p.peek() == &Token::End {
-                        return Err(SelectorError::Syntax(
-                            "found '', expected: identifier after ','".into(),
-                        ));
+                        return Err(SelectorError::Syntax("found '', expected: identifier after ','".into()));
                     }
                 }
                 other => {
@@ -407,11 +403,19 @@ impl Parser {
         };
         validate_key(&key)?;
         if negated {
-            return Ok(LabelRequirement { key, op: LabelOp::DoesNotExist, values: BTreeSet::new() });
+            return Ok(LabelRequirement {
+                key,
+                op: LabelOp::DoesNotExist,
+                values: BTreeSet::new(),
+            });
         }
         let op = match self.peek() {
             Token::End | Token::Comma => {
-                return Ok(LabelRequirement { key, op: LabelOp::Exists, values: BTreeSet::new() })
+                return Ok(LabelRequirement {
+                    key,
+                    op: LabelOp::Exists,
+                    values: BTreeSet::new(),
+                })
             }
             Token::Eq => LabelOp::Equals,
             Token::DoubleEq => LabelOp::DoubleEquals,
@@ -521,7 +525,8 @@ fn check_dns_subdomain(s: &str) -> std::result::Result<(), String> {
         && s.len() <= 253
         && s.split('.').all(|l| {
             !l.is_empty()
-                && l.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+                && l.chars()
+                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
                 && !l.starts_with('-')
                 && !l.ends_with('-')
         });
@@ -537,7 +542,10 @@ fn validate_key(key: &str) -> Result<()> {
         Some((prefix, name)) => check_dns_subdomain(prefix).and_then(|()| check_name_part(name)),
         None => check_name_part(key),
     };
-    res.map_err(|reason| SelectorError::InvalidKey { key: key.to_string(), reason })
+    res.map_err(|reason| SelectorError::InvalidKey {
+        key: key.to_string(),
+        reason,
+    })
 }
 
 fn validate_value(v: &str) -> Result<()> {
@@ -549,7 +557,10 @@ fn validate_value(v: &str) -> Result<()> {
     } else {
         check_label_chars(v, "a valid label value")
     };
-    res.map_err(|reason| SelectorError::InvalidValue { value: v.to_string(), reason })
+    res.map_err(|reason| SelectorError::InvalidValue {
+        value: v.to_string(),
+        reason,
+    })
 }
 
 /// The operator of one field requirement.
@@ -636,23 +647,29 @@ impl FieldSelector {
             return Ok(Self::everything());
         }
         for term in split_unescaped(s, ',') {
-            let bad = || SelectorError::FieldTerm { selector: s.to_string(), term: term.clone() };
-            let (field, op, raw) =
-                if let Some((l, r)) = split_op(&term, "!=") {
-                    (l, FieldOp::NotEquals, r)
-                } else if let Some((l, r)) = split_op(&term, "==") {
-                    (l, FieldOp::DoubleEquals, r)
-                } else if let Some((l, r)) = split_op(&term, "=") {
-                    (l, FieldOp::Equals, r)
-                } else {
-                    return Err(bad());
-                };
+            let bad = || SelectorError::FieldTerm {
+                selector: s.to_string(),
+                term: term.clone(),
+            };
+            let (field, op, raw) = if let Some((l, r)) = split_op(&term, "!=") {
+                (l, FieldOp::NotEquals, r)
+            } else if let Some((l, r)) = split_op(&term, "==") {
+                (l, FieldOp::DoubleEquals, r)
+            } else if let Some((l, r)) = split_op(&term, "=") {
+                (l, FieldOp::Equals, r)
+            } else {
+                return Err(bad());
+            };
             let field = field.trim();
             if field.is_empty() || field.contains('\\') {
                 return Err(bad());
             }
             let value = unescape(raw).ok_or_else(bad)?;
-            requirements.push(FieldRequirement { field: field.to_string(), op, value });
+            requirements.push(FieldRequirement {
+                field: field.to_string(),
+                op,
+                value,
+            });
         }
         Ok(Self { requirements })
     }
@@ -670,7 +687,9 @@ impl FieldSelector {
     /// Whether every term holds; `field` returns the value at a dotted path (`None` = absent,
     /// which compares as the empty string, as on the API server).
     pub fn matches<F: Fn(&str) -> Option<String>>(&self, field: F) -> bool {
-        self.requirements.iter().all(|r| r.matches_value(field(&r.field).as_deref()))
+        self.requirements
+            .iter()
+            .all(|r| r.matches_value(field(&r.field).as_deref()))
     }
 }
 
@@ -754,7 +773,10 @@ mod tests {
     use super::*;
 
     fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
-        pairs.iter().map(|(k, v)| ((*k).to_string(), (*v).to_string())).collect()
+        pairs
+            .iter()
+            .map(|(k, v)| ((*k).to_string(), (*v).to_string()))
+            .collect()
     }
 
     #[test]
@@ -775,8 +797,7 @@ mod tests {
             ("a,!b,c in (z)", "a,!b,c in (z)"),
         ];
         for (input, canonical) in table {
-            let sel = LabelSelector::parse(input)
-                .unwrap_or_else(|e| panic!("{input:?} should parse: {e}"));
+            let sel = LabelSelector::parse(input).unwrap_or_else(|e| panic!("{input:?} should parse: {e}"));
             assert_eq!(sel.to_string(), canonical, "input {input:?}");
             let again: LabelSelector = canonical.parse().expect("canonical form parses");
             assert_eq!(again, sel, "round trip of {input:?}");
@@ -862,7 +883,11 @@ mod tests {
             ("metadata.name==pod-1", true, "metadata.name==pod-1"),
             ("metadata.name!=pod-1", false, "metadata.name!=pod-1"),
             ("metadata.namespace=ns\\,1", true, "metadata.namespace=ns\\,1"),
-            ("status.phase=Running,spec.nodeName=", true, "status.phase=Running,spec.nodeName="),
+            (
+                "status.phase=Running,spec.nodeName=",
+                true,
+                "status.phase=Running,spec.nodeName=",
+            ),
             ("spec.nodeName!=", false, "spec.nodeName!="),
             ("status.phase=Pending", false, "status.phase=Pending"),
         ];

@@ -12,14 +12,22 @@ use serde_json::{json, Value};
 
 fn kubectl(kubeconfig: &std::path::Path, args: &[&str], stdin: Option<&str>) -> Output {
     let mut cmd = Command::new("kubectl");
-    cmd.env("KUBECONFIG", kubeconfig).args(args).stdout(Stdio::piped()).stderr(Stdio::piped());
+    cmd.env("KUBECONFIG", kubeconfig)
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
     if stdin.is_some() {
         cmd.stdin(Stdio::piped());
     }
     let mut child = cmd.spawn().expect("kubectl runs");
     if let Some(text) = stdin {
         use std::io::Write;
-        child.stdin.take().expect("stdin").write_all(text.as_bytes()).expect("write stdin");
+        child
+            .stdin
+            .take()
+            .expect("stdin")
+            .write_all(text.as_bytes())
+            .expect("write stdin");
     }
     child.wait_with_output().expect("kubectl output")
 }
@@ -42,9 +50,13 @@ fn kubectl_gets_creates_labels_deletes_and_watches_pods_and_configmaps() {
     let dir = tempfile::tempdir().expect("tempdir");
     let kc = dir.path().join("kubeconfig");
     sim.write_kubeconfig(&kc).expect("kubeconfig");
-    sim.create("pods", Some("default"), json!({"metadata": {"name": "seed-pod", "labels": {"app": "seed"}},
-        "spec": {"containers": [{"name": "c", "image": "busybox"}]}, "status": {"phase": "Running"}}))
-        .expect("seed pod");
+    sim.create(
+        "pods",
+        Some("default"),
+        json!({"metadata": {"name": "seed-pod", "labels": {"app": "seed"}},
+        "spec": {"containers": [{"name": "c", "image": "busybox"}]}, "status": {"phase": "Running"}}),
+    )
+    .expect("seed pod");
 
     // get (table and JSON)
     let table = ok(&kc, &["get", "pods"], None);
@@ -65,7 +77,8 @@ fn kubectl_gets_creates_labels_deletes_and_watches_pods_and_configmaps() {
     // create (from a manifest on stdin), for both kinds
     let cm = "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: from-kubectl\ndata:\n  k: v\n";
     assert!(ok(&kc, &["create", "-f", "-"], Some(cm)).contains("configmap/from-kubectl created"));
-    let pod = "apiVersion: v1\nkind: Pod\nmetadata:\n  name: kpod\nspec:\n  containers:\n  - name: c\n    image: busybox\n";
+    let pod =
+        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: kpod\nspec:\n  containers:\n  - name: c\n    image: busybox\n";
     assert!(ok(&kc, &["create", "-f", "-"], Some(pod)).contains("pod/kpod created"));
     let stored = sim.get("configmaps", Some("default"), "from-kubectl").expect("stored");
     assert_eq!(stored["data"]["k"], "v");
@@ -73,15 +86,26 @@ fn kubectl_gets_creates_labels_deletes_and_watches_pods_and_configmaps() {
     // label
     ok(&kc, &["label", "configmap", "from-kubectl", "team=infra"], None);
     ok(&kc, &["label", "pod", "kpod", "app=web"], None);
-    assert_eq!(sim.get("pods", Some("default"), "kpod").expect("pod")["metadata"]["labels"]["app"], "web");
+    assert_eq!(
+        sim.get("pods", Some("default"), "kpod").expect("pod")["metadata"]["labels"]["app"],
+        "web"
+    );
     let selected = ok(&kc, &["get", "pods", "-l", "app=web", "-o", "name"], None);
     assert_eq!(selected.trim(), "pod/kpod");
-    let by_field = ok(&kc, &["get", "pods", "--field-selector", "status.phase=Running", "-o", "name"], None);
+    let by_field = ok(
+        &kc,
+        &["get", "pods", "--field-selector", "status.phase=Running", "-o", "name"],
+        None,
+    );
     assert_eq!(by_field.trim(), "pod/seed-pod");
     // a malformed selector is refused by the server with 400, as on a real one
     let bad = kubectl(&kc, &["get", "pods", "-l", "app in web"], None);
     assert!(!bad.status.success());
-    assert!(String::from_utf8_lossy(&bad.stderr).contains("unable to parse requirement"), "{}", String::from_utf8_lossy(&bad.stderr));
+    assert!(
+        String::from_utf8_lossy(&bad.stderr).contains("unable to parse requirement"),
+        "{}",
+        String::from_utf8_lossy(&bad.stderr)
+    );
 
     // delete
     ok(&kc, &["delete", "configmap", "from-kubectl"], None);
@@ -95,6 +119,10 @@ fn kubectl_gets_creates_labels_deletes_and_watches_pods_and_configmaps() {
     let _ = watch.kill();
     let out = watch.wait_with_output().expect("watch output");
     let seen = String::from_utf8_lossy(&out.stdout);
-    assert!(seen.contains("configmap/from-kubectl"), "watch output: {seen:?} stderr: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        seen.contains("configmap/from-kubectl"),
+        "watch output: {seen:?} stderr: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert!(sim.counters().watch_requests >= 1);
 }

@@ -14,7 +14,10 @@ pub fn open(path: &Path) -> CliResult<DurableStore> {
     if !path.exists() {
         return Err(CliError::new(
             4,
-            format!("{}: no such database; create one with `durable-informer watch --db …` or `replay`", path.display()),
+            format!(
+                "{}: no such database; create one with `durable-informer watch --db …` or `replay`",
+                path.display()
+            ),
         ));
     }
     Ok(DurableStore::open(StoreConfig::new(path))?)
@@ -65,7 +68,10 @@ pub fn find_scope(db: &DurableStore, resource: &str, namespace: Option<&str>) ->
     if candidates.is_empty() {
         return Err(CliError::new(
             5,
-            format!("{}: no scope for resource {resource:?} in this database (see `durable-informer stats`)", db.path().display()),
+            format!(
+                "{}: no scope for resource {resource:?} in this database (see `durable-informer stats`)",
+                db.path().display()
+            ),
         ));
     }
     candidates.sort_by_key(|(_, r)| {
@@ -150,10 +156,15 @@ pub fn yaml(v: &Value) -> String {
 
 pub fn get(path: &Path, resource: &str, key: &str, output: Output) -> CliResult {
     let db = open(path)?;
-    let key: ObjectKey = key.parse().map_err(|e| CliError::new(2, format!("bad key {key:?}: {e}")))?;
+    let key: ObjectKey = key
+        .parse()
+        .map_err(|e| CliError::new(2, format!("bad key {key:?}: {e}")))?;
     let (scope, _) = find_scope(&db, resource, key.namespace.as_deref())?;
     let Some(obj) = db.store(scope).get(&key)? else {
-        return Err(CliError::runtime(format!("{resource} {key} not found in {}", path.display())));
+        return Err(CliError::runtime(format!(
+            "{resource} {key} not found in {}",
+            path.display()
+        )));
     };
     match output {
         Output::Yaml => print!("{}", yaml(&to_value(&obj))),
@@ -178,7 +189,9 @@ pub fn list(
     let (scope, record) = find_scope(&db, resource, namespace)?;
     let store: Store = db.store(scope);
     let selector: LabelSelector = match selector {
-        Some(s) => s.parse().map_err(|e| CliError::new(2, format!("bad label selector {s:?}: {e}")))?,
+        Some(s) => s
+            .parse()
+            .map_err(|e| CliError::new(2, format!("bad label selector {s:?}: {e}")))?,
         None => LabelSelector::default(),
     };
     let objects = match (index, namespace) {
@@ -218,7 +231,12 @@ pub fn list(
                     .map(String::from)
                     .collect::<Vec<_>>()
             } else {
-                vec!["NAMESPACE".into(), "NAME".into(), "RESOURCE-VERSION".into(), "CREATED".into()]
+                vec![
+                    "NAMESPACE".into(),
+                    "NAME".into(),
+                    "RESOURCE-VERSION".into(),
+                    "CREATED".into(),
+                ]
             }];
             for o in &objects {
                 let v = to_value(o);
@@ -230,9 +248,20 @@ pub fn list(
                     age(created.as_deref()),
                 ];
                 if wide {
-                    row.push(o.meta.labels.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(","));
                     row.push(
-                        o.meta.owner_references.first().map(|r| format!("{}/{}", r.kind, r.name)).unwrap_or_default(),
+                        o.meta
+                            .labels
+                            .iter()
+                            .map(|(k, v)| format!("{k}={v}"))
+                            .collect::<Vec<_>>()
+                            .join(","),
+                    );
+                    row.push(
+                        o.meta
+                            .owner_references
+                            .first()
+                            .map(|r| format!("{}/{}", r.kind, r.name))
+                            .unwrap_or_default(),
                     );
                 }
                 rows.push(row);
@@ -245,13 +274,26 @@ pub fn list(
 
 pub fn print_table(rows: &[Vec<String>]) {
     let cols = rows.iter().map(Vec::len).max().unwrap_or(0);
-    let widths: Vec<usize> =
-        (0..cols).map(|c| rows.iter().filter_map(|r| r.get(c)).map(|s| s.chars().count()).max().unwrap_or(0)).collect();
+    let widths: Vec<usize> = (0..cols)
+        .map(|c| {
+            rows.iter()
+                .filter_map(|r| r.get(c))
+                .map(|s| s.chars().count())
+                .max()
+                .unwrap_or(0)
+        })
+        .collect();
     for r in rows {
         let line: Vec<String> = r
             .iter()
             .enumerate()
-            .map(|(i, s)| if i + 1 == r.len() { s.clone() } else { format!("{s:<w$}", w = widths[i]) })
+            .map(|(i, s)| {
+                if i + 1 == r.len() {
+                    s.clone()
+                } else {
+                    format!("{s:<w$}", w = widths[i])
+                }
+            })
             .collect();
         println!("{}", line.join("   ").trim_end());
     }
@@ -259,7 +301,9 @@ pub fn print_table(rows: &[Vec<String>]) {
 
 pub fn history(path: &Path, resource: &str, key: &str, output: Output) -> CliResult {
     let db = open(path)?;
-    let key: ObjectKey = key.parse().map_err(|e| CliError::new(2, format!("bad key {key:?}: {e}")))?;
+    let key: ObjectKey = key
+        .parse()
+        .map_err(|e| CliError::new(2, format!("bad key {key:?}: {e}")))?;
     let (scope, _) = find_scope(&db, resource, key.namespace.as_deref())?;
     let log = db.log();
     let mut cursor = Seq(0);
@@ -287,17 +331,29 @@ pub fn history(path: &Path, resource: &str, key: &str, output: Output) -> CliRes
                     .or(e.old.as_deref())
                     .and_then(|b| serde_json::from_slice(b).ok())
                     .unwrap_or(Value::Null);
-                println!("{}", json!({"seq": e.seq.0, "type": kind, "resourceVersion": e.rv.0, "object": object}));
+                println!(
+                    "{}",
+                    json!({"seq": e.seq.0, "type": kind, "resourceVersion": e.rv.0, "object": object})
+                );
             }
         }
         _ => {
-            let mut rows = vec![vec!["SEQ".to_string(), "EVENT".into(), "RESOURCE-VERSION".into(), "NOTE".into()]];
+            let mut rows = vec![vec![
+                "SEQ".to_string(),
+                "EVENT".into(),
+                "RESOURCE-VERSION".into(),
+                "NOTE".into(),
+            ]];
             for e in &entries {
                 rows.push(vec![
                     e.seq.0.to_string(),
                     format!("{:?}", e.kind),
                     e.rv.0.clone(),
-                    if e.final_state_unknown { "found by a relist (final state unknown)".into() } else { String::new() },
+                    if e.final_state_unknown {
+                        "found by a relist (final state unknown)".into()
+                    } else {
+                        String::new()
+                    },
                 ]);
             }
             print_table(&rows);
@@ -336,7 +392,12 @@ pub fn stats(path: &Path, output: Output) -> CliResult {
     println!("database      {} ({} bytes)", path.display(), size);
     println!("cluster       {}", identity.unwrap_or_else(|| "-".into()));
     match bounds {
-        Some((f, l)) => println!("log           seq {}..{} ({} entries retained)", f.0, l.0, l.0 - f.0 + 1),
+        Some((f, l)) => println!(
+            "log           seq {}..{} ({} entries retained)",
+            f.0,
+            l.0,
+            l.0 - f.0 + 1
+        ),
         None => println!("log           empty"),
     }
     let mut rows = vec![vec![
@@ -352,8 +413,16 @@ pub fn stats(path: &Path, output: Output) -> CliResult {
     ]];
     for (id, r) in &scopes {
         let (g, v, res, ns, labels, fields) = parse_spec(&r.spec);
-        let resource = if g.is_empty() { format!("{res} ({v})") } else { format!("{res}.{g} ({v})") };
-        let sel = [labels, fields].into_iter().filter(|s| !s.is_empty()).collect::<Vec<_>>().join(" ");
+        let resource = if g.is_empty() {
+            format!("{res} ({v})")
+        } else {
+            format!("{res}.{g} ({v})")
+        };
+        let sel = [labels, fields]
+            .into_iter()
+            .filter(|s| !s.is_empty())
+            .collect::<Vec<_>>()
+            .join(" ");
         rows.push(vec![
             id.0.to_string(),
             resource,
@@ -400,7 +469,10 @@ pub fn check(path: &Path, output: Output) -> CliResult {
     if report.is_ok() {
         Ok(())
     } else {
-        Err(CliError::new(3, format!("{} invariant violations in {}", report.problems.len(), path.display())))
+        Err(CliError::new(
+            3,
+            format!("{} invariant violations in {}", report.problems.len(), path.display()),
+        ))
     }
 }
 

@@ -54,9 +54,24 @@ struct Plan {
 
 fn plan(size: Size) -> Plan {
     match size {
-        Size::Small => Plan { pods: 1_000, namespaces: 5, churn: 300, down: 200 },
-        Size::Medium => Plan { pods: 20_000, namespaces: 50, churn: 2_000, down: 1_000 },
-        Size::Large => Plan { pods: 100_000, namespaces: 100, churn: 5_000, down: 2_000 },
+        Size::Small => Plan {
+            pods: 1_000,
+            namespaces: 5,
+            churn: 300,
+            down: 200,
+        },
+        Size::Medium => Plan {
+            pods: 20_000,
+            namespaces: 50,
+            churn: 2_000,
+            down: 1_000,
+        },
+        Size::Large => Plan {
+            pods: 100_000,
+            namespaces: 100,
+            churn: 5_000,
+            down: 2_000,
+        },
     }
 }
 
@@ -84,19 +99,26 @@ struct Running {
     informer: Informer<Pod>,
 }
 
-async fn start(path: &PathBuf, sim: &Sim, tally: &Arc<Tally>) -> CliResult<Running> {
-    let p = path.clone();
-    let db = tokio::task::spawn_blocking(move || DurableStore::open(StoreConfig::new(p))).await.map_err(CliError::runtime)??;
+async fn start(path: &std::path::Path, sim: &Sim, tally: &Arc<Tally>) -> CliResult<Running> {
+    let p = path.to_owned();
+    let db = tokio::task::spawn_blocking(move || DurableStore::open(StoreConfig::new(p)))
+        .await
+        .map_err(CliError::runtime)??;
     let client = sim.client().map_err(sim_err)?;
     let source = KubeSource::typed::<Pod>(client, &sim.url());
-    let informer = Informer::<Pod>::builder(&db, source).indexer(Indexer::labels()).build().await?;
+    let informer = Informer::<Pod>::builder(&db, source)
+        .indexer(Indexer::labels())
+        .build()
+        .await?;
     let t = tally.clone();
     informer.add_event_handler(
         handler_fn(move |ev: Event<Pod>| -> Result<(), std::convert::Infallible> {
             match ev {
                 Event::Add { .. } => t.adds.fetch_add(1, Ordering::Relaxed),
                 Event::Update { .. } => t.updates.fetch_add(1, Ordering::Relaxed),
-                Event::Delete { final_state_unknown, .. } => {
+                Event::Delete {
+                    final_state_unknown, ..
+                } => {
                     if final_state_unknown {
                         t.unknown_deletes.fetch_add(1, Ordering::Relaxed);
                     }
@@ -115,7 +137,9 @@ async fn stop(r: Running) -> CliResult {
     r.informer.shutdown().await.map_err(CliError::runtime)?;
     drop(r.informer);
     let db = r.db;
-    tokio::task::spawn_blocking(move || db.close()).await.map_err(CliError::runtime)??;
+    tokio::task::spawn_blocking(move || db.close())
+        .await
+        .map_err(CliError::runtime)??;
     Ok(())
 }
 
@@ -123,7 +147,11 @@ async fn stop(r: Running) -> CliResult {
 async fn caught_up(r: &Running, sim: &Sim, tally: &Tally, events: u64, pb: &ProgressBar) -> CliResult {
     let deadline = Instant::now() + Duration::from_secs(600);
     loop {
-        let rv = r.informer.last_synced_resource_version().and_then(|v| v.as_u64()).unwrap_or(0);
+        let rv = r
+            .informer
+            .last_synced_resource_version()
+            .and_then(|v| v.as_u64())
+            .unwrap_or(0);
         pb.set_position(tally.total().min(pb.length().unwrap_or(u64::MAX)));
         if r.informer.has_synced() && rv >= sim.current_rv() && tally.total() >= events {
             pb.finish_and_clear();
@@ -184,7 +212,11 @@ async fn server_state(sim: &Sim) -> CliResult<BTreeMap<String, String>> {
         .into_iter()
         .map(|p| {
             (
-                format!("{}/{}", p.metadata.namespace.unwrap_or_default(), p.metadata.name.unwrap_or_default()),
+                format!(
+                    "{}/{}",
+                    p.metadata.namespace.unwrap_or_default(),
+                    p.metadata.name.unwrap_or_default()
+                ),
                 p.metadata.resource_version.unwrap_or_default(),
             )
         })
@@ -192,7 +224,12 @@ async fn server_state(sim: &Sim) -> CliResult<BTreeMap<String, String>> {
 }
 
 fn store_state(r: &Running) -> CliResult<BTreeMap<String, String>> {
-    Ok(r.informer.store().list()?.into_iter().map(|o| (o.key.to_string(), o.meta.resource_version.0)).collect())
+    Ok(r.informer
+        .store()
+        .list()?
+        .into_iter()
+        .map(|o| (o.key.to_string(), o.meta.resource_version.0))
+        .collect())
 }
 
 /// Counts the differences between two states: (added, changed, deleted).
@@ -255,7 +292,10 @@ pub async fn run(size: Size, db: Option<PathBuf>, output: Output) -> CliResult {
         how_listed(c0, c1),
         tally.get().0
     ));
-    report.insert("coldStart".into(), json!({"seconds": cold.as_secs_f64(), "server": delta(c0, c1)}));
+    report.insert(
+        "coldStart".into(),
+        json!({"seconds": cold.as_secs_f64(), "server": delta(c0, c1)}),
+    );
 
     // 2. Churn while running.
     let ch = Churn::new(7, "pods", ns_names.clone()).mix(2, 6, 2);
@@ -289,9 +329,17 @@ pub async fn run(size: Size, db: Option<PathBuf>, output: Output) -> CliResult {
     // 3. Changes while the informer is down.
     let before_down = {
         let db = DurableStore::open(StoreConfig::new(&path))?;
-        let scope = db.scopes()?.first().map(|(id, _)| *id).ok_or_else(|| CliError::runtime("no scope"))?;
-        let m: BTreeMap<String, String> =
-            db.store(scope).list()?.into_iter().map(|o| (o.key.to_string(), o.meta.resource_version.0)).collect();
+        let scope = db
+            .scopes()?
+            .first()
+            .map(|(id, _)| *id)
+            .ok_or_else(|| CliError::runtime("no scope"))?;
+        let m: BTreeMap<String, String> = db
+            .store(scope)
+            .list()?
+            .into_iter()
+            .map(|o| (o.key.to_string(), o.meta.resource_version.0))
+            .collect();
         db.close()?;
         m
     };
@@ -378,7 +426,10 @@ pub async fn run(size: Size, db: Option<PathBuf>, output: Output) -> CliResult {
     let ours = store_state(&r)?;
     let equal = ours == server_state(&sim).await?;
     stop(r).await?;
-    say(format!("6. verification                store equals the server's LIST: {}", if equal { "yes" } else { "NO" }));
+    say(format!(
+        "6. verification                store equals the server's LIST: {}",
+        if equal { "yes" } else { "NO" }
+    ));
     report.insert("storeEqualsServer".into(), json!(equal));
     if !human {
         println!("{}", serde_json::Value::Object(report));

@@ -13,12 +13,14 @@ use kube::config::{KubeConfigOptions, Kubeconfig};
 use serde_json::json;
 
 use super::db::split_resource;
-use super::{ClusterArgs, CliError, CliResult, Output, ScopeArgs};
+use super::{CliError, CliResult, ClusterArgs, Output, ScopeArgs};
 
 /// A client for the cluster, and the server URL (part of the cluster identity).
 pub async fn client(args: &ClusterArgs) -> CliResult<(kube::Client, String)> {
     let config = if let Some(server) = &args.server {
-        let uri: http::Uri = server.parse().map_err(|e| CliError::new(2, format!("bad --server {server:?}: {e}")))?;
+        let uri: http::Uri = server
+            .parse()
+            .map_err(|e| CliError::new(2, format!("bad --server {server:?}: {e}")))?;
         kube::Config::new(uri)
     } else {
         let options = KubeConfigOptions {
@@ -44,7 +46,8 @@ pub async fn client(args: &ClusterArgs) -> CliResult<(kube::Client, String)> {
         }
     };
     let server = config.cluster_url.to_string();
-    let client = kube::Client::try_from(config).map_err(|e| CliError::runtime(format!("cannot build a client: {e}")))?;
+    let client =
+        kube::Client::try_from(config).map_err(|e| CliError::runtime(format!("cannot build a client: {e}")))?;
     Ok((client, server))
 }
 
@@ -55,7 +58,11 @@ pub async fn resolve(client: &kube::Client, server: &str, resource: &str) -> Cli
         .filter(&[group.as_str()])
         .run()
         .await
-        .map_err(|e| CliError::runtime(format!("cannot reach the API server at {server}: {e}; check --server or --kubeconfig")))?;
+        .map_err(|e| {
+            CliError::runtime(format!(
+                "cannot reach the API server at {server}: {e}; check --server or --kubeconfig"
+            ))
+        })?;
     for g in discovery.groups() {
         for (ar, caps) in g.recommended_resources() {
             if ar.plural == plural && ar.group == group {
@@ -63,7 +70,10 @@ pub async fn resolve(client: &kube::Client, server: &str, resource: &str) -> Cli
             }
         }
     }
-    Err(CliError::new(5, format!("unknown resource {resource:?} on {server} (use plural[.group], e.g. pods or deployments.apps)")))
+    Err(CliError::new(
+        5,
+        format!("unknown resource {resource:?} on {server} (use plural[.group], e.g. pods or deployments.apps)"),
+    ))
 }
 
 fn print_event(output: Output, ev: &Event<DynamicObject>) {
@@ -108,7 +118,10 @@ pub async fn wait_for_signal() {
 pub async fn watch(scope: ScopeArgs, cluster: ClusterArgs, db: PathBuf, output: Output, reset: bool) -> CliResult {
     let (client, server) = client(&cluster).await?;
     let (ar, namespaced) = resolve(&client, &server, &scope.resource).await?;
-    if ar.plural == "secrets" && ar.group.is_empty() && std::env::var("DURABLE_INFORMER_ALLOW_SECRETS").as_deref() != Ok("1") {
+    if ar.plural == "secrets"
+        && ar.group.is_empty()
+        && std::env::var("DURABLE_INFORMER_ALLOW_SECRETS").as_deref() != Ok("1")
+    {
         return Err(CliError::new(
             2,
             "watching Secrets stores them on disk in the database file; set DURABLE_INFORMER_ALLOW_SECRETS=1 to allow it",
@@ -134,7 +147,10 @@ pub async fn watch(scope: ScopeArgs, cluster: ClusterArgs, db: PathBuf, output: 
         reset_on_cluster_change: reset,
         ..ReflectorConfig::default()
     };
-    let informer = Informer::<DynamicObject>::builder(&store, source).reflector_config(config).build().await?;
+    let informer = Informer::<DynamicObject>::builder(&store, source)
+        .reflector_config(config)
+        .build()
+        .await?;
     if informer.is_restored() {
         eprintln!(
             "resuming from resourceVersion {} stored in {} (no full LIST)",
@@ -146,10 +162,12 @@ pub async fn watch(scope: ScopeArgs, cluster: ClusterArgs, db: PathBuf, output: 
         println!("{:<9} {:<24} {:<48} RESOURCE-VERSION", "EVENT", "NAMESPACE", "NAME");
     }
     // Durable: after a restart it prints only what happened since.
-    let handler = handler_fn(move |ev: Event<DynamicObject>| -> Result<(), std::convert::Infallible> {
-        print_event(output, &ev);
-        Ok(())
-    });
+    let handler = handler_fn(
+        move |ev: Event<DynamicObject>| -> Result<(), std::convert::Infallible> {
+            print_event(output, &ev);
+            Ok(())
+        },
+    );
     let _reg = informer.add_shared_handler(Arc::new(handler), HandlerOptions::durable("cli-watch"));
     informer.start();
     let mut status = informer.status();
@@ -165,6 +183,8 @@ pub async fn watch(scope: ScopeArgs, cluster: ClusterArgs, db: PathBuf, output: 
     };
     informer.shutdown().await.ok();
     drop(informer);
-    tokio::task::spawn_blocking(move || store.close()).await.map_err(CliError::runtime)??;
+    tokio::task::spawn_blocking(move || store.close())
+        .await
+        .map_err(CliError::runtime)??;
     outcome
 }

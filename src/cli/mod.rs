@@ -274,8 +274,13 @@ impl From<durable_informer::Error> for CliError {
 pub type CliResult<T = ()> = Result<T, CliError>;
 
 fn init_tracing(level: &str) {
-    let filter = tracing_subscriber::EnvFilter::try_new(level).unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
-    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_target(false).try_init();
+    let filter =
+        tracing_subscriber::EnvFilter::try_new(level).unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_target(false)
+        .try_init();
 }
 
 /// Parses, runs, and returns the exit code.
@@ -318,7 +323,12 @@ async fn run(command: Command) -> CliResult {
             output,
             reset_on_cluster_change,
         } => live::watch(scope, cluster, db, output, reset_on_cluster_change).await,
-        Command::Get { db, resource, key, output } => db::get(&db, &resource, &key, output),
+        Command::Get {
+            db,
+            resource,
+            key,
+            output,
+        } => db::get(&db, &resource, &key, output),
         Command::List {
             db,
             resource,
@@ -327,8 +337,20 @@ async fn run(command: Command) -> CliResult {
             selector,
             index,
             output,
-        } => db::list(&db, &resource, namespace.as_deref(), selector.as_deref(), index.as_deref(), output),
-        Command::History { db, resource, key, output } => db::history(&db, &resource, &key, output),
+        } => db::list(
+            &db,
+            &resource,
+            namespace.as_deref(),
+            selector.as_deref(),
+            index.as_deref(),
+            output,
+        ),
+        Command::History {
+            db,
+            resource,
+            key,
+            output,
+        } => db::history(&db, &resource, &key, output),
         Command::Stats { db, output } => db::stats(&db, output),
         Command::Check { db, output } => db::check(&db, output),
         Command::Compact { db, keep } => db::compact(&db, keep),

@@ -9,7 +9,10 @@ use super::{CliError, CliResult, Size};
 
 pub async fn serve(port: u16, kubeconfig_out: Option<PathBuf>, size: Option<Size>) -> CliResult {
     if port != 0 {
-        return Err(CliError::new(2, "--port is not supported yet: the server picks a free port and prints it"));
+        return Err(CliError::new(
+            2,
+            "--port is not supported yet: the server picks a free port and prints it",
+        ));
     }
     let sim = tokio::task::spawn_blocking(move || -> Result<Sim, CliError> {
         let sim = Sim::start(SimConfig::default()).map_err(|e| CliError::runtime(format!("cannot start: {e}")))?;
@@ -20,7 +23,8 @@ pub async fn serve(port: u16, kubeconfig_out: Option<PathBuf>, size: Option<Size
                 Size::Large => (100_000, 100),
             };
             let mut gen = WorkloadGen::new(42).namespaces(ns);
-            sim.bulk_load("namespaces", gen.namespace_objects()).map_err(CliError::runtime)?;
+            sim.bulk_load("namespaces", gen.namespace_objects())
+                .map_err(CliError::runtime)?;
             sim.bulk_load("pods", gen.pods(pods)).map_err(CliError::runtime)?;
         }
         Ok(sim)
@@ -28,8 +32,13 @@ pub async fn serve(port: u16, kubeconfig_out: Option<PathBuf>, size: Option<Size
     .await
     .map_err(CliError::runtime)??;
     if let Some(path) = &kubeconfig_out {
-        sim.write_kubeconfig(path).map_err(|e| CliError::runtime(format!("{}: {e}", path.display())))?;
-        eprintln!("kubeconfig written to {} (kubectl --kubeconfig {} get pods -A)", path.display(), path.display());
+        sim.write_kubeconfig(path)
+            .map_err(|e| CliError::runtime(format!("{}: {e}", path.display())))?;
+        eprintln!(
+            "kubeconfig written to {} (kubectl --kubeconfig {} get pods -A)",
+            path.display(),
+            path.display()
+        );
     }
     println!("simulated API server listening on {} (Ctrl-C to stop)", sim.url());
     super::live::wait_for_signal().await;

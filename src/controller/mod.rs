@@ -96,6 +96,9 @@ pub fn owner_keys<K: Resource>(obj: &K, owner_kind: &str, controller_only: bool)
         .collect()
 }
 
+/// Called with the key and the error of a failed reconcile.
+type ErrorCallback = Arc<dyn Fn(&ObjectKey, &str) + Send + Sync>;
+
 type Trigger = Box<dyn FnOnce(WorkQueue<ObjectKey>) -> (Registration, BoxFuture<'static, ()>) + Send>;
 
 /// Runs a reconcile function over the keys of a primary informer and of related objects.
@@ -104,7 +107,7 @@ pub struct Controller<K> {
     triggers: Vec<Trigger>,
     workers: usize,
     queue: WorkQueue<ObjectKey>,
-    on_error: Option<Arc<dyn Fn(&ObjectKey, &str) + Send + Sync>>,
+    on_error: Option<ErrorCallback>,
 }
 
 fn enqueue_handler<O, F>(queue: WorkQueue<ObjectKey>, map: F) -> impl crate::informer::EventHandler<O>
@@ -142,7 +145,10 @@ where
             primary,
             triggers: Vec::new(),
             workers: 1,
-            queue: WorkQueue::builder().name("controller").rate_limiter(default_controller_rate_limiter()).build(),
+            queue: WorkQueue::builder()
+                .name("controller")
+                .rate_limiter(default_controller_rate_limiter())
+                .build(),
             on_error: None,
         }
     }
@@ -226,12 +232,15 @@ where
                 r.wait_for_sync().await;
             }
         };
-        tokio::select! {
-            () = all_synced => {}
-            _ = stop.wait_for(|s| *s) => {
-                for r in regs { r.remove().await; }
-                return;
+        let stopped = tokio::select! {
+            () = all_synced => false,
+            r = stop.wait_for(|s| *s) => r.is_ok(),
+        };
+        if stopped {
+            for r in regs {
+                r.remove().await;
             }
+            return;
         }
         tracing::info!(workers = self.workers, "caches synced; starting workers");
         let reconcile = Arc::new(reconcile);

@@ -81,8 +81,8 @@ mod work_queue;
 pub use blocking::BlockingWorkQueue;
 pub use metrics::{DurationHistogram, QueueMetrics};
 pub use rate_limiter::{
-    default_controller_rate_limiter, BucketRateLimiter, ItemExponentialFailureRateLimiter,
-    ItemFastSlowRateLimiter, MaxOfRateLimiter, RateLimiter,
+    default_controller_rate_limiter, BucketRateLimiter, ItemExponentialFailureRateLimiter, ItemFastSlowRateLimiter,
+    MaxOfRateLimiter, RateLimiter,
 };
 pub use work_queue::{WorkQueue, WorkQueueBuilder};
 

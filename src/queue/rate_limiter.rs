@@ -272,9 +272,7 @@ impl<T> RateLimiter<T> for BucketRateLimiter {
         let now = Instant::now().saturating_duration_since(bucket.origin);
         let earliest_full = bucket.earliest_full.max(now).saturating_add(self.interval);
         bucket.earliest_full = earliest_full;
-        earliest_full
-            .saturating_sub(now)
-            .saturating_sub(self.capacity)
+        earliest_full.saturating_sub(now).saturating_sub(self.capacity)
     }
 
     fn forget(&self, _item: &T) {}
@@ -387,18 +385,13 @@ mod tests {
         let delays: Vec<_> = (0..200).map(|_| limiter.when(&"x")).collect();
         // 5 ms * 2^17 = 655.36 s, 2^18 would be 1310.72 s.
         assert_eq!(delays[17], Duration::from_millis(655_360));
-        assert!(delays[18..]
-            .iter()
-            .all(|delay| *delay == Duration::from_secs(1000)));
+        assert!(delays[18..].iter().all(|delay| *delay == Duration::from_secs(1000)));
         assert_eq!(limiter.num_requeues(&"x"), 200);
 
         let huge = ItemExponentialFailureRateLimiter::new(Duration::MAX, Duration::MAX);
         assert_eq!(huge.when(&"y"), Duration::MAX);
         assert_eq!(huge.when(&"y"), Duration::MAX);
-        assert_eq!(
-            exponential_backoff(MS, Duration::MAX, u32::MAX),
-            Duration::MAX
-        );
+        assert_eq!(exponential_backoff(MS, Duration::MAX, u32::MAX), Duration::MAX);
     }
 
     #[test]
@@ -418,11 +411,7 @@ mod tests {
     async fn bucket_allows_a_burst_then_spaces_by_the_rate() {
         let limiter = BucketRateLimiter::new(10.0, 100);
         for i in 0..100 {
-            assert_eq!(
-                RateLimiter::<u32>::when(&limiter, &i),
-                Duration::ZERO,
-                "{i}"
-            );
+            assert_eq!(RateLimiter::<u32>::when(&limiter, &i), Duration::ZERO, "{i}");
         }
         for n in 1..=5 {
             assert_eq!(RateLimiter::<u32>::when(&limiter, &0), MS * 100 * n);
@@ -435,11 +424,7 @@ mod tests {
         // After the backlog (600 ms) plus one second, ten tokens have been earned.
         tokio::time::advance(MS * 1600).await;
         for i in 0..10 {
-            assert_eq!(
-                RateLimiter::<u32>::when(&limiter, &i),
-                Duration::ZERO,
-                "{i}"
-            );
+            assert_eq!(RateLimiter::<u32>::when(&limiter, &i), Duration::ZERO, "{i}");
         }
         assert_eq!(RateLimiter::<u32>::when(&limiter, &0), MS * 100);
     }
@@ -448,9 +433,7 @@ mod tests {
     async fn bucket_refills_no_more_than_the_burst() {
         let limiter = BucketRateLimiter::new(10.0, 3);
         tokio::time::advance(Duration::from_secs(3600)).await;
-        let delays: Vec<_> = (0..5)
-            .map(|i| RateLimiter::<u32>::when(&limiter, &i))
-            .collect();
+        let delays: Vec<_> = (0..5).map(|i| RateLimiter::<u32>::when(&limiter, &i)).collect();
         assert_eq!(delays, [0, 0, 0, 100, 200].map(|ms| MS * ms));
     }
 
@@ -469,10 +452,7 @@ mod tests {
     fn max_of_takes_the_longest_and_forgets_everywhere() {
         let limiter = MaxOfRateLimiter::new(vec![
             Box::new(ItemFastSlowRateLimiter::new(MS * 5, MS * 300, 3)),
-            Box::new(ItemExponentialFailureRateLimiter::new(
-                MS,
-                Duration::from_secs(1),
-            )),
+            Box::new(ItemExponentialFailureRateLimiter::new(MS, Duration::from_secs(1))),
         ]);
         let delays: Vec<_> = (0..10).map(|_| limiter.when(&"a")).collect();
         // fast/slow: 5,5,5,300,…; exponential: 1,2,4,…,512
@@ -482,10 +462,7 @@ mod tests {
         limiter.forget(&"a");
         assert_eq!(limiter.num_requeues(&"a"), 0);
         assert_eq!(limiter.when(&"a"), MS * 5);
-        assert_eq!(
-            MaxOfRateLimiter::<u8>::new(Vec::new()).when(&0),
-            Duration::ZERO
-        );
+        assert_eq!(MaxOfRateLimiter::<u8>::new(Vec::new()).when(&0), Duration::ZERO);
     }
 
     #[tokio::test(start_paused = true)]

@@ -194,8 +194,7 @@ impl<T: Clone + Eq + Hash> State<T> {
         }
         if let Some(item) = self.queue.pop_front() {
             let added = self.dirty.remove(&item).unwrap_or(now);
-            self.queue_latency
-                .observe(now.saturating_duration_since(added));
+            self.queue_latency.observe(now.saturating_duration_since(added));
             self.processing.insert(item.clone(), now);
             return TryGet::Item(item);
         }
@@ -211,8 +210,7 @@ impl<T: Clone + Eq + Hash> State<T> {
         let Some(started) = self.processing.remove(item) else {
             return false;
         };
-        self.work_duration
-            .observe(now.saturating_duration_since(started));
+        self.work_duration.observe(now.saturating_duration_since(started));
         if self.dirty.contains_key(item) {
             self.requeue_pending -= 1;
             self.queue.push_back(item.clone());
@@ -299,10 +297,7 @@ impl<T: Clone + Eq + Hash> Shared<T> {
             state = match next {
                 TryGet::Item(item) => return Some(item),
                 TryGet::Closed => return None,
-                TryGet::Wait(None) => self
-                    .condvar
-                    .wait(state)
-                    .unwrap_or_else(PoisonError::into_inner),
+                TryGet::Wait(None) => self.condvar.wait(state).unwrap_or_else(PoisonError::into_inner),
                 TryGet::Wait(Some(deadline)) => {
                     let timeout = deadline.saturating_duration_since(now);
                     match self.condvar.wait_timeout(state, timeout) {
@@ -322,10 +317,7 @@ impl<T: Clone + Eq + Hash> Shared<T> {
         });
         let mut state = self.lock();
         while !state.drained() {
-            state = self
-                .condvar
-                .wait(state)
-                .unwrap_or_else(PoisonError::into_inner);
+            state = self.condvar.wait(state).unwrap_or_else(PoisonError::into_inner);
         }
     }
 }
@@ -891,10 +883,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn metrics_count_adds_latency_work_and_retries() {
-        let q = WorkQueue::builder()
-            .name("test")
-            .rate_limiter(queue_limiter())
-            .build();
+        let q = WorkQueue::builder().name("test").rate_limiter(queue_limiter()).build();
         q.add("a");
         q.add("a"); // deduplicated: not counted
         q.add("b");
@@ -940,8 +929,7 @@ mod tests {
         let processed = Arc::new(Mutex::new(0_u32));
         let workers: Vec<_> = (0..4)
             .map(|_| {
-                let (q, in_flight, processed) =
-                    (q.clone(), Arc::clone(&in_flight), Arc::clone(&processed));
+                let (q, in_flight, processed) = (q.clone(), Arc::clone(&in_flight), Arc::clone(&processed));
                 tokio::spawn(async move {
                     while let Some(item) = q.get().await {
                         assert!(lock(&in_flight).insert(item), "{item} handed out twice");

@@ -92,7 +92,11 @@ impl Faults {
         if !applies || times == 0 {
             return None;
         }
-        st.fail = if times > 1 { Some((target, failure, times - 1)) } else { None };
+        st.fail = if times > 1 {
+            Some((target, failure, times - 1))
+        } else {
+            None
+        };
         Some(failure)
     }
 

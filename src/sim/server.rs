@@ -228,7 +228,11 @@ async fn resource_request(
         return status_response(shared, &method_not_allowed());
     }
     let ct = content_type.split(';').next().unwrap_or("").trim();
-    if !body.is_empty() && (ct.contains("protobuf") || ct.contains("cbor") || ct.contains("yaml") && ct != "application/apply-patch+yaml") {
+    if !body.is_empty()
+        && (ct.contains("protobuf")
+            || ct.contains("cbor")
+            || ct.contains("yaml") && ct != "application/apply-patch+yaml")
+    {
         return status_response(
             shared,
             &ApiError::new(415, "UnsupportedMediaType", format!("the body of the request was in an unknown format - accepted media types include: application/json, application/merge-patch+json, application/strategic-merge-patch+json, application/apply-patch+yaml (got {ct})")),
@@ -237,12 +241,12 @@ async fn resource_request(
     let result = match (&method, &t.name) {
         (&Method::GET, None) if is_watch => return watch(shared, &t, q),
         (&Method::GET, None) => return list(shared, &t, q).await,
-        (&Method::GET, Some(name)) => {
-            shared.lock().get(t.res, t.ns.as_deref(), name).map(|o| (StatusCode::OK, o))
-        }
-        (&Method::POST, None) => parse_body(body).and_then(|v| {
-            write(shared, |st| st.create(t.res, t.ns.as_deref(), v)).map(|o| (StatusCode::CREATED, o))
-        }),
+        (&Method::GET, Some(name)) => shared
+            .lock()
+            .get(t.res, t.ns.as_deref(), name)
+            .map(|o| (StatusCode::OK, o)),
+        (&Method::POST, None) => parse_body(body)
+            .and_then(|v| write(shared, |st| st.create(t.res, t.ns.as_deref(), v)).map(|o| (StatusCode::CREATED, o))),
         (&Method::PUT, Some(name)) => parse_body(body).and_then(|v| {
             write(shared, |st| st.update(t.res, t.ns.as_deref(), name, v, t.status)).map(|o| (StatusCode::OK, o))
         }),
@@ -259,7 +263,11 @@ async fn resource_request(
 }
 
 fn method_not_allowed() -> ApiError {
-    ApiError::new(405, "MethodNotAllowed", "the server does not allow this method on the requested resource")
+    ApiError::new(
+        405,
+        "MethodNotAllowed",
+        "the server does not allow this method on the requested resource",
+    )
 }
 
 fn parse_body(body: &Bytes) -> Result<Value, ApiError> {
@@ -276,7 +284,13 @@ fn write(shared: &Shared, f: impl FnOnce(&mut State) -> Result<Arc<Obj>, ApiErro
     out
 }
 
-fn patch(shared: &Shared, t: &Target, name: &str, content_type: &str, body: &Bytes) -> Result<(StatusCode, Arc<Obj>), ApiError> {
+fn patch(
+    shared: &Shared,
+    t: &Target,
+    name: &str,
+    content_type: &str,
+    body: &Bytes,
+) -> Result<(StatusCode, Arc<Obj>), ApiError> {
     let ct = content_type.split(';').next().unwrap_or("").trim();
     let p = parse_body(body)?;
     match ct {
@@ -338,7 +352,9 @@ impl Selectors {
 
 fn parse_rv(s: &str) -> Result<u64, ApiError> {
     s.parse::<u64>().map_err(|_| {
-        ApiError::bad_request(format!("resourceVersion: Invalid value: {s:?}: must be a non-negative integer"))
+        ApiError::bad_request(format!(
+            "resourceVersion: Invalid value: {s:?}: must be a non-negative integer"
+        ))
     })
 }
 
@@ -385,7 +401,11 @@ struct ContinueToken {
 }
 
 fn encode_continue(rv: i64, start: &str) -> String {
-    let t = ContinueToken { v: "meta.k8s.io/v1".into(), rv, start: start.into() };
+    let t = ContinueToken {
+        v: "meta.k8s.io/v1".into(),
+        rv,
+        start: start.into(),
+    };
     b64_encode(&serde_json::to_vec(&t).unwrap_or_default())
 }
 
@@ -419,7 +439,11 @@ async fn list_inner(shared: &Arc<Shared>, t: &Target, q: &Query) -> Result<Resp,
         Some(s) => match s.parse::<i64>() {
             Ok(n) if n > 0 => Some(usize::try_from(n).unwrap_or(usize::MAX)),
             Ok(_) => None,
-            Err(_) => return Err(ApiError::bad_request(format!("limit: Invalid value: {s:?}: must be an integer"))),
+            Err(_) => {
+                return Err(ApiError::bad_request(format!(
+                    "limit: Invalid value: {s:?}: must be an integer"
+                )))
+            }
         },
     };
     let rv = q.str("resourceVersion");
@@ -446,7 +470,9 @@ async fn list_inner(shared: &Arc<Shared>, t: &Target, q: &Query) -> Result<Resp,
         }
     }
     if !cont.is_empty() && !rv.is_empty() && rv != "0" {
-        return Err(ApiError::bad_request("specifying resource version is not allowed when using continue"));
+        return Err(ApiError::bad_request(
+            "specifying resource version is not allowed when using continue",
+        ));
     }
     let prefix = match (&t.ns, t.def.namespaced) {
         (Some(ns), true) => format!("{ns}/"),
@@ -491,7 +517,11 @@ async fn list_inner(shared: &Arc<Shared>, t: &Target, q: &Query) -> Result<Resp,
                 let meta = json!({"continue": encode_continue(-1, &start)});
                 return Ok(status_response_meta(shared, &e, meta));
             }
-            return Err(ApiError::new(410, "Expired", "The resourceVersion for the provided list is too old."));
+            return Err(ApiError::new(
+                410,
+                "Expired",
+                "The resourceVersion for the provided list is too old.",
+            ));
         }
     }
     let list_rv = at.unwrap_or(st.rv);
@@ -501,7 +531,11 @@ async fn list_inner(shared: &Arc<Shared>, t: &Target, q: &Query) -> Result<Resp,
     let mut remaining = None;
     {
         let mut it = st.snapshot_iter(t.res, list_rv, &prefix, &from);
-        let max = if paginate { limit.unwrap_or(usize::MAX) } else { usize::MAX };
+        let max = if paginate {
+            limit.unwrap_or(usize::MAX)
+        } else {
+            usize::MAX
+        };
         for o in it.by_ref() {
             if sel.matches(&o) {
                 items.push(o);
@@ -522,14 +556,21 @@ async fn list_inner(shared: &Arc<Shared>, t: &Target, q: &Query) -> Result<Resp,
             if remaining.is_some() {
                 if let Some(last) = items.last() {
                     let rel = last.key.strip_prefix(prefix.as_str()).unwrap_or(&last.key);
-                    let tok_rv = if token_rv == Some(-1) { -1 } else { i64::try_from(list_rv).unwrap_or(-1) };
+                    let tok_rv = if token_rv == Some(-1) {
+                        -1
+                    } else {
+                        i64::try_from(list_rv).unwrap_or(-1)
+                    };
                     cont_out = Some(encode_continue(tok_rv, &format!("{rel}\u{0}")));
                 }
             }
         }
     }
     drop(st);
-    shared.counters.list_objects.fetch_add(items.len() as u64, Ordering::Relaxed);
+    shared
+        .counters
+        .list_objects
+        .fetch_add(items.len() as u64, Ordering::Relaxed);
 
     let mut out = Vec::with_capacity(items.iter().map(|o| o.full.len()).sum::<usize>() + 256);
     out.extend_from_slice(
@@ -588,8 +629,10 @@ fn watch(shared: &Arc<Shared>, t: &Target, q: &Query) -> Resp {
             let stream = futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|c| (c, rx)) })
                 .map(|c| c.map(Frame::data));
             let mut resp = Response::new(StreamBody::new(stream).boxed_unsync());
-            resp.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
-            resp.headers_mut().insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache, private"));
+            resp.headers_mut()
+                .insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+            resp.headers_mut()
+                .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache, private"));
             resp
         }
         Err(e) => status_response(shared, &e),
@@ -606,12 +649,17 @@ fn plan_watch(shared: &Shared, t: &Target, q: &Query) -> Result<WatchPlan, ApiEr
     let timeout = match q.get("timeoutSeconds").filter(|s| !s.is_empty()) {
         None => cfg.default_watch_timeout,
         Some(s) => Duration::from_secs(s.parse::<u64>().map_err(|_| {
-            ApiError::bad_request(format!("timeoutSeconds: Invalid value: {s:?}: must be a non-negative integer"))
+            ApiError::bad_request(format!(
+                "timeoutSeconds: Invalid value: {s:?}: must be a non-negative integer"
+            ))
         })?),
     };
     let start = if cfg.old_server {
         if !rvm.is_empty() {
-            let mut causes = vec![("resourceVersionMatch", "Forbidden: resourceVersionMatch is forbidden for watch")];
+            let mut causes = vec![(
+                "resourceVersionMatch",
+                "Forbidden: resourceVersionMatch is forbidden for watch",
+            )];
             if rv.is_empty() {
                 causes.push((
                     "resourceVersionMatch",
@@ -677,7 +725,11 @@ fn plan_watch(shared: &Shared, t: &Target, q: &Query) -> Result<WatchPlan, ApiEr
 /// The `BOOKMARK` event for a resource: only the resourceVersion is meaningful; the rest is the
 /// empty object's shape as a real server serializes it.
 fn bookmark_line(def: &ResourceDef, rv: u64, initial_end: bool) -> Vec<u8> {
-    let annotations = if initial_end { r#","annotations":{"k8s.io/initial-events-end":"true"}"# } else { "" };
+    let annotations = if initial_end {
+        r#","annotations":{"k8s.io/initial-events-end":"true"}"#
+    } else {
+        ""
+    };
     let tail = if def.group.is_empty() && def.plural == "pods" {
         r#","spec":{"containers":null},"status":{}"#
     } else if def.group == "apps" && def.plural == "deployments" {
@@ -753,7 +805,10 @@ impl Sink {
             let half = line_start + (self.buf.len() - line_start) / 2;
             self.buf.truncate(half);
             let _ = self.flush().await;
-            let _ = self.tx.send(Err(io::Error::other("sim fault: chunk cut in half"))).await;
+            let _ = self
+                .tx
+                .send(Err(io::Error::other("sim fault: chunk cut in half")))
+                .await;
             return false;
         }
         if self.drop_after.is_some_and(|k| self.events >= k) {
@@ -771,7 +826,10 @@ impl Sink {
             return true;
         }
         let chunk = Bytes::from(std::mem::take(&mut self.buf));
-        self.shared.counters.bytes_served.fetch_add(chunk.len() as u64, Ordering::Relaxed);
+        self.shared
+            .counters
+            .bytes_served
+            .fetch_add(chunk.len() as u64, Ordering::Relaxed);
         self.tx.send(Ok(chunk)).await.is_ok()
     }
 }
@@ -916,10 +974,16 @@ async fn run_watch(shared: Arc<Shared>, plan: WatchPlan, tx: mpsc::Sender<Result
 // Responses and discovery
 
 fn full_response(code: StatusCode, body: Bytes) -> Resp {
-    let mut resp = Response::new(Full::new(body).map_err(|never: Infallible| match never {}).boxed_unsync());
+    let mut resp = Response::new(
+        Full::new(body)
+            .map_err(|never: Infallible| match never {})
+            .boxed_unsync(),
+    );
     *resp.status_mut() = code;
-    resp.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
-    resp.headers_mut().insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache, private"));
+    resp.headers_mut()
+        .insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    resp.headers_mut()
+        .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache, private"));
     resp
 }
 
@@ -929,7 +993,10 @@ fn json_response(code: StatusCode, v: Value) -> Resp {
 
 fn text_response(s: &'static str) -> Resp {
     let mut r = full_response(StatusCode::OK, Bytes::from_static(s.as_bytes()));
-    r.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain; charset=utf-8"));
+    r.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
     r
 }
 
@@ -947,7 +1014,12 @@ fn status_value(e: &ApiError, metadata: Value) -> Value {
 fn status_response_meta(_shared: &Shared, e: &ApiError, metadata: Value) -> Resp {
     let code = StatusCode::from_u16(e.code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
     let mut r = json_response(code, status_value(e, metadata));
-    if let Some(secs) = e.details.as_ref().and_then(|d| d.get("retryAfterSeconds")).and_then(Value::as_u64) {
+    if let Some(secs) = e
+        .details
+        .as_ref()
+        .and_then(|d| d.get("retryAfterSeconds"))
+        .and_then(Value::as_u64)
+    {
         if let Ok(h) = HeaderValue::from_str(&secs.to_string()) {
             r.headers_mut().insert(header::RETRY_AFTER, h);
         }
@@ -973,13 +1045,21 @@ fn failure_response(shared: &Shared, f: Failure) -> Resp {
         }
         Failure::InternalError => status_response(
             shared,
-            &ApiError::new(500, "InternalError", "Internal error occurred: injected by the simulated API server"),
+            &ApiError::new(
+                500,
+                "InternalError",
+                "Internal error occurred: injected by the simulated API server",
+            ),
         ),
     }
 }
 
 fn version_body(shared: &Shared) -> Value {
-    let (minor, git) = if shared.config.old_server { ("20", "v1.20.2") } else { ("33", "v1.33.0") };
+    let (minor, git) = if shared.config.old_server {
+        ("20", "v1.20.2")
+    } else {
+        ("33", "v1.33.0")
+    };
     json!({"major": "1", "minor": minor, "gitVersion": git, "gitCommit": "durable-informer-sim",
            "gitTreeState": "clean", "buildDate": "2026-01-01T00:00:00Z", "goVersion": "go1.24",
            "compiler": "gc", "platform": "linux/amd64"})
@@ -1006,7 +1086,10 @@ fn groups(st: &State) -> Vec<(String, Vec<String>)> {
 }
 
 fn group_value(g: &str, versions: &[String]) -> Value {
-    let vs: Vec<Value> = versions.iter().map(|v| json!({"groupVersion": format!("{g}/{v}"), "version": v})).collect();
+    let vs: Vec<Value> = versions
+        .iter()
+        .map(|v| json!({"groupVersion": format!("{g}/{v}"), "version": v}))
+        .collect();
     json!({"name": g, "versions": vs, "preferredVersion": vs.first().cloned().unwrap_or(Value::Null)})
 }
 
@@ -1049,7 +1132,11 @@ fn resource_list(st: &State, g: &str, v: &str) -> Value {
                 "namespaced": d.namespaced, "kind": d.kind, "verbs": ["get", "patch", "update"]}));
         }
     }
-    let gv = if g.is_empty() { v.to_string() } else { format!("{g}/{v}") };
+    let gv = if g.is_empty() {
+        v.to_string()
+    } else {
+        format!("{g}/{v}")
+    };
     json!({"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": gv, "resources": resources})
 }
 
@@ -1057,10 +1144,16 @@ fn resource_list(st: &State, g: &str, v: &str) -> Value {
 /// itself (`fieldValidation` on PATCH), so it skips client-side schema validation. No schemas.
 fn openapi_root(st: &State) -> Value {
     let mut paths = serde_json::Map::new();
-    paths.insert("api/v1".into(), json!({"serverRelativeURL": "/openapi/v3/api/v1?hash=sim"}));
+    paths.insert(
+        "api/v1".into(),
+        json!({"serverRelativeURL": "/openapi/v3/api/v1?hash=sim"}),
+    );
     for (g, vs) in groups(st) {
         for v in vs {
-            paths.insert(format!("apis/{g}/{v}"), json!({"serverRelativeURL": format!("/openapi/v3/apis/{g}/{v}?hash=sim")}));
+            paths.insert(
+                format!("apis/{g}/{v}"),
+                json!({"serverRelativeURL": format!("/openapi/v3/apis/{g}/{v}?hash=sim")}),
+            );
         }
     }
     json!({"paths": paths})
@@ -1074,7 +1167,11 @@ fn openapi_gv(st: &State, g: &str, v: &str) -> Value {
         {"name": "dryRun", "in": "query", "schema": {"type": "string"}}
     ]);
     for d in st.resources.iter().filter(|d| d.group == g && d.version == v) {
-        let base = if g.is_empty() { format!("/api/{v}") } else { format!("/apis/{g}/{v}") };
+        let base = if g.is_empty() {
+            format!("/api/{v}")
+        } else {
+            format!("/apis/{g}/{v}")
+        };
         let path = if d.namespaced {
             format!("{base}/namespaces/{{namespace}}/{}/{{name}}", d.plural)
         } else {

@@ -105,13 +105,22 @@ pub(crate) struct ApiError {
 
 impl ApiError {
     pub fn new(code: u16, reason: &'static str, message: impl Into<String>) -> Self {
-        Self { code, reason, message: message.into(), details: None }
+        Self {
+            code,
+            reason,
+            message: message.into(),
+            details: None,
+        }
     }
     pub fn bad_request(message: impl Into<String>) -> Self {
         Self::new(400, "BadRequest", message)
     }
     fn not_found(def: &ResourceDef, name: &str) -> Self {
-        let mut e = Self::new(404, "NotFound", format!("{} \"{name}\" not found", def.resource_group()));
+        let mut e = Self::new(
+            404,
+            "NotFound",
+            format!("{} \"{name}\" not found", def.resource_group()),
+        );
         e.details = Some(json!({"name": name, "group": def.group, "kind": def.plural}));
         e
     }
@@ -191,7 +200,9 @@ impl State {
 
     /// Find a resource by plural, `plural.group`, or (group, version, plural).
     pub fn find(&self, name: &str) -> Option<usize> {
-        self.resources.iter().position(|d| d.plural == name || format!("{}.{}", d.plural, d.group) == name)
+        self.resources
+            .iter()
+            .position(|d| d.plural == name || format!("{}.{}", d.plural, d.group) == name)
     }
 
     pub fn find_gvr(&self, group: &str, version: &str, plural: &str) -> Option<usize> {
@@ -239,7 +250,10 @@ impl State {
     }
 
     pub fn backup(&self) -> Backup {
-        Backup { rv: self.rv, objects: self.objects.clone() }
+        Backup {
+            rv: self.rv,
+            objects: self.objects.clone(),
+        }
     }
 
     /// Go back to a backup: the revision moves backwards, the history is gone.
@@ -257,7 +271,14 @@ impl State {
     }
 
     fn push_event(&mut self, res: usize, kind: EventKind, obj: Arc<Obj>, prev: Option<Arc<Obj>>) {
-        self.history.push_back(Event { rv: obj.rv, res, kind, obj, prev, at: Instant::now() });
+        self.history.push_back(Event {
+            rv: obj.rv,
+            res,
+            kind,
+            obj,
+            prev,
+            at: Instant::now(),
+        });
         self.maintain();
     }
 
@@ -306,8 +327,11 @@ impl State {
             meta.insert("generation".into(), json!(1));
         }
         if def.plural == "namespaces" && def.group.is_empty() {
-            let obj = v.as_object_mut().ok_or_else(|| ApiError::bad_request("object expected"))?;
-            obj.entry("spec").or_insert_with(|| json!({"finalizers": ["kubernetes"]}));
+            let obj = v
+                .as_object_mut()
+                .ok_or_else(|| ApiError::bad_request("object expected"))?;
+            obj.entry("spec")
+                .or_insert_with(|| json!({"finalizers": ["kubernetes"]}));
             obj.entry("status").or_insert_with(|| json!({"phase": "Active"}));
         }
         let obj = Arc::new(build_obj(&def, key.clone(), v)?);
@@ -487,7 +511,11 @@ impl State {
         prefix: &'a str,
         from: &str,
     ) -> impl Iterator<Item = Arc<Obj>> + 'a {
-        let start = if from < prefix { prefix.to_string() } else { from.to_string() };
+        let start = if from < prefix {
+            prefix.to_string()
+        } else {
+            from.to_string()
+        };
         // The state at `at` of every key changed after it: the first later event tells.
         let mut overlay: BTreeMap<String, Option<Arc<Obj>>> = BTreeMap::new();
         if at < self.rv {
@@ -504,7 +532,10 @@ impl State {
         let cur = self.objects[res]
             .range::<str, _>((Bound::Included(start.as_str()), Bound::Unbounded))
             .take_while(move |(k, _)| k.starts_with(prefix));
-        Merge { cur: cur.peekable(), over: overlay.into_iter().peekable() }
+        Merge {
+            cur: cur.peekable(),
+            over: overlay.into_iter().peekable(),
+        }
     }
 }
 
@@ -545,16 +576,21 @@ where
 
 fn random_suffix() -> String {
     const CH: &[u8] = b"bcdfghjklmnpqrstvwxz2456789";
-    (0..5).map(|_| char::from(CH[rand::random_range(0..CH.len())])).collect()
+    (0..5)
+        .map(|_| char::from(CH[rand::random_range(0..CH.len())]))
+        .collect()
 }
 
 fn meta_mut(v: &mut Value) -> Result<&mut Map<String, Value>, ApiError> {
-    let obj = v.as_object_mut().ok_or_else(|| ApiError::bad_request("the body must be a JSON object"))?;
+    let obj = v
+        .as_object_mut()
+        .ok_or_else(|| ApiError::bad_request("the body must be a JSON object"))?;
     let meta = obj.entry("metadata").or_insert_with(|| json!({}));
     if !meta.is_object() {
         return Err(ApiError::bad_request("metadata must be an object"));
     }
-    meta.as_object_mut().ok_or_else(|| ApiError::bad_request("metadata must be an object"))
+    meta.as_object_mut()
+        .ok_or_else(|| ApiError::bad_request("metadata must be an object"))
 }
 
 fn resolve_ns(def: &ResourceDef, path_ns: Option<&str>, meta: &Map<String, Value>) -> Result<String, ApiError> {
@@ -575,7 +611,9 @@ fn resolve_ns(def: &ResourceDef, path_ns: Option<&str>, meta: &Map<String, Value
 fn check_name(def: &ResourceDef, name: &str) -> Result<(), ApiError> {
     let ok = name.len() <= 253
         && !name.is_empty()
-        && name.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '.')
+        && name
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '.')
         && name.chars().next().is_some_and(|c| c.is_ascii_alphanumeric())
         && name.chars().last().is_some_and(|c| c.is_ascii_alphanumeric());
     if ok {
@@ -611,7 +649,9 @@ pub(crate) fn merge_patch(target: &mut Value, patch: &Value) {
 
 /// Serialize an object (kind/apiVersion first) and extract its index.
 pub(crate) fn build_obj(def: &ResourceDef, key: String, mut v: Value) -> Result<Obj, ApiError> {
-    let obj = v.as_object_mut().ok_or_else(|| ApiError::bad_request("the body must be a JSON object"))?;
+    let obj = v
+        .as_object_mut()
+        .ok_or_else(|| ApiError::bad_request("the body must be a JSON object"))?;
     obj.remove("kind");
     obj.remove("apiVersion");
     let meta = obj.get("metadata").cloned().unwrap_or_else(|| json!({}));
@@ -620,7 +660,11 @@ pub(crate) fn build_obj(def: &ResourceDef, key: String, mut v: Value) -> Result<
     let labels = meta
         .get("labels")
         .and_then(Value::as_object)
-        .map(|m| m.iter().map(|(k, v)| (k.clone(), v.as_str().unwrap_or("").to_string())).collect())
+        .map(|m| {
+            m.iter()
+                .map(|(k, v)| (k.clone(), v.as_str().unwrap_or("").to_string()))
+                .collect()
+        })
         .unwrap_or_default();
     let mut fields = Vec::new();
     for path in def.extra_fields() {
@@ -633,7 +677,11 @@ pub(crate) fn build_obj(def: &ResourceDef, key: String, mut v: Value) -> Result<
         fields.push((*path, val.unwrap_or_default()));
     }
     let rest = serde_json::to_vec(&v).map_err(|e| ApiError::bad_request(e.to_string()))?;
-    let prefix = format!(r#"{{"kind":{},"apiVersion":{},"#, json!(def.kind), json!(def.api_version()));
+    let prefix = format!(
+        r#"{{"kind":{},"apiVersion":{},"#,
+        json!(def.kind),
+        json!(def.api_version())
+    );
     let mut full = Vec::with_capacity(prefix.len() + rest.len());
     full.extend_from_slice(prefix.as_bytes());
     // `rest` is `{…}` with at least `metadata` inside.

@@ -35,7 +35,7 @@ impl CheckReport {
 pub(crate) fn run(shared: &Shared) -> Result<CheckReport, StoreError> {
     let st = |e: redb::Error| shared.storage(e);
     let mut report = CheckReport::default();
-    let txn = shared.db.begin_read().map_err(|e| st(e.into()))?;
+    let txn = shared.db()?.begin_read().map_err(|e| st(e.into()))?;
     let scopes = txn.open_table(SCOPES).map_err(|e| st(e.into()))?;
     let objects = txn.open_table(OBJECTS).map_err(|e| st(e.into()))?;
     let log = txn.open_table(LOG).map_err(|e| st(e.into()))?;

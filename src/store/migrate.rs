@@ -18,7 +18,7 @@ const STEPS: &[Step] = &[m0001_initial::up];
 pub(crate) const LATEST: u32 = STEPS.len() as u32;
 
 fn read_version(shared: &Shared) -> Result<u32, StoreError> {
-    let txn = shared.db.begin_read().map_err(|e| shared.storage(e))?;
+    let txn = shared.db()?.begin_read().map_err(|e| shared.storage(e))?;
     let table = match txn.open_table(META) {
         Ok(t) => t,
         Err(redb::TableError::TableDoesNotExist(_)) => return Ok(0),
@@ -48,7 +48,7 @@ pub(crate) fn run(shared: &Shared) -> Result<(), StoreError> {
     if found == LATEST {
         return Ok(());
     }
-    let txn = shared.db.begin_write().map_err(|e| shared.storage(e))?;
+    let txn = shared.db()?.begin_write().map_err(|e| shared.storage(e))?;
     for step in &STEPS[found as usize..] {
         step(&txn).map_err(|e| shared.storage(e))?;
     }

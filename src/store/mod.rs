@@ -218,12 +218,31 @@ impl StoreConfig {
 
 /// State shared by the writer and every read handle.
 pub(crate) struct Shared {
-    pub(crate) db: redb::Database,
+    /// `None` once the store was closed: read handles that outlive it get [`StoreError::Closed`]
+    /// instead of keeping the file (and its lock) open.
+    db: std::sync::RwLock<Option<Arc<redb::Database>>>,
     pub(crate) path: PathBuf,
     pub(crate) indexes: IndexRegistry,
 }
 
 impl Shared {
+    pub(crate) fn db(&self) -> Result<Arc<redb::Database>, StoreError> {
+        self.db
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+            .ok_or_else(|| StoreError::Closed {
+                path: self.path.clone(),
+            })
+    }
+
+    fn take_db(&self) -> Option<Arc<redb::Database>> {
+        self.db
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .take()
+    }
+
     pub(crate) fn storage<E: Into<redb::Error>>(&self, e: E) -> StoreError {
         StoreError::Storage {
             path: self.path.clone(),
@@ -291,7 +310,7 @@ impl DurableStore {
             }
         };
         let shared = Arc::new(Shared {
-            db,
+            db: std::sync::RwLock::new(Some(Arc::new(db))),
             path,
             indexes: IndexRegistry::default(),
         });
@@ -358,18 +377,14 @@ impl DurableStore {
     /// Closes the database and compacts the file (returns whether redb compacted anything).
     /// Every read handle must have been dropped; otherwise the file is closed uncompacted.
     pub fn close_and_compact(mut self) -> Result<bool, StoreError> {
-        self.stop()?;
-        let shared = self.shared.clone();
-        drop(self);
-        match Arc::try_unwrap(shared) {
-            Ok(mut shared) => {
-                let path = shared.path.clone();
-                shared.db.compact().map_err(|e| StoreError::Storage {
-                    path,
-                    source: e.into(),
-                })
-            }
-            Err(_) => Ok(false),
+        self.writer.shutdown();
+        if let Some(t) = self.thread.take() {
+            t.join().map_err(|_| StoreError::WriterGone)?;
+        }
+        let path = self.shared.path.clone();
+        match self.shared.take_db().map(Arc::try_unwrap) {
+            Some(Ok(mut db)) => db.compact().map_err(|e| StoreError::Storage { path, source: e.into() }),
+            _ => Ok(false),
         }
     }
 
@@ -378,6 +393,8 @@ impl DurableStore {
         if let Some(t) = self.thread.take() {
             t.join().map_err(|_| StoreError::WriterGone)?;
         }
+        // Closes the file once in-flight reads finish, even if read handles remain.
+        drop(self.shared.take_db());
         Ok(())
     }
 }

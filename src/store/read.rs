@@ -302,7 +302,7 @@ impl Store {
 
     /// A view at the latest commit, for several consistent reads.
     pub fn snapshot(&self) -> Result<Snapshot, StoreError> {
-        let txn = self.shared.db.begin_read().map_err(|e| self.shared.storage(e))?;
+        let txn = self.shared.db()?.begin_read().map_err(|e| self.shared.storage(e))?;
         Ok(Snapshot {
             shared: self.shared.clone(),
             txn,
@@ -403,7 +403,7 @@ impl LogReader {
     /// given.
     pub fn read_after(&self, after: Seq, limit: usize, scope: Option<ScopeId>) -> Result<Vec<LogRecord>, StoreError> {
         let s = &self.shared;
-        let txn = s.db.begin_read().map_err(|e| s.storage(e))?;
+        let txn = s.db()?.begin_read().map_err(|e| s.storage(e))?;
         let log = txn.open_table(LOG).map_err(|e| s.storage(e))?;
         let mut out = Vec::new();
         for row in log.range(after.0.saturating_add(1)..).map_err(|e| s.storage(e))? {
@@ -427,7 +427,7 @@ impl LogReader {
         scope: ScopeId,
     ) -> Result<(Vec<LogRecord>, Seq), StoreError> {
         let s = &self.shared;
-        let txn = s.db.begin_read().map_err(|e| s.storage(e))?;
+        let txn = s.db()?.begin_read().map_err(|e| s.storage(e))?;
         let log = txn.open_table(LOG).map_err(|e| s.storage(e))?;
         let mut scanned = after;
         let mut out = Vec::new();
@@ -447,7 +447,7 @@ impl LogReader {
     /// The first and last seq in the log (`None` when empty).
     pub fn bounds(&self) -> Result<Option<(Seq, Seq)>, StoreError> {
         let s = &self.shared;
-        let txn = s.db.begin_read().map_err(|e| s.storage(e))?;
+        let txn = s.db()?.begin_read().map_err(|e| s.storage(e))?;
         let log = txn.open_table(LOG).map_err(|e| s.storage(e))?;
         let first = log.first().map_err(|e| s.storage(e))?.map(|(k, _)| k.value());
         let last = log.last().map_err(|e| s.storage(e))?.map(|(k, _)| k.value());
@@ -457,7 +457,7 @@ impl LogReader {
     /// A durable consumer's cursor.
     pub fn cursor(&self, name: &str) -> Result<Option<Seq>, StoreError> {
         let s = &self.shared;
-        let txn = s.db.begin_read().map_err(|e| s.storage(e))?;
+        let txn = s.db()?.begin_read().map_err(|e| s.storage(e))?;
         let cursors = txn.open_table(CURSORS).map_err(|e| s.storage(e))?;
         Ok(cursors.get(name).map_err(|e| s.storage(e))?.map(|v| Seq(v.value())))
     }
@@ -512,7 +512,7 @@ fn decode_record<T: ReadableTable<u64, &'static [u8]>>(
 }
 
 pub(crate) fn scopes(shared: &Shared) -> Result<Vec<(ScopeId, ScopeRecord)>, StoreError> {
-    let txn = shared.db.begin_read().map_err(|e| shared.storage(e))?;
+    let txn = shared.db()?.begin_read().map_err(|e| shared.storage(e))?;
     let table = txn.open_table(SCOPES).map_err(|e| shared.storage(e))?;
     let mut out = Vec::new();
     for row in table.iter().map_err(|e| shared.storage(e))? {
@@ -523,7 +523,7 @@ pub(crate) fn scopes(shared: &Shared) -> Result<Vec<(ScopeId, ScopeRecord)>, Sto
 }
 
 pub(crate) fn meta_string(shared: &Shared, key: &str) -> Result<Option<String>, StoreError> {
-    let txn = shared.db.begin_read().map_err(|e| shared.storage(e))?;
+    let txn = shared.db()?.begin_read().map_err(|e| shared.storage(e))?;
     let table = txn.open_table(META).map_err(|e| shared.storage(e))?;
     let v = table.get(key).map_err(|e| shared.storage(e))?;
     Ok(v.map(|v| String::from_utf8_lossy(v.value()).into_owned()))

@@ -314,7 +314,7 @@ pub(crate) fn spawn(
 
 fn last_seq_read(shared: &Shared) -> Result<Seq, StoreError> {
     use redb::ReadableDatabase;
-    let txn = shared.db.begin_read().map_err(|e| shared.storage(e))?;
+    let txn = shared.db()?.begin_read().map_err(|e| shared.storage(e))?;
     let log = txn.open_table(LOG).map_err(|e| shared.storage(e))?;
     let in_log = log.last().map_err(|e| shared.storage(e))?.map_or(0, |(k, _)| k.value());
     let meta = txn.open_table(META).map_err(|e| shared.storage(e))?;
@@ -394,7 +394,11 @@ impl WriterThread {
 
     fn commit_group(&self, group: Vec<Command>) {
         let _span = tracing::debug_span!("commit", commands = group.len()).entered();
-        let mut txn = match self.shared.db.begin_write() {
+        let db = match self.shared.db() {
+            Ok(db) => db,
+            Err(e) => return fail_all(group, &e),
+        };
+        let mut txn = match db.begin_write() {
             Ok(t) => t,
             Err(e) => return fail_all(group, &self.shared.storage(e)),
         };

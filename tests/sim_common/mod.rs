@@ -47,7 +47,8 @@ pub async fn request_timeout(
 ) -> RawResponse {
     tokio::time::timeout(deadline, async {
         let mut s = TcpStream::connect(addr).await.expect("connect");
-        let mut req = format!("{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nAccept: application/json\r\n");
+        let mut req =
+            format!("{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nAccept: application/json\r\n");
         if let Some((ct, b)) = body {
             req.push_str(&format!("Content-Type: {ct}\r\nContent-Length: {}\r\n", b.len()));
         }
@@ -69,7 +70,11 @@ pub fn parse_response(raw: &[u8]) -> RawResponse {
     let head = String::from_utf8_lossy(&raw[..split]).to_string();
     let mut lines = head.split("\r\n");
     let status_line = lines.next().expect("status line");
-    let status = status_line.split(' ').nth(1).and_then(|s| s.parse().ok()).expect("status code");
+    let status = status_line
+        .split(' ')
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .expect("status code");
     let headers: BTreeMap<String, String> = lines
         .filter_map(|l| l.split_once(':'))
         .map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_string()))
@@ -87,7 +92,9 @@ pub fn parse_response(raw: &[u8]) -> RawResponse {
 pub fn dechunk(mut b: &[u8]) -> Vec<u8> {
     let mut out = Vec::new();
     loop {
-        let Some(eol) = b.windows(2).position(|w| w == b"\r\n") else { break };
+        let Some(eol) = b.windows(2).position(|w| w == b"\r\n") else {
+            break;
+        };
         let size = usize::from_str_radix(String::from_utf8_lossy(&b[..eol]).trim(), 16).unwrap_or(0);
         if size == 0 {
             break;
@@ -104,7 +111,14 @@ pub fn dechunk(mut b: &[u8]) -> Vec<u8> {
 }
 
 /// Fields whose values differ between any two servers (identity and time).
-pub const VOLATILE: &[&str] = &["uid", "resourceVersion", "creationTimestamp", "deletionTimestamp", "time", "continue"];
+pub const VOLATILE: &[&str] = &[
+    "uid",
+    "resourceVersion",
+    "creationTimestamp",
+    "deletionTimestamp",
+    "time",
+    "continue",
+];
 
 /// Compare two JSON values field by field: same keys and same types everywhere; same scalar
 /// values except for the `VOLATILE` keys. Returns the differences as paths.
@@ -162,12 +176,20 @@ pub fn wire_http(name: &str) -> RawResponse {
     let text = wire(name).replace("\r\n", "\n");
     let (head, body) = text.split_once("\n\n").expect("blank line after headers");
     let mut lines = head.lines();
-    let status = lines.next().and_then(|l| l.split_whitespace().nth(1)).and_then(|s| s.parse().ok()).expect("status");
+    let status = lines
+        .next()
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|s| s.parse().ok())
+        .expect("status");
     let headers = lines
         .filter_map(|l| l.split_once(':'))
         .map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_string()))
         .collect();
-    RawResponse { status, headers, body: body.trim().as_bytes().to_vec() }
+    RawResponse {
+        status,
+        headers,
+        body: body.trim().as_bytes().to_vec(),
+    }
 }
 
 /// Strip what a server assigns, so a recorded object can be created again.

@@ -1,0 +1,366 @@
+//! Kubernetes' sample-controller on durable informers: a `Foo` custom resource
+//! (`samplecontroller.k8s.io/v1alpha1`, `spec.deploymentName`, `spec.replicas`) owns a
+//! Deployment. The controller creates it, keeps its replicas in line with the Foo, refuses to
+//! adopt a Deployment it does not own (an Event and an error), and copies
+//! `status.availableReplicas` back to the Foo.
+//!
+//! ```text
+//! cargo run --example sample_controller                         # against the built-in simulated cluster
+//! cargo run --example sample_controller -- --kubeconfig ~/.kube/config --db foo.redb
+//! ```
+//! Against a real cluster, the Foo CRD must be installed (see Kubernetes' sample-controller).
+
+#![allow(dead_code)] // shared with tests/sample_controller.rs, which uses other parts of it
+#![allow(missing_docs)] // an example; its items are described in the module docs
+#![allow(clippy::disallowed_names)] // `Foo` is the resource sample-controller is about
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use durable_informer::controller::{Action, Controller};
+use durable_informer::informer::{Informer, Lister};
+use durable_informer::source::KubeSource;
+use durable_informer::store::{DurableStore, ObjectKey, StoreConfig};
+use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec};
+use k8s_openapi::api::core::v1::{Container, PodSpec, PodTemplateSpec};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, OwnerReference};
+use kube::api::{Api, Patch, PatchParams, PostParams};
+use serde::{Deserialize, Serialize};
+
+/// The `Foo` custom resource.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct Foo {
+    pub metadata: ObjectMeta,
+    pub spec: FooSpec,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub status: Option<FooStatus>,
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct FooSpec {
+    pub deployment_name: String,
+    pub replicas: Option<i32>,
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct FooStatus {
+    pub available_replicas: i32,
+}
+
+impl kube::Resource for Foo {
+    type DynamicType = ();
+    type Scope = kube::core::NamespaceResourceScope;
+    fn kind(_: &()) -> std::borrow::Cow<'_, str> {
+        "Foo".into()
+    }
+    fn group(_: &()) -> std::borrow::Cow<'_, str> {
+        "samplecontroller.k8s.io".into()
+    }
+    fn version(_: &()) -> std::borrow::Cow<'_, str> {
+        "v1alpha1".into()
+    }
+    fn plural(_: &()) -> std::borrow::Cow<'_, str> {
+        "foos".into()
+    }
+    fn meta(&self) -> &ObjectMeta {
+        &self.metadata
+    }
+    fn meta_mut(&mut self) -> &mut ObjectMeta {
+        &mut self.metadata
+    }
+}
+
+/// What the reconciler needs, and what it did (for tests and the demo output).
+pub struct Ctx {
+    pub client: kube::Client,
+    pub foos: Lister<Foo>,
+    pub deployments: Lister<Deployment>,
+    /// Events recorded (`reason: message`), also posted as core/v1 Events where possible.
+    pub events: Mutex<Vec<String>>,
+}
+
+const MESSAGE_RESOURCE_EXISTS: &str = "already exists and is not managed by Foo";
+
+async fn record_event(ctx: &Ctx, foo: &Foo, kind: &str, reason: &str, message: &str) {
+    println!("event {kind} {reason}: {message}");
+    ctx.events
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .push(format!("{reason}: {message}"));
+    let ns = foo.metadata.namespace.clone().unwrap_or_default();
+    let ev = k8s_openapi::api::core::v1::Event {
+        metadata: ObjectMeta {
+            generate_name: Some(format!("{}-", foo.metadata.name.clone().unwrap_or_default())),
+            namespace: Some(ns.clone()),
+            ..ObjectMeta::default()
+        },
+        type_: Some(kind.into()),
+        reason: Some(reason.into()),
+        message: Some(message.into()),
+        ..Default::default()
+    };
+    // Best effort: a cluster without an events API still gets the log line above.
+    let _ = Api::<k8s_openapi::api::core::v1::Event>::namespaced(ctx.client.clone(), &ns)
+        .create(&PostParams::default(), &ev)
+        .await;
+}
+
+fn new_deployment(foo: &Foo) -> Deployment {
+    let labels = std::collections::BTreeMap::from([
+        ("app".to_string(), "nginx".to_string()),
+        ("controller".to_string(), foo.metadata.name.clone().unwrap_or_default()),
+    ]);
+    Deployment {
+        metadata: ObjectMeta {
+            name: Some(foo.spec.deployment_name.clone()),
+            namespace: foo.metadata.namespace.clone(),
+            owner_references: Some(vec![OwnerReference {
+                api_version: "samplecontroller.k8s.io/v1alpha1".into(),
+                kind: "Foo".into(),
+                name: foo.metadata.name.clone().unwrap_or_default(),
+                uid: foo.metadata.uid.clone().unwrap_or_default(),
+                controller: Some(true),
+                block_owner_deletion: Some(true),
+            }]),
+            ..ObjectMeta::default()
+        },
+        spec: Some(DeploymentSpec {
+            replicas: foo.spec.replicas,
+            selector: LabelSelector {
+                match_labels: Some(labels.clone()),
+                ..LabelSelector::default()
+            },
+            template: PodTemplateSpec {
+                metadata: Some(ObjectMeta {
+                    labels: Some(labels),
+                    ..ObjectMeta::default()
+                }),
+                spec: Some(PodSpec {
+                    containers: vec![Container {
+                        name: "nginx".into(),
+                        image: Some("nginx:latest".into()),
+                        ..Container::default()
+                    }],
+                    ..PodSpec::default()
+                }),
+            },
+            ..DeploymentSpec::default()
+        }),
+        status: None,
+    }
+}
+
+/// The reconcile function of sample-controller's `syncHandler`.
+pub async fn reconcile(key: ObjectKey, ctx: Arc<Ctx>) -> Result<Action, String> {
+    let ns = key.namespace.clone().unwrap_or_default();
+    let Some(foo) = ctx.foos.namespace(&ns).get(&key.name).map_err(|e| e.to_string())? else {
+        // Already gone from the cache: nothing to do (the Deployment is garbage-collected).
+        println!("foo {key} no longer exists");
+        ctx.events
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .push(format!("Deleted: {key}"));
+        return Ok(Action::await_change());
+    };
+    if foo.spec.deployment_name.is_empty() {
+        // Invalid object: retrying will not help.
+        println!("foo {key}: deployment name must be specified");
+        return Ok(Action::await_change());
+    }
+    let deployments: Api<Deployment> = Api::namespaced(ctx.client.clone(), &ns);
+    let deployment = match ctx
+        .deployments
+        .namespace(&ns)
+        .get(&foo.spec.deployment_name)
+        .map_err(|e| e.to_string())?
+    {
+        Some(d) => (*d).clone(),
+        None => deployments
+            .create(&PostParams::default(), &new_deployment(&foo))
+            .await
+            .map_err(|e| format!("creating deployment: {e}"))?,
+    };
+    let owned = deployment
+        .metadata
+        .owner_references
+        .iter()
+        .flatten()
+        .any(|o| o.controller == Some(true) && o.kind == "Foo" && Some(&o.uid) == foo.metadata.uid.as_ref());
+    if !owned {
+        let msg = format!("Resource {:?} {MESSAGE_RESOURCE_EXISTS}", foo.spec.deployment_name);
+        record_event(&ctx, &foo, "Warning", "ErrResourceExists", &msg).await;
+        return Err(msg);
+    }
+    let current = deployment.spec.as_ref().and_then(|s| s.replicas);
+    let deployment = if foo.spec.replicas.is_some() && foo.spec.replicas != current {
+        println!(
+            "foo {key}: replicas {:?}, deployment replicas {:?}",
+            foo.spec.replicas, current
+        );
+        let patch = serde_json::json!({"spec": {"replicas": foo.spec.replicas}});
+        deployments
+            .patch(
+                &foo.spec.deployment_name,
+                &PatchParams::default(),
+                &Patch::Merge(&patch),
+            )
+            .await
+            .map_err(|e| format!("updating deployment: {e}"))?
+    } else {
+        deployment
+    };
+    let available = deployment
+        .status
+        .as_ref()
+        .and_then(|s| s.available_replicas)
+        .unwrap_or(0);
+    if foo.status.as_ref().map(|s| s.available_replicas) != Some(available) {
+        let foos: Api<Foo> = Api::namespaced(ctx.client.clone(), &ns);
+        let patch = serde_json::json!({"status": {"availableReplicas": available}});
+        foos.patch_status(&key.name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .map_err(|e| format!("updating foo status: {e}"))?;
+    }
+    if ctx
+        .events
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .iter()
+        .all(|e| !e.contains(&format!("{key} synced")))
+    {
+        record_event(
+            &ctx,
+            &foo,
+            "Normal",
+            "Synced",
+            &format!("Foo {key} synced successfully"),
+        )
+        .await;
+    }
+    Ok(Action::await_change())
+}
+
+/// Runs the controller on `db` until `stop`; returns its context (what it did).
+pub async fn run(
+    client: kube::Client,
+    server: &str,
+    db_path: &Path,
+    stop: tokio::sync::watch::Receiver<bool>,
+    started: tokio::sync::oneshot::Sender<Arc<Ctx>>,
+) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+    let p = db_path.to_owned();
+    let db = tokio::task::spawn_blocking(move || DurableStore::open(StoreConfig::new(p))).await??;
+    let foos = Informer::<Foo>::builder(&db, KubeSource::typed::<Foo>(client.clone(), server))
+        .build()
+        .await?;
+    let deployments = Informer::<Deployment>::builder(&db, KubeSource::typed::<Deployment>(client.clone(), server))
+        .build()
+        .await?;
+    deployments.start();
+    let ctx = Arc::new(Ctx {
+        client,
+        foos: foos.lister(),
+        deployments: deployments.lister(),
+        events: Mutex::new(Vec::new()),
+    });
+    let _ = started.send(ctx.clone());
+    Controller::new(foos.clone())
+        .owns(deployments.clone(), "Foo")
+        .workers(2)
+        .run(reconcile, ctx, stop)
+        .await;
+    foos.shutdown().await?;
+    deployments.shutdown().await?;
+    drop((foos, deployments));
+    tokio::task::spawn_blocking(move || db.close()).await??;
+    Ok(())
+}
+
+#[tokio::main]
+async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+    let args: Vec<String> = std::env::args().collect();
+    let arg = |name: &str| {
+        args.iter()
+            .position(|a| a == name)
+            .and_then(|i| args.get(i + 1))
+            .cloned()
+    };
+    let db = PathBuf::from(arg("--db").unwrap_or_else(|| "sample-controller.redb".into()));
+    let (stop_tx, stop) = tokio::sync::watch::channel(false);
+    let (started_tx, started) = tokio::sync::oneshot::channel();
+    if let Some(kubeconfig) = arg("--kubeconfig") {
+        let kc = kube::config::Kubeconfig::read_from(&kubeconfig)?;
+        let config = kube::Config::from_custom_kubeconfig(kc, &Default::default()).await?;
+        let server = config.cluster_url.to_string();
+        let client = kube::Client::try_from(config)?;
+        let ctrl = tokio::spawn(async move { run(client, &server, &db, stop, started_tx).await });
+        tokio::signal::ctrl_c().await?;
+        let _ = stop_tx.send(true);
+        let _ = started.await;
+        return ctrl.await?;
+    }
+    // The built-in simulated cluster: register the CRD, create a Foo and a foreign Deployment.
+    use durable_informer::sim::{ResourceDef, Sim, SimConfig};
+    let sim = tokio::task::spawn_blocking(|| {
+        Sim::start(
+            SimConfig::default()
+                .with_resource(ResourceDef::custom(
+                    "samplecontroller.k8s.io",
+                    "v1alpha1",
+                    "Foo",
+                    "foos",
+                ))
+                .with_resource(ResourceDef::custom("", "v1", "Event", "events")),
+        )
+    })
+    .await??;
+    let dir = std::env::temp_dir().join(format!("sample-controller-{}", std::process::id()));
+    std::fs::create_dir_all(&dir)?;
+    let db = dir.join("db.redb");
+    let client = sim.client()?;
+    let url = sim.url();
+    let ctrl = {
+        let client = client.clone();
+        tokio::spawn(async move { run(client, &url, &db, stop, started_tx).await })
+    };
+    let ctx = started.await?;
+    let foos: Api<Foo> = Api::namespaced(client.clone(), "default");
+    let foo = Foo {
+        metadata: ObjectMeta {
+            name: Some("example-foo".into()),
+            ..ObjectMeta::default()
+        },
+        spec: FooSpec {
+            deployment_name: "example-foo".into(),
+            replicas: Some(1),
+        },
+        status: None,
+    };
+    foos.create(&PostParams::default(), &foo).await?;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    foos.patch(
+        "example-foo",
+        &PatchParams::default(),
+        &Patch::Merge(serde_json::json!({"spec": {"replicas": 3}})),
+    )
+    .await?;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let d = Api::<Deployment>::namespaced(client, "default")
+        .get("example-foo")
+        .await?;
+    println!(
+        "deployment example-foo has {:?} replicas",
+        d.spec.and_then(|s| s.replicas)
+    );
+    let _ = stop_tx.send(true);
+    ctrl.await??;
+    println!(
+        "events: {:?}",
+        ctx.events.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    );
+    let _ = std::fs::remove_dir_all(dir);
+    Ok(())
+}
