@@ -59,12 +59,21 @@ impl<T: Clone + Eq + Hash + Send + Sync + 'static> BlockingWorkQueue<T> {
 
     /// Blocks until an item is available and marks it processing; `None` once the queue is shut
     /// down (or, for a drain, once nothing is left to hand out). See [`WorkQueue::get`].
+    ///
+    /// # Panics
+    ///
+    /// Never, not even inside a Tokio runtime; but there it blocks a runtime thread, so do not
+    /// call it from async tasks (see the [type docs](Self)).
     #[must_use]
     pub fn get(&self) -> Option<T> {
         self.shared.get_blocking()
     }
 
     /// Shuts down and blocks until drained; see [`WorkQueue::shutdown_with_drain`].
+    ///
+    /// # Panics
+    ///
+    /// Never; like [`get`](Self::get), it must not be called from async tasks.
     pub fn shutdown_with_drain(&self) {
         self.shared.shutdown_with_drain_blocking();
     }
