@@ -59,12 +59,21 @@ impl<T: Clone + Eq + Hash + Send + Sync + 'static> BlockingWorkQueue<T> {
 
     /// Blocks until an item is available and marks it processing; `None` once the queue is shut
     /// down (or, for a drain, once nothing is left to hand out). See [`WorkQueue::get`].
+    ///
+    /// # Panics
+    ///
+    /// Never, not even inside a Tokio runtime; but there it blocks a runtime thread, so do not
+    /// call it from async tasks (see the [type docs](Self)).
     #[must_use]
     pub fn get(&self) -> Option<T> {
         self.shared.get_blocking()
     }
 
     /// Shuts down and blocks until drained; see [`WorkQueue::shutdown_with_drain`].
+    ///
+    /// # Panics
+    ///
+    /// Never; like [`get`](Self::get), it must not be called from async tasks.
     pub fn shutdown_with_drain(&self) {
         self.shared.shutdown_with_drain_blocking();
     }
@@ -146,7 +155,7 @@ impl<T> fmt::Debug for BlockingWorkQueue<T> {
 
 #[cfg(test)]
 mod tests {
-    use std::collections::HashSet;
+    use std::collections::{HashMap, HashSet};
     use std::sync::atomic::{AtomicBool, Ordering};
     use std::sync::Mutex;
     use std::thread;
@@ -158,18 +167,23 @@ mod tests {
     fn std_thread_workers_process_every_item_and_never_one_item_twice_at_once() {
         let queue: WorkQueue<u32> = WorkQueue::new();
         let in_flight = Arc::new(Mutex::new(HashSet::new()));
-        let processed = Arc::new(Mutex::new(HashSet::new()));
+        let processed = Arc::new(Mutex::new(HashMap::new()));
+        let re_added = Arc::new(Mutex::new(HashSet::new()));
         let workers: Vec<_> = (0..4)
             .map(|_| {
                 let queue = queue.blocking();
-                let (in_flight, processed) = (Arc::clone(&in_flight), Arc::clone(&processed));
+                let (in_flight, processed, re_added) = (
+                    Arc::clone(&in_flight),
+                    Arc::clone(&processed),
+                    Arc::clone(&re_added),
+                );
                 thread::spawn(move || {
                     while let Some(item) = queue.get() {
                         assert!(lock(&in_flight).insert(item), "{item} handed out twice");
-                        if item % 7 == 0 {
+                        if item % 7 == 0 && lock(&re_added).insert(item) {
                             queue.add(item); // re-added while processing: comes back later
                         }
-                        lock(&processed).insert(item);
+                        *lock(&processed).entry(item).or_insert(0) += 1;
                         assert!(lock(&in_flight).remove(&item));
                         queue.done(&item);
                     }
@@ -185,12 +199,21 @@ mod tests {
             })
         };
         assert!(producer.join().is_ok());
-        // Workers re-add multiples of 7 forever; stop that by shutting down with drain.
         queue.blocking().shutdown_with_drain();
         for worker in workers {
             assert!(worker.join().is_ok());
         }
-        assert_eq!(*lock(&processed), (0..500).collect::<HashSet<_>>());
+        let processed = lock(&processed);
+        assert_eq!(
+            processed.keys().copied().collect::<HashSet<_>>(),
+            (0..500).collect::<HashSet<_>>()
+        );
+        for item in lock(&re_added).iter() {
+            assert!(
+                processed[item] >= 2,
+                "{item} re-added while processing, not requeued"
+            );
+        }
         assert!(lock(&in_flight).is_empty());
         let metrics = queue.metrics();
         assert_eq!((metrics.depth, metrics.processing), (0, 0));

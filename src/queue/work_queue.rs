@@ -954,6 +954,31 @@ mod tests {
         assert!(lock(&in_flight).is_empty());
     }
 
+    /// An item whose `Hash` panics for 13, to poison the queue's lock.
+    #[derive(Debug, Clone, PartialEq, Eq)]
+    struct Bomb(u32);
+
+    impl Hash for Bomb {
+        fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+            assert_ne!(self.0, 13, "boom");
+            self.0.hash(state);
+        }
+    }
+
+    #[test]
+    fn queue_keeps_working_after_an_item_panics_under_the_lock() {
+        let q: WorkQueue<Bomb> = WorkQueue::new();
+        q.add(Bomb(1));
+        let add = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| q.add(Bomb(13))));
+        assert!(add.is_err());
+        assert!(q.shared.state.is_poisoned());
+        q.add(Bomb(2));
+        assert_eq!(q.len(), 2);
+        let blocking = q.blocking();
+        assert_eq!(blocking.get(), Some(Bomb(1)));
+        blocking.done(&Bomb(1));
+    }
+
     #[test]
     fn handles_and_futures_are_send_and_sync() {
         fn send_sync<S: Send + Sync>(_: &S) {}
