@@ -753,6 +753,8 @@ impl Sink {
             let half = line_start + (self.buf.len() - line_start) / 2;
             self.buf.truncate(half);
             let _ = self.flush().await;
+            // let the half line reach the socket before the connection is aborted
+            tokio::time::sleep(Duration::from_millis(50)).await;
             let _ = self.tx.send(Err(io::Error::other("sim fault: chunk cut in half"))).await;
             return false;
         }
