@@ -14,10 +14,16 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     sim.bulk_load("namespaces", gen.namespace_objects())?;
     sim.bulk_load("pods", gen.pods(pods))?;
     sim.write_kubeconfig(&kubeconfig)?;
-    println!("serving {} (kubeconfig: {kubeconfig}), rv {}", sim.url(), sim.current_rv());
+    println!(
+        "serving {} (kubeconfig: {kubeconfig}), rv {}",
+        sim.url(),
+        sim.current_rv()
+    );
     let mut churn = Churn::new(2, "pods", gen.namespace_names());
     churn.adopt_existing(&sim)?;
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
     rt.block_on(async {
         loop {
             tokio::select! {

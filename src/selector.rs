@@ -187,7 +187,11 @@ impl fmt::Display for LabelRequirement {
             LabelOp::Exists => write!(f, "{}", self.key),
             LabelOp::DoesNotExist => write!(f, "!{}", self.key),
             LabelOp::In | LabelOp::NotIn => {
-                let word = if self.op == LabelOp::In { "in" } else { "notin" };
+                let word = if self.op == LabelOp::In {
+                    "in"
+                } else {
+                    "notin"
+                };
                 write!(f, "{} {} (", self.key, word)?;
                 for (i, v) in self.values.iter().enumerate() {
                     if i > 0 {
@@ -407,11 +411,19 @@ impl Parser {
         };
         validate_key(&key)?;
         if negated {
-            return Ok(LabelRequirement { key, op: LabelOp::DoesNotExist, values: BTreeSet::new() });
+            return Ok(LabelRequirement {
+                key,
+                op: LabelOp::DoesNotExist,
+                values: BTreeSet::new(),
+            });
         }
         let op = match self.peek() {
             Token::End | Token::Comma => {
-                return Ok(LabelRequirement { key, op: LabelOp::Exists, values: BTreeSet::new() })
+                return Ok(LabelRequirement {
+                    key,
+                    op: LabelOp::Exists,
+                    values: BTreeSet::new(),
+                })
             }
             Token::Eq => LabelOp::Equals,
             Token::DoubleEq => LabelOp::DoubleEquals,
@@ -432,7 +444,9 @@ impl Parser {
                 if self.next() != Token::Open {
                     return Err(SelectorError::Syntax(format!(
                         "found '{}', expected: '(' after '{}'",
-                        self.tokens.get(self.pos.saturating_sub(1)).map_or("", Token::text),
+                        self.tokens
+                            .get(self.pos.saturating_sub(1))
+                            .map_or("", Token::text),
                         if op == LabelOp::In { "in" } else { "notin" }
                     )));
                 }
@@ -504,7 +518,9 @@ fn check_name_part(s: &str) -> std::result::Result<(), String> {
 }
 
 fn check_label_chars(s: &str, what: &str) -> std::result::Result<(), String> {
-    let ok_inner = s.chars().all(|c| is_alnum(c) || matches!(c, '-' | '_' | '.'));
+    let ok_inner = s
+        .chars()
+        .all(|c| is_alnum(c) || matches!(c, '-' | '_' | '.'));
     let first = s.chars().next().is_some_and(is_alnum);
     let last = s.chars().last().is_some_and(is_alnum);
     if ok_inner && first && last {
@@ -521,7 +537,8 @@ fn check_dns_subdomain(s: &str) -> std::result::Result<(), String> {
         && s.len() <= 253
         && s.split('.').all(|l| {
             !l.is_empty()
-                && l.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+                && l.chars()
+                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
                 && !l.starts_with('-')
                 && !l.ends_with('-')
         });
@@ -537,7 +554,10 @@ fn validate_key(key: &str) -> Result<()> {
         Some((prefix, name)) => check_dns_subdomain(prefix).and_then(|()| check_name_part(name)),
         None => check_name_part(key),
     };
-    res.map_err(|reason| SelectorError::InvalidKey { key: key.to_string(), reason })
+    res.map_err(|reason| SelectorError::InvalidKey {
+        key: key.to_string(),
+        reason,
+    })
 }
 
 fn validate_value(v: &str) -> Result<()> {
@@ -549,7 +569,10 @@ fn validate_value(v: &str) -> Result<()> {
     } else {
         check_label_chars(v, "a valid label value")
     };
-    res.map_err(|reason| SelectorError::InvalidValue { value: v.to_string(), reason })
+    res.map_err(|reason| SelectorError::InvalidValue {
+        value: v.to_string(),
+        reason,
+    })
 }
 
 /// The operator of one field requirement.
@@ -636,23 +659,29 @@ impl FieldSelector {
             return Ok(Self::everything());
         }
         for term in split_unescaped(s, ',') {
-            let bad = || SelectorError::FieldTerm { selector: s.to_string(), term: term.clone() };
-            let (field, op, raw) =
-                if let Some((l, r)) = split_op(&term, "!=") {
-                    (l, FieldOp::NotEquals, r)
-                } else if let Some((l, r)) = split_op(&term, "==") {
-                    (l, FieldOp::DoubleEquals, r)
-                } else if let Some((l, r)) = split_op(&term, "=") {
-                    (l, FieldOp::Equals, r)
-                } else {
-                    return Err(bad());
-                };
+            let bad = || SelectorError::FieldTerm {
+                selector: s.to_string(),
+                term: term.clone(),
+            };
+            let (field, op, raw) = if let Some((l, r)) = split_op(&term, "!=") {
+                (l, FieldOp::NotEquals, r)
+            } else if let Some((l, r)) = split_op(&term, "==") {
+                (l, FieldOp::DoubleEquals, r)
+            } else if let Some((l, r)) = split_op(&term, "=") {
+                (l, FieldOp::Equals, r)
+            } else {
+                return Err(bad());
+            };
             let field = field.trim();
             if field.is_empty() || field.contains('\\') {
                 return Err(bad());
             }
             let value = unescape(raw).ok_or_else(bad)?;
-            requirements.push(FieldRequirement { field: field.to_string(), op, value });
+            requirements.push(FieldRequirement {
+                field: field.to_string(),
+                op,
+                value,
+            });
         }
         Ok(Self { requirements })
     }
@@ -670,7 +699,9 @@ impl FieldSelector {
     /// Whether every term holds; `field` returns the value at a dotted path (`None` = absent,
     /// which compares as the empty string, as on the API server).
     pub fn matches<F: Fn(&str) -> Option<String>>(&self, field: F) -> bool {
-        self.requirements.iter().all(|r| r.matches_value(field(&r.field).as_deref()))
+        self.requirements
+            .iter()
+            .all(|r| r.matches_value(field(&r.field).as_deref()))
     }
 }
 
@@ -754,7 +785,10 @@ mod tests {
     use super::*;
 
     fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
-        pairs.iter().map(|(k, v)| ((*k).to_string(), (*v).to_string())).collect()
+        pairs
+            .iter()
+            .map(|(k, v)| ((*k).to_string(), (*v).to_string()))
+            .collect()
     }
 
     #[test]
@@ -811,7 +845,10 @@ mod tests {
                 (Err(e), None) => panic!("{input:?} should parse, got {e}"),
                 (Err(e), Some(fragment)) => {
                     let msg = e.to_string();
-                    assert!(msg.contains(fragment), "{input:?}: {msg:?} lacks {fragment:?}");
+                    assert!(
+                        msg.contains(fragment),
+                        "{input:?}: {msg:?} lacks {fragment:?}"
+                    );
                 }
             }
         }
@@ -861,8 +898,16 @@ mod tests {
             ("metadata.name=pod-1", true, "metadata.name=pod-1"),
             ("metadata.name==pod-1", true, "metadata.name==pod-1"),
             ("metadata.name!=pod-1", false, "metadata.name!=pod-1"),
-            ("metadata.namespace=ns\\,1", true, "metadata.namespace=ns\\,1"),
-            ("status.phase=Running,spec.nodeName=", true, "status.phase=Running,spec.nodeName="),
+            (
+                "metadata.namespace=ns\\,1",
+                true,
+                "metadata.namespace=ns\\,1",
+            ),
+            (
+                "status.phase=Running,spec.nodeName=",
+                true,
+                "status.phase=Running,spec.nodeName=",
+            ),
             ("spec.nodeName!=", false, "spec.nodeName!="),
             ("status.phase=Pending", false, "status.phase=Pending"),
         ];
@@ -878,7 +923,10 @@ mod tests {
     fn malformed_field_selectors_are_rejected() {
         for input in ["metadata.name", "=x", "a=b,c", "a=b=c", "a=\\x", ","] {
             let err = FieldSelector::parse(input).expect_err(input);
-            assert!(err.to_string().contains("can't understand"), "{input:?}: {err}");
+            assert!(
+                err.to_string().contains("can't understand"),
+                "{input:?}: {err}"
+            );
         }
     }
 }

@@ -12,14 +12,22 @@ use serde_json::{json, Value};
 
 fn kubectl(kubeconfig: &std::path::Path, args: &[&str], stdin: Option<&str>) -> Output {
     let mut cmd = Command::new("kubectl");
-    cmd.env("KUBECONFIG", kubeconfig).args(args).stdout(Stdio::piped()).stderr(Stdio::piped());
+    cmd.env("KUBECONFIG", kubeconfig)
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
     if stdin.is_some() {
         cmd.stdin(Stdio::piped());
     }
     let mut child = cmd.spawn().expect("kubectl runs");
     if let Some(text) = stdin {
         use std::io::Write;
-        child.stdin.take().expect("stdin").write_all(text.as_bytes()).expect("write stdin");
+        child
+            .stdin
+            .take()
+            .expect("stdin")
+            .write_all(text.as_bytes())
+            .expect("write stdin");
     }
     child.wait_with_output().expect("kubectl output")
 }
@@ -49,13 +57,21 @@ fn kubectl_gets_creates_labels_deletes_and_watches_pods_and_configmaps() {
     // get (table and JSON)
     let table = ok(&kc, &["get", "pods"], None);
     assert!(table.contains("seed-pod"), "{table}");
-    let list: Value = serde_json::from_str(&ok(&kc, &["get", "pods", "-o", "json"], None)).expect("json");
+    let list: Value =
+        serde_json::from_str(&ok(&kc, &["get", "pods", "-o", "json"], None)).expect("json");
     assert_eq!(list["items"][0]["metadata"]["name"], "seed-pod");
 
     // get --watch, running while the rest happens
     let mut watch = Command::new("kubectl")
         .env("KUBECONFIG", &kc)
-        .args(["get", "configmaps", "--watch", "-o", "name", "--request-timeout=20s"])
+        .args([
+            "get",
+            "configmaps",
+            "--watch",
+            "-o",
+            "name",
+            "--request-timeout=20s",
+        ])
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -67,26 +83,52 @@ fn kubectl_gets_creates_labels_deletes_and_watches_pods_and_configmaps() {
     assert!(ok(&kc, &["create", "-f", "-"], Some(cm)).contains("configmap/from-kubectl created"));
     let pod = "apiVersion: v1\nkind: Pod\nmetadata:\n  name: kpod\nspec:\n  containers:\n  - name: c\n    image: busybox\n";
     assert!(ok(&kc, &["create", "-f", "-"], Some(pod)).contains("pod/kpod created"));
-    let stored = sim.get("configmaps", Some("default"), "from-kubectl").expect("stored");
+    let stored = sim
+        .get("configmaps", Some("default"), "from-kubectl")
+        .expect("stored");
     assert_eq!(stored["data"]["k"], "v");
 
     // label
-    ok(&kc, &["label", "configmap", "from-kubectl", "team=infra"], None);
+    ok(
+        &kc,
+        &["label", "configmap", "from-kubectl", "team=infra"],
+        None,
+    );
     ok(&kc, &["label", "pod", "kpod", "app=web"], None);
-    assert_eq!(sim.get("pods", Some("default"), "kpod").expect("pod")["metadata"]["labels"]["app"], "web");
+    assert_eq!(
+        sim.get("pods", Some("default"), "kpod").expect("pod")["metadata"]["labels"]["app"],
+        "web"
+    );
     let selected = ok(&kc, &["get", "pods", "-l", "app=web", "-o", "name"], None);
     assert_eq!(selected.trim(), "pod/kpod");
-    let by_field = ok(&kc, &["get", "pods", "--field-selector", "status.phase=Running", "-o", "name"], None);
+    let by_field = ok(
+        &kc,
+        &[
+            "get",
+            "pods",
+            "--field-selector",
+            "status.phase=Running",
+            "-o",
+            "name",
+        ],
+        None,
+    );
     assert_eq!(by_field.trim(), "pod/seed-pod");
     // a malformed selector is refused by the server with 400, as on a real one
     let bad = kubectl(&kc, &["get", "pods", "-l", "app in web"], None);
     assert!(!bad.status.success());
-    assert!(String::from_utf8_lossy(&bad.stderr).contains("unable to parse requirement"), "{}", String::from_utf8_lossy(&bad.stderr));
+    assert!(
+        String::from_utf8_lossy(&bad.stderr).contains("unable to parse requirement"),
+        "{}",
+        String::from_utf8_lossy(&bad.stderr)
+    );
 
     // delete
     ok(&kc, &["delete", "configmap", "from-kubectl"], None);
     ok(&kc, &["delete", "pod", "kpod", "--wait=false"], None);
-    assert!(sim.get("configmaps", Some("default"), "from-kubectl").is_err());
+    assert!(sim
+        .get("configmaps", Some("default"), "from-kubectl")
+        .is_err());
     let pods = ok(&kc, &["get", "pods", "-o", "name"], None);
     assert_eq!(pods.trim(), "pod/seed-pod");
 
@@ -95,6 +137,10 @@ fn kubectl_gets_creates_labels_deletes_and_watches_pods_and_configmaps() {
     let _ = watch.kill();
     let out = watch.wait_with_output().expect("watch output");
     let seen = String::from_utf8_lossy(&out.stdout);
-    assert!(seen.contains("configmap/from-kubectl"), "watch output: {seen:?} stderr: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        seen.contains("configmap/from-kubectl"),
+        "watch output: {seen:?} stderr: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert!(sim.counters().watch_requests >= 1);
 }

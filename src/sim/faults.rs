@@ -44,7 +44,9 @@ pub struct Faults {
 
 impl Faults {
     pub(crate) fn lock(&self) -> MutexGuard<'_, FaultState> {
-        self.inner.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+        self.inner
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// End every watch opened from now on after it has sent `events` events (bookmarks
@@ -92,7 +94,11 @@ impl Faults {
         if !applies || times == 0 {
             return None;
         }
-        st.fail = if times > 1 { Some((target, failure, times - 1)) } else { None };
+        st.fail = if times > 1 {
+            Some((target, failure, times - 1))
+        } else {
+            None
+        };
         Some(failure)
     }
 

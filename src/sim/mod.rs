@@ -82,7 +82,11 @@ pub enum SimError {
 
 impl From<store::ApiError> for SimError {
     fn from(e: store::ApiError) -> Self {
-        SimError::Api { code: e.code, reason: e.reason.to_string(), message: e.message }
+        SimError::Api {
+            code: e.code,
+            reason: e.reason.to_string(),
+            message: e.message,
+        }
     }
 }
 
@@ -129,7 +133,14 @@ impl ResourceDef {
         self
     }
 
-    fn builtin(group: &str, kind: &str, plural: &str, namespaced: bool, status: bool, short: &[&str]) -> Self {
+    fn builtin(
+        group: &str,
+        kind: &str,
+        plural: &str,
+        namespaced: bool,
+        status: bool,
+        short: &[&str],
+    ) -> Self {
         Self {
             group: group.into(),
             version: "v1".into(),
@@ -384,7 +395,9 @@ impl Shared {
     pub fn lock(&self) -> MutexGuard<'_, State> {
         // A panic while holding the lock leaves consistent data (every method either completes
         // or returns an error before mutating), so poisoning is ignored.
-        self.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+        self.state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// Publish the current revision to watchers.
@@ -404,7 +417,10 @@ pub struct Sim {
 impl Sim {
     /// Start a server on `127.0.0.1:0` on its own two-thread Tokio runtime.
     pub fn start(config: SimConfig) -> Result<Sim> {
-        let window = Window { max_events: config.history_max_events, max_age: config.history_max_age };
+        let window = Window {
+            max_events: config.history_max_events,
+            max_age: config.history_max_age,
+        };
         let state = State::new(config.resources.clone(), window);
         let (rv_tx, _) = tokio::sync::watch::channel(state.rv);
         let (epoch_tx, _) = tokio::sync::watch::channel(0);
@@ -429,10 +445,18 @@ impl Sim {
             tokio::net::TcpListener::from_std(listener)?
         };
         runtime.spawn(server::serve(listener, shared.clone()));
-        let sim = Sim { shared, addr, runtime: Some(runtime) };
+        let sim = Sim {
+            shared,
+            addr,
+            runtime: Some(runtime),
+        };
         if sim.shared.config.seed_namespaces {
             for ns in ["default", "kube-system", "kube-public"] {
-                sim.create("namespaces", None, serde_json::json!({"metadata": {"name": ns}}))?;
+                sim.create(
+                    "namespaces",
+                    None,
+                    serde_json::json!({"metadata": {"name": ns}}),
+                )?;
             }
         }
         Ok(sim)
@@ -450,7 +474,10 @@ impl Sim {
 
     /// A `kube::Config` for this server (no auth, default namespace `default`).
     pub fn kube_config(&self) -> Result<kube::Config> {
-        let uri: http::Uri = self.url().parse().map_err(|e: http::uri::InvalidUri| SimError::Url(e.to_string()))?;
+        let uri: http::Uri = self
+            .url()
+            .parse()
+            .map_err(|e: http::uri::InvalidUri| SimError::Url(e.to_string()))?;
         let mut config = kube::Config::new(uri);
         config.default_namespace = "default".into();
         config.read_timeout = None;
@@ -474,7 +501,8 @@ impl Sim {
     }
 
     fn resource(&self, st: &State, resource: &str) -> Result<usize> {
-        st.find(resource).ok_or_else(|| SimError::UnknownResource(resource.to_string()))
+        st.find(resource)
+            .ok_or_else(|| SimError::UnknownResource(resource.to_string()))
     }
 
     fn write<T>(&self, f: impl FnOnce(&mut State) -> Result<T>) -> Result<T> {
@@ -497,7 +525,11 @@ impl Sim {
 
     /// Replace an object (a `resourceVersion` in the body is a precondition).
     pub fn update(&self, resource: &str, ns: Option<&str>, object: Value) -> Result<Value> {
-        let name = object.pointer("/metadata/name").and_then(Value::as_str).unwrap_or("").to_string();
+        let name = object
+            .pointer("/metadata/name")
+            .and_then(Value::as_str)
+            .unwrap_or("")
+            .to_string();
         self.write(|st| {
             let res = self.resource(st, resource)?;
             Ok(st.update(res, ns, &name, object, false)?.value())
@@ -505,7 +537,13 @@ impl Sim {
     }
 
     /// Apply a JSON merge patch to an object.
-    pub fn patch(&self, resource: &str, ns: Option<&str>, name: &str, patch: &Value) -> Result<Value> {
+    pub fn patch(
+        &self,
+        resource: &str,
+        ns: Option<&str>,
+        name: &str,
+        patch: &Value,
+    ) -> Result<Value> {
         self.write(|st| {
             let res = self.resource(st, resource)?;
             Ok(st.patch(res, ns, name, patch, false)?.value())
@@ -513,7 +551,13 @@ impl Sim {
     }
 
     /// Apply a JSON merge patch to an object's status (the `/status` subresource).
-    pub fn patch_status(&self, resource: &str, ns: Option<&str>, name: &str, patch: &Value) -> Result<Value> {
+    pub fn patch_status(
+        &self,
+        resource: &str,
+        ns: Option<&str>,
+        name: &str,
+        patch: &Value,
+    ) -> Result<Value> {
         self.write(|st| {
             let res = self.resource(st, resource)?;
             Ok(st.patch(res, ns, name, patch, true)?.value())
@@ -537,7 +581,11 @@ impl Sim {
 
     /// Create many objects under one lock (each still gets its own revision and event);
     /// objects carry their namespace in `metadata.namespace`. Returns the revision after.
-    pub fn bulk_load(&self, resource: &str, objects: impl IntoIterator<Item = Value>) -> Result<u64> {
+    pub fn bulk_load(
+        &self,
+        resource: &str,
+        objects: impl IntoIterator<Item = Value>,
+    ) -> Result<u64> {
         self.write(|st| {
             let res = self.resource(st, resource)?;
             for o in objects {

@@ -50,7 +50,10 @@ pub(crate) async fn serve(listener: TcpListener, shared: Arc<Shared>) {
                 let shared = shared.clone();
                 async move { Ok::<_, Infallible>(handle(shared, req).await) }
             });
-            if let Err(e) = http1::Builder::new().serve_connection(TokioIo::new(stream), svc).await {
+            if let Err(e) = http1::Builder::new()
+                .serve_connection(TokioIo::new(stream), svc)
+                .await
+            {
                 tracing::trace!("sim connection ended: {e}");
             }
         });
@@ -62,7 +65,11 @@ struct Query(Vec<(String, String)>);
 
 impl Query {
     fn get(&self, name: &str) -> Option<&str> {
-        self.0.iter().rev().find(|(k, _)| k == name).map(|(_, v)| v.as_str())
+        self.0
+            .iter()
+            .rev()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.as_str())
     }
     fn str(&self, name: &str) -> &str {
         self.get(name).unwrap_or("")
@@ -122,8 +129,12 @@ async fn handle(shared: Arc<Shared>, req: Request<Incoming>) -> Resp {
             json!({"swagger": "2.0", "info": {"title": "Kubernetes (durable-informer sim)", "version": "v1.33.0"}, "paths": {}}),
         ),
         ["openapi", "v3"] => json_response(StatusCode::OK, openapi_root(&shared.lock())),
-        ["openapi", "v3", "api", "v1"] => json_response(StatusCode::OK, openapi_gv(&shared.lock(), "", "v1")),
-        ["openapi", "v3", "apis", g, v] => json_response(StatusCode::OK, openapi_gv(&shared.lock(), g, v)),
+        ["openapi", "v3", "api", "v1"] => {
+            json_response(StatusCode::OK, openapi_gv(&shared.lock(), "", "v1"))
+        }
+        ["openapi", "v3", "apis", g, v] => {
+            json_response(StatusCode::OK, openapi_gv(&shared.lock(), g, v))
+        }
         ["apis"] => json_response(StatusCode::OK, api_groups(&shared.lock())),
         ["api", "v1"] => json_response(StatusCode::OK, resource_list(&shared.lock(), "", "v1")),
         ["apis", g] => match api_group(&shared.lock(), g) {
@@ -138,10 +149,18 @@ async fn handle(shared: Arc<Shared>, req: Request<Incoming>) -> Resp {
             let target = route(&shared.lock(), &segs);
             match target {
                 Some(t) => {
-                    let body = if matches!(method, Method::POST | Method::PUT | Method::PATCH | Method::DELETE) {
+                    let body = if matches!(
+                        method,
+                        Method::POST | Method::PUT | Method::PATCH | Method::DELETE
+                    ) {
                         match req.into_body().collect().await {
                             Ok(b) => b.to_bytes(),
-                            Err(e) => return status_response(&shared, &ApiError::bad_request(e.to_string())),
+                            Err(e) => {
+                                return status_response(
+                                    &shared,
+                                    &ApiError::bad_request(e.to_string()),
+                                )
+                            }
                         }
                     } else {
                         Bytes::new()
@@ -228,7 +247,11 @@ async fn resource_request(
         return status_response(shared, &method_not_allowed());
     }
     let ct = content_type.split(';').next().unwrap_or("").trim();
-    if !body.is_empty() && (ct.contains("protobuf") || ct.contains("cbor") || ct.contains("yaml") && ct != "application/apply-patch+yaml") {
+    if !body.is_empty()
+        && (ct.contains("protobuf")
+            || ct.contains("cbor")
+            || ct.contains("yaml") && ct != "application/apply-patch+yaml")
+    {
         return status_response(
             shared,
             &ApiError::new(415, "UnsupportedMediaType", format!("the body of the request was in an unknown format - accepted media types include: application/json, application/merge-patch+json, application/strategic-merge-patch+json, application/apply-patch+yaml (got {ct})")),
@@ -237,14 +260,19 @@ async fn resource_request(
     let result = match (&method, &t.name) {
         (&Method::GET, None) if is_watch => return watch(shared, &t, q),
         (&Method::GET, None) => return list(shared, &t, q).await,
-        (&Method::GET, Some(name)) => {
-            shared.lock().get(t.res, t.ns.as_deref(), name).map(|o| (StatusCode::OK, o))
-        }
+        (&Method::GET, Some(name)) => shared
+            .lock()
+            .get(t.res, t.ns.as_deref(), name)
+            .map(|o| (StatusCode::OK, o)),
         (&Method::POST, None) => parse_body(body).and_then(|v| {
-            write(shared, |st| st.create(t.res, t.ns.as_deref(), v)).map(|o| (StatusCode::CREATED, o))
+            write(shared, |st| st.create(t.res, t.ns.as_deref(), v))
+                .map(|o| (StatusCode::CREATED, o))
         }),
         (&Method::PUT, Some(name)) => parse_body(body).and_then(|v| {
-            write(shared, |st| st.update(t.res, t.ns.as_deref(), name, v, t.status)).map(|o| (StatusCode::OK, o))
+            write(shared, |st| {
+                st.update(t.res, t.ns.as_deref(), name, v, t.status)
+            })
+            .map(|o| (StatusCode::OK, o))
         }),
         (&Method::PATCH, Some(name)) => patch(shared, &t, name, content_type, body),
         (&Method::DELETE, Some(name)) => {
@@ -259,15 +287,23 @@ async fn resource_request(
 }
 
 fn method_not_allowed() -> ApiError {
-    ApiError::new(405, "MethodNotAllowed", "the server does not allow this method on the requested resource")
+    ApiError::new(
+        405,
+        "MethodNotAllowed",
+        "the server does not allow this method on the requested resource",
+    )
 }
 
 fn parse_body(body: &Bytes) -> Result<Value, ApiError> {
-    serde_json::from_slice(body).map_err(|e| ApiError::bad_request(format!("error decoding request body: {e}")))
+    serde_json::from_slice(body)
+        .map_err(|e| ApiError::bad_request(format!("error decoding request body: {e}")))
 }
 
 /// Run a write under the lock and wake the watchers.
-fn write(shared: &Shared, f: impl FnOnce(&mut State) -> Result<Arc<Obj>, ApiError>) -> Result<Arc<Obj>, ApiError> {
+fn write(
+    shared: &Shared,
+    f: impl FnOnce(&mut State) -> Result<Arc<Obj>, ApiError>,
+) -> Result<Arc<Obj>, ApiError> {
     let mut st = shared.lock();
     let out = f(&mut st);
     let rv = st.rv;
@@ -276,7 +312,13 @@ fn write(shared: &Shared, f: impl FnOnce(&mut State) -> Result<Arc<Obj>, ApiErro
     out
 }
 
-fn patch(shared: &Shared, t: &Target, name: &str, content_type: &str, body: &Bytes) -> Result<(StatusCode, Arc<Obj>), ApiError> {
+fn patch(
+    shared: &Shared,
+    t: &Target,
+    name: &str,
+    content_type: &str,
+    body: &Bytes,
+) -> Result<(StatusCode, Arc<Obj>), ApiError> {
     let ct = content_type.split(';').next().unwrap_or("").trim();
     let p = parse_body(body)?;
     match ct {
@@ -318,12 +360,17 @@ struct Selectors {
 
 impl Selectors {
     fn parse(def: &ResourceDef, q: &Query) -> Result<Self, ApiError> {
-        let labels = LabelSelector::parse(q.str("labelSelector")).map_err(|e| ApiError::bad_request(e.to_string()))?;
-        let fields = FieldSelector::parse(q.str("fieldSelector")).map_err(|e| ApiError::bad_request(e.to_string()))?;
+        let labels = LabelSelector::parse(q.str("labelSelector"))
+            .map_err(|e| ApiError::bad_request(e.to_string()))?;
+        let fields = FieldSelector::parse(q.str("fieldSelector"))
+            .map_err(|e| ApiError::bad_request(e.to_string()))?;
         for r in fields.requirements() {
             let f = r.field();
-            if f != "metadata.name" && f != "metadata.namespace" && !def.extra_fields().contains(&f) {
-                return Err(ApiError::bad_request(format!("field label not supported: {f}")));
+            if f != "metadata.name" && f != "metadata.namespace" && !def.extra_fields().contains(&f)
+            {
+                return Err(ApiError::bad_request(format!(
+                    "field label not supported: {f}"
+                )));
             }
         }
         Ok(Self { labels, fields })
@@ -338,7 +385,9 @@ impl Selectors {
 
 fn parse_rv(s: &str) -> Result<u64, ApiError> {
     s.parse::<u64>().map_err(|_| {
-        ApiError::bad_request(format!("resourceVersion: Invalid value: {s:?}: must be a non-negative integer"))
+        ApiError::bad_request(format!(
+            "resourceVersion: Invalid value: {s:?}: must be a non-negative integer"
+        ))
     })
 }
 
@@ -347,7 +396,10 @@ fn invalid_list_options(causes: &[(&str, &str)]) -> ApiError {
     let mut e = ApiError::new(
         422,
         "Invalid",
-        format!("ListOptions.meta.k8s.io \"\" is invalid: [{}]", msgs.join(", ")),
+        format!(
+            "ListOptions.meta.k8s.io \"\" is invalid: [{}]",
+            msgs.join(", ")
+        ),
     );
     let causes: Vec<Value> = causes
         .iter()
@@ -360,7 +412,10 @@ fn invalid_list_options(causes: &[(&str, &str)]) -> ApiError {
 /// Wait until the server reaches `rv`; false after `wait`.
 async fn wait_for_rv(shared: &Shared, rv: u64, wait: Duration) -> bool {
     let mut rx = shared.rv_tx.subscribe();
-    let reached = matches!(tokio::time::timeout(wait, rx.wait_for(|&v| v >= rv)).await, Ok(Ok(_)));
+    let reached = matches!(
+        tokio::time::timeout(wait, rx.wait_for(|&v| v >= rv)).await,
+        Ok(Ok(_))
+    );
     reached
 }
 
@@ -385,7 +440,11 @@ struct ContinueToken {
 }
 
 fn encode_continue(rv: i64, start: &str) -> String {
-    let t = ContinueToken { v: "meta.k8s.io/v1".into(), rv, start: start.into() };
+    let t = ContinueToken {
+        v: "meta.k8s.io/v1".into(),
+        rv,
+        start: start.into(),
+    };
     b64_encode(&serde_json::to_vec(&t).unwrap_or_default())
 }
 
@@ -394,7 +453,9 @@ fn decode_continue(s: &str) -> Result<ContinueToken, ApiError> {
     let raw = b64_decode(s).ok_or_else(|| bad("illegal base64 data"))?;
     let t: ContinueToken = serde_json::from_slice(&raw).map_err(|e| bad(&e.to_string()))?;
     if t.v != "meta.k8s.io/v1" {
-        return Err(bad("incorrect encoded start resourceVersion (version meta.k8s.io/v1)"));
+        return Err(bad(
+            "incorrect encoded start resourceVersion (version meta.k8s.io/v1)",
+        ));
     }
     if t.start.is_empty() || t.start.starts_with('/') || t.start.split('/').any(|p| p == "..") {
         return Err(bad("path traversal attempt detected"));
@@ -419,7 +480,11 @@ async fn list_inner(shared: &Arc<Shared>, t: &Target, q: &Query) -> Result<Resp,
         Some(s) => match s.parse::<i64>() {
             Ok(n) if n > 0 => Some(usize::try_from(n).unwrap_or(usize::MAX)),
             Ok(_) => None,
-            Err(_) => return Err(ApiError::bad_request(format!("limit: Invalid value: {s:?}: must be an integer"))),
+            Err(_) => {
+                return Err(ApiError::bad_request(format!(
+                    "limit: Invalid value: {s:?}: must be an integer"
+                )))
+            }
         },
     };
     let rv = q.str("resourceVersion");
@@ -446,7 +511,9 @@ async fn list_inner(shared: &Arc<Shared>, t: &Target, q: &Query) -> Result<Resp,
         }
     }
     if !cont.is_empty() && !rv.is_empty() && rv != "0" {
-        return Err(ApiError::bad_request("specifying resource version is not allowed when using continue"));
+        return Err(ApiError::bad_request(
+            "specifying resource version is not allowed when using continue",
+        ));
     }
     let prefix = match (&t.ns, t.def.namespaced) {
         (Some(ns), true) => format!("{ns}/"),
@@ -491,7 +558,11 @@ async fn list_inner(shared: &Arc<Shared>, t: &Target, q: &Query) -> Result<Resp,
                 let meta = json!({"continue": encode_continue(-1, &start)});
                 return Ok(status_response_meta(shared, &e, meta));
             }
-            return Err(ApiError::new(410, "Expired", "The resourceVersion for the provided list is too old."));
+            return Err(ApiError::new(
+                410,
+                "Expired",
+                "The resourceVersion for the provided list is too old.",
+            ));
         }
     }
     let list_rv = at.unwrap_or(st.rv);
@@ -501,7 +572,11 @@ async fn list_inner(shared: &Arc<Shared>, t: &Target, q: &Query) -> Result<Resp,
     let mut remaining = None;
     {
         let mut it = st.snapshot_iter(t.res, list_rv, &prefix, &from);
-        let max = if paginate { limit.unwrap_or(usize::MAX) } else { usize::MAX };
+        let max = if paginate {
+            limit.unwrap_or(usize::MAX)
+        } else {
+            usize::MAX
+        };
         for o in it.by_ref() {
             if sel.matches(&o) {
                 items.push(o);
@@ -522,14 +597,21 @@ async fn list_inner(shared: &Arc<Shared>, t: &Target, q: &Query) -> Result<Resp,
             if remaining.is_some() {
                 if let Some(last) = items.last() {
                     let rel = last.key.strip_prefix(prefix.as_str()).unwrap_or(&last.key);
-                    let tok_rv = if token_rv == Some(-1) { -1 } else { i64::try_from(list_rv).unwrap_or(-1) };
+                    let tok_rv = if token_rv == Some(-1) {
+                        -1
+                    } else {
+                        i64::try_from(list_rv).unwrap_or(-1)
+                    };
                     cont_out = Some(encode_continue(tok_rv, &format!("{rel}\u{0}")));
                 }
             }
         }
     }
     drop(st);
-    shared.counters.list_objects.fetch_add(items.len() as u64, Ordering::Relaxed);
+    shared
+        .counters
+        .list_objects
+        .fetch_add(items.len() as u64, Ordering::Relaxed);
 
     let mut out = Vec::with_capacity(items.iter().map(|o| o.full.len()).sum::<usize>() + 256);
     out.extend_from_slice(
@@ -585,11 +667,21 @@ fn watch(shared: &Arc<Shared>, t: &Target, q: &Query) -> Resp {
         Ok(plan) => {
             let (tx, rx) = mpsc::channel::<Result<Bytes, io::Error>>(16);
             tokio::spawn(run_watch(shared.clone(), plan, tx));
-            let stream = futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|c| (c, rx)) })
+            let stream =
+                futures::stream::unfold(
+                    rx,
+                    |mut rx| async move { rx.recv().await.map(|c| (c, rx)) },
+                )
                 .map(|c| c.map(Frame::data));
             let mut resp = Response::new(StreamBody::new(stream).boxed_unsync());
-            resp.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
-            resp.headers_mut().insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache, private"));
+            resp.headers_mut().insert(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("application/json"),
+            );
+            resp.headers_mut().insert(
+                header::CACHE_CONTROL,
+                HeaderValue::from_static("no-cache, private"),
+            );
             resp
         }
         Err(e) => status_response(shared, &e),
@@ -606,12 +698,17 @@ fn plan_watch(shared: &Shared, t: &Target, q: &Query) -> Result<WatchPlan, ApiEr
     let timeout = match q.get("timeoutSeconds").filter(|s| !s.is_empty()) {
         None => cfg.default_watch_timeout,
         Some(s) => Duration::from_secs(s.parse::<u64>().map_err(|_| {
-            ApiError::bad_request(format!("timeoutSeconds: Invalid value: {s:?}: must be a non-negative integer"))
+            ApiError::bad_request(format!(
+                "timeoutSeconds: Invalid value: {s:?}: must be a non-negative integer"
+            ))
         })?),
     };
     let start = if cfg.old_server {
         if !rvm.is_empty() {
-            let mut causes = vec![("resourceVersionMatch", "Forbidden: resourceVersionMatch is forbidden for watch")];
+            let mut causes = vec![(
+                "resourceVersionMatch",
+                "Forbidden: resourceVersionMatch is forbidden for watch",
+            )];
             if rv.is_empty() {
                 causes.push((
                     "resourceVersionMatch",
@@ -622,7 +719,9 @@ fn plan_watch(shared: &Shared, t: &Target, q: &Query) -> Result<WatchPlan, ApiEr
         }
         // sendInitialEvents is unknown to an old server and ignored.
         if rv.is_empty() || rv == "0" {
-            Start::Initial { end_bookmark: false }
+            Start::Initial {
+                end_bookmark: false,
+            }
         } else {
             Start::From(parse_rv(rv)?)
         }
@@ -651,7 +750,9 @@ fn plan_watch(shared: &Shared, t: &Target, q: &Query) -> Result<WatchPlan, ApiEr
             )]));
         }
         if rv.is_empty() || rv == "0" {
-            Start::Initial { end_bookmark: false }
+            Start::Initial {
+                end_bookmark: false,
+            }
         } else {
             Start::From(parse_rv(rv)?)
         }
@@ -677,7 +778,11 @@ fn plan_watch(shared: &Shared, t: &Target, q: &Query) -> Result<WatchPlan, ApiEr
 /// The `BOOKMARK` event for a resource: only the resourceVersion is meaningful; the rest is the
 /// empty object's shape as a real server serializes it.
 fn bookmark_line(def: &ResourceDef, rv: u64, initial_end: bool) -> Vec<u8> {
-    let annotations = if initial_end { r#","annotations":{"k8s.io/initial-events-end":"true"}"# } else { "" };
+    let annotations = if initial_end {
+        r#","annotations":{"k8s.io/initial-events-end":"true"}"#
+    } else {
+        ""
+    };
     let tail = if def.group.is_empty() && def.plural == "pods" {
         r#","spec":{"containers":null},"status":{}"#
     } else if def.group == "apps" && def.plural == "deployments" {
@@ -715,7 +820,12 @@ fn expired_line(watch_cache: bool, rv: u64, compact_rv: u64) -> Vec<u8> {
 }
 
 /// How a stored event looks to a watcher with selectors (None: not visible).
-fn visible(sel: &Selectors, kind: EventKind, obj: &Obj, prev: Option<&Obj>) -> Option<&'static str> {
+fn visible(
+    sel: &Selectors,
+    kind: EventKind,
+    obj: &Obj,
+    prev: Option<&Obj>,
+) -> Option<&'static str> {
     if sel.is_empty() {
         return Some(kind.as_str());
     }
@@ -748,14 +858,20 @@ impl Sink {
     /// Queue one event line; false when the stream must end.
     async fn event(&mut self, line_start: usize) -> bool {
         self.events += 1;
-        self.shared.counters.watch_events.fetch_add(1, Ordering::Relaxed);
+        self.shared
+            .counters
+            .watch_events
+            .fetch_add(1, Ordering::Relaxed);
         if self.cut {
             let half = line_start + (self.buf.len() - line_start) / 2;
             self.buf.truncate(half);
             let _ = self.flush().await;
             // let the half line reach the socket before the connection is aborted
             tokio::time::sleep(Duration::from_millis(50)).await;
-            let _ = self.tx.send(Err(io::Error::other("sim fault: chunk cut in half"))).await;
+            let _ = self
+                .tx
+                .send(Err(io::Error::other("sim fault: chunk cut in half")))
+                .await;
             return false;
         }
         if self.drop_after.is_some_and(|k| self.events >= k) {
@@ -773,12 +889,19 @@ impl Sink {
             return true;
         }
         let chunk = Bytes::from(std::mem::take(&mut self.buf));
-        self.shared.counters.bytes_served.fetch_add(chunk.len() as u64, Ordering::Relaxed);
+        self.shared
+            .counters
+            .bytes_served
+            .fetch_add(chunk.len() as u64, Ordering::Relaxed);
         self.tx.send(Ok(chunk)).await.is_ok()
     }
 }
 
-async fn run_watch(shared: Arc<Shared>, plan: WatchPlan, tx: mpsc::Sender<Result<Bytes, io::Error>>) {
+async fn run_watch(
+    shared: Arc<Shared>,
+    plan: WatchPlan,
+    tx: mpsc::Sender<Result<Bytes, io::Error>>,
+) {
     let deadline = Instant::now() + plan.timeout;
     if plan.stall {
         tokio::select! {
@@ -799,7 +922,11 @@ async fn run_watch(shared: Arc<Shared>, plan: WatchPlan, tx: mpsc::Sender<Result
         drop_after: plan.drop_after,
         cut: plan.cut,
     };
-    let prefix = plan.ns.as_ref().map(|ns| format!("{ns}/")).unwrap_or_default();
+    let prefix = plan
+        .ns
+        .as_ref()
+        .map(|ns| format!("{ns}/"))
+        .unwrap_or_default();
 
     // Position: every event with rv <= pos has been considered.
     let mut pos = match plan.start {
@@ -820,7 +947,8 @@ async fn run_watch(shared: Arc<Shared>, plan: WatchPlan, tx: mpsc::Sender<Result
                 }
             }
             if end_bookmark {
-                sink.buf.extend_from_slice(&bookmark_line(&plan.def, rv, true));
+                sink.buf
+                    .extend_from_slice(&bookmark_line(&plan.def, rv, true));
                 shared.counters.bookmarks.fetch_add(1, Ordering::Relaxed);
             }
             if !sink.flush().await {
@@ -830,7 +958,10 @@ async fn run_watch(shared: Arc<Shared>, plan: WatchPlan, tx: mpsc::Sender<Result
         }
     };
 
-    let interval = shared.config.bookmark_interval.max(Duration::from_millis(10));
+    let interval = shared
+        .config
+        .bookmark_interval
+        .max(Duration::from_millis(10));
     let mut next_bookmark = Instant::now() + interval;
     let mut final_bookmark = deadline.checked_sub(shared.config.bookmark_before_timeout);
     let mut caught_up = false;
@@ -918,20 +1049,36 @@ async fn run_watch(shared: Arc<Shared>, plan: WatchPlan, tx: mpsc::Sender<Result
 // Responses and discovery
 
 fn full_response(code: StatusCode, body: Bytes) -> Resp {
-    let mut resp = Response::new(Full::new(body).map_err(|never: Infallible| match never {}).boxed_unsync());
+    let mut resp = Response::new(
+        Full::new(body)
+            .map_err(|never: Infallible| match never {})
+            .boxed_unsync(),
+    );
     *resp.status_mut() = code;
-    resp.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
-    resp.headers_mut().insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache, private"));
+    resp.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    resp.headers_mut().insert(
+        header::CACHE_CONTROL,
+        HeaderValue::from_static("no-cache, private"),
+    );
     resp
 }
 
 fn json_response(code: StatusCode, v: Value) -> Resp {
-    full_response(code, Bytes::from(serde_json::to_vec(&v).unwrap_or_default()))
+    full_response(
+        code,
+        Bytes::from(serde_json::to_vec(&v).unwrap_or_default()),
+    )
 }
 
 fn text_response(s: &'static str) -> Resp {
     let mut r = full_response(StatusCode::OK, Bytes::from_static(s.as_bytes()));
-    r.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain; charset=utf-8"));
+    r.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
     r
 }
 
@@ -949,7 +1096,12 @@ fn status_value(e: &ApiError, metadata: Value) -> Value {
 fn status_response_meta(_shared: &Shared, e: &ApiError, metadata: Value) -> Resp {
     let code = StatusCode::from_u16(e.code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
     let mut r = json_response(code, status_value(e, metadata));
-    if let Some(secs) = e.details.as_ref().and_then(|d| d.get("retryAfterSeconds")).and_then(Value::as_u64) {
+    if let Some(secs) = e
+        .details
+        .as_ref()
+        .and_then(|d| d.get("retryAfterSeconds"))
+        .and_then(Value::as_u64)
+    {
         if let Ok(h) = HeaderValue::from_str(&secs.to_string()) {
             r.headers_mut().insert(header::RETRY_AFTER, h);
         }
@@ -962,26 +1114,42 @@ fn status_response(shared: &Shared, e: &ApiError) -> Resp {
 }
 
 fn not_found_path() -> Resp {
-    let e = ApiError::new(404, "NotFound", "the server could not find the requested resource");
+    let e = ApiError::new(
+        404,
+        "NotFound",
+        "the server could not find the requested resource",
+    );
     json_response(StatusCode::NOT_FOUND, status_value(&e, json!({})))
 }
 
 fn failure_response(shared: &Shared, f: Failure) -> Resp {
     match f {
         Failure::TooManyRequests { retry_after_secs } => {
-            let mut e = ApiError::new(429, "TooManyRequests", "Too many requests, please try again later.");
+            let mut e = ApiError::new(
+                429,
+                "TooManyRequests",
+                "Too many requests, please try again later.",
+            );
             e.details = Some(json!({"retryAfterSeconds": retry_after_secs}));
             status_response(shared, &e)
         }
         Failure::InternalError => status_response(
             shared,
-            &ApiError::new(500, "InternalError", "Internal error occurred: injected by the simulated API server"),
+            &ApiError::new(
+                500,
+                "InternalError",
+                "Internal error occurred: injected by the simulated API server",
+            ),
         ),
     }
 }
 
 fn version_body(shared: &Shared) -> Value {
-    let (minor, git) = if shared.config.old_server { ("20", "v1.20.2") } else { ("33", "v1.33.0") };
+    let (minor, git) = if shared.config.old_server {
+        ("20", "v1.20.2")
+    } else {
+        ("33", "v1.33.0")
+    };
     json!({"major": "1", "minor": minor, "gitVersion": git, "gitCommit": "durable-informer-sim",
            "gitTreeState": "clean", "buildDate": "2026-01-01T00:00:00Z", "goVersion": "go1.24",
            "compiler": "gc", "platform": "linux/amd64"})
@@ -1008,24 +1176,33 @@ fn groups(st: &State) -> Vec<(String, Vec<String>)> {
 }
 
 fn group_value(g: &str, versions: &[String]) -> Value {
-    let vs: Vec<Value> = versions.iter().map(|v| json!({"groupVersion": format!("{g}/{v}"), "version": v})).collect();
+    let vs: Vec<Value> = versions
+        .iter()
+        .map(|v| json!({"groupVersion": format!("{g}/{v}"), "version": v}))
+        .collect();
     json!({"name": g, "versions": vs, "preferredVersion": vs.first().cloned().unwrap_or(Value::Null)})
 }
 
 fn api_groups(st: &State) -> Value {
-    let gs: Vec<Value> = groups(st).iter().map(|(g, vs)| group_value(g, vs)).collect();
+    let gs: Vec<Value> = groups(st)
+        .iter()
+        .map(|(g, vs)| group_value(g, vs))
+        .collect();
     json!({"kind": "APIGroupList", "apiVersion": "v1", "groups": gs})
 }
 
 fn api_group(st: &State, g: &str) -> Option<Value> {
-    groups(st).iter().find(|(name, _)| name == g).map(|(name, vs)| {
-        let mut v = group_value(name, vs);
-        if let Some(o) = v.as_object_mut() {
-            o.insert("kind".into(), json!("APIGroup"));
-            o.insert("apiVersion".into(), json!("v1"));
-        }
-        v
-    })
+    groups(st)
+        .iter()
+        .find(|(name, _)| name == g)
+        .map(|(name, vs)| {
+            let mut v = group_value(name, vs);
+            if let Some(o) = v.as_object_mut() {
+                o.insert("kind".into(), json!("APIGroup"));
+                o.insert("apiVersion".into(), json!("v1"));
+            }
+            v
+        })
 }
 
 fn has_group_version(st: &State, g: &str, v: &str) -> bool {
@@ -1034,7 +1211,11 @@ fn has_group_version(st: &State, g: &str, v: &str) -> bool {
 
 fn resource_list(st: &State, g: &str, v: &str) -> Value {
     let mut resources = Vec::new();
-    for d in st.resources.iter().filter(|d| d.group == g && d.version == v) {
+    for d in st
+        .resources
+        .iter()
+        .filter(|d| d.group == g && d.version == v)
+    {
         let mut r = json!({
             "name": d.plural, "singularName": d.kind.to_lowercase(), "namespaced": d.namespaced,
             "kind": d.kind,
@@ -1047,11 +1228,17 @@ fn resource_list(st: &State, g: &str, v: &str) -> Value {
         }
         resources.push(r);
         if d.status_subresource {
-            resources.push(json!({"name": format!("{}/status", d.plural), "singularName": "",
-                "namespaced": d.namespaced, "kind": d.kind, "verbs": ["get", "patch", "update"]}));
+            resources.push(
+                json!({"name": format!("{}/status", d.plural), "singularName": "",
+                "namespaced": d.namespaced, "kind": d.kind, "verbs": ["get", "patch", "update"]}),
+            );
         }
     }
-    let gv = if g.is_empty() { v.to_string() } else { format!("{g}/{v}") };
+    let gv = if g.is_empty() {
+        v.to_string()
+    } else {
+        format!("{g}/{v}")
+    };
     json!({"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": gv, "resources": resources})
 }
 
@@ -1059,10 +1246,16 @@ fn resource_list(st: &State, g: &str, v: &str) -> Value {
 /// itself (`fieldValidation` on PATCH), so it skips client-side schema validation. No schemas.
 fn openapi_root(st: &State) -> Value {
     let mut paths = serde_json::Map::new();
-    paths.insert("api/v1".into(), json!({"serverRelativeURL": "/openapi/v3/api/v1?hash=sim"}));
+    paths.insert(
+        "api/v1".into(),
+        json!({"serverRelativeURL": "/openapi/v3/api/v1?hash=sim"}),
+    );
     for (g, vs) in groups(st) {
         for v in vs {
-            paths.insert(format!("apis/{g}/{v}"), json!({"serverRelativeURL": format!("/openapi/v3/apis/{g}/{v}?hash=sim")}));
+            paths.insert(
+                format!("apis/{g}/{v}"),
+                json!({"serverRelativeURL": format!("/openapi/v3/apis/{g}/{v}?hash=sim")}),
+            );
         }
     }
     json!({"paths": paths})
@@ -1075,8 +1268,16 @@ fn openapi_gv(st: &State, g: &str, v: &str) -> Value {
         {"name": "fieldManager", "in": "query", "schema": {"type": "string"}},
         {"name": "dryRun", "in": "query", "schema": {"type": "string"}}
     ]);
-    for d in st.resources.iter().filter(|d| d.group == g && d.version == v) {
-        let base = if g.is_empty() { format!("/api/{v}") } else { format!("/apis/{g}/{v}") };
+    for d in st
+        .resources
+        .iter()
+        .filter(|d| d.group == g && d.version == v)
+    {
+        let base = if g.is_empty() {
+            format!("/api/{v}")
+        } else {
+            format!("/apis/{g}/{v}")
+        };
         let path = if d.namespaced {
             format!("{base}/namespaces/{{namespace}}/{}/{{name}}", d.plural)
         } else {

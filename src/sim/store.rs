@@ -53,7 +53,11 @@ impl Obj {
         match path {
             "metadata.name" => Some(self.name.clone()),
             "metadata.namespace" => Some(self.ns.clone()),
-            _ => self.fields.iter().find(|(p, _)| *p == path).map(|(_, v)| v.clone()),
+            _ => self
+                .fields
+                .iter()
+                .find(|(p, _)| *p == path)
+                .map(|(_, v)| v.clone()),
         }
     }
 
@@ -105,13 +109,22 @@ pub(crate) struct ApiError {
 
 impl ApiError {
     pub fn new(code: u16, reason: &'static str, message: impl Into<String>) -> Self {
-        Self { code, reason, message: message.into(), details: None }
+        Self {
+            code,
+            reason,
+            message: message.into(),
+            details: None,
+        }
     }
     pub fn bad_request(message: impl Into<String>) -> Self {
         Self::new(400, "BadRequest", message)
     }
     fn not_found(def: &ResourceDef, name: &str) -> Self {
-        let mut e = Self::new(404, "NotFound", format!("{} \"{name}\" not found", def.resource_group()));
+        let mut e = Self::new(
+            404,
+            "NotFound",
+            format!("{} \"{name}\" not found", def.resource_group()),
+        );
         e.details = Some(json!({"name": name, "group": def.group, "kind": def.plural}));
         e
     }
@@ -128,7 +141,11 @@ impl ApiError {
         e
     }
     fn invalid(def: &ResourceDef, name: &str, message: &str) -> Self {
-        let mut e = Self::new(422, "Invalid", format!("{} \"{name}\" is invalid: {message}", def.kind));
+        let mut e = Self::new(
+            422,
+            "Invalid",
+            format!("{} \"{name}\" is invalid: {message}", def.kind),
+        );
         e.details = Some(json!({"name": name, "group": def.group, "kind": def.kind}));
         e
     }
@@ -191,7 +208,9 @@ impl State {
 
     /// Find a resource by plural, `plural.group`, or (group, version, plural).
     pub fn find(&self, name: &str) -> Option<usize> {
-        self.resources.iter().position(|d| d.plural == name || format!("{}.{}", d.plural, d.group) == name)
+        self.resources
+            .iter()
+            .position(|d| d.plural == name || format!("{}.{}", d.plural, d.group) == name)
     }
 
     pub fn find_gvr(&self, group: &str, version: &str, plural: &str) -> Option<usize> {
@@ -239,7 +258,10 @@ impl State {
     }
 
     pub fn backup(&self) -> Backup {
-        Backup { rv: self.rv, objects: self.objects.clone() }
+        Backup {
+            rv: self.rv,
+            objects: self.objects.clone(),
+        }
     }
 
     /// Go back to a backup: the revision moves backwards, the history is gone.
@@ -257,12 +279,24 @@ impl State {
     }
 
     fn push_event(&mut self, res: usize, kind: EventKind, obj: Arc<Obj>, prev: Option<Arc<Obj>>) {
-        self.history.push_back(Event { rv: obj.rv, res, kind, obj, prev, at: Instant::now() });
+        self.history.push_back(Event {
+            rv: obj.rv,
+            res,
+            kind,
+            obj,
+            prev,
+            at: Instant::now(),
+        });
         self.maintain();
     }
 
     /// Create an object. `ns` is the namespace from the path (ignored for cluster resources).
-    pub fn create(&mut self, res: usize, ns: Option<&str>, mut v: Value) -> Result<Arc<Obj>, ApiError> {
+    pub fn create(
+        &mut self,
+        res: usize,
+        ns: Option<&str>,
+        mut v: Value,
+    ) -> Result<Arc<Obj>, ApiError> {
         let def = self.def(res)?;
         let meta = meta_mut(&mut v)?;
         let name = match meta.get("name").and_then(Value::as_str) {
@@ -306,9 +340,13 @@ impl State {
             meta.insert("generation".into(), json!(1));
         }
         if def.plural == "namespaces" && def.group.is_empty() {
-            let obj = v.as_object_mut().ok_or_else(|| ApiError::bad_request("object expected"))?;
-            obj.entry("spec").or_insert_with(|| json!({"finalizers": ["kubernetes"]}));
-            obj.entry("status").or_insert_with(|| json!({"phase": "Active"}));
+            let obj = v
+                .as_object_mut()
+                .ok_or_else(|| ApiError::bad_request("object expected"))?;
+            obj.entry("spec")
+                .or_insert_with(|| json!({"finalizers": ["kubernetes"]}));
+            obj.entry("status")
+                .or_insert_with(|| json!({"phase": "Active"}));
         }
         let obj = Arc::new(build_obj(&def, key.clone(), v)?);
         self.rv = rv;
@@ -328,7 +366,11 @@ impl State {
         status_only: bool,
     ) -> Result<Arc<Obj>, ApiError> {
         let def = self.def(res)?;
-        let ns_s = if def.namespaced { ns.unwrap_or("default") } else { "" };
+        let ns_s = if def.namespaced {
+            ns.unwrap_or("default")
+        } else {
+            ""
+        };
         let key = key_of(&def, ns_s, name);
         let Some(old) = self.objects[res].get(&key).cloned() else {
             return Err(ApiError::not_found(&def, name));
@@ -374,12 +416,19 @@ impl State {
         status_only: bool,
     ) -> Result<Arc<Obj>, ApiError> {
         let def = self.def(res)?;
-        let ns_s = if def.namespaced { ns.unwrap_or("default") } else { "" };
+        let ns_s = if def.namespaced {
+            ns.unwrap_or("default")
+        } else {
+            ""
+        };
         let key = key_of(&def, ns_s, name);
         let Some(old) = self.objects[res].get(&key).cloned() else {
             return Err(ApiError::not_found(&def, name));
         };
-        if let Some(want) = patch.pointer("/metadata/resourceVersion").and_then(Value::as_str) {
+        if let Some(want) = patch
+            .pointer("/metadata/resourceVersion")
+            .and_then(Value::as_str)
+        {
             if want != old.rv.to_string() {
                 return Err(ApiError::conflict(&def, name));
             }
@@ -429,8 +478,14 @@ impl State {
         }
         meta.insert("resourceVersion".into(), json!(rv.to_string()));
         if def.has_generation() {
-            let g = old_meta.get("generation").and_then(Value::as_i64).unwrap_or(1);
-            meta.insert("generation".into(), json!(if spec_changed { g + 1 } else { g }));
+            let g = old_meta
+                .get("generation")
+                .and_then(Value::as_i64)
+                .unwrap_or(1);
+            meta.insert(
+                "generation".into(),
+                json!(if spec_changed { g + 1 } else { g }),
+            );
         }
         let obj = Arc::new(build_obj(def, key.clone(), new_v.take())?);
         self.rv = rv;
@@ -440,9 +495,18 @@ impl State {
     }
 
     /// Delete an object; returns its last state stamped with the deletion's RV.
-    pub fn delete(&mut self, res: usize, ns: Option<&str>, name: &str) -> Result<Arc<Obj>, ApiError> {
+    pub fn delete(
+        &mut self,
+        res: usize,
+        ns: Option<&str>,
+        name: &str,
+    ) -> Result<Arc<Obj>, ApiError> {
         let def = self.def(res)?;
-        let ns_s = if def.namespaced { ns.unwrap_or("default") } else { "" };
+        let ns_s = if def.namespaced {
+            ns.unwrap_or("default")
+        } else {
+            ""
+        };
         let key = key_of(&def, ns_s, name);
         let Some(old) = self.objects[res].remove(&key) else {
             return Err(ApiError::not_found(&def, name));
@@ -464,7 +528,11 @@ impl State {
 
     pub fn get(&self, res: usize, ns: Option<&str>, name: &str) -> Result<Arc<Obj>, ApiError> {
         let def = self.def(res)?;
-        let ns_s = if def.namespaced { ns.unwrap_or("default") } else { "" };
+        let ns_s = if def.namespaced {
+            ns.unwrap_or("default")
+        } else {
+            ""
+        };
         self.objects[res]
             .get(&key_of(&def, ns_s, name))
             .cloned()
@@ -472,10 +540,13 @@ impl State {
     }
 
     pub fn def(&self, res: usize) -> Result<Arc<ResourceDef>, ApiError> {
-        self.resources
-            .get(res)
-            .cloned()
-            .ok_or_else(|| ApiError::new(404, "NotFound", "the server could not find the requested resource"))
+        self.resources.get(res).cloned().ok_or_else(|| {
+            ApiError::new(
+                404,
+                "NotFound",
+                "the server could not find the requested resource",
+            )
+        })
     }
 
     /// The objects of `res` at revision `at` (>= `compact_rv`), with keys in `[from, ..)` under
@@ -487,24 +558,36 @@ impl State {
         prefix: &'a str,
         from: &str,
     ) -> impl Iterator<Item = Arc<Obj>> + 'a {
-        let start = if from < prefix { prefix.to_string() } else { from.to_string() };
+        let start = if from < prefix {
+            prefix.to_string()
+        } else {
+            from.to_string()
+        };
         // The state at `at` of every key changed after it: the first later event tells.
         let mut overlay: BTreeMap<String, Option<Arc<Obj>>> = BTreeMap::new();
         if at < self.rv {
             let i = self.history.partition_point(|e| e.rv <= at);
             for e in self.history.range(i..) {
-                if e.res == res && e.obj.key.as_str() >= start.as_str() && e.obj.key.starts_with(prefix) {
-                    overlay.entry(e.obj.key.clone()).or_insert_with(|| match e.kind {
-                        EventKind::Added => None,
-                        _ => e.prev.clone(),
-                    });
+                if e.res == res
+                    && e.obj.key.as_str() >= start.as_str()
+                    && e.obj.key.starts_with(prefix)
+                {
+                    overlay
+                        .entry(e.obj.key.clone())
+                        .or_insert_with(|| match e.kind {
+                            EventKind::Added => None,
+                            _ => e.prev.clone(),
+                        });
                 }
             }
         }
         let cur = self.objects[res]
             .range::<str, _>((Bound::Included(start.as_str()), Bound::Unbounded))
             .take_while(move |(k, _)| k.starts_with(prefix));
-        Merge { cur: cur.peekable(), over: overlay.into_iter().peekable() }
+        Merge {
+            cur: cur.peekable(),
+            over: overlay.into_iter().peekable(),
+        }
     }
 }
 
@@ -545,23 +628,35 @@ where
 
 fn random_suffix() -> String {
     const CH: &[u8] = b"bcdfghjklmnpqrstvwxz2456789";
-    (0..5).map(|_| char::from(CH[rand::random_range(0..CH.len())])).collect()
+    (0..5)
+        .map(|_| char::from(CH[rand::random_range(0..CH.len())]))
+        .collect()
 }
 
 fn meta_mut(v: &mut Value) -> Result<&mut Map<String, Value>, ApiError> {
-    let obj = v.as_object_mut().ok_or_else(|| ApiError::bad_request("the body must be a JSON object"))?;
+    let obj = v
+        .as_object_mut()
+        .ok_or_else(|| ApiError::bad_request("the body must be a JSON object"))?;
     let meta = obj.entry("metadata").or_insert_with(|| json!({}));
     if !meta.is_object() {
         return Err(ApiError::bad_request("metadata must be an object"));
     }
-    meta.as_object_mut().ok_or_else(|| ApiError::bad_request("metadata must be an object"))
+    meta.as_object_mut()
+        .ok_or_else(|| ApiError::bad_request("metadata must be an object"))
 }
 
-fn resolve_ns(def: &ResourceDef, path_ns: Option<&str>, meta: &Map<String, Value>) -> Result<String, ApiError> {
+fn resolve_ns(
+    def: &ResourceDef,
+    path_ns: Option<&str>,
+    meta: &Map<String, Value>,
+) -> Result<String, ApiError> {
     if !def.namespaced {
         return Ok(String::new());
     }
-    let body_ns = meta.get("namespace").and_then(Value::as_str).filter(|s| !s.is_empty());
+    let body_ns = meta
+        .get("namespace")
+        .and_then(Value::as_str)
+        .filter(|s| !s.is_empty());
     match (path_ns, body_ns) {
         (Some(p), Some(b)) if p != b => Err(ApiError::bad_request(
             "the namespace of the provided object does not match the namespace sent on the request",
@@ -575,9 +670,17 @@ fn resolve_ns(def: &ResourceDef, path_ns: Option<&str>, meta: &Map<String, Value
 fn check_name(def: &ResourceDef, name: &str) -> Result<(), ApiError> {
     let ok = name.len() <= 253
         && !name.is_empty()
-        && name.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '.')
-        && name.chars().next().is_some_and(|c| c.is_ascii_alphanumeric())
-        && name.chars().last().is_some_and(|c| c.is_ascii_alphanumeric());
+        && name
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '.')
+        && name
+            .chars()
+            .next()
+            .is_some_and(|c| c.is_ascii_alphanumeric())
+        && name
+            .chars()
+            .last()
+            .is_some_and(|c| c.is_ascii_alphanumeric());
     if ok {
         Ok(())
     } else {
@@ -611,16 +714,27 @@ pub(crate) fn merge_patch(target: &mut Value, patch: &Value) {
 
 /// Serialize an object (kind/apiVersion first) and extract its index.
 pub(crate) fn build_obj(def: &ResourceDef, key: String, mut v: Value) -> Result<Obj, ApiError> {
-    let obj = v.as_object_mut().ok_or_else(|| ApiError::bad_request("the body must be a JSON object"))?;
+    let obj = v
+        .as_object_mut()
+        .ok_or_else(|| ApiError::bad_request("the body must be a JSON object"))?;
     obj.remove("kind");
     obj.remove("apiVersion");
     let meta = obj.get("metadata").cloned().unwrap_or_else(|| json!({}));
-    let s = |p: &str| meta.get(p).and_then(Value::as_str).unwrap_or("").to_string();
+    let s = |p: &str| {
+        meta.get(p)
+            .and_then(Value::as_str)
+            .unwrap_or("")
+            .to_string()
+    };
     let rv = s("resourceVersion").parse().unwrap_or(0);
     let labels = meta
         .get("labels")
         .and_then(Value::as_object)
-        .map(|m| m.iter().map(|(k, v)| (k.clone(), v.as_str().unwrap_or("").to_string())).collect())
+        .map(|m| {
+            m.iter()
+                .map(|(k, v)| (k.clone(), v.as_str().unwrap_or("").to_string()))
+                .collect()
+        })
         .unwrap_or_default();
     let mut fields = Vec::new();
     for path in def.extra_fields() {
@@ -633,7 +747,11 @@ pub(crate) fn build_obj(def: &ResourceDef, key: String, mut v: Value) -> Result<
         fields.push((*path, val.unwrap_or_default()));
     }
     let rest = serde_json::to_vec(&v).map_err(|e| ApiError::bad_request(e.to_string()))?;
-    let prefix = format!(r#"{{"kind":{},"apiVersion":{},"#, json!(def.kind), json!(def.api_version()));
+    let prefix = format!(
+        r#"{{"kind":{},"apiVersion":{},"#,
+        json!(def.kind),
+        json!(def.api_version())
+    );
     let mut full = Vec::with_capacity(prefix.len() + rest.len());
     full.extend_from_slice(prefix.as_bytes());
     // `rest` is `{…}` with at least `metadata` inside.

@@ -23,8 +23,17 @@ use serde_json::{json, Value};
 
 use super::{Result, Sim};
 
-const APPS: &[&str] = &["web", "api", "worker", "cache", "db", "ingest", "auth", "search"];
-const PHASES: &[&str] = &["Running", "Running", "Running", "Pending", "Succeeded", "Failed"];
+const APPS: &[&str] = &[
+    "web", "api", "worker", "cache", "db", "ingest", "auth", "search",
+];
+const PHASES: &[&str] = &[
+    "Running",
+    "Running",
+    "Running",
+    "Pending",
+    "Succeeded",
+    "Failed",
+];
 
 /// Generates objects from a seed: the same seed gives the same objects, byte for byte
 /// (except what the server assigns: uid, timestamps, resourceVersion).
@@ -38,7 +47,11 @@ pub struct WorkloadGen {
 impl WorkloadGen {
     /// A generator with one namespace, `default`.
     pub fn new(seed: u64) -> Self {
-        Self { rng: ChaCha8Rng::seed_from_u64(seed), namespaces: vec!["default".into()], seq: 0 }
+        Self {
+            rng: ChaCha8Rng::seed_from_u64(seed),
+            namespaces: vec!["default".into()],
+            seq: 0,
+        }
     }
 
     /// Spread objects over `m` namespaces named `ns-0` … `ns-{m-1}` (at least one).
@@ -55,11 +68,16 @@ impl WorkloadGen {
 
     /// Namespace objects for [`namespace_names`](Self::namespace_names).
     pub fn namespace_objects(&self) -> Vec<Value> {
-        self.namespaces.iter().map(|n| json!({"metadata": {"name": n}})).collect()
+        self.namespaces
+            .iter()
+            .map(|n| json!({"metadata": {"name": n}}))
+            .collect()
     }
 
     fn hex(&mut self, n: usize) -> String {
-        (0..n).map(|_| char::from(b"0123456789abcdef"[self.rng.random_range(0..16)])).collect()
+        (0..n)
+            .map(|_| char::from(b"0123456789abcdef"[self.rng.random_range(0..16)]))
+            .collect()
     }
 
     /// A Pod of about 4 KB: labels, ownerReferences, managedFields, two containers, status.
@@ -68,8 +86,20 @@ impl WorkloadGen {
         let phase = PHASES[self.rng.random_range(0..PHASES.len())];
         let node = format!("node-{}", self.rng.random_range(0..50));
         let hash = self.hex(10);
-        let owner_uid = format!("{}-{}-4{}-a{}-{}", self.hex(8), self.hex(4), self.hex(3), self.hex(3), self.hex(12));
-        let ip = format!("10.{}.{}.{}", self.rng.random_range(0..255), self.rng.random_range(0..255), self.rng.random_range(1..255));
+        let owner_uid = format!(
+            "{}-{}-4{}-a{}-{}",
+            self.hex(8),
+            self.hex(4),
+            self.hex(3),
+            self.hex(3),
+            self.hex(12)
+        );
+        let ip = format!(
+            "10.{}.{}.{}",
+            self.rng.random_range(0..255),
+            self.rng.random_range(0..255),
+            self.rng.random_range(1..255)
+        );
         let image_tag = self.hex(12);
         let ts = "2026-11-22T09:00:00Z";
         json!({
@@ -158,7 +188,12 @@ impl WorkloadGen {
                "status": {"replicas": replicas, "readyReplicas": replicas, "availableReplicas": replicas, "observedGeneration": 1}})
     }
 
-    fn many(&mut self, n: usize, prefix: &str, f: fn(&mut Self, &str, &str) -> Value) -> Vec<Value> {
+    fn many(
+        &mut self,
+        n: usize,
+        prefix: &str,
+        f: fn(&mut Self, &str, &str) -> Value,
+    ) -> Vec<Value> {
         (0..n)
             .map(|i| {
                 self.seq += 1;
@@ -216,7 +251,11 @@ impl Churn {
             gen: WorkloadGen::new(seed ^ 0x5eed),
             rng: ChaCha8Rng::seed_from_u64(seed),
             resource: resource.to_string(),
-            namespaces: if namespaces.is_empty() { vec!["default".into()] } else { namespaces },
+            namespaces: if namespaces.is_empty() {
+                vec!["default".into()]
+            } else {
+                namespaces
+            },
             live: Vec::new(),
             next: 0,
             weights: (3, 5, 2),
@@ -234,7 +273,9 @@ impl Churn {
     /// deletes (in key order, so the run stays deterministic).
     pub fn adopt_existing(&mut self, sim: &Sim) -> Result<()> {
         let st = sim.shared.lock();
-        let res = st.find(&self.resource).ok_or_else(|| super::SimError::UnknownResource(self.resource.clone()))?;
+        let res = st
+            .find(&self.resource)
+            .ok_or_else(|| super::SimError::UnknownResource(self.resource.clone()))?;
         for o in st.objects[res].values() {
             if self.namespaces.contains(&o.ns) {
                 self.live.push((o.ns.clone(), o.name.clone()));
@@ -268,9 +309,19 @@ impl Churn {
                 let gen = self.rng.random_range(0..1_000_000u32).to_string();
                 if self.resource == "pods" && self.rng.random_bool(0.5) {
                     let phase = PHASES[self.rng.random_range(0..PHASES.len())];
-                    sim.patch_status(&self.resource, Some(&ns), &name, &json!({"status": {"phase": phase}}))?;
+                    sim.patch_status(
+                        &self.resource,
+                        Some(&ns),
+                        &name,
+                        &json!({"status": {"phase": phase}}),
+                    )?;
                 } else {
-                    sim.patch(&self.resource, Some(&ns), &name, &json!({"metadata": {"labels": {"churn": gen}}}))?;
+                    sim.patch(
+                        &self.resource,
+                        Some(&ns),
+                        &name,
+                        &json!({"metadata": {"labels": {"churn": gen}}}),
+                    )?;
                 }
                 stats.updates += 1;
             } else {
@@ -284,7 +335,12 @@ impl Churn {
     }
 
     /// Apply operations at about `ops_per_sec` for `duration` (in steps of 10 ms).
-    pub async fn run(&mut self, sim: &Sim, ops_per_sec: u64, duration: Duration) -> Result<ChurnStats> {
+    pub async fn run(
+        &mut self,
+        sim: &Sim,
+        ops_per_sec: u64,
+        duration: Duration,
+    ) -> Result<ChurnStats> {
         let start = tokio::time::Instant::now();
         let mut done: u64 = 0;
         let mut stats = ChurnStats::default();
