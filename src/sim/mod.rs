@@ -517,10 +517,12 @@ impl Sim {
     /// Create an object of `resource` (plural, or `plural.group`) in namespace `ns`; returns
     /// it as stored (uid, creationTimestamp and resourceVersion set).
     pub fn create(&self, resource: &str, ns: Option<&str>, object: Value) -> Result<Value> {
+        // JSON is parsed back outside the lock
         self.write(|st| {
             let res = self.resource(st, resource)?;
-            Ok(st.create(res, ns, object)?.value())
+            Ok(st.create(res, ns, object)?)
         })
+        .map(|o| o.value())
     }
 
     /// Replace an object (a `resourceVersion` in the body is a precondition).
@@ -532,8 +534,9 @@ impl Sim {
             .to_string();
         self.write(|st| {
             let res = self.resource(st, resource)?;
-            Ok(st.update(res, ns, &name, object, false)?.value())
+            Ok(st.update(res, ns, &name, object, false)?)
         })
+        .map(|o| o.value())
     }
 
     /// Apply a JSON merge patch to an object.
@@ -546,8 +549,9 @@ impl Sim {
     ) -> Result<Value> {
         self.write(|st| {
             let res = self.resource(st, resource)?;
-            Ok(st.patch(res, ns, name, patch, false)?.value())
+            Ok(st.patch(res, ns, name, patch, false)?)
         })
+        .map(|o| o.value())
     }
 
     /// Apply a JSON merge patch to an object's status (the `/status` subresource).
@@ -560,16 +564,18 @@ impl Sim {
     ) -> Result<Value> {
         self.write(|st| {
             let res = self.resource(st, resource)?;
-            Ok(st.patch(res, ns, name, patch, true)?.value())
+            Ok(st.patch(res, ns, name, patch, true)?)
         })
+        .map(|o| o.value())
     }
 
     /// Delete an object; returns its final state (with the deletion's resourceVersion).
     pub fn delete(&self, resource: &str, ns: Option<&str>, name: &str) -> Result<Value> {
         self.write(|st| {
             let res = self.resource(st, resource)?;
-            Ok(st.delete(res, ns, name)?.value())
+            Ok(st.delete(res, ns, name)?)
         })
+        .map(|o| o.value())
     }
 
     /// Read one object.

@@ -888,7 +888,8 @@ impl Sink {
         if self.buf.is_empty() {
             return true;
         }
-        let chunk = Bytes::from(std::mem::take(&mut self.buf));
+        let next = Vec::with_capacity(CHUNK + 16 * 1024);
+        let chunk = Bytes::from(std::mem::replace(&mut self.buf, next));
         self.shared
             .counters
             .bytes_served
