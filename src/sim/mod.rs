@@ -28,6 +28,15 @@
 //! # Ok(()) }
 //! ```
 //!
+//! ## What is not emulated
+//!
+//! Protobuf/CBOR bodies (answered with 415, so use JSON clients), JSON patch (RFC 6902),
+//! strategic-merge list semantics (a strategic merge patch is applied as a JSON merge patch),
+//! real server-side apply (approximated as create-or-merge), `deletecollection`, `dryRun`,
+//! graceful deletion (deletes are immediate; a Pod's final event carries `deletionTimestamp`),
+//! namespace existence checks, Table output for `kubectl get` (it falls back to names and ages),
+//! the legacy `/api/v1/watch/...` paths, admission, RBAC and authentication.
+//!
 //! ## Memory usage
 //!
 //! Objects are kept as serialized JSON (`bytes::Bytes`) plus a small index (namespace, name,
@@ -486,6 +495,10 @@ impl Sim {
 
     /// A `kube::Client` for this server. Must be called inside a Tokio runtime (the client's
     /// background task runs there, not on the server's runtime).
+    ///
+    /// Note that `kube::Client` retries 429/503/504 by default (honouring `Retry-After`); to
+    /// see those statuses, build a client from [`kube_config`](Self::kube_config) with
+    /// `default_retry = false`.
     pub fn client(&self) -> Result<kube::Client> {
         Ok(kube::Client::try_from(self.kube_config()?)?)
     }
