@@ -28,6 +28,15 @@
 //! # Ok(()) }
 //! ```
 //!
+//! ## What is not emulated
+//!
+//! Protobuf/CBOR bodies (answered with 415, so use JSON clients), JSON patch (RFC 6902),
+//! strategic-merge list semantics (a strategic merge patch is applied as a JSON merge patch),
+//! real server-side apply (approximated as create-or-merge), `deletecollection`, `dryRun`,
+//! graceful deletion (deletes are immediate; a Pod's final event carries `deletionTimestamp`),
+//! namespace existence checks, Table output for `kubectl get` (it falls back to names and ages),
+//! the legacy `/api/v1/watch/...` paths, admission, RBAC and authentication.
+//!
 //! ## Memory usage
 //!
 //! Objects are kept as serialized JSON (`bytes::Bytes`) plus a small index (namespace, name,
@@ -133,7 +142,14 @@ impl ResourceDef {
         self
     }
 
-    fn builtin(group: &str, kind: &str, plural: &str, namespaced: bool, status: bool, short: &[&str]) -> Self {
+    fn builtin(
+        group: &str,
+        kind: &str,
+        plural: &str,
+        namespaced: bool,
+        status: bool,
+        short: &[&str],
+    ) -> Self {
         Self {
             group: group.into(),
             version: "v1".into(),
@@ -388,7 +404,9 @@ impl Shared {
     pub fn lock(&self) -> MutexGuard<'_, State> {
         // A panic while holding the lock leaves consistent data (every method either completes
         // or returns an error before mutating), so poisoning is ignored.
-        self.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+        self.state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// Publish the current revision to watchers.
@@ -443,7 +461,11 @@ impl Sim {
         };
         if sim.shared.config.seed_namespaces {
             for ns in ["default", "kube-system", "kube-public"] {
-                sim.create("namespaces", None, serde_json::json!({"metadata": {"name": ns}}))?;
+                sim.create(
+                    "namespaces",
+                    None,
+                    serde_json::json!({"metadata": {"name": ns}}),
+                )?;
             }
         }
         Ok(sim)
@@ -473,6 +495,10 @@ impl Sim {
 
     /// A `kube::Client` for this server. Must be called inside a Tokio runtime (the client's
     /// background task runs there, not on the server's runtime).
+    ///
+    /// Note that `kube::Client` retries 429/503/504 by default (honouring `Retry-After`); to
+    /// see those statuses, build a client from [`kube_config`](Self::kube_config) with
+    /// `default_retry = false`.
     pub fn client(&self) -> Result<kube::Client> {
         Ok(kube::Client::try_from(self.kube_config()?)?)
     }
@@ -504,10 +530,12 @@ impl Sim {
     /// Create an object of `resource` (plural, or `plural.group`) in namespace `ns`; returns
     /// it as stored (uid, creationTimestamp and resourceVersion set).
     pub fn create(&self, resource: &str, ns: Option<&str>, object: Value) -> Result<Value> {
+        // JSON is parsed back outside the lock
         self.write(|st| {
             let res = self.resource(st, resource)?;
-            Ok(st.create(res, ns, object)?.value())
+            Ok(st.create(res, ns, object)?)
         })
+        .map(|o| o.value())
     }
 
     /// Replace an object (a `resourceVersion` in the body is a precondition).
@@ -519,32 +547,48 @@ impl Sim {
             .to_string();
         self.write(|st| {
             let res = self.resource(st, resource)?;
-            Ok(st.update(res, ns, &name, object, false)?.value())
+            Ok(st.update(res, ns, &name, object, false)?)
         })
+        .map(|o| o.value())
     }
 
     /// Apply a JSON merge patch to an object.
-    pub fn patch(&self, resource: &str, ns: Option<&str>, name: &str, patch: &Value) -> Result<Value> {
+    pub fn patch(
+        &self,
+        resource: &str,
+        ns: Option<&str>,
+        name: &str,
+        patch: &Value,
+    ) -> Result<Value> {
         self.write(|st| {
             let res = self.resource(st, resource)?;
-            Ok(st.patch(res, ns, name, patch, false)?.value())
+            Ok(st.patch(res, ns, name, patch, false)?)
         })
+        .map(|o| o.value())
     }
 
     /// Apply a JSON merge patch to an object's status (the `/status` subresource).
-    pub fn patch_status(&self, resource: &str, ns: Option<&str>, name: &str, patch: &Value) -> Result<Value> {
+    pub fn patch_status(
+        &self,
+        resource: &str,
+        ns: Option<&str>,
+        name: &str,
+        patch: &Value,
+    ) -> Result<Value> {
         self.write(|st| {
             let res = self.resource(st, resource)?;
-            Ok(st.patch(res, ns, name, patch, true)?.value())
+            Ok(st.patch(res, ns, name, patch, true)?)
         })
+        .map(|o| o.value())
     }
 
     /// Delete an object; returns its final state (with the deletion's resourceVersion).
     pub fn delete(&self, resource: &str, ns: Option<&str>, name: &str) -> Result<Value> {
         self.write(|st| {
             let res = self.resource(st, resource)?;
-            Ok(st.delete(res, ns, name)?.value())
+            Ok(st.delete(res, ns, name)?)
         })
+        .map(|o| o.value())
     }
 
     /// Read one object.
@@ -556,7 +600,11 @@ impl Sim {
 
     /// Create many objects under one lock (each still gets its own revision and event);
     /// objects carry their namespace in `metadata.namespace`. Returns the revision after.
-    pub fn bulk_load(&self, resource: &str, objects: impl IntoIterator<Item = Value>) -> Result<u64> {
+    pub fn bulk_load(
+        &self,
+        resource: &str,
+        objects: impl IntoIterator<Item = Value>,
+    ) -> Result<u64> {
         self.write(|st| {
             let res = self.resource(st, resource)?;
             for o in objects {
