@@ -49,10 +49,7 @@ async fn watch_count(addr: std::net::SocketAddr, path: &str, want: u64) -> (u64,
 fn cpu_seconds() -> f64 {
     let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
     let after = stat.rsplit_once(')').map_or("", |(_, r)| r);
-    let f: Vec<f64> = after
-        .split_whitespace()
-        .map(|x| x.parse().unwrap_or(0.0))
-        .collect();
+    let f: Vec<f64> = after.split_whitespace().map(|x| x.parse().unwrap_or(0.0)).collect();
     // fields 14 and 15 (utime, stime) are at 11 and 12 after the command name; 100 ticks/s
     (f.get(11).copied().unwrap_or(0.0) + f.get(12).copied().unwrap_or(0.0)) / 100.0
 }
@@ -69,9 +66,7 @@ fn report(name: &str, events: u64, bytes: u64, took: Duration, cpu: f64) {
 }
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?;
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     let cfg = || SimConfig::default().history_max_events(2_000_000);
 
     // 1. replay 300k small ConfigMap events from the history
@@ -83,13 +78,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let _ = chunk;
         sim.bulk_load(
             "configmaps",
-            gen.configmaps(10_000)
-                .into_iter()
-                .enumerate()
-                .map(|(i, mut v)| {
-                    v["metadata"]["name"] = format!("cm-{chunk}-{i}").into();
-                    v
-                }),
+            gen.configmaps(10_000).into_iter().enumerate().map(|(i, mut v)| {
+                v["metadata"]["name"] = format!("cm-{chunk}-{i}").into();
+                v
+            }),
         )?;
     }
     let path = format!("/api/v1/configmaps?watch=1&resourceVersion={start_rv}&timeoutSeconds=600");
@@ -131,11 +123,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     // 3. the same Pods as synthetic ADDED events (watch without resourceVersion)
     let (t, c) = (Instant::now(), cpu_seconds());
-    let (ev, bytes) = rt.block_on(watch_count(
-        sim.addr(),
-        "/api/v1/pods?watch=1&timeoutSeconds=600",
-        n,
-    ));
+    let (ev, bytes) = rt.block_on(watch_count(sim.addr(), "/api/v1/pods?watch=1&timeoutSeconds=600", n));
     report(
         "initial events, Pods (~4 KB)",
         ev,
@@ -158,10 +146,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let (ev, bytes) = std::thread::scope(|s| {
         s.spawn(|| {
             for o in objs {
-                let ns = o["metadata"]["namespace"]
-                    .as_str()
-                    .unwrap_or("default")
-                    .to_string();
+                let ns = o["metadata"]["namespace"].as_str().unwrap_or("default").to_string();
                 sim.create("configmaps", Some(&ns), o).expect("create");
             }
         });

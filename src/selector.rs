@@ -167,9 +167,7 @@ impl LabelRequirement {
     pub fn matches<L: Labels + ?Sized>(&self, labels: &L) -> bool {
         let got = labels.get_label(&self.key);
         match self.op {
-            LabelOp::Equals | LabelOp::DoubleEquals | LabelOp::In => {
-                got.is_some_and(|v| self.values.contains(v))
-            }
+            LabelOp::Equals | LabelOp::DoubleEquals | LabelOp::In => got.is_some_and(|v| self.values.contains(v)),
             LabelOp::NotEquals | LabelOp::NotIn => got.is_none_or(|v| !self.values.contains(v)),
             LabelOp::Exists => got.is_some(),
             LabelOp::DoesNotExist => got.is_none(),
@@ -187,11 +185,7 @@ impl fmt::Display for LabelRequirement {
             LabelOp::Exists => write!(f, "{}", self.key),
             LabelOp::DoesNotExist => write!(f, "!{}", self.key),
             LabelOp::In | LabelOp::NotIn => {
-                let word = if self.op == LabelOp::In {
-                    "in"
-                } else {
-                    "notin"
-                };
+                let word = if self.op == LabelOp::In { "in" } else { "notin" };
                 write!(f, "{} {} (", self.key, word)?;
                 for (i, v) in self.values.iter().enumerate() {
                     if i > 0 {
@@ -236,9 +230,7 @@ impl LabelSelector {
                 Token::End => break,
                 Token::Comma => {
                     if p.peek() == &Token::End {
-                        return Err(SelectorError::Syntax(
-                            "found '', expected: identifier after ','".into(),
-                        ));
+                        return Err(SelectorError::Syntax("found '', expected: identifier after ','".into()));
                     }
                 }
                 other => {
@@ -444,9 +436,7 @@ impl Parser {
                 if self.next() != Token::Open {
                     return Err(SelectorError::Syntax(format!(
                         "found '{}', expected: '(' after '{}'",
-                        self.tokens
-                            .get(self.pos.saturating_sub(1))
-                            .map_or("", Token::text),
+                        self.tokens.get(self.pos.saturating_sub(1)).map_or("", Token::text),
                         if op == LabelOp::In { "in" } else { "notin" }
                     )));
                 }
@@ -518,9 +508,7 @@ fn check_name_part(s: &str) -> std::result::Result<(), String> {
 }
 
 fn check_label_chars(s: &str, what: &str) -> std::result::Result<(), String> {
-    let ok_inner = s
-        .chars()
-        .all(|c| is_alnum(c) || matches!(c, '-' | '_' | '.'));
+    let ok_inner = s.chars().all(|c| is_alnum(c) || matches!(c, '-' | '_' | '.'));
     let first = s.chars().next().is_some_and(is_alnum);
     let last = s.chars().last().is_some_and(is_alnum);
     if ok_inner && first && last {
@@ -809,8 +797,7 @@ mod tests {
             ("a,!b,c in (z)", "a,!b,c in (z)"),
         ];
         for (input, canonical) in table {
-            let sel = LabelSelector::parse(input)
-                .unwrap_or_else(|e| panic!("{input:?} should parse: {e}"));
+            let sel = LabelSelector::parse(input).unwrap_or_else(|e| panic!("{input:?} should parse: {e}"));
             assert_eq!(sel.to_string(), canonical, "input {input:?}");
             let again: LabelSelector = canonical.parse().expect("canonical form parses");
             assert_eq!(again, sel, "round trip of {input:?}");
@@ -845,10 +832,7 @@ mod tests {
                 (Err(e), None) => panic!("{input:?} should parse, got {e}"),
                 (Err(e), Some(fragment)) => {
                     let msg = e.to_string();
-                    assert!(
-                        msg.contains(fragment),
-                        "{input:?}: {msg:?} lacks {fragment:?}"
-                    );
+                    assert!(msg.contains(fragment), "{input:?}: {msg:?} lacks {fragment:?}");
                 }
             }
         }
@@ -898,11 +882,7 @@ mod tests {
             ("metadata.name=pod-1", true, "metadata.name=pod-1"),
             ("metadata.name==pod-1", true, "metadata.name==pod-1"),
             ("metadata.name!=pod-1", false, "metadata.name!=pod-1"),
-            (
-                "metadata.namespace=ns\\,1",
-                true,
-                "metadata.namespace=ns\\,1",
-            ),
+            ("metadata.namespace=ns\\,1", true, "metadata.namespace=ns\\,1"),
             (
                 "status.phase=Running,spec.nodeName=",
                 true,
@@ -923,10 +903,7 @@ mod tests {
     fn malformed_field_selectors_are_rejected() {
         for input in ["metadata.name", "=x", "a=b,c", "a=b=c", "a=\\x", ","] {
             let err = FieldSelector::parse(input).expect_err(input);
-            assert!(
-                err.to_string().contains("can't understand"),
-                "{input:?}: {err}"
-            );
+            assert!(err.to_string().contains("can't understand"), "{input:?}: {err}");
         }
     }
 }

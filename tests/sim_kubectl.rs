@@ -50,28 +50,24 @@ fn kubectl_gets_creates_labels_deletes_and_watches_pods_and_configmaps() {
     let dir = tempfile::tempdir().expect("tempdir");
     let kc = dir.path().join("kubeconfig");
     sim.write_kubeconfig(&kc).expect("kubeconfig");
-    sim.create("pods", Some("default"), json!({"metadata": {"name": "seed-pod", "labels": {"app": "seed"}},
-        "spec": {"containers": [{"name": "c", "image": "busybox"}]}, "status": {"phase": "Running"}}))
-        .expect("seed pod");
+    sim.create(
+        "pods",
+        Some("default"),
+        json!({"metadata": {"name": "seed-pod", "labels": {"app": "seed"}},
+        "spec": {"containers": [{"name": "c", "image": "busybox"}]}, "status": {"phase": "Running"}}),
+    )
+    .expect("seed pod");
 
     // get (table and JSON)
     let table = ok(&kc, &["get", "pods"], None);
     assert!(table.contains("seed-pod"), "{table}");
-    let list: Value =
-        serde_json::from_str(&ok(&kc, &["get", "pods", "-o", "json"], None)).expect("json");
+    let list: Value = serde_json::from_str(&ok(&kc, &["get", "pods", "-o", "json"], None)).expect("json");
     assert_eq!(list["items"][0]["metadata"]["name"], "seed-pod");
 
     // get --watch, running while the rest happens
     let mut watch = Command::new("kubectl")
         .env("KUBECONFIG", &kc)
-        .args([
-            "get",
-            "configmaps",
-            "--watch",
-            "-o",
-            "name",
-            "--request-timeout=20s",
-        ])
+        .args(["get", "configmaps", "--watch", "-o", "name", "--request-timeout=20s"])
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -81,19 +77,14 @@ fn kubectl_gets_creates_labels_deletes_and_watches_pods_and_configmaps() {
     // create (from a manifest on stdin), for both kinds
     let cm = "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: from-kubectl\ndata:\n  k: v\n";
     assert!(ok(&kc, &["create", "-f", "-"], Some(cm)).contains("configmap/from-kubectl created"));
-    let pod = "apiVersion: v1\nkind: Pod\nmetadata:\n  name: kpod\nspec:\n  containers:\n  - name: c\n    image: busybox\n";
+    let pod =
+        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: kpod\nspec:\n  containers:\n  - name: c\n    image: busybox\n";
     assert!(ok(&kc, &["create", "-f", "-"], Some(pod)).contains("pod/kpod created"));
-    let stored = sim
-        .get("configmaps", Some("default"), "from-kubectl")
-        .expect("stored");
+    let stored = sim.get("configmaps", Some("default"), "from-kubectl").expect("stored");
     assert_eq!(stored["data"]["k"], "v");
 
     // label
-    ok(
-        &kc,
-        &["label", "configmap", "from-kubectl", "team=infra"],
-        None,
-    );
+    ok(&kc, &["label", "configmap", "from-kubectl", "team=infra"], None);
     ok(&kc, &["label", "pod", "kpod", "app=web"], None);
     assert_eq!(
         sim.get("pods", Some("default"), "kpod").expect("pod")["metadata"]["labels"]["app"],
@@ -103,14 +94,7 @@ fn kubectl_gets_creates_labels_deletes_and_watches_pods_and_configmaps() {
     assert_eq!(selected.trim(), "pod/kpod");
     let by_field = ok(
         &kc,
-        &[
-            "get",
-            "pods",
-            "--field-selector",
-            "status.phase=Running",
-            "-o",
-            "name",
-        ],
+        &["get", "pods", "--field-selector", "status.phase=Running", "-o", "name"],
         None,
     );
     assert_eq!(by_field.trim(), "pod/seed-pod");
@@ -126,9 +110,7 @@ fn kubectl_gets_creates_labels_deletes_and_watches_pods_and_configmaps() {
     // delete
     ok(&kc, &["delete", "configmap", "from-kubectl"], None);
     ok(&kc, &["delete", "pod", "kpod", "--wait=false"], None);
-    assert!(sim
-        .get("configmaps", Some("default"), "from-kubectl")
-        .is_err());
+    assert!(sim.get("configmaps", Some("default"), "from-kubectl").is_err());
     let pods = ok(&kc, &["get", "pods", "-o", "name"], None);
     assert_eq!(pods.trim(), "pod/seed-pod");
 

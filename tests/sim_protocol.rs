@@ -10,10 +10,7 @@ use durable_informer::sim::workload::{Churn, WorkloadGen};
 use durable_informer::sim::{Failure, FaultTarget, ResourceDef, Sim, SimConfig};
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::{ConfigMap, Pod};
-use kube::api::{
-    Api, DeleteParams, ListParams, Patch, PatchParams, PostParams, VersionMatch, WatchEvent,
-    WatchParams,
-};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams, VersionMatch, WatchEvent, WatchParams};
 use kube::core::{ApiResource, DynamicObject, GroupVersionKind};
 use kube::runtime::watcher;
 use serde_json::{json, Value};
@@ -97,21 +94,18 @@ async fn kube_client_pages_through_a_large_list_with_continue_tokens() {
             first_rv.as_ref(),
             "every page at the first page's RV"
         );
-        names.extend(
-            page.items
-                .iter()
-                .map(|p| p.metadata.name.clone().unwrap_or_default()),
-        );
+        names.extend(page.items.iter().map(|p| p.metadata.name.clone().unwrap_or_default()));
         match page.metadata.continue_ {
             Some(t) if !t.is_empty() => {
-                assert_eq!(
-                    page.metadata.remaining_item_count,
-                    Some(1_200 - names.len() as i64)
-                );
+                assert_eq!(page.metadata.remaining_item_count, Some(1_200 - names.len() as i64));
                 token = Some(t);
                 // writes between pages do not show up: the list is consistent
-                sim.create("pods", Some("ns-0"), json!({"metadata": {"name": format!("late-{pages}")}, "spec": {"containers": []}}))
-                    .expect("create");
+                sim.create(
+                    "pods",
+                    Some("ns-0"),
+                    json!({"metadata": {"name": format!("late-{pages}")}, "spec": {"containers": []}}),
+                )
+                .expect("create");
             }
             _ => break,
         }
@@ -128,14 +122,9 @@ async fn kube_client_pages_through_a_large_list_with_continue_tokens() {
 
     // resourceVersion=0 is served from the "cache" and ignores limit
     // (kube::Client drops resourceVersion=0 when a limit is set, so this one is raw)
-    let all = request(
-        sim.addr(),
-        "GET",
-        "/api/v1/pods?resourceVersion=0&limit=10",
-        None,
-    )
-    .await
-    .json();
+    let all = request(sim.addr(), "GET", "/api/v1/pods?resourceVersion=0&limit=10", None)
+        .await
+        .json();
     assert_eq!(all["items"].as_array().map(Vec::len), Some(1_202));
     assert!(all["metadata"].get("continue").is_none());
 }
@@ -161,15 +150,9 @@ async fn kube_watch_from_an_rv_sees_changes_in_order_then_a_bookmark_before_time
         tokio::time::sleep(Duration::from_millis(100)).await;
         sim.create("configmaps", Some("default"), cm("b", json!({})))
             .expect("b");
-        sim.patch(
-            "configmaps",
-            Some("default"),
-            "a",
-            &json!({"data": {"k": "a2"}}),
-        )
-        .expect("patch");
-        sim.delete("configmaps", Some("default"), "b")
-            .expect("delete");
+        sim.patch("configmaps", Some("default"), "a", &json!({"data": {"k": "a2"}}))
+            .expect("patch");
+        sim.delete("configmaps", Some("default"), "b").expect("delete");
         sim.create("configmaps", Some("other"), cm("c", json!({})))
             .expect("other namespace");
     };
@@ -203,13 +186,7 @@ async fn periodic_bookmarks_are_sent_only_when_allowed() {
         "{}",
         kinds(&with)
     );
-    let without = collect(
-        &api,
-        &WatchParams::default().timeout(1).disable_bookmarks(),
-        &rv,
-        100,
-    )
-    .await;
+    let without = collect(&api, &WatchParams::default().timeout(1).disable_bookmarks(), &rv, 100).await;
     assert_eq!(kinds(&without), "");
     assert!(sim.counters().bookmarks >= 3);
 }
@@ -218,12 +195,8 @@ async fn periodic_bookmarks_are_sent_only_when_allowed() {
 async fn kube_runtime_watcher_works_with_streaming_lists_and_with_list_watch() {
     let sim = Sim::start(fast()).expect("start");
     for i in 0..5 {
-        sim.create(
-            "configmaps",
-            Some("default"),
-            cm(&format!("c{i}"), json!({})),
-        )
-        .expect("create");
+        sim.create("configmaps", Some("default"), cm(&format!("c{i}"), json!({})))
+            .expect("create");
     }
     let api: Api<ConfigMap> = Api::namespaced(sim.client().expect("client"), "default");
     for cfg in [
@@ -252,13 +225,10 @@ async fn kube_runtime_watcher_works_with_streaming_lists_and_with_list_watch() {
             .await
             .expect("in time")
             .expect("ok");
-        assert!(
-            matches!(ev, Some(watcher::Event::Apply(c)) if c.metadata.name.as_deref() == Some("live"))
-        );
+        assert!(matches!(ev, Some(watcher::Event::Apply(c)) if c.metadata.name.as_deref() == Some("live")));
         let c = sim.counters();
         assert_eq!(c.watch_requests, 1);
-        sim.delete("configmaps", Some("default"), "live")
-            .expect("delete");
+        sim.delete("configmaps", Some("default"), "live").expect("delete");
     }
 }
 
@@ -271,25 +241,13 @@ async fn selectors_filter_lists_and_watches_and_an_object_leaving_the_selector_i
         cm("web-1", json!({"app": "web", "tier": "front"})),
     )
     .expect("c");
-    sim.create(
-        "configmaps",
-        Some("default"),
-        cm("web-2", json!({"app": "web"})),
-    )
-    .expect("c");
-    sim.create(
-        "configmaps",
-        Some("default"),
-        cm("db-1", json!({"app": "db"})),
-    )
-    .expect("c");
+    sim.create("configmaps", Some("default"), cm("web-2", json!({"app": "web"})))
+        .expect("c");
+    sim.create("configmaps", Some("default"), cm("db-1", json!({"app": "db"})))
+        .expect("c");
     let api: Api<ConfigMap> = Api::namespaced(sim.client().expect("client"), "default");
     let names = |l: kube::core::ObjectList<ConfigMap>| {
-        let mut v: Vec<String> = l
-            .items
-            .into_iter()
-            .filter_map(|c| c.metadata.name)
-            .collect();
+        let mut v: Vec<String> = l.items.into_iter().filter_map(|c| c.metadata.name).collect();
         v.sort();
         v
     };
@@ -304,11 +262,7 @@ async fn selectors_filter_lists_and_watches_and_an_object_leaving_the_selector_i
     ];
     for (sel, want) in table {
         assert_eq!(
-            names(
-                api.list(&ListParams::default().labels(sel))
-                    .await
-                    .expect(sel)
-            ),
+            names(api.list(&ListParams::default().labels(sel)).await.expect(sel)),
             want,
             "{sel}"
         );
@@ -323,11 +277,9 @@ async fn selectors_filter_lists_and_watches_and_an_object_leaving_the_selector_i
     );
     assert_eq!(
         names(
-            api.list(
-                &ListParams::default().fields("metadata.name!=db-1,metadata.namespace=default")
-            )
-            .await
-            .expect("f")
+            api.list(&ListParams::default().fields("metadata.name!=db-1,metadata.namespace=default"))
+                .await
+                .expect("f")
         ),
         vec!["web-1", "web-2"]
     );
@@ -349,25 +301,12 @@ async fn selectors_filter_lists_and_watches_and_an_object_leaving_the_selector_i
             &json!({"metadata": {"labels": {"app": "web"}}}),
         )
         .expect("enter");
-        sim.patch(
-            "configmaps",
-            Some("default"),
-            "web-1",
-            &json!({"data": {"x": "y"}}),
-        )
-        .expect("stay");
-        sim.patch(
-            "configmaps",
-            Some("default"),
-            "web-2",
-            &json!({"data": {"x": "y"}}),
-        )
-        .expect("outside");
+        sim.patch("configmaps", Some("default"), "web-1", &json!({"data": {"x": "y"}}))
+            .expect("stay");
+        sim.patch("configmaps", Some("default"), "web-2", &json!({"data": {"x": "y"}}))
+            .expect("outside");
     };
-    let wp = WatchParams::default()
-        .labels("app=web")
-        .timeout(1)
-        .disable_bookmarks();
+    let wp = WatchParams::default().labels("app=web").timeout(1).disable_bookmarks();
     let (evs, ()) = tokio::join!(collect(&api, &wp, &rv, 100), writer);
     assert_eq!(kinds(&evs), "DAM");
     if let WatchEvent::Deleted(o) = &evs[0] {
@@ -388,14 +327,8 @@ async fn pod_field_selectors_and_unsupported_fields() {
     let sim = Sim::start(fast()).expect("start");
     let mut gen = WorkloadGen::new(9).namespaces(2);
     let pods = gen.pods(60);
-    let running = pods
-        .iter()
-        .filter(|p| p["status"]["phase"] == "Running")
-        .count();
-    let on_node_3 = pods
-        .iter()
-        .filter(|p| p["spec"]["nodeName"] == "node-3")
-        .count();
+    let running = pods.iter().filter(|p| p["status"]["phase"] == "Running").count();
+    let on_node_3 = pods.iter().filter(|p| p["spec"]["nodeName"] == "node-3").count();
     sim.bulk_load("pods", pods).expect("load");
     let api: Api<Pod> = Api::all(sim.client().expect("client"));
     let n = |l: kube::core::ObjectList<Pod>| l.items.len();
@@ -428,27 +361,17 @@ async fn pod_field_selectors_and_unsupported_fields() {
         30
     );
     assert_eq!(
-        api_code(
-            api.list(&ListParams::default().fields("spec.bogus=x"))
-                .await
-        ),
+        api_code(api.list(&ListParams::default().fields("spec.bogus=x")).await),
         400
     );
     let cms: Api<ConfigMap> = Api::all(sim.client().expect("client"));
     assert_eq!(
-        api_code(
-            cms.list(&ListParams::default().fields("status.phase=Running"))
-                .await
-        ),
+        api_code(cms.list(&ListParams::default().fields("status.phase=Running")).await),
         400
     );
     // with a selector the page is filled with matches and remainingItemCount is omitted
     let page = api
-        .list(
-            &ListParams::default()
-                .fields("status.phase=Running")
-                .limit(2),
-        )
+        .list(&ListParams::default().fields("status.phase=Running").limit(2))
         .await
         .expect("page");
     assert_eq!(page.items.len(), 2.min(running));
@@ -459,10 +382,7 @@ async fn pod_field_selectors_and_unsupported_fields() {
 async fn malformed_selectors_and_parameters_are_400_bad_request() {
     let sim = Sim::start(fast()).expect("start");
     let table = [
-        (
-            "labelSelector=app%20in%20web",
-            "unable to parse requirement",
-        ),
+        ("labelSelector=app%20in%20web", "unable to parse requirement"),
         ("labelSelector=app%3D%3D%3Dx", "unable to parse requirement"),
         ("labelSelector=-bad%3Dx", "invalid label key"),
         ("labelSelector=a%3D-x", "invalid label value"),
@@ -472,10 +392,7 @@ async fn malformed_selectors_and_parameters_are_400_bad_request() {
         ("limit=abc", "limit"),
         ("resourceVersion=abc", "resourceVersion"),
         ("continue=%%%garbage", "continue key is not valid"),
-        (
-            "continue=eyJub3QiOiJhIHRva2VuIn0",
-            "continue key is not valid",
-        ),
+        ("continue=eyJub3QiOiJhIHRva2VuIn0", "continue key is not valid"),
         ("continue=bm90IGpzb24", "continue key is not valid"),
         (
             "continue=eyJ2IjoibWV0YS5rOHMuaW8vdjEiLCJydiI6MSwic3RhcnQiOiIuLi9ldGMifQ",
@@ -484,17 +401,10 @@ async fn malformed_selectors_and_parameters_are_400_bad_request() {
     ];
     for (query, fragment) in table {
         for watch in ["", "watch=1&"] {
-            if watch == "watch=1&" && (query.starts_with("limit") || query.starts_with("continue"))
-            {
+            if watch == "watch=1&" && (query.starts_with("limit") || query.starts_with("continue")) {
                 continue;
             }
-            let resp = request(
-                sim.addr(),
-                "GET",
-                &format!("/api/v1/pods?{watch}{query}"),
-                None,
-            )
-            .await;
+            let resp = request(sim.addr(), "GET", &format!("/api/v1/pods?{watch}{query}"), None).await;
             assert_eq!(
                 resp.status,
                 400,
@@ -528,14 +438,9 @@ async fn malformed_selectors_and_parameters_are_400_bad_request() {
     );
     // resourceVersionMatch without resourceVersion, and a watch with it but no sendInitialEvents
     assert_eq!(
-        request(
-            sim.addr(),
-            "GET",
-            "/api/v1/pods?resourceVersionMatch=Exact",
-            None
-        )
-        .await
-        .status,
+        request(sim.addr(), "GET", "/api/v1/pods?resourceVersionMatch=Exact", None)
+            .await
+            .status,
         422
     );
     assert_eq!(
@@ -557,21 +462,11 @@ async fn history_window_by_count_and_by_age_expires_old_watches() {
     let api: Api<ConfigMap> = Api::all(sim.client().expect("client"));
     let start = sim.current_rv();
     for i in 0..10 {
-        sim.create(
-            "configmaps",
-            Some("default"),
-            cm(&format!("c{i}"), json!({})),
-        )
-        .expect("c");
+        sim.create("configmaps", Some("default"), cm(&format!("c{i}"), json!({})))
+            .expect("c");
     }
     assert_eq!(sim.compacted_rv(), start + 5);
-    let evs = collect(
-        &api,
-        &WatchParams::default().timeout(2),
-        &start.to_string(),
-        10,
-    )
-    .await;
+    let evs = collect(&api, &WatchParams::default().timeout(2), &start.to_string(), 10).await;
     assert_eq!(kinds(&evs), "E");
     if let WatchEvent::Error(s) = &evs[0] {
         assert_eq!((s.code, s.reason.as_str()), (410, "Expired"));
@@ -621,23 +516,10 @@ async fn restart_ends_open_watches_and_forgets_the_history() {
         started.elapsed() < Duration::from_secs(5),
         "the watch ended at the restart"
     );
-    let evs = collect(
-        &api,
-        &WatchParams::default().timeout(2),
-        &rv.to_string(),
-        10,
-    )
-    .await;
+    let evs = collect(&api, &WatchParams::default().timeout(2), &rv.to_string(), 10).await;
     assert_eq!(kinds(&evs), "E");
     // the objects survived
-    assert_eq!(
-        api.list(&ListParams::default())
-            .await
-            .expect("list")
-            .items
-            .len(),
-        1
-    );
+    assert_eq!(api.list(&ListParams::default()).await.expect("list").items.len(), 1);
 }
 
 #[tokio::test]
@@ -647,12 +529,8 @@ async fn restoring_an_old_backup_moves_the_rv_back_and_a_later_rv_watch_is_silen
         .expect("c");
     let backup = sim.backup();
     for i in 0..5 {
-        sim.create(
-            "configmaps",
-            Some("default"),
-            cm(&format!("lost-{i}"), json!({})),
-        )
-        .expect("c");
+        sim.create("configmaps", Some("default"), cm(&format!("lost-{i}"), json!({})))
+            .expect("c");
     }
     let seen_rv = sim.current_rv();
     sim.restore_backup(&backup);
@@ -661,18 +539,9 @@ async fn restoring_an_old_backup_moves_the_rv_back_and_a_later_rv_watch_is_silen
     let api: Api<ConfigMap> = Api::all(sim.client().expect("client"));
     let l = api.list(&ListParams::default()).await.expect("list");
     assert_eq!(l.items.len(), 1);
-    assert_eq!(
-        l.metadata.resource_version,
-        Some(backup.resource_version().to_string())
-    );
+    assert_eq!(l.metadata.resource_version, Some(backup.resource_version().to_string()));
     // a client that persisted `seen_rv` gets silence (kubernetes#107457)
-    let evs = collect(
-        &api,
-        &WatchParams::default().timeout(1),
-        &seen_rv.to_string(),
-        10,
-    )
-    .await;
+    let evs = collect(&api, &WatchParams::default().timeout(1), &seen_rv.to_string(), 10).await;
     assert_eq!(kinds(&evs), "");
     // and new writes reuse RVs the client has already seen
     let again = sim
@@ -697,23 +566,14 @@ async fn writes_over_http_through_kube_client() {
         json!({"metadata": {"name": "p"}, "spec": {"containers": [{"name": "c", "image": "x"}]}}),
     )
     .expect("pod");
-    let created = pods
-        .create(&PostParams::default(), &pod)
-        .await
-        .expect("create");
+    let created = pods.create(&PostParams::default(), &pod).await.expect("create");
     assert!(created.metadata.uid.is_some() && created.metadata.creation_timestamp.is_some());
-    assert_eq!(
-        api_code(pods.create(&PostParams::default(), &pod).await),
-        409
-    );
+    assert_eq!(api_code(pods.create(&PostParams::default(), &pod).await), 409);
 
     // replace with a stale RV conflicts; with the current one it works
     let mut stale = created.clone();
     stale.metadata.resource_version = Some("1".into());
-    assert_eq!(
-        api_code(pods.replace("p", &PostParams::default(), &stale).await),
-        409
-    );
+    assert_eq!(api_code(pods.replace("p", &PostParams::default(), &stale).await), 409);
     let mut fresh = created.clone();
     fresh.metadata.labels = Some([("a".to_string(), "b".to_string())].into());
     let replaced = pods
@@ -727,18 +587,12 @@ async fn writes_over_http_through_kube_client() {
         .patch(
             "p",
             &PatchParams::default(),
-            &Patch::Merge(
-                json!({"metadata": {"labels": {"c": "d"}}, "status": {"phase": "Failed"}}),
-            ),
+            &Patch::Merge(json!({"metadata": {"labels": {"c": "d"}}, "status": {"phase": "Failed"}})),
         )
         .await
         .expect("patch");
     assert_eq!(patched.metadata.labels.as_ref().map(|l| l.len()), Some(2));
-    assert!(patched
-        .status
-        .as_ref()
-        .and_then(|s| s.phase.clone())
-        .is_none());
+    assert!(patched.status.as_ref().and_then(|s| s.phase.clone()).is_none());
     let st = pods
         .patch_status(
             "p",
@@ -759,9 +613,7 @@ async fn writes_over_http_through_kube_client() {
     assert_eq!(strategic.metadata.labels.map(|l| l.len()), Some(1));
 
     // delete returns the object; a second delete is 404
-    pods.delete("p", &DeleteParams::default())
-        .await
-        .expect("delete");
+    pods.delete("p", &DeleteParams::default()).await.expect("delete");
     assert_eq!(api_code(pods.get("p").await), 404);
     assert_eq!(
         api_code(pods.delete("p", &DeleteParams::default()).await.map(|_| ())),
@@ -769,24 +621,14 @@ async fn writes_over_http_through_kube_client() {
     );
 
     // a custom resource registered at start, through discovery and DynamicObject
-    let discovery = kube::Discovery::new(client.clone())
-        .run()
-        .await
-        .expect("discovery");
+    let discovery = kube::Discovery::new(client.clone()).run().await.expect("discovery");
     assert!(discovery.has_group("example.com") && discovery.has_group("apps"));
-    let ar = ApiResource::from_gvk_with_plural(
-        &GroupVersionKind::gvk("example.com", "v1", "Widget"),
-        "widgets",
-    );
+    let ar = ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk("example.com", "v1", "Widget"), "widgets");
     let widgets: Api<DynamicObject> = Api::namespaced_with(client.clone(), "default", &ar);
-    let w: DynamicObject =
-        serde_json::from_value(json!({"apiVersion": "example.com/v1", "kind": "Widget",
+    let w: DynamicObject = serde_json::from_value(json!({"apiVersion": "example.com/v1", "kind": "Widget",
         "metadata": {"name": "w1"}, "spec": {"size": 3}}))
-        .expect("widget");
-    widgets
-        .create(&PostParams::default(), &w)
-        .await
-        .expect("create widget");
+    .expect("widget");
+    widgets.create(&PostParams::default(), &w).await.expect("create widget");
     let got = widgets.get("w1").await.expect("get widget");
     assert_eq!(got.data["spec"]["size"], 3);
     assert_eq!(got.metadata.generation, Some(1));
@@ -795,27 +637,16 @@ async fn writes_over_http_through_kube_client() {
         .patch(
             "w1",
             &PatchParams::apply("test"),
-            &Patch::Apply(
-                json!({"apiVersion": "example.com/v1", "kind": "Widget", "spec": {"size": 4}}),
-            ),
+            &Patch::Apply(json!({"apiVersion": "example.com/v1", "kind": "Widget", "spec": {"size": 4}})),
         )
         .await
         .expect("apply");
-    assert_eq!(
-        widgets.get("w1").await.expect("get").metadata.generation,
-        Some(2)
-    );
+    assert_eq!(widgets.get("w1").await.expect("get").metadata.generation, Some(2));
 
     // registering at run time
-    sim.register_crd(
-        ResourceDef::custom("example.com", "v1", "Gadget", "gadgets").cluster_scoped(),
-    );
-    sim.create(
-        "gadgets.example.com",
-        None,
-        json!({"metadata": {"name": "g"}}),
-    )
-    .expect("gadget");
+    sim.register_crd(ResourceDef::custom("example.com", "v1", "Gadget", "gadgets").cluster_scoped());
+    sim.create("gadgets.example.com", None, json!({"metadata": {"name": "g"}}))
+        .expect("gadget");
     let resp = request(sim.addr(), "GET", "/apis/example.com/v1/gadgets", None).await;
     assert_eq!(resp.json()["items"].as_array().map(Vec::len), Some(1));
     assert_eq!(sim.counters().write_requests, 11, "HTTP writes only");
@@ -825,30 +656,15 @@ async fn writes_over_http_through_kube_client() {
 async fn injected_faults_are_observable_by_clients() {
     let sim = Sim::start(fast()).expect("start");
     for i in 0..10 {
-        sim.create(
-            "configmaps",
-            Some("default"),
-            cm(&format!("c{i}"), json!({})),
-        )
-        .expect("c");
+        sim.create("configmaps", Some("default"), cm(&format!("c{i}"), json!({})))
+            .expect("c");
     }
     let addr = sim.addr();
 
     // 429 with Retry-After, then 500, each for the next request of its kind only
-    sim.faults().fail_next(
-        FaultTarget::List,
-        Failure::TooManyRequests {
-            retry_after_secs: 2,
-        },
-        1,
-    );
-    let r = request(
-        addr,
-        "GET",
-        "/api/v1/configmaps?watch=1&timeoutSeconds=1",
-        None,
-    )
-    .await;
+    sim.faults()
+        .fail_next(FaultTarget::List, Failure::TooManyRequests { retry_after_secs: 2 }, 1);
+    let r = request(addr, "GET", "/api/v1/configmaps?watch=1&timeoutSeconds=1", None).await;
     assert_eq!(r.status, 200, "a watch is not a list");
     let r = request(addr, "GET", "/api/v1/configmaps", None).await;
     assert_eq!(
@@ -856,54 +672,24 @@ async fn injected_faults_are_observable_by_clients() {
         (429, Some("2"))
     );
     assert_eq!(r.json()["reason"], "TooManyRequests");
+    assert_eq!(request(addr, "GET", "/api/v1/configmaps", None).await.status, 200);
+    sim.faults().fail_next(FaultTarget::Any, Failure::InternalError, 2);
+    assert_eq!(request(addr, "GET", "/api/v1/configmaps", None).await.status, 500);
     assert_eq!(
-        request(addr, "GET", "/api/v1/configmaps", None)
-            .await
-            .status,
-        200
-    );
-    sim.faults()
-        .fail_next(FaultTarget::Any, Failure::InternalError, 2);
-    assert_eq!(
-        request(addr, "GET", "/api/v1/configmaps", None)
-            .await
-            .status,
+        request(addr, "GET", "/api/v1/configmaps?watch=1", None).await.status,
         500
     );
-    assert_eq!(
-        request(addr, "GET", "/api/v1/configmaps?watch=1", None)
-            .await
-            .status,
-        500
-    );
-    assert_eq!(
-        request(addr, "GET", "/api/v1/configmaps", None)
-            .await
-            .status,
-        200
-    );
+    assert_eq!(request(addr, "GET", "/api/v1/configmaps", None).await.status, 200);
 
     // drop a watch after k events
     sim.faults().drop_watch_after(Some(3));
-    let r = request(
-        addr,
-        "GET",
-        "/api/v1/configmaps?watch=1&timeoutSeconds=10",
-        None,
-    )
-    .await;
+    let r = request(addr, "GET", "/api/v1/configmaps?watch=1&timeoutSeconds=10", None).await;
     assert_eq!(r.events().len(), 3);
     sim.faults().drop_watch_after(None);
 
     // cut a chunk in half: the connection is aborted in the middle of an event line
     sim.faults().cut_next_watches(1);
-    let r = request(
-        addr,
-        "GET",
-        "/api/v1/configmaps?watch=1&timeoutSeconds=10",
-        None,
-    )
-    .await;
+    let r = request(addr, "GET", "/api/v1/configmaps?watch=1&timeoutSeconds=10", None).await;
     assert!(
         !r.body.is_empty() && !r.body.ends_with(b"\n"),
         "partial line: {:?}",
@@ -915,12 +701,7 @@ async fn injected_faults_are_observable_by_clients() {
     sim.faults().stall_next_watches(1);
     let stalled = tokio::time::timeout(
         Duration::from_millis(1500),
-        request(
-            addr,
-            "GET",
-            "/api/v1/configmaps?watch=1&timeoutSeconds=1",
-            None,
-        ),
+        request(addr, "GET", "/api/v1/configmaps?watch=1&timeoutSeconds=1", None),
     )
     .await;
     assert!(stalled.is_err(), "a stalled watch never ends by itself");
@@ -928,41 +709,19 @@ async fn injected_faults_are_observable_by_clients() {
     // delay
     sim.faults().delay(Duration::from_millis(300));
     let t = std::time::Instant::now();
-    assert_eq!(
-        request(addr, "GET", "/api/v1/configmaps", None)
-            .await
-            .status,
-        200
-    );
+    assert_eq!(request(addr, "GET", "/api/v1/configmaps", None).await.status, 200);
     assert!(t.elapsed() >= Duration::from_millis(300));
     sim.faults().clear();
 
     // kube::Client retries a 429 after Retry-After by default; without retries it sees the error
-    sim.faults().fail_next(
-        FaultTarget::List,
-        Failure::TooManyRequests {
-            retry_after_secs: 1,
-        },
-        1,
-    );
+    sim.faults()
+        .fail_next(FaultTarget::List, Failure::TooManyRequests { retry_after_secs: 1 }, 1);
     sim.reset_counters();
     let api: Api<ConfigMap> = Api::all(sim.client().expect("client"));
-    assert_eq!(
-        api.list(&ListParams::default())
-            .await
-            .expect("retried")
-            .items
-            .len(),
-        10
-    );
+    assert_eq!(api.list(&ListParams::default()).await.expect("retried").items.len(), 10);
     assert_eq!(sim.counters().list_requests, 2);
-    sim.faults().fail_next(
-        FaultTarget::List,
-        Failure::TooManyRequests {
-            retry_after_secs: 1,
-        },
-        1,
-    );
+    sim.faults()
+        .fail_next(FaultTarget::List, Failure::TooManyRequests { retry_after_secs: 1 }, 1);
     let api: Api<ConfigMap> = Api::all(no_retry_client(&sim));
     assert_eq!(api_code(api.list(&ListParams::default()).await), 429);
 }
@@ -971,37 +730,16 @@ async fn injected_faults_are_observable_by_clients() {
 async fn counters_count_lists_objects_watches_events_and_bytes() {
     let sim = Sim::start(fast()).expect("start");
     for i in 0..4 {
-        sim.create(
-            "configmaps",
-            Some("default"),
-            cm(&format!("c{i}"), json!({})),
-        )
-        .expect("c");
+        sim.create("configmaps", Some("default"), cm(&format!("c{i}"), json!({})))
+            .expect("c");
     }
     sim.reset_counters();
     let addr = sim.addr();
-    let l = request(
-        addr,
-        "GET",
-        "/api/v1/namespaces/default/configmaps?limit=3",
-        None,
-    )
-    .await;
-    let w = request(
-        addr,
-        "GET",
-        "/api/v1/configmaps?watch=1&timeoutSeconds=1",
-        None,
-    )
-    .await;
+    let l = request(addr, "GET", "/api/v1/namespaces/default/configmaps?limit=3", None).await;
+    let w = request(addr, "GET", "/api/v1/configmaps?watch=1&timeoutSeconds=1", None).await;
     let c = sim.counters();
     assert_eq!(
-        (
-            c.list_requests,
-            c.list_objects,
-            c.watch_requests,
-            c.watch_events
-        ),
+        (c.list_requests, c.list_objects, c.watch_requests, c.watch_events),
         (1, 3, 1, 4)
     );
     assert_eq!(c.bytes_served, (l.body.len() + w.body.len()) as u64);
@@ -1019,11 +757,7 @@ async fn exact_and_not_older_than_lists_through_kube() {
         .expect("c");
     let api: Api<ConfigMap> = Api::all(sim.client().expect("client"));
     let exact = api
-        .list(
-            &ListParams::default()
-                .at(&rv.to_string())
-                .matching(VersionMatch::Exact),
-        )
+        .list(&ListParams::default().at(&rv.to_string()).matching(VersionMatch::Exact))
         .await
         .expect("exact");
     assert_eq!(exact.items.len(), 1);
@@ -1039,9 +773,7 @@ async fn exact_and_not_older_than_lists_through_kube() {
     // too large: 504 after the configured wait, unless the server catches up meanwhile
     let future = sim.current_rv() + 1;
     let future_s = future.to_string();
-    let lp = ListParams::default()
-        .at(&future_s)
-        .matching(VersionMatch::NotOlderThan);
+    let lp = ListParams::default().at(&future_s).matching(VersionMatch::NotOlderThan);
     let list = api.list(&lp);
     let writer = async {
         tokio::time::sleep(Duration::from_millis(50)).await;
@@ -1054,12 +786,8 @@ async fn exact_and_not_older_than_lists_through_kube() {
     let api: Api<ConfigMap> = Api::all(no_retry_client(&sim));
     assert_eq!(
         api_code(
-            api.list(
-                &ListParams::default()
-                    .at(&far)
-                    .matching(VersionMatch::NotOlderThan)
-            )
-            .await
+            api.list(&ListParams::default().at(&far).matching(VersionMatch::NotOlderThan))
+                .await
         ),
         504
     );
@@ -1077,18 +805,10 @@ fn workload_is_deterministic_and_pods_are_about_4kb() {
         .sum::<usize>()
         / a.len();
     assert!((3_500..=5_000).contains(&avg), "pod size {avg}");
-    assert!(
-        a[0]["metadata"]["managedFields"].is_array()
-            && a[0]["metadata"]["ownerReferences"].is_array()
-    );
+    assert!(a[0]["metadata"]["managedFields"].is_array() && a[0]["metadata"]["ownerReferences"].is_array());
     let namespaces: std::collections::BTreeSet<String> = a
         .iter()
-        .map(|p| {
-            p["metadata"]["namespace"]
-                .as_str()
-                .unwrap_or("")
-                .to_string()
-        })
+        .map(|p| p["metadata"]["namespace"].as_str().unwrap_or("").to_string())
         .collect();
     assert_eq!(namespaces.len(), 3);
 
@@ -1102,9 +822,7 @@ fn workload_is_deterministic_and_pods_are_about_4kb() {
             .build()
             .expect("rt");
         let list: Vec<Value> = rt.block_on(async {
-            request(sim.addr(), "GET", "/api/v1/configmaps", None)
-                .await
-                .json()["items"]
+            request(sim.addr(), "GET", "/api/v1/configmaps", None).await.json()["items"]
                 .as_array()
                 .cloned()
                 .unwrap_or_default()

@@ -43,10 +43,7 @@ async fn replay(resource: &str, list_file: &str, watch_file: &str) -> (Sim, Valu
     let list = request(sim.addr(), "GET", &format!("/api/v1/{resource}"), None).await;
     assert_eq!(list.status, 200);
     let list = list.json();
-    let rv = list["metadata"]["resourceVersion"]
-        .as_str()
-        .expect("rv")
-        .to_string();
+    let rv = list["metadata"]["resourceVersion"].as_str().expect("rv").to_string();
 
     let addr = sim.addr();
     let path = format!("/api/v1/{resource}?watch=true&resourceVersion={rv}&allowWatchBookmarks=true&timeoutSeconds=2");
@@ -82,20 +79,12 @@ async fn replay(resource: &str, list_file: &str, watch_file: &str) -> (Sim, Valu
 }
 
 fn check_stream_matches_recording(recorded: &[Value], served: &[Value]) {
-    let rec_events: Vec<&Value> = recorded
-        .iter()
-        .filter(|e| e["type"] != "BOOKMARK")
-        .collect();
+    let rec_events: Vec<&Value> = recorded.iter().filter(|e| e["type"] != "BOOKMARK").collect();
     let sim_events: Vec<&Value> = served.iter().filter(|e| e["type"] != "BOOKMARK").collect();
     assert_eq!(rec_events.len(), sim_events.len(), "event count");
     let mut last_rv = 0u64;
     for (r, s) in rec_events.iter().zip(&sim_events) {
-        assert_eq!(
-            r["type"],
-            s["type"],
-            "event type of {}",
-            name_of(&r["object"])
-        );
+        assert_eq!(r["type"], s["type"], "event type of {}", name_of(&r["object"]));
         assert_same_shape(&format!("{} {}", r["type"], name_of(&r["object"])), r, s);
         let rv: u64 = s["object"]["metadata"]["resourceVersion"]
             .as_str()
@@ -108,10 +97,7 @@ fn check_stream_matches_recording(recorded: &[Value], served: &[Value]) {
     let rec_bm = recorded.last().expect("recorded bookmark");
     assert_eq!(rec_bm["type"], "BOOKMARK");
     let sim_bm = served.last().expect("served events");
-    assert_eq!(
-        sim_bm["type"], "BOOKMARK",
-        "a bookmark shortly before timeoutSeconds"
-    );
+    assert_eq!(sim_bm["type"], "BOOKMARK", "a bookmark shortly before timeoutSeconds");
     assert_same_shape("bookmark", rec_bm, sim_bm);
     assert_eq!(
         sim_bm["object"]["metadata"]["resourceVersion"].as_str(),
@@ -132,11 +118,7 @@ async fn check_after(sim: &Sim, resource: &str, list: &Value, events: &[Value], 
         .iter()
         .map(|o| {
             (
-                format!(
-                    "{}/{}",
-                    o["metadata"]["namespace"].as_str().unwrap_or(""),
-                    name_of(o)
-                ),
+                format!("{}/{}", o["metadata"]["namespace"].as_str().unwrap_or(""), name_of(o)),
                 o.clone(),
             )
         })
@@ -161,11 +143,7 @@ async fn check_after(sim: &Sim, resource: &str, list: &Value, events: &[Value], 
     let mut rec: Vec<Value> = recorded_after["items"].as_array().expect("items").clone();
     sim_rec.sort_by_key(name_of);
     rec.sort_by_key(name_of);
-    assert_same_shape(
-        "list after workload",
-        &Value::Array(rec),
-        &Value::Array(sim_rec),
-    );
+    assert_same_shape("list after workload", &Value::Array(rec), &Value::Array(sim_rec));
     assert_same_shape(
         "list envelope",
         &serde_json::json!({"kind": recorded_after["kind"], "apiVersion": recorded_after["apiVersion"], "metadata": recorded_after["metadata"]}),
@@ -182,11 +160,7 @@ fn recorded_watch_applied_to_recorded_list_gives_recorded_after_list() {
             "configmaps-watch.jsonl",
             "configmaps-rec-list-after.json",
         ),
-        (
-            "pods-list.json",
-            "pods-watch.jsonl",
-            "pods-rec-list-after.json",
-        ),
+        ("pods-list.json", "pods-watch.jsonl", "pods-rec-list-after.json"),
     ] {
         let list: Value = serde_json::from_str(&wire(list)).expect("json");
         let applied = apply_events(list["items"].as_array().expect("items"), &jsonl(watch));
@@ -206,42 +180,19 @@ fn recorded_watch_applied_to_recorded_list_gives_recorded_after_list() {
 
 #[tokio::test]
 async fn configmap_list_watch_and_after_list_match_the_recording() {
-    let (sim, list, events) = replay(
-        "configmaps",
-        "configmaps-list.json",
-        "configmaps-watch.jsonl",
-    )
-    .await;
+    let (sim, list, events) = replay("configmaps", "configmaps-list.json", "configmaps-watch.jsonl").await;
     let recorded_list: Value = serde_json::from_str(&wire("configmaps-list.json")).expect("json");
     assert_same_shape("configmaps list", &recorded_list, &list);
     check_stream_matches_recording(&jsonl("configmaps-watch.jsonl"), &events);
-    check_after(
-        &sim,
-        "configmaps",
-        &list,
-        &events,
-        "configmaps-rec-list-after.json",
-    )
-    .await;
+    check_after(&sim, "configmaps", &list, &events, "configmaps-rec-list-after.json").await;
 
     // Pagination over the same state: the continue token encodes the same start key and the
     // same remainingItemCount as the real server's.
-    let p5 = request(
-        sim.addr(),
-        "GET",
-        "/api/v1/namespaces/rec/configmaps?limit=5",
-        None,
-    )
-    .await;
+    let p5 = request(sim.addr(), "GET", "/api/v1/namespaces/rec/configmaps?limit=5", None).await;
     assert_eq!(p5.status, 200);
-    let rec5: Value =
-        serde_json::from_str(&wire("configmaps-rec-list-page1-limit5.json")).expect("json");
+    let rec5: Value = serde_json::from_str(&wire("configmaps-rec-list-page1-limit5.json")).expect("json");
     assert_same_shape("page1 limit5", &rec5, &p5.json());
-    let tok = decode_token(
-        p5.json()["metadata"]["continue"]
-            .as_str()
-            .expect("continue"),
-    );
+    let tok = decode_token(p5.json()["metadata"]["continue"].as_str().expect("continue"));
     let rec_tok = decode_token(rec5["metadata"]["continue"].as_str().expect("continue"));
     assert_eq!(tok["v"], rec_tok["v"]);
     assert_eq!(tok["start"], rec_tok["start"]);
@@ -250,14 +201,9 @@ async fn configmap_list_watch_and_after_list_match_the_recording() {
         p5.json()["metadata"]["resourceVersion"].as_str()
     );
 
-    let p1 = request(
-        sim.addr(),
-        "GET",
-        "/api/v1/namespaces/rec/configmaps?limit=2",
-        None,
-    )
-    .await
-    .json();
+    let p1 = request(sim.addr(), "GET", "/api/v1/namespaces/rec/configmaps?limit=2", None)
+        .await
+        .json();
     assert_same_shape(
         "page1 limit2",
         &serde_json::from_str(&wire("configmaps-rec-page1-limit2.json")).expect("json"),
@@ -272,18 +218,14 @@ async fn configmap_list_watch_and_after_list_match_the_recording() {
     )
     .await
     .json();
-    let rec2: Value =
-        serde_json::from_str(&wire("configmaps-rec-page2-limit2.json")).expect("json");
+    let rec2: Value = serde_json::from_str(&wire("configmaps-rec-page2-limit2.json")).expect("json");
     assert_same_shape("page2 limit2", &rec2, &p2);
     assert_eq!(
         decode_token(p2["metadata"]["continue"].as_str().expect("c"))["start"],
         decode_token(rec2["metadata"]["continue"].as_str().expect("c"))["start"]
     );
     // later pages are served at the first page's RV
-    assert_eq!(
-        p2["metadata"]["resourceVersion"],
-        p1["metadata"]["resourceVersion"]
-    );
+    assert_eq!(p2["metadata"]["resourceVersion"], p1["metadata"]["resourceVersion"]);
 
     // The continue token outlives compaction: 410 Expired with an inconsistent token.
     sim.create(
@@ -303,24 +245,13 @@ async fn configmap_list_watch_and_after_list_match_the_recording() {
     let recorded = wire_http("list-410-continue-expired.http");
     assert_eq!(expired.status, recorded.status);
     assert_same_shape("410 continue expired", &recorded.json(), &expired.json());
-    let new_tok = decode_token(
-        expired.json()["metadata"]["continue"]
-            .as_str()
-            .expect("new token"),
-    );
+    let new_tok = decode_token(expired.json()["metadata"]["continue"].as_str().expect("new token"));
     assert_eq!(
         new_tok,
-        decode_token(
-            recorded.json()["metadata"]["continue"]
-                .as_str()
-                .expect("token")
-        )
+        decode_token(recorded.json()["metadata"]["continue"].as_str().expect("token"))
     );
     // ... and the new token continues, inconsistently, at the current state
-    let t = expired.json()["metadata"]["continue"]
-        .as_str()
-        .expect("t")
-        .to_string();
+    let t = expired.json()["metadata"]["continue"].as_str().expect("t").to_string();
     let rest = request(
         sim.addr(),
         "GET",
@@ -428,10 +359,7 @@ async fn list_from_an_rv_the_server_has_not_reached_is_504_too_large() {
     );
     let recorded = wire_http("list-504-too-large-rv.http");
     assert_eq!(resp.status, recorded.status);
-    assert_eq!(
-        resp.headers.get("retry-after"),
-        recorded.headers.get("retry-after")
-    );
+    assert_eq!(resp.headers.get("retry-after"), recorded.headers.get("retry-after"));
     let (r, s) = (recorded.json(), resp.json());
     let mut diff = Vec::new();
     shape_diff("", &r, &s, &mut diff);
@@ -471,22 +399,13 @@ async fn compacted_watch(cfg: SimConfig, recorded: &str) {
     assert_eq!(se.len(), 1, "one ERROR event, then the stream ends");
     let mut diff = Vec::new();
     shape_diff("", &re[0], &se[0], &mut diff);
-    assert!(
-        diff.iter().all(|d| d.starts_with(".object.message")),
-        "{diff:?}"
-    );
-    let msg = se[0]["object"]["message"]
-        .as_str()
-        .expect("message")
-        .to_string();
+    assert!(diff.iter().all(|d| d.starts_with(".object.message")), "{diff:?}");
+    let msg = se[0]["object"]["message"].as_str().expect("message").to_string();
     if rec.events()[0]["object"]["message"]
         .as_str()
         .is_some_and(|m| m.starts_with("too old resource version: "))
     {
-        assert_eq!(
-            msg,
-            format!("too old resource version: {old} ({})", sim.compacted_rv())
-        );
+        assert_eq!(msg, format!("too old resource version: {old} ({})", sim.compacted_rv()));
     } else {
         assert_eq!(diff, Vec::<String>::new());
     }
@@ -499,11 +418,7 @@ async fn watch_from_compacted_rv_is_200_with_one_410_error_event() {
 
 #[tokio::test]
 async fn watch_from_compacted_rv_without_watch_cache_reports_etcds_message() {
-    compacted_watch(
-        fast().watch_cache(false),
-        "watch-410-etcd-compacted-nocache.http",
-    )
-    .await;
+    compacted_watch(fast().watch_cache(false), "watch-410-etcd-compacted-nocache.http").await;
 }
 
 #[tokio::test]
@@ -567,11 +482,7 @@ async fn streaming_list_on_an_old_server_is_422_invalid() {
     .await;
     let rec = wire_http("watchlist-on-old-server.http");
     assert_eq!(resp.status, rec.status);
-    assert_eq!(
-        resp.json(),
-        rec.json(),
-        "identical Status, message and causes"
-    );
+    assert_eq!(resp.json(), rec.json(), "identical Status, message and causes");
 }
 
 #[tokio::test]
@@ -623,9 +534,6 @@ async fn kube_system_namespace_has_the_recorded_shape() {
         m.remove("managedFields");
     }
     assert_same_shape("kube-system", &rec, &resp.json());
-    let uid = resp.json()["metadata"]["uid"]
-        .as_str()
-        .expect("uid")
-        .to_string();
+    let uid = resp.json()["metadata"]["uid"].as_str().expect("uid").to_string();
     assert_eq!(uid.len(), 36);
 }

@@ -44,9 +44,7 @@ pub struct Faults {
 
 impl Faults {
     pub(crate) fn lock(&self) -> MutexGuard<'_, FaultState> {
-        self.inner
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+        self.inner.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// End every watch opened from now on after it has sent `events` events (bookmarks

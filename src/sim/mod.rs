@@ -142,14 +142,7 @@ impl ResourceDef {
         self
     }
 
-    fn builtin(
-        group: &str,
-        kind: &str,
-        plural: &str,
-        namespaced: bool,
-        status: bool,
-        short: &[&str],
-    ) -> Self {
+    fn builtin(group: &str, kind: &str, plural: &str, namespaced: bool, status: bool, short: &[&str]) -> Self {
         Self {
             group: group.into(),
             version: "v1".into(),
@@ -404,9 +397,7 @@ impl Shared {
     pub fn lock(&self) -> MutexGuard<'_, State> {
         // A panic while holding the lock leaves consistent data (every method either completes
         // or returns an error before mutating), so poisoning is ignored.
-        self.state
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+        self.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// Publish the current revision to watchers.
@@ -461,11 +452,7 @@ impl Sim {
         };
         if sim.shared.config.seed_namespaces {
             for ns in ["default", "kube-system", "kube-public"] {
-                sim.create(
-                    "namespaces",
-                    None,
-                    serde_json::json!({"metadata": {"name": ns}}),
-                )?;
+                sim.create("namespaces", None, serde_json::json!({"metadata": {"name": ns}}))?;
             }
         }
         Ok(sim)
@@ -553,13 +540,7 @@ impl Sim {
     }
 
     /// Apply a JSON merge patch to an object.
-    pub fn patch(
-        &self,
-        resource: &str,
-        ns: Option<&str>,
-        name: &str,
-        patch: &Value,
-    ) -> Result<Value> {
+    pub fn patch(&self, resource: &str, ns: Option<&str>, name: &str, patch: &Value) -> Result<Value> {
         self.write(|st| {
             let res = self.resource(st, resource)?;
             Ok(st.patch(res, ns, name, patch, false)?)
@@ -568,13 +549,7 @@ impl Sim {
     }
 
     /// Apply a JSON merge patch to an object's status (the `/status` subresource).
-    pub fn patch_status(
-        &self,
-        resource: &str,
-        ns: Option<&str>,
-        name: &str,
-        patch: &Value,
-    ) -> Result<Value> {
+    pub fn patch_status(&self, resource: &str, ns: Option<&str>, name: &str, patch: &Value) -> Result<Value> {
         self.write(|st| {
             let res = self.resource(st, resource)?;
             Ok(st.patch(res, ns, name, patch, true)?)
@@ -600,11 +575,7 @@ impl Sim {
 
     /// Create many objects under one lock (each still gets its own revision and event);
     /// objects carry their namespace in `metadata.namespace`. Returns the revision after.
-    pub fn bulk_load(
-        &self,
-        resource: &str,
-        objects: impl IntoIterator<Item = Value>,
-    ) -> Result<u64> {
+    pub fn bulk_load(&self, resource: &str, objects: impl IntoIterator<Item = Value>) -> Result<u64> {
         self.write(|st| {
             let res = self.resource(st, resource)?;
             for o in objects {

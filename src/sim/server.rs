@@ -50,10 +50,7 @@ pub(crate) async fn serve(listener: TcpListener, shared: Arc<Shared>) {
                 let shared = shared.clone();
                 async move { Ok::<_, Infallible>(handle(shared, req).await) }
             });
-            if let Err(e) = http1::Builder::new()
-                .serve_connection(TokioIo::new(stream), svc)
-                .await
-            {
+            if let Err(e) = http1::Builder::new().serve_connection(TokioIo::new(stream), svc).await {
                 tracing::trace!("sim connection ended: {e}");
             }
         });
@@ -65,11 +62,7 @@ struct Query(Vec<(String, String)>);
 
 impl Query {
     fn get(&self, name: &str) -> Option<&str> {
-        self.0
-            .iter()
-            .rev()
-            .find(|(k, _)| k == name)
-            .map(|(_, v)| v.as_str())
+        self.0.iter().rev().find(|(k, _)| k == name).map(|(_, v)| v.as_str())
     }
     fn str(&self, name: &str) -> &str {
         self.get(name).unwrap_or("")
@@ -129,12 +122,8 @@ async fn handle(shared: Arc<Shared>, req: Request<Incoming>) -> Resp {
             json!({"swagger": "2.0", "info": {"title": "Kubernetes (durable-informer sim)", "version": "v1.33.0"}, "paths": {}}),
         ),
         ["openapi", "v3"] => json_response(StatusCode::OK, openapi_root(&shared.lock())),
-        ["openapi", "v3", "api", "v1"] => {
-            json_response(StatusCode::OK, openapi_gv(&shared.lock(), "", "v1"))
-        }
-        ["openapi", "v3", "apis", g, v] => {
-            json_response(StatusCode::OK, openapi_gv(&shared.lock(), g, v))
-        }
+        ["openapi", "v3", "api", "v1"] => json_response(StatusCode::OK, openapi_gv(&shared.lock(), "", "v1")),
+        ["openapi", "v3", "apis", g, v] => json_response(StatusCode::OK, openapi_gv(&shared.lock(), g, v)),
         ["apis"] => json_response(StatusCode::OK, api_groups(&shared.lock())),
         ["api", "v1"] => json_response(StatusCode::OK, resource_list(&shared.lock(), "", "v1")),
         ["apis", g] => match api_group(&shared.lock(), g) {
@@ -149,18 +138,10 @@ async fn handle(shared: Arc<Shared>, req: Request<Incoming>) -> Resp {
             let target = route(&shared.lock(), &segs);
             match target {
                 Some(t) => {
-                    let body = if matches!(
-                        method,
-                        Method::POST | Method::PUT | Method::PATCH | Method::DELETE
-                    ) {
+                    let body = if matches!(method, Method::POST | Method::PUT | Method::PATCH | Method::DELETE) {
                         match req.into_body().collect().await {
                             Ok(b) => b.to_bytes(),
-                            Err(e) => {
-                                return status_response(
-                                    &shared,
-                                    &ApiError::bad_request(e.to_string()),
-                                )
-                            }
+                            Err(e) => return status_response(&shared, &ApiError::bad_request(e.to_string())),
                         }
                     } else {
                         Bytes::new()
@@ -264,15 +245,10 @@ async fn resource_request(
             .lock()
             .get(t.res, t.ns.as_deref(), name)
             .map(|o| (StatusCode::OK, o)),
-        (&Method::POST, None) => parse_body(body).and_then(|v| {
-            write(shared, |st| st.create(t.res, t.ns.as_deref(), v))
-                .map(|o| (StatusCode::CREATED, o))
-        }),
+        (&Method::POST, None) => parse_body(body)
+            .and_then(|v| write(shared, |st| st.create(t.res, t.ns.as_deref(), v)).map(|o| (StatusCode::CREATED, o))),
         (&Method::PUT, Some(name)) => parse_body(body).and_then(|v| {
-            write(shared, |st| {
-                st.update(t.res, t.ns.as_deref(), name, v, t.status)
-            })
-            .map(|o| (StatusCode::OK, o))
+            write(shared, |st| st.update(t.res, t.ns.as_deref(), name, v, t.status)).map(|o| (StatusCode::OK, o))
         }),
         (&Method::PATCH, Some(name)) => patch(shared, &t, name, content_type, body),
         (&Method::DELETE, Some(name)) => {
@@ -295,15 +271,11 @@ fn method_not_allowed() -> ApiError {
 }
 
 fn parse_body(body: &Bytes) -> Result<Value, ApiError> {
-    serde_json::from_slice(body)
-        .map_err(|e| ApiError::bad_request(format!("error decoding request body: {e}")))
+    serde_json::from_slice(body).map_err(|e| ApiError::bad_request(format!("error decoding request body: {e}")))
 }
 
 /// Run a write under the lock and wake the watchers.
-fn write(
-    shared: &Shared,
-    f: impl FnOnce(&mut State) -> Result<Arc<Obj>, ApiError>,
-) -> Result<Arc<Obj>, ApiError> {
+fn write(shared: &Shared, f: impl FnOnce(&mut State) -> Result<Arc<Obj>, ApiError>) -> Result<Arc<Obj>, ApiError> {
     let mut st = shared.lock();
     let out = f(&mut st);
     let rv = st.rv;
@@ -360,17 +332,12 @@ struct Selectors {
 
 impl Selectors {
     fn parse(def: &ResourceDef, q: &Query) -> Result<Self, ApiError> {
-        let labels = LabelSelector::parse(q.str("labelSelector"))
-            .map_err(|e| ApiError::bad_request(e.to_string()))?;
-        let fields = FieldSelector::parse(q.str("fieldSelector"))
-            .map_err(|e| ApiError::bad_request(e.to_string()))?;
+        let labels = LabelSelector::parse(q.str("labelSelector")).map_err(|e| ApiError::bad_request(e.to_string()))?;
+        let fields = FieldSelector::parse(q.str("fieldSelector")).map_err(|e| ApiError::bad_request(e.to_string()))?;
         for r in fields.requirements() {
             let f = r.field();
-            if f != "metadata.name" && f != "metadata.namespace" && !def.extra_fields().contains(&f)
-            {
-                return Err(ApiError::bad_request(format!(
-                    "field label not supported: {f}"
-                )));
+            if f != "metadata.name" && f != "metadata.namespace" && !def.extra_fields().contains(&f) {
+                return Err(ApiError::bad_request(format!("field label not supported: {f}")));
             }
         }
         Ok(Self { labels, fields })
@@ -396,10 +363,7 @@ fn invalid_list_options(causes: &[(&str, &str)]) -> ApiError {
     let mut e = ApiError::new(
         422,
         "Invalid",
-        format!(
-            "ListOptions.meta.k8s.io \"\" is invalid: [{}]",
-            msgs.join(", ")
-        ),
+        format!("ListOptions.meta.k8s.io \"\" is invalid: [{}]", msgs.join(", ")),
     );
     let causes: Vec<Value> = causes
         .iter()
@@ -412,10 +376,7 @@ fn invalid_list_options(causes: &[(&str, &str)]) -> ApiError {
 /// Wait until the server reaches `rv`; false after `wait`.
 async fn wait_for_rv(shared: &Shared, rv: u64, wait: Duration) -> bool {
     let mut rx = shared.rv_tx.subscribe();
-    let reached = matches!(
-        tokio::time::timeout(wait, rx.wait_for(|&v| v >= rv)).await,
-        Ok(Ok(_))
-    );
+    let reached = matches!(tokio::time::timeout(wait, rx.wait_for(|&v| v >= rv)).await, Ok(Ok(_)));
     reached
 }
 
@@ -453,9 +414,7 @@ fn decode_continue(s: &str) -> Result<ContinueToken, ApiError> {
     let raw = b64_decode(s).ok_or_else(|| bad("illegal base64 data"))?;
     let t: ContinueToken = serde_json::from_slice(&raw).map_err(|e| bad(&e.to_string()))?;
     if t.v != "meta.k8s.io/v1" {
-        return Err(bad(
-            "incorrect encoded start resourceVersion (version meta.k8s.io/v1)",
-        ));
+        return Err(bad("incorrect encoded start resourceVersion (version meta.k8s.io/v1)"));
     }
     if t.start.is_empty() || t.start.starts_with('/') || t.start.split('/').any(|p| p == "..") {
         return Err(bad("path traversal attempt detected"));
@@ -667,21 +626,13 @@ fn watch(shared: &Arc<Shared>, t: &Target, q: &Query) -> Resp {
         Ok(plan) => {
             let (tx, rx) = mpsc::channel::<Result<Bytes, io::Error>>(16);
             tokio::spawn(run_watch(shared.clone(), plan, tx));
-            let stream =
-                futures::stream::unfold(
-                    rx,
-                    |mut rx| async move { rx.recv().await.map(|c| (c, rx)) },
-                )
+            let stream = futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|c| (c, rx)) })
                 .map(|c| c.map(Frame::data));
             let mut resp = Response::new(StreamBody::new(stream).boxed_unsync());
-            resp.headers_mut().insert(
-                header::CONTENT_TYPE,
-                HeaderValue::from_static("application/json"),
-            );
-            resp.headers_mut().insert(
-                header::CACHE_CONTROL,
-                HeaderValue::from_static("no-cache, private"),
-            );
+            resp.headers_mut()
+                .insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+            resp.headers_mut()
+                .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache, private"));
             resp
         }
         Err(e) => status_response(shared, &e),
@@ -719,9 +670,7 @@ fn plan_watch(shared: &Shared, t: &Target, q: &Query) -> Result<WatchPlan, ApiEr
         }
         // sendInitialEvents is unknown to an old server and ignored.
         if rv.is_empty() || rv == "0" {
-            Start::Initial {
-                end_bookmark: false,
-            }
+            Start::Initial { end_bookmark: false }
         } else {
             Start::From(parse_rv(rv)?)
         }
@@ -750,9 +699,7 @@ fn plan_watch(shared: &Shared, t: &Target, q: &Query) -> Result<WatchPlan, ApiEr
             )]));
         }
         if rv.is_empty() || rv == "0" {
-            Start::Initial {
-                end_bookmark: false,
-            }
+            Start::Initial { end_bookmark: false }
         } else {
             Start::From(parse_rv(rv)?)
         }
@@ -820,12 +767,7 @@ fn expired_line(watch_cache: bool, rv: u64, compact_rv: u64) -> Vec<u8> {
 }
 
 /// How a stored event looks to a watcher with selectors (None: not visible).
-fn visible(
-    sel: &Selectors,
-    kind: EventKind,
-    obj: &Obj,
-    prev: Option<&Obj>,
-) -> Option<&'static str> {
+fn visible(sel: &Selectors, kind: EventKind, obj: &Obj, prev: Option<&Obj>) -> Option<&'static str> {
     if sel.is_empty() {
         return Some(kind.as_str());
     }
@@ -858,10 +800,7 @@ impl Sink {
     /// Queue one event line; false when the stream must end.
     async fn event(&mut self, line_start: usize) -> bool {
         self.events += 1;
-        self.shared
-            .counters
-            .watch_events
-            .fetch_add(1, Ordering::Relaxed);
+        self.shared.counters.watch_events.fetch_add(1, Ordering::Relaxed);
         if self.cut {
             let half = line_start + (self.buf.len() - line_start) / 2;
             self.buf.truncate(half);
@@ -898,11 +837,7 @@ impl Sink {
     }
 }
 
-async fn run_watch(
-    shared: Arc<Shared>,
-    plan: WatchPlan,
-    tx: mpsc::Sender<Result<Bytes, io::Error>>,
-) {
+async fn run_watch(shared: Arc<Shared>, plan: WatchPlan, tx: mpsc::Sender<Result<Bytes, io::Error>>) {
     let deadline = Instant::now() + plan.timeout;
     if plan.stall {
         tokio::select! {
@@ -923,11 +858,7 @@ async fn run_watch(
         drop_after: plan.drop_after,
         cut: plan.cut,
     };
-    let prefix = plan
-        .ns
-        .as_ref()
-        .map(|ns| format!("{ns}/"))
-        .unwrap_or_default();
+    let prefix = plan.ns.as_ref().map(|ns| format!("{ns}/")).unwrap_or_default();
 
     // Position: every event with rv <= pos has been considered.
     let mut pos = match plan.start {
@@ -948,8 +879,7 @@ async fn run_watch(
                 }
             }
             if end_bookmark {
-                sink.buf
-                    .extend_from_slice(&bookmark_line(&plan.def, rv, true));
+                sink.buf.extend_from_slice(&bookmark_line(&plan.def, rv, true));
                 shared.counters.bookmarks.fetch_add(1, Ordering::Relaxed);
             }
             if !sink.flush().await {
@@ -959,10 +889,7 @@ async fn run_watch(
         }
     };
 
-    let interval = shared
-        .config
-        .bookmark_interval
-        .max(Duration::from_millis(10));
+    let interval = shared.config.bookmark_interval.max(Duration::from_millis(10));
     let mut next_bookmark = Instant::now() + interval;
     let mut final_bookmark = deadline.checked_sub(shared.config.bookmark_before_timeout);
     let mut caught_up = false;
@@ -1056,22 +983,15 @@ fn full_response(code: StatusCode, body: Bytes) -> Resp {
             .boxed_unsync(),
     );
     *resp.status_mut() = code;
-    resp.headers_mut().insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("application/json"),
-    );
-    resp.headers_mut().insert(
-        header::CACHE_CONTROL,
-        HeaderValue::from_static("no-cache, private"),
-    );
+    resp.headers_mut()
+        .insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    resp.headers_mut()
+        .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache, private"));
     resp
 }
 
 fn json_response(code: StatusCode, v: Value) -> Resp {
-    full_response(
-        code,
-        Bytes::from(serde_json::to_vec(&v).unwrap_or_default()),
-    )
+    full_response(code, Bytes::from(serde_json::to_vec(&v).unwrap_or_default()))
 }
 
 fn text_response(s: &'static str) -> Resp {
@@ -1115,22 +1035,14 @@ fn status_response(shared: &Shared, e: &ApiError) -> Resp {
 }
 
 fn not_found_path() -> Resp {
-    let e = ApiError::new(
-        404,
-        "NotFound",
-        "the server could not find the requested resource",
-    );
+    let e = ApiError::new(404, "NotFound", "the server could not find the requested resource");
     json_response(StatusCode::NOT_FOUND, status_value(&e, json!({})))
 }
 
 fn failure_response(shared: &Shared, f: Failure) -> Resp {
     match f {
         Failure::TooManyRequests { retry_after_secs } => {
-            let mut e = ApiError::new(
-                429,
-                "TooManyRequests",
-                "Too many requests, please try again later.",
-            );
+            let mut e = ApiError::new(429, "TooManyRequests", "Too many requests, please try again later.");
             e.details = Some(json!({"retryAfterSeconds": retry_after_secs}));
             status_response(shared, &e)
         }
@@ -1185,25 +1097,19 @@ fn group_value(g: &str, versions: &[String]) -> Value {
 }
 
 fn api_groups(st: &State) -> Value {
-    let gs: Vec<Value> = groups(st)
-        .iter()
-        .map(|(g, vs)| group_value(g, vs))
-        .collect();
+    let gs: Vec<Value> = groups(st).iter().map(|(g, vs)| group_value(g, vs)).collect();
     json!({"kind": "APIGroupList", "apiVersion": "v1", "groups": gs})
 }
 
 fn api_group(st: &State, g: &str) -> Option<Value> {
-    groups(st)
-        .iter()
-        .find(|(name, _)| name == g)
-        .map(|(name, vs)| {
-            let mut v = group_value(name, vs);
-            if let Some(o) = v.as_object_mut() {
-                o.insert("kind".into(), json!("APIGroup"));
-                o.insert("apiVersion".into(), json!("v1"));
-            }
-            v
-        })
+    groups(st).iter().find(|(name, _)| name == g).map(|(name, vs)| {
+        let mut v = group_value(name, vs);
+        if let Some(o) = v.as_object_mut() {
+            o.insert("kind".into(), json!("APIGroup"));
+            o.insert("apiVersion".into(), json!("v1"));
+        }
+        v
+    })
 }
 
 fn has_group_version(st: &State, g: &str, v: &str) -> bool {
@@ -1212,11 +1118,7 @@ fn has_group_version(st: &State, g: &str, v: &str) -> bool {
 
 fn resource_list(st: &State, g: &str, v: &str) -> Value {
     let mut resources = Vec::new();
-    for d in st
-        .resources
-        .iter()
-        .filter(|d| d.group == g && d.version == v)
-    {
+    for d in st.resources.iter().filter(|d| d.group == g && d.version == v) {
         let mut r = json!({
             "name": d.plural, "singularName": d.kind.to_lowercase(), "namespaced": d.namespaced,
             "kind": d.kind,
@@ -1229,10 +1131,8 @@ fn resource_list(st: &State, g: &str, v: &str) -> Value {
         }
         resources.push(r);
         if d.status_subresource {
-            resources.push(
-                json!({"name": format!("{}/status", d.plural), "singularName": "",
-                "namespaced": d.namespaced, "kind": d.kind, "verbs": ["get", "patch", "update"]}),
-            );
+            resources.push(json!({"name": format!("{}/status", d.plural), "singularName": "",
+                "namespaced": d.namespaced, "kind": d.kind, "verbs": ["get", "patch", "update"]}));
         }
     }
     let gv = if g.is_empty() {
@@ -1269,11 +1169,7 @@ fn openapi_gv(st: &State, g: &str, v: &str) -> Value {
         {"name": "fieldManager", "in": "query", "schema": {"type": "string"}},
         {"name": "dryRun", "in": "query", "schema": {"type": "string"}}
     ]);
-    for d in st
-        .resources
-        .iter()
-        .filter(|d| d.group == g && d.version == v)
-    {
+    for d in st.resources.iter().filter(|d| d.group == g && d.version == v) {
         let base = if g.is_empty() {
             format!("/api/{v}")
         } else {

@@ -53,11 +53,7 @@ impl Obj {
         match path {
             "metadata.name" => Some(self.name.clone()),
             "metadata.namespace" => Some(self.ns.clone()),
-            _ => self
-                .fields
-                .iter()
-                .find(|(p, _)| *p == path)
-                .map(|(_, v)| v.clone()),
+            _ => self.fields.iter().find(|(p, _)| *p == path).map(|(_, v)| v.clone()),
         }
     }
 
@@ -141,11 +137,7 @@ impl ApiError {
         e
     }
     fn invalid(def: &ResourceDef, name: &str, message: &str) -> Self {
-        let mut e = Self::new(
-            422,
-            "Invalid",
-            format!("{} \"{name}\" is invalid: {message}", def.kind),
-        );
+        let mut e = Self::new(422, "Invalid", format!("{} \"{name}\" is invalid: {message}", def.kind));
         e.details = Some(json!({"name": name, "group": def.group, "kind": def.kind}));
         e
     }
@@ -291,12 +283,7 @@ impl State {
     }
 
     /// Create an object. `ns` is the namespace from the path (ignored for cluster resources).
-    pub fn create(
-        &mut self,
-        res: usize,
-        ns: Option<&str>,
-        mut v: Value,
-    ) -> Result<Arc<Obj>, ApiError> {
+    pub fn create(&mut self, res: usize, ns: Option<&str>, mut v: Value) -> Result<Arc<Obj>, ApiError> {
         let def = self.def(res)?;
         let meta = meta_mut(&mut v)?;
         let name = match meta.get("name").and_then(Value::as_str) {
@@ -345,8 +332,7 @@ impl State {
                 .ok_or_else(|| ApiError::bad_request("object expected"))?;
             obj.entry("spec")
                 .or_insert_with(|| json!({"finalizers": ["kubernetes"]}));
-            obj.entry("status")
-                .or_insert_with(|| json!({"phase": "Active"}));
+            obj.entry("status").or_insert_with(|| json!({"phase": "Active"}));
         }
         let obj = Arc::new(build_obj(&def, key.clone(), v)?);
         self.rv = rv;
@@ -366,11 +352,7 @@ impl State {
         status_only: bool,
     ) -> Result<Arc<Obj>, ApiError> {
         let def = self.def(res)?;
-        let ns_s = if def.namespaced {
-            ns.unwrap_or("default")
-        } else {
-            ""
-        };
+        let ns_s = if def.namespaced { ns.unwrap_or("default") } else { "" };
         let key = key_of(&def, ns_s, name);
         let Some(old) = self.objects[res].get(&key).cloned() else {
             return Err(ApiError::not_found(&def, name));
@@ -416,19 +398,12 @@ impl State {
         status_only: bool,
     ) -> Result<Arc<Obj>, ApiError> {
         let def = self.def(res)?;
-        let ns_s = if def.namespaced {
-            ns.unwrap_or("default")
-        } else {
-            ""
-        };
+        let ns_s = if def.namespaced { ns.unwrap_or("default") } else { "" };
         let key = key_of(&def, ns_s, name);
         let Some(old) = self.objects[res].get(&key).cloned() else {
             return Err(ApiError::not_found(&def, name));
         };
-        if let Some(want) = patch
-            .pointer("/metadata/resourceVersion")
-            .and_then(Value::as_str)
-        {
+        if let Some(want) = patch.pointer("/metadata/resourceVersion").and_then(Value::as_str) {
             if want != old.rv.to_string() {
                 return Err(ApiError::conflict(&def, name));
             }
@@ -478,14 +453,8 @@ impl State {
         }
         meta.insert("resourceVersion".into(), json!(rv.to_string()));
         if def.has_generation() {
-            let g = old_meta
-                .get("generation")
-                .and_then(Value::as_i64)
-                .unwrap_or(1);
-            meta.insert(
-                "generation".into(),
-                json!(if spec_changed { g + 1 } else { g }),
-            );
+            let g = old_meta.get("generation").and_then(Value::as_i64).unwrap_or(1);
+            meta.insert("generation".into(), json!(if spec_changed { g + 1 } else { g }));
         }
         let obj = Arc::new(build_obj(def, key.clone(), new_v.take())?);
         self.rv = rv;
@@ -495,18 +464,9 @@ impl State {
     }
 
     /// Delete an object; returns its last state stamped with the deletion's RV.
-    pub fn delete(
-        &mut self,
-        res: usize,
-        ns: Option<&str>,
-        name: &str,
-    ) -> Result<Arc<Obj>, ApiError> {
+    pub fn delete(&mut self, res: usize, ns: Option<&str>, name: &str) -> Result<Arc<Obj>, ApiError> {
         let def = self.def(res)?;
-        let ns_s = if def.namespaced {
-            ns.unwrap_or("default")
-        } else {
-            ""
-        };
+        let ns_s = if def.namespaced { ns.unwrap_or("default") } else { "" };
         let key = key_of(&def, ns_s, name);
         let Some(old) = self.objects[res].remove(&key) else {
             return Err(ApiError::not_found(&def, name));
@@ -528,11 +488,7 @@ impl State {
 
     pub fn get(&self, res: usize, ns: Option<&str>, name: &str) -> Result<Arc<Obj>, ApiError> {
         let def = self.def(res)?;
-        let ns_s = if def.namespaced {
-            ns.unwrap_or("default")
-        } else {
-            ""
-        };
+        let ns_s = if def.namespaced { ns.unwrap_or("default") } else { "" };
         self.objects[res]
             .get(&key_of(&def, ns_s, name))
             .cloned()
@@ -540,13 +496,10 @@ impl State {
     }
 
     pub fn def(&self, res: usize) -> Result<Arc<ResourceDef>, ApiError> {
-        self.resources.get(res).cloned().ok_or_else(|| {
-            ApiError::new(
-                404,
-                "NotFound",
-                "the server could not find the requested resource",
-            )
-        })
+        self.resources
+            .get(res)
+            .cloned()
+            .ok_or_else(|| ApiError::new(404, "NotFound", "the server could not find the requested resource"))
     }
 
     /// The objects of `res` at revision `at` (>= `compact_rv`), with keys in `[from, ..)` under
@@ -568,16 +521,11 @@ impl State {
         if at < self.rv {
             let i = self.history.partition_point(|e| e.rv <= at);
             for e in self.history.range(i..) {
-                if e.res == res
-                    && e.obj.key.as_str() >= start.as_str()
-                    && e.obj.key.starts_with(prefix)
-                {
-                    overlay
-                        .entry(e.obj.key.clone())
-                        .or_insert_with(|| match e.kind {
-                            EventKind::Added => None,
-                            _ => e.prev.clone(),
-                        });
+                if e.res == res && e.obj.key.as_str() >= start.as_str() && e.obj.key.starts_with(prefix) {
+                    overlay.entry(e.obj.key.clone()).or_insert_with(|| match e.kind {
+                        EventKind::Added => None,
+                        _ => e.prev.clone(),
+                    });
                 }
             }
         }
@@ -645,18 +593,11 @@ fn meta_mut(v: &mut Value) -> Result<&mut Map<String, Value>, ApiError> {
         .ok_or_else(|| ApiError::bad_request("metadata must be an object"))
 }
 
-fn resolve_ns(
-    def: &ResourceDef,
-    path_ns: Option<&str>,
-    meta: &Map<String, Value>,
-) -> Result<String, ApiError> {
+fn resolve_ns(def: &ResourceDef, path_ns: Option<&str>, meta: &Map<String, Value>) -> Result<String, ApiError> {
     if !def.namespaced {
         return Ok(String::new());
     }
-    let body_ns = meta
-        .get("namespace")
-        .and_then(Value::as_str)
-        .filter(|s| !s.is_empty());
+    let body_ns = meta.get("namespace").and_then(Value::as_str).filter(|s| !s.is_empty());
     match (path_ns, body_ns) {
         (Some(p), Some(b)) if p != b => Err(ApiError::bad_request(
             "the namespace of the provided object does not match the namespace sent on the request",
@@ -673,14 +614,8 @@ fn check_name(def: &ResourceDef, name: &str) -> Result<(), ApiError> {
         && name
             .chars()
             .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '.')
-        && name
-            .chars()
-            .next()
-            .is_some_and(|c| c.is_ascii_alphanumeric())
-        && name
-            .chars()
-            .last()
-            .is_some_and(|c| c.is_ascii_alphanumeric());
+        && name.chars().next().is_some_and(|c| c.is_ascii_alphanumeric())
+        && name.chars().last().is_some_and(|c| c.is_ascii_alphanumeric());
     if ok {
         Ok(())
     } else {
@@ -720,12 +655,7 @@ pub(crate) fn build_obj(def: &ResourceDef, key: String, mut v: Value) -> Result<
     obj.remove("kind");
     obj.remove("apiVersion");
     let meta = obj.get("metadata").cloned().unwrap_or_else(|| json!({}));
-    let s = |p: &str| {
-        meta.get(p)
-            .and_then(Value::as_str)
-            .unwrap_or("")
-            .to_string()
-    };
+    let s = |p: &str| meta.get(p).and_then(Value::as_str).unwrap_or("").to_string();
     let rv = s("resourceVersion").parse().unwrap_or(0);
     let labels = meta
         .get("labels")

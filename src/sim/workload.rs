@@ -23,17 +23,8 @@ use serde_json::{json, Value};
 
 use super::{Result, Sim};
 
-const APPS: &[&str] = &[
-    "web", "api", "worker", "cache", "db", "ingest", "auth", "search",
-];
-const PHASES: &[&str] = &[
-    "Running",
-    "Running",
-    "Running",
-    "Pending",
-    "Succeeded",
-    "Failed",
-];
+const APPS: &[&str] = &["web", "api", "worker", "cache", "db", "ingest", "auth", "search"];
+const PHASES: &[&str] = &["Running", "Running", "Running", "Pending", "Succeeded", "Failed"];
 
 /// Generates objects from a seed: the same seed gives the same objects, byte for byte
 /// (except what the server assigns: uid, timestamps, resourceVersion).
@@ -188,12 +179,7 @@ impl WorkloadGen {
                "status": {"replicas": replicas, "readyReplicas": replicas, "availableReplicas": replicas, "observedGeneration": 1}})
     }
 
-    fn many(
-        &mut self,
-        n: usize,
-        prefix: &str,
-        f: fn(&mut Self, &str, &str) -> Value,
-    ) -> Vec<Value> {
+    fn many(&mut self, n: usize, prefix: &str, f: fn(&mut Self, &str, &str) -> Value) -> Vec<Value> {
         (0..n)
             .map(|i| {
                 self.seq += 1;
@@ -309,12 +295,7 @@ impl Churn {
                 let gen = self.rng.random_range(0..1_000_000u32).to_string();
                 if self.resource == "pods" && self.rng.random_bool(0.5) {
                     let phase = PHASES[self.rng.random_range(0..PHASES.len())];
-                    sim.patch_status(
-                        &self.resource,
-                        Some(&ns),
-                        &name,
-                        &json!({"status": {"phase": phase}}),
-                    )?;
+                    sim.patch_status(&self.resource, Some(&ns), &name, &json!({"status": {"phase": phase}}))?;
                 } else {
                     sim.patch(
                         &self.resource,
@@ -335,12 +316,7 @@ impl Churn {
     }
 
     /// Apply operations at about `ops_per_sec` for `duration` (in steps of 10 ms).
-    pub async fn run(
-        &mut self,
-        sim: &Sim,
-        ops_per_sec: u64,
-        duration: Duration,
-    ) -> Result<ChurnStats> {
+    pub async fn run(&mut self, sim: &Sim, ops_per_sec: u64, duration: Duration) -> Result<ChurnStats> {
         let start = tokio::time::Instant::now();
         let mut done: u64 = 0;
         let mut stats = ChurnStats::default();

@@ -19,33 +19,22 @@ pub struct RawResponse {
 
 impl RawResponse {
     pub fn json(&self) -> Value {
-        serde_json::from_slice(&self.body).unwrap_or_else(|e| {
-            panic!(
-                "body is not JSON ({e}): {}",
-                String::from_utf8_lossy(&self.body)
-            )
-        })
+        serde_json::from_slice(&self.body)
+            .unwrap_or_else(|e| panic!("body is not JSON ({e}): {}", String::from_utf8_lossy(&self.body)))
     }
     /// The body as watch events (one JSON object per line).
     pub fn events(&self) -> Vec<Value> {
         String::from_utf8_lossy(&self.body)
             .lines()
             .filter(|l| !l.trim().is_empty())
-            .map(|l| {
-                serde_json::from_str(l).unwrap_or_else(|e| panic!("bad event line ({e}): {l}"))
-            })
+            .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("bad event line ({e}): {l}")))
             .collect()
     }
 }
 
 /// Send one request with `Connection: close` and read the whole response (for a watch: until
 /// the server ends the stream). Panics after `deadline`.
-pub async fn request(
-    addr: std::net::SocketAddr,
-    method: &str,
-    path: &str,
-    body: Option<(&str, &[u8])>,
-) -> RawResponse {
+pub async fn request(addr: std::net::SocketAddr, method: &str, path: &str, body: Option<(&str, &[u8])>) -> RawResponse {
     request_timeout(addr, method, path, body, Duration::from_secs(20)).await
 }
 
@@ -58,7 +47,8 @@ pub async fn request_timeout(
 ) -> RawResponse {
     tokio::time::timeout(deadline, async {
         let mut s = TcpStream::connect(addr).await.expect("connect");
-        let mut req = format!("{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nAccept: application/json\r\n");
+        let mut req =
+            format!("{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nAccept: application/json\r\n");
         if let Some((ct, b)) = body {
             req.push_str(&format!("Content-Type: {ct}\r\nContent-Length: {}\r\n", b.len()));
         }
@@ -76,10 +66,7 @@ pub async fn request_timeout(
 }
 
 pub fn parse_response(raw: &[u8]) -> RawResponse {
-    let split = raw
-        .windows(4)
-        .position(|w| w == b"\r\n\r\n")
-        .expect("header end");
+    let split = raw.windows(4).position(|w| w == b"\r\n\r\n").expect("header end");
     let head = String::from_utf8_lossy(&raw[..split]).to_string();
     let mut lines = head.split("\r\n");
     let status_line = lines.next().expect("status line");
@@ -93,27 +80,19 @@ pub fn parse_response(raw: &[u8]) -> RawResponse {
         .map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_string()))
         .collect();
     let rest = &raw[split + 4..];
-    let body = if headers
-        .get("transfer-encoding")
-        .is_some_and(|v| v.contains("chunked"))
-    {
+    let body = if headers.get("transfer-encoding").is_some_and(|v| v.contains("chunked")) {
         dechunk(rest)
     } else {
         rest.to_vec()
     };
-    RawResponse {
-        status,
-        headers,
-        body,
-    }
+    RawResponse { status, headers, body }
 }
 
 /// Decode a chunked body; a truncated body gives what arrived.
 pub fn dechunk(mut b: &[u8]) -> Vec<u8> {
     let mut out = Vec::new();
     while let Some(eol) = b.windows(2).position(|w| w == b"\r\n") {
-        let size =
-            usize::from_str_radix(String::from_utf8_lossy(&b[..eol]).trim(), 16).unwrap_or(0);
+        let size = usize::from_str_radix(String::from_utf8_lossy(&b[..eol]).trim(), 16).unwrap_or(0);
         if size == 0 {
             break;
         }
@@ -248,12 +227,8 @@ pub fn apply_events(items: &[Value], events: &[Value]) -> BTreeMap<String, Value
     let key = |o: &Value| {
         format!(
             "{}/{}",
-            o.pointer("/metadata/namespace")
-                .and_then(Value::as_str)
-                .unwrap_or(""),
-            o.pointer("/metadata/name")
-                .and_then(Value::as_str)
-                .unwrap_or("")
+            o.pointer("/metadata/namespace").and_then(Value::as_str).unwrap_or(""),
+            o.pointer("/metadata/name").and_then(Value::as_str).unwrap_or("")
         )
     };
     let mut m: BTreeMap<String, Value> = items.iter().map(|o| (key(o), o.clone())).collect();
