@@ -304,3 +304,42 @@ fn check_fails_with_exit_3_on_a_damaged_invariant() {
         .code(3)
         .stdout(predicate::str::contains("PROBLEM"));
 }
+
+#[test]
+fn sim_serve_listens_on_the_given_port_writes_a_kubeconfig_and_stops_on_sigterm() {
+    use std::io::{BufRead, BufReader, Read, Write};
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = dir.path().join("kubeconfig");
+    let mut child = bin()
+        .args(["sim", "serve", "--port", &port.to_string(), "--kubeconfig-out"])
+        .arg(&kubeconfig)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.as_mut().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    assert!(line.contains(&format!("127.0.0.1:{port}")), "{line}");
+    assert!(std::fs::read_to_string(&kubeconfig)
+        .unwrap()
+        .contains(&format!("http://127.0.0.1:{port}")));
+    let mut conn = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    conn.write_all(b"GET /version HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        .unwrap();
+    let mut resp = String::new();
+    conn.read_to_string(&mut resp).unwrap();
+    assert!(resp.starts_with("HTTP/1.1 200"), "{resp}");
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(child.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    assert!(child.wait().unwrap().success());
+}

@@ -231,6 +231,7 @@ pub struct SimConfig {
     pub(crate) watch_cache: bool,
     pub(crate) resources: Vec<ResourceDef>,
     pub(crate) seed_namespaces: bool,
+    pub(crate) port: u16,
 }
 
 impl Default for SimConfig {
@@ -246,6 +247,7 @@ impl Default for SimConfig {
             watch_cache: true,
             resources: ResourceDef::builtins(),
             seed_namespaces: true,
+            port: 0,
         }
     }
 }
@@ -307,8 +309,14 @@ impl SimConfig {
         self.resources.push(def);
         self
     }
-    /// Whether to create the `default`, `kube-system` and `kube-public` namespaces at start
-    /// (default true).
+    /// Listens on this port of 127.0.0.1 (default 0: any free port).
+    #[must_use]
+    pub fn port(mut self, port: u16) -> Self {
+        self.port = port;
+        self
+    }
+
+    /// Creates the `default`, `kube-system` and `kube-public` namespaces at start (default true).
     #[must_use]
     pub fn seed_namespaces(mut self, yes: bool) -> Self {
         self.seed_namespaces = yes;
@@ -417,6 +425,7 @@ pub struct Sim {
 impl Sim {
     /// Start a server on `127.0.0.1:0` on its own two-thread Tokio runtime.
     pub fn start(config: SimConfig) -> Result<Sim> {
+        let port = config.port;
         let window = Window {
             max_events: config.history_max_events,
             max_age: config.history_max_age,
@@ -437,7 +446,7 @@ impl Sim {
             .thread_name("sim-apiserver")
             .enable_all()
             .build()?;
-        let listener = std::net::TcpListener::bind(("127.0.0.1", 0))?;
+        let listener = std::net::TcpListener::bind(("127.0.0.1", port))?;
         listener.set_nonblocking(true)?;
         let addr = listener.local_addr()?;
         let listener = {
