@@ -90,16 +90,22 @@ fn pod_json(i: u64, version: u64, rv: u64) -> Vec<u8> {
             )
         })
         .collect();
-    let conditions: Vec<String> = ["PodReadyToStartContainers", "Initialized", "Ready", "ContainersReady", "PodScheduled"]
-        .iter()
-        .enumerate()
-        .map(|(k, t)| {
-            format!(
-                r#"{{"type":"{t}","status":"True","lastProbeTime":null,"lastTransitionTime":"{}"}}"#,
-                ts(k as u64 + version)
-            )
-        })
-        .collect();
+    let conditions: Vec<String> = [
+        "PodReadyToStartContainers",
+        "Initialized",
+        "Ready",
+        "ContainersReady",
+        "PodScheduled",
+    ]
+    .iter()
+    .enumerate()
+    .map(|(k, t)| {
+        format!(
+            r#"{{"type":"{t}","status":"True","lastProbeTime":null,"lastTransitionTime":"{}"}}"#,
+            ts(k as u64 + version)
+        )
+    })
+    .collect();
     let json = format!(
         r#"{{"kind":"Pod","apiVersion":"v1","metadata":{{"name":"{name}","generateName":"{rs}-","namespace":"{ns}","uid":"{uid}","resourceVersion":"{rv}","creationTimestamp":"{}","labels":{{"app":"{app}","pod-template-hash":"{:x}","tier":"{}","version":"v{}"}},"annotations":{{"kubectl.kubernetes.io/restartedAt":"{}","prometheus.io/scrape":"true"}},"ownerReferences":[{{"apiVersion":"apps/v1","kind":"ReplicaSet","name":"{rs}","uid":"{:08x}-0000-4000-8000-{:012x}","controller":true,"blockOwnerDeletion":true}}],"managedFields":[{{"manager":"kube-controller-manager","operation":"Update","apiVersion":"v1","time":"{}","fieldsType":"FieldsV1","fieldsV1":{{"f:metadata":{{"f:generateName":{{}},"f:labels":{{".":{{}},"f:app":{{}},"f:pod-template-hash":{{}}}},"f:ownerReferences":{{".":{{}},"k:{{\"uid\":\"{uid}\"}}":{{}}}}}},"f:spec":{{"f:containers":{{"k:{{\"name\":\"main\"}}":{{".":{{}},"f:env":{{}},"f:image":{{}},"f:imagePullPolicy":{{}},"f:name":{{}},"f:ports":{{}},"f:resources":{{}}}}}},"f:dnsPolicy":{{}},"f:enableServiceLinks":{{}},"f:restartPolicy":{{}},"f:schedulerName":{{}},"f:securityContext":{{}},"f:terminationGracePeriodSeconds":{{}}}}}}}},{{"manager":"kubelet","operation":"Update","apiVersion":"v1","time":"{}","fieldsType":"FieldsV1","fieldsV1":{{"f:status":{{"f:conditions":{{"k:{{\"type\":\"ContainersReady\"}}":{{".":{{}},"f:lastProbeTime":{{}},"f:lastTransitionTime":{{}},"f:status":{{}},"f:type":{{}}}},"k:{{\"type\":\"Ready\"}}":{{".":{{}},"f:lastProbeTime":{{}},"f:lastTransitionTime":{{}},"f:status":{{}},"f:type":{{}}}}}},"f:containerStatuses":{{}},"f:hostIP":{{}},"f:phase":{{}},"f:podIP":{{}},"f:podIPs":{{}},"f:startTime":{{}}}}}},"subresource":"status"}}]}},"spec":{{"volumes":[{{"name":"kube-api-access-{:05x}","projected":{{"sources":[{{"serviceAccountToken":{{"expirationSeconds":3607,"path":"token"}}}},{{"configMap":{{"name":"kube-root-ca.crt","items":[{{"key":"ca.crt","path":"ca.crt"}}]}}}}],"defaultMode":420}}}}],"containers":[{}],"restartPolicy":"Always","terminationGracePeriodSeconds":30,"dnsPolicy":"ClusterFirst","serviceAccountName":"default","serviceAccount":"default","nodeName":"node-{:03}","securityContext":{{}},"schedulerName":"default-scheduler","tolerations":[{{"key":"node.kubernetes.io/not-ready","operator":"Exists","effect":"NoExecute","tolerationSeconds":300}},{{"key":"node.kubernetes.io/unreachable","operator":"Exists","effect":"NoExecute","tolerationSeconds":300}}],"priority":0,"enableServiceLinks":true,"preemptionPolicy":"PreemptLowerPriority"}},"status":{{"phase":"Running","conditions":[{}],"hostIP":"10.0.{}.{}","podIP":"10.244.{}.{}","podIPs":[{{"ip":"10.244.{}.{}"}}],"startTime":"{}","containerStatuses":[{}],"qosClass":"Burstable"}}}}"#,
         ts(0),
@@ -158,9 +164,7 @@ impl Fixture {
             .register_scope_blocking(&ScopeSpec::new("", "v1", "pods"))
             .expect("scope");
         db.register_index(scope, Indexer::labels());
-        db.writer()
-            .ensure_index_blocking(scope, LABELS.into())
-            .expect("index");
+        db.writer().ensure_index_blocking(scope, LABELS.into()).expect("index");
         Self {
             db,
             scope,
@@ -180,7 +184,11 @@ impl Fixture {
             let i = e % self.keys;
             let version = e / self.keys;
             let rv = 1_000 + e;
-            let kind = if version == 0 { DeltaKind::Added } else { DeltaKind::Updated };
+            let kind = if version == 0 {
+                DeltaKind::Added
+            } else {
+                DeltaKind::Updated
+            };
             let obj = pod(i, version, rv);
             self.json_bytes += obj.bytes.len() as u64;
             batch = batch.delta(kind, obj).rv(rv.to_string());
@@ -205,7 +213,10 @@ fn variants() -> Vec<(&'static str, Compression)> {
 
 /// Compression settings added after the first version of this bench.
 fn extra_variants() -> Vec<(&'static str, Compression)> {
-    Vec::new()
+    vec![
+        ("zstd3-dict", Compression::ZstdDict(3)),
+        ("zstd1-dict", Compression::ZstdDict(1)),
+    ]
 }
 
 /// Ingest throughput (events/s) at three batch sizes, per compression.
@@ -324,11 +335,11 @@ fn decode(c: &mut Criterion) {
     g.warm_up_time(Duration::from_millis(300));
     g.measurement_time(Duration::from_secs(2));
     g.throughput(Throughput::Bytes(json.len() as u64));
-    g.bench_function("extract_meta", |b| b.iter(|| black_box(extract_meta(black_box(&json)).expect("meta"))));
+    g.bench_function("extract_meta", |b| {
+        b.iter(|| black_box(extract_meta(black_box(&json)).expect("meta")))
+    });
     g.bench_function("typed_pod", |b| {
-        b.iter(|| {
-            black_box(serde_json::from_slice::<k8s_openapi::api::core::v1::Pod>(black_box(&json)).expect("pod"))
-        })
+        b.iter(|| black_box(serde_json::from_slice::<k8s_openapi::api::core::v1::Pod>(black_box(&json)).expect("pod")))
     });
     g.finish();
 }

@@ -87,6 +87,9 @@ fn the_golden_v1_database_opens_and_reads() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("copy.redb");
     std::fs::copy(golden, &path).unwrap();
+    // A checkout gives the golden file the umask's mode; the copy stands for a database the
+    // store created (invariant 5), so it gets the mode the store gives its files.
+    std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
     let db = DurableStore::open(StoreConfig::new(&path)).unwrap();
     let scope = db.writer().register_scope_blocking(&spec()).unwrap();
     let store = db.store(scope);
@@ -100,7 +103,8 @@ fn the_golden_v1_database_opens_and_reads() {
     );
     assert_eq!(store.resource_version().unwrap().unwrap().as_str(), "13");
     assert_eq!(db.cluster_identity().unwrap().as_deref(), Some("golden-cluster"));
-    assert!(db.check().unwrap().is_ok());
+    let report = db.check().unwrap();
+    assert!(report.is_ok(), "{:?}", report.problems);
 }
 
 #[test]

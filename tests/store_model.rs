@@ -78,7 +78,11 @@ fn app_index() -> Indexer {
     Indexer::new("data-rv-parity", |_, json| {
         let v: serde_json::Value = serde_json::from_slice(json).unwrap_or_default();
         let rv: u64 = v["data"]["rv"].as_str().and_then(|s| s.parse().ok()).unwrap_or(0);
-        vec![if rv.is_multiple_of(2) { "even".into() } else { "odd".into() }]
+        vec![if rv.is_multiple_of(2) {
+            "even".into()
+        } else {
+            "odd".into()
+        }]
     })
 }
 

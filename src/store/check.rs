@@ -161,7 +161,7 @@ pub(crate) fn run(shared: &Shared) -> Result<CheckReport, StoreError> {
                 if !record.indexes.contains(&ix.name.0) {
                     continue;
                 }
-                match read::object_bytes(shared, &log, &h, inline) {
+                match read::object_bytes(shared, &log, &h, inline, &read::txn_loader(shared, &txn)) {
                     Ok(json) => {
                         for value in ix.values(&h.meta, &json) {
                             want.entry(ix.name.clone()).or_default().insert(keys::index(

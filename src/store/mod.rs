@@ -31,6 +31,7 @@
 
 mod check;
 mod codec;
+mod dict;
 mod index;
 mod migrate;
 mod read;
@@ -221,6 +222,8 @@ pub(crate) struct Shared {
     pub(crate) db: redb::Database,
     pub(crate) path: PathBuf,
     pub(crate) indexes: IndexRegistry,
+    /// Prepared zstd dictionaries for readers.
+    pub(crate) dicts: dict::DictCache,
 }
 
 impl Shared {
@@ -294,6 +297,7 @@ impl DurableStore {
             db,
             path,
             indexes: IndexRegistry::default(),
+            dicts: dict::DictCache::default(),
         });
         migrate::run(&shared)?;
         let (writer, thread) = writer::spawn(shared.clone(), &config)?;
