@@ -250,12 +250,21 @@ fn ingest(c: &mut Criterion) {
     g.finish();
 }
 
+/// Bytes this process has written to storage (`write_bytes` of `/proc/self/io`), if known.
+fn io_written() -> Option<u64> {
+    let io = std::fs::read_to_string("/proc/self/io").ok()?;
+    io.lines()
+        .find_map(|l| l.strip_prefix("write_bytes:"))
+        .and_then(|v| v.trim().parse().ok())
+}
+
 /// Bytes written per event and database size against the JSON ingested: 20,000 events in
 /// batches of 1000 (10,000 adds, then 10,000 updates), every version retained in the log.
 fn footprint(_c: &mut Criterion) {
     for (label, compression) in variants() {
         let mut fx = Fixture::new(&format!("footprint-{label}"), compression, 10_000);
         let before = fx.file_len();
+        let io_before = io_written();
         let t = Instant::now();
         for _ in 0..20 {
             let b = fx.next_batch(1_000);
@@ -263,10 +272,12 @@ fn footprint(_c: &mut Criterion) {
         }
         let secs = t.elapsed().as_secs_f64();
         let grown = fx.file_len() - before;
+        let written = io_written().zip(io_before).map_or(f64::NAN, |(a, b)| (a - b) as f64);
         println!(
-            "footprint/{label}: {} events, {:.0} events/s, file grew {} B = {:.0} B/event; JSON {:.0} B/event; db/json = {:.3}",
+            "footprint/{label}: {} events, {:.0} events/s, written {:.0} B/event, file grew {} B = {:.0} B/event; JSON {:.0} B/event; db/json = {:.3}",
             fx.events,
             fx.events as f64 / secs,
+            written / fx.events as f64,
             grown,
             grown as f64 / fx.events as f64,
             fx.json_bytes as f64 / fx.events as f64,

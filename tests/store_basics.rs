@@ -386,7 +386,7 @@ fn dictionary_compressed_objects_read_back_across_restarts_settings_and_compacti
     }
     {
         // Without the setting, dictionary blobs stay readable; updates are stored uncompressed.
-        let db = DurableStore::open(StoreConfig::new(&path)).unwrap();
+        let db = DurableStore::open(StoreConfig::new(&path).compression(Compression::None)).unwrap();
         db.register_index(scope, Indexer::labels());
         expect(&db, scope, 0);
         let mut b = Batch::new(scope);

@@ -142,7 +142,12 @@ pub struct StoreConfig {
 
 impl StoreConfig {
     /// Defaults: durable commits, 256 MiB page cache, group commits of up to 10,000 deltas or
-    /// 64 MiB, no compression, log retention of 1,000,000 entries.
+    /// 64 MiB, zstd level 1 with a dictionary trained per scope on its first objects
+    /// ([`Compression::ZstdDict`]), log retention of 1,000,000 entries.
+    ///
+    /// Dictionary compression is the default because it wins on both ends (`benches/store.rs`,
+    /// ~7 KB Pods, batches of 1000): ~8x less data than uncompressed and 2x less than plain zstd,
+    /// and faster durable ingest (fewer pages written), with reads on par.
     #[must_use]
     pub fn new(path: impl Into<PathBuf>) -> Self {
         Self {
@@ -151,7 +156,7 @@ impl StoreConfig {
             cache_bytes: 256 << 20,
             max_batch_deltas: 10_000,
             max_batch_bytes: 64 << 20,
-            compression: Compression::None,
+            compression: Compression::ZstdDict(1),
             retention_entries: Some(1_000_000),
             retention_age: None,
             check_integrity: false,

@@ -673,24 +673,31 @@ impl WriterThread {
         };
         let key = obj.key();
         let okey = keys::object(scope, &key);
+        // The existing row is read once; its inline bytes (only present after compaction) are
+        // copied once, because the row is overwritten below.
         let existing = match t.objects.get(okey.as_slice()).map_err(|e| self.st(e))? {
             Some(v) => {
                 let (h, inline) = codec::decode_object(v.value()).map_err(StoreError::from)?;
-                Some((h, inline.to_vec()))
+                let inline = if h.data == DataRef::Inline {
+                    inline.to_vec()
+                } else {
+                    Vec::new()
+                };
+                Some((h, inline))
             }
             None => None,
         };
-        let (prev, prev_inline) = match &existing {
-            None => (PrevRef::None, Vec::new()),
+        let (prev, prev_inline): (PrevRef, &[u8]) = match &existing {
+            None => (PrevRef::None, &[]),
             Some((h, inline)) => match h.data {
-                DataRef::Log(s) => (PrevRef::Log(s), Vec::new()),
-                DataRef::Inline => (PrevRef::Inline(h.compression), inline.clone()),
+                DataRef::Log(s) => (PrevRef::Log(s), &[]),
+                DataRef::Inline => (PrevRef::Inline(h.compression), inline.as_slice()),
             },
         };
         let seq = t.next_seq;
         match kind {
             DeltaKind::Deleted => {
-                let Some((old, _)) = existing else { return Ok(false) };
+                let Some((old, _)) = &existing else { return Ok(false) };
                 let (data, compression) = if final_state_unknown {
                     (Bytes::new(), Compression::None)
                 } else {
@@ -711,7 +718,7 @@ impl WriterThread {
                     !final_state_unknown,
                     compression,
                     prev,
-                    &prev_inline,
+                    prev_inline,
                     final_state_unknown,
                 )?;
                 t.objects.remove(okey.as_slice()).map_err(|e| self.st(e))?;
@@ -722,7 +729,7 @@ impl WriterThread {
                 Ok(true)
             }
             DeltaKind::Sync => {
-                let Some((h, _)) = existing else { return Ok(false) };
+                let Some((h, _)) = &existing else { return Ok(false) };
                 self.append_log(
                     t,
                     scope,
@@ -733,7 +740,7 @@ impl WriterThread {
                     false,
                     Compression::None,
                     prev,
-                    &prev_inline,
+                    prev_inline,
                     false,
                 )?;
                 Ok(true)
@@ -760,7 +767,7 @@ impl WriterThread {
                     true,
                     compression,
                     prev,
-                    &prev_inline,
+                    prev_inline,
                     false,
                 )?;
                 let header = ObjectHeader {
