@@ -213,10 +213,8 @@ fn variants() -> Vec<(&'static str, Compression)> {
 
 /// Compression settings added after the first version of this bench.
 fn extra_variants() -> Vec<(&'static str, Compression)> {
-    vec![
-        ("zstd3-dict", Compression::ZstdDict(3)),
-        ("zstd1-dict", Compression::ZstdDict(1)),
-    ]
+    // zstd3-dict measured the same size as zstd1-dict; left out to keep the run short.
+    vec![("zstd1-dict", Compression::ZstdDict(1))]
 }
 
 /// Ingest throughput (events/s) at three batch sizes, per compression.

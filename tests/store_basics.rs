@@ -429,6 +429,23 @@ fn dictionary_compressed_objects_read_back_across_restarts_settings_and_compacti
         assert_eq!((summary.updated, summary.unchanged), (10, n - 10));
         assert!(db.check().unwrap().is_ok());
     }
+    // `check` notices blobs whose dictionary is gone.
+    {
+        let raw = redb::Database::open(&path).unwrap();
+        let txn = raw.begin_write().unwrap();
+        txn.open_table(redb::TableDefinition::<(u32, u32), &[u8]>::new("dicts"))
+            .unwrap()
+            .retain(|_, _| false)
+            .unwrap();
+        txn.commit().unwrap();
+    }
+    let db = DurableStore::open(StoreConfig::new(&path)).unwrap();
+    let report = db.check().unwrap();
+    assert!(
+        report.problems.iter().any(|p| p.contains("missing dictionary")),
+        "{:?}",
+        report.problems
+    );
 }
 
 #[test]
