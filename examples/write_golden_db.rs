@@ -2,7 +2,9 @@
 //! repository so later releases prove they still open it. Run once per released schema version:
 //! `cargo run --example write_golden_db`.
 
-use durable_informer::store::{Batch, DeltaKind, DurableStore, RawObject, ScopeSpec, StoreConfig, SCHEMA_VERSION};
+use durable_informer::store::{
+    Batch, Compression, DeltaKind, DurableStore, RawObject, ScopeSpec, StoreConfig, SCHEMA_VERSION,
+};
 
 fn cm(name: &str, rv: u64) -> Result<RawObject, Box<dyn std::error::Error>> {
     let json = format!(
@@ -19,7 +21,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     if std::path::Path::new(&path).exists() {
         return Err(format!("{path} exists: golden files are never rewritten").into());
     }
-    let db = DurableStore::open(StoreConfig::new(&path))?;
+    // Dictionary compression (schema v2): blobs written before and after the scope's
+    // dictionary was trained.
+    let db = DurableStore::open(StoreConfig::new(&path).compression(Compression::ZstdDict(3)))?;
     let w = db.writer();
     w.cluster_identity_blocking("golden-cluster", false)?;
     let scope = w.register_scope_blocking(&ScopeSpec::new("", "v1", "configmaps"))?;
@@ -37,6 +41,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             .delta(DeltaKind::Deleted, cm("b", 13)?)
             .rv("13"),
     )?;
+    let mut batch = Batch::new(scope);
+    for i in 0..300 {
+        batch = batch.delta(DeltaKind::Added, cm(&format!("d{i}"), 100 + i)?);
+    }
+    w.apply_blocking(batch.rv("399"))?;
+    w.apply_blocking(Batch::new(scope).delta(DeltaKind::Updated, cm("d299", 400)?).rv("400"))?;
     db.close()?;
     println!("wrote {path}");
     Ok(())

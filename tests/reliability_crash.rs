@@ -35,9 +35,11 @@ fn reflector_config() -> ReflectorConfig {
 /// The child: run the informer; the durable handler appends `type key rv` lines to the audit
 /// file before returning (at-least-once: the cursor is persisted after the handler returns).
 fn child(db: &str, url: &str, audit: &str) -> ! {
+    eprintln!("child starting with {db} {url}");
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
     rt.block_on(async {
         let store = DurableStore::open(StoreConfig::new(db)).expect("open");
+        eprintln!("child: opened");
         let config = kube::Config::new(url.parse().expect("url"));
         let client = kube::Client::try_from(config).expect("client");
         let informer = Informer::<ConfigMap>::builder(&store, KubeSource::typed::<ConfigMap>(client, url))
@@ -45,6 +47,7 @@ fn child(db: &str, url: &str, audit: &str) -> ! {
             .build()
             .await
             .expect("build");
+        eprintln!("child: built");
         let file = std::sync::Mutex::new(std::fs::OpenOptions::new().create(true).append(true).open(audit).expect("audit"));
         informer.add_event_handler(
             handler_fn(move |ev: Event<ConfigMap>| -> Result<(), std::io::Error> {
@@ -66,12 +69,26 @@ fn child(db: &str, url: &str, audit: &str) -> ! {
             }),
             HandlerOptions::durable("audit"),
         );
+        eprintln!("child: handler added");
         informer.start();
-        informer.wait_for_sync().await;
+        eprintln!("child: started");
+        while tokio::time::timeout(Duration::from_secs(2), informer.wait_for_sync()).await.is_err() {
+            eprintln!("not synced yet: {:?} {:?}", informer.status().borrow().clone(), informer.errors());
+        }
         println!("synced");
         std::future::pending::<()>().await;
     });
     std::process::exit(0)
+}
+
+/// A child process killed with SIGKILL when dropped, so a failing test leaves nothing behind.
+struct Killer(std::process::Child);
+
+impl Drop for Killer {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
 }
 
 struct Truth {
@@ -89,16 +106,20 @@ fn killed_informers_lose_nothing_and_never_go_backwards() {
     let db = dir.path().join("db.redb");
     let audit = dir.path().join("audit.log");
     let exe = std::env::current_exe().unwrap();
+    let stderr_log = dir.path().join("child-stderr.log");
     let spawn = || {
-        Command::new(&exe)
-            .args([TEST, "--exact", "--nocapture", "--test-threads=1"])
-            .env("DI_DB", &db)
-            .env("DI_URL", sim.url())
-            .env("DI_AUDIT", &audit)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap()
+        let err = std::fs::OpenOptions::new().create(true).append(true).open(&stderr_log).unwrap();
+        Killer(
+            Command::new(&exe)
+                .args([TEST, "--exact", "--nocapture", "--test-threads=1"])
+                .env("DI_DB", &db)
+                .env("DI_URL", sim.url())
+                .env("DI_AUDIT", &audit)
+                .stdout(Stdio::piped())
+                .stderr(err)
+                .spawn()
+                .unwrap(),
+        )
     };
 
     // Seed some objects and let a first run sync them (an initial list is not a stream of
@@ -107,13 +128,14 @@ fn killed_informers_lose_nothing_and_never_go_backwards() {
     {
         use std::io::BufRead;
         let mut first = spawn();
-        let synced = std::io::BufReader::new(first.stdout.as_mut().unwrap())
-            .lines()
-            .map_while(Result::ok)
-            .any(|l| l.trim() == "synced");
-        assert!(synced, "the first run never synced");
-        first.kill().unwrap();
-        first.wait().unwrap();
+        let out = first.0.stdout.take().unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let synced = std::io::BufReader::new(out).lines().map_while(Result::ok).any(|l| l.trim() == "synced");
+            let _ = tx.send(synced);
+        });
+        let synced = rx.recv_timeout(Duration::from_secs(60)).unwrap_or(false);
+        assert!(synced, "the first run never synced: {}", std::fs::read_to_string(&stderr_log).unwrap_or_default());
     }
     // An uninterrupted watcher records the truth: every event after the start RV.
     let start_rv = sim.current_rv();
@@ -155,13 +177,12 @@ fn killed_informers_lose_nothing_and_never_go_backwards() {
     let mut seed: u64 = 0x2545_F491_4F6C_DD1D;
     let mut last_rv = 0u64;
     for round in 0..rounds {
-        let mut child = spawn();
+        let child = spawn();
         seed ^= seed << 13;
         seed ^= seed >> 7;
         seed ^= seed << 17;
         std::thread::sleep(Duration::from_millis(60 + seed % 400));
-        child.kill().unwrap();
-        child.wait().unwrap();
+        drop(child); // SIGKILL
         let store = DurableStore::open(StoreConfig::new(&db)).unwrap();
         if let Some((scope, record)) = store.scopes().unwrap().into_iter().next() {
             let _ = scope;
@@ -177,7 +198,7 @@ fn killed_informers_lose_nothing_and_never_go_backwards() {
 
     // A last run catches up with everything.
     let final_rv = sim.current_rv();
-    let mut child = spawn();
+    let child = spawn();
     let deadline = std::time::Instant::now() + Duration::from_secs(60);
     loop {
         std::thread::sleep(Duration::from_millis(200));
@@ -187,8 +208,7 @@ fn killed_informers_lose_nothing_and_never_go_backwards() {
             break;
         }
     }
-    child.kill().unwrap();
-    child.wait().unwrap();
+    drop(child);
     stop_truth.store(true, Ordering::Relaxed);
 
     let store = DurableStore::open(StoreConfig::new(&db)).unwrap();

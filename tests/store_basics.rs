@@ -6,8 +6,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use durable_informer::store::{
-    Batch, DeltaKind, DurableStore, Indexer, ObjectKey, RawObject, ScopeSpec, StoreConfig, StoreError, LABELS,
-    SCHEMA_VERSION,
+    Batch, Compression, DeltaKind, DurableStore, Indexer, ObjectKey, RawObject, ScopeSpec, Seq, StoreConfig,
+    StoreError, LABELS, SCHEMA_VERSION,
 };
 
 fn cm(ns: &str, name: &str, rv: u64, app: &str) -> RawObject {
@@ -87,6 +87,9 @@ fn the_golden_v1_database_opens_and_reads() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("copy.redb");
     std::fs::copy(golden, &path).unwrap();
+    // A checkout gives the golden file the umask's mode; the copy stands for a database the
+    // store created (invariant 5), so it gets the mode the store gives its files.
+    std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
     let db = DurableStore::open(StoreConfig::new(&path)).unwrap();
     let scope = db.writer().register_scope_blocking(&spec()).unwrap();
     let store = db.store(scope);
@@ -100,7 +103,8 @@ fn the_golden_v1_database_opens_and_reads() {
     );
     assert_eq!(store.resource_version().unwrap().unwrap().as_str(), "13");
     assert_eq!(db.cluster_identity().unwrap().as_deref(), Some("golden-cluster"));
-    assert!(db.check().unwrap().is_ok());
+    let report = db.check().unwrap();
+    assert!(report.is_ok(), "{:?}", report.problems);
 }
 
 #[test]
@@ -327,4 +331,157 @@ fn group_commit_acknowledges_every_sender() {
     assert_eq!(committed, 200);
     assert_eq!(*w.committed().borrow(), durable_informer::store::Seq(200));
     assert_eq!(db.store(scope).list().unwrap().len(), 200);
+}
+
+fn pod_like(i: u64, rv: u64) -> RawObject {
+    RawObject::from_json(
+        format!(
+            r#"{{"kind":"Pod","metadata":{{"name":"p{i}","namespace":"ns{}","resourceVersion":"{rv}","labels":{{"app":"a{}"}}}},"spec":{{"containers":[{{"name":"c","image":"img:{}","env":[{{"name":"X","value":"{}"}}]}}]}},"status":{{"phase":"Running","podIP":"10.0.{}.{}"}}}}"#,
+            i % 3,
+            i % 5,
+            i % 7,
+            "v".repeat((i % 40) as usize),
+            i % 250,
+            rv % 250
+        )
+        .into_bytes(),
+    )
+    .unwrap()
+}
+
+#[test]
+fn dictionary_compressed_objects_read_back_across_restarts_settings_and_compaction() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("db.redb");
+    let dict = StoreConfig::new(&path).compression(Compression::ZstdDict(3));
+    let n = 400;
+    let expect = |db: &DurableStore, scope, version: u64| {
+        let store = db.store(scope);
+        for i in 0..n {
+            let got = store
+                .get(&ObjectKey::namespaced(format!("ns{}", i % 3), format!("p{i}")))
+                .unwrap()
+                .unwrap();
+            assert_eq!(got.bytes, pod_like(i, version * 1000 + i + 1).bytes);
+        }
+        let report = db.check().unwrap();
+        assert!(report.is_ok(), "{:?}", report.problems);
+    };
+    let scope;
+    {
+        let db = DurableStore::open(dict.clone()).unwrap();
+        scope = db.writer().register_scope_blocking(&spec()).unwrap();
+        db.register_index(scope, Indexer::labels());
+        db.writer().ensure_index_blocking(scope, LABELS.into()).unwrap();
+        // Small batches first: the dictionary is trained once enough objects were seen, in the
+        // middle of the adds, so the scope holds blobs with and without it.
+        for chunk in (0..n).collect::<Vec<_>>().chunks(50) {
+            let mut b = Batch::new(scope);
+            for &i in chunk {
+                b = b.delta(DeltaKind::Added, pod_like(i, i + 1));
+            }
+            db.writer().apply_blocking(b).unwrap();
+        }
+        expect(&db, scope, 0);
+    }
+    {
+        // Without the setting, dictionary blobs stay readable; updates are stored uncompressed.
+        let db = DurableStore::open(StoreConfig::new(&path).compression(Compression::None)).unwrap();
+        db.register_index(scope, Indexer::labels());
+        expect(&db, scope, 0);
+        let mut b = Batch::new(scope);
+        for i in 0..n / 2 {
+            b = b.delta(DeltaKind::Updated, pod_like(i, 1000 + i + 1));
+        }
+        db.writer().apply_blocking(b).unwrap();
+    }
+    {
+        // Back with dictionaries: the stored one is reused; the rest are updated; the log
+        // hands old and new states of every kind of blob to handlers.
+        let db = DurableStore::open(dict).unwrap();
+        db.register_index(scope, Indexer::labels());
+        let mut b = Batch::new(scope);
+        for i in n / 2..n {
+            b = b.delta(DeltaKind::Updated, pod_like(i, 1000 + i + 1));
+        }
+        db.writer().apply_blocking(b).unwrap();
+        expect(&db, scope, 1);
+        let log = db.log().read_after(Seq(0), usize::MAX, Some(scope)).unwrap();
+        let updates: Vec<_> = log.iter().filter(|r| r.kind == DeltaKind::Updated).collect();
+        assert_eq!(updates.len() as u64, n);
+        for r in updates {
+            let i: u64 = r.key.name[1..].parse().unwrap();
+            assert_eq!(r.old.as_ref().unwrap(), &pod_like(i, i + 1).bytes);
+            assert_eq!(r.object.as_ref().unwrap(), &pod_like(i, 1000 + i + 1).bytes);
+        }
+        // Compaction moves blobs (with their tags) into rows; they still decode.
+        db.writer().compact_blocking(Some(10)).unwrap();
+        expect(&db, scope, 1);
+        // A relist re-stores what changed with the dictionary, and diffs correctly.
+        let listed: Vec<_> = (0..n)
+            .map(|i| pod_like(i, if i < 10 { 5000 + i } else { 1000 + i + 1 }))
+            .collect();
+        db.writer().stage_relist_blocking(scope, listed).unwrap();
+        let summary = db
+            .writer()
+            .finish_relist_blocking(scope, "9999".into(), "test")
+            .unwrap();
+        assert_eq!((summary.updated, summary.unchanged), (10, n - 10));
+        assert!(db.check().unwrap().is_ok());
+    }
+    // `check` notices blobs whose dictionary is gone.
+    {
+        let raw = redb::Database::open(&path).unwrap();
+        let txn = raw.begin_write().unwrap();
+        txn.open_table(redb::TableDefinition::<(u32, u32), &[u8]>::new("dicts"))
+            .unwrap()
+            .retain(|_, _| false)
+            .unwrap();
+        txn.commit().unwrap();
+    }
+    let db = DurableStore::open(StoreConfig::new(&path)).unwrap();
+    let report = db.check().unwrap();
+    assert!(
+        report.problems.iter().any(|p| p.contains("missing dictionary")),
+        "{:?}",
+        report.problems
+    );
+}
+
+#[test]
+fn the_golden_v2_database_opens_and_reads() {
+    // Written by `cargo run --example write_golden_db` with schema v2 (dictionary compression).
+    let golden = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/golden/schema-v2.redb");
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("copy.redb");
+    std::fs::copy(golden, &path).unwrap();
+    std::fs::set_permissions(&path, PermissionsExt::from_mode(0o600)).unwrap();
+    let db = DurableStore::open(StoreConfig::new(&path)).unwrap();
+    let scope = db.writer().register_scope_blocking(&spec()).unwrap();
+    let store = db.store(scope);
+    let keys = store.list_keys().unwrap();
+    assert_eq!(keys.len(), 302);
+    assert_eq!(keys[0], ObjectKey::namespaced("default", "a"));
+    // Objects stored before and after the dictionary was trained.
+    for key in [
+        ObjectKey::namespaced("default", "a"),
+        ObjectKey::namespaced("default", "d299"),
+    ] {
+        let o = store.get(&key).unwrap().unwrap();
+        assert_eq!(o.meta.key(), key);
+        assert!(o.bytes.starts_with(br#"{"apiVersion":"v1","kind":"ConfigMap""#));
+    }
+    assert_eq!(store.resource_version().unwrap().unwrap().as_str(), "400");
+    assert_eq!(db.cluster_identity().unwrap().as_deref(), Some("golden-cluster"));
+    let report = db.check().unwrap();
+    assert!(report.is_ok(), "{:?}", report.problems);
+    drop(store);
+    db.close().unwrap();
+    // The file really holds a trained dictionary (so the reads above went through it).
+    let raw = redb::Database::open(&path).unwrap();
+    let txn = redb::ReadableDatabase::begin_read(&raw).unwrap();
+    let dicts = txn
+        .open_table(redb::TableDefinition::<(u32, u32), &[u8]>::new("dicts"))
+        .unwrap();
+    assert_eq!(redb::ReadableTableMetadata::len(&dicts).unwrap(), 1);
 }

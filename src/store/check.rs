@@ -5,8 +5,8 @@ use std::os::unix::fs::PermissionsExt;
 
 use redb::{ReadableDatabase, ReadableTable};
 
-use super::codec::{self, DataRef, PrevRef};
-use super::schema::{keys, IndexName, ScopeId, CURSORS, INDEX, INDEX_REV, LOG, OBJECTS, SCOPES};
+use super::codec::{self, Compression, DataRef, PrevRef};
+use super::schema::{keys, IndexName, ScopeId, CURSORS, DICTS, INDEX, INDEX_REV, LOG, OBJECTS, SCOPES};
 use super::{read, Shared, StoreError};
 
 /// What `check` found. `problems` is empty when every invariant holds.
@@ -42,6 +42,19 @@ pub(crate) fn run(shared: &Shared) -> Result<CheckReport, StoreError> {
     let index = txn.open_table(INDEX).map_err(|e| st(e.into()))?;
     let index_rev = txn.open_table(INDEX_REV).map_err(|e| st(e.into()))?;
     let cursors = txn.open_table(CURSORS).map_err(|e| st(e.into()))?;
+    let dicts = txn.open_table(DICTS).map_err(|e| st(e.into()))?;
+    // Every dictionary a blob names must exist (rows are never removed).
+    let mut dict_ids = BTreeSet::new();
+    for row in dicts.iter().map_err(|e| st(e.into()))? {
+        let (k, _) = row.map_err(|e| st(e.into()))?;
+        dict_ids.insert(k.value());
+    }
+    let missing_dict = |c: Compression| match c {
+        Compression::Dict { scope, dict } if !dict_ids.contains(&(scope, dict)) => {
+            Some(format!("names missing dictionary {dict} of scope {scope}"))
+        }
+        _ => None,
+    };
 
     // Invariant 5.
     if let Ok(m) = std::fs::metadata(&shared.path) {
@@ -69,6 +82,16 @@ pub(crate) fn run(shared: &Shared) -> Result<CheckReport, StoreError> {
         report.log_entries += 1;
         match codec::decode_log(v.value()) {
             Ok((h, _, _)) => {
+                let prev_tag = match h.prev {
+                    PrevRef::Inline(c) => c,
+                    _ => Compression::None,
+                };
+                for problem in [missing_dict(h.compression), missing_dict(prev_tag)]
+                    .into_iter()
+                    .flatten()
+                {
+                    report.problems.push(format!("log entry {seq} {problem}"));
+                }
                 if let PrevRef::Log(p) = h.prev {
                     if p >= seq || log.get(p).map_err(|e| st(e.into()))?.is_none() {
                         report
@@ -128,6 +151,11 @@ pub(crate) fn run(shared: &Shared) -> Result<CheckReport, StoreError> {
                     continue;
                 }
             };
+            if h.data == DataRef::Inline {
+                if let Some(problem) = missing_dict(h.compression) {
+                    report.problems.push(format!("{scope}: object {key} {problem}"));
+                }
+            }
             if h.meta.key() != key {
                 report
                     .problems
@@ -161,7 +189,7 @@ pub(crate) fn run(shared: &Shared) -> Result<CheckReport, StoreError> {
                 if !record.indexes.contains(&ix.name.0) {
                     continue;
                 }
-                match read::object_bytes(shared, &log, &h, inline) {
+                match read::object_bytes(shared, &log, &h, inline, &read::txn_loader(shared, &txn)) {
                     Ok(json) => {
                         for value in ix.values(&h.meta, &json) {
                             want.entry(ix.name.clone()).or_default().insert(keys::index(

@@ -206,7 +206,10 @@ impl RawObject {
     }
 }
 
-/// How stored object bytes are compressed.
+/// How stored object bytes are compressed: as a setting ([`crate::store::StoreConfig::compression`])
+/// and as the tag stored next to every blob (`None`, `Zstd` or `Dict`).
+///
+/// New variants are only ever appended: the tag is part of rows written by older builds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
 pub enum Compression {
     /// Stored as received.
@@ -214,25 +217,43 @@ pub enum Compression {
     None,
     /// zstd at the given level.
     Zstd(i32),
+    /// Setting: zstd at the given level with a dictionary trained per scope on its first
+    /// objects (kept in the `dicts` table). Until a scope has a dictionary its objects are
+    /// stored as [`Compression::Zstd`]. Never stored as a tag.
+    ZstdDict(i32),
+    /// Tag: zstd with dictionary `dict` of scope `scope` (a row of the `dicts` table, never
+    /// rewritten, so older blobs stay readable after a newer dictionary).
+    Dict {
+        /// Scope that owns the dictionary.
+        scope: u32,
+        /// Dictionary id within the scope.
+        dict: u32,
+    },
 }
 
 impl Compression {
-    /// Compresses `bytes` (a no-op for [`Compression::None`]).
+    /// Compresses `bytes` without a dictionary (a no-op for [`Compression::None`]; the
+    /// dictionary settings compress as plain zstd here).
     pub fn compress(self, bytes: &[u8]) -> Result<Vec<u8>, CodecError> {
         match self {
-            Compression::None => Ok(bytes.to_vec()),
-            Compression::Zstd(level) => zstd::bulk::compress(bytes, level).map_err(CodecError::Decompress),
+            Compression::None | Compression::Dict { .. } => Ok(bytes.to_vec()),
+            Compression::Zstd(level) | Compression::ZstdDict(level) => {
+                zstd::bulk::compress(bytes, level).map_err(CodecError::Decompress)
+            }
         }
     }
 
     fn decompress(self, bytes: &[u8]) -> Result<Bytes, CodecError> {
         match self {
             Compression::None => Ok(Bytes::copy_from_slice(bytes)),
-            Compression::Zstd(_) => {
+            Compression::Zstd(_) | Compression::ZstdDict(_) => {
                 let mut out = Vec::new();
                 zstd::stream::copy_decode(bytes, &mut out).map_err(CodecError::Decompress)?;
                 Ok(Bytes::from(out))
             }
+            Compression::Dict { .. } => Err(CodecError::Decompress(std::io::Error::other(
+                "dictionary-compressed bytes need their dictionary",
+            ))),
         }
     }
 }
@@ -386,7 +407,7 @@ pub fn decode_log(value: &[u8]) -> Result<(LogHeader, &[u8], &[u8]), CodecError>
     Ok((header, data, prev))
 }
 
-/// Decompresses stored object bytes.
+/// Decompresses stored object bytes that need no dictionary (see `dict::DictCache::unpack`).
 pub fn decompress(compression: Compression, bytes: &[u8]) -> Result<Bytes, CodecError> {
     compression.decompress(bytes)
 }

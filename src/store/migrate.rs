@@ -8,11 +8,13 @@ use super::{Shared, StoreError};
 
 #[path = "../../migrations/m0001_initial.rs"]
 mod m0001_initial;
+#[path = "../../migrations/m0002_dicts.rs"]
+mod m0002_dicts;
 
 type Step = fn(&redb::WriteTransaction) -> Result<(), redb::Error>;
 
 /// Every step, in order; step `i` upgrades schema `i` to `i + 1`.
-const STEPS: &[Step] = &[m0001_initial::up];
+const STEPS: &[Step] = &[m0001_initial::up, m0002_dicts::up];
 
 /// The schema version after every step ran.
 pub(crate) const LATEST: u32 = STEPS.len() as u32;

@@ -31,6 +31,7 @@
 
 mod check;
 mod codec;
+mod dict;
 mod index;
 mod migrate;
 mod read;
@@ -141,7 +142,12 @@ pub struct StoreConfig {
 
 impl StoreConfig {
     /// Defaults: durable commits, 256 MiB page cache, group commits of up to 10,000 deltas or
-    /// 64 MiB, no compression, log retention of 1,000,000 entries.
+    /// 64 MiB, zstd level 1 with a dictionary trained per scope on its first objects
+    /// ([`Compression::ZstdDict`]), log retention of 1,000,000 entries.
+    ///
+    /// Dictionary compression is the default because it wins on both ends (`benches/store.rs`,
+    /// ~7 KB Pods, batches of 1000): ~8x less data than uncompressed and 2x less than plain zstd,
+    /// and faster durable ingest (fewer pages written), with reads on par.
     #[must_use]
     pub fn new(path: impl Into<PathBuf>) -> Self {
         Self {
@@ -150,7 +156,7 @@ impl StoreConfig {
             cache_bytes: 256 << 20,
             max_batch_deltas: 10_000,
             max_batch_bytes: 64 << 20,
-            compression: Compression::None,
+            compression: Compression::ZstdDict(1),
             retention_entries: Some(1_000_000),
             retention_age: None,
             check_integrity: false,
@@ -223,6 +229,8 @@ pub(crate) struct Shared {
     db: std::sync::RwLock<Option<Arc<redb::Database>>>,
     pub(crate) path: PathBuf,
     pub(crate) indexes: IndexRegistry,
+    /// Prepared zstd dictionaries for readers.
+    pub(crate) dicts: dict::DictCache,
 }
 
 impl Shared {
@@ -313,6 +321,7 @@ impl DurableStore {
             db: std::sync::RwLock::new(Some(Arc::new(db))),
             path,
             indexes: IndexRegistry::default(),
+            dicts: dict::DictCache::default(),
         });
         migrate::run(&shared)?;
         let (writer, thread) = writer::spawn(shared.clone(), &config)?;

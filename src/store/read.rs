@@ -12,10 +12,11 @@ use redb::{ReadTransaction, ReadableDatabase, ReadableTable};
 use serde::de::DeserializeOwned;
 
 use super::codec::{self, DataRef, DeltaKind, ObjectHeader, ObjectMeta, PrevRef, ScopeRecord};
+use super::dict::LoadDict;
 use super::index::NAMESPACE;
 use super::schema::{
-    keys, IndexName, IndexValue, ObjectKey, ResourceVersion, ScopeId, Seq, CURSORS, INDEX, LOG, META, META_LAST_SEQ,
-    OBJECTS, SCOPES,
+    keys, IndexName, IndexValue, ObjectKey, ResourceVersion, ScopeId, Seq, CURSORS, DICTS, INDEX, LOG, META,
+    META_LAST_SEQ, OBJECTS, SCOPES,
 };
 use super::{Shared, StoreError};
 
@@ -38,15 +39,17 @@ impl StoredObject {
 }
 
 /// Reads the current bytes of an object row: from the row itself or from the log entry it
-/// points at.
+/// points at, decompressed (with its scope's dictionary when tagged so; `load` reads a
+/// `dicts` row on a cache miss).
 pub(crate) fn object_bytes<T: ReadableTable<u64, &'static [u8]>>(
     shared: &Shared,
     log: &T,
     header: &ObjectHeader,
     inline: &[u8],
+    load: LoadDict<'_>,
 ) -> Result<Bytes, StoreError> {
     match header.data {
-        DataRef::Inline => Ok(codec::decompress(header.compression, inline)?),
+        DataRef::Inline => shared.dicts.unpack(header.compression, inline, load),
         DataRef::Log(seq) => {
             let Some(row) = log.get(seq).map_err(|e| shared.storage(e))? else {
                 return Err(StoreError::Corrupted {
@@ -55,8 +58,32 @@ pub(crate) fn object_bytes<T: ReadableTable<u64, &'static [u8]>>(
                 });
             };
             let (h, data, _) = codec::decode_log(row.value())?;
-            Ok(codec::decompress(h.compression, data)?)
+            shared.dicts.unpack(h.compression, data, load)
         }
+    }
+}
+
+/// Reads one `dicts` row through a table handle.
+pub(crate) fn dict_row<T: ReadableTable<(u32, u32), &'static [u8]>>(
+    shared: &Shared,
+    table: &T,
+    scope: u32,
+    id: u32,
+) -> Result<Option<Vec<u8>>, StoreError> {
+    Ok(table
+        .get((scope, id))
+        .map_err(|e| shared.storage(e))?
+        .map(|v| v.value().to_vec()))
+}
+
+/// A `dicts` loader over a read transaction.
+pub(crate) fn txn_loader<'a>(
+    shared: &'a Shared,
+    txn: &'a ReadTransaction,
+) -> impl Fn(u32, u32) -> Result<Option<Vec<u8>>, StoreError> + 'a {
+    move |scope, id| {
+        let table = txn.open_table(DICTS).map_err(|e| shared.storage(e))?;
+        dict_row(shared, &table, scope, id)
     }
 }
 
@@ -72,11 +99,12 @@ impl Snapshot {
         let s = &self.shared;
         let objects = self.txn.open_table(OBJECTS).map_err(|e| s.storage(e))?;
         let log = self.txn.open_table(LOG).map_err(|e| s.storage(e))?;
+        let load = txn_loader(s, &self.txn);
         let mut out = Vec::new();
         for row in objects.range::<&[u8]>(start..end).map_err(|e| s.storage(e))? {
             let (k, v) = row.map_err(|e| s.storage(e))?;
             let (h, inline) = codec::decode_object(v.value())?;
-            let bytes = object_bytes(s, &log, &h, inline)?;
+            let bytes = object_bytes(s, &log, &h, inline, &load)?;
             let (_, key) = keys::decode_object(k.value())?;
             out.push(StoredObject {
                 key,
@@ -99,7 +127,7 @@ impl Snapshot {
         };
         let (h, inline) = codec::decode_object(v.value())?;
         let log = self.txn.open_table(LOG).map_err(|e| s.storage(e))?;
-        let bytes = object_bytes(s, &log, &h, inline)?;
+        let bytes = object_bytes(s, &log, &h, inline, &txn_loader(s, &self.txn))?;
         Ok(Some(StoredObject {
             key: key.clone(),
             meta: h.meta,
@@ -129,6 +157,7 @@ impl Snapshot {
         };
         let objects = self.txn.open_table(OBJECTS).map_err(|e| s.storage(e))?;
         let log = self.txn.open_table(LOG).map_err(|e| s.storage(e))?;
+        let load = txn_loader(s, &self.txn);
         let mut out = Vec::new();
         for row in objects
             .range::<&[u8]>(start.as_slice()..end.as_slice())
@@ -139,7 +168,7 @@ impl Snapshot {
             }
             let (k, v) = row.map_err(|e| s.storage(e))?;
             let (h, inline) = codec::decode_object(v.value())?;
-            let bytes = object_bytes(s, &log, &h, inline)?;
+            let bytes = object_bytes(s, &log, &h, inline, &load)?;
             let (_, key) = keys::decode_object(k.value())?;
             out.push(StoredObject {
                 key,
@@ -405,13 +434,14 @@ impl LogReader {
         let s = &self.shared;
         let txn = s.db()?.begin_read().map_err(|e| s.storage(e))?;
         let log = txn.open_table(LOG).map_err(|e| s.storage(e))?;
+        let load = txn_loader(s, &txn);
         let mut out = Vec::new();
         for row in log.range(after.0.saturating_add(1)..).map_err(|e| s.storage(e))? {
             if out.len() >= limit {
                 break;
             }
             let (k, v) = row.map_err(|e| s.storage(e))?;
-            if let Some(r) = decode_record(s, &log, k.value(), v.value(), scope)? {
+            if let Some(r) = decode_record(s, &log, k.value(), v.value(), scope, &load)? {
                 out.push(r);
             }
         }
@@ -429,6 +459,7 @@ impl LogReader {
         let s = &self.shared;
         let txn = s.db()?.begin_read().map_err(|e| s.storage(e))?;
         let log = txn.open_table(LOG).map_err(|e| s.storage(e))?;
+        let load = txn_loader(s, &txn);
         let mut scanned = after;
         let mut out = Vec::new();
         for row in log.range(after.0.saturating_add(1)..).map_err(|e| s.storage(e))? {
@@ -437,7 +468,7 @@ impl LogReader {
             }
             let (k, v) = row.map_err(|e| s.storage(e))?;
             scanned = Seq(k.value());
-            if let Some(r) = decode_record(s, &log, k.value(), v.value(), Some(scope))? {
+            if let Some(r) = decode_record(s, &log, k.value(), v.value(), Some(scope), &load)? {
                 out.push(r);
             }
         }
@@ -471,25 +502,25 @@ fn decode_record<T: ReadableTable<u64, &'static [u8]>>(
     seq: u64,
     value: &[u8],
     scope: Option<ScopeId>,
+    load: LoadDict<'_>,
 ) -> Result<Option<LogRecord>, StoreError> {
+    let unpack = |c, b: &[u8]| s.dicts.unpack(c, b, load);
     let (h, data, prev_inline) = codec::decode_log(value)?;
     if scope.is_some_and(|sc| sc.0 != h.scope) {
         return Ok(None);
     }
     let object = if h.has_data {
-        Some(codec::decompress(h.compression, data)?)
+        Some(unpack(h.compression, data)?)
     } else {
         None
     };
     let old = match h.prev {
         PrevRef::None => None,
-        PrevRef::Inline(c) => Some(codec::decompress(c, prev_inline)?),
+        PrevRef::Inline(c) => Some(unpack(c, prev_inline)?),
         PrevRef::Log(p) => match log.get(p).map_err(|e| s.storage(e))? {
             Some(row) => {
                 let (ph, pdata, _) = codec::decode_log(row.value())?;
-                ph.has_data
-                    .then(|| codec::decompress(ph.compression, pdata))
-                    .transpose()?
+                ph.has_data.then(|| unpack(ph.compression, pdata)).transpose()?
             }
             None => None,
         },

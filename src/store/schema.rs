@@ -15,6 +15,7 @@
 //! | `index_rev` | scope, index name, object key | the values the object is indexed under |
 //! | `relist` | scope, object key | a listed object staged during a relist |
 //! | `cursors` | consumer name | last delivered [`Seq`] |
+//! | `dicts` | (scope id, dict id) | a zstd dictionary (schema v2; rows are never rewritten) |
 
 use std::fmt;
 
@@ -38,6 +39,10 @@ pub const INDEX_REV: TableDefinition<&[u8], &[u8]> = TableDefinition::new("index
 pub const RELIST: TableDefinition<&[u8], &[u8]> = TableDefinition::new("relist");
 /// Durable consumer cursors.
 pub const CURSORS: TableDefinition<&str, u64> = TableDefinition::new("cursors");
+/// zstd dictionaries by (scope id, dict id), trained on a scope's first objects (schema v2).
+/// A row is written once and never changed or removed: blobs tagged
+/// [`super::codec::Compression::Dict`] name the row they need.
+pub const DICTS: TableDefinition<(u32, u32), &[u8]> = TableDefinition::new("dicts");
 
 /// `meta` key holding the schema version (u32, big endian).
 pub const META_SCHEMA_VERSION: &str = "schema_version";

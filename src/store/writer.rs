@@ -6,7 +6,7 @@
 //! regression) is refused before it writes anything, so the others in the group still commit;
 //! a storage error aborts the whole group and every sender hears of it.
 
-use std::cell::Cell;
+use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -15,10 +15,13 @@ use crossbeam_channel::{Receiver, Sender};
 use redb::{ReadableTable, WriteTransaction};
 use tokio::sync::{oneshot, watch};
 
+use bytes::Bytes;
+
 use super::codec::{self, Compression, DataRef, DeltaKind, LogHeader, ObjectHeader, PrevRef, RawObject, ScopeRecord};
+use super::dict::{self, EncDict};
 use super::index::Indexer;
 use super::schema::{
-    keys, IndexName, ObjectKey, ResourceVersion, ScopeId, Seq, CURSORS, INDEX, INDEX_REV, LOG, META,
+    keys, IndexName, ObjectKey, ResourceVersion, ScopeId, Seq, CURSORS, DICTS, INDEX, INDEX_REV, LOG, META,
     META_CLUSTER_IDENTITY, META_LAST_SEQ, OBJECTS, RELIST, SCOPES, SCOPE_NAMES,
 };
 use super::{Shared, StoreConfig, StoreError};
@@ -301,6 +304,8 @@ pub(crate) fn spawn(
         max_bytes: config.max_batch_bytes,
         compression: config.compression,
         retention_entries: config.retention_entries,
+        dicts: RefCell::new(HashMap::new()),
+        pending_dicts: RefCell::new(Vec::new()),
     };
     let thread = std::thread::Builder::new()
         .name("durable-informer-writer".into())
@@ -336,6 +341,21 @@ struct WriterThread {
     max_bytes: usize,
     compression: Compression,
     retention_entries: Option<u64>,
+    /// Per-scope dictionary state for [`Compression::ZstdDict`].
+    dicts: RefCell<HashMap<u32, ScopeDicts>>,
+    /// Scopes whose dictionary was trained in the open group: forgotten if it rolls back.
+    pending_dicts: RefCell<Vec<u32>>,
+}
+
+/// A scope's compression dictionary on the writer.
+#[derive(Default)]
+struct ScopeDicts {
+    /// Whether the newest committed dictionary was looked up.
+    loaded: bool,
+    /// The dictionary new blobs are compressed with.
+    current: Option<Arc<EncDict>>,
+    /// Objects kept to train the first dictionary on (`Bytes` clones: no copy).
+    samples: Vec<Bytes>,
 }
 
 /// A command's reply, held until the transaction commits.
@@ -422,6 +442,7 @@ impl WriterThread {
         let rest: Vec<Command> = pending.collect();
         if let Some(e) = fatal {
             drop(txn);
+            self.forget_pending_dicts();
             self.next_seq.set(start_seq);
             tracing::warn!(error = %e, "group commit rolled back");
             fail_replies(replies, &e);
@@ -430,6 +451,7 @@ impl WriterThread {
         }
         let last = Seq(self.next_seq.get() - 1);
         if let Err(e) = save_last_seq(&self.shared, &txn, last.0) {
+            self.forget_pending_dicts();
             self.next_seq.set(start_seq);
             fail_replies(replies, &e);
             return;
@@ -437,10 +459,12 @@ impl WriterThread {
         if let Err(e) = txn.commit() {
             let e = self.shared.storage(e);
             tracing::warn!(error = %e, "commit failed");
+            self.forget_pending_dicts();
             self.next_seq.set(start_seq);
             fail_replies(replies, &e);
             return;
         }
+        self.pending_dicts.borrow_mut().clear();
         self.seq_tx.send_replace(last);
         for r in replies {
             send_reply(r, last);
@@ -478,6 +502,71 @@ impl WriterThread {
             Command::ResetScope(scope, ack) => run!(Unit, ack, self.reset_scope(txn, scope)),
             Command::Shutdown => Ok(Reply::Unit(oneshot::channel().0, Ok(()))),
         }
+    }
+
+    /// Dictionaries trained in a group that did not commit were never stored: drop them, so
+    /// their ids are handed out again and never cached for two different dictionaries.
+    fn forget_pending_dicts(&self) {
+        let mut dicts = self.dicts.borrow_mut();
+        for scope in self.pending_dicts.borrow_mut().drain(..) {
+            dicts.remove(&scope);
+        }
+    }
+
+    /// The dictionary new blobs of `scope` are compressed with: the newest committed one, or
+    /// one trained now (and stored in this transaction) once `objects` bring enough samples.
+    fn scope_dict(&self, txn: &WriteTransaction, scope: ScopeId, objects: &[&Bytes]) -> Step<Option<Arc<EncDict>>> {
+        let Compression::ZstdDict(level) = self.compression else {
+            return Ok(None);
+        };
+        let mut all = self.dicts.borrow_mut();
+        let state = all.entry(scope.0).or_default();
+        if !state.loaded {
+            let table = txn.open_table(DICTS).map_err(|e| self.st(e))?;
+            let newest = table
+                .range((scope.0, 0)..=(scope.0, u32::MAX))
+                .map_err(|e| self.st(e))?
+                .next_back()
+                .transpose()
+                .map_err(|e| self.st(e))?;
+            if let Some((k, v)) = newest {
+                state.current = Some(Arc::new(EncDict::new(scope.0, k.value().1, v.value(), level)));
+            }
+            state.loaded = true;
+        }
+        if state.current.is_none() {
+            let want = dict::TRAIN_SAMPLES - state.samples.len().min(dict::TRAIN_SAMPLES);
+            state.samples.extend(
+                objects
+                    .iter()
+                    .filter(|b| !b.is_empty())
+                    .take(want)
+                    .map(|b| (*b).clone()),
+            );
+            if state.samples.len() >= dict::TRAIN_SAMPLES {
+                let samples = std::mem::take(&mut state.samples);
+                if let Some(raw) = dict::train(&samples) {
+                    let mut table = txn.open_table(DICTS).map_err(|e| self.st(e))?;
+                    let id = table
+                        .range((scope.0, 0)..=(scope.0, u32::MAX))
+                        .map_err(|e| self.st(e))?
+                        .next_back()
+                        .transpose()
+                        .map_err(|e| self.st(e))?
+                        .map_or(1, |(k, _)| k.value().1 + 1);
+                    table.insert((scope.0, id), raw.as_slice()).map_err(|e| self.st(e))?;
+                    state.current = Some(Arc::new(EncDict::new(scope.0, id, &raw, level)));
+                    self.pending_dicts.borrow_mut().push(scope.0);
+                    tracing::debug!(%scope, id, bytes = raw.len(), "trained a zstd dictionary");
+                }
+            }
+        }
+        Ok(state.current.clone())
+    }
+
+    /// The dictionary `scope_dict` last settled on (call that first in the command).
+    fn scope_dict_cached(&self, scope: ScopeId) -> Option<Arc<EncDict>> {
+        self.dicts.borrow().get(&scope.0).and_then(|s| s.current.clone())
     }
 
     fn st<E: Into<redb::Error>>(&self, e: E) -> StoreError {
@@ -533,9 +622,23 @@ impl WriterThread {
             }
         }
         let indexers = self.shared.indexes.for_scope(batch.scope);
+        // Compress everything first (on two threads for large batches), so the redb work below
+        // runs uninterrupted.
+        let carried: Vec<&Bytes> = batch
+            .deltas
+            .iter()
+            .filter(|d| d.kind != DeltaKind::Sync)
+            .map(|d| &d.object.bytes)
+            .collect();
+        let dict = self.scope_dict(txn, batch.scope, &carried)?;
+        let mut packed = dict::pack_all(self.compression, dict.as_deref(), &carried)
+            .map_err(StoreError::from)?
+            .into_iter();
+        drop(carried);
         let mut tables = Tables::open(self, txn)?;
         let mut appended = 0;
         for d in batch.deltas {
+            let blob = if d.kind == DeltaKind::Sync { None } else { packed.next() };
             if self.apply_delta(
                 &mut tables,
                 batch.scope,
@@ -544,6 +647,7 @@ impl WriterThread {
                 d.kind,
                 &d.object,
                 false,
+                blob,
             )? {
                 appended += 1;
             }
@@ -569,34 +673,48 @@ impl WriterThread {
         kind: DeltaKind,
         obj: &RawObject,
         final_state_unknown: bool,
+        packed: Option<(Bytes, Compression)>,
     ) -> Step<bool> {
+        let pack = |packed: Option<(Bytes, Compression)>| -> Step<(Bytes, Compression)> {
+            match packed {
+                Some(p) => Ok(p),
+                None => {
+                    let dict = self.scope_dict_cached(scope);
+                    Ok(dict::pack(self.compression, dict.as_deref(), &obj.bytes).map_err(StoreError::from)?)
+                }
+            }
+        };
         let key = obj.key();
         let okey = keys::object(scope, &key);
+        // The existing row is read once; its inline bytes (only present after compaction) are
+        // copied once, because the row is overwritten below.
         let existing = match t.objects.get(okey.as_slice()).map_err(|e| self.st(e))? {
             Some(v) => {
                 let (h, inline) = codec::decode_object(v.value()).map_err(StoreError::from)?;
-                Some((h, inline.to_vec()))
+                let inline = if h.data == DataRef::Inline {
+                    inline.to_vec()
+                } else {
+                    Vec::new()
+                };
+                Some((h, inline))
             }
             None => None,
         };
-        let (prev, prev_inline) = match &existing {
-            None => (PrevRef::None, Vec::new()),
+        let (prev, prev_inline): (PrevRef, &[u8]) = match &existing {
+            None => (PrevRef::None, &[]),
             Some((h, inline)) => match h.data {
-                DataRef::Log(s) => (PrevRef::Log(s), Vec::new()),
-                DataRef::Inline => (PrevRef::Inline(h.compression), inline.clone()),
+                DataRef::Log(s) => (PrevRef::Log(s), &[]),
+                DataRef::Inline => (PrevRef::Inline(h.compression), inline.as_slice()),
             },
         };
         let seq = t.next_seq;
         match kind {
             DeltaKind::Deleted => {
-                let Some((old, _)) = existing else { return Ok(false) };
+                let Some((old, _)) = &existing else { return Ok(false) };
                 let (data, compression) = if final_state_unknown {
-                    (Vec::new(), Compression::None)
+                    (Bytes::new(), Compression::None)
                 } else {
-                    (
-                        self.compression.compress(&obj.bytes).map_err(StoreError::from)?,
-                        self.compression,
-                    )
+                    pack(packed)?
                 };
                 let rv = if final_state_unknown {
                     old.meta.resource_version.clone()
@@ -613,7 +731,7 @@ impl WriterThread {
                     !final_state_unknown,
                     compression,
                     prev,
-                    &prev_inline,
+                    prev_inline,
                     final_state_unknown,
                 )?;
                 t.objects.remove(okey.as_slice()).map_err(|e| self.st(e))?;
@@ -624,7 +742,7 @@ impl WriterThread {
                 Ok(true)
             }
             DeltaKind::Sync => {
-                let Some((h, _)) = existing else { return Ok(false) };
+                let Some((h, _)) = &existing else { return Ok(false) };
                 self.append_log(
                     t,
                     scope,
@@ -635,7 +753,7 @@ impl WriterThread {
                     false,
                     Compression::None,
                     prev,
-                    &prev_inline,
+                    prev_inline,
                     false,
                 )?;
                 Ok(true)
@@ -651,7 +769,7 @@ impl WriterThread {
                 } else {
                     DeltaKind::Added
                 };
-                let data = self.compression.compress(&obj.bytes).map_err(StoreError::from)?;
+                let (data, compression) = pack(packed)?;
                 self.append_log(
                     t,
                     scope,
@@ -660,15 +778,15 @@ impl WriterThread {
                     obj.meta.resource_version.clone(),
                     &data,
                     true,
-                    self.compression,
+                    compression,
                     prev,
-                    &prev_inline,
+                    prev_inline,
                     false,
                 )?;
                 let header = ObjectHeader {
                     meta: obj.meta.clone(),
                     data: DataRef::Log(seq),
-                    compression: self.compression,
+                    compression,
                 };
                 let row = codec::encode_object(&header, None).map_err(StoreError::from)?;
                 t.objects
@@ -807,6 +925,8 @@ impl WriterThread {
             }
         }
         let mut summary = RelistSummary::default();
+        // Loads the scope's dictionary for `apply_delta` (relisted objects do not train one).
+        self.scope_dict(txn, scope, &[])?;
         let relist = txn.open_table(RELIST).map_err(|e| self.st(e))?;
         let mut t = Tables::open(self, txn)?;
         for row in relist.range::<&[u8]>(range.clone()).map_err(|e| self.st(e))? {
@@ -819,7 +939,16 @@ impl WriterThread {
                         meta: h.meta,
                         bytes: bytes::Bytes::copy_from_slice(inline),
                     };
-                    self.apply_delta(&mut t, scope, &indexers, &mut record, DeltaKind::Replaced, &obj, false)?;
+                    self.apply_delta(
+                        &mut t,
+                        scope,
+                        &indexers,
+                        &mut record,
+                        DeltaKind::Replaced,
+                        &obj,
+                        false,
+                        None,
+                    )?;
                     if seen.is_some() {
                         summary.updated += 1;
                     } else {
@@ -842,7 +971,16 @@ impl WriterThread {
                 },
                 bytes: bytes::Bytes::new(),
             };
-            self.apply_delta(&mut t, scope, &indexers, &mut record, DeltaKind::Deleted, &obj, true)?;
+            self.apply_delta(
+                &mut t,
+                scope,
+                &indexers,
+                &mut record,
+                DeltaKind::Deleted,
+                &obj,
+                true,
+                None,
+            )?;
             summary.deleted += 1;
         }
         summary.seq = Seq(t.next_seq.saturating_sub(1));
@@ -883,7 +1021,11 @@ impl WriterThread {
             {
                 let (k, v) = row.map_err(|e| self.st(e))?;
                 let (h, inline) = codec::decode_object(v.value()).map_err(StoreError::from)?;
-                let json = super::read::object_bytes(&self.shared, &log, &h, inline)?;
+                let load = |s: u32, d: u32| {
+                    let dicts = txn.open_table(DICTS).map_err(|e| self.st(e))?;
+                    super::read::dict_row(&self.shared, &dicts, s, d)
+                };
+                let json = super::read::object_bytes(&self.shared, &log, &h, inline, &load)?;
                 let (_, key) = keys::decode_object(k.value()).map_err(StoreError::from)?;
                 rows.push((key, ix.values(&h.meta, &json)));
             }

@@ -1,0 +1,257 @@
+//! Per-scope zstd dictionaries: training on the writer, prepared dictionaries cached for
+//! compression (writer) and decompression (every reader), and the one-shot (de)compression
+//! calls with reused thread-local contexts.
+//!
+//! A dictionary row in `dicts` is keyed by (scope, dict id) and is **never rewritten or
+//! deleted**: a blob tagged [`Compression::Dict`] names the row it needs, so blobs written before
+//! a newer dictionary stay readable, and caching a prepared dictionary by its key is always
+//! valid. (Ids are allocated inside the writer's transaction; a dictionary trained in a group
+//! that rolls back is dropped from the writer's cache, so an id is never cached for two
+//! different dictionaries.)
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::sync::{Arc, RwLock};
+
+use bytes::Bytes;
+use zstd::dict::{DecoderDictionary, EncoderDictionary};
+use zstd::zstd_safe;
+
+use super::codec::{CodecError, Compression};
+use super::StoreError;
+
+/// Objects a scope's first dictionary is trained on.
+pub(crate) const TRAIN_SAMPLES: usize = 256;
+/// Target size of a trained dictionary.
+pub(crate) const DICT_BYTES: usize = 64 << 10;
+/// Decompressed sizes above this are refused (a damaged frame header must not allocate
+/// gigabytes); Kubernetes objects are limited to a few MiB.
+const MAX_OBJECT_BYTES: u64 = 1 << 30;
+
+thread_local! {
+    static CCTX: RefCell<zstd_safe::CCtx<'static>> = RefCell::new(zstd_safe::CCtx::create());
+    static DCTX: RefCell<zstd_safe::DCtx<'static>> = RefCell::new(zstd_safe::DCtx::create());
+}
+
+fn zerr(code: usize) -> CodecError {
+    CodecError::Decompress(std::io::Error::other(zstd_safe::get_error_name(code)))
+}
+
+/// A dictionary prepared for compression on the writer.
+pub(crate) struct EncDict {
+    pub(crate) scope: u32,
+    pub(crate) id: u32,
+    cdict: EncoderDictionary<'static>,
+}
+
+impl EncDict {
+    pub(crate) fn new(scope: u32, id: u32, bytes: &[u8], level: i32) -> Self {
+        Self {
+            scope,
+            id,
+            cdict: EncoderDictionary::copy(bytes, level),
+        }
+    }
+}
+
+/// Compresses `bytes` as the setting `setting` asks, with `dict` when the setting is
+/// [`Compression::ZstdDict`] and the scope has one. Returns the bytes to store and their tag.
+pub(crate) fn pack(
+    setting: Compression,
+    dict: Option<&EncDict>,
+    bytes: &Bytes,
+) -> Result<(Bytes, Compression), CodecError> {
+    let (level, dict) = match setting {
+        Compression::None | Compression::Dict { .. } => return Ok((bytes.clone(), Compression::None)),
+        Compression::Zstd(level) => (level, None),
+        Compression::ZstdDict(level) => (level, dict),
+    };
+    let mut out: Vec<u8> = Vec::with_capacity(zstd_safe::compress_bound(bytes.len()));
+    CCTX.with(|c| {
+        let mut c = c.borrow_mut();
+        match dict {
+            Some(d) => c.compress_using_cdict(&mut out, bytes, d.cdict.as_cdict()),
+            None => c.compress(&mut out, bytes, level),
+        }
+    })
+    .map_err(zerr)?;
+    let tag = match dict {
+        Some(d) => Compression::Dict {
+            scope: d.scope,
+            dict: d.id,
+        },
+        None => Compression::Zstd(level),
+    };
+    Ok((Bytes::from(out), tag))
+}
+
+/// Compresses many objects, on two threads when there are enough of them: the writer thread
+/// then spends its time on redb work rather than zstd.
+pub(crate) fn pack_all(
+    setting: Compression,
+    dict: Option<&EncDict>,
+    objects: &[&Bytes],
+) -> Result<Vec<(Bytes, Compression)>, CodecError> {
+    let run = |chunk: &[&Bytes]| {
+        chunk
+            .iter()
+            .map(|b| pack(setting, dict, b))
+            .collect::<Result<Vec<_>, _>>()
+    };
+    if matches!(setting, Compression::None) || objects.len() < 32 {
+        return run(objects);
+    }
+    let (a, b) = objects.split_at(objects.len() / 2);
+    std::thread::scope(|s| {
+        let other = s.spawn(|| run(b));
+        let mut first = run(a)?;
+        let second = other.join().unwrap_or_else(|p| std::panic::resume_unwind(p))?;
+        first.extend(second);
+        Ok(first)
+    })
+}
+
+/// Trains a dictionary on `samples`; `None` when zstd cannot (too few or too similar samples).
+pub(crate) fn train(samples: &[Bytes]) -> Option<Vec<u8>> {
+    match zstd::dict::from_samples(samples, DICT_BYTES) {
+        Ok(d) => Some(d),
+        Err(e) => {
+            tracing::warn!(error = %e, samples = samples.len(), "zstd dictionary training failed; objects stay compressed without one");
+            None
+        }
+    }
+}
+
+/// Prepared decompression dictionaries by (scope, dict id), shared by every reader.
+#[derive(Default)]
+pub(crate) struct DictCache {
+    decoders: RwLock<HashMap<(u32, u32), Arc<DecoderDictionary<'static>>>>,
+}
+
+/// Loads a dictionary row: `Ok(None)` when it does not exist.
+pub(crate) type LoadDict<'a> = &'a dyn Fn(u32, u32) -> Result<Option<Vec<u8>>, StoreError>;
+
+impl DictCache {
+    fn decoder(
+        &self,
+        scope: u32,
+        id: u32,
+        load: LoadDict<'_>,
+    ) -> Result<Option<Arc<DecoderDictionary<'static>>>, StoreError> {
+        if let Some(d) = self
+            .decoders
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .get(&(scope, id))
+        {
+            return Ok(Some(d.clone()));
+        }
+        let Some(bytes) = load(scope, id)? else { return Ok(None) };
+        let d = Arc::new(DecoderDictionary::copy(&bytes));
+        self.decoders
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .insert((scope, id), d.clone());
+        Ok(Some(d))
+    }
+
+    /// Decompresses stored bytes tagged `compression`, loading the dictionary it names if needed.
+    pub(crate) fn unpack(
+        &self,
+        compression: Compression,
+        bytes: &[u8],
+        load: LoadDict<'_>,
+    ) -> Result<Bytes, StoreError> {
+        let (scope, dict) = match compression {
+            Compression::Dict { scope, dict } => (scope, dict),
+            // One-shot with a reused context (a fresh context per object costs more than the
+            // decompression); frames without a content size take the streaming path.
+            Compression::Zstd(_) | Compression::ZstdDict(_) => {
+                if let Ok(Some(_)) = zstd_safe::get_frame_content_size(bytes) {
+                    return Ok(decompress_with(None, bytes)?);
+                }
+                return Ok(super::codec::decompress(compression, bytes)?);
+            }
+            Compression::None => return Ok(super::codec::decompress(compression, bytes)?),
+        };
+        let Some(d) = self.decoder(scope, dict, load)? else {
+            return Err(StoreError::Codec(CodecError::Decompress(std::io::Error::other(
+                format!("dictionary {dict} of scope {scope} is missing"),
+            ))));
+        };
+        Ok(decompress_with(Some(&d), bytes)?)
+    }
+}
+
+fn decompress_with(dict: Option<&DecoderDictionary<'_>>, src: &[u8]) -> Result<Bytes, CodecError> {
+    let size = match zstd_safe::get_frame_content_size(src) {
+        Ok(Some(n)) if n <= MAX_OBJECT_BYTES => n as usize,
+        _ => return Err(CodecError::Decompress(std::io::Error::other("bad zstd frame header"))),
+    };
+    let mut out: Vec<u8> = Vec::with_capacity(size);
+    DCTX.with(|c| {
+        let mut c = c.borrow_mut();
+        match dict {
+            Some(d) => c.decompress_using_ddict(&mut out, src, d.as_ddict()),
+            None => c.decompress(&mut out, src),
+        }
+    })
+    .map_err(zerr)?;
+    if out.len() != size {
+        return Err(CodecError::Decompress(std::io::Error::other(
+            "zstd frame size mismatch",
+        )));
+    }
+    Ok(Bytes::from(out))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample(i: usize) -> Bytes {
+        Bytes::from(format!(
+            r#"{{"kind":"Pod","metadata":{{"name":"web-{i}","namespace":"ns-{}","labels":{{"app":"a{}"}}}},"spec":{{"containers":[{{"name":"c","image":"img:{}"}}]}},"status":{{"phase":"Running","podIP":"10.0.{}.{}"}}}}"#,
+            i % 7,
+            i % 11,
+            i % 5,
+            i % 250,
+            i / 250
+        ))
+    }
+
+    #[test]
+    fn dictionary_blobs_round_trip_and_name_their_dictionary() {
+        let samples: Vec<Bytes> = (0..TRAIN_SAMPLES).map(sample).collect();
+        let raw = train(&samples).expect("trains");
+        let enc = EncDict::new(4, 2, &raw, 3);
+        let obj = sample(10_001);
+        let (packed, tag) = pack(Compression::ZstdDict(3), Some(&enc), &obj).unwrap();
+        assert_eq!(tag, Compression::Dict { scope: 4, dict: 2 });
+        assert!(packed.len() < obj.len() / 2, "{} vs {}", packed.len(), obj.len());
+        let cache = DictCache::default();
+        let load = |s: u32, d: u32| Ok(((s, d) == (4, 2)).then(|| raw.clone()));
+        assert_eq!(cache.unpack(tag, &packed, &load).unwrap(), obj);
+        // Missing dictionary and damaged bytes are errors, not panics.
+        let other = Compression::Dict { scope: 4, dict: 3 };
+        assert!(cache.unpack(other, &packed, &load).is_err());
+        assert!(cache.unpack(tag, &packed[..packed.len() / 2], &load).is_err());
+        assert!(cache.unpack(tag, b"garbage", &load).is_err());
+        // Without a dictionary the setting falls back to plain zstd, readable without one.
+        let (plain, tag) = pack(Compression::ZstdDict(3), None, &obj).unwrap();
+        assert_eq!(tag, Compression::Zstd(3));
+        assert_eq!(cache.unpack(tag, &plain, &load).unwrap(), obj);
+    }
+
+    #[test]
+    fn pack_all_keeps_order_across_threads() {
+        let objs: Vec<Bytes> = (0..100).map(sample).collect();
+        let refs: Vec<&Bytes> = objs.iter().collect();
+        let packed = pack_all(Compression::Zstd(1), None, &refs).unwrap();
+        let cache = DictCache::default();
+        let load = |_: u32, _: u32| Ok(None);
+        for (o, (p, t)) in objs.iter().zip(packed) {
+            assert_eq!(&cache.unpack(t, &p, &load).unwrap(), o);
+        }
+    }
+}
