@@ -26,7 +26,11 @@ const TEST: &str = "killed_informers_lose_nothing_and_never_go_backwards";
 
 fn reflector_config() -> ReflectorConfig {
     ReflectorConfig {
-        backoff: BackoffConfig { initial: Duration::from_millis(10), max: Duration::from_millis(100), ..BackoffConfig::default() },
+        backoff: BackoffConfig {
+            initial: Duration::from_millis(10),
+            max: Duration::from_millis(100),
+            ..BackoffConfig::default()
+        },
         resume_quiet_period: Some(Duration::from_millis(100)),
         ..ReflectorConfig::default()
     }
@@ -36,7 +40,17 @@ fn reflector_config() -> ReflectorConfig {
 /// file before returning (at-least-once: the cursor is persisted after the handler returns).
 fn child(db: &str, url: &str, audit: &str) -> ! {
     eprintln!("child starting with {db} {url}");
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
+    if std::env::var("DI_TRACE").is_ok() {
+        let _ = tracing_subscriber::fmt()
+            .with_max_level(tracing::Level::DEBUG)
+            .with_writer(std::io::stderr)
+            .try_init();
+    }
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
     rt.block_on(async {
         let store = DurableStore::open(StoreConfig::new(db)).expect("open");
         eprintln!("child: opened");
@@ -48,7 +62,13 @@ fn child(db: &str, url: &str, audit: &str) -> ! {
             .await
             .expect("build");
         eprintln!("child: built");
-        let file = std::sync::Mutex::new(std::fs::OpenOptions::new().create(true).append(true).open(audit).expect("audit"));
+        let file = std::sync::Mutex::new(
+            std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(audit)
+                .expect("audit"),
+        );
         informer.add_event_handler(
             handler_fn(move |ev: Event<ConfigMap>| -> Result<(), std::io::Error> {
                 let (kind, obj) = match &ev {
@@ -65,15 +85,24 @@ fn child(db: &str, url: &str, audit: &str) -> ! {
                     m.resource_version.as_deref().unwrap_or("")
                 );
                 // One write per line: a kill leaves whole lines (the page cache survives SIGKILL).
-                file.lock().map_err(|_| std::io::Error::other("poisoned"))?.write_all(line.as_bytes())
+                file.lock()
+                    .map_err(|_| std::io::Error::other("poisoned"))?
+                    .write_all(line.as_bytes())
             }),
             HandlerOptions::durable("audit"),
         );
         eprintln!("child: handler added");
         informer.start();
         eprintln!("child: started");
-        while tokio::time::timeout(Duration::from_secs(2), informer.wait_for_sync()).await.is_err() {
-            eprintln!("not synced yet: {:?} {:?}", informer.status().borrow().clone(), informer.errors());
+        while tokio::time::timeout(Duration::from_secs(2), informer.wait_for_sync())
+            .await
+            .is_err()
+        {
+            eprintln!(
+                "not synced yet: {:?} {:?}",
+                informer.status().borrow().clone(),
+                informer.errors()
+            );
         }
         println!("synced");
         std::future::pending::<()>().await;
@@ -97,18 +126,36 @@ struct Truth {
 
 #[test]
 fn killed_informers_lose_nothing_and_never_go_backwards() {
-    if let (Ok(db), Ok(url), Ok(audit)) = (std::env::var("DI_DB"), std::env::var("DI_URL"), std::env::var("DI_AUDIT")) {
+    if let (Ok(db), Ok(url), Ok(audit)) = (
+        std::env::var("DI_DB"),
+        std::env::var("DI_URL"),
+        std::env::var("DI_AUDIT"),
+    ) {
         child(&db, &url, &audit);
     }
-    let rounds: u64 = std::env::var("DI_CRASH_ROUNDS").ok().and_then(|s| s.parse().ok()).unwrap_or(100);
-    let sim = Arc::new(Sim::start(SimConfig::default().history_max_events(10_000_000).bookmark_interval(Duration::from_millis(200))).unwrap());
+    let rounds: u64 = std::env::var("DI_CRASH_ROUNDS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(100);
+    let sim = Arc::new(
+        Sim::start(
+            SimConfig::default()
+                .history_max_events(10_000_000)
+                .bookmark_interval(Duration::from_millis(200)),
+        )
+        .unwrap(),
+    );
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("db.redb");
     let audit = dir.path().join("audit.log");
     let exe = std::env::current_exe().unwrap();
     let stderr_log = dir.path().join("child-stderr.log");
     let spawn = || {
-        let err = std::fs::OpenOptions::new().create(true).append(true).open(&stderr_log).unwrap();
+        let err = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&stderr_log)
+            .unwrap();
         Killer(
             Command::new(&exe)
                 .args([TEST, "--exact", "--nocapture", "--test-threads=1"])
@@ -124,22 +171,36 @@ fn killed_informers_lose_nothing_and_never_go_backwards() {
 
     // Seed some objects and let a first run sync them (an initial list is not a stream of
     // events, so the event check starts after it).
-    Churn::new(5, "configmaps", vec!["a".into(), "b".into()]).mix(1, 0, 0).step(&sim, 20).unwrap();
+    Churn::new(5, "configmaps", vec!["seed".into()])
+        .mix(1, 0, 0)
+        .step(&sim, 20)
+        .unwrap();
     {
         use std::io::BufRead;
         let mut first = spawn();
         let out = first.0.stdout.take().unwrap();
         let (tx, rx) = std::sync::mpsc::channel();
         std::thread::spawn(move || {
-            let synced = std::io::BufReader::new(out).lines().map_while(Result::ok).any(|l| l.trim() == "synced");
+            let synced = std::io::BufReader::new(out)
+                .lines()
+                .map_while(Result::ok)
+                .any(|l| l.trim_end().ends_with("synced"));
             let _ = tx.send(synced);
         });
         let synced = rx.recv_timeout(Duration::from_secs(60)).unwrap_or(false);
-        assert!(synced, "the first run never synced: {}", std::fs::read_to_string(&stderr_log).unwrap_or_default());
+        assert!(
+            synced,
+            "the first run never synced: {}",
+            std::fs::read_to_string(&stderr_log).unwrap_or_default()
+        );
     }
     // An uninterrupted watcher records the truth: every event after the start RV.
     let start_rv = sim.current_rv();
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
     let truth = Arc::new(std::sync::Mutex::new(Truth { events: Vec::new() }));
     let stop_truth = Arc::new(AtomicBool::new(false));
     {
@@ -152,9 +213,21 @@ fn killed_informers_lose_nothing_and_never_go_backwards() {
             while let Some(ev) = s.next().await {
                 if let Ok(watcher::Event::Apply(o) | watcher::Event::Delete(o)) = &ev {
                     let m = &o.metadata;
-                    let key = format!("{}/{}", m.namespace.as_deref().unwrap_or(""), m.name.as_deref().unwrap_or(""));
-                    let kind = if matches!(ev, Ok(watcher::Event::Delete(_))) { "DELETED" } else { "APPLY" };
-                    truth.lock().unwrap().events.push((kind.to_string(), key, m.resource_version.clone().unwrap_or_default()));
+                    let key = format!(
+                        "{}/{}",
+                        m.namespace.as_deref().unwrap_or(""),
+                        m.name.as_deref().unwrap_or("")
+                    );
+                    let kind = if matches!(ev, Ok(watcher::Event::Delete(_))) {
+                        "DELETED"
+                    } else {
+                        "APPLY"
+                    };
+                    truth.lock().unwrap().events.push((
+                        kind.to_string(),
+                        key,
+                        m.resource_version.clone().unwrap_or_default(),
+                    ));
                 }
             }
         });
@@ -187,7 +260,10 @@ fn killed_informers_lose_nothing_and_never_go_backwards() {
         if let Some((scope, record)) = store.scopes().unwrap().into_iter().next() {
             let _ = scope;
             let rv = record.rv.and_then(|r| r.as_u64()).unwrap_or(0);
-            assert!(rv >= last_rv, "round {round}: the persisted RV went backwards from {last_rv} to {rv}");
+            assert!(
+                rv >= last_rv,
+                "round {round}: the persisted RV went backwards from {last_rv} to {rv}"
+            );
             last_rv = rv;
         }
         let report = store.check().unwrap();
@@ -213,8 +289,13 @@ fn killed_informers_lose_nothing_and_never_go_backwards() {
 
     let store = DurableStore::open(StoreConfig::new(&db)).unwrap();
     let (scope, _) = store.scopes().unwrap().into_iter().next().unwrap();
-    let ours: BTreeMap<String, String> =
-        store.store(scope).list().unwrap().into_iter().map(|o| (o.key.to_string(), o.meta.resource_version.0)).collect();
+    let ours: BTreeMap<String, String> = store
+        .store(scope)
+        .list()
+        .unwrap()
+        .into_iter()
+        .map(|o| (o.key.to_string(), o.meta.resource_version.0))
+        .collect();
     let theirs: BTreeMap<String, String> = rt.block_on(async {
         let api: kube::Api<ConfigMap> = kube::Api::all(sim.client().unwrap());
         api.list(&Default::default())
@@ -222,7 +303,12 @@ fn killed_informers_lose_nothing_and_never_go_backwards() {
             .unwrap()
             .items
             .into_iter()
-            .map(|c| (format!("{}/{}", c.metadata.namespace.unwrap(), c.metadata.name.unwrap()), c.metadata.resource_version.unwrap()))
+            .map(|c| {
+                (
+                    format!("{}/{}", c.metadata.namespace.unwrap(), c.metadata.name.unwrap()),
+                    c.metadata.resource_version.unwrap(),
+                )
+            })
             .collect()
     });
     assert_eq!(ours, theirs, "the store equals the server once caught up");
@@ -237,15 +323,25 @@ fn killed_informers_lose_nothing_and_never_go_backwards() {
         }
     }
     let truth = truth.lock().unwrap();
-    let expected: Vec<&(String, String, String)> =
-        truth.events.iter().filter(|(_, _, rv)| rv.parse::<u64>().unwrap_or(0) > start_rv).collect();
+    let expected: Vec<&(String, String, String)> = truth
+        .events
+        .iter()
+        .filter(|(_, _, rv)| rv.parse::<u64>().unwrap_or(0) > start_rv)
+        .collect();
     assert!(expected.len() > 100, "the churn produced {} events", expected.len());
-    let missing: Vec<_> = expected.iter().filter(|(_, k, rv)| !delivered.contains_key(&(k.clone(), rv.clone()))).take(5).collect();
+    let missing: Vec<_> = expected
+        .iter()
+        .filter(|(_, k, rv)| !delivered.contains_key(&(k.clone(), rv.clone())))
+        .take(5)
+        .collect();
     assert!(missing.is_empty(), "events never delivered (first 5): {missing:?}");
     // Duplicates come only from batches committed but not acknowledged when a kill hit:
     // at most one batch (256 entries) per round.
     let duplicates: u64 = delivered.values().map(|n| u64::from(n - 1)).sum();
-    assert!(duplicates <= 256 * (rounds + 1), "{duplicates} duplicates in {rounds} rounds");
+    assert!(
+        duplicates <= 256 * (rounds + 1),
+        "{duplicates} duplicates in {rounds} rounds"
+    );
     eprintln!(
         "crash harness: {rounds} rounds, {} events checked, {duplicates} redelivered, final RV {final_rv}",
         expected.len()
