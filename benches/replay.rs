@@ -32,7 +32,10 @@ fn generate(path: &Path, events: u64) {
 }
 
 fn main() {
-    let events: u64 = std::env::var("REPLAY_EVENTS").ok().and_then(|v| v.parse().ok()).unwrap_or(300_000);
+    let events: u64 = std::env::var("REPLAY_EVENTS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(300_000);
     let dir = tempfile::tempdir().unwrap();
     let rec = dir.path().join("bench.jsonl");
     generate(&rec, events);
@@ -43,21 +46,34 @@ fn main() {
     );
 
     let t = Instant::now();
-    let n = RecordingReader::open(&rec).unwrap().map(|e| e.unwrap()).count() as u64;
+    let mut n = 0u64;
+    for ev in RecordingReader::open(&rec).unwrap() {
+        ev.unwrap();
+        n += 1;
+    }
     let secs = t.elapsed().as_secs_f64();
-    println!("read + decode only:        {:>9.0} events/s ({n} in {secs:.2} s)", n as f64 / secs);
+    println!(
+        "read + decode only:        {:>9.0} events/s ({n} in {secs:.2} s)",
+        n as f64 / secs
+    );
 
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()
         .unwrap();
-    for (name, durable) in [("replay, durable(false):   ", false), ("replay, durable(true):    ", true)] {
+    for (name, durable) in [
+        ("replay, durable(false):   ", false),
+        ("replay, durable(true):    ", true),
+    ] {
         let db_path = dir.path().join(format!("bench-{durable}.redb"));
         let db = DurableStore::open(StoreConfig::new(&db_path).durable(durable)).unwrap();
         let t = Instant::now();
         let report = rt
-            .block_on(replay_into(&db, ReplaySource::open(&rec, ReplayOptions::default()).unwrap()))
+            .block_on(replay_into(
+                &db,
+                ReplaySource::open(&rec, ReplayOptions::default()).unwrap(),
+            ))
             .unwrap();
         let secs = t.elapsed().as_secs_f64();
         let n = report.initial_objects + report.events;

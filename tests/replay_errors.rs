@@ -25,7 +25,11 @@ fn write(dir: &Path, lines: &[String], trailing_newline: bool) -> PathBuf {
     path
 }
 
-async fn replay(dir: &Path, path: &Path, options: ReplayOptions) -> Result<durable_informer::replay::ReplayReport, ReplayError> {
+async fn replay(
+    dir: &Path,
+    path: &Path,
+    options: ReplayOptions,
+) -> Result<durable_informer::replay::ReplayReport, ReplayError> {
     let db = DurableStore::open(StoreConfig::new(dir.join("db.redb")).durable(false)).unwrap();
     let source = ReplaySource::open(path, options)?;
     replay_into(&db, source).await
@@ -52,7 +56,10 @@ async fn a_malformed_line_is_an_error_naming_its_line() {
         ReplayError::Malformed { line, .. } => assert_eq!(*line, 4),
         other => panic!("{other}"),
     }
-    assert!(err.to_string().contains("rec.jsonl:4: malformed recording line"), "{err}");
+    assert!(
+        err.to_string().contains("rec.jsonl:4: malformed recording line"),
+        "{err}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -62,9 +69,13 @@ async fn malformed_lines_are_skipped_and_counted_when_asked() {
     lines.insert(3, "garbage".into());
     lines.insert(1, r#"{"type":"ADDED","object":{"kind":"ConfigMap"}}"#.into());
     let path = write(dir.path(), &lines, true);
-    let report = replay(dir.path(), &path, ReplayOptions::default().on_malformed(MalformedPolicy::Skip))
-        .await
-        .unwrap();
+    let report = replay(
+        dir.path(),
+        &path,
+        ReplayOptions::default().on_malformed(MalformedPolicy::Skip),
+    )
+    .await
+    .unwrap();
     assert_eq!(report.skipped_malformed, 2);
     assert_eq!(report.last_rv.as_str(), "14");
 }
@@ -95,9 +106,13 @@ async fn an_unknown_event_type_is_an_error_with_its_line() {
     lines.insert(2, cm("SURPRISE", "a", 12));
     let path = write(dir.path(), &lines, true);
     // Even when malformed lines are skipped.
-    let err = replay(dir.path(), &path, ReplayOptions::default().on_malformed(MalformedPolicy::Skip))
-        .await
-        .unwrap_err();
+    let err = replay(
+        dir.path(),
+        &path,
+        ReplayOptions::default().on_malformed(MalformedPolicy::Skip),
+    )
+    .await
+    .unwrap_err();
     match err {
         ReplayError::UnknownEventType { line, kind, .. } => assert_eq!((line, kind.as_str()), (3, "SURPRISE")),
         other => panic!("{other}"),
@@ -141,7 +156,9 @@ async fn an_empty_recording_needs_an_explicit_scope() {
         Err(ReplayError::NoScope { .. })
     ));
     let scope = durable_informer::store::ScopeSpec::new("", "v1", "configmaps");
-    let report = replay(dir.path(), &path, ReplayOptions::default().scope(scope)).await.unwrap();
+    let report = replay(dir.path(), &path, ReplayOptions::default().scope(scope))
+        .await
+        .unwrap();
     assert_eq!(report.events, 0);
 }
 
@@ -150,12 +167,21 @@ async fn replay_stops_at_a_resource_version() {
     let dir = tempfile::tempdir().unwrap();
     let path = write(dir.path(), &good(), true);
     let db = DurableStore::open(StoreConfig::new(dir.path().join("db.redb")).durable(false)).unwrap();
-    let report = replay_into(&db, ReplaySource::open(&path, ReplayOptions::default().stop_at_rv("12")).unwrap())
-        .await
-        .unwrap();
+    let report = replay_into(
+        &db,
+        ReplaySource::open(&path, ReplayOptions::default().stop_at_rv("12")).unwrap(),
+    )
+    .await
+    .unwrap();
     assert!(report.stopped_early);
     assert_eq!(report.last_rv.as_str(), "12");
     let (scope, _) = db.scopes().unwrap()[0].clone();
-    let keys: Vec<String> = db.store(scope).list_keys().unwrap().iter().map(ToString::to_string).collect();
+    let keys: Vec<String> = db
+        .store(scope)
+        .list_keys()
+        .unwrap()
+        .iter()
+        .map(ToString::to_string)
+        .collect();
     assert_eq!(keys, ["ns/a", "ns/b"]);
 }

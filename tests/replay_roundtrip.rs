@@ -119,7 +119,12 @@ fn lines_of(files: &[PathBuf]) -> Vec<Vec<u8>> {
     let mut out = Vec::new();
     for f in files {
         let bytes = std::fs::read(f).unwrap();
-        out.extend(bytes.split(|b| *b == b'\n').filter(|l| !l.is_empty()).map(<[u8]>::to_vec));
+        out.extend(
+            bytes
+                .split(|b| *b == b'\n')
+                .filter(|l| !l.is_empty())
+                .map(<[u8]>::to_vec),
+        );
     }
     out
 }
@@ -169,7 +174,11 @@ async fn record_replay_export_gives_back_the_recorded_events() {
 
     let mut out = Vec::new();
     export_log(&db, Some(scope), &mut out).unwrap();
-    let exported: Vec<Vec<u8>> = out.split(|b| *b == b'\n').filter(|l| !l.is_empty()).map(<[u8]>::to_vec).collect();
+    let exported: Vec<Vec<u8>> = out
+        .split(|b| *b == b'\n')
+        .filter(|l| !l.is_empty())
+        .map(<[u8]>::to_vec)
+        .collect();
     let recorded: Vec<Vec<u8>> = lines_of(&report.files)
         .iter()
         .filter(|l| !l.starts_with(br#"{"type":"BOOKMARK""#))
@@ -217,7 +226,10 @@ async fn an_informer_with_handlers_is_driven_by_a_recording() {
     assert_eq!(report.last_rv.as_str(), "13");
     informer.shutdown().await.unwrap();
     drop(reg);
-    assert_eq!(*seen.lock().unwrap(), ["add cm-1", "add cm-2", "update cm-1", "delete cm-2"]);
+    assert_eq!(
+        *seen.lock().unwrap(),
+        ["add cm-1", "add cm-2", "update cm-1", "delete cm-2"]
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -238,14 +250,18 @@ async fn time_travel_gives_past_states_and_key_histories() {
     for line in text.lines() {
         let v: serde_json::Value = serde_json::from_str(line).unwrap();
         let meta = &v["object"]["metadata"];
-        let key = format!("{}/{}", meta["namespace"].as_str().unwrap(), meta["name"].as_str().unwrap());
+        let key = format!(
+            "{}/{}",
+            meta["namespace"].as_str().unwrap(),
+            meta["name"].as_str().unwrap()
+        );
         let rv: u64 = meta["resourceVersion"].as_str().unwrap().parse().unwrap();
         if v["type"] == "DELETED" {
             model.remove(&key);
         } else {
             model.insert(key, rv.to_string());
         }
-        if rv % 50 == 0 {
+        if rv.is_multiple_of(50) {
             let past: BTreeMap<String, String> = state_at(&db, scope, &rv.to_string().into())
                 .unwrap()
                 .into_iter()

@@ -72,7 +72,11 @@ async fn replay_onto_list(list: &str, watch: &str, after: &str, resource: &str, 
     // The scope reached the watch's closing bookmark.
     assert_eq!(report.last_rv.as_str(), bookmark_rv, "{watch}");
     assert_eq!(
-        db.store(db.scopes().unwrap()[0].0).resource_version().unwrap().unwrap().as_str(),
+        db.store(db.scopes().unwrap()[0].0)
+            .resource_version()
+            .unwrap()
+            .unwrap()
+            .as_str(),
         bookmark_rv
     );
 }
@@ -91,7 +95,14 @@ async fn configmaps_watch_replayed_onto_its_list_gives_the_recorded_truth() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pods_watch_replayed_onto_its_list_gives_the_recorded_truth() {
-    replay_onto_list("pods-list.json", "pods-watch.jsonl", "pods-rec-list-after.json", "pods", "344").await;
+    replay_onto_list(
+        "pods-list.json",
+        "pods-watch.jsonl",
+        "pods-rec-list-after.json",
+        "pods",
+        "344",
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

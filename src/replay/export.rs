@@ -44,7 +44,11 @@ const PAGE: usize = 4096;
 /// export_log(&db, Some(scope), &mut std::io::stdout().lock())?;
 /// # Ok(()) }
 /// ```
-pub fn export_log(db: &DurableStore, scope: Option<ScopeId>, out: &mut impl Write) -> Result<ExportReport, ReplayError> {
+pub fn export_log(
+    db: &DurableStore,
+    scope: Option<ScopeId>,
+    out: &mut impl Write,
+) -> Result<ExportReport, ReplayError> {
     let log = db.log();
     let mut report = ExportReport::default();
     let mut after = Seq(0);

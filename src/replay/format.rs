@@ -215,11 +215,13 @@ impl RecordingReader {
                 return Ok(None);
             };
             self.buf.clear();
-            let n = input.read_until(b'\n', &mut self.buf).map_err(|source| ReplayError::Io {
-                path: path.clone(),
-                line: Some(self.line + 1),
-                source,
-            })?;
+            let n = input
+                .read_until(b'\n', &mut self.buf)
+                .map_err(|source| ReplayError::Io {
+                    path: path.clone(),
+                    line: Some(self.line + 1),
+                    source,
+                })?;
             if n == 0 {
                 // End of this file: on to the next one.
                 self.input = None;
@@ -417,7 +419,12 @@ mod tests {
     fn encode_then_decode_keeps_the_object_bytes() {
         let obj = RawObject::from_json(&br#"{"metadata":{"name":"a","resourceVersion":"3"},"x":[1, 2]}"#[..]).unwrap();
         let mut out = Vec::new();
-        encode_line(&mut out, &WatchEvent::Modified(obj.clone()), Some(42), Some(("v1", "ConfigMap")));
+        encode_line(
+            &mut out,
+            &WatchEvent::Modified(obj.clone()),
+            Some(42),
+            Some(("v1", "ConfigMap")),
+        );
         let (ev, at) = decode_line(out.trim_ascii_end()).ok().unwrap();
         assert_eq!(ev, WatchEvent::Modified(obj));
         assert_eq!(at, Some(42));

@@ -152,13 +152,13 @@ pub enum ReplayError {
     ScopeNotEmpty(String),
     /// The reflector driving the replay failed.
     #[error("replay: {0}")]
-    Reflector(#[from] crate::reflector::ReflectorError),
+    Reflector(Box<crate::reflector::ReflectorError>),
     /// The store failed.
     #[error(transparent)]
     Store(#[from] StoreError),
     /// A recording source failed (recorder).
     #[error(transparent)]
-    Source(#[from] crate::source::SourceError),
+    Source(Box<crate::source::SourceError>),
     /// The replay failed (the message says why; the first waiter gets the detailed error).
     #[error("replay failed: {0}")]
     Failed(String),
@@ -168,6 +168,18 @@ pub enum ReplayError {
         /// resourceVersion of the oldest retained log entry of the scope.
         first_retained_rv: ResourceVersion,
     },
+}
+
+impl From<crate::reflector::ReflectorError> for ReplayError {
+    fn from(e: crate::reflector::ReflectorError) -> Self {
+        ReplayError::Reflector(Box::new(e))
+    }
+}
+
+impl From<crate::source::SourceError> for ReplayError {
+    fn from(e: crate::source::SourceError) -> Self {
+        ReplayError::Source(Box::new(e))
+    }
 }
 
 /// The plural resource name of a kind by the API server's default rules (lowercase; `-s`,
@@ -221,6 +233,9 @@ mod tests {
         ] {
             assert_eq!(plural_of(k), p);
         }
-        assert_eq!(scope_of("apps/v1", "Deployment"), ScopeSpec::new("apps", "v1", "deployments"));
+        assert_eq!(
+            scope_of("apps/v1", "Deployment"),
+            ScopeSpec::new("apps", "v1", "deployments")
+        );
     }
 }

@@ -126,7 +126,9 @@ pub struct Recorder<S: Source> {
 
 impl<S: Source> std::fmt::Debug for Recorder<S> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Recorder").field("config", &self.config).finish_non_exhaustive()
+        f.debug_struct("Recorder")
+            .field("config", &self.config)
+            .finish_non_exhaustive()
     }
 }
 
@@ -177,7 +179,10 @@ fn now_ms() -> u64 {
 
 /// `dir/pods.jsonl.zst` → `dir/pods.{n}.jsonl.zst`.
 fn rotated_name(path: &Path, n: usize) -> PathBuf {
-    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
     let rotated = match name.split_once('.') {
         Some((stem, rest)) => format!("{stem}.{n}.{rest}"),
         None => format!("{name}.{n}"),
@@ -188,7 +193,12 @@ fn rotated_name(path: &Path, n: usize) -> PathBuf {
 impl Files {
     fn io(&self, source: std::io::Error) -> ReplayError {
         ReplayError::Io {
-            path: self.report.files.last().cloned().unwrap_or_else(|| self.config.path.clone()),
+            path: self
+                .report
+                .files
+                .last()
+                .cloned()
+                .unwrap_or_else(|| self.config.path.clone()),
             line: None,
             source,
         }
@@ -326,7 +336,7 @@ impl<S: Source> Recorder<S> {
                 let page = match page {
                     Ok(p) => p,
                     Err(e) if e.status().is_some_and(|s| s.is_gone()) && token.is_some() => {
-                        return Err(ReplayError::Source(e));
+                        return Err(ReplayError::from(e));
                     }
                     Err(e) => {
                         tracing::warn!(error = %e, "recorder: LIST failed; retrying");
@@ -437,7 +447,7 @@ impl<S: Source> Recorder<S> {
 
     fn retry_or_fail(&self, e: SourceError) -> Result<(), ReplayError> {
         if e.status().is_some_and(|s| s.is_gone()) {
-            return Err(ReplayError::Source(e));
+            return Err(ReplayError::from(e));
         }
         tracing::warn!(error = %e, "recorder: watch failed; re-watching after a backoff");
         Ok(())
@@ -457,14 +467,16 @@ fn tm(type_meta: &Option<(String, String)>) -> Option<(&str, &str)> {
     type_meta.as_ref().map(|(a, k)| (a.as_str(), k.as_str()))
 }
 
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
     fn rotated_files_are_numbered_before_the_extension() {
-        assert_eq!(rotated_name(Path::new("/r/pods.jsonl.zst"), 2), PathBuf::from("/r/pods.2.jsonl.zst"));
+        assert_eq!(
+            rotated_name(Path::new("/r/pods.jsonl.zst"), 2),
+            PathBuf::from("/r/pods.2.jsonl.zst")
+        );
         assert_eq!(rotated_name(Path::new("rec"), 1), PathBuf::from("rec.1"));
     }
 }

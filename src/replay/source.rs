@@ -286,7 +286,9 @@ impl Guard {
 
     fn c(&mut self) -> &mut Consumer {
         // Invariant: `consumer` is `Some` from `take` until `drop`.
-        self.consumer.as_mut().expect("the consumer is held until the guard drops")
+        self.consumer
+            .as_mut()
+            .expect("the consumer is held until the guard drops")
     }
 }
 
@@ -423,7 +425,6 @@ impl ReplaySource {
         &self.options
     }
 }
-
 
 fn pending_forever<T>() -> futures::future::Pending<T> {
     futures::future::pending()
@@ -680,11 +681,7 @@ impl Feeder {
                     resource_version,
                     initial_events_end: true,
                 } => {
-                    let rv = if self.initial_cut {
-                        None
-                    } else {
-                        Some(resource_version)
-                    };
+                    let rv = if self.initial_cut { None } else { Some(resource_version) };
                     let ok = self.end_initial(rv);
                     if self.initial_cut {
                         self.summary.stopped_early = true;
@@ -763,7 +760,11 @@ impl Feeder {
             return false;
         };
         let Some(at) = at else { return true };
-        let factor = if factor.is_finite() && factor > 0.0 { factor } else { 1.0 };
+        let factor = if factor.is_finite() && factor > 0.0 {
+            factor
+        } else {
+            1.0
+        };
         let (start, t0) = *self.pace.get_or_insert((Instant::now(), at));
         #[allow(clippy::cast_precision_loss)] // millisecond offsets far below 2^52
         let offset = Duration::from_secs_f64(at.saturating_sub(t0) as f64 / 1000.0 / factor);
@@ -863,7 +864,7 @@ pub async fn replay_into(db: &DurableStore, source: ReplaySource) -> Result<Repl
             let first = first.ok().and_then(|e| e.clone());
             match handle.progress.take_error() {
                 Some(e) => Err(e),
-                None => Err(first.map_or_else(|| ReplayError::Failed("reflector error".into()), ReplayError::Reflector)),
+                None => Err(first.map_or_else(|| ReplayError::Failed("reflector error".into()), ReplayError::from)),
             }
         }
     };
