@@ -185,3 +185,46 @@ async fn replay_stops_at_a_resource_version() {
         .collect();
     assert_eq!(keys, ["ns/a", "ns/b"]);
 }
+
+fn stamped(lines: &[String], step_ms: u64) -> Vec<String> {
+    lines
+        .iter()
+        .enumerate()
+        .map(|(i, l)| {
+            format!(
+                r#"{},"receivedAt":{}}}"#,
+                &l[..l.len() - 1],
+                1_000_000 + i as u64 * step_ms
+            )
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn paced_replay_follows_the_receive_times_times_a_factor() {
+    use durable_informer::replay::Speed;
+    let dir = tempfile::tempdir().unwrap();
+    // Five events 200 ms apart: 800 ms of recording, 200 ms at four times real speed.
+    let path = write(dir.path(), &stamped(&good(), 200), true);
+    let t = std::time::Instant::now();
+    let report = replay(dir.path(), &path, ReplayOptions::default().speed(Speed::Factor(4.0)))
+        .await
+        .unwrap();
+    let took = t.elapsed();
+    assert_eq!(report.last_rv.as_str(), "14");
+    // The initial ADDED run (two lines) is a snapshot and is not paced: 400 ms / 4.
+    assert!(took >= std::time::Duration::from_millis(90), "{took:?}");
+    assert!(took < std::time::Duration::from_secs(2), "{took:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replay_stops_at_a_receive_time() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = write(dir.path(), &stamped(&good(), 200), true);
+    // Lines are received at 1_000_000 + 200 * index: stop after the third (MODIFIED a, RV 12).
+    let report = replay(dir.path(), &path, ReplayOptions::default().stop_at_ms(1_000_450))
+        .await
+        .unwrap();
+    assert!(report.stopped_early);
+    assert_eq!(report.last_rv.as_str(), "12");
+}
