@@ -296,3 +296,41 @@ async fn time_travel_gives_past_states_and_key_histories() {
     }
     assert!(!history(&db, scope, &key).unwrap().complete);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_initial_state_is_served_as_list_pages_when_streaming_lists_are_off() {
+    use durable_informer::reflector::{ReflectorConfig, Transform};
+    let dir = tempfile::tempdir().unwrap();
+    let rec = dir.path().join("rec.jsonl");
+    workload(&rec, 30, 100);
+    let a = dir.path().join("a.redb");
+    replay_file(&rec, &a).await;
+
+    let b = dir.path().join("b.redb");
+    let db = DurableStore::open(StoreConfig::new(&b).durable(false)).unwrap();
+    let source = ReplaySource::open(&rec, ReplayOptions::default()).unwrap();
+    let handle = source.handle();
+    let informer = Informer::<ConfigMap>::builder(&db, source)
+        .reflector_config(ReflectorConfig {
+            streaming_list: false,
+            page_size: 7,
+            ..ReflectorConfig::default()
+        })
+        .transform(Transform {
+            drop_managed_fields: false,
+            ..Transform::default()
+        })
+        .build()
+        .await
+        .unwrap();
+    informer.start();
+    let report = handle.wait_applied(informer.status()).await.unwrap();
+    // The leading ADDED run: the 30 objects, and the workload's first creations.
+    assert!(report.initial_objects >= 30);
+    informer.shutdown().await.unwrap();
+    drop(informer);
+    db.close().unwrap();
+    let (ta, tb) = (tables(&a), tables(&b));
+    assert!(ta.0 == tb.0, "object tables differ");
+    assert!(ta.1 == tb.1, "logs differ");
+}
