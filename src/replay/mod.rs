@@ -46,6 +46,38 @@
 //! objects byte for byte (it turns that off: see [`ReplayOptions::transform`]), so export after
 //! replay gives back the recorded lines. An informer built by you uses the transform you give it.
 //!
+//! ## Bad input
+//!
+//! A line that does not decode is an error naming its file and line
+//! ([`ReplayError::Malformed`]), or is skipped and counted with [`MalformedPolicy::Skip`]. An
+//! unknown event type is always an error ([`ReplayError::UnknownEventType`]). A truncated last
+//! line (no newline, does not decode: a crash while recording) is dropped with a warning and
+//! reported ([`ReplayReport::truncated_tail`]). A resourceVersion older than the one before it
+//! is an error ([`ReplayError::RvRegression`]) or, with [`RvRegressionPolicy::Warn`], a skipped
+//! and counted event. `ERROR` events are counted and not replayed.
+//!
+//! ## Memory usage
+//!
+//! A replay holds one line being decoded, at most 16 chunks of 256 decoded events in the
+//! channel to the reflector, and the reflector's batches (at most two in flight): bounded by
+//! the longest line, not by the recording's length.
+//!
+//! ## Time travel
+//!
+//! [`state_at`] gives a scope's objects at a past resourceVersion and [`history`] one key's
+//! log entries, from the delta log while it is retained. Limits:
+//!
+//! * only what the log retains is reachable: after compaction (see
+//!   [`StoreConfig::retention_entries`](crate::store::StoreConfig::retention_entries)), a
+//!   resourceVersion older than the scope's oldest retained entry gives
+//!   [`ReplayError::HistoryCompacted`], and [`History::complete`] is false;
+//! * log order is taken as time and an entry's resourceVersion as its time (integer RVs); a
+//!   relist breaks RV order (its deletes carry the deleted object's last RV), so around a relist
+//!   the state is that of the log position of the first entry newer than the RV asked for;
+//! * [`state_at`] starts from the current objects and undoes newer entries: it holds the
+//!   scope's objects plus the entries newer than the RV asked for in memory;
+//! * both are blocking and read the scope's whole retained log.
+//!
 //! ## Determinism
 //!
 //! Two replays of one recording into fresh databases give byte-identical `objects` and `log`
