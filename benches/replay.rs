@@ -1,7 +1,8 @@
 //! Replay throughput: ConfigMap-sized events (about 550 bytes, with managedFields, like the
 //! recorded ones in `k8s-wire/`) replayed into a fresh durable store through the reflector.
 //!
-//! `cargo bench --bench replay` (`REPLAY_EVENTS=…` to change the count, 300,000 by default).
+//! `cargo bench --bench replay` (`REPLAY_EVENTS=…` to change the count, 300,000 by default;
+//! `REPLAY_MAX_BATCH=…` for the reflector's batch size, 1000 by default).
 //! Prints the rate of reading alone, of a replay with non-fsynced commits, and of one with
 //! durable (fsynced) commits.
 
@@ -57,6 +58,10 @@ fn main() {
         n as f64 / secs
     );
 
+    let mut options = ReplayOptions::default();
+    if let Some(b) = std::env::var("REPLAY_MAX_BATCH").ok().and_then(|v| v.parse().ok()) {
+        options.max_batch = b;
+    }
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
