@@ -5,7 +5,8 @@
 //!
 //! * [`store`] — the redb schema, codec, the single writer thread and the read handles;
 //! * [`sim`] — a simulated Kubernetes API server for tests, benches and the demo;
-//! * [`queue`] — client-go style rate-limited workqueue.
+//! * [`queue`] — client-go style rate-limited workqueue;
+//! * [`replay`] — recording live watch traffic, replaying it offline, export and time travel.
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 pub mod controller;
@@ -13,6 +14,7 @@ pub mod error;
 pub mod informer;
 pub mod metrics;
 pub mod reflector;
+pub mod replay;
 pub mod selector;
 pub mod source;
 pub mod store;

@@ -1,0 +1,336 @@
+//! Determinism (two replays of one recording give byte-identical object and log tables), the
+//! record → replay → export round trip through the recorder (with rotation), an informer with
+//! handlers driven by a recording, and time travel over the replayed log.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use common::fake::Fake;
+use durable_informer::informer::{handler_fn, Event, HandlerOptions, Informer};
+use durable_informer::replay::{
+    export_log, history, replay_into, state_at, Recorder, RecorderConfig, ReplayError, ReplayOptions, ReplaySource,
+};
+use durable_informer::store::{DeltaKind, DurableStore, ObjectKey, StoreConfig};
+use k8s_openapi::api::core::v1::ConfigMap;
+use redb::{ReadableDatabase, ReadableTable, TableDefinition};
+
+/// A ConfigMap watch line; object `i` is `ns-{i % 7}/cm-{i}`.
+fn cm(kind: &str, i: u64, rv: u64, value: u64) -> String {
+    format!(
+        r#"{{"type":"{kind}","object":{{"apiVersion":"v1","kind":"ConfigMap","metadata":{{"name":"cm-{i}","namespace":"ns-{}","resourceVersion":"{rv}","labels":{{"app":"x{}"}}}},"data":{{"v":"{value}"}}}}}}"#,
+        i % 7,
+        value % 3
+    )
+}
+
+/// A deterministic workload: `objects` ADDEDs, then `events` changes over them.
+fn workload(path: &Path, objects: u64, events: u64) {
+    let mut f = std::io::BufWriter::new(std::fs::File::create(path).unwrap());
+    let mut rv = 1000;
+    let mut live: BTreeMap<u64, bool> = BTreeMap::new();
+    for i in 0..objects {
+        rv += 1;
+        writeln!(f, "{}", cm("ADDED", i, rv, i)).unwrap();
+        live.insert(i, true);
+    }
+    let mut x: u64 = 7;
+    for _ in 0..events {
+        x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        let i = (x >> 33) % (objects * 2);
+        rv += 1;
+        let kind = match (live.get(&i).copied().unwrap_or(false), (x >> 20) % 4) {
+            (true, 0) => "DELETED",
+            (true, _) => "MODIFIED",
+            (false, _) => "ADDED",
+        };
+        live.insert(i, kind != "DELETED");
+        writeln!(f, "{}", cm(kind, i, rv, x % 1000)).unwrap();
+    }
+}
+
+const OBJECTS: TableDefinition<&[u8], &[u8]> = TableDefinition::new("objects");
+const LOG: TableDefinition<u64, &[u8]> = TableDefinition::new("log");
+
+type Rows = Vec<(Vec<u8>, Vec<u8>)>;
+
+/// The raw rows of the `objects` and `log` tables, read with redb directly.
+fn tables(path: &Path) -> (Rows, Rows) {
+    let db = redb::Database::open(path).unwrap();
+    let txn = db.begin_read().unwrap();
+    let objects = txn
+        .open_table(OBJECTS)
+        .unwrap()
+        .iter()
+        .unwrap()
+        .map(|r| {
+            let (k, v) = r.unwrap();
+            (k.value().to_vec(), v.value().to_vec())
+        })
+        .collect();
+    let log = txn
+        .open_table(LOG)
+        .unwrap()
+        .iter()
+        .unwrap()
+        .map(|r| {
+            let (k, v) = r.unwrap();
+            (k.value().to_be_bytes().to_vec(), v.value().to_vec())
+        })
+        .collect();
+    (objects, log)
+}
+
+async fn replay_file(recording: &Path, db_path: &Path) {
+    let db = DurableStore::open(StoreConfig::new(db_path).durable(false)).unwrap();
+    replay_into(&db, ReplaySource::open(recording, ReplayOptions::default()).unwrap())
+        .await
+        .unwrap();
+    db.close().unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_replays_of_one_recording_give_byte_identical_tables() {
+    let dir = tempfile::tempdir().unwrap();
+    let rec = dir.path().join("rec.jsonl");
+    workload(&rec, 2_000, 20_000);
+    let (a, b) = (dir.path().join("a.redb"), dir.path().join("b.redb"));
+    replay_file(&rec, &a).await;
+    replay_file(&rec, &b).await;
+    let (ta, tb) = (tables(&a), tables(&b));
+    assert!(ta.1.len() > 20_000, "log has {} rows", ta.1.len());
+    assert!(ta.0 == tb.0, "object tables differ");
+    assert!(ta.1 == tb.1, "logs differ");
+}
+
+/// Drops the `"receivedAt"` field the recorder appends.
+fn without_received_at(line: &[u8]) -> Vec<u8> {
+    let text = std::str::from_utf8(line).unwrap();
+    match text.rfind(r#","receivedAt":"#) {
+        Some(at) => format!("{}}}", &text[..at]).into_bytes(),
+        None => line.to_vec(),
+    }
+}
+
+fn lines_of(files: &[PathBuf]) -> Vec<Vec<u8>> {
+    let mut out = Vec::new();
+    for f in files {
+        let bytes = std::fs::read(f).unwrap();
+        out.extend(
+            bytes
+                .split(|b| *b == b'\n')
+                .filter(|l| !l.is_empty())
+                .map(<[u8]>::to_vec),
+        );
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn record_replay_export_gives_back_the_recorded_events() {
+    let fake = Fake::new();
+    for i in 0..20 {
+        fake.upsert(&format!("cm-{i}"), "v0");
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let recorder = Recorder::new(
+        fake.clone(),
+        RecorderConfig::new(dir.path().join("rec.jsonl")).rotate_bytes(4096),
+    );
+    let mut progress = recorder.progress();
+    let (stop, stop_rx) = tokio::sync::watch::channel(false);
+    let task = tokio::spawn(recorder.run(stop_rx));
+    progress.wait_for(|p| !p.last_rv.is_empty()).await.unwrap();
+    for i in 0..30 {
+        fake.upsert(&format!("cm-{}", i % 25), &format!("v{i}"));
+        if i % 4 == 0 {
+            fake.delete(&format!("cm-{}", i % 7));
+        }
+    }
+    fake.bookmark();
+    let target = fake.current_rv().to_string();
+    progress.wait_for(|p| p.last_rv.as_str() == target).await.unwrap();
+    stop.send(true).unwrap();
+    let report = task.await.unwrap().unwrap();
+    assert!(report.files.len() > 1, "rotated into {:?}", report.files);
+    assert!(report.files[1].ends_with("rec.1.jsonl"));
+
+    let db = DurableStore::open(StoreConfig::new(dir.path().join("db.redb")).durable(false)).unwrap();
+    let source = ReplaySource::open_all(report.files.clone(), ReplayOptions::default()).unwrap();
+    let replayed = replay_into(&db, source).await.unwrap();
+    assert_eq!(replayed.last_rv.as_str(), target);
+    let (scope, _) = db.scopes().unwrap()[0].clone();
+    let stored: BTreeMap<String, u64> = db
+        .store(scope)
+        .list()
+        .unwrap()
+        .into_iter()
+        .map(|o| (o.key.to_string(), o.meta.resource_version.as_u64().unwrap()))
+        .collect();
+    assert_eq!(stored, fake.objects());
+
+    let mut out = Vec::new();
+    export_log(&db, Some(scope), &mut out).unwrap();
+    let exported: Vec<Vec<u8>> = out
+        .split(|b| *b == b'\n')
+        .filter(|l| !l.is_empty())
+        .map(<[u8]>::to_vec)
+        .collect();
+    let recorded: Vec<Vec<u8>> = lines_of(&report.files)
+        .iter()
+        .filter(|l| !l.starts_with(br#"{"type":"BOOKMARK""#))
+        .map(|l| without_received_at(l))
+        .collect();
+    assert_eq!(exported.len(), recorded.len());
+    assert!(exported == recorded, "export differs from the recording");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_informer_with_handlers_is_driven_by_a_recording() {
+    let dir = tempfile::tempdir().unwrap();
+    let rec = dir.path().join("rec.jsonl");
+    std::fs::write(
+        &rec,
+        [
+            cm("ADDED", 1, 10, 1),
+            cm("ADDED", 2, 11, 2),
+            cm("MODIFIED", 1, 12, 3),
+            cm("DELETED", 2, 13, 4),
+        ]
+        .join("\n"),
+    )
+    .unwrap();
+    let db = DurableStore::open(StoreConfig::new(dir.path().join("db.redb")).durable(false)).unwrap();
+    let source = ReplaySource::open(&rec, ReplayOptions::default()).unwrap();
+    let handle = source.handle();
+    let informer = Informer::<ConfigMap>::builder(&db, source).build().await.unwrap();
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let s2 = seen.clone();
+    let reg = informer.add_event_handler(
+        handler_fn(move |ev: Event<ConfigMap>| -> Result<(), std::convert::Infallible> {
+            let name = |c: &ConfigMap| c.metadata.name.clone().unwrap_or_default();
+            s2.lock().unwrap().push(match &ev {
+                Event::Add { object, .. } => format!("add {}", name(object)),
+                Event::Update { new, .. } => format!("update {}", name(new)),
+                Event::Delete { object, .. } => format!("delete {}", name(object)),
+            });
+            Ok(())
+        }),
+        HandlerOptions::durable("test"),
+    );
+    informer.start();
+    let report = handle.wait_applied(informer.status()).await.unwrap();
+    assert_eq!(report.last_rv.as_str(), "13");
+    informer.shutdown().await.unwrap();
+    drop(reg);
+    assert_eq!(
+        *seen.lock().unwrap(),
+        ["add cm-1", "add cm-2", "update cm-1", "delete cm-2"]
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn time_travel_gives_past_states_and_key_histories() {
+    let dir = tempfile::tempdir().unwrap();
+    let rec = dir.path().join("rec.jsonl");
+    workload(&rec, 50, 500);
+    let db = DurableStore::open(StoreConfig::new(dir.path().join("db.redb")).durable(false)).unwrap();
+    replay_into(&db, ReplaySource::open(&rec, ReplayOptions::default()).unwrap())
+        .await
+        .unwrap();
+    let (scope, _) = db.scopes().unwrap()[0].clone();
+
+    // The truth at every 50th RV, computed from the recording itself.
+    let text = std::fs::read_to_string(&rec).unwrap();
+    let mut model: BTreeMap<String, String> = BTreeMap::new();
+    let mut checked = 0;
+    for line in text.lines() {
+        let v: serde_json::Value = serde_json::from_str(line).unwrap();
+        let meta = &v["object"]["metadata"];
+        let key = format!(
+            "{}/{}",
+            meta["namespace"].as_str().unwrap(),
+            meta["name"].as_str().unwrap()
+        );
+        let rv: u64 = meta["resourceVersion"].as_str().unwrap().parse().unwrap();
+        if v["type"] == "DELETED" {
+            model.remove(&key);
+        } else {
+            model.insert(key, rv.to_string());
+        }
+        if rv.is_multiple_of(50) {
+            let past: BTreeMap<String, String> = state_at(&db, scope, &rv.to_string().into())
+                .unwrap()
+                .into_iter()
+                .map(|o| (o.key.to_string(), o.meta.resource_version.0))
+                .collect();
+            assert_eq!(past, model, "state at {rv}");
+            checked += 1;
+        }
+    }
+    assert!(checked >= 10);
+
+    let key = ObjectKey::namespaced("ns-1", "cm-1");
+    let h = history(&db, scope, &key).unwrap();
+    assert!(h.complete);
+    assert_eq!(h.entries[0].kind, DeltaKind::Added);
+    assert!(h.entries.iter().all(|e| e.key == key));
+    let rvs: Vec<u64> = h.entries.iter().map(|e| e.rv.as_u64().unwrap()).collect();
+    let sorted = {
+        let mut s = rvs.clone();
+        s.sort_unstable();
+        s
+    };
+    assert_eq!(rvs, sorted);
+
+    // After compaction, history before the oldest retained entry is refused with a clear error.
+    db.writer().compact(Some(100)).await.unwrap();
+    match state_at(&db, scope, &"1001".into()) {
+        Err(ReplayError::HistoryCompacted { first_retained_rv }) => {
+            assert!(first_retained_rv.as_u64().unwrap() > 1001);
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(!history(&db, scope, &key).unwrap().complete);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_initial_state_is_served_as_list_pages_when_streaming_lists_are_off() {
+    use durable_informer::reflector::{ReflectorConfig, Transform};
+    let dir = tempfile::tempdir().unwrap();
+    let rec = dir.path().join("rec.jsonl");
+    workload(&rec, 30, 100);
+    let a = dir.path().join("a.redb");
+    replay_file(&rec, &a).await;
+
+    let b = dir.path().join("b.redb");
+    let db = DurableStore::open(StoreConfig::new(&b).durable(false)).unwrap();
+    let source = ReplaySource::open(&rec, ReplayOptions::default()).unwrap();
+    let handle = source.handle();
+    let informer = Informer::<ConfigMap>::builder(&db, source)
+        .reflector_config(ReflectorConfig {
+            streaming_list: false,
+            page_size: 7,
+            ..ReflectorConfig::default()
+        })
+        .transform(Transform {
+            drop_managed_fields: false,
+            ..Transform::default()
+        })
+        .build()
+        .await
+        .unwrap();
+    informer.start();
+    let report = handle.wait_applied(informer.status()).await.unwrap();
+    // The leading ADDED run: the 30 objects, and the workload's first creations.
+    assert!(report.initial_objects >= 30);
+    informer.shutdown().await.unwrap();
+    drop(informer);
+    db.close().unwrap();
+    let (ta, tb) = (tables(&a), tables(&b));
+    assert!(ta.0 == tb.0, "object tables differ");
+    assert!(ta.1 == tb.1, "logs differ");
+}
