@@ -50,12 +50,18 @@ pub struct Ctx {
 impl Ctx {
     fn record(&self, line: String) {
         println!("{line}");
-        self.log.lock().unwrap_or_else(std::sync::PoisonError::into_inner).push(line);
+        self.log
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .push(line);
     }
 
     #[must_use]
     pub fn log(&self) -> Vec<String> {
-        self.log.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone()
+        self.log
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
     }
 }
 
@@ -76,15 +82,18 @@ fn selector_of(d: &Deployment) -> Option<BTreeMap<String, String>> {
 
 fn selects(selector: &BTreeMap<String, String>, pod: &Pod) -> bool {
     let labels = pod.metadata.labels.as_ref();
-    selector
-        .iter()
-        .all(|(k, v)| labels.and_then(|l| l.get(k)) == Some(v))
+    selector.iter().all(|(k, v)| labels.and_then(|l| l.get(k)) == Some(v))
 }
 
 /// replica-counter's reconcile.
 pub async fn count_replicas(key: ObjectKey, ctx: Arc<Ctx>) -> Result<Action, String> {
     let ns = key.namespace.clone().unwrap_or_default();
-    let Some(d) = ctx.deployments.namespace(&ns).get(&key.name).map_err(|e| e.to_string())? else {
+    let Some(d) = ctx
+        .deployments
+        .namespace(&ns)
+        .get(&key.name)
+        .map_err(|e| e.to_string())?
+    else {
         return Ok(Action::await_change());
     };
     let Some(selector) = selector_of(&d) else {
@@ -151,7 +160,12 @@ pub fn data_hash(data: Option<&BTreeMap<String, String>>) -> String {
 /// configmap-hasher's reconcile.
 pub async fn hash_configmap(key: ObjectKey, ctx: Arc<Ctx>) -> Result<Action, String> {
     let ns = key.namespace.clone().unwrap_or_default();
-    let Some(cm) = ctx.configmaps.namespace(&ns).get(&key.name).map_err(|e| e.to_string())? else {
+    let Some(cm) = ctx
+        .configmaps
+        .namespace(&ns)
+        .get(&key.name)
+        .map_err(|e| e.to_string())?
+    else {
         return Ok(Action::await_change());
     };
     let hash = data_hash(cm.data.as_ref());
@@ -235,7 +249,12 @@ pub async fn run(
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     let args: Vec<String> = std::env::args().collect();
-    let arg = |name: &str| args.iter().position(|a| a == name).and_then(|i| args.get(i + 1)).cloned();
+    let arg = |name: &str| {
+        args.iter()
+            .position(|a| a == name)
+            .and_then(|i| args.get(i + 1))
+            .cloned()
+    };
     let (stop_tx, stop) = tokio::sync::watch::channel(false);
     let (started_tx, started) = tokio::sync::oneshot::channel();
     if let Some(kubeconfig) = arg("--kubeconfig") {

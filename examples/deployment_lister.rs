@@ -121,7 +121,12 @@ pub async fn run(
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     let args: Vec<String> = std::env::args().collect();
-    let arg = |name: &str| args.iter().position(|a| a == name).and_then(|i| args.get(i + 1)).cloned();
+    let arg = |name: &str| {
+        args.iter()
+            .position(|a| a == name)
+            .and_then(|i| args.get(i + 1))
+            .cloned()
+    };
     let (stop_tx, stop) = tokio::sync::watch::channel(false);
     let (synced_tx, synced) = tokio::sync::oneshot::channel();
     if let Some(kubeconfig) = arg("--kubeconfig") {
@@ -140,7 +145,11 @@ async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     let sim = tokio::task::spawn_blocking(|| Sim::start(SimConfig::default())).await??;
     let mut gen = WorkloadGen::new(3);
     sim.bulk_load("deployments", gen.deployments(3))?;
-    sim.create("deployments", Some("kube-system"), gen.deployment("kube-system", "coredns"))?;
+    sim.create(
+        "deployments",
+        Some("kube-system"),
+        gen.deployment("kube-system", "coredns"),
+    )?;
     let dir = std::env::temp_dir().join(format!("deployment-lister-{}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
     let db = arg("--db").map_or_else(|| dir.join("db.redb"), PathBuf::from);

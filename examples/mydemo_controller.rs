@@ -81,7 +81,10 @@ pub struct Log(Mutex<Vec<String>>);
 impl Log {
     pub fn push(&self, line: String) {
         println!("{line}");
-        self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner).push(line);
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .push(line);
     }
 
     #[must_use]
@@ -125,7 +128,11 @@ fn event_logger(ctx: &Arc<Ctx>) -> HandlerFuncs<Mydemo> {
         })
         .on_delete(move |m, final_state_unknown| {
             let (key, rv) = describe(&m);
-            let how = if final_state_unknown { " (final state unknown)" } else { "" };
+            let how = if final_state_unknown {
+                " (final state unknown)"
+            } else {
+                ""
+            };
             c3.log.push(format!("delete {key} rv {rv}{how}"));
         })
 }
@@ -139,7 +146,8 @@ pub async fn reconcile(key: ObjectKey, ctx: Arc<Ctx>) -> Result<Action, String> 
     };
     if m.spec.ip.parse::<std::net::IpAddr>().is_err() || !(1..=65535).contains(&m.spec.port) {
         // An invalid spec: retrying will not make it valid.
-        ctx.log.push(format!("sync {key}: invalid address {}:{}", m.spec.ip, m.spec.port));
+        ctx.log
+            .push(format!("sync {key}: invalid address {}:{}", m.spec.ip, m.spec.port));
         return Ok(Action::await_change());
     }
     ctx.log.push(format!("sync {key}: {}:{}", m.spec.ip, m.spec.port));
@@ -176,7 +184,12 @@ pub async fn run(
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     let args: Vec<String> = std::env::args().collect();
-    let arg = |name: &str| args.iter().position(|a| a == name).and_then(|i| args.get(i + 1)).cloned();
+    let arg = |name: &str| {
+        args.iter()
+            .position(|a| a == name)
+            .and_then(|i| args.get(i + 1))
+            .cloned()
+    };
     let (stop_tx, stop) = tokio::sync::watch::channel(false);
     let (started_tx, started) = tokio::sync::oneshot::channel();
     if let Some(kubeconfig) = arg("--kubeconfig") {
@@ -194,12 +207,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     // The built-in simulated cluster: register the CRD, then create, update and delete a Mydemo.
     use durable_informer::sim::{ResourceDef, Sim, SimConfig};
     let sim = tokio::task::spawn_blocking(|| {
-        Sim::start(SimConfig::default().with_resource(ResourceDef::custom(
-            "crddemo.k8s.io",
-            "v1",
-            "Mydemo",
-            "mydemos",
-        )))
+        Sim::start(SimConfig::default().with_resource(ResourceDef::custom("crddemo.k8s.io", "v1", "Mydemo", "mydemos")))
     })
     .await??;
     let dir = std::env::temp_dir().join(format!("mydemo-controller-{}", std::process::id()));

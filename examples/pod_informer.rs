@@ -90,7 +90,7 @@ impl PodCache {
     /// Prints the Pods per node.
     pub fn print(&self) -> Result<(), StoreError> {
         let per_node = self.pods_per_node()?;
-        println!("{} non-terminal pods cached", self.informer.store().len()?);
+        println!("{} non-terminal pods cached", self.informer.store().list_keys()?.len());
         for (node, pods) in per_node {
             println!("  {node}: {}", pods.join(", "));
         }
@@ -127,14 +127,17 @@ pub async fn run(
         HandlerOptions::volatile(),
     );
     informer.start();
-    tokio::select! {
-        () = informer.wait_for_sync() => {
-            let cache = PodCache { informer: informer.clone() };
-            cache.print()?;
-            let _ = synced.send(cache);
-            let _ = stop.wait_for(|s| *s).await;
-        }
-        _ = stop.wait_for(|s| *s) => {}
+    let stopped = tokio::select! {
+        () = informer.wait_for_sync() => false,
+        _ = stop.wait_for(|s| *s) => true,
+    };
+    if !stopped {
+        let cache = PodCache {
+            informer: informer.clone(),
+        };
+        cache.print()?;
+        let _ = synced.send(cache);
+        let _ = stop.wait_for(|s| *s).await;
     }
     printer.remove().await;
     informer.shutdown().await?;
@@ -172,7 +175,12 @@ pub fn generated_pods(n: usize) -> Vec<serde_json::Value> {
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     let args: Vec<String> = std::env::args().collect();
-    let arg = |name: &str| args.iter().position(|a| a == name).and_then(|i| args.get(i + 1)).cloned();
+    let arg = |name: &str| {
+        args.iter()
+            .position(|a| a == name)
+            .and_then(|i| args.get(i + 1))
+            .cloned()
+    };
     let (stop_tx, stop) = tokio::sync::watch::channel(false);
     let (synced_tx, synced) = tokio::sync::oneshot::channel();
     if let Some(kubeconfig) = arg("--kubeconfig") {
@@ -190,10 +198,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     use durable_informer::sim::{Sim, SimConfig};
     let sim = tokio::task::spawn_blocking(|| Sim::start(SimConfig::default())).await??;
     let pods = generated_pods(30);
-    let terminal = pods
-        .iter()
-        .filter(|p| p["status"]["phase"] != "Running")
-        .count();
+    let terminal = pods.iter().filter(|p| p["status"]["phase"] != "Running").count();
     println!("generated {} pods, {terminal} of them Succeeded or Failed", pods.len());
     sim.bulk_load("pods", pods)?;
     let dir = std::env::temp_dir().join(format!("pod-informer-{}", std::process::id()));

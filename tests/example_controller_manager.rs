@@ -38,10 +38,14 @@ async fn controller_manager_runs_three_controllers_sharing_the_pod_informer() {
         .unwrap();
     sim.create("deployments", Some("default"), example::demo_deployment("web", "web"))
         .unwrap();
-    sim.create("pods", Some("default"), pod("web-0", "web", "Running")).unwrap();
-    sim.create("pods", Some("default"), pod("web-1", "web", "Pending")).unwrap();
-    sim.create("pods", Some("default"), pod("web-2", "web", "Failed")).unwrap();
-    sim.create("pods", Some("default"), pod("other-0", "other", "Running")).unwrap();
+    sim.create("pods", Some("default"), pod("web-0", "web", "Running"))
+        .unwrap();
+    sim.create("pods", Some("default"), pod("web-1", "web", "Pending"))
+        .unwrap();
+    sim.create("pods", Some("default"), pod("web-2", "web", "Failed"))
+        .unwrap();
+    sim.create("pods", Some("default"), pod("other-0", "other", "Running"))
+        .unwrap();
     sim.create(
         "configmaps",
         Some("default"),
@@ -57,7 +61,10 @@ async fn controller_manager_runs_three_controllers_sharing_the_pod_informer() {
     let url = sim.url();
     let task = tokio::spawn(async move { example::run(client, &url, &db, stop, tx).await });
     let ctx = rx.await.unwrap();
-    assert_eq!(ctx.pod_scopes.0, ctx.pod_scopes.1, "both controllers got the same Pod informer");
+    assert_eq!(
+        ctx.pod_scopes.0, ctx.pod_scopes.1,
+        "both controllers got the same Pod informer"
+    );
 
     let annotation = |resource: &str, name: &str, key: &str| {
         sim.get(resource, Some("default"), name).unwrap()["metadata"]["annotations"][key]
@@ -68,8 +75,14 @@ async fn controller_manager_runs_three_controllers_sharing_the_pod_informer() {
         annotation("deployments", "web", RUNNING_PODS).as_deref() == Some("2")
     })
     .await;
-    eventually("the failed pod deleted", || sim.get("pods", Some("default"), "web-2").is_err()).await;
-    assert!(sim.get("pods", Some("default"), "web-0").is_ok(), "running pods are kept");
+    eventually("the failed pod deleted", || {
+        sim.get("pods", Some("default"), "web-2").is_err()
+    })
+    .await;
+    assert!(
+        sim.get("pods", Some("default"), "web-0").is_ok(),
+        "running pods are kept"
+    );
     let data = BTreeMap::from([("a".to_string(), "1".to_string()), ("b".to_string(), "2".to_string())]);
     let first_hash = example::data_hash(Some(&data));
     eventually("the configmap hashed", || {
@@ -78,13 +91,19 @@ async fn controller_manager_runs_three_controllers_sharing_the_pod_informer() {
     .await;
 
     // A new web pod is counted; a pod that finishes is collected and no longer counted.
-    sim.create("pods", Some("default"), pod("web-3", "web", "Running")).unwrap();
+    sim.create("pods", Some("default"), pod("web-3", "web", "Running"))
+        .unwrap();
     eventually("3 running web pods", || {
         annotation("deployments", "web", RUNNING_PODS).as_deref() == Some("3")
     })
     .await;
-    sim.patch_status("pods", Some("default"), "web-0", &serde_json::json!({"status": {"phase": "Succeeded"}}))
-        .unwrap();
+    sim.patch_status(
+        "pods",
+        Some("default"),
+        "web-0",
+        &serde_json::json!({"status": {"phase": "Succeeded"}}),
+    )
+    .unwrap();
     eventually("web-0 collected and 2 counted", || {
         sim.get("pods", Some("default"), "web-0").is_err()
             && annotation("deployments", "web", RUNNING_PODS).as_deref() == Some("2")
@@ -92,8 +111,13 @@ async fn controller_manager_runs_three_controllers_sharing_the_pod_informer() {
     .await;
 
     // Changed data → a new hash.
-    sim.patch("configmaps", Some("default"), "settings", &serde_json::json!({"data": {"b": "3"}}))
-        .unwrap();
+    sim.patch(
+        "configmaps",
+        Some("default"),
+        "settings",
+        &serde_json::json!({"data": {"b": "3"}}),
+    )
+    .unwrap();
     let data = BTreeMap::from([("a".to_string(), "1".to_string()), ("b".to_string(), "3".to_string())]);
     let second_hash = example::data_hash(Some(&data));
     assert_ne!(first_hash, second_hash);
@@ -103,8 +127,14 @@ async fn controller_manager_runs_three_controllers_sharing_the_pod_informer() {
     .await;
 
     let log = ctx.log();
-    assert!(log.contains(&"pod-gc: deleted finished pod default/web-2".to_string()), "{log:?}");
-    assert!(!log.iter().any(|l| l.contains("other-0")), "other pods are left alone: {log:?}");
+    assert!(
+        log.contains(&"pod-gc: deleted finished pod default/web-2".to_string()),
+        "{log:?}"
+    );
+    assert!(
+        !log.iter().any(|l| l.contains("other-0")),
+        "other pods are left alone: {log:?}"
+    );
     stop_tx.send(true).unwrap();
     task.await.unwrap().unwrap();
 }

@@ -44,8 +44,12 @@ async fn deployment_lister_prints_changes_lists_default_and_resumes_where_it_sto
     sim.create("deployments", Some("default"), d0).unwrap();
     sim.create("deployments", Some("default"), gen.deployment("default", "api"))
         .unwrap();
-    sim.create("deployments", Some("kube-system"), gen.deployment("kube-system", "coredns"))
-        .unwrap();
+    sim.create(
+        "deployments",
+        Some("kube-system"),
+        gen.deployment("kube-system", "coredns"),
+    )
+    .unwrap();
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("deployments.redb");
 
@@ -59,12 +63,25 @@ async fn deployment_lister_prints_changes_lists_default_and_resumes_where_it_sto
     assert_eq!(listed.len(), 2);
     assert!(listed[0].starts_with("api (") && listed[1] == format!("web ({web_replicas})"));
 
-    sim.patch("deployments", Some("default"), "web", &serde_json::json!({"spec": {"replicas": 9}}))
-        .unwrap();
-    eventually("the update", &ctx, &format!("update default/web replicas {web_replicas} -> 9")).await;
+    sim.patch(
+        "deployments",
+        Some("default"),
+        "web",
+        &serde_json::json!({"spec": {"replicas": 9}}),
+    )
+    .unwrap();
+    eventually(
+        "the update",
+        &ctx,
+        &format!("update default/web replicas {web_replicas} -> 9"),
+    )
+    .await;
     sim.delete("deployments", Some("default"), "api").unwrap();
     eventually("the delete", &ctx, "delete default/api").await;
-    assert_eq!(example::list_default(&ctx.deployments).unwrap(), vec!["web (9)".to_string()]);
+    assert_eq!(
+        example::list_default(&ctx.deployments).unwrap(),
+        vec!["web (9)".to_string()]
+    );
     stop.send(true).unwrap();
     task.await.unwrap().unwrap();
 

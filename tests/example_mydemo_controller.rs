@@ -52,7 +52,10 @@ async fn mydemo_controller_logs_rv_changes_and_deletes() {
     let rv = |m: &Mydemo| m.metadata.resource_version.clone().unwrap();
 
     eventually("early synced", has("sync default/early: 10.0.0.1:80".into())).await;
-    assert!(ctx.log.lines().contains(&format!("add default/early rv {}", rv(&before))));
+    assert!(ctx
+        .log
+        .lines()
+        .contains(&format!("add default/early rv {}", rv(&before))));
 
     let created = api
         .create(&PostParams::default(), &mydemo("web", "10.0.0.2", 8080))
@@ -78,7 +81,11 @@ async fn mydemo_controller_logs_rv_changes_and_deletes() {
     api.create(&PostParams::default(), &mydemo("bad", "not-an-ip", 0))
         .await
         .unwrap();
-    eventually("the invalid one reported", has("sync default/bad: invalid address not-an-ip:0".into())).await;
+    eventually(
+        "the invalid one reported",
+        has("sync default/bad: invalid address not-an-ip:0".into()),
+    )
+    .await;
 
     api.delete("web", &DeleteParams::default()).await.unwrap();
     eventually("the delete handled", has("sync default/web: deleted".into())).await;

@@ -19,7 +19,11 @@ fn expected(pods: &[serde_json::Value]) -> BTreeMap<String, Vec<String>> {
             continue;
         }
         let node = p["spec"]["nodeName"].as_str().unwrap().to_string();
-        let key = format!("{}/{}", p["metadata"]["namespace"].as_str().unwrap(), p["metadata"]["name"].as_str().unwrap());
+        let key = format!(
+            "{}/{}",
+            p["metadata"]["namespace"].as_str().unwrap(),
+            p["metadata"]["name"].as_str().unwrap()
+        );
         out.entry(node).or_default().push(key);
     }
     for v in out.values_mut() {
@@ -49,7 +53,7 @@ async fn pod_informer_caches_only_non_terminal_pods_indexed_by_node_and_namespac
     let task = tokio::spawn(async move { example::run(client, &url, &db, stop, tx).await });
     let cache = rx.await.unwrap();
 
-    assert_eq!(cache.informer.store().len().unwrap() as usize, pods.len() - terminal);
+    assert_eq!(cache.informer.store().list_keys().unwrap().len(), pods.len() - terminal);
     let mut want = expected(&pods[1..]);
     assert_eq!(cache.pods_per_node().unwrap(), want);
     let ns1: Vec<String> = pods
@@ -66,8 +70,13 @@ async fn pod_informer_caches_only_non_terminal_pods_indexed_by_node_and_namespac
 
     // pod-1 (ns-1, node-1, Running) finishes: it leaves the cache and its node's list.
     assert_eq!(pods[1]["status"]["phase"], "Running");
-    sim.patch_status("pods", Some("ns-1"), "pod-1", &serde_json::json!({"status": {"phase": "Failed"}}))
-        .unwrap();
+    sim.patch_status(
+        "pods",
+        Some("ns-1"),
+        "pod-1",
+        &serde_json::json!({"status": {"phase": "Failed"}}),
+    )
+    .unwrap();
     want.get_mut("node-1").unwrap().retain(|k| k != "ns-1/pod-1");
     let mut last = None;
     for _ in 0..100 {
