@@ -267,9 +267,8 @@ impl EnvTest {
         // The kubeconfigs name the server URL: rewrite them for the ports of this attempt.
         self.rewrite_kubeconfigs();
         let g = self.generation;
-        let log = |name: &str| {
-            std::fs::File::create(self.path(&format!("{name}-{g}.log"))).expect("log file")
-        };
+        let dir = self.dir.path().to_owned();
+        let log = |name: &str| std::fs::File::create(dir.join(format!("{name}-{g}.log"))).expect("log file");
         let etcd_log = self.path(&format!("etcd-{g}.log"));
         let api_log = self.path(&format!("kube-apiserver-{g}.log"));
         let peer = format!("http://127.0.0.1:{}", self.peer_port);
