@@ -122,10 +122,7 @@ impl Running {
         self.cms.shutdown().await.unwrap();
         let Running { db, pods, cms } = self;
         drop((pods, cms));
-        tokio::task::spawn_blocking(move || db.close())
-            .await
-            .unwrap()
-            .unwrap();
+        tokio::task::spawn_blocking(move || db.close()).await.unwrap().unwrap();
     }
 }
 
@@ -345,10 +342,7 @@ async fn initial_sync_of_pods_and_configmaps_equals_a_fresh_list() {
     assert_eq!(cm.data.as_ref().unwrap()["v"], "v7");
     let pod = r.pods.lister().namespace(NS).get("pod-3").unwrap().unwrap();
     assert_eq!(pod.spec.as_ref().unwrap().containers[0].name, "c");
-    assert_eq!(
-        pod.status.as_ref().and_then(|s| s.phase.as_deref()),
-        Some("Pending")
-    );
+    assert_eq!(pod.status.as_ref().and_then(|s| s.phase.as_deref()), Some("Pending"));
     let mut want: Vec<String> = (0..12).map(|i| format!("add cm {NS}/cm-{i}")).collect();
     want.extend((0..5).map(|i| format!("add pod {NS}/pod-{i}")));
     let want: Vec<&str> = want.iter().map(String::as_str).collect();
@@ -360,7 +354,15 @@ async fn initial_sync_of_pods_and_configmaps_equals_a_fresh_list() {
     create_pod(&client, "pod-live").await;
     converged(&r, &client).await;
     assert_eq!(
-        r.cms.lister().namespace(NS).get("cm-0").unwrap().unwrap().data.as_ref().unwrap()["v"],
+        r.cms
+            .lister()
+            .namespace(NS)
+            .get("cm-0")
+            .unwrap()
+            .unwrap()
+            .data
+            .as_ref()
+            .unwrap()["v"],
         "changed"
     );
     // Each informer listed once: a v1.20 server refuses the streaming list (422), so that
@@ -561,7 +563,15 @@ async fn a_persisted_rv_ahead_of_a_restored_cluster_is_detected_and_relisted() {
     let want: Vec<&str> = want.iter().map(String::as_str).collect();
     wait_seen(&seen, &want).await;
     assert_eq!(
-        r.cms.lister().namespace(NS).get("cm-0").unwrap().unwrap().data.as_ref().unwrap()["v"],
+        r.cms
+            .lister()
+            .namespace(NS)
+            .get("cm-0")
+            .unwrap()
+            .unwrap()
+            .data
+            .as_ref()
+            .unwrap()["v"],
         "v"
     );
     let status = r.cms.status().borrow().clone();
@@ -649,8 +659,5 @@ async fn another_clusters_database_is_refused_with_both_identities() {
     assert_eq!(db.cluster_identity().unwrap().as_deref(), Some(id_b.as_str()));
     informer.shutdown().await.unwrap();
     drop(informer);
-    tokio::task::spawn_blocking(move || db.close())
-        .await
-        .unwrap()
-        .unwrap();
+    tokio::task::spawn_blocking(move || db.close()).await.unwrap().unwrap();
 }

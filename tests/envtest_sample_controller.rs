@@ -81,7 +81,10 @@ async fn install_crd(client: &kube::Client) {
     .await;
     // Established is reported a moment before the REST endpoint serves.
     let foos: Api<Foo> = Api::namespaced(client.clone(), "default");
-    eventually("the foos endpoint", 30, async || foos.list(&Default::default()).await.ok()).await;
+    eventually("the foos endpoint", 30, async || {
+        foos.list(&Default::default()).await.ok()
+    })
+    .await;
 }
 
 /// Creates a Foo. The example's `Foo` type carries no `apiVersion`/`kind` (it only reads

@@ -205,35 +205,29 @@ impl EnvTest {
             c.current_dir(self.dir.path());
             c
         };
-        run(ossl().args(["req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2"]).args([
-            "-subj",
-            "/CN=envtest-ca",
-            "-keyout",
-            "ca.key",
-            "-out",
-            "ca.crt",
-        ]));
-        run(ossl().args(["req", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=127.0.0.1"]).args([
-            "-keyout",
-            "server.key",
-            "-out",
-            "server.csr",
-        ]));
+        run(ossl()
+            .args(["req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2"])
+            .args(["-subj", "/CN=envtest-ca", "-keyout", "ca.key", "-out", "ca.crt"]));
+        run(ossl()
+            .args(["req", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=127.0.0.1"])
+            .args(["-keyout", "server.key", "-out", "server.csr"]));
         std::fs::write(
             p("server.ext"),
             "basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature,keyEncipherment\n\
              extendedKeyUsage=serverAuth\nsubjectAltName=IP:127.0.0.1,DNS:localhost\n",
         )
         .unwrap();
-        run(ossl().args(["x509", "-req", "-in", "server.csr", "-CA", "ca.crt", "-CAkey", "ca.key"]).args([
-            "-CAcreateserial",
-            "-days",
-            "2",
-            "-extfile",
-            "server.ext",
-            "-out",
-            "server.crt",
-        ]));
+        run(ossl()
+            .args(["x509", "-req", "-in", "server.csr", "-CA", "ca.crt", "-CAkey", "ca.key"])
+            .args([
+                "-CAcreateserial",
+                "-days",
+                "2",
+                "-extfile",
+                "server.ext",
+                "-out",
+                "server.crt",
+            ]));
         run(ossl().args(["genrsa", "-out", "sa.key", "2048"]));
         run(ossl().args(["rsa", "-in", "sa.key", "-pubout", "-out", "sa.pub"]));
 
@@ -333,10 +327,7 @@ impl EnvTest {
                 }
             }
             if Instant::now() > deadline {
-                return Err(format!(
-                    "kube-apiserver not ready after 90 s:\n{}",
-                    tail(&api_log, 30)
-                ));
+                return Err(format!("kube-apiserver not ready after 90 s:\n{}", tail(&api_log, 30)));
             }
             tokio::time::sleep(Duration::from_millis(250)).await;
         }
