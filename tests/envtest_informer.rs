@@ -474,11 +474,13 @@ async fn compaction_while_down_gives_410_and_the_relist_diff_delivers_the_missed
     }
     patch_cm(&client, "cm-3", "changed").await;
     create_cm(&client, "cm-new", "n").await;
-    // Wait until etcd has compacted past the persisted RV: an exact read there is 410.
+    // Wait until etcd has compacted past the persisted RV: a watch from it reads revisions
+    // from `persisted + 1` on, so an exact read at `persisted + 1` must be 410 already (with
+    // the compaction exactly at `persisted + 1` the watch would still work).
     let cms = Api::<ConfigMap>::all(client.clone());
     eventually("etcd to compact past the persisted RV", 60, async || {
         let lp = ListParams {
-            resource_version: Some(persisted.to_string()),
+            resource_version: Some((persisted + 1).to_string()),
             version_match: Some(VersionMatch::Exact),
             limit: Some(1),
             ..ListParams::default()
