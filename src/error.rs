@@ -125,6 +125,9 @@ pub enum Error {
     /// A reflector stopped with an error.
     #[error(transparent)]
     Reflector(#[from] crate::reflector::ReflectorError),
+    /// An informer of Secrets was built without `allow_secrets()`.
+    #[error("caching Secrets stores them on disk in the database file; call allow_secrets() on the informer builder to accept that")]
+    SecretsNotAllowed,
     /// An I/O error outside the database.
     #[error("I/O error: {0}")]
     Io(#[from] std::io::Error),

@@ -334,3 +334,43 @@ async fn the_watcher_adaptor_feeds_a_kube_runtime_reflector() {
     assert_eq!(names, ["b", "c"]);
     inf.shutdown().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn secrets_need_an_explicit_opt_in() {
+    #[derive(Clone)]
+    struct SecretSource(Fake);
+    impl durable_informer::source::Source for SecretSource {
+        async fn list(
+            &self,
+            r: durable_informer::source::ListRequest,
+        ) -> Result<durable_informer::source::ListPage, durable_informer::source::SourceError> {
+            self.0.list(r).await
+        }
+        async fn watch(
+            &self,
+            r: durable_informer::source::WatchRequest,
+        ) -> Result<durable_informer::source::WatchStream, durable_informer::source::SourceError> {
+            self.0.watch(r).await
+        }
+        async fn cluster_identity(&self) -> Result<Option<String>, durable_informer::source::SourceError> {
+            self.0.cluster_identity().await
+        }
+        fn resource(&self) -> String {
+            "secrets".into()
+        }
+        fn scope(&self) -> durable_informer::store::ScopeSpec {
+            durable_informer::store::ScopeSpec::new("", "v1", "secrets")
+        }
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let db = DurableStore::open(StoreConfig::new(dir.path().join("db.redb"))).unwrap();
+    let refused = Informer::<ConfigMap>::builder(&db, SecretSource(Fake::new()))
+        .build()
+        .await;
+    assert!(matches!(refused, Err(durable_informer::Error::SecretsNotAllowed)));
+    assert!(Informer::<ConfigMap>::builder(&db, SecretSource(Fake::new()))
+        .allow_secrets()
+        .build()
+        .await
+        .is_ok());
+}

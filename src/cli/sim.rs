@@ -8,14 +8,9 @@ use durable_informer::sim::{Sim, SimConfig};
 use super::{CliError, CliResult, Size};
 
 pub async fn serve(port: u16, kubeconfig_out: Option<PathBuf>, size: Option<Size>) -> CliResult {
-    if port != 0 {
-        return Err(CliError::new(
-            2,
-            "--port is not supported yet: the server picks a free port and prints it",
-        ));
-    }
     let sim = tokio::task::spawn_blocking(move || -> Result<Sim, CliError> {
-        let sim = Sim::start(SimConfig::default()).map_err(|e| CliError::runtime(format!("cannot start: {e}")))?;
+        let sim =
+            Sim::start(SimConfig::default().port(port)).map_err(|e| CliError::runtime(format!("cannot start: {e}")))?;
         if let Some(size) = size {
             let (pods, ns) = match size {
                 Size::Small => (1_000, 5),

@@ -68,7 +68,7 @@ impl InformerFactory {
     }
 
     /// The shared informer of a typed resource in one namespace (or all).
-    pub async fn informer<K>(&self, namespace: Option<&str>) -> Result<Informer<K>, StoreError>
+    pub async fn informer<K>(&self, namespace: Option<&str>) -> Result<Informer<K>, crate::Error>
     where
         K: Resource<DynamicType = ()> + DeserializeOwned + Send + Sync + 'static,
     {
@@ -85,7 +85,7 @@ impl InformerFactory {
         label_selector: Option<&str>,
         field_selector: Option<&str>,
         indexers: Vec<Indexer>,
-    ) -> Result<Informer<K>, StoreError>
+    ) -> Result<Informer<K>, crate::Error>
     where
         K: DeserializeOwned + Send + Sync + 'static,
     {

@@ -58,7 +58,7 @@ pub use lister::{Lister, NamespaceLister};
 
 use crate::reflector::{Reflector, ReflectorConfig, ReflectorError, ReflectorStatus, Transform};
 use crate::source::Source;
-use crate::store::{DurableStore, Indexer, LogReader, ResourceVersion, ScopeId, Seq, Store, StoreError, Writer};
+use crate::store::{DurableStore, Indexer, LogReader, ResourceVersion, ScopeId, Seq, Store, Writer};
 
 type RunFn = Box<dyn FnOnce(watch::Receiver<bool>) -> BoxFuture<'static, Result<(), ReflectorError>> + Send>;
 
@@ -111,10 +111,20 @@ pub struct InformerBuilder<'a, K, S> {
     indexers: Vec<Indexer>,
     config: ReflectorConfig,
     resync: Option<Duration>,
+    allow_secrets: bool,
     _k: PhantomData<fn() -> K>,
 }
 
 impl<K, S: Source> InformerBuilder<'_, K, S> {
+    /// Allows caching Secrets. They are then stored on disk, in the database file (created
+    /// 0600): protect it like the Secrets themselves. Without this, an informer of core/v1
+    /// `secrets` is refused.
+    #[must_use]
+    pub fn allow_secrets(mut self) -> Self {
+        self.allow_secrets = true;
+        self
+    }
+
     /// Maintains an index (see [`Indexer`]); `Indexer::labels()` gives `key=value` lookups.
     #[must_use]
     pub fn indexer(mut self, indexer: Indexer) -> Self {
@@ -155,9 +165,16 @@ where
 {
     /// Registers the scope and its indexes in the database (backfilling new indexes) and
     /// returns the informer, not yet started. The store is readable at once.
-    pub async fn build(self) -> Result<Informer<K>, StoreError> {
+    pub async fn build(self) -> Result<Informer<K>, crate::Error> {
+        let spec = self.source.scope();
+        if spec.group.is_empty() && spec.resource == "secrets" {
+            if !self.allow_secrets {
+                return Err(crate::Error::SecretsNotAllowed);
+            }
+            tracing::warn!(path = %self.db.path().display(), "caching Secrets: they are stored on disk in the database file");
+        }
         let writer = self.db.writer();
-        let scope = writer.register_scope(&self.source.scope()).await?;
+        let scope = writer.register_scope(&spec).await?;
         for ix in self.indexers {
             let name = ix.name.clone();
             self.db.register_index(scope, ix);
@@ -215,6 +232,7 @@ where
             indexers: Vec::new(),
             config: ReflectorConfig::default(),
             resync: None,
+            allow_secrets: false,
             _k: PhantomData,
         }
     }

@@ -172,11 +172,8 @@ mod tests {
         let workers: Vec<_> = (0..4)
             .map(|_| {
                 let queue = queue.blocking();
-                let (in_flight, processed, re_added) = (
-                    Arc::clone(&in_flight),
-                    Arc::clone(&processed),
-                    Arc::clone(&re_added),
-                );
+                let (in_flight, processed, re_added) =
+                    (Arc::clone(&in_flight), Arc::clone(&processed), Arc::clone(&re_added));
                 thread::spawn(move || {
                     while let Some(item) = queue.get() {
                         assert!(lock(&in_flight).insert(item), "{item} handed out twice");
@@ -209,10 +206,7 @@ mod tests {
             (0..500).collect::<HashSet<_>>()
         );
         for item in lock(&re_added).iter() {
-            assert!(
-                processed[item] >= 2,
-                "{item} re-added while processing, not requeued"
-            );
+            assert!(processed[item] >= 2, "{item} re-added while processing, not requeued");
         }
         assert!(lock(&in_flight).is_empty());
         let metrics = queue.metrics();

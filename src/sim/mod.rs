@@ -28,6 +28,15 @@
 //! # Ok(()) }
 //! ```
 //!
+//! ## What is not emulated
+//!
+//! Protobuf/CBOR bodies (answered with 415, so use JSON clients), JSON patch (RFC 6902),
+//! strategic-merge list semantics (a strategic merge patch is applied as a JSON merge patch),
+//! real server-side apply (approximated as create-or-merge), `deletecollection`, `dryRun`,
+//! graceful deletion (deletes are immediate; a Pod's final event carries `deletionTimestamp`),
+//! namespace existence checks, Table output for `kubectl get` (it falls back to names and ages),
+//! the legacy `/api/v1/watch/...` paths, admission, RBAC and authentication.
+//!
 //! ## Memory usage
 //!
 //! Objects are kept as serialized JSON (`bytes::Bytes`) plus a small index (namespace, name,
@@ -222,6 +231,7 @@ pub struct SimConfig {
     pub(crate) watch_cache: bool,
     pub(crate) resources: Vec<ResourceDef>,
     pub(crate) seed_namespaces: bool,
+    pub(crate) port: u16,
 }
 
 impl Default for SimConfig {
@@ -237,6 +247,7 @@ impl Default for SimConfig {
             watch_cache: true,
             resources: ResourceDef::builtins(),
             seed_namespaces: true,
+            port: 0,
         }
     }
 }
@@ -298,8 +309,14 @@ impl SimConfig {
         self.resources.push(def);
         self
     }
-    /// Whether to create the `default`, `kube-system` and `kube-public` namespaces at start
-    /// (default true).
+    /// Listens on this port of 127.0.0.1 (default 0: any free port).
+    #[must_use]
+    pub fn port(mut self, port: u16) -> Self {
+        self.port = port;
+        self
+    }
+
+    /// Creates the `default`, `kube-system` and `kube-public` namespaces at start (default true).
     #[must_use]
     pub fn seed_namespaces(mut self, yes: bool) -> Self {
         self.seed_namespaces = yes;
@@ -408,6 +425,7 @@ pub struct Sim {
 impl Sim {
     /// Start a server on `127.0.0.1:0` on its own two-thread Tokio runtime.
     pub fn start(config: SimConfig) -> Result<Sim> {
+        let port = config.port;
         let window = Window {
             max_events: config.history_max_events,
             max_age: config.history_max_age,
@@ -428,7 +446,7 @@ impl Sim {
             .thread_name("sim-apiserver")
             .enable_all()
             .build()?;
-        let listener = std::net::TcpListener::bind(("127.0.0.1", 0))?;
+        let listener = std::net::TcpListener::bind(("127.0.0.1", port))?;
         listener.set_nonblocking(true)?;
         let addr = listener.local_addr()?;
         let listener = {
@@ -473,6 +491,10 @@ impl Sim {
 
     /// A `kube::Client` for this server. Must be called inside a Tokio runtime (the client's
     /// background task runs there, not on the server's runtime).
+    ///
+    /// Note that `kube::Client` retries 429/503/504 by default (honouring `Retry-After`); to
+    /// see those statuses, build a client from [`kube_config`](Self::kube_config) with
+    /// `default_retry = false`.
     pub fn client(&self) -> Result<kube::Client> {
         Ok(kube::Client::try_from(self.kube_config()?)?)
     }
@@ -504,10 +526,12 @@ impl Sim {
     /// Create an object of `resource` (plural, or `plural.group`) in namespace `ns`; returns
     /// it as stored (uid, creationTimestamp and resourceVersion set).
     pub fn create(&self, resource: &str, ns: Option<&str>, object: Value) -> Result<Value> {
+        // JSON is parsed back outside the lock
         self.write(|st| {
             let res = self.resource(st, resource)?;
-            Ok(st.create(res, ns, object)?.value())
+            Ok(st.create(res, ns, object)?)
         })
+        .map(|o| o.value())
     }
 
     /// Replace an object (a `resourceVersion` in the body is a precondition).
@@ -519,32 +543,36 @@ impl Sim {
             .to_string();
         self.write(|st| {
             let res = self.resource(st, resource)?;
-            Ok(st.update(res, ns, &name, object, false)?.value())
+            Ok(st.update(res, ns, &name, object, false)?)
         })
+        .map(|o| o.value())
     }
 
     /// Apply a JSON merge patch to an object.
     pub fn patch(&self, resource: &str, ns: Option<&str>, name: &str, patch: &Value) -> Result<Value> {
         self.write(|st| {
             let res = self.resource(st, resource)?;
-            Ok(st.patch(res, ns, name, patch, false)?.value())
+            Ok(st.patch(res, ns, name, patch, false)?)
         })
+        .map(|o| o.value())
     }
 
     /// Apply a JSON merge patch to an object's status (the `/status` subresource).
     pub fn patch_status(&self, resource: &str, ns: Option<&str>, name: &str, patch: &Value) -> Result<Value> {
         self.write(|st| {
             let res = self.resource(st, resource)?;
-            Ok(st.patch(res, ns, name, patch, true)?.value())
+            Ok(st.patch(res, ns, name, patch, true)?)
         })
+        .map(|o| o.value())
     }
 
     /// Delete an object; returns its final state (with the deletion's resourceVersion).
     pub fn delete(&self, resource: &str, ns: Option<&str>, name: &str) -> Result<Value> {
         self.write(|st| {
             let res = self.resource(st, resource)?;
-            Ok(st.delete(res, ns, name)?.value())
+            Ok(st.delete(res, ns, name)?)
         })
+        .map(|o| o.value())
     }
 
     /// Read one object.

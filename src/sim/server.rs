@@ -805,6 +805,8 @@ impl Sink {
             let half = line_start + (self.buf.len() - line_start) / 2;
             self.buf.truncate(half);
             let _ = self.flush().await;
+            // let the half line reach the socket before the connection is aborted
+            tokio::time::sleep(Duration::from_millis(50)).await;
             let _ = self
                 .tx
                 .send(Err(io::Error::other("sim fault: chunk cut in half")))
@@ -825,7 +827,8 @@ impl Sink {
         if self.buf.is_empty() {
             return true;
         }
-        let chunk = Bytes::from(std::mem::take(&mut self.buf));
+        let next = Vec::with_capacity(CHUNK + 16 * 1024);
+        let chunk = Bytes::from(std::mem::replace(&mut self.buf, next));
         self.shared
             .counters
             .bytes_served

@@ -91,10 +91,7 @@ pub fn parse_response(raw: &[u8]) -> RawResponse {
 /// Decode a chunked body; a truncated body gives what arrived.
 pub fn dechunk(mut b: &[u8]) -> Vec<u8> {
     let mut out = Vec::new();
-    loop {
-        let Some(eol) = b.windows(2).position(|w| w == b"\r\n") else {
-            break;
-        };
+    while let Some(eol) = b.windows(2).position(|w| w == b"\r\n") {
         let size = usize::from_str_radix(String::from_utf8_lossy(&b[..eol]).trim(), 16).unwrap_or(0);
         if size == 0 {
             break;
