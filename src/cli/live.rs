@@ -94,28 +94,30 @@ fn print_event(output: Output, ev: &Event<DynamicObject>) {
     }
 }
 
-/// Waits for SIGINT or SIGTERM.
-pub async fn wait_for_signal() {
-    let ctrl_c = tokio::signal::ctrl_c();
-    #[cfg(unix)]
-    {
-        let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(s) => s,
-            Err(_) => {
-                let _ = ctrl_c.await;
-                return;
+/// Registers SIGINT and SIGTERM handlers now (so a signal arriving before the returned future is
+/// polled is not lost to the default action) and returns a future that completes on either.
+pub fn signals() -> impl std::future::Future<Output = ()> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let term = signal(SignalKind::terminate()).ok();
+    let int = signal(SignalKind::interrupt()).ok();
+    async move {
+        let wait = |s: Option<tokio::signal::unix::Signal>| async move {
+            match s {
+                Some(mut s) => {
+                    s.recv().await;
+                }
+                None => std::future::pending::<()>().await,
             }
         };
         tokio::select! {
-            _ = ctrl_c => {}
-            _ = term.recv() => {}
+            () = wait(term) => {}
+            () = wait(int) => {}
         }
     }
-    #[cfg(not(unix))]
-    let _ = ctrl_c.await;
 }
 
 pub async fn watch(scope: ScopeArgs, cluster: ClusterArgs, db: PathBuf, output: Output, reset: bool) -> CliResult {
+    let stop_signal = signals();
     let (client, server) = client(&cluster).await?;
     let (ar, namespaced) = resolve(&client, &server, &scope.resource).await?;
     if ar.plural == "secrets"
@@ -172,7 +174,7 @@ pub async fn watch(scope: ScopeArgs, cluster: ClusterArgs, db: PathBuf, output: 
     informer.start();
     let mut status = informer.status();
     let outcome = tokio::select! {
-        () = wait_for_signal() => Ok(()),
+        () = stop_signal => Ok(()),
         r = status.wait_for(|s| s.phase == durable_informer::reflector::Phase::Stopped) => {
             let _ = r;
             match informer.errors().into_iter().rev().find(|e| e.contains("belongs to cluster")) {

@@ -8,6 +8,7 @@ use durable_informer::sim::{Sim, SimConfig};
 use super::{CliError, CliResult, Size};
 
 pub async fn serve(port: u16, kubeconfig_out: Option<PathBuf>, size: Option<Size>) -> CliResult {
+    let stop_signal = super::live::signals();
     let sim = tokio::task::spawn_blocking(move || -> Result<Sim, CliError> {
         let sim =
             Sim::start(SimConfig::default().port(port)).map_err(|e| CliError::runtime(format!("cannot start: {e}")))?;
@@ -36,7 +37,7 @@ pub async fn serve(port: u16, kubeconfig_out: Option<PathBuf>, size: Option<Size
         );
     }
     println!("simulated API server listening on {} (Ctrl-C to stop)", sim.url());
-    super::live::wait_for_signal().await;
+    stop_signal.await;
     drop(sim);
     Ok(())
 }
