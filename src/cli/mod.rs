@@ -7,6 +7,7 @@
 mod db;
 mod demo;
 mod live;
+mod record;
 mod sim;
 
 use std::fmt;
@@ -115,6 +116,58 @@ pub enum Command {
         /// Wipe the database if it belongs to another cluster instead of failing.
         #[arg(long)]
         reset_on_cluster_change: bool,
+    },
+    /// Record a resource's watch traffic into a recording (JSON Lines, `.zst` compressed).
+    Record {
+        #[command(flatten)]
+        scope: ScopeArgs,
+        #[command(flatten)]
+        cluster: ClusterArgs,
+        /// Recording file (`.jsonl` or `.jsonl.zst`).
+        #[arg(long)]
+        out: PathBuf,
+        /// Start a new file after this many bytes.
+        #[arg(long)]
+        rotate_bytes: Option<u64>,
+        /// Stop after this many seconds (default: until SIGINT/SIGTERM).
+        #[arg(long)]
+        duration: Option<u64>,
+    },
+    /// Replay a recording (or `kubectl get --raw '…?watch=1'` output) into a database, offline.
+    Replay {
+        /// Recording files, in order.
+        #[arg(required = true)]
+        files: Vec<PathBuf>,
+        /// Database file (a fresh scope is filled).
+        #[arg(long)]
+        db: PathBuf,
+        /// Resource (default: from the objects' apiVersion/kind).
+        #[arg(long, short = 'r')]
+        resource: Option<String>,
+        /// `max` or a real-time factor (2 = twice as fast).
+        #[arg(long, default_value = "max")]
+        speed: String,
+        /// Stop once this resourceVersion is reached.
+        #[arg(long)]
+        until_rv: Option<String>,
+        /// Skip malformed lines instead of failing.
+        #[arg(long)]
+        skip_malformed: bool,
+        /// Output format of the report.
+        #[arg(long, short = 'o', value_enum, default_value = "table")]
+        output: Output,
+    },
+    /// Write a database's log back out as a recording.
+    Export {
+        /// Database file.
+        #[arg(long)]
+        db: PathBuf,
+        /// Resource (default: every scope).
+        #[arg(long, short = 'r')]
+        resource: Option<String>,
+        /// Recording file (`.zst` to compress).
+        #[arg(long)]
+        out: PathBuf,
     },
     /// Print one stored object.
     Get {
@@ -323,6 +376,23 @@ async fn run(command: Command) -> CliResult {
             output,
             reset_on_cluster_change,
         } => live::watch(scope, cluster, db, output, reset_on_cluster_change).await,
+        Command::Record {
+            scope,
+            cluster,
+            out,
+            rotate_bytes,
+            duration,
+        } => record::record(scope, cluster, out, rotate_bytes, duration).await,
+        Command::Replay {
+            files,
+            db,
+            resource,
+            speed,
+            until_rv,
+            skip_malformed,
+            output,
+        } => record::replay(files, db, resource, &speed, until_rv, skip_malformed, output).await,
+        Command::Export { db, resource, out } => record::export(&db, resource.as_deref(), &out),
         Command::Get {
             db,
             resource,
