@@ -29,12 +29,29 @@ use kube::api::{Api, Patch, PatchParams, PostParams};
 use serde::{Deserialize, Serialize};
 
 /// The `Foo` custom resource.
-#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, Deserialize)]
 pub struct Foo {
     pub metadata: ObjectMeta,
     pub spec: FooSpec,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub status: Option<FooStatus>,
+}
+
+// By hand so `apiVersion` and `kind` are always written: a real API server refuses objects
+// without them (the simulated one is more lenient).
+impl Serialize for Foo {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeStruct;
+        let mut st = s.serialize_struct("Foo", 5)?;
+        st.serialize_field("apiVersion", "samplecontroller.k8s.io/v1alpha1")?;
+        st.serialize_field("kind", "Foo")?;
+        st.serialize_field("metadata", &self.metadata)?;
+        st.serialize_field("spec", &self.spec)?;
+        if let Some(status) = &self.status {
+            st.serialize_field("status", status)?;
+        }
+        st.end()
+    }
 }
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
