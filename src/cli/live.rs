@@ -116,6 +116,27 @@ pub fn signals() -> impl std::future::Future<Output = ()> {
     }
 }
 
+/// A source for `ar` restricted by the command line's namespace and selectors.
+pub fn scoped_source(
+    client: kube::Client,
+    server: &str,
+    ar: ApiResource,
+    namespaced: bool,
+    scope: &ScopeArgs,
+) -> KubeSource {
+    let mut source = KubeSource::new(client, server, ar);
+    if let (Some(ns), true) = (&scope.namespace, namespaced) {
+        source = source.namespace(ns);
+    }
+    if let Some(l) = &scope.selector {
+        source = source.labels(l);
+    }
+    if let Some(f) = &scope.field_selector {
+        source = source.fields(f);
+    }
+    source
+}
+
 pub async fn watch(scope: ScopeArgs, cluster: ClusterArgs, db: PathBuf, output: Output, reset: bool) -> CliResult {
     let stop_signal = signals();
     let (client, server) = client(&cluster).await?;
@@ -135,16 +156,7 @@ pub async fn watch(scope: ScopeArgs, cluster: ClusterArgs, db: PathBuf, output: 
             .await
             .map_err(CliError::runtime)??
     };
-    let mut source = KubeSource::new(client, &server, ar);
-    if let (Some(ns), true) = (&scope.namespace, namespaced) {
-        source = source.namespace(ns);
-    }
-    if let Some(l) = &scope.selector {
-        source = source.labels(l);
-    }
-    if let Some(f) = &scope.field_selector {
-        source = source.fields(f);
-    }
+    let source = scoped_source(client, &server, ar, namespaced, &scope);
     let config = ReflectorConfig {
         reset_on_cluster_change: reset,
         ..ReflectorConfig::default()

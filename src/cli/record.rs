@@ -6,12 +6,11 @@ use std::time::Duration;
 use durable_informer::replay::{
     export_log_file, replay_into, MalformedPolicy, Recorder, RecorderConfig, ReplayOptions, ReplaySource, Speed,
 };
-use durable_informer::source::KubeSource;
 use durable_informer::store::{DurableStore, ScopeSpec, StoreConfig};
 use serde_json::json;
 
 use super::db::{find_scope, open, split_resource};
-use super::live::{client, resolve, signals};
+use super::live::{client, resolve, scoped_source, signals};
 use super::{CliError, CliResult, ClusterArgs, Output, ScopeArgs};
 
 fn replay_err(e: impl std::fmt::Display) -> CliError {
@@ -28,16 +27,7 @@ pub async fn record(
     let stop_signal = signals();
     let (client, server) = client(&cluster).await?;
     let (ar, namespaced) = resolve(&client, &server, &scope.resource).await?;
-    let mut source = KubeSource::new(client, &server, ar);
-    if let (Some(ns), true) = (&scope.namespace, namespaced) {
-        source = source.namespace(ns);
-    }
-    if let Some(l) = &scope.selector {
-        source = source.labels(l);
-    }
-    if let Some(f) = &scope.field_selector {
-        source = source.fields(f);
-    }
+    let source = scoped_source(client, &server, ar, namespaced, &scope);
     let mut config = RecorderConfig::new(&out);
     if let Some(b) = rotate {
         config = config.rotate_bytes(b);

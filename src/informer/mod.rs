@@ -269,6 +269,11 @@ where
     /// Starts and runs until [`stop`](Self::stop) or a fatal error (another cluster's database).
     pub async fn run(&self) -> Result<(), ReflectorError> {
         self.start();
+        self.join().await
+    }
+
+    /// Waits for the reflector task, if it runs.
+    async fn join(&self) -> Result<(), ReflectorError> {
         let task = self
             .inner
             .task
@@ -285,16 +290,7 @@ where
     /// (see [`shutdown`](Self::shutdown)).
     pub async fn stop(&self) -> Result<(), ReflectorError> {
         let _ = self.inner.stop.send(true);
-        let task = self
-            .inner
-            .task
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .take();
-        match task {
-            Some(t) => t.await.unwrap_or(Ok(())),
-            None => Ok(()),
-        }
+        self.join().await
     }
 
     /// Registers a handler. Volatile handlers start with a synthetic add of everything in the

@@ -96,12 +96,19 @@ pub struct Snapshot {
 
 impl Snapshot {
     fn objects_in(&self, start: &[u8], end: &[u8]) -> Result<Vec<StoredObject>, StoreError> {
+        self.objects_in_limited(start, end, usize::MAX)
+    }
+
+    fn objects_in_limited(&self, start: &[u8], end: &[u8], limit: usize) -> Result<Vec<StoredObject>, StoreError> {
         let s = &self.shared;
         let objects = self.txn.open_table(OBJECTS).map_err(|e| s.storage(e))?;
         let log = self.txn.open_table(LOG).map_err(|e| s.storage(e))?;
         let load = txn_loader(s, &self.txn);
         let mut out = Vec::new();
         for row in objects.range::<&[u8]>(start..end).map_err(|e| s.storage(e))? {
+            if out.len() >= limit {
+                break;
+            }
             let (k, v) = row.map_err(|e| s.storage(e))?;
             let (h, inline) = codec::decode_object(v.value())?;
             let bytes = object_bytes(s, &log, &h, inline, &load)?;
@@ -144,7 +151,6 @@ impl Snapshot {
     /// Up to `limit` objects after `after` (exclusive), in key order: pages through a large
     /// scope within one consistent view.
     pub fn list_after(&self, after: Option<&ObjectKey>, limit: usize) -> Result<Vec<StoredObject>, StoreError> {
-        let s = &self.shared;
         let (start, end) = keys::scope_range(self.scope);
         let start = match after {
             // The smallest key greater than `after`: its encoding plus one NUL byte.
@@ -155,28 +161,7 @@ impl Snapshot {
             }
             None => start,
         };
-        let objects = self.txn.open_table(OBJECTS).map_err(|e| s.storage(e))?;
-        let log = self.txn.open_table(LOG).map_err(|e| s.storage(e))?;
-        let load = txn_loader(s, &self.txn);
-        let mut out = Vec::new();
-        for row in objects
-            .range::<&[u8]>(start.as_slice()..end.as_slice())
-            .map_err(|e| s.storage(e))?
-        {
-            if out.len() >= limit {
-                break;
-            }
-            let (k, v) = row.map_err(|e| s.storage(e))?;
-            let (h, inline) = codec::decode_object(v.value())?;
-            let bytes = object_bytes(s, &log, &h, inline, &load)?;
-            let (_, key) = keys::decode_object(k.value())?;
-            out.push(StoredObject {
-                key,
-                meta: h.meta,
-                bytes,
-            });
-        }
-        Ok(out)
+        self.objects_in_limited(&start, &end, limit)
     }
 
     /// The last log seq committed when this view was taken: every log entry up to it is
