@@ -1,5 +1,6 @@
 //! kube-runtime interop: an informer as a stream of `kube::runtime::watcher::Event<K>`, so
-//! `kube::runtime::reflector` and `Controller::for_stream` can consume it.
+//! `kube::runtime::reflector` and `Controller::for_stream` (kube's `unstable-runtime` feature,
+//! enabled by this crate) can consume it; `tests/informer_sim.rs` runs such a Controller.
 //!
 //! ```no_run
 //! # async fn f(informer: durable_informer::informer::Informer<k8s_openapi::api::core::v1::Pod>) {
