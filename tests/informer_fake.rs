@@ -300,6 +300,11 @@ async fn listers_select_by_labels_and_namespace() {
         Some("a")
     );
     assert!(lister.namespace("other").get("a").unwrap().is_none());
+    // With a decode cache, an unchanged object is decoded once and shared.
+    let cached = inf.lister().with_cache(10);
+    let first = cached.namespace("ns").get("a").unwrap().unwrap();
+    let again = cached.namespace("ns").get("a").unwrap().unwrap();
+    assert!(std::sync::Arc::ptr_eq(&first, &again));
     inf.shutdown().await.unwrap();
 }
 

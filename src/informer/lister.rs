@@ -7,19 +7,12 @@ use std::sync::Arc;
 use serde::de::DeserializeOwned;
 
 use crate::selector::LabelSelector;
-use crate::store::{CodecError, ObjectKey, Store, StoreError, StoredObject};
+use crate::store::{CodecError, ObjectKey, Store, StoreError, StoredObject, TypedCache};
 
 fn decode<K: DeserializeOwned>(o: &StoredObject) -> Result<Arc<K>, StoreError> {
     serde_json::from_slice(&o.bytes)
         .map(Arc::new)
         .map_err(|e| StoreError::Codec(CodecError::Json(e)))
-}
-
-fn select<K: DeserializeOwned>(objs: Vec<StoredObject>, selector: &LabelSelector) -> Result<Vec<Arc<K>>, StoreError> {
-    objs.iter()
-        .filter(|o| selector.matches(&o.meta.labels))
-        .map(decode)
-        .collect()
 }
 
 /// Lists and gets typed objects from an informer's store.
@@ -32,6 +25,7 @@ fn select<K: DeserializeOwned>(objs: Vec<StoredObject>, selector: &LabelSelector
 /// ```
 pub struct Lister<K> {
     store: Store,
+    cache: Option<Arc<TypedCache<K>>>,
     _k: PhantomData<fn() -> K>,
 }
 
@@ -39,6 +33,7 @@ impl<K> Clone for Lister<K> {
     fn clone(&self) -> Self {
         Self {
             store: self.store.clone(),
+            cache: self.cache.clone(),
             _k: PhantomData,
         }
     }
@@ -46,12 +41,38 @@ impl<K> Clone for Lister<K> {
 
 impl<K: DeserializeOwned> Lister<K> {
     pub(crate) fn new(store: Store) -> Self {
-        Self { store, _k: PhantomData }
+        Self {
+            store,
+            cache: None,
+            _k: PhantomData,
+        }
+    }
+
+    /// Keeps up to `capacity` decoded objects in a bounded cache keyed by (key, RV), so
+    /// repeated reads of unchanged objects skip the JSON decode. Clones share the cache.
+    #[must_use]
+    pub fn with_cache(mut self, capacity: usize) -> Self {
+        self.cache = Some(Arc::new(TypedCache::new(capacity)));
+        self
+    }
+
+    fn decode(&self, o: &StoredObject) -> Result<Arc<K>, StoreError> {
+        match &self.cache {
+            Some(c) => c.decode(o),
+            None => decode(o),
+        }
     }
 
     /// Every object matching `selector`, in key order.
     pub fn list(&self, selector: &LabelSelector) -> Result<Vec<Arc<K>>, StoreError> {
-        select(self.store.list()?, selector)
+        self.select(self.store.list()?, selector)
+    }
+
+    fn select(&self, objs: Vec<StoredObject>, selector: &LabelSelector) -> Result<Vec<Arc<K>>, StoreError> {
+        objs.iter()
+            .filter(|o| selector.matches(&o.meta.labels))
+            .map(|o| self.decode(o))
+            .collect()
     }
 
     /// A cluster-scoped object by name.
@@ -59,7 +80,7 @@ impl<K: DeserializeOwned> Lister<K> {
         self.store
             .get(&ObjectKey::cluster(name))?
             .as_ref()
-            .map(decode)
+            .map(|o| self.decode(o))
             .transpose()
     }
 
@@ -67,32 +88,28 @@ impl<K: DeserializeOwned> Lister<K> {
     #[must_use]
     pub fn namespace(&self, namespace: &str) -> NamespaceLister<K> {
         NamespaceLister {
-            store: self.store.clone(),
+            lister: self.clone(),
             namespace: namespace.to_owned(),
-            _k: PhantomData,
         }
     }
 }
 
 /// A lister restricted to one namespace (a key-range scan of the store).
 pub struct NamespaceLister<K> {
-    store: Store,
+    lister: Lister<K>,
     namespace: String,
-    _k: PhantomData<fn() -> K>,
 }
 
 impl<K: DeserializeOwned> NamespaceLister<K> {
     /// Objects of the namespace matching `selector`.
     pub fn list(&self, selector: &LabelSelector) -> Result<Vec<Arc<K>>, StoreError> {
-        select(self.store.list_namespace(&self.namespace)?, selector)
+        self.lister
+            .select(self.lister.store.list_namespace(&self.namespace)?, selector)
     }
 
     /// One object by name.
     pub fn get(&self, name: &str) -> Result<Option<Arc<K>>, StoreError> {
-        self.store
-            .get(&ObjectKey::namespaced(&self.namespace, name))?
-            .as_ref()
-            .map(decode)
-            .transpose()
+        let obj = self.lister.store.get(&ObjectKey::namespaced(&self.namespace, name))?;
+        obj.as_ref().map(|o| self.lister.decode(o)).transpose()
     }
 }

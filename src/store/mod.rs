@@ -36,6 +36,7 @@ mod index;
 mod migrate;
 mod read;
 mod schema;
+mod typed;
 mod writer;
 
 use std::fs::OpenOptions;
@@ -50,6 +51,7 @@ pub use codec::{extract_meta, CodecError, Compression, DeltaKind, ObjectMeta, Ow
 pub use index::{IndexFunc, Indexer, LABELS, NAMESPACE};
 pub use read::{LogReader, LogRecord, Snapshot, Store, StoredObject};
 pub use schema::{IndexName, IndexValue, KeyError, ObjectKey, ResourceVersion, ScopeId, Seq};
+pub use typed::TypedCache;
 pub use writer::{Batch, Committed, CompactReport, Delta, RelistSummary, Writer};
 
 pub use crate::error::StoreError;
