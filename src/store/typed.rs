@@ -12,6 +12,8 @@ use super::schema::{ObjectKey, ResourceVersion};
 use super::{CodecError, StoreError};
 
 type Entry = (ObjectKey, ResourceVersion);
+/// The map and the insertion order used for eviction.
+type Slots<K> = (HashMap<Entry, Arc<K>>, VecDeque<Entry>);
 
 /// Decoded `Arc<K>`s of recently read objects, at most `capacity` of them (oldest evicted
 /// first). A changed object has a new resourceVersion, so a stale entry is never returned.
@@ -23,7 +25,7 @@ type Entry = (ObjectKey, ResourceVersion);
 /// ```
 pub struct TypedCache<K> {
     capacity: usize,
-    inner: Mutex<(HashMap<Entry, Arc<K>>, VecDeque<Entry>)>,
+    inner: Mutex<Slots<K>>,
 }
 
 impl<K: DeserializeOwned> TypedCache<K> {
@@ -70,7 +72,7 @@ impl<K: DeserializeOwned> TypedCache<K> {
         self.len() == 0
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, (HashMap<Entry, Arc<K>>, VecDeque<Entry>)> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Slots<K>> {
         self.inner.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 }
