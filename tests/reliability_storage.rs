@@ -2,7 +2,12 @@
 //! writes and `set_len` on command. A failed commit must be reported to every sender of its
 //! group commit, the database must stay at the last acknowledged commit (`check` passes), and the
 //! writer must keep working once the fault is gone (it reopens the database, as redb refuses
-//! every operation after an I/O error until then). A full disk (ENOSPC) gives an error that says
+//! every operation after an I/O error until then).
+//!
+//! Finding: a commit whose *fsync* failed is reported as failed, but after the reopen it is
+//! usually there (redb wrote the pages and the header; only the sync failed). That is the same
+//! outcome as a crash between commit and acknowledgement, so the tests check the crash contract
+//! (acknowledged ⊆ stored ⊆ acknowledged + whole failed batches, RV consistent), not equality. A full disk (ENOSPC) gives an error that says
 //! "No space left on device", and nothing acknowledged is lost once space returns.
 
 use std::collections::BTreeMap;
@@ -129,16 +134,28 @@ fn object(name: &str, rv: u64, pad: usize) -> RawObject {
 }
 
 /// The scope's objects as name → rv, and its persisted RV.
+///
+/// While the writer reopens the database after an I/O error, read handles get
+/// `StoreError::Closed` for a moment (redb's file lock allows one open `Database`); this retries
+/// through that window.
 fn state(db: &DurableStore, scope: ScopeId) -> (BTreeMap<String, String>, Option<String>) {
-    let objs = db
-        .store(scope)
-        .list()
-        .expect("list")
-        .into_iter()
-        .map(|o| (o.key.name.clone(), o.meta.resource_version.to_string()))
-        .collect();
-    let rv = db.store(scope).resource_version().expect("rv").map(|r| r.to_string());
-    (objs, rv)
+    for _ in 0..500 {
+        let read = || -> Result<_, StoreError> {
+            let objs = db
+                .store(scope)
+                .list()?
+                .into_iter()
+                .map(|o| (o.key.name.clone(), o.meta.resource_version.to_string()))
+                .collect();
+            let rv = db.store(scope).resource_version()?.map(|r| r.to_string());
+            Ok((objs, rv))
+        };
+        match read() {
+            Err(StoreError::Closed { .. }) => std::thread::sleep(std::time::Duration::from_millis(10)),
+            other => return other.expect("read"),
+        }
+    }
+    panic!("the store stayed closed");
 }
 
 fn check_clean(db: &DurableStore) {
@@ -149,6 +166,29 @@ fn check_clean(db: &DurableStore) {
 struct Model {
     objs: BTreeMap<String, String>,
     rv: Option<String>,
+}
+
+/// A commit whose fsync failed is reported as failed, yet its pages and header may already be in
+/// the file (the write succeeded, only the sync did not): after the writer reopens the database
+/// it can turn out durable — exactly like a crash between commit and acknowledgement. So the
+/// contract checked here is the crash contract: the store equals the acknowledged commits plus,
+/// possibly, some of the failed batches (each whole or not at all), with the RV of the newest
+/// batch present; never less than acknowledged. `failed` lists the failed batches (name, rv);
+/// those found in the store are adopted into the model. Returns how many were adopted.
+fn adopt_possibly_durable(db: &DurableStore, scope: ScopeId, model: &mut Model, failed: &[(String, u64)]) -> usize {
+    let (objs, rv) = state(db, scope);
+    let mut adopted = 0;
+    for (name, frv) in failed {
+        if objs.get(name) == Some(&frv.to_string()) {
+            model.objs.insert(name.clone(), frv.to_string());
+            adopted += 1;
+        }
+    }
+    assert_eq!(objs, model.objs, "the store is not the acknowledged state plus whole failed batches");
+    let max_present = model.objs.values().filter_map(|v| v.parse::<u64>().ok()).max();
+    assert_eq!(rv.and_then(|r| r.parse::<u64>().ok()), max_present, "persisted RV does not match the data");
+    model.rv = max_present.map(|m| m.to_string());
+    adopted
 }
 
 impl Model {
@@ -230,12 +270,14 @@ fn failed_syncs_fail_every_command_of_the_group_and_the_writer_recovers() {
     assert_eq!(objs, model.objs);
     assert_eq!(rv, model.rv);
     // The writer recovers: new commits succeed.
+    let failed: Vec<(String, u64)> = outcomes.iter().map(|(n, rv, _)| (n.clone(), *rv)).collect();
     for rv in 200..205 {
         apply_one(&db, scope, rv).expect("commit after the fault cleared");
         model.ack(&format!("obj-{rv}"), rv);
     }
     check_clean(&db);
-    assert_eq!(state(&db, scope), (model.objs.clone(), model.rv.clone()));
+    let adopted = adopt_possibly_durable(&db, scope, &mut model, &failed);
+    eprintln!("{adopted} of {} batches reported failed turned out durable after the reopen", failed.len());
     // And it survives a reopen.
     db.close().expect("close");
     let db = DurableStore::open(StoreConfig::new(dir.path().join("db.redb"))).expect("reopen");
@@ -243,10 +285,10 @@ fn failed_syncs_fail_every_command_of_the_group_and_the_writer_recovers() {
     assert_eq!(state(&db, scope), (model.objs, model.rv));
 }
 
-/// One failed sync in the middle of pipelined commits: exactly the commands acknowledged are in
-/// the database, every failed one is absent, and a later commit works.
+/// One failed sync in the middle of pipelined commits: every acknowledged command is in
+/// the database, failed ones are whole-or-absent (see `adopt_possibly_durable`), a later commit works.
 #[test]
-fn a_single_failed_sync_loses_exactly_the_failed_group() {
+fn a_single_failed_sync_fails_its_group_and_loses_nothing_acknowledged() {
     let (dir, faults, db, scope, mut model) = setup();
     for round in 0..5u64 {
         faults.fail_syncs.store(1, Ordering::SeqCst);
@@ -256,13 +298,17 @@ fn a_single_failed_sync_loses_exactly_the_failed_group() {
         // Replies in order: the failed group is contiguous, and later batches of the same
         // pipeline may still commit (the writer reopened); an RV regression refusal is not
         // possible here, as RVs increase.
+        let mut failed = Vec::new();
         for (name, rv, r) in &outcomes {
-            if r.is_ok() {
-                model.ack(name, *rv);
+            match r {
+                Ok(()) => model.ack(name, *rv),
+                Err(_) => failed.push((name.clone(), *rv)),
             }
         }
-        let (objs, _) = state(&db, scope);
-        assert_eq!(objs, model.objs, "round {round}: the store differs from the acknowledged commits");
+        // Make the writer reopen (if it has not yet) before comparing.
+        apply_one(&db, scope, 1050 + round * 100).expect("commit after the fault");
+        model.ack(&format!("obj-{}", 1050 + round * 100), 1050 + round * 100);
+        adopt_possibly_durable(&db, scope, &mut model, &failed);
         check_clean(&db);
     }
     apply_one(&db, scope, 9000).expect("commit after faults");
@@ -280,15 +326,20 @@ fn failed_write_aborts_the_commit_and_the_writer_recovers() {
     faults.fail_writes.store(1, Ordering::SeqCst);
     let outcomes = submit_many(&db, scope, 100, 10);
     assert!(outcomes.iter().any(|(_, _, r)| r.is_err()), "no command saw the failed write");
+    let mut failed = Vec::new();
     for (name, rv, r) in &outcomes {
         match r {
             Ok(()) => model.ack(name, *rv),
-            Err(e) => assert!(e.to_string().contains("I/O") || e.to_string().contains("Input/output"), "{e}"),
+            Err(e) => {
+                assert!(e.to_string().contains("I/O") || e.to_string().contains("Input/output"), "{e}");
+                failed.push((name.clone(), *rv));
+            }
         }
     }
-    assert_eq!(state(&db, scope).0, model.objs);
     apply_one(&db, scope, 500).expect("commit after the fault");
     model.ack("obj-500", 500);
+    // A failed page write leaves no header pointing at it: nothing failed may appear.
+    assert_eq!(adopt_possibly_durable(&db, scope, &mut model, &failed), 0);
     check_clean(&db);
     db.close().expect("close");
     let db = DurableStore::open(StoreConfig::new(dir.path().join("db.redb"))).expect("reopen");
@@ -312,16 +363,19 @@ fn disk_full_gives_a_clear_error_and_recovers_when_space_returns() {
         }
         assert!(msg.contains("No space left on device"), "unclear ENOSPC error: {msg}");
     }
-    // Reads still work while the disk is full (reads never write); they may briefly see the
-    // store closed while the writer reopens it, so look once the writer is idle.
-    assert_eq!(state(&db, scope).0, model.objs);
+    // While the disk stays full, the writer's reopen fails too (redb repairs an uncleanly
+    // closed file on open, which writes), so read handles get `Closed` until space returns.
+    match db.store(scope).list() {
+        Ok(objs) => assert_eq!(objs.len(), model.objs.len()),
+        Err(e) => assert!(matches!(e, StoreError::Closed { .. }), "{e}"),
+    }
     faults.disk_full.store(false, Ordering::SeqCst);
     for rv in 200..210 {
         apply_one(&db, scope, rv).expect("commit once space returned");
         model.ack(&format!("obj-{rv}"), rv);
     }
     check_clean(&db);
-    assert_eq!(state(&db, scope), (model.objs.clone(), model.rv.clone()));
+    assert_eq!(adopt_possibly_durable(&db, scope, &mut model, &[]), 0);
     db.close().expect("close");
     let db = DurableStore::open(StoreConfig::new(dir.path().join("db.redb"))).expect("reopen");
     check_clean(&db);
