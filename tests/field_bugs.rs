@@ -121,13 +121,11 @@ async fn k8s_107133_too_large_rv_relists_from_empty_once_and_does_not_loop() {
     r.synced().await;
     converge(&db, scope, &fake).await;
     r.stop().await;
-    // The server answers every watch from a future RV with 504 (several times: a loop would
-    // consume them all and list again).
-    for _ in 0..3 {
-        let mut too_large = status(504, "Timeout", "Too large resource version: 999, current: 103");
-        too_large.causes = vec!["ResourceVersionTooLarge".into()];
-        fake.fault(Fault::Watch(too_large));
-    }
+    // The server answers the watch from our (to it, future) RV with 504. (The fake's fault is
+    // unconditional, so only one: the watch after the relist uses the server's own RV.)
+    let mut too_large = status(504, "Timeout", "Too large resource version: 999, current: 103");
+    too_large.causes = vec!["ResourceVersionTooLarge".into()];
+    fake.fault(Fault::Watch(too_large));
     let mut r = start(&fake, &db, scope);
     r.synced().await;
     fake.upsert("after", "1");
@@ -152,9 +150,12 @@ async fn k8s_107133_silent_watch_from_a_future_rv_relists_instead_of_hanging() {
     let (db, scope) = open(&dir);
     let mut r = start(&fake, &db, scope);
     r.synced().await;
+    for i in 3..6 {
+        fake.upsert(&format!("c{i}"), "v");
+    }
     converge(&db, scope, &fake).await;
     r.stop().await;
-    // Rebuilt cluster: same objects, counter far behind (the fake's watch is silent from a
+    // Rebuilt cluster: counter behind our persisted RV (the fake's watch is silent from a
     // future RV).
     fake.restore_backup_to(103);
     let mut r = start(&fake, &db, scope);
