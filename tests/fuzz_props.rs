@@ -279,3 +279,14 @@ fn sim_continue_token_decoder_never_panics_over_http() {
     // The server still serves.
     assert_eq!(get(""), 200);
 }
+
+/// Found by `field_selector_parser_never_panics` (minimal input `"¡"`): the field selector
+/// parser sliced a `&str` inside a multi-byte character. Fixed in `selector::split_op`.
+#[test]
+fn field_selector_with_non_ascii_does_not_panic() {
+    for s in ["¡", "a¡=b", "¡!=x", "\\¡=1", "é==ü", "metadata.name=ü"] {
+        let _ = FieldSelector::parse(s);
+        let _ = LabelSelector::parse(s);
+    }
+    assert_eq!(FieldSelector::parse("metadata.name=ü").unwrap().requirements()[0].value(), "ü");
+}
