@@ -49,15 +49,17 @@ pub fn check(delivered: &[Ev], server: &[Ev], opts: Opts) -> Result<(), String> 
     let mut last: BTreeMap<&str, u64> = BTreeMap::new();
     let mut seen: BTreeSet<(&str, u64)> = BTreeSet::new();
     for (i, e) in delivered.iter().enumerate() {
+        let repeat = seen.contains(&(e.key.as_str(), e.rv));
+        if repeat && !opts.allow_duplicates {
+            return Err(format!("#{i} {e:?}: delivered twice"));
+        }
         if let Some(&prev) = last.get(e.key.as_str()) {
-            let ok = if opts.allow_duplicates { e.rv >= prev || seen.contains(&(e.key.as_str(), e.rv)) } else { e.rv > prev };
-            if !ok {
+            // A redelivery after a crash repeats an earlier event; anything else must move forward.
+            if !(e.rv > prev || (opts.allow_duplicates && repeat)) {
                 return Err(format!("#{i} {e:?}: RV not increasing for {} (previous {prev})", e.key));
             }
         }
-        if !seen.insert((e.key.as_str(), e.rv)) && !opts.allow_duplicates {
-            return Err(format!("#{i} {e:?}: delivered twice"));
-        }
+        seen.insert((e.key.as_str(), e.rv));
         last.insert(e.key.as_str(), last.get(e.key.as_str()).copied().unwrap_or(0).max(e.rv));
     }
     let server_set: BTreeSet<&Ev> = server.iter().collect();
