@@ -93,7 +93,11 @@ async fn converge(db: &DurableStore, scope: ScopeId, fake: &Fake) {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     assert_eq!(stored(db, scope), fake.objects(), "store never converged");
-    panic!("store RV {} never reached {}", persisted_rv(db, scope), fake.current_rv());
+    panic!(
+        "store RV {} never reached {}",
+        persisted_rv(db, scope),
+        fake.current_rv()
+    );
 }
 
 /// Full LISTs (not the one-object probe, not continuation pages) with the RV they asked for.
@@ -133,7 +137,10 @@ async fn k8s_107133_too_large_rv_relists_from_empty_once_and_does_not_loop() {
     tokio::time::sleep(Duration::from_millis(300)).await;
     let lists = full_list_rvs(&fake);
     assert_eq!(lists.len(), 2, "one initial list and one relist, no loop: {lists:?}");
-    assert_eq!(lists[1], "rv=", "the relist reads from etcd (resourceVersion=\"\"): {lists:?}");
+    assert_eq!(
+        lists[1], "rv=",
+        "the relist reads from etcd (resourceVersion=\"\"): {lists:?}"
+    );
     r.stop().await;
 }
 
@@ -166,7 +173,11 @@ async fn k8s_107133_silent_watch_from_a_future_rv_relists_instead_of_hanging() {
     converge(&db, scope, &fake).await;
     tokio::time::sleep(Duration::from_millis(300)).await;
     let lists = full_list_rvs(&fake);
-    assert_eq!(lists, vec!["rv=".to_owned(), "rv=".to_owned()], "exactly one relist from \"\"");
+    assert_eq!(
+        lists,
+        vec!["rv=".to_owned(), "rv=".to_owned()],
+        "exactly one relist from \"\""
+    );
     r.stop().await;
 }
 
@@ -245,7 +256,9 @@ impl Source for StaleDeletes {
                         let stale = m.remove(&o.meta.name).unwrap_or(0);
                         let mut v: serde_json::Value = serde_json::from_slice(&o.bytes).unwrap();
                         v["metadata"]["resourceVersion"] = serde_json::json!(stale.to_string());
-                        Ok(WatchEvent::Deleted(RawObject::from_json(serde_json::to_vec(&v).unwrap()).unwrap()))
+                        Ok(WatchEvent::Deleted(
+                            RawObject::from_json(serde_json::to_vec(&v).unwrap()).unwrap(),
+                        ))
                     }
                     other => other,
                 }
@@ -308,8 +321,15 @@ async fn k8s_58545_stale_rv_on_delete_never_moves_the_persisted_rv_backwards() {
     fake.upsert("tail", "v");
     converge(&db, scope, &fake).await;
     rvs.push(persisted_rv(&db, scope));
-    assert!(rvs.windows(2).all(|w| w[0] <= w[1]), "persisted RV went backwards: {rvs:?}");
-    assert_eq!(stored(&db, scope), fake.objects(), "deletes with a stale RV are still applied");
+    assert!(
+        rvs.windows(2).all(|w| w[0] <= w[1]),
+        "persisted RV went backwards: {rvs:?}"
+    );
+    assert_eq!(
+        stored(&db, scope),
+        fake.objects(),
+        "deletes with a stale RV are still applied"
+    );
     assert_eq!(full_list_rvs(&fake).len(), 1, "no relist");
     r.stop().await;
     // Restart: resume from the persisted RV without a list, nothing replayed backwards.

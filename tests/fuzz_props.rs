@@ -15,7 +15,10 @@ use durable_informer::store::extract_meta;
 use proptest::prelude::*;
 
 fn cases() -> u32 {
-    std::env::var("PROPTEST_CASES").ok().and_then(|s| s.parse().ok()).unwrap_or(512)
+    std::env::var("PROPTEST_CASES")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(512)
 }
 
 /// A plausible Kubernetes object: metadata with some fields present, some wrong-typed.
@@ -66,8 +69,13 @@ fn object_json() -> impl Strategy<Value = serde_json::Value> {
 /// Mangles serialized JSON: truncates it, flips a byte, or splices in junk.
 fn mangle(json: String) -> impl Strategy<Value = Vec<u8>> {
     let len = json.len();
-    (0..=len, any::<u8>(), 0usize..4, proptest::collection::vec(any::<u8>(), 0..8)).prop_map(
-        move |(at, byte, how, junk)| {
+    (
+        0..=len,
+        any::<u8>(),
+        0usize..4,
+        proptest::collection::vec(any::<u8>(), 0..8),
+    )
+        .prop_map(move |(at, byte, how, junk)| {
             let mut b = json.clone().into_bytes();
             match how {
                 0 => b.truncate(at),
@@ -78,8 +86,7 @@ fn mangle(json: String) -> impl Strategy<Value = Vec<u8>> {
                 _ => {}
             }
             b
-        },
-    )
+        })
 }
 
 fn watch_line() -> impl Strategy<Value = Vec<u8>> {
@@ -235,7 +242,8 @@ fn sim_continue_token_decoder_never_panics_over_http() {
     let get = |token: &str| -> u16 {
         let enc: String = token.bytes().map(|b| format!("%{b:02X}")).collect();
         let mut s = std::net::TcpStream::connect(addr).expect("connect");
-        s.set_read_timeout(Some(std::time::Duration::from_secs(10))).expect("timeout");
+        s.set_read_timeout(Some(std::time::Duration::from_secs(10)))
+            .expect("timeout");
         write!(
             s,
             "GET /api/v1/configmaps?limit=1&continue={enc} HTTP/1.1\r\nHost: sim\r\nConnection: close\r\n\r\n"
@@ -288,5 +296,8 @@ fn field_selector_with_non_ascii_does_not_panic() {
         let _ = FieldSelector::parse(s);
         let _ = LabelSelector::parse(s);
     }
-    assert_eq!(FieldSelector::parse("metadata.name=ü").unwrap().requirements()[0].value(), "ü");
+    assert_eq!(
+        FieldSelector::parse("metadata.name=ü").unwrap().requirements()[0].value(),
+        "ü"
+    );
 }

@@ -15,9 +15,7 @@ use std::ops::Bound;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
-use durable_informer::store::{
-    Batch, DeltaKind, DurableStore, RawObject, ScopeId, ScopeSpec, StoreConfig, StoreError,
-};
+use durable_informer::store::{Batch, DeltaKind, DurableStore, RawObject, ScopeId, ScopeSpec, StoreConfig, StoreError};
 use redb::backends::FileBackend;
 use redb::{BackendError, StorageBackend};
 
@@ -160,7 +158,11 @@ fn state(db: &DurableStore, scope: ScopeId) -> (BTreeMap<String, String>, Option
 
 fn check_clean(db: &DurableStore) {
     let report = db.check().expect("check");
-    assert!(report.problems.is_empty(), "check found problems: {:?}", report.problems);
+    assert!(
+        report.problems.is_empty(),
+        "check found problems: {:?}",
+        report.problems
+    );
 }
 
 struct Model {
@@ -184,9 +186,16 @@ fn adopt_possibly_durable(db: &DurableStore, scope: ScopeId, model: &mut Model, 
             adopted += 1;
         }
     }
-    assert_eq!(objs, model.objs, "the store is not the acknowledged state plus whole failed batches");
+    assert_eq!(
+        objs, model.objs,
+        "the store is not the acknowledged state plus whole failed batches"
+    );
     let max_present = model.objs.values().filter_map(|v| v.parse::<u64>().ok()).max();
-    assert_eq!(rv.and_then(|r| r.parse::<u64>().ok()), max_present, "persisted RV does not match the data");
+    assert_eq!(
+        rv.and_then(|r| r.parse::<u64>().ok()),
+        max_present,
+        "persisted RV does not match the data"
+    );
     model.rv = max_present.map(|m| m.to_string());
     adopted
 }
@@ -213,7 +222,11 @@ fn setup() -> (tempfile::TempDir, Arc<Faults>, DurableStore, ScopeId, Model) {
     for i in 1..=5 {
         let name = format!("base-{i}");
         db.writer()
-            .apply_blocking(Batch::new(scope).delta(DeltaKind::Added, object(&name, i, 100)).rv(i.to_string()))
+            .apply_blocking(
+                Batch::new(scope)
+                    .delta(DeltaKind::Added, object(&name, i, 100))
+                    .rv(i.to_string()),
+            )
             .expect("base batch");
         model.ack(&name, i);
     }
@@ -229,7 +242,11 @@ fn submit_many(db: &DurableStore, scope: ScopeId, first_rv: u64, n: u64) -> Vec<
             let name = format!("obj-{rv}");
             let rx = db
                 .writer()
-                .submit(Batch::new(scope).delta(DeltaKind::Added, object(&name, rv, 2000)).rv(rv.to_string()))
+                .submit(
+                    Batch::new(scope)
+                        .delta(DeltaKind::Added, object(&name, rv, 2000))
+                        .rv(rv.to_string()),
+                )
                 .expect("submit");
             (name, rv, rx)
         })
@@ -245,7 +262,11 @@ fn submit_many(db: &DurableStore, scope: ScopeId, first_rv: u64, n: u64) -> Vec<
 /// Applies one batch and returns the outcome.
 fn apply_one(db: &DurableStore, scope: ScopeId, rv: u64) -> Result<(), StoreError> {
     db.writer()
-        .apply_blocking(Batch::new(scope).delta(DeltaKind::Added, object(&format!("obj-{rv}"), rv, 500)).rv(rv.to_string()))
+        .apply_blocking(
+            Batch::new(scope)
+                .delta(DeltaKind::Added, object(&format!("obj-{rv}"), rv, 500))
+                .rv(rv.to_string()),
+        )
         .map(|_| ())
 }
 
@@ -257,7 +278,9 @@ fn failed_syncs_fail_every_command_of_the_group_and_the_writer_recovers() {
     faults.fail_syncs.store(u64::MAX, Ordering::SeqCst);
     let outcomes = submit_many(&db, scope, 100, 20);
     for (name, _, r) in &outcomes {
-        let e = r.as_ref().expect_err("a commit whose sync failed must not be acknowledged");
+        let e = r
+            .as_ref()
+            .expect_err("a commit whose sync failed must not be acknowledged");
         assert!(
             e.to_string().contains("injected fsync failure") || e.to_string().contains("I/O"),
             "{name}: unclear error: {e}"
@@ -277,7 +300,10 @@ fn failed_syncs_fail_every_command_of_the_group_and_the_writer_recovers() {
     }
     check_clean(&db);
     let adopted = adopt_possibly_durable(&db, scope, &mut model, &failed);
-    eprintln!("{adopted} of {} batches reported failed turned out durable after the reopen", failed.len());
+    eprintln!(
+        "{adopted} of {} batches reported failed turned out durable after the reopen",
+        failed.len()
+    );
     // And it survives a reopen.
     db.close().expect("close");
     let db = DurableStore::open(StoreConfig::new(dir.path().join("db.redb"))).expect("reopen");
@@ -294,7 +320,10 @@ fn a_single_failed_sync_fails_its_group_and_loses_nothing_acknowledged() {
         faults.fail_syncs.store(1, Ordering::SeqCst);
         let outcomes = submit_many(&db, scope, 1000 + round * 100, 30);
         let failed = outcomes.iter().filter(|(_, _, r)| r.is_err()).count();
-        assert!(failed > 0, "round {round}: the injected sync failure did not fail any command");
+        assert!(
+            failed > 0,
+            "round {round}: the injected sync failure did not fail any command"
+        );
         // Replies in order: the failed group is contiguous, and later batches of the same
         // pipeline may still commit (the writer reopened); an RV regression refusal is not
         // possible here, as RVs increase.
@@ -325,13 +354,19 @@ fn failed_write_aborts_the_commit_and_the_writer_recovers() {
     let (dir, faults, db, scope, mut model) = setup();
     faults.fail_writes.store(1, Ordering::SeqCst);
     let outcomes = submit_many(&db, scope, 100, 10);
-    assert!(outcomes.iter().any(|(_, _, r)| r.is_err()), "no command saw the failed write");
+    assert!(
+        outcomes.iter().any(|(_, _, r)| r.is_err()),
+        "no command saw the failed write"
+    );
     let mut failed = Vec::new();
     for (name, rv, r) in &outcomes {
         match r {
             Ok(()) => model.ack(name, *rv),
             Err(e) => {
-                assert!(e.to_string().contains("I/O") || e.to_string().contains("Input/output"), "{e}");
+                assert!(
+                    e.to_string().contains("I/O") || e.to_string().contains("Input/output"),
+                    "{e}"
+                );
                 failed.push((name.clone(), *rv));
             }
         }
@@ -391,7 +426,10 @@ fn backend_wrapper_keeps_mode_and_magic_checks() {
     let faults = Arc::new(Faults::default());
     let path = dir.path().join("db.redb");
     drop(DurableStore::open(config(&path, &faults)).expect("open"));
-    assert_eq!(std::fs::metadata(&path).expect("meta").permissions().mode() & 0o777, 0o600);
+    assert_eq!(
+        std::fs::metadata(&path).expect("meta").permissions().mode() & 0o777,
+        0o600
+    );
     let bogus = dir.path().join("bogus.redb");
     std::fs::write(&bogus, b"definitely not redb").expect("write");
     assert!(matches!(

@@ -42,7 +42,12 @@ fn ev_of(e: &Event<ConfigMap>) -> Ev {
         o.metadata.namespace.clone().unwrap_or_default(),
         o.metadata.name.clone().unwrap_or_default()
     );
-    let rv = o.metadata.resource_version.as_deref().and_then(|r| r.parse().ok()).unwrap_or(0);
+    let rv = o
+        .metadata
+        .resource_version
+        .as_deref()
+        .and_then(|r| r.parse().ok())
+        .unwrap_or(0);
     Ev::new(key, rv, kind)
 }
 
@@ -68,11 +73,17 @@ impl Server {
         if i % 4 == 3 && self.live.contains(&name) {
             self.fake.delete(&name);
             self.live.remove(&name);
-            self.events.push(Ev::new(format!("ns/{name}"), self.fake.current_rv(), Kind::Delete));
+            self.events
+                .push(Ev::new(format!("ns/{name}"), self.fake.current_rv(), Kind::Delete));
         } else {
-            let kind = if self.live.insert(name.clone()) { Kind::Add } else { Kind::Update };
+            let kind = if self.live.insert(name.clone()) {
+                Kind::Add
+            } else {
+                Kind::Update
+            };
             self.fake.upsert(&name, &i.to_string());
-            self.events.push(Ev::new(format!("ns/{name}"), self.fake.current_rv(), kind));
+            self.events
+                .push(Ev::new(format!("ns/{name}"), self.fake.current_rv(), kind));
         }
     }
 }
@@ -174,6 +185,14 @@ async fn a_stream_resumed_after_restarts_equals_an_uninterrupted_one() {
     wait_for(&seen, &server).await;
     inf.shutdown().await.unwrap();
     let resumed = seen.lock().unwrap().clone();
-    stream_check::check(&resumed, &server.events, Opts { allow_duplicates: true, from_rv: 0 }).unwrap();
+    stream_check::check(
+        &resumed,
+        &server.events,
+        Opts {
+            allow_duplicates: true,
+            from_rv: 0,
+        },
+    )
+    .unwrap();
     stream_check::assert_resumed_equals_uninterrupted(&resumed, &uninterrupted);
 }

@@ -143,8 +143,7 @@ pub struct StoreConfig {
 
 /// A function that wraps the file backend redb reads and writes through; see
 /// [`StoreConfig::backend_wrapper`].
-pub type BackendWrapper =
-    Arc<dyn Fn(redb::backends::FileBackend) -> Box<dyn redb::StorageBackend> + Send + Sync>;
+pub type BackendWrapper = Arc<dyn Fn(redb::backends::FileBackend) -> Box<dyn redb::StorageBackend> + Send + Sync>;
 
 /// [`BackendWrapper`] with a `Debug` impl, so that [`StoreConfig`] stays `Debug`.
 #[derive(Clone)]
@@ -275,7 +274,11 @@ impl redb::StorageBackend for BoxedBackend {
     fn close(&self) -> Result<(), std::io::Error> {
         self.0.close()
     }
-    fn try_lock_range(&self, start: std::ops::Bound<u64>, end: std::ops::Bound<u64>) -> Result<bool, redb::BackendError> {
+    fn try_lock_range(
+        &self,
+        start: std::ops::Bound<u64>,
+        end: std::ops::Bound<u64>,
+    ) -> Result<bool, redb::BackendError> {
         self.0.try_lock_range(start, end)
     }
     fn try_lock_shared_range(
@@ -288,13 +291,21 @@ impl redb::StorageBackend for BoxedBackend {
     fn lock_range(&self, start: std::ops::Bound<u64>, end: std::ops::Bound<u64>) -> Result<(), redb::BackendError> {
         self.0.lock_range(start, end)
     }
-    fn lock_shared_range(&self, start: std::ops::Bound<u64>, end: std::ops::Bound<u64>) -> Result<(), redb::BackendError> {
+    fn lock_shared_range(
+        &self,
+        start: std::ops::Bound<u64>,
+        end: std::ops::Bound<u64>,
+    ) -> Result<(), redb::BackendError> {
         self.0.lock_shared_range(start, end)
     }
     fn unlock_range(&self, start: std::ops::Bound<u64>, end: std::ops::Bound<u64>) -> Result<(), redb::BackendError> {
         self.0.unlock_range(start, end)
     }
-    fn query_lock_range(&self, start: std::ops::Bound<u64>, end: std::ops::Bound<u64>) -> Result<bool, redb::BackendError> {
+    fn query_lock_range(
+        &self,
+        start: std::ops::Bound<u64>,
+        end: std::ops::Bound<u64>,
+    ) -> Result<bool, redb::BackendError> {
         self.0.query_lock_range(start, end)
     }
 }
@@ -398,7 +409,9 @@ impl Shared {
                     Err(still_shared) => {
                         // A reader holds it for long: put it back and try again on the next error.
                         *self.db.write().unwrap_or_else(std::sync::PoisonError::into_inner) = Some(still_shared);
-                        return Err(StoreError::Locked { path: self.path.clone() });
+                        return Err(StoreError::Locked {
+                            path: self.path.clone(),
+                        });
                     }
                 }
             }

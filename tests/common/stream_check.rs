@@ -31,7 +31,11 @@ pub struct Ev {
 
 impl Ev {
     pub fn new(key: impl Into<String>, rv: u64, kind: Kind) -> Self {
-        Self { key: key.into(), rv, kind }
+        Self {
+            key: key.into(),
+            rv,
+            kind,
+        }
     }
 }
 
@@ -74,7 +78,11 @@ pub fn check(delivered: &[Ev], server: &[Ev], opts: Opts) -> Result<(), String> 
         .filter(|e| e.rv > opts.from_rv && !delivered_set.contains(e))
         .collect();
     if !missing.is_empty() {
-        return Err(format!("gap: {} server events never delivered, first {:?}", missing.len(), missing[0]));
+        return Err(format!(
+            "gap: {} server events never delivered, first {:?}",
+            missing.len(),
+            missing[0]
+        ));
     }
     Ok(())
 }
@@ -83,7 +91,11 @@ pub fn check(delivered: &[Ev], server: &[Ev], opts: Opts) -> Result<(), String> 
 /// crash), keeping the first occurrence.
 pub fn dedup(delivered: &[Ev]) -> Vec<Ev> {
     let mut seen = BTreeSet::new();
-    delivered.iter().filter(|e| seen.insert((*e).clone())).cloned().collect()
+    delivered
+        .iter()
+        .filter(|e| seen.insert((*e).clone()))
+        .cloned()
+        .collect()
 }
 
 /// A stream resumed after restarts (deduplicated) equals an uninterrupted one, per key and in
@@ -96,19 +108,53 @@ pub fn assert_resumed_equals_uninterrupted(resumed: &[Ev], uninterrupted: &[Ev])
         }
         m
     };
-    assert_eq!(per_key(&dedup(resumed)), per_key(uninterrupted), "resumed stream differs from the uninterrupted one");
+    assert_eq!(
+        per_key(&dedup(resumed)),
+        per_key(uninterrupted),
+        "resumed stream differs from the uninterrupted one"
+    );
 }
 
 /// Self-test of the checker on hand-made streams.
 pub fn self_test() {
-    let server = vec![Ev::new("a", 1, Kind::Add), Ev::new("b", 2, Kind::Add), Ev::new("a", 3, Kind::Update)];
+    let server = vec![
+        Ev::new("a", 1, Kind::Add),
+        Ev::new("b", 2, Kind::Add),
+        Ev::new("a", 3, Kind::Update),
+    ];
     assert!(check(&server, &server, Opts::default()).is_ok());
-    assert!(check(&server[..2], &server, Opts::default()).unwrap_err().contains("gap"));
+    assert!(check(&server[..2], &server, Opts::default())
+        .unwrap_err()
+        .contains("gap"));
     let reordered = vec![server[2].clone(), server[0].clone(), server[1].clone()];
-    assert!(check(&reordered, &server, Opts::default()).unwrap_err().contains("not increasing"));
-    let dup = vec![server[0].clone(), server[1].clone(), server[1].clone(), server[2].clone()];
+    assert!(check(&reordered, &server, Opts::default())
+        .unwrap_err()
+        .contains("not increasing"));
+    let dup = vec![
+        server[0].clone(),
+        server[1].clone(),
+        server[1].clone(),
+        server[2].clone(),
+    ];
     assert!(check(&dup, &server, Opts::default()).unwrap_err().contains("twice"));
-    assert!(check(&dup, &server, Opts { allow_duplicates: true, from_rv: 0 }).is_ok());
+    assert!(check(
+        &dup,
+        &server,
+        Opts {
+            allow_duplicates: true,
+            from_rv: 0
+        }
+    )
+    .is_ok());
     let invented = vec![Ev::new("z", 9, Kind::Add)];
-    assert!(check(&invented, &server, Opts { allow_duplicates: false, from_rv: 9 }).unwrap_err().contains("never sent"));
+    assert!(check(
+        &invented,
+        &server,
+        Opts {
+            allow_duplicates: false,
+            from_rv: 9
+        }
+    )
+    .unwrap_err()
+    .contains("never sent"));
 }
