@@ -694,6 +694,10 @@ impl FieldSelector {
 }
 
 /// Split `term` at the first occurrence of `op` that is not escaped by a backslash.
+///
+/// Compares bytes, not `&str` slices: `i` may sit inside a multi-byte character (slicing there
+/// panicked on input like `"¡"`, found by `tests/fuzz_props.rs`). `op` is ASCII, so a match
+/// always starts and ends on a character boundary.
 fn split_op<'a>(term: &'a str, op: &str) -> Option<(&'a str, &'a str)> {
     let bytes = term.as_bytes();
     let mut i = 0;
@@ -702,7 +706,7 @@ fn split_op<'a>(term: &'a str, op: &str) -> Option<(&'a str, &'a str)> {
             i += 2;
             continue;
         }
-        if term[i..].starts_with(op) {
+        if bytes[i..].starts_with(op.as_bytes()) {
             return Some((&term[..i], &term[i + op.len()..]));
         }
         i += 1;

@@ -140,6 +140,21 @@ pub struct StoreConfig {
     pub(crate) retention_entries: Option<u64>,
     pub(crate) retention_age: Option<Duration>,
     pub(crate) check_integrity: bool,
+    pub(crate) backend_wrapper: Option<WrapBackend>,
+}
+
+/// A function that wraps the file backend redb reads and writes through; see
+/// [`StoreConfig::backend_wrapper`].
+pub type BackendWrapper = Arc<dyn Fn(redb::backends::FileBackend) -> Box<dyn redb::StorageBackend> + Send + Sync>;
+
+/// [`BackendWrapper`] with a `Debug` impl, so that [`StoreConfig`] stays `Debug`.
+#[derive(Clone)]
+pub(crate) struct WrapBackend(BackendWrapper);
+
+impl std::fmt::Debug for WrapBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("BackendWrapper")
+    }
 }
 
 impl StoreConfig {
@@ -162,6 +177,7 @@ impl StoreConfig {
             retention_entries: Some(1_000_000),
             retention_age: None,
             check_integrity: false,
+            backend_wrapper: None,
         }
     }
 
@@ -217,10 +233,129 @@ impl StoreConfig {
         self
     }
 
+    /// Wraps the file backend redb does its I/O through, for fault injection in tests (fail a
+    /// sync, a write, return ENOSPC, …). The file is still opened here (mode 0600, magic check)
+    /// and the wrapper receives redb's own `FileBackend` over it. The writer calls it again when
+    /// it reopens the database after an I/O error, so the wrapper applies to every open.
+    /// Not meant for production use.
+    #[doc(hidden)]
+    #[must_use]
+    pub fn backend_wrapper(mut self, wrap: BackendWrapper) -> Self {
+        self.backend_wrapper = Some(WrapBackend(wrap));
+        self
+    }
+
     /// The database path.
     #[must_use]
     pub fn path(&self) -> &Path {
         &self.path
+    }
+}
+
+/// Forwards every call to the boxed backend a [`BackendWrapper`] returned (redb takes an
+/// `impl StorageBackend`, which a `Box<dyn StorageBackend>` is not).
+#[derive(Debug)]
+struct BoxedBackend(Box<dyn redb::StorageBackend>);
+
+impl redb::StorageBackend for BoxedBackend {
+    fn len(&self) -> Result<u64, std::io::Error> {
+        self.0.len()
+    }
+    fn read(&self, offset: u64, out: &mut [u8]) -> Result<(), std::io::Error> {
+        self.0.read(offset, out)
+    }
+    fn set_len(&self, len: u64) -> Result<(), std::io::Error> {
+        self.0.set_len(len)
+    }
+    fn sync_data(&self) -> Result<(), std::io::Error> {
+        self.0.sync_data()
+    }
+    fn write(&self, offset: u64, data: &[u8]) -> Result<(), std::io::Error> {
+        self.0.write(offset, data)
+    }
+    fn close(&self) -> Result<(), std::io::Error> {
+        self.0.close()
+    }
+    fn try_lock_range(
+        &self,
+        start: std::ops::Bound<u64>,
+        end: std::ops::Bound<u64>,
+    ) -> Result<bool, redb::BackendError> {
+        self.0.try_lock_range(start, end)
+    }
+    fn try_lock_shared_range(
+        &self,
+        start: std::ops::Bound<u64>,
+        end: std::ops::Bound<u64>,
+    ) -> Result<bool, redb::BackendError> {
+        self.0.try_lock_shared_range(start, end)
+    }
+    fn lock_range(&self, start: std::ops::Bound<u64>, end: std::ops::Bound<u64>) -> Result<(), redb::BackendError> {
+        self.0.lock_range(start, end)
+    }
+    fn lock_shared_range(
+        &self,
+        start: std::ops::Bound<u64>,
+        end: std::ops::Bound<u64>,
+    ) -> Result<(), redb::BackendError> {
+        self.0.lock_shared_range(start, end)
+    }
+    fn unlock_range(&self, start: std::ops::Bound<u64>, end: std::ops::Bound<u64>) -> Result<(), redb::BackendError> {
+        self.0.unlock_range(start, end)
+    }
+    fn query_lock_range(
+        &self,
+        start: std::ops::Bound<u64>,
+        end: std::ops::Bound<u64>,
+    ) -> Result<bool, redb::BackendError> {
+        self.0.query_lock_range(start, end)
+    }
+}
+
+/// Opens (or creates, with mode 0600) the redb file of `config`, through its backend wrapper.
+fn open_database(config: &StoreConfig) -> Result<redb::Database, StoreError> {
+    let path = config.path.clone();
+    let io = |source| StoreError::Io {
+        path: path.clone(),
+        source,
+    };
+    // Invariant 5: the file may hold Secrets, so it is created readable by the owner only.
+    let mut file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(0o600)
+        .open(&path)
+        .map_err(io)?;
+    let len = file.metadata().map_err(io)?.len();
+    if len > 0 {
+        let mut magic = [0u8; 9];
+        if (len as usize) < magic.len() || file.read_exact(&mut magic).is_err() || magic != REDB_MAGIC {
+            return Err(StoreError::NotADatabase { path });
+        }
+    }
+    let backend = redb::backends::FileBackend::new(file).map_err(|e| classify_open(&path, e))?;
+    let mut builder = redb::Builder::new();
+    builder.set_cache_size(config.cache_bytes);
+    builder.set_check_integrity_on_open(config.check_integrity);
+    // redb may panic on a damaged file instead of returning an error; a damaged file must give
+    // an error that names it, so the panic is caught here, at the one place files are opened.
+    let opened = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| match &config.backend_wrapper {
+        Some(WrapBackend(wrap)) => builder.create_with_backend(BoxedBackend(wrap(backend))),
+        None => builder.create_with_backend(backend),
+    }));
+    match opened {
+        Ok(Ok(db)) => Ok(db),
+        Ok(Err(e)) => Err(classify_open(&path, e)),
+        Err(panic) => {
+            let detail = panic
+                .downcast_ref::<String>()
+                .cloned()
+                .or_else(|| panic.downcast_ref::<&str>().map(|s| (*s).to_owned()))
+                .unwrap_or_else(|| "redb panicked while opening it".to_owned());
+            Err(StoreError::Corrupted { path, detail })
+        }
     }
 }
 
@@ -233,6 +368,8 @@ pub(crate) struct Shared {
     pub(crate) indexes: IndexRegistry,
     /// Prepared zstd dictionaries for readers.
     pub(crate) dicts: dict::DictCache,
+    /// How the database was opened: the writer reopens it the same way after an I/O error.
+    config: StoreConfig,
 }
 
 impl Shared {
@@ -251,6 +388,39 @@ impl Shared {
             .write()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .take()
+    }
+
+    /// Closes the database and opens it again (same file, same backend wrapper). redb refuses
+    /// every operation after an I/O error ("Previous I/O error occurred") until it is reopened;
+    /// the writer calls this once a commit failed with an I/O error. Read handles get
+    /// [`StoreError::Closed`] while it runs (it waits up to 5 s for in-flight reads to finish,
+    /// as the old database holds the file lock until its last reference is gone).
+    pub(crate) fn reopen(&self) -> Result<(), StoreError> {
+        if let Some(mut old) = self.take_db() {
+            let deadline = std::time::Instant::now() + Duration::from_secs(5);
+            loop {
+                match Arc::try_unwrap(old) {
+                    Ok(db) => {
+                        drop(db);
+                        break;
+                    }
+                    Err(still_shared) if std::time::Instant::now() < deadline => {
+                        old = still_shared;
+                        std::thread::sleep(Duration::from_millis(1));
+                    }
+                    Err(still_shared) => {
+                        // A reader holds it for long: put it back and try again on the next error.
+                        *self.db.write().unwrap_or_else(std::sync::PoisonError::into_inner) = Some(still_shared);
+                        return Err(StoreError::Locked {
+                            path: self.path.clone(),
+                        });
+                    }
+                }
+            }
+        }
+        let db = open_database(&self.config)?;
+        *self.db.write().unwrap_or_else(std::sync::PoisonError::into_inner) = Some(Arc::new(db));
+        Ok(())
     }
 
     pub(crate) fn storage<E: Into<redb::Error>>(&self, e: E) -> StoreError {
@@ -279,51 +449,14 @@ impl DurableStore {
     ///
     /// This blocks (file I/O); from async code call it through `tokio::task::spawn_blocking`.
     pub fn open(config: StoreConfig) -> Result<Self, StoreError> {
+        let db = open_database(&config)?;
         let path = config.path.clone();
-        let io = |source| StoreError::Io {
-            path: path.clone(),
-            source,
-        };
-        // Invariant 5: the file may hold Secrets, so it is created readable by the owner only.
-        let mut file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .mode(0o600)
-            .open(&path)
-            .map_err(io)?;
-        let len = file.metadata().map_err(io)?.len();
-        if len > 0 {
-            let mut magic = [0u8; 9];
-            if (len as usize) < magic.len() || file.read_exact(&mut magic).is_err() || magic != REDB_MAGIC {
-                return Err(StoreError::NotADatabase { path });
-            }
-        }
-        let backend = redb::backends::FileBackend::new(file).map_err(|e| classify_open(&path, e))?;
-        let mut builder = redb::Builder::new();
-        builder.set_cache_size(config.cache_bytes);
-        builder.set_check_integrity_on_open(config.check_integrity);
-        // redb may panic on a damaged file instead of returning an error; a damaged file must give
-        // an error that names it, so the panic is caught here, at the one place files are opened.
-        let opened = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| builder.create_with_backend(backend)));
-        let db = match opened {
-            Ok(Ok(db)) => db,
-            Ok(Err(e)) => return Err(classify_open(&path, e)),
-            Err(panic) => {
-                let detail = panic
-                    .downcast_ref::<String>()
-                    .cloned()
-                    .or_else(|| panic.downcast_ref::<&str>().map(|s| (*s).to_owned()))
-                    .unwrap_or_else(|| "redb panicked while opening it".to_owned());
-                return Err(StoreError::Corrupted { path, detail });
-            }
-        };
         let shared = Arc::new(Shared {
             db: std::sync::RwLock::new(Some(Arc::new(db))),
             path,
             indexes: IndexRegistry::default(),
             dicts: dict::DictCache::default(),
+            config: config.clone(),
         });
         migrate::run(&shared)?;
         let (writer, thread) = writer::spawn(shared.clone(), &config)?;

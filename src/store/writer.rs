@@ -306,6 +306,7 @@ pub(crate) fn spawn(
         retention_entries: config.retention_entries,
         dicts: RefCell::new(HashMap::new()),
         pending_dicts: RefCell::new(Vec::new()),
+        poisoned: Cell::new(false),
     };
     let thread = std::thread::Builder::new()
         .name("durable-informer-writer".into())
@@ -345,6 +346,9 @@ struct WriterThread {
     dicts: RefCell<HashMap<u32, ScopeDicts>>,
     /// Scopes whose dictionary was trained in the open group: forgotten if it rolls back.
     pending_dicts: RefCell<Vec<u32>>,
+    /// An I/O error happened: redb refuses every later operation ("Previous I/O error
+    /// occurred") until the database is reopened, which the next group does first.
+    poisoned: Cell<bool>,
 }
 
 /// A scope's compression dictionary on the writer.
@@ -412,15 +416,54 @@ impl WriterThread {
         }
     }
 
+    /// After an I/O error: reopen the database (through the same backend wrapper) and restart
+    /// the log seq from what is durable in the file: a commit whose final sync failed may or
+    /// may not have reached the disk, so the file, not the writer's counter, says which it was.
+    fn recover(&self) -> Result<(), StoreError> {
+        self.shared.reopen()?;
+        let last = last_seq_read(&self.shared)?;
+        self.next_seq.set(last.0 + 1);
+        // Dictionaries are looked up again from what the file holds.
+        self.dicts.borrow_mut().clear();
+        self.pending_dicts.borrow_mut().clear();
+        self.poisoned.set(false);
+        self.seq_tx.send_if_modified(|seq| {
+            let changed = *seq != last;
+            *seq = last;
+            changed
+        });
+        tracing::info!(last_seq = last.0, "database reopened after an I/O error");
+        Ok(())
+    }
+
+    /// Remembers that `e` needs a reopen before the next group (redb latches I/O errors).
+    fn note(&self, e: &StoreError) {
+        if let StoreError::Storage { source, .. } = e {
+            if matches!(source, redb::Error::Io(_) | redb::Error::PreviousIo) {
+                self.poisoned.set(true);
+            }
+        }
+    }
+
     fn commit_group(&self, group: Vec<Command>) {
         let _span = tracing::debug_span!("commit", commands = group.len()).entered();
+        if self.poisoned.get() {
+            if let Err(e) = self.recover() {
+                tracing::warn!(error = %e, "reopening the database after an I/O error failed");
+                return fail_all(group, &e);
+            }
+        }
         let db = match self.shared.db() {
             Ok(db) => db,
             Err(e) => return fail_all(group, &e),
         };
         let mut txn = match db.begin_write() {
             Ok(t) => t,
-            Err(e) => return fail_all(group, &self.shared.storage(e)),
+            Err(e) => {
+                let e = self.shared.storage(e);
+                self.note(&e);
+                return fail_all(group, &e);
+            }
         };
         if !self.durable {
             let _ = txn.set_durability(redb::Durability::None);
@@ -445,12 +488,14 @@ impl WriterThread {
             self.forget_pending_dicts();
             self.next_seq.set(start_seq);
             tracing::warn!(error = %e, "group commit rolled back");
+            self.note(&e);
             fail_replies(replies, &e);
             fail_all(rest, &e);
             return;
         }
         let last = Seq(self.next_seq.get() - 1);
         if let Err(e) = save_last_seq(&self.shared, &txn, last.0) {
+            self.note(&e);
             self.forget_pending_dicts();
             self.next_seq.set(start_seq);
             fail_replies(replies, &e);
@@ -459,6 +504,7 @@ impl WriterThread {
         if let Err(e) = txn.commit() {
             let e = self.shared.storage(e);
             tracing::warn!(error = %e, "commit failed");
+            self.note(&e);
             self.forget_pending_dicts();
             self.next_seq.set(start_seq);
             fail_replies(replies, &e);
