@@ -16,6 +16,8 @@
 //!    (this binary re-executed with `COMPARE_CHILD=ours|theirs`), the sim staying in the parent;
 //! 6. reads: get by key, list one namespace, select by label.
 //!
+//! `BENCH_MEMORY_ONLY=1` runs only scenario 5 (with `BENCH_LARGE=1`: at 10,000 and 100,000).
+//!
 //! Prints a table of ratios (ours / theirs) and writes `target/bench-results/compare.json`.
 
 #[path = "compare/scenarios.rs"]
@@ -111,6 +113,7 @@ fn ratio(a: f64, b: f64) -> f64 {
     }
 }
 
+#[allow(clippy::too_many_arguments)]
 fn rows(
     n: usize,
     ours: &Lifecycle,
@@ -247,8 +250,28 @@ fn print_table(n: usize, rows: &[Row]) {
     }
 }
 
+/// Scenario 5 alone (`BENCH_MEMORY_ONLY=1`), for sizes where the full run is too long.
+fn memory_only(n: usize) -> Res<serde_json::Value> {
+    eprintln!("N = {n}: generating and loading the sim...");
+    let sim = scenarios::start_sim(n)?;
+    eprintln!("scenario 5 only (child processes)...");
+    let mo = memory("ours", &sim.url(), n)? as f64 / 1024.0;
+    let mt = memory("theirs", &sim.url(), n)? as f64 / 1024.0;
+    println!("\n### N = {n}, memory only\n");
+    println!("| scenario | metric | durable-informer | kube-runtime | ours / theirs |");
+    println!("|---|---|---:|---:|---:|");
+    println!(
+        "| 5 memory | peak RSS, {n} objects (MB) | {mo:.1} | {mt:.1} | {:.3} |",
+        ratio(mo, mt)
+    );
+    Ok(json!({"n": n, "memory_mb": {"ours": mo, "theirs": mt}}))
+}
+
 fn run_size(s: &Sizes) -> Res<serde_json::Value> {
     let n = s.n;
+    if std::env::var("BENCH_MEMORY_ONLY").is_ok_and(|v| v == "1") {
+        return memory_only(n);
+    }
     eprintln!("N = {n}: generating and loading the sim...");
     let sim = scenarios::start_sim(n)?;
     let dir = tempfile::tempdir()?;
