@@ -182,7 +182,7 @@ impl Ours {
     }
 
     /// Objects in the store.
-    pub fn len(&self) -> Res<u64> {
+    pub fn object_count(&self) -> Res<u64> {
         Ok(self.informer.store().snapshot()?.len()?)
     }
 
@@ -314,7 +314,7 @@ pub async fn ours_lifecycle(sim: &Sim, n: usize, dir: &Path) -> Res<Lifecycle> {
     out.cold.served = Served::between(&before, &sim.counters());
     ours.handler_caught_up().await?;
     out.cold.events = ours.events.load(Ordering::Relaxed);
-    out.cold.objects = ours.len()?;
+    out.cold.objects = ours.object_count()?;
     ours.stop().await?;
 
     // 2. restart, nothing changed
@@ -326,7 +326,7 @@ pub async fn ours_lifecycle(sim: &Sim, n: usize, dir: &Path) -> Res<Lifecycle> {
     out.restart.served = Served::between(&before, &sim.counters());
     ours.handler_caught_up().await?;
     out.restart.events = ours.events.load(Ordering::Relaxed);
-    out.restart.objects = ours.len()?;
+    out.restart.objects = ours.object_count()?;
     ours.stop().await?;
 
     // 3. 1% changed while down, history compacted: 410 → relist as a diff
@@ -340,7 +340,7 @@ pub async fn ours_lifecycle(sim: &Sim, n: usize, dir: &Path) -> Res<Lifecycle> {
     out.relist.secs = t.elapsed().as_secs_f64();
     out.relist.served = Served::between(&before, &sim.counters());
     out.relist.events = ours.events.load(Ordering::Relaxed);
-    out.relist.objects = ours.len()?;
+    out.relist.objects = ours.object_count()?;
     ours.stop().await?;
     Ok(out)
 }
