@@ -138,7 +138,6 @@ pub struct StoreConfig {
     pub(crate) max_batch_bytes: usize,
     pub(crate) compression: Compression,
     pub(crate) retention_entries: Option<u64>,
-    pub(crate) retention_age: Option<Duration>,
     pub(crate) check_integrity: bool,
     pub(crate) backend_wrapper: Option<WrapBackend>,
 }
@@ -175,7 +174,6 @@ impl StoreConfig {
             max_batch_bytes: 64 << 20,
             compression: Compression::ZstdDict(1),
             retention_entries: Some(1_000_000),
-            retention_age: None,
             check_integrity: false,
             backend_wrapper: None,
         }
@@ -216,13 +214,6 @@ impl StoreConfig {
     #[must_use]
     pub fn retention_entries(mut self, entries: Option<u64>) -> Self {
         self.retention_entries = entries;
-        self
-    }
-
-    /// Keep log entries younger than this (measured from the commit that wrote them).
-    #[must_use]
-    pub fn retention_age(mut self, age: Option<Duration>) -> Self {
-        self.retention_age = age;
         self
     }
 
