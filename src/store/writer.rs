@@ -11,7 +11,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use crossbeam_channel::{Receiver, Sender};
+use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 use redb::{ReadableTable, WriteTransaction};
 use tokio::sync::{oneshot, watch};
 
@@ -331,6 +331,10 @@ fn last_seq_read(shared: &Shared) -> Result<Seq, StoreError> {
     Ok(Seq(in_log.max(saved)))
 }
 
+/// First and longest wait between the writer's own attempts to reopen a poisoned database.
+const RETRY_FIRST: std::time::Duration = std::time::Duration::from_millis(10);
+const RETRY_MAX: std::time::Duration = std::time::Duration::from_secs(1);
+
 struct WriterThread {
     /// Next log seq to hand out; reset to its value at the start of a group that rolls back.
     next_seq: Cell<u64>,
@@ -390,8 +394,31 @@ type Step<T> = Result<T, Failure>;
 impl WriterThread {
     fn run(self) {
         let mut stop = false;
+        // While poisoned (an I/O error, and the reopen failed or has not run yet), the writer
+        // retries the reopen on its own: readers get `Closed` until it succeeds, and they must
+        // not wait for someone to write first.
+        let mut retry = RETRY_FIRST;
         while !stop {
-            let Ok(first) = self.rx.recv() else { break };
+            let first = if self.poisoned.get() {
+                match self.rx.recv_timeout(retry) {
+                    Ok(cmd) => cmd,
+                    Err(RecvTimeoutError::Timeout) => {
+                        match self.recover() {
+                            Ok(()) => retry = RETRY_FIRST,
+                            Err(e) => {
+                                tracing::debug!(error = %e, "reopening the database after an I/O error failed");
+                                retry = (retry * 2).min(RETRY_MAX);
+                            }
+                        }
+                        continue;
+                    }
+                    Err(RecvTimeoutError::Disconnected) => break,
+                }
+            } else {
+                retry = RETRY_FIRST;
+                let Ok(cmd) = self.rx.recv() else { break };
+                cmd
+            };
             let mut group = vec![first];
             let (mut n, mut bytes) = group[0].weight();
             while n < self.max_deltas && bytes < self.max_bytes {
