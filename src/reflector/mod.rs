@@ -721,6 +721,24 @@ impl<S: Source> Reflector<S> {
             Err(e) => return self.classify(e, &rv),
         };
         let idle = Duration::from_secs(u64::from(timeout_secs)) + self.config.stall_grace;
+        // Counters resolved once per watch: a family lookup builds and hashes label strings.
+        let counter = |kind: &str| {
+            metrics::global()
+                .events
+                .get_or_create(&metrics::EventLabels {
+                    resource: self.source.resource(),
+                    kind: kind.to_owned(),
+                })
+                .clone()
+        };
+        let counters = [
+            counter("ADDED"),
+            counter("MODIFIED"),
+            counter("DELETED"),
+            counter("BOOKMARK"),
+            counter("ERROR"),
+        ];
+        let batch_sizes = metrics::global().batch_size.get_or_create(&self.labels()).clone();
         let mut inflight: Inflight = VecDeque::new();
         let mut end = None;
         while end.is_none() {
@@ -782,19 +800,13 @@ impl<S: Source> Reflector<S> {
                     Some(Ok(ev)) => {
                         events += 1;
                         let kind = match &ev {
-                            WatchEvent::Added(_) => "ADDED",
-                            WatchEvent::Modified(_) => "MODIFIED",
-                            WatchEvent::Deleted(_) => "DELETED",
-                            WatchEvent::Bookmark { .. } => "BOOKMARK",
-                            WatchEvent::Error(_) => "ERROR",
+                            WatchEvent::Added(_) => 0,
+                            WatchEvent::Modified(_) => 1,
+                            WatchEvent::Deleted(_) => 2,
+                            WatchEvent::Bookmark { .. } => 3,
+                            WatchEvent::Error(_) => 4,
                         };
-                        metrics::global()
-                            .events
-                            .get_or_create(&metrics::EventLabels {
-                                resource: self.source.resource(),
-                                kind: kind.to_owned(),
-                            })
-                            .inc();
+                        counters[kind].inc();
                         match ev {
                             WatchEvent::Added(o) | WatchEvent::Modified(o) => {
                                 let rv = o.meta.resource_version.clone();
@@ -836,10 +848,7 @@ impl<S: Source> Reflector<S> {
             }
             if batch.rv.is_some() || !batch.deltas.is_empty() {
                 let brv = batch.rv.clone().unwrap_or_else(|| rv.clone());
-                metrics::global()
-                    .batch_size
-                    .get_or_create(&self.labels())
-                    .observe(batch.deltas.len() as f64);
+                batch_sizes.observe(batch.deltas.len() as f64);
                 match self.writer.submit(batch) {
                     Ok(rx) => inflight.push_back((rx, brv, events, std::time::Instant::now())),
                     Err(e) => {
