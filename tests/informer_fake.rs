@@ -305,6 +305,30 @@ async fn listers_select_by_labels_and_namespace() {
     let first = cached.namespace("ns").get("a").unwrap().unwrap();
     let again = cached.namespace("ns").get("a").unwrap().unwrap();
     assert!(std::sync::Arc::ptr_eq(&first, &again));
+    // A cached list answers hits from the cache and decodes only what changed.
+    let all: Vec<_> = cached.namespace("ns").list(&Default::default()).unwrap();
+    let a = all.iter().find(|c| c.metadata.name.as_deref() == Some("a")).unwrap();
+    assert!(std::sync::Arc::ptr_eq(a, &first));
+    fake.upsert("a", "2");
+    let rv_before = first.metadata.resource_version.clone();
+    let mut fresh = None;
+    for _ in 0..100 {
+        let now = cached.namespace("ns").get("a").unwrap().unwrap();
+        if now.metadata.resource_version != rv_before {
+            fresh = Some(now);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let fresh = fresh.expect("the update reached the store");
+    assert!(!std::sync::Arc::ptr_eq(&fresh, &first));
+    let listed = cached.list(&Default::default()).unwrap();
+    let a = listed.iter().find(|c| c.metadata.name.as_deref() == Some("a")).unwrap();
+    assert!(
+        std::sync::Arc::ptr_eq(a, &fresh),
+        "the list did not reuse the cached new version"
+    );
+    assert_eq!(a.data.as_ref().and_then(|d| d.get("v")).map(String::as_str), Some("2"));
     inf.shutdown().await.unwrap();
 }
 

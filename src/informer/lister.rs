@@ -7,10 +7,10 @@ use std::sync::Arc;
 use serde::de::DeserializeOwned;
 
 use crate::selector::LabelSelector;
-use crate::store::{CodecError, ObjectKey, Store, StoreError, StoredObject, TypedCache};
+use crate::store::{CodecError, ObjectKey, ObjectMeta, Store, StoreError, TypedCache};
 
-fn decode<K: DeserializeOwned>(o: &StoredObject) -> Result<Arc<K>, StoreError> {
-    serde_json::from_slice(&o.bytes)
+fn decode<K: DeserializeOwned>(bytes: &[u8]) -> Result<Arc<K>, StoreError> {
+    serde_json::from_slice(bytes)
         .map(Arc::new)
         .map_err(|e| StoreError::Codec(CodecError::Json(e)))
 }
@@ -56,32 +56,43 @@ impl<K: DeserializeOwned> Lister<K> {
         self
     }
 
-    fn decode(&self, o: &StoredObject) -> Result<Arc<K>, StoreError> {
+    /// Decodes one object, from the cache when it holds this (key, RV): then the JSON is never
+    /// read from the log nor decompressed.
+    fn decode(
+        &self,
+        key: &ObjectKey,
+        meta: &ObjectMeta,
+        bytes: &mut dyn FnMut() -> Result<bytes::Bytes, StoreError>,
+    ) -> Result<Arc<K>, StoreError> {
         match &self.cache {
-            Some(c) => c.decode(o),
-            None => decode(o),
+            Some(c) => c.get_or_decode(key, &meta.resource_version, bytes),
+            None => decode(&bytes()?),
         }
+    }
+
+    fn get_key(&self, key: &ObjectKey) -> Result<Option<Arc<K>>, StoreError> {
+        self.store.get_with(key, |meta, bytes| self.decode(key, &meta, bytes))
     }
 
     /// Every object matching `selector`, in key order.
     pub fn list(&self, selector: &LabelSelector) -> Result<Vec<Arc<K>>, StoreError> {
-        self.select(self.store.list()?, selector)
+        self.select(None, selector)
     }
 
-    fn select(&self, objs: Vec<StoredObject>, selector: &LabelSelector) -> Result<Vec<Arc<K>>, StoreError> {
-        objs.iter()
-            .filter(|o| selector.matches(&o.meta.labels))
-            .map(|o| self.decode(o))
-            .collect()
+    /// One scan: the selector runs on the stored metadata, and an object's JSON is read and
+    /// decoded only when it matches and is not already in the cache.
+    fn select(&self, namespace: Option<&str>, selector: &LabelSelector) -> Result<Vec<Arc<K>>, StoreError> {
+        self.store.scan(namespace, |key, meta, bytes| {
+            if !selector.matches(&meta.labels) {
+                return Ok(None);
+            }
+            self.decode(&key, &meta, bytes).map(Some)
+        })
     }
 
     /// A cluster-scoped object by name.
     pub fn get(&self, name: &str) -> Result<Option<Arc<K>>, StoreError> {
-        self.store
-            .get(&ObjectKey::cluster(name))?
-            .as_ref()
-            .map(|o| self.decode(o))
-            .transpose()
+        self.get_key(&ObjectKey::cluster(name))
     }
 
     /// The objects of one namespace.
@@ -103,13 +114,11 @@ pub struct NamespaceLister<K> {
 impl<K: DeserializeOwned> NamespaceLister<K> {
     /// Objects of the namespace matching `selector`.
     pub fn list(&self, selector: &LabelSelector) -> Result<Vec<Arc<K>>, StoreError> {
-        self.lister
-            .select(self.lister.store.list_namespace(&self.namespace)?, selector)
+        self.lister.select(Some(&self.namespace), selector)
     }
 
     /// One object by name.
     pub fn get(&self, name: &str) -> Result<Option<Arc<K>>, StoreError> {
-        let obj = self.lister.store.get(&ObjectKey::namespaced(&self.namespace, name))?;
-        obj.as_ref().map(|o| self.lister.decode(o)).transpose()
+        self.lister.get_key(&ObjectKey::namespaced(&self.namespace, name))
     }
 }

@@ -122,8 +122,59 @@ impl Snapshot {
         Ok(out)
     }
 
+    /// Visits the objects of a key range (every object of the scope, or one namespace) with
+    /// their key and metadata; the visitor loads an object's JSON only if it needs it, so
+    /// filtering on metadata and cache hits skip the log read and decompression.
+    pub(crate) fn scan<T>(
+        &self,
+        namespace: Option<&str>,
+        mut visit: impl FnMut(
+            ObjectKey,
+            ObjectMeta,
+            &mut dyn FnMut() -> Result<Bytes, StoreError>,
+        ) -> Result<Option<T>, StoreError>,
+    ) -> Result<Vec<T>, StoreError> {
+        let (start, end) = match namespace {
+            Some(ns) => keys::namespace_range(self.scope, ns),
+            None => keys::scope_range(self.scope),
+        };
+        let s = &self.shared;
+        let objects = self.txn.open_table(OBJECTS).map_err(|e| s.storage(e))?;
+        let log = self.txn.open_table(LOG).map_err(|e| s.storage(e))?;
+        let load = txn_loader(s, &self.txn);
+        let mut out = Vec::new();
+        for row in objects
+            .range::<&[u8]>(start.as_slice()..end.as_slice())
+            .map_err(|e| s.storage(e))?
+        {
+            let (k, v) = row.map_err(|e| s.storage(e))?;
+            let (h, inline) = codec::decode_object(v.value())?;
+            let (_, key) = keys::decode_object(k.value())?;
+            let mut bytes = || object_bytes(s, &log, &h, inline, &load);
+            if let Some(t) = visit(key, h.meta.clone(), &mut bytes)? {
+                out.push(t);
+            }
+        }
+        Ok(out)
+    }
+
     /// The object with this key.
     pub fn get(&self, key: &ObjectKey) -> Result<Option<StoredObject>, StoreError> {
+        self.get_with(key, |meta, bytes| {
+            Ok(StoredObject {
+                key: key.clone(),
+                meta,
+                bytes: bytes()?,
+            })
+        })
+    }
+
+    /// Like [`scan`](Self::scan) for one key: the visitor loads the JSON only if it needs it.
+    pub(crate) fn get_with<T>(
+        &self,
+        key: &ObjectKey,
+        visit: impl FnOnce(ObjectMeta, &mut dyn FnMut() -> Result<Bytes, StoreError>) -> Result<T, StoreError>,
+    ) -> Result<Option<T>, StoreError> {
         let s = &self.shared;
         let objects = self.txn.open_table(OBJECTS).map_err(|e| s.storage(e))?;
         let Some(v) = objects
@@ -134,12 +185,9 @@ impl Snapshot {
         };
         let (h, inline) = codec::decode_object(v.value())?;
         let log = self.txn.open_table(LOG).map_err(|e| s.storage(e))?;
-        let bytes = object_bytes(s, &log, &h, inline, &txn_loader(s, &self.txn))?;
-        Ok(Some(StoredObject {
-            key: key.clone(),
-            meta: h.meta,
-            bytes,
-        }))
+        let load = txn_loader(s, &self.txn);
+        let mut bytes = || object_bytes(s, &log, &h, inline, &load);
+        visit(h.meta.clone(), &mut bytes).map(Some)
     }
 
     /// Every object of the scope, in key order.
@@ -337,6 +385,28 @@ impl Store {
     /// See [`Snapshot::list`].
     pub fn list(&self) -> Result<Vec<StoredObject>, StoreError> {
         self.snapshot()?.list()
+    }
+
+    /// See [`Snapshot::get_with`].
+    pub(crate) fn get_with<T>(
+        &self,
+        key: &ObjectKey,
+        visit: impl FnOnce(ObjectMeta, &mut dyn FnMut() -> Result<Bytes, StoreError>) -> Result<T, StoreError>,
+    ) -> Result<Option<T>, StoreError> {
+        self.snapshot()?.get_with(key, visit)
+    }
+
+    /// See [`Snapshot::scan`].
+    pub(crate) fn scan<T>(
+        &self,
+        namespace: Option<&str>,
+        visit: impl FnMut(
+            ObjectKey,
+            ObjectMeta,
+            &mut dyn FnMut() -> Result<Bytes, StoreError>,
+        ) -> Result<Option<T>, StoreError>,
+    ) -> Result<Vec<T>, StoreError> {
+        self.snapshot()?.scan(namespace, visit)
     }
 
     /// See [`Snapshot::list_namespace`].

@@ -40,13 +40,24 @@ impl<K: DeserializeOwned> TypedCache<K> {
 
     /// The decoded object, from the cache or freshly decoded (and then cached).
     pub fn decode(&self, obj: &StoredObject) -> Result<Arc<K>, StoreError> {
-        let id = (obj.key.clone(), obj.meta.resource_version.clone());
+        self.get_or_decode(&obj.key, &obj.meta.resource_version, || Ok(obj.bytes.clone()))
+    }
+
+    /// The cached object for (key, RV), or `bytes()` decoded and cached: on a hit the bytes are
+    /// never fetched (nor read from the log and decompressed).
+    pub(crate) fn get_or_decode(
+        &self,
+        key: &ObjectKey,
+        rv: &ResourceVersion,
+        bytes: impl FnOnce() -> Result<bytes::Bytes, StoreError>,
+    ) -> Result<Arc<K>, StoreError> {
+        let id = (key.clone(), rv.clone());
         if let Some(k) = self.lock().0.get(&id) {
             return Ok(k.clone());
         }
         // Decode outside the lock: it is the expensive part.
         let k: Arc<K> =
-            Arc::new(serde_json::from_slice(&obj.bytes).map_err(|e| StoreError::Codec(CodecError::Json(e)))?);
+            Arc::new(serde_json::from_slice(&bytes()?).map_err(|e| StoreError::Codec(CodecError::Json(e)))?);
         let mut g = self.lock();
         let (map, order) = &mut *g;
         if map.insert(id.clone(), k.clone()).is_none() {
