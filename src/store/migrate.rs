@@ -89,3 +89,75 @@ fn run_steps(shared: &Shared, steps: &[Step]) -> Result<(), StoreError> {
     tracing::info!(path = %shared.path.display(), from = found, to = latest, "database schema migrated");
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::{Arc, RwLock};
+
+    use redb::ReadableDatabase;
+
+    use super::*;
+    use crate::store::schema::{COMMIT_TIMES, LOG};
+    use crate::store::StoreConfig;
+
+    fn shared(path: &std::path::Path) -> Shared {
+        let config = StoreConfig::new(path);
+        let db = crate::store::open_database(&config).unwrap();
+        Shared {
+            db: RwLock::new(Some(Arc::new(db))),
+            path: path.to_owned(),
+            indexes: Default::default(),
+            dicts: Default::default(),
+            config,
+        }
+    }
+
+    const PROBE: redb::TableDefinition<u64, u64> = redb::TableDefinition::new("probe");
+
+    #[test]
+    fn a_failing_step_leaves_the_database_at_its_version() {
+        let dir = tempfile::tempdir().unwrap();
+        let shared = shared(&dir.path().join("db.redb"));
+        let failing: &[Step] = &[
+            |txn, cx| m0001_initial::up(txn).and_then(|()| m0003_retention_backfill::up(txn, cx.now_ms)),
+            |txn, _| {
+                txn.open_table(PROBE)?;
+                Err(redb::Error::TransactionInProgress)
+            },
+        ];
+        assert!(run_steps(&shared, failing).is_err());
+        assert_eq!(read_version(&shared).unwrap(), 0);
+        let txn = shared.db().unwrap().begin_read().unwrap();
+        // Neither the first step's tables nor the second's exist: one transaction.
+        assert!(txn.open_table(META).is_err());
+        assert!(txn.open_table(PROBE).is_err());
+    }
+
+    #[test]
+    fn steps_run_oldest_to_newest_and_date_the_existing_log_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let shared = shared(&dir.path().join("db.redb"));
+        // A v2 database holding three log entries.
+        run_steps(&shared, &STEPS[..2]).unwrap();
+        {
+            let txn = shared.db().unwrap().begin_write().unwrap();
+            {
+                let mut log = txn.open_table(LOG).unwrap();
+                for seq in 7..10u64 {
+                    log.insert(seq, b"x".as_slice()).unwrap();
+                }
+            }
+            txn.commit().unwrap();
+        }
+        assert_eq!(read_version(&shared).unwrap(), 2);
+        run(&shared).unwrap();
+        assert_eq!(read_version(&shared).unwrap(), LATEST);
+        let txn = shared.db().unwrap().begin_read().unwrap();
+        let times = txn.open_table(COMMIT_TIMES).unwrap();
+        let rows: Vec<u64> = redb::ReadableTable::iter(&times)
+            .unwrap()
+            .map(|r| r.unwrap().0.value())
+            .collect();
+        assert_eq!(rows, vec![7]);
+    }
+}

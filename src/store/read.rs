@@ -89,7 +89,6 @@ pub(crate) fn txn_loader<'a>(
 
 /// Whether an index of a scope answers queries; see [`Snapshot::index_status`].
 #[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
 pub enum IndexStatus {
     /// Its rows cover every object: queries answer.
     Ready,
