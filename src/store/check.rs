@@ -7,8 +7,8 @@ use redb::{ReadableDatabase, ReadableTable};
 
 use super::codec::{self, BackfillProgress, Compression, DataRef, PrevRef};
 use super::schema::{
-    keys, IndexName, ObjectKey, ScopeId, COMMIT_TIMES, CURSORS, DICTS, INDEX, INDEX_BACKFILL, INDEX_REV, LOG, OBJECTS,
-    SCOPES,
+    keys, IndexName, ObjectKey, ScopeId, COMMIT_TIMES, CURSORS, DICTS, INDEX, INDEX_BACKFILL, INDEX_REV, LOG, META,
+    META_LAST_SEQ, OBJECTS, SCOPES,
 };
 use super::{read, Shared, StoreError};
 
@@ -168,11 +168,19 @@ pub(crate) fn run(shared: &Shared) -> Result<CheckReport, StoreError> {
         }
     }
 
+    let last_seq_saved = {
+        let meta = txn.open_table(META).map_err(|e| st(e.into()))?;
+        let saved = meta.get(META_LAST_SEQ).map_err(|e| st(e.into()))?;
+        saved.map_or(0, |v| <[u8; 8]>::try_from(v.value()).map_or(0, u64::from_be_bytes))
+    };
     for row in cursors.iter().map_err(|e| st(e.into()))? {
         let (k, v) = row.map_err(|e| st(e.into()))?;
-        if v.value() > last {
+        // Compaction may have emptied the log below the cursor: compare with the last seq ever
+        // handed out.
+        let handed_out = last.max(last_seq_saved);
+        if v.value() > handed_out {
             report.problems.push(format!(
-                "cursor {:?} at {} is past the last log entry {last}",
+                "cursor {:?} at {} is past the last log seq {handed_out}",
                 k.value(),
                 v.value()
             ));
