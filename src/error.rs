@@ -94,6 +94,16 @@ pub enum StoreError {
         /// The index name.
         name: String,
     },
+    /// The index exists but its backfill over the objects the scope already held has not
+    /// finished, so its answers would be partial. Retry once [`crate::store::Writer::ensure_index`]
+    /// has returned (see [`crate::store::Snapshot::index_status`]).
+    #[error("{scope}: index {name:?} is still being backfilled over the scope's existing objects; retry once ensure_index has returned")]
+    IndexNotReady {
+        /// The scope.
+        scope: ScopeId,
+        /// The index name.
+        name: String,
+    },
     /// The store was closed; this handle outlived it.
     #[error("{path}: the database was closed")]
     Closed {

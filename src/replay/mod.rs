@@ -195,7 +195,7 @@ pub enum ReplayError {
     #[error("replay failed: {0}")]
     Failed(String),
     /// The requested history is no longer in the log.
-    #[error("the log no longer holds that history: its oldest retained entry for the scope is at resourceVersion {first_retained_rv} (raise StoreConfig::retention_entries to keep more)")]
+    #[error("the log no longer holds that history: its oldest retained entry for the scope is at resourceVersion {first_retained_rv} (raise StoreConfig::retention_entries, or retention_age if set, to keep more)")]
     HistoryCompacted {
         /// resourceVersion of the oldest retained log entry of the scope.
         first_retained_rv: ResourceVersion,

@@ -5,8 +5,11 @@ use std::os::unix::fs::PermissionsExt;
 
 use redb::{ReadableDatabase, ReadableTable};
 
-use super::codec::{self, Compression, DataRef, PrevRef};
-use super::schema::{keys, IndexName, ScopeId, CURSORS, DICTS, INDEX, INDEX_REV, LOG, OBJECTS, SCOPES};
+use super::codec::{self, BackfillProgress, Compression, DataRef, PrevRef};
+use super::schema::{
+    keys, IndexName, ObjectKey, ScopeId, COMMIT_TIMES, CURSORS, DICTS, INDEX, INDEX_BACKFILL, INDEX_REV, LOG, META,
+    META_LAST_SEQ, OBJECTS, SCOPES,
+};
 use super::{read, Shared, StoreError};
 
 /// What `check` found. `problems` is empty when every invariant holds.
@@ -43,6 +46,8 @@ pub(crate) fn run(shared: &Shared) -> Result<CheckReport, StoreError> {
     let index_rev = txn.open_table(INDEX_REV).map_err(|e| st(e.into()))?;
     let cursors = txn.open_table(CURSORS).map_err(|e| st(e.into()))?;
     let dicts = txn.open_table(DICTS).map_err(|e| st(e.into()))?;
+    let commit_times = txn.open_table(COMMIT_TIMES).map_err(|e| st(e.into()))?;
+    let backfill = txn.open_table(INDEX_BACKFILL).map_err(|e| st(e.into()))?;
     // Every dictionary a blob names must exist (rows are never removed).
     let mut dict_ids = BTreeSet::new();
     for row in dicts.iter().map_err(|e| st(e.into()))? {
@@ -103,11 +108,79 @@ pub(crate) fn run(shared: &Shared) -> Result<CheckReport, StoreError> {
             Err(e) => report.problems.push(format!("log entry {seq}: {e}")),
         }
     }
+    // Commit times: one row per retained commit, the first at the first retained seq, none
+    // outside the log, never decreasing.
+    let first_seq = log.first().map_err(|e| st(e.into()))?.map(|(k, _)| k.value());
+    let mut first_time_key = None;
+    let mut previous: Option<(u64, u64)> = None;
+    for row in commit_times.iter().map_err(|e| st(e.into()))? {
+        let (k, v) = row.map_err(|e| st(e.into()))?;
+        let (seq, time) = (k.value(), v.value());
+        first_time_key.get_or_insert(seq);
+        match first_seq {
+            Some(first) if (first..=last).contains(&seq) => {}
+            _ => report.problems.push(format!(
+                "commit time of seq {seq} is outside the log ({})",
+                first_seq.map_or("empty".to_owned(), |f| format!("{f}..={last}"))
+            )),
+        }
+        if let Some((pseq, ptime)) = previous {
+            if time < ptime {
+                report.problems.push(format!(
+                    "commit time of seq {seq} ({time} ms) is before that of seq {pseq} ({ptime} ms)"
+                ));
+            }
+        }
+        previous = Some((seq, time));
+    }
+    if let Some(first) = first_seq {
+        if first_time_key != Some(first) {
+            report
+                .problems
+                .push(format!("the first retained log entry {first} has no commit time row"));
+        }
+    }
+
+    // Backfills in progress, by scope.
+    let mut backfilling: BTreeMap<ScopeId, BTreeMap<IndexName, BackfillProgress>> = BTreeMap::new();
+    for row in backfill.iter().map_err(|e| st(e.into()))? {
+        let (k, v) = row.map_err(|e| st(e.into()))?;
+        let (scope, name) = k.value();
+        match codec::decode_backfill(v.value()) {
+            Ok(p) => {
+                backfilling
+                    .entry(ScopeId(scope))
+                    .or_default()
+                    .insert(IndexName(name.to_owned()), p);
+            }
+            Err(e) => report
+                .problems
+                .push(format!("backfill of index {name:?} of scope#{scope}: {e}")),
+        }
+    }
+    for (scope, names) in &backfilling {
+        if scopes.get(scope.0).map_err(|e| st(e.into()))?.is_none() {
+            for name in names.keys() {
+                report
+                    .problems
+                    .push(format!("backfill of index {name} names missing {scope}"));
+            }
+        }
+    }
+
+    let last_seq_saved = {
+        let meta = txn.open_table(META).map_err(|e| st(e.into()))?;
+        let saved = meta.get(META_LAST_SEQ).map_err(|e| st(e.into()))?;
+        saved.map_or(0, |v| <[u8; 8]>::try_from(v.value()).map_or(0, u64::from_be_bytes))
+    };
     for row in cursors.iter().map_err(|e| st(e.into()))? {
         let (k, v) = row.map_err(|e| st(e.into()))?;
-        if v.value() > last {
+        // Compaction may have emptied the log below the cursor: compare with the last seq ever
+        // handed out.
+        let handed_out = last.max(last_seq_saved);
+        if v.value() > handed_out {
             report.problems.push(format!(
-                "cursor {:?} at {} is past the last log entry {last}",
+                "cursor {:?} at {} is past the last log seq {handed_out}",
                 k.value(),
                 v.value()
             ));
@@ -127,9 +200,17 @@ pub(crate) fn run(shared: &Shared) -> Result<CheckReport, StoreError> {
         };
         let (start, end) = keys::scope_range(scope);
         let mut count = 0u64;
-        // Index rows the index functions give over the object table (invariant 3).
+        let in_progress = backfilling.remove(&scope).unwrap_or_default();
+        for name in in_progress.keys() {
+            if record.indexes.contains(&name.0) {
+                report
+                    .problems
+                    .push(format!("{scope}: index {name} is both ready and being backfilled"));
+            }
+        }
+        // Index rows the index functions give over the object table (invariant 3), per object.
         let indexers = shared.indexes.for_scope(scope);
-        let mut want: BTreeMap<IndexName, BTreeSet<Vec<u8>>> = BTreeMap::new();
+        let mut want: BTreeMap<IndexName, BTreeMap<ObjectKey, BTreeSet<Vec<u8>>>> = BTreeMap::new();
         for row in objects
             .range::<&[u8]>(start.as_slice()..end.as_slice())
             .map_err(|e| st(e.into()))?
@@ -186,18 +267,14 @@ pub(crate) fn run(shared: &Shared) -> Result<CheckReport, StoreError> {
                 }
             }
             for ix in &indexers {
-                if !record.indexes.contains(&ix.name.0) {
+                if !record.indexes.contains(&ix.name.0) && !in_progress.contains_key(&ix.name) {
                     continue;
                 }
                 match read::object_bytes(shared, &log, &h, inline, &read::txn_loader(shared, &txn)) {
                     Ok(json) => {
+                        let rows = want.entry(ix.name.clone()).or_default().entry(key.clone()).or_default();
                         for value in ix.values(&h.meta, &json) {
-                            want.entry(ix.name.clone()).or_default().insert(keys::index(
-                                scope,
-                                &ix.name,
-                                &value.into(),
-                                &key,
-                            ));
+                            rows.insert(keys::index(scope, &ix.name, &value.into(), &key));
                         }
                     }
                     Err(e) => report.problems.push(format!("{scope}: object {key}: {e}")),
@@ -210,10 +287,16 @@ pub(crate) fn run(shared: &Shared) -> Result<CheckReport, StoreError> {
                 record.object_count
             ));
         }
-        for name in &record.indexes {
-            let name = IndexName(name.clone());
+        let names: BTreeSet<IndexName> = record
+            .indexes
+            .iter()
+            .map(|n| IndexName(n.clone()))
+            .chain(in_progress.keys().cloned())
+            .collect();
+        for name in names {
             let (s, e) = keys::index_range(scope, &name);
             let mut have = BTreeSet::new();
+            let mut have_by_key: BTreeMap<ObjectKey, BTreeSet<Vec<u8>>> = BTreeMap::new();
             for row in index
                 .range::<&[u8]>(s.as_slice()..e.as_slice())
                 .map_err(|e| st(e.into()))?
@@ -221,15 +304,46 @@ pub(crate) fn run(shared: &Shared) -> Result<CheckReport, StoreError> {
                 let (k, _) = row.map_err(|e| st(e.into()))?;
                 report.index_rows += 1;
                 have.insert(k.value().to_vec());
+                match keys::decode_index(k.value(), scope, &name) {
+                    Ok((_, key)) => {
+                        have_by_key.entry(key).or_default().insert(k.value().to_vec());
+                    }
+                    Err(e) => report.problems.push(format!("{scope}: index {name}: {e}")),
+                }
             }
             if indexers.iter().any(|ix| ix.name == name) {
                 let want = want.remove(&name).unwrap_or_default();
-                let missing = want.difference(&have).count();
-                let stale = have.difference(&want).count();
-                if missing + stale > 0 {
-                    report
-                        .problems
-                        .push(format!("{scope}: index {name}: {missing} rows missing, {stale} stale"));
+                match in_progress.get(&name) {
+                    None => {
+                        let want: BTreeSet<Vec<u8>> = want.into_values().flatten().collect();
+                        let missing = want.difference(&have).count();
+                        let stale = have.difference(&want).count();
+                        if missing + stale > 0 {
+                            report
+                                .problems
+                                .push(format!("{scope}: index {name}: {missing} rows missing, {stale} stale"));
+                        }
+                    }
+                    Some(progress) => {
+                        // Behind the backfill cursor rows are exact; ahead of it an object has
+                        // no rows yet or exact ones (written since the index was registered).
+                        let mut wrong = 0;
+                        let empty = BTreeSet::new();
+                        for (key, rows) in &want {
+                            let got = have_by_key.get(key).unwrap_or(&empty);
+                            let behind = progress.after.as_ref().is_some_and(|a| key <= a);
+                            if got != rows && (behind || !got.is_empty()) {
+                                wrong += 1;
+                            }
+                        }
+                        let orphaned = have_by_key.keys().filter(|k| !want.contains_key(*k)).count();
+                        if wrong + orphaned > 0 {
+                            report.problems.push(format!(
+                                "{scope}: index {name} (backfill after {:?}): {wrong} objects with wrong rows, {orphaned} rows of missing objects",
+                                progress.after.as_ref().map(ToString::to_string)
+                            ));
+                        }
+                    }
                 }
             }
             // The reverse map lists exactly the values of the forward rows.

@@ -432,6 +432,27 @@ pub fn decode_values(value: &[u8]) -> Result<Vec<String>, CodecError> {
     decode_with_tail(value).map(|(r, _)| r)
 }
 
+/// How far the backfill of an index over a scope's existing objects got (the `index_backfill`
+/// table). Objects up to and including `after` have exact index rows.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct BackfillProgress {
+    /// The last object key backfilled; `None` before the first step.
+    pub after: Option<ObjectKey>,
+    /// The last log seq committed when `after` was reached: later entries of the scope were
+    /// written after that step (see the resume check in the writer).
+    pub seq: u64,
+}
+
+/// Encodes a backfill progress row.
+pub fn encode_backfill(progress: &BackfillProgress) -> Result<Vec<u8>, CodecError> {
+    encode_with_tail(progress, &[])
+}
+
+/// Decodes a backfill progress row.
+pub fn decode_backfill(value: &[u8]) -> Result<BackfillProgress, CodecError> {
+    decode_with_tail(value).map(|(r, _)| r)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -10,11 +10,23 @@ use super::{Shared, StoreError};
 mod m0001_initial;
 #[path = "../../migrations/m0002_dicts.rs"]
 mod m0002_dicts;
+#[path = "../../migrations/m0003_retention_backfill.rs"]
+mod m0003_retention_backfill;
 
-type Step = fn(&redb::WriteTransaction) -> Result<(), redb::Error>;
+/// What a step may need besides the transaction.
+struct Context {
+    /// The store clock's "now" (unix milliseconds), the same for every step of one run.
+    now_ms: u64,
+}
+
+type Step = fn(&redb::WriteTransaction, &Context) -> Result<(), redb::Error>;
 
 /// Every step, in order; step `i` upgrades schema `i` to `i + 1`.
-const STEPS: &[Step] = &[m0001_initial::up, m0002_dicts::up];
+const STEPS: &[Step] = &[
+    |txn, _| m0001_initial::up(txn),
+    |txn, _| m0002_dicts::up(txn),
+    |txn, cx| m0003_retention_backfill::up(txn, cx.now_ms),
+];
 
 /// The schema version after every step ran.
 pub(crate) const LATEST: u32 = STEPS.len() as u32;
@@ -39,24 +51,34 @@ fn read_version(shared: &Shared) -> Result<u32, StoreError> {
 
 /// Brings the database to [`LATEST`].
 pub(crate) fn run(shared: &Shared) -> Result<(), StoreError> {
+    run_steps(shared, STEPS)
+}
+
+/// Applies `steps[found..]` and records the version `steps.len()`, all in one transaction: a
+/// failing step leaves the database at the version it had.
+fn run_steps(shared: &Shared, steps: &[Step]) -> Result<(), StoreError> {
+    let latest = u32::try_from(steps.len()).unwrap_or(u32::MAX);
     let found = read_version(shared)?;
-    if found > LATEST {
+    if found > latest {
         return Err(StoreError::NewerSchema {
             path: shared.path.clone(),
             found,
-            supported: LATEST,
+            supported: latest,
         });
     }
-    if found == LATEST {
+    if found == latest {
         return Ok(());
     }
+    let cx = Context {
+        now_ms: shared.config.now_ms(),
+    };
     let txn = shared.db()?.begin_write().map_err(|e| shared.storage(e))?;
-    for step in &STEPS[found as usize..] {
-        step(&txn).map_err(|e| shared.storage(e))?;
+    for step in &steps[found as usize..] {
+        step(&txn, &cx).map_err(|e| shared.storage(e))?;
     }
     {
         let mut meta = txn.open_table(META).map_err(|e| shared.storage(e))?;
-        meta.insert(META_SCHEMA_VERSION, LATEST.to_be_bytes().as_slice())
+        meta.insert(META_SCHEMA_VERSION, latest.to_be_bytes().as_slice())
             .map_err(|e| shared.storage(e))?;
         if found == 0 {
             meta.insert(META_CREATED_BY, env!("CARGO_PKG_VERSION").as_bytes())
@@ -64,6 +86,78 @@ pub(crate) fn run(shared: &Shared) -> Result<(), StoreError> {
         }
     }
     txn.commit().map_err(|e| shared.storage(e))?;
-    tracing::info!(path = %shared.path.display(), from = found, to = LATEST, "database schema migrated");
+    tracing::info!(path = %shared.path.display(), from = found, to = latest, "database schema migrated");
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::{Arc, RwLock};
+
+    use redb::ReadableDatabase;
+
+    use super::*;
+    use crate::store::schema::{COMMIT_TIMES, LOG};
+    use crate::store::StoreConfig;
+
+    fn shared(path: &std::path::Path) -> Shared {
+        let config = StoreConfig::new(path);
+        let db = crate::store::open_database(&config).unwrap();
+        Shared {
+            db: RwLock::new(Some(Arc::new(db))),
+            path: path.to_owned(),
+            indexes: Default::default(),
+            dicts: Default::default(),
+            config,
+        }
+    }
+
+    const PROBE: redb::TableDefinition<u64, u64> = redb::TableDefinition::new("probe");
+
+    #[test]
+    fn a_failing_step_leaves_the_database_at_its_version() {
+        let dir = tempfile::tempdir().unwrap();
+        let shared = shared(&dir.path().join("db.redb"));
+        let failing: &[Step] = &[
+            |txn, cx| m0001_initial::up(txn).and_then(|()| m0003_retention_backfill::up(txn, cx.now_ms)),
+            |txn, _| {
+                txn.open_table(PROBE)?;
+                Err(redb::Error::TransactionInProgress)
+            },
+        ];
+        assert!(run_steps(&shared, failing).is_err());
+        assert_eq!(read_version(&shared).unwrap(), 0);
+        let txn = shared.db().unwrap().begin_read().unwrap();
+        // Neither the first step's tables nor the second's exist: one transaction.
+        assert!(txn.open_table(META).is_err());
+        assert!(txn.open_table(PROBE).is_err());
+    }
+
+    #[test]
+    fn steps_run_oldest_to_newest_and_date_the_existing_log_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let shared = shared(&dir.path().join("db.redb"));
+        // A v2 database holding three log entries.
+        run_steps(&shared, &STEPS[..2]).unwrap();
+        {
+            let txn = shared.db().unwrap().begin_write().unwrap();
+            {
+                let mut log = txn.open_table(LOG).unwrap();
+                for seq in 7..10u64 {
+                    log.insert(seq, b"x".as_slice()).unwrap();
+                }
+            }
+            txn.commit().unwrap();
+        }
+        assert_eq!(read_version(&shared).unwrap(), 2);
+        run(&shared).unwrap();
+        assert_eq!(read_version(&shared).unwrap(), LATEST);
+        let txn = shared.db().unwrap().begin_read().unwrap();
+        let times = txn.open_table(COMMIT_TIMES).unwrap();
+        let rows: Vec<u64> = redb::ReadableTable::iter(&times)
+            .unwrap()
+            .map(|r| r.unwrap().0.value())
+            .collect();
+        assert_eq!(rows, vec![7]);
+    }
 }

@@ -49,7 +49,7 @@ use std::time::Duration;
 pub use check::CheckReport;
 pub use codec::{extract_meta, CodecError, Compression, DeltaKind, ObjectMeta, OwnerReference, RawObject, ScopeRecord};
 pub use index::{IndexFunc, Indexer, LABELS, NAMESPACE};
-pub use read::{LogReader, LogRecord, Snapshot, Store, StoredObject};
+pub use read::{IndexStatus, LogReader, LogRecord, Snapshot, Store, StoredObject};
 pub use schema::{IndexName, IndexValue, KeyError, ObjectKey, ResourceVersion, ScopeId, Seq};
 pub use typed::TypedCache;
 pub use writer::{Batch, Committed, CompactReport, Delta, RelistSummary, Writer};
@@ -138,8 +138,30 @@ pub struct StoreConfig {
     pub(crate) max_batch_bytes: usize,
     pub(crate) compression: Compression,
     pub(crate) retention_entries: Option<u64>,
+    pub(crate) retention_age: Option<Duration>,
     pub(crate) check_integrity: bool,
     pub(crate) backend_wrapper: Option<WrapBackend>,
+    pub(crate) clock: Option<WrapClock>,
+    pub(crate) compact_step: usize,
+    pub(crate) backfill_step: usize,
+}
+
+/// Most log entries one compaction transaction removes (automatic or explicit).
+pub const COMPACT_STEP: usize = 4096;
+/// Most objects one index-backfill transaction indexes.
+pub const BACKFILL_STEP: usize = 1000;
+
+/// The store's source of wall-clock time; see [`StoreConfig::clock`].
+pub type Clock = Arc<dyn Fn() -> std::time::SystemTime + Send + Sync>;
+
+/// [`Clock`] with a `Debug` impl, so that [`StoreConfig`] stays `Debug`.
+#[derive(Clone)]
+pub(crate) struct WrapClock(Clock);
+
+impl std::fmt::Debug for WrapClock {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Clock")
+    }
 }
 
 /// A function that wraps the file backend redb reads and writes through; see
@@ -159,7 +181,8 @@ impl std::fmt::Debug for WrapBackend {
 impl StoreConfig {
     /// Defaults: durable commits, 256 MiB page cache, group commits of up to 10,000 deltas or
     /// 64 MiB, zstd level 1 with a dictionary trained per scope on its first objects
-    /// ([`Compression::ZstdDict`]), log retention of 1,000,000 entries.
+    /// ([`Compression::ZstdDict`]), log retention of 1,000,000 entries, applied automatically,
+    /// and no retention by age.
     ///
     /// Dictionary compression is the default because it wins on both ends (`benches/store.rs`,
     /// ~7 KB Pods, batches of 1000): ~8x less data than uncompressed and 2x less than plain zstd,
@@ -174,8 +197,12 @@ impl StoreConfig {
             max_batch_bytes: 64 << 20,
             compression: Compression::ZstdDict(1),
             retention_entries: Some(1_000_000),
+            retention_age: None,
             check_integrity: false,
             backend_wrapper: None,
+            clock: None,
+            compact_step: COMPACT_STEP,
+            backfill_step: BACKFILL_STEP,
         }
     }
 
@@ -211,9 +238,48 @@ impl StoreConfig {
 
     /// Keep at most this many log entries (compaction never removes entries a durable cursor
     /// has not passed). `None` keeps everything.
+    ///
+    /// The writer applies it by itself: once the log holds more than
+    /// `entries + min(entries / 10, 4096)` entries it compacts it down to `entries`, in
+    /// transactions of at most 4,096 entries interleaved with incoming batches, so a large
+    /// backlog neither makes one huge transaction nor holds up ingest for long.
+    /// [`Writer::compact`] applies it on demand. With `None` here and no
+    /// [`retention_age`](Self::retention_age), the store never compacts on its own.
+    ///
+    /// ```
+    /// use durable_informer::store::StoreConfig;
+    /// // Keep the last 100,000 deltas (plus whatever a durable handler has not seen yet).
+    /// let config = StoreConfig::new("/tmp/cache.redb").retention_entries(Some(100_000));
+    /// # let _ = config;
+    /// ```
     #[must_use]
     pub fn retention_entries(mut self, entries: Option<u64>) -> Self {
         self.retention_entries = entries;
+        self
+    }
+
+    /// Also remove log entries committed longer ago than `age` (measured from the commit that
+    /// wrote them; entries written before schema v3 count as committed when the database was
+    /// upgraded). Entries a durable cursor has not passed always stay. Applied by the writer on
+    /// its own like [`retention_entries`](Self::retention_entries): after commits, and every
+    /// `age / 10` (at least 1 s, at most 60 s) while idle.
+    ///
+    /// Default `None`: the entry count already bounds disk use, and an age limit ties the
+    /// history that `history`, `export` and time travel can show to the wall clock — a
+    /// controller stopped over a long weekend would come back to an emptied log. Set it when old
+    /// object versions must not linger on disk (for example Secrets that were deleted or
+    /// rotated: the log keeps their earlier versions until they are compacted away).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use durable_informer::store::StoreConfig;
+    /// // At most 1,000,000 entries, none older than a day.
+    /// let config = StoreConfig::new("/tmp/cache.redb").retention_age(Some(Duration::from_secs(24 * 3600)));
+    /// # let _ = config;
+    /// ```
+    #[must_use]
+    pub fn retention_age(mut self, age: Option<Duration>) -> Self {
+        self.retention_age = age;
         self
     }
 
@@ -236,10 +302,41 @@ impl StoreConfig {
         self
     }
 
+    /// Replaces the wall clock the store dates commits with and measures
+    /// [`retention_age`](Self::retention_age) against, for tests that age the log without
+    /// waiting. Not meant for production use.
+    #[doc(hidden)]
+    #[must_use]
+    pub fn clock(mut self, clock: Clock) -> Self {
+        self.clock = Some(WrapClock(clock));
+        self
+    }
+
+    /// Changes how many log entries one compaction transaction removes and how many objects one
+    /// backfill transaction indexes (defaults [`COMPACT_STEP`], [`BACKFILL_STEP`]), so tests can
+    /// make small data span several transactions. Not meant for production use.
+    #[doc(hidden)]
+    #[must_use]
+    pub fn maintenance_steps(mut self, compact_entries: usize, backfill_objects: usize) -> Self {
+        self.compact_step = compact_entries.max(1);
+        self.backfill_step = backfill_objects.max(1);
+        self
+    }
+
     /// The database path.
     #[must_use]
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// Now, in unix milliseconds, by the configured clock (0 before 1970).
+    pub(crate) fn now_ms(&self) -> u64 {
+        let now = match &self.clock {
+            Some(WrapClock(clock)) => clock(),
+            None => std::time::SystemTime::now(),
+        };
+        now.duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
     }
 }
 

@@ -15,8 +15,8 @@ use super::codec::{self, DataRef, DeltaKind, ObjectHeader, ObjectMeta, PrevRef, 
 use super::dict::LoadDict;
 use super::index::NAMESPACE;
 use super::schema::{
-    keys, IndexName, IndexValue, ObjectKey, ResourceVersion, ScopeId, Seq, CURSORS, DICTS, INDEX, LOG, META,
-    META_LAST_SEQ, OBJECTS, SCOPES,
+    keys, IndexName, IndexValue, ObjectKey, ResourceVersion, ScopeId, Seq, CURSORS, DICTS, INDEX, INDEX_BACKFILL, LOG,
+    META, META_LAST_SEQ, OBJECTS, SCOPES,
 };
 use super::{Shared, StoreError};
 
@@ -85,6 +85,23 @@ pub(crate) fn txn_loader<'a>(
         let table = txn.open_table(DICTS).map_err(|e| shared.storage(e))?;
         dict_row(shared, &table, scope, id)
     }
+}
+
+/// Whether an index of a scope answers queries; see [`Snapshot::index_status`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum IndexStatus {
+    /// Its rows cover every object: queries answer.
+    Ready,
+    /// [`Writer::ensure_index`](super::Writer::ensure_index) added it to a scope that already
+    /// held objects, and the backfill over them is still running (in bounded transactions,
+    /// between batches). Queries return [`StoreError::IndexNotReady`] until it finished.
+    Backfilling {
+        /// The last object key backfilled so far (`None`: none yet). Objects written since
+        /// the index was registered are indexed whatever their key.
+        after: Option<ObjectKey>,
+    },
+    /// The scope has no such index.
+    Absent,
 }
 
 /// A consistent view of the database at one commit.
@@ -314,14 +331,49 @@ impl Snapshot {
         Ok(out)
     }
 
+    /// Whether an index answers queries in this view: ready, still being backfilled over the
+    /// objects the scope held when it was added, or absent.
+    ///
+    /// ```no_run
+    /// use durable_informer::store::{DurableStore, IndexStatus, ScopeSpec, StoreConfig};
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let db = DurableStore::open(StoreConfig::new("/tmp/cache.redb"))?;
+    /// let scope = db.writer().register_scope_blocking(&ScopeSpec::new("", "v1", "pods"))?;
+    /// match db.store(scope).snapshot()?.index_status("labels")? {
+    ///     IndexStatus::Ready => println!("queries answer from every object"),
+    ///     IndexStatus::Backfilling { after } => println!("indexed up to {after:?} so far"),
+    ///     IndexStatus::Absent => println!("call ensure_index first"),
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub fn index_status(&self, index: &str) -> Result<IndexStatus, StoreError> {
+        if self.record()?.indexes.iter().any(|n| n == index) {
+            return Ok(IndexStatus::Ready);
+        }
+        let s = &self.shared;
+        let table = self.txn.open_table(INDEX_BACKFILL).map_err(|e| s.storage(e))?;
+        let row = table.get((self.scope.0, index)).map_err(|e| s.storage(e))?;
+        match row {
+            Some(v) => Ok(IndexStatus::Backfilling {
+                after: codec::decode_backfill(v.value())?.after,
+            }),
+            None => Ok(IndexStatus::Absent),
+        }
+    }
+
     fn require_index(&self, name: &IndexName) -> Result<(), StoreError> {
-        if self.record()?.indexes.contains(&name.0) {
-            Ok(())
-        } else {
-            Err(StoreError::UnknownIndex {
+        // A backfilling index holds rows for part of the scope only: refuse rather than answer
+        // partially.
+        match self.index_status(&name.0)? {
+            IndexStatus::Ready => Ok(()),
+            IndexStatus::Backfilling { .. } => Err(StoreError::IndexNotReady {
                 scope: self.scope,
                 name: name.0.clone(),
-            })
+            }),
+            IndexStatus::Absent => Err(StoreError::UnknownIndex {
+                scope: self.scope,
+                name: name.0.clone(),
+            }),
         }
     }
 
@@ -432,6 +484,11 @@ impl Store {
     /// See [`Snapshot::list_index_values`].
     pub fn list_index_values(&self, index: &str) -> Result<Vec<String>, StoreError> {
         self.snapshot()?.list_index_values(index)
+    }
+
+    /// See [`Snapshot::index_status`].
+    pub fn index_status(&self, index: &str) -> Result<IndexStatus, StoreError> {
+        self.snapshot()?.index_status(index)
     }
 
     /// See [`Snapshot::record`].

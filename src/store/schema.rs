@@ -16,6 +16,8 @@
 //! | `relist` | scope, object key | a listed object staged during a relist |
 //! | `cursors` | consumer name | last delivered [`Seq`] |
 //! | `dicts` | (scope id, dict id) | a zstd dictionary (schema v2; rows are never rewritten) |
+//! | `commit_times` | seq of the first log entry a commit wrote | unix milliseconds of that commit (schema v3) |
+//! | `index_backfill` | (scope id, index name) | [`super::codec::BackfillProgress`] of an index still being backfilled (schema v3) |
 
 use std::fmt;
 
@@ -43,6 +45,17 @@ pub const CURSORS: TableDefinition<&str, u64> = TableDefinition::new("cursors");
 /// A row is written once and never changed or removed: blobs tagged
 /// [`super::codec::Compression::Dict`] name the row they need.
 pub const DICTS: TableDefinition<(u32, u32), &[u8]> = TableDefinition::new("dicts");
+
+/// When log entries were committed (schema v3): one row per commit that appended entries, keyed
+/// by the seq of its first entry, so entries `[key, next key)` share the row's unix milliseconds.
+/// Times never decrease with the key. Compaction keeps the table trimmed: its first key is the
+/// first retained log seq (the row covering that seq is re-keyed to it), and an empty log has
+/// no rows.
+pub const COMMIT_TIMES: TableDefinition<u64, u64> = TableDefinition::new("commit_times");
+/// Indexes whose backfill over a scope's existing objects has not finished (schema v3), with
+/// how far it got. A row exists from the `ensure_index` that started it until the step that
+/// finished it, which also adds the index to the scope record.
+pub const INDEX_BACKFILL: TableDefinition<(u32, &str), &[u8]> = TableDefinition::new("index_backfill");
 
 /// `meta` key holding the schema version (u32, big endian).
 pub const META_SCHEMA_VERSION: &str = "schema_version";

@@ -6,12 +6,16 @@
 //! regression) is refused before it writes anything, so the others in the group still commit;
 //! a storage error aborts the whole group and every sender hears of it.
 
+mod backfill;
+mod background;
+mod retention;
+
 use std::cell::{Cell, RefCell};
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
+use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, TryRecvError};
 use redb::{ReadableTable, WriteTransaction};
 use tokio::sync::{oneshot, watch};
 
@@ -25,6 +29,7 @@ use super::schema::{
     META_CLUSTER_IDENTITY, META_LAST_SEQ, OBJECTS, RELIST, SCOPES, SCOPE_NAMES,
 };
 use super::{Shared, StoreConfig, StoreError};
+use retention::{Compaction, Goal};
 
 /// One change to apply.
 #[derive(Debug, Clone)]
@@ -125,6 +130,9 @@ pub struct CompactReport {
 
 type Ack<T> = oneshot::Sender<Result<T, StoreError>>;
 
+/// Running index backfills and the callers waiting for each.
+type Backfills = BTreeMap<(ScopeId, IndexName), Vec<Ack<()>>>;
+
 enum Command {
     RegisterScope(String, Ack<ScopeId>),
     Apply(Batch, Ack<Committed>),
@@ -135,6 +143,7 @@ enum Command {
     SetCursor(String, Seq, Ack<()>),
     DeleteCursor(String, Ack<()>),
     Compact(Option<u64>, Ack<CompactReport>),
+    Settle(Ack<()>),
     Identity(String, bool, Ack<bool>),
     ResetScope(ScopeId, Ack<()>),
     Shutdown,
@@ -222,13 +231,35 @@ impl Writer {
     request!(abort_relist, abort_relist_blocking, (scope: ScopeId) -> (), AbortRelist,
         "Drops what was staged for a relist (for example when the list restarts).");
     request!(ensure_index, ensure_index_blocking, (scope: ScopeId, name: IndexName) -> (), EnsureIndex,
-        "Records an index registered with `DurableStore::register_index` on the scope and backfills its rows for the objects already stored.");
+        "Records an index registered with `DurableStore::register_index` on the scope and backfills its rows for the objects already stored; returns once the index answers queries.\n\n\
+        The backfill runs in transactions of at most 1,000 objects, between the batches of every scope, so ingest goes on meanwhile. \
+        Until it finished, queries of the index return `StoreError::IndexNotReady` (never a partial answer). \
+        Its progress is persisted: after a crash, calling this again (with the index registered) resumes where it stopped.\n\n\
+        ```no_run\n\
+        use durable_informer::store::{DurableStore, Indexer, ScopeSpec, StoreConfig, LABELS};\n\
+        # fn main() -> Result<(), Box<dyn std::error::Error>> {\n\
+        let db = DurableStore::open(StoreConfig::new(\"/tmp/cache.redb\"))?;\n\
+        let scope = db.writer().register_scope_blocking(&ScopeSpec::new(\"\", \"v1\", \"pods\"))?;\n\
+        db.register_index(scope, Indexer::labels());\n\
+        db.writer().ensure_index_blocking(scope, LABELS.into())?;\n\
+        let web = db.store(scope).by_index(LABELS, \"app=web\")?;\n\
+        # let _ = web; Ok(()) }\n\
+        ```");
     request!(set_cursor, set_cursor_blocking, (name: String, seq: Seq) -> (), SetCursor,
         "Persists a durable consumer's cursor: every entry up to `seq` was handled.");
     request!(delete_cursor, delete_cursor_blocking, (name: String) -> (), DeleteCursor,
         "Removes a durable consumer's cursor, so it no longer holds back compaction.");
     request!(compact, compact_blocking, (keep_entries: Option<u64>) -> CompactReport, Compact,
-        "Removes log entries below every durable cursor and beyond `keep_entries` (default: the configured retention).");
+        "Removes log entries below every durable cursor that are beyond `keep_entries` (default: the configured `retention_entries`) or older than the configured `retention_age`; returns once done.\n\n\
+        It runs in transactions of at most 4,096 entries between incoming batches. The writer applies the configured retention on its own too; this is for applying it now or with another count (the CLI `compact`).\n\n\
+        ```no_run\n\
+        use durable_informer::store::{DurableStore, StoreConfig};\n\
+        # fn main() -> Result<(), Box<dyn std::error::Error>> {\n\
+        let db = DurableStore::open(StoreConfig::new(\"/tmp/cache.redb\"))?;\n\
+        let report = db.writer().compact_blocking(Some(1000))?;\n\
+        println!(\"removed {}, first retained {}\", report.removed, report.first_retained);\n\
+        # Ok(()) }\n\
+        ```");
     request!(reset_scope, reset_scope_blocking, (scope: ScopeId) -> (), ResetScope,
         "Forgets a scope's objects, indexes and RV (its log entries stay, for cursors).");
 
@@ -275,6 +306,16 @@ impl Writer {
         futures::executor::block_on(rx).map_err(|_| StoreError::WriterGone)?
     }
 
+    /// Plans automatic retention with the store clock's current time and returns once its
+    /// compaction steps ran (or a durable cursor stopped them). For tests that check what
+    /// automatic retention did; the writer does the same on its own after commits.
+    #[doc(hidden)]
+    pub fn settle_blocking(&self) -> Result<(), StoreError> {
+        let (ack, rx) = oneshot::channel();
+        self.send(Command::Settle(ack))?;
+        futures::executor::block_on(rx).map_err(|_| StoreError::WriterGone)?
+    }
+
     /// The last committed log seq, updated after every commit.
     #[must_use]
     pub fn committed(&self) -> watch::Receiver<Seq> {
@@ -304,6 +345,12 @@ pub(crate) fn spawn(
         max_bytes: config.max_batch_bytes,
         compression: config.compression,
         retention_entries: config.retention_entries,
+        retention_age: config.retention_age,
+        compact_step: config.compact_step,
+        backfill_step: config.backfill_step,
+        compaction: RefCell::new(Compaction::default()),
+        backfills: RefCell::new(BTreeMap::new()),
+        backfill_turn: Cell::new(false),
         dicts: RefCell::new(HashMap::new()),
         pending_dicts: RefCell::new(Vec::new()),
         poisoned: Cell::new(false),
@@ -346,6 +393,18 @@ struct WriterThread {
     max_bytes: usize,
     compression: Compression,
     retention_entries: Option<u64>,
+    retention_age: Option<std::time::Duration>,
+    /// Most log entries one compaction transaction removes.
+    compact_step: usize,
+    /// Most objects one backfill transaction indexes.
+    backfill_step: usize,
+    /// Compaction still to do (automatic retention and explicit `compact` calls).
+    compaction: RefCell<Compaction>,
+    /// Backfills this writer runs, with the callers waiting for each. An index in here has its
+    /// function registered, so every write since maintained its rows.
+    backfills: RefCell<Backfills>,
+    /// Whether the next idle step goes to a backfill (compaction and backfills take turns).
+    backfill_turn: Cell<bool>,
     /// Per-scope dictionary state for [`Compression::ZstdDict`].
     dicts: RefCell<HashMap<u32, ScopeDicts>>,
     /// Scopes whose dictionary was trained in the open group: forgotten if it rolls back.
@@ -374,6 +433,15 @@ enum Reply {
     Relist(Ack<RelistSummary>, Result<RelistSummary, StoreError>),
     Compact(Ack<CompactReport>, Result<CompactReport, StoreError>),
     Bool(Ack<bool>, Result<bool, StoreError>),
+    /// Work that goes on in bounded transactions after this commit; acknowledged when it is done.
+    Deferred(Deferred),
+}
+
+/// A command whose work outlives its group commit.
+enum Deferred {
+    Compact(Ack<CompactReport>, Goal),
+    Settle(Ack<()>),
+    Backfill(Ack<()>, ScopeId, IndexName),
 }
 
 /// Why a command did not apply: `Refused` wrote nothing, so the group goes on; `Fatal` may have
@@ -414,6 +482,28 @@ impl WriterThread {
                     }
                     Err(RecvTimeoutError::Disconnected) => break,
                 }
+            } else if self.has_background_work() {
+                // Background work (compaction, backfill) runs while nothing is queued.
+                retry = RETRY_FIRST;
+                match self.rx.try_recv() {
+                    Ok(cmd) => cmd,
+                    Err(TryRecvError::Empty) => {
+                        self.background_step();
+                        continue;
+                    }
+                    Err(TryRecvError::Disconnected) => break,
+                }
+            } else if let Some(poll) = self.idle_poll() {
+                // Entries age while nothing is written: look at them now and then.
+                retry = RETRY_FIRST;
+                match self.rx.recv_timeout(poll) {
+                    Ok(cmd) => cmd,
+                    Err(RecvTimeoutError::Timeout) => {
+                        self.plan_retention();
+                        continue;
+                    }
+                    Err(RecvTimeoutError::Disconnected) => break,
+                }
             } else {
                 retry = RETRY_FIRST;
                 let Ok(cmd) = self.rx.recv() else { break };
@@ -438,9 +528,11 @@ impl WriterThread {
                 stop = true;
             }
             if !group.is_empty() {
-                self.commit_group(group);
+                let appended = self.commit_group(group);
+                self.after_group(appended);
             }
         }
+        self.abandon_background_work();
     }
 
     /// After an I/O error: reopen the database (through the same backend wrapper) and restart
@@ -472,24 +564,30 @@ impl WriterThread {
         }
     }
 
-    fn commit_group(&self, group: Vec<Command>) {
+    /// Applies and commits one group; returns how many log entries it appended.
+    fn commit_group(&self, group: Vec<Command>) -> u64 {
         let _span = tracing::debug_span!("commit", commands = group.len()).entered();
         if self.poisoned.get() {
             if let Err(e) = self.recover() {
                 tracing::warn!(error = %e, "reopening the database after an I/O error failed");
-                return fail_all(group, &e);
+                fail_all(group, &e);
+                return 0;
             }
         }
         let db = match self.shared.db() {
             Ok(db) => db,
-            Err(e) => return fail_all(group, &e),
+            Err(e) => {
+                fail_all(group, &e);
+                return 0;
+            }
         };
         let mut txn = match db.begin_write() {
             Ok(t) => t,
             Err(e) => {
                 let e = self.shared.storage(e);
                 self.note(&e);
-                return fail_all(group, &e);
+                fail_all(group, &e);
+                return 0;
             }
         };
         if !self.durable {
@@ -518,15 +616,16 @@ impl WriterThread {
             self.note(&e);
             fail_replies(replies, &e);
             fail_all(rest, &e);
-            return;
+            return 0;
         }
         let last = Seq(self.next_seq.get() - 1);
-        if let Err(e) = save_last_seq(&self.shared, &txn, last.0) {
+        let saved = save_last_seq(&self.shared, &txn, last.0).and_then(|()| self.date_commit(&txn, start_seq, last.0));
+        if let Err(e) = saved {
             self.note(&e);
             self.forget_pending_dicts();
             self.next_seq.set(start_seq);
             fail_replies(replies, &e);
-            return;
+            return 0;
         }
         if let Err(e) = txn.commit() {
             let e = self.shared.storage(e);
@@ -535,13 +634,17 @@ impl WriterThread {
             self.forget_pending_dicts();
             self.next_seq.set(start_seq);
             fail_replies(replies, &e);
-            return;
+            return 0;
         }
         self.pending_dicts.borrow_mut().clear();
         self.seq_tx.send_replace(last);
         for r in replies {
-            send_reply(r, last);
+            match r {
+                Reply::Deferred(d) => self.defer(d),
+                r => send_reply(r, last),
+            }
         }
+        (last.0 + 1).saturating_sub(start_seq)
     }
 
     /// Applies one command. `Err` carries the reply and the error that aborts the group.
@@ -567,10 +670,26 @@ impl WriterThread {
                 run!(Relist, ack, self.finish_relist(txn, scope, rv, &reason))
             }
             Command::AbortRelist(scope, ack) => run!(Unit, ack, self.clear_staged(txn, scope)),
-            Command::EnsureIndex(scope, name, ack) => run!(Unit, ack, self.ensure_index(txn, scope, &name)),
+            Command::EnsureIndex(scope, name, ack) => match self.ensure_index(txn, scope, &name) {
+                Ok(true) => Ok(Reply::Unit(ack, Ok(()))),
+                Ok(false) => Ok(Reply::Deferred(Deferred::Backfill(ack, scope, name))),
+                Err(Failure::Refused(e)) => Ok(Reply::Unit(ack, Err(e))),
+                Err(Failure::Fatal(e)) => {
+                    let aborted = e.to_aborted();
+                    Err((Reply::Unit(ack, Err(e)), aborted))
+                }
+            },
             Command::SetCursor(name, seq, ack) => run!(Unit, ack, self.set_cursor(txn, &name, seq)),
             Command::DeleteCursor(name, ack) => run!(Unit, ack, self.delete_cursor(txn, &name)),
-            Command::Compact(keep, ack) => run!(Compact, ack, self.compact(txn, keep)),
+            Command::Compact(keep, ack) => match self.compact_goal(txn, keep) {
+                Ok(goal) => Ok(Reply::Deferred(Deferred::Compact(ack, goal))),
+                Err(Failure::Refused(e)) => Ok(Reply::Compact(ack, Err(e))),
+                Err(Failure::Fatal(e)) => {
+                    let aborted = e.to_aborted();
+                    Err((Reply::Compact(ack, Err(e)), aborted))
+                }
+            },
+            Command::Settle(ack) => Ok(Reply::Deferred(Deferred::Settle(ack))),
             Command::Identity(id, reset, ack) => run!(Bool, ack, self.identity(txn, &id, reset)),
             Command::ResetScope(scope, ack) => run!(Unit, ack, self.reset_scope(txn, scope)),
             Command::Shutdown => Ok(Reply::Unit(oneshot::channel().0, Ok(()))),
@@ -1070,50 +1189,6 @@ impl WriterThread {
         Ok(summary)
     }
 
-    fn ensure_index(&self, txn: &WriteTransaction, scope: ScopeId, name: &IndexName) -> Step<()> {
-        let mut record = self.load_scope(txn, scope)?;
-        let Some(ix) = self.shared.indexes.get(scope, name) else {
-            return Err(Failure::Refused(StoreError::UnknownIndex {
-                scope,
-                name: name.0.clone(),
-            }));
-        };
-        if record.indexes.contains(&name.0) {
-            return Ok(());
-        }
-        // Backfill. Rows written by batches since registration are already right; rewriting
-        // them is idempotent.
-        let (start, end) = keys::scope_range(scope);
-        let mut rows = Vec::new();
-        {
-            let objects = txn.open_table(OBJECTS).map_err(|e| self.st(e))?;
-            let log = txn.open_table(LOG).map_err(|e| self.st(e))?;
-            for row in objects
-                .range::<&[u8]>(start.as_slice()..end.as_slice())
-                .map_err(|e| self.st(e))?
-            {
-                let (k, v) = row.map_err(|e| self.st(e))?;
-                let (h, inline) = codec::decode_object(v.value()).map_err(StoreError::from)?;
-                let load = |s: u32, d: u32| {
-                    let dicts = txn.open_table(DICTS).map_err(|e| self.st(e))?;
-                    super::read::dict_row(&self.shared, &dicts, s, d)
-                };
-                let json = super::read::object_bytes(&self.shared, &log, &h, inline, &load)?;
-                let (_, key) = keys::decode_object(k.value()).map_err(StoreError::from)?;
-                rows.push((key, ix.values(&h.meta, &json)));
-            }
-        }
-        let mut t = Tables::open(self, txn)?;
-        for (key, values) in rows {
-            self.set_index_values(&mut t, scope, name, &key, &values)?;
-        }
-        drop(t);
-        record.indexes.push(name.0.clone());
-        record.indexes.sort();
-        self.save_scope(txn, scope, &record)?;
-        Ok(())
-    }
-
     fn set_cursor(&self, txn: &WriteTransaction, name: &str, seq: Seq) -> Step<()> {
         let mut cursors = txn.open_table(CURSORS).map_err(|e| self.st(e))?;
         cursors.insert(name, seq.0).map_err(|e| self.st(e))?;
@@ -1124,96 +1199,6 @@ impl WriterThread {
         let mut cursors = txn.open_table(CURSORS).map_err(|e| self.st(e))?;
         cursors.remove(name).map_err(|e| self.st(e))?;
         Ok(())
-    }
-
-    /// Invariant 4: removes only entries below every durable cursor and outside the retention.
-    /// Bytes still needed move out of the removed entries: into object rows that point at them,
-    /// and into the first retained entry of a key whose previous version they hold.
-    fn compact(&self, txn: &WriteTransaction, keep: Option<u64>) -> Step<CompactReport> {
-        let keep = keep.or(self.retention_entries);
-        let mut report = CompactReport::default();
-        let mut t = Tables::open(self, txn)?;
-        let last = t.next_seq.saturating_sub(1);
-        let first = match t.log.first().map_err(|e| self.st(e))? {
-            Some((k, _)) => k.value(),
-            None => return Ok(report),
-        };
-        let mut bound = keep.map_or(first, |k| last.saturating_sub(k) + 1);
-        {
-            let cursors = txn.open_table(CURSORS).map_err(|e| self.st(e))?;
-            for row in cursors.iter().map_err(|e| self.st(e))? {
-                let (_, v) = row.map_err(|e| self.st(e))?;
-                bound = bound.min(v.value() + 1);
-            }
-        }
-        if bound <= first {
-            report.first_retained = Seq(first);
-            return Ok(report);
-        }
-        // Bytes of removed versions that a retained entry may point at as its previous state.
-        let mut orphans: HashMap<(u32, ObjectKey), (u64, Compression, Vec<u8>)> = HashMap::new();
-        let removed: Vec<(u64, Vec<u8>)> = t
-            .log
-            .range(first..bound)
-            .map_err(|e| self.st(e))?
-            .map(|r| r.map(|(k, v)| (k.value(), v.value().to_vec())))
-            .collect::<Result<_, _>>()
-            .map_err(|e| self.st(e))?;
-        for (seq, row) in removed {
-            let (h, data, _) = codec::decode_log(&row).map_err(StoreError::from)?;
-            let id = (h.scope, h.key.clone());
-            if h.kind == DeltaKind::Deleted {
-                orphans.remove(&id);
-            } else if h.has_data {
-                let okey = keys::object(ScopeId(h.scope), &h.key);
-                let current = match t.objects.get(okey.as_slice()).map_err(|e| self.st(e))? {
-                    Some(v) => Some(codec::decode_object(v.value()).map_err(StoreError::from)?.0),
-                    None => None,
-                };
-                match current {
-                    Some(mut oh) if oh.data == DataRef::Log(seq) => {
-                        oh.data = DataRef::Inline;
-                        let row = codec::encode_object(&oh, Some(data)).map_err(StoreError::from)?;
-                        t.objects
-                            .insert(okey.as_slice(), row.as_slice())
-                            .map_err(|e| self.st(e))?;
-                        report.inlined += 1;
-                        orphans.remove(&id);
-                    }
-                    _ => {
-                        orphans.insert(id, (seq, h.compression, data.to_vec()));
-                    }
-                }
-            }
-            t.log.remove(seq).map_err(|e| self.st(e))?;
-            report.removed += 1;
-        }
-        // Retained entries pointing at removed ones get those bytes inlined.
-        if !orphans.is_empty() {
-            let tail: Vec<(u64, Vec<u8>)> = t
-                .log
-                .range(bound..)
-                .map_err(|e| self.st(e))?
-                .map(|r| r.map(|(k, v)| (k.value(), v.value().to_vec())))
-                .collect::<Result<_, _>>()
-                .map_err(|e| self.st(e))?;
-            for (seq, row) in tail {
-                if orphans.is_empty() {
-                    break;
-                }
-                let (mut h, data, _) = codec::decode_log(&row).map_err(StoreError::from)?;
-                let Some((oseq, comp, bytes)) = orphans.remove(&(h.scope, h.key.clone())) else {
-                    continue;
-                };
-                if h.prev == PrevRef::Log(oseq) {
-                    h.prev = PrevRef::Inline(comp);
-                    let row = codec::encode_log(&h, data, &bytes).map_err(StoreError::from)?;
-                    t.log.insert(seq, row.as_slice()).map_err(|e| self.st(e))?;
-                }
-            }
-        }
-        report.first_retained = Seq(bound);
-        Ok(report)
     }
 
     fn identity(&self, txn: &WriteTransaction, identity: &str, reset: bool) -> Step<bool> {
@@ -1328,6 +1313,8 @@ fn send_reply(reply: Reply, last: Seq) {
         Reply::Relist(a, r) => drop(a.send(r)),
         Reply::Compact(a, r) => drop(a.send(r)),
         Reply::Bool(a, r) => drop(a.send(r)),
+        // Handled by the writer before replies are sent.
+        Reply::Deferred(d) => d.fail(&StoreError::Aborted("deferred work was dropped".into())),
     }
 }
 
@@ -1340,6 +1327,7 @@ fn fail_replies(replies: Vec<Reply>, e: &StoreError) {
             Reply::Relist(a, _) => drop(a.send(Err(e.to_aborted()))),
             Reply::Compact(a, _) => drop(a.send(Err(e.to_aborted()))),
             Reply::Bool(a, _) => drop(a.send(Err(e.to_aborted()))),
+            Reply::Deferred(d) => d.fail(e),
         }
     }
 }
@@ -1358,8 +1346,18 @@ fn fail_all(cmds: Vec<Command>, e: &StoreError) {
             | Command::ResetScope(_, a) => drop(a.send(Err(err))),
             Command::FinishRelist(_, _, _, a) => drop(a.send(Err(err))),
             Command::Compact(_, a) => drop(a.send(Err(err))),
+            Command::Settle(a) => drop(a.send(Err(err))),
             Command::Identity(_, _, a) => drop(a.send(Err(err))),
             Command::Shutdown => {}
+        }
+    }
+}
+
+impl Deferred {
+    fn fail(self, e: &StoreError) {
+        match self {
+            Deferred::Compact(a, _) => drop(a.send(Err(e.to_aborted()))),
+            Deferred::Settle(a) | Deferred::Backfill(a, _, _) => drop(a.send(Err(e.to_aborted()))),
         }
     }
 }

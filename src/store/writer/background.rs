@@ -1,0 +1,108 @@
+//! Background work of the writer: compaction and index backfills, run as bounded transactions
+//! between group commits, so neither a large backlog nor a large scope holds up ingest for long.
+//!
+//! After every group the writer plans retention and runs compaction steps until it removed as
+//! many entries as the group appended (so the log stays bounded under sustained load), then one
+//! backfill step. While nothing is queued it runs steps back to back, checking the queue before
+//! each one.
+
+use std::time::Duration;
+
+use redb::WriteTransaction;
+
+use super::{Deferred, Failure, Step, StoreError, WriterThread};
+
+/// Shortest and longest idle wait between looks at the log's age.
+const AGE_POLL_MIN: Duration = Duration::from_secs(1);
+const AGE_POLL_MAX: Duration = Duration::from_secs(60);
+
+impl WriterThread {
+    /// Runs `f` in a transaction of its own, committed with the store's durability.
+    pub(super) fn maintenance<T>(&self, f: impl FnOnce(&WriteTransaction) -> Step<T>) -> Result<T, StoreError> {
+        if self.poisoned.get() {
+            self.recover()?;
+        }
+        let db = self.shared.db()?;
+        let mut txn = db.begin_write().map_err(|e| {
+            let e = self.shared.storage(e);
+            self.note(&e);
+            e
+        })?;
+        if !self.durable {
+            let _ = txn.set_durability(redb::Durability::None);
+        }
+        let out = match f(&txn) {
+            Ok(v) => v,
+            Err(Failure::Refused(e) | Failure::Fatal(e)) => {
+                drop(txn);
+                self.note(&e);
+                return Err(e);
+            }
+        };
+        txn.commit().map_err(|e| {
+            let e = self.shared.storage(e);
+            self.note(&e);
+            e
+        })?;
+        Ok(out)
+    }
+
+    /// Takes over a command's reply once its group committed.
+    pub(super) fn defer(&self, d: Deferred) {
+        match d {
+            Deferred::Compact(ack, goal) => self.defer_compact(ack, goal),
+            Deferred::Settle(ack) => self.defer_settle(ack),
+            Deferred::Backfill(ack, scope, name) => self.defer_backfill(ack, scope, name),
+        }
+    }
+
+    pub(super) fn has_background_work(&self) -> bool {
+        self.has_compaction_work() || self.has_backfill_work()
+    }
+
+    /// How long to wait for commands while idle before looking at the log's age again (`None`:
+    /// nothing ages).
+    pub(super) fn idle_poll(&self) -> Option<Duration> {
+        self.retention_age
+            .map(|age| (age / 10).clamp(AGE_POLL_MIN, AGE_POLL_MAX))
+    }
+
+    /// One step while idle: compaction and backfill take turns.
+    pub(super) fn background_step(&self) {
+        let backfill_turn = self.backfill_turn.get();
+        self.backfill_turn.set(!backfill_turn);
+        if self.has_backfill_work() && (backfill_turn || !self.has_compaction_work()) {
+            self.backfill_job_step();
+        } else if self.has_compaction_work() {
+            self.compaction_step();
+        }
+    }
+
+    /// After a group commit that appended `appended` entries.
+    pub(super) fn after_group(&self, appended: u64) {
+        if self.poisoned.get() {
+            return;
+        }
+        self.plan_retention();
+        let mut removed = 0;
+        while self.has_compaction_work() && !self.poisoned.get() {
+            let n = self.compaction_step();
+            removed += n;
+            if n == 0 || removed >= appended {
+                break;
+            }
+        }
+        if self.has_backfill_work() && !self.poisoned.get() {
+            self.backfill_job_step();
+        }
+    }
+
+    /// The store is closing: callers still waiting hear so (backfill progress stays persisted).
+    pub(super) fn abandon_background_work(&self) {
+        let e = StoreError::Aborted(
+            "the store was closed before this finished; a backfill resumes on the next ensure_index".into(),
+        );
+        self.abandon_compaction(&e);
+        self.abandon_backfills(&e);
+    }
+}
