@@ -104,6 +104,15 @@ pub enum StoreError {
         /// The index name.
         name: String,
     },
+    /// A consumer without a durable cursor fell behind the log's retention: entries after its
+    /// position were compacted before it read them.
+    #[error("log entries after seq {after} were compacted before they were read (the oldest retained is {first_retained}); the consumer starts again from the current state. Register the handler with a durable name, or raise StoreConfig::retention_entries")]
+    LogCompacted {
+        /// The consumer's position.
+        after: u64,
+        /// The first seq still in the log.
+        first_retained: u64,
+    },
     /// The store was closed; this handle outlived it.
     #[error("{path}: the database was closed")]
     Closed {

@@ -403,3 +403,85 @@ async fn secrets_need_an_explicit_opt_in() {
         .await
         .is_ok());
 }
+
+/// A volatile handler that falls behind the log's retention (entries compacted before it read
+/// them) is told so and starts again from the current state, instead of skipping silently.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_volatile_handler_behind_the_retention_restarts_from_the_current_state() {
+    let fake = Fake::new();
+    fake.upsert("a", "1");
+    let dir = tempfile::tempdir().unwrap();
+    let db = DurableStore::open(StoreConfig::new(dir.path().join("db.redb")).retention_entries(Some(5))).unwrap();
+    let inf = informer(&db, &fake).await;
+    let gate = Arc::new(tokio::sync::Semaphore::new(0));
+    let seen = Seen::default();
+    let blocked = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let (g, s, b) = (gate.clone(), seen.clone(), blocked.clone());
+    let _reg = inf.add_event_handler(
+        durable_informer::informer::async_handler_fn(move |ev: Event<ConfigMap>| {
+            let (g, s, b) = (g.clone(), s.clone(), b.clone());
+            async move {
+                let line = describe(&ev);
+                // Blocks on the update of `a` until the test opens the gate.
+                if line == "update a 1->2" {
+                    b.store(true, std::sync::atomic::Ordering::SeqCst);
+                    g.acquire().await.map(|p| p.forget()).ok();
+                }
+                s.lock().unwrap().push(line);
+                Ok::<(), std::convert::Infallible>(())
+            }
+        }),
+        HandlerOptions::volatile(),
+    );
+    inf.start();
+    inf.wait_for_sync().await;
+    wait_len(&seen, 1).await;
+    fake.upsert("a", "2"); // the handler blocks on this one
+    for _ in 0..500 {
+        if blocked.load(std::sync::atomic::Ordering::SeqCst) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(blocked.load(std::sync::atomic::Ordering::SeqCst));
+    for i in 0..30 {
+        fake.upsert(&format!("n{i}"), "1");
+    }
+    fake.delete("n0");
+    // Wait until everything is committed and retention has cut the log far past the handler.
+    let log = db.log();
+    for _ in 0..500 {
+        let ok = inf.store().snapshot().unwrap().len().unwrap() == 30
+            && log.bounds().unwrap().is_some_and(|(first, _)| first.0 > 10);
+        if ok {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(
+        log.bounds().unwrap().is_some_and(|(first, _)| first.0 > 10),
+        "retention did not run"
+    );
+    gate.add_permits(1_000);
+    // The blocked event, then the restart: every current object as an initial add.
+    let got = wait_len(&seen, 2 + 30).await;
+    assert_eq!(got[0], "add a 1");
+    assert_eq!(got[1], "update a 1->2");
+    let mut restarted: Vec<&String> = got[2..].iter().collect();
+    restarted.sort();
+    assert_eq!(restarted.len(), 30, "{got:?}");
+    assert!(restarted.iter().all(|l| l.ends_with("(initial)")), "{got:?}");
+    assert!(restarted.contains(&&"add n29 1 (initial)".to_owned()));
+    assert!(
+        !restarted.iter().any(|l| l.starts_with("add n0 ")),
+        "a deleted object was re-added"
+    );
+    assert!(
+        inf.errors()
+            .iter()
+            .any(|e| e.contains("compacted before they were read")),
+        "no error reported: {:?}",
+        inf.errors()
+    );
+    inf.shutdown().await.unwrap();
+}

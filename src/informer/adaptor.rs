@@ -102,9 +102,18 @@ where
                 Phase::Live(cursor) => {
                     let log = st.log.clone();
                     let scope = st.scope;
-                    let read = tokio::task::spawn_blocking(move || log.read_scope_after(cursor, 256, scope)).await;
+                    let read =
+                        tokio::task::spawn_blocking(move || log.read_scope_after_contiguous(cursor, 256, scope)).await;
                     let (records, scanned) = match read {
                         Ok(Ok(r)) => r,
+                        Ok(Err(e @ crate::store::StoreError::LogCompacted { .. })) => {
+                            // Entries were compacted before this stream read them: start again
+                            // with Init/InitApply/InitDone, which a kube reflector store treats
+                            // as a relist (deletes included).
+                            tracing::warn!(error = %e, "watcher stream restarts from the current state");
+                            st.phase = Phase::Start;
+                            continue;
+                        }
                         _ => {
                             st.phase = Phase::Live(cursor);
                             tokio::time::sleep(Duration::from_millis(200)).await;

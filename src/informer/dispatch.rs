@@ -91,9 +91,26 @@ pub(crate) async fn run<K>(
         }
         let log = ctx.log.clone();
         let scope = ctx.scope;
-        let read = tokio::task::spawn_blocking(move || log.read_scope_after(cursor, BATCH, scope)).await;
+        let read = tokio::task::spawn_blocking(move || log.read_scope_after_contiguous(cursor, BATCH, scope)).await;
         let (records, scanned) = match read {
             Ok(Ok(r)) => r,
+            Ok(Err(e @ crate::store::StoreError::LogCompacted { .. })) => {
+                // Only possible without a durable cursor (compaction stops below those): what
+                // was skipped is unknown, so start again from the current state, as after a
+                // relist. Deletes inside the gap are not delivered.
+                (ctx.report)(format!("{label}: {e}"));
+                match initial_adds(&ctx, &*handler, &label, &mut stop).await {
+                    Some(c) => {
+                        cursor = c;
+                        position.send_replace(cursor);
+                        if let Some(name) = &opts.name {
+                            persist(&ctx, name, cursor).await;
+                        }
+                    }
+                    None => return,
+                }
+                continue;
+            }
             Ok(Err(e)) => {
                 (ctx.report)(format!("{label}: reading the log: {e}"));
                 tokio::time::sleep(Duration::from_millis(200)).await;

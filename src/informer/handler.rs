@@ -285,6 +285,11 @@ pub struct HandlerOptions {
 impl HandlerOptions {
     /// A volatile handler: it starts with a synthetic add of everything in the store, then
     /// live events (client-go's behaviour for late handlers); nothing survives a restart.
+    ///
+    /// Log retention does not wait for a volatile handler: one that falls further behind than
+    /// the retention gets a reported `LogCompacted` error and starts again with synthetic adds
+    /// of the current state (deletes inside the gap are not delivered). Durable handlers
+    /// ([`durable`](Self::durable)) hold compaction back instead.
     #[must_use]
     pub fn volatile() -> Self {
         Self::default()

@@ -570,8 +570,19 @@ impl LogReader {
     ) -> Result<(Vec<LogRecord>, Seq), StoreError> {
         let s = &self.shared;
         let txn = s.db()?.begin_read().map_err(|e| s.storage(e))?;
+        self.scope_after_in(&txn, after, limit, scope)
+    }
+
+    fn scope_after_in(
+        &self,
+        txn: &ReadTransaction,
+        after: Seq,
+        limit: usize,
+        scope: ScopeId,
+    ) -> Result<(Vec<LogRecord>, Seq), StoreError> {
+        let s = &self.shared;
         let log = txn.open_table(LOG).map_err(|e| s.storage(e))?;
-        let load = txn_loader(s, &txn);
+        let load = txn_loader(s, txn);
         let mut scanned = after;
         let mut out = Vec::new();
         for row in log.range(after.0.saturating_add(1)..).map_err(|e| s.storage(e))? {
@@ -585,6 +596,41 @@ impl LogReader {
             }
         }
         Ok((out, scanned))
+    }
+
+    /// Like [`read_scope_after`](Self::read_scope_after), but fails with
+    /// [`StoreError::LogCompacted`] when entries right after `after` were already compacted, so
+    /// a consumer never skips them silently. The check and the read share one view.
+    pub fn read_scope_after_contiguous(
+        &self,
+        after: Seq,
+        limit: usize,
+        scope: ScopeId,
+    ) -> Result<(Vec<LogRecord>, Seq), StoreError> {
+        let s = &self.shared;
+        let txn = s.db()?.begin_read().map_err(|e| s.storage(e))?;
+        let log = txn.open_table(LOG).map_err(|e| s.storage(e))?;
+        // Seqs are dense and never reused (invariant 4), so a first entry beyond `after + 1`
+        // (or an empty log whose last handed-out seq is beyond `after`) means compaction.
+        let first = match log.first().map_err(|e| s.storage(e))? {
+            Some((k, _)) => k.value(),
+            None => {
+                let meta = txn.open_table(META).map_err(|e| s.storage(e))?;
+                let last = match meta.get(META_LAST_SEQ).map_err(|e| s.storage(e))? {
+                    Some(v) => <[u8; 8]>::try_from(v.value()).map(u64::from_be_bytes).unwrap_or(0),
+                    None => 0,
+                };
+                last.saturating_add(1)
+            }
+        };
+        if first > after.0.saturating_add(1) {
+            return Err(StoreError::LogCompacted {
+                after: after.0,
+                first_retained: first,
+            });
+        }
+        drop(log);
+        self.scope_after_in(&txn, after, limit, scope)
     }
 
     /// The first and last seq in the log (`None` when empty).
