@@ -706,6 +706,8 @@ fn write_charts(out: &Path, sizes: &[SizeResult], huge: Option<&HugeResult>) -> 
 struct HugeResult {
     n: usize,
     load_secs: f64,
+    /// Peak RSS of the parent (mostly the sim), KiB.
+    parent_vm_hwm_kib: Option<u64>,
     reps: Vec<Memory>,
 }
 
@@ -743,9 +745,17 @@ fn run_huge(n: usize, reps: usize) -> Res<HugeResult> {
         "| 2 restart | time to synced in the child (s) | {} |",
         cell_of(|m| m.restart.secs)
     );
+    let parent_vm_hwm_kib = scenarios::vm_hwm_kib();
+    if let Some(kib) = parent_vm_hwm_kib {
+        println!(
+            "\nsim generated and loaded in {load_secs:.1} s; this (parent) process peaked at {:.0} MiB",
+            kib as f64 / 1024.0
+        );
+    }
     Ok(HugeResult {
         n,
         load_secs,
+        parent_vm_hwm_kib,
         reps: out,
     })
 }
@@ -864,7 +874,8 @@ fn main() -> Res<()> {
         "invocation": command(),
         "sizes": sizes_json,
         "ours_alone": huge.as_ref().map(|h| json!({
-            "n": h.n, "sim_load_secs": h.load_secs, "repetitions": h.reps,
+            "n": h.n, "sim_load_secs": h.load_secs, "parent_vm_hwm_kib": h.parent_vm_hwm_kib,
+            "repetitions": h.reps,
         })),
     });
     std::fs::write(&file, serde_json::to_string_pretty(&doc)?)?;
