@@ -3,8 +3,11 @@
 //!
 //! `cargo bench --bench replay` (`REPLAY_EVENTS=…` to change the count, 300,000 by default;
 //! `REPLAY_MAX_BATCH=…` for the reflector's batch size, 1000 by default).
-//! Prints the rate of reading alone, of a replay with non-fsynced commits, and of one with
-//! durable (fsynced) commits.
+//! First a criterion micro-benchmark of the replay decode stage (`replay_decode`: a
+//! `RecordingReader` over 10,000 in-memory lines, plain and zstd-compressed), then prints the
+//! rate of reading alone, of a replay with non-fsynced commits, and of one with durable
+//! (fsynced) commits. `cargo bench --bench replay -- replay_decode` runs the criterion group
+//! only.
 //!
 //! Measured on the shared 2-core dev machine (2026-11-22): read + decode ~470–510k events/s;
 //! replay ~95–130k events/s with `durable(false)`, ~40–100k with `durable(true)` (noisy: other
@@ -12,15 +15,22 @@
 //! (redb B-tree inserts, page cache), ~24% on the replay reader thread and ~5% on the
 //! reflector: the writer bounds replay speed, below the 200k events/s aim.
 
+use std::hint::black_box;
 use std::io::Write;
 use std::path::Path;
-use std::time::Instant;
+use std::time::{Duration, Instant};
+
+use criterion::{Criterion, Throughput};
 
 use durable_informer::replay::{replay_into, RecordingReader, ReplayOptions, ReplaySource};
 use durable_informer::store::{DurableStore, StoreConfig};
 
 fn generate(path: &Path, events: u64) {
-    let mut out = std::io::BufWriter::new(std::fs::File::create(path).unwrap());
+    let out = std::io::BufWriter::new(std::fs::File::create(path).unwrap());
+    write_events(out, events);
+}
+
+fn write_events(mut out: impl Write, events: u64) {
     let objects = (events / 3).max(1);
     for i in 0..events {
         let kind = if i < objects { "ADDED" } else { "MODIFIED" };
@@ -38,7 +48,40 @@ fn generate(path: &Path, events: u64) {
     out.flush().unwrap();
 }
 
+/// Criterion micro-benchmark of the decode stage: envelope + metadata of each line, from memory.
+fn replay_decode(c: &mut Criterion) {
+    const LINES: u64 = 10_000;
+    let mut plain = Vec::new();
+    write_events(&mut plain, LINES);
+    let packed = zstd::bulk::compress(&plain, 3).expect("zstd");
+    let mut g = c.benchmark_group("replay_decode");
+    g.sample_size(20);
+    g.warm_up_time(Duration::from_millis(500));
+    g.measurement_time(Duration::from_secs(3));
+    g.throughput(Throughput::Elements(LINES));
+    for (label, bytes) in [("plain", plain), ("zstd", packed)] {
+        g.bench_function(label, |b| {
+            b.iter(|| {
+                let reader = RecordingReader::from_reader(label, std::io::Cursor::new(bytes.clone())).expect("reader");
+                let mut n = 0u64;
+                for ev in reader {
+                    black_box(ev.expect("event"));
+                    n += 1;
+                }
+                assert_eq!(n, LINES);
+            })
+        });
+    }
+    g.finish();
+}
+
 fn main() {
+    let mut criterion = Criterion::default().configure_from_args();
+    replay_decode(&mut criterion);
+    criterion.final_summary();
+    if std::env::args().skip(1).any(|a| a == "replay_decode") {
+        return;
+    }
     let events: u64 = std::env::var("REPLAY_EVENTS")
         .ok()
         .and_then(|v| v.parse().ok())

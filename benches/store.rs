@@ -1,8 +1,9 @@
-//! Store benchmarks: durable ingest of ~5 KB Pods in batches of 1, 100 and 1000 (with a label
-//! index), point reads, a namespace list, a label-index query, and metadata extraction against
-//! a typed decode.
+//! Store benchmarks, one group per stage: metadata extraction against a typed decode
+//! (`decode`), compression and decompression (`codec`), label-index queries (`index`), durable
+//! batch apply of ~5 KB Pods in batches of 1, 100 and 1000 with a label index (`ingest`), and
+//! reads: point get, a namespace list, a label-index query (`read`).
 //!
-//! `cargo bench --bench store` (about 3 minutes). Filter with criterion's usual argument, e.g.
+//! `cargo bench --bench store` (about 4 minutes). Filter with criterion's usual argument, e.g.
 //! `cargo bench --bench store -- ingest/zstd-dict`. Besides criterion's timings it prints bytes
 //! written per event and the database size against the JSON ingested, for each compression.
 
@@ -335,6 +336,78 @@ fn reads(c: &mut Criterion) {
     g.finish();
 }
 
+/// The codec stage on one ~5 KB Pod: `Compression::compress` (what the writer does per object
+/// without a dictionary) at zstd levels 1 and 3, and decompression of the result with zstd's
+/// one-shot API (the library's reader path, `codec::decompress`, is not public).
+fn codec(c: &mut Criterion) {
+    let json = pod_json(12_345, 3, 99_999);
+    let mut g = c.benchmark_group("codec");
+    g.sample_size(30);
+    g.warm_up_time(Duration::from_millis(300));
+    g.measurement_time(Duration::from_secs(2));
+    g.throughput(Throughput::Bytes(json.len() as u64));
+    for level in [1, 3] {
+        let compression = Compression::Zstd(level);
+        let packed = compression.compress(&json).expect("compress");
+        println!(
+            "codec: zstd{level} {} -> {} bytes ({:.2})",
+            json.len(),
+            packed.len(),
+            packed.len() as f64 / json.len() as f64
+        );
+        g.bench_function(BenchmarkId::new("compress", format!("zstd{level}")), |b| {
+            b.iter(|| black_box(compression.compress(black_box(&json)).expect("compress")))
+        });
+        g.bench_function(BenchmarkId::new("decompress", format!("zstd{level}")), |b| {
+            b.iter(|| black_box(zstd::bulk::decompress(black_box(&packed), json.len()).expect("decompress")))
+        });
+    }
+    g.bench_function("raw_object_from_json", |b| {
+        b.iter(|| black_box(RawObject::from_json(black_box(json.clone())).expect("raw")))
+    });
+    g.finish();
+}
+
+/// Index queries on 4,000 Pods (label index): the matching keys only, and keys plus objects.
+fn index_query(c: &mut Criterion) {
+    let mut g = c.benchmark_group("index");
+    g.sample_size(20);
+    g.warm_up_time(Duration::from_millis(300));
+    g.measurement_time(Duration::from_secs(2));
+    let mut fx = Fixture::new("index", Compression::ZstdDict(1), 2 * PER_NS);
+    for _ in 0..4 {
+        let b = fx.next_batch(1_000);
+        fx.apply(b);
+    }
+    let store = fx.db.store(fx.scope);
+    // app-7 is on 1 in 40 Pods (100 objects); tier=frontend on 1 in 3.
+    for (value, want) in [("app=app-7", 100usize), ("tier=frontend", 1_334)] {
+        g.throughput(Throughput::Elements(want as u64));
+        g.bench_function(BenchmarkId::new("keys", value), |b| {
+            b.iter(|| {
+                let v = store.index_keys(LABELS, value).expect("index keys");
+                assert_eq!(v.len(), want);
+                black_box(v)
+            });
+        });
+        g.bench_function(BenchmarkId::new("objects", value), |b| {
+            b.iter(|| {
+                let v = store.by_index(LABELS, value).expect("index");
+                assert_eq!(v.len(), want);
+                black_box(v)
+            });
+        });
+    }
+    g.bench_function("list_index_values", |b| {
+        b.iter(|| black_box(store.list_index_values(LABELS).expect("values")))
+    });
+    drop(store);
+    let path = fx.path.clone();
+    drop(fx);
+    let _ = std::fs::remove_file(&path);
+    g.finish();
+}
+
 /// Metadata extraction against decoding the whole Pod into the typed struct.
 fn decode(c: &mut Criterion) {
     let json = pod_json(12_345, 3, 99_999);
@@ -353,5 +426,5 @@ fn decode(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, decode, footprint, ingest, reads);
+criterion_group!(benches, decode, codec, index_query, footprint, ingest, reads);
 criterion_main!(benches);

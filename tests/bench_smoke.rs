@@ -1,5 +1,6 @@
-//! Smoke test of `benches/compare.rs`: runs its scenario functions at N = 200 so CI exercises
-//! the harness. Checks only sanity (counts, no full LIST on our restart), never speed.
+//! Smoke test of `benches/compare.rs`: runs its scenario functions at N = 200 with a short rate
+//! ladder so CI exercises the harness. Checks only sanity (counts, no full LIST on our restart,
+//! the ladder's bookkeeping), never speed.
 
 #[path = "../benches/compare/scenarios.rs"]
 mod scenarios;
@@ -16,7 +17,7 @@ async fn compare_scenarios_at_200() {
     let dir = tempfile::tempdir().unwrap();
     let n = N as u64;
 
-    let ours = scenarios::ours_lifecycle(&sim, N, dir.path()).await.unwrap();
+    let ours = scenarios::ours_lifecycle(&sim, N, dir.path(), 0).await.unwrap();
     assert_eq!(ours.cold.objects, n);
     assert_eq!(ours.cold.served.objects(), n, "cold sync served each object once");
     assert_eq!(ours.restart.objects, n);
@@ -39,7 +40,7 @@ async fn compare_scenarios_at_200() {
     );
     assert_eq!(ours.relist.objects, n);
 
-    let theirs = scenarios::theirs_lifecycle(&sim, N).await.unwrap();
+    let theirs = scenarios::theirs_lifecycle(&sim, N, 0).await.unwrap();
     assert_eq!(theirs.cold.objects, n);
     assert!(
         theirs.restart.served.list_objects >= n,
@@ -47,15 +48,37 @@ async fn compare_scenarios_at_200() {
     );
     assert!(theirs.relist.events >= n, "kube-runtime re-applies everything");
 
-    let d = Duration::from_millis(300);
-    let so = scenarios::ours_steady(&sim, 50, 50, d, N, dir.path()).await.unwrap();
-    let st = scenarios::theirs_steady(&sim, 50, 50, d, N).await.unwrap();
-    assert!(so.events_per_sec > 0.0 && st.events_per_sec > 0.0);
-    assert!(so.latency_samples > 0 && st.latency_samples > 0);
+    let ladder = scenarios::Ladder {
+        rates: vec![100, 200, 400],
+        step: Duration::from_millis(300),
+        always_up_to: 200,
+        drain_timeout: Duration::from_secs(60),
+        sample_every: Duration::from_millis(50),
+    };
+    let before = sim.current_rv();
+    let so = scenarios::ours_steady(&sim, N, &ladder, dir.path()).await.unwrap();
+    let st = scenarios::theirs_steady(&sim, N, &ladder).await.unwrap();
+    assert!(sim.current_rv() > before, "the ladder wrote updates");
+    for (who, s) in [("ours", &so), ("theirs", &st)] {
+        assert!(s.steps.len() >= 2, "{who}: rates up to always_up_to always run: {s:?}");
+        assert_eq!(s.steps[0].target, 100);
+        assert!(
+            ["consumer", "producer", "top"].contains(&s.ended_by.as_str()),
+            "{who}: {}",
+            s.ended_by
+        );
+        for step in &s.steps {
+            assert!(step.written > 0 && !step.lag_samples.is_empty(), "{who}: {step:?}");
+            assert!(step.samples <= step.written, "{who}: {step:?}");
+            if step.drained {
+                assert_eq!(step.samples, step.written, "{who}: every write observed: {step:?}");
+            }
+        }
+    }
 
     let ro = scenarios::ours_reads(&sim, N, 50, 2, dir.path()).await.unwrap();
     let rt = scenarios::theirs_reads(&sim, N, 50, 2).await.unwrap();
-    assert_eq!(ro.list_ns_len, n / scenarios::NAMESPACES as u64);
+    assert_eq!(ro.list_ns_len, n / scenarios::namespace_count(N) as u64);
     assert_eq!(ro.list_ns_len, rt.list_ns_len);
     assert_eq!(ro.by_label_len, rt.by_label_len);
     assert!(ro.by_label_len > 0);
