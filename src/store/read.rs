@@ -76,6 +76,15 @@ pub(crate) fn dict_row<T: ReadableTable<(u32, u32), &'static [u8]>>(
         .map(|v| v.value().to_vec()))
 }
 
+/// The last seq ever handed out, as persisted with each commit (0 before the first).
+fn saved_last_seq(s: &Shared, txn: &ReadTransaction) -> Result<u64, StoreError> {
+    let meta = txn.open_table(META).map_err(|e| s.storage(e))?;
+    Ok(match meta.get(META_LAST_SEQ).map_err(|e| s.storage(e))? {
+        Some(v) => <[u8; 8]>::try_from(v.value()).map(u64::from_be_bytes).unwrap_or(0),
+        None => 0,
+    })
+}
+
 /// A `dicts` loader over a read transaction.
 pub(crate) fn txn_loader<'a>(
     shared: &'a Shared,
@@ -233,11 +242,7 @@ impl Snapshot {
     /// reflected in the objects this view reads.
     pub fn position(&self) -> Result<Seq, StoreError> {
         let s = &self.shared;
-        let meta = self.txn.open_table(META).map_err(|e| s.storage(e))?;
-        let saved = match meta.get(META_LAST_SEQ).map_err(|e| s.storage(e))? {
-            Some(v) => <[u8; 8]>::try_from(v.value()).map(u64::from_be_bytes).unwrap_or(0),
-            None => 0,
-        };
+        let saved = saved_last_seq(s, &self.txn)?;
         let log = self.txn.open_table(LOG).map_err(|e| s.storage(e))?;
         let in_log = log.last().map_err(|e| s.storage(e))?.map_or(0, |(k, _)| k.value());
         Ok(Seq(saved.max(in_log)))
@@ -614,14 +619,7 @@ impl LogReader {
         // (or an empty log whose last handed-out seq is beyond `after`) means compaction.
         let first = match log.first().map_err(|e| s.storage(e))? {
             Some((k, _)) => k.value(),
-            None => {
-                let meta = txn.open_table(META).map_err(|e| s.storage(e))?;
-                let last = match meta.get(META_LAST_SEQ).map_err(|e| s.storage(e))? {
-                    Some(v) => <[u8; 8]>::try_from(v.value()).map(u64::from_be_bytes).unwrap_or(0),
-                    None => 0,
-                };
-                last.saturating_add(1)
-            }
+            None => saved_last_seq(s, &txn)?.saturating_add(1),
         };
         if first > after.0.saturating_add(1) {
             return Err(StoreError::LogCompacted {

@@ -205,14 +205,7 @@ impl WriterThread {
             }
             Err(e) => {
                 tracing::warn!(error = %e, "log compaction failed; retried after the next commit");
-                let mut c = self.compaction.borrow_mut();
-                c.goal = None;
-                for (_, _, ack) in c.waiters.drain(..) {
-                    drop(ack.send(Err(e.to_aborted())));
-                }
-                for ack in c.settles.drain(..) {
-                    drop(ack.send(Err(e.to_aborted())));
-                }
+                self.abandon_compaction(&e);
                 0
             }
         }
@@ -243,7 +236,7 @@ impl WriterThread {
         }
     }
 
-    /// Fails every compaction caller (the store is closing).
+    /// Fails every compaction caller (the store is closing, or a step failed).
     pub(super) fn abandon_compaction(&self, e: &StoreError) {
         let mut c = self.compaction.borrow_mut();
         c.goal = None;
