@@ -71,7 +71,7 @@ impl<K: DeserializeOwned> Lister<K> {
     }
 
     fn get_key(&self, key: &ObjectKey) -> Result<Option<Arc<K>>, StoreError> {
-        self.store.get_with(key, |meta, bytes| self.decode(key, &meta, bytes))
+        self.store.get_with(key, |meta, bytes| self.decode(key, meta, bytes))
     }
 
     /// Every object matching `selector`, in key order.
@@ -86,7 +86,7 @@ impl<K: DeserializeOwned> Lister<K> {
             if !selector.matches(&meta.labels) {
                 return Ok(None);
             }
-            self.decode(&key, &meta, bytes).map(Some)
+            self.decode(&key, meta, bytes).map(Some)
         })
     }
 

@@ -156,7 +156,7 @@ impl Snapshot {
         namespace: Option<&str>,
         mut visit: impl FnMut(
             ObjectKey,
-            ObjectMeta,
+            &ObjectMeta,
             &mut dyn FnMut() -> Result<Bytes, StoreError>,
         ) -> Result<Option<T>, StoreError>,
     ) -> Result<Vec<T>, StoreError> {
@@ -177,7 +177,7 @@ impl Snapshot {
             let (h, inline) = codec::decode_object(v.value())?;
             let (_, key) = keys::decode_object(k.value())?;
             let mut bytes = || object_bytes(s, &log, &h, inline, &load);
-            if let Some(t) = visit(key, h.meta.clone(), &mut bytes)? {
+            if let Some(t) = visit(key, &h.meta, &mut bytes)? {
                 out.push(t);
             }
         }
@@ -189,7 +189,7 @@ impl Snapshot {
         self.get_with(key, |meta, bytes| {
             Ok(StoredObject {
                 key: key.clone(),
-                meta,
+                meta: meta.clone(),
                 bytes: bytes()?,
             })
         })
@@ -199,7 +199,7 @@ impl Snapshot {
     pub(crate) fn get_with<T>(
         &self,
         key: &ObjectKey,
-        visit: impl FnOnce(ObjectMeta, &mut dyn FnMut() -> Result<Bytes, StoreError>) -> Result<T, StoreError>,
+        visit: impl FnOnce(&ObjectMeta, &mut dyn FnMut() -> Result<Bytes, StoreError>) -> Result<T, StoreError>,
     ) -> Result<Option<T>, StoreError> {
         let s = &self.shared;
         let objects = self.txn.open_table(OBJECTS).map_err(|e| s.storage(e))?;
@@ -213,7 +213,7 @@ impl Snapshot {
         let log = self.txn.open_table(LOG).map_err(|e| s.storage(e))?;
         let load = txn_loader(s, &self.txn);
         let mut bytes = || object_bytes(s, &log, &h, inline, &load);
-        visit(h.meta.clone(), &mut bytes).map(Some)
+        visit(&h.meta, &mut bytes).map(Some)
     }
 
     /// Every object of the scope, in key order.
@@ -448,7 +448,7 @@ impl Store {
     pub(crate) fn get_with<T>(
         &self,
         key: &ObjectKey,
-        visit: impl FnOnce(ObjectMeta, &mut dyn FnMut() -> Result<Bytes, StoreError>) -> Result<T, StoreError>,
+        visit: impl FnOnce(&ObjectMeta, &mut dyn FnMut() -> Result<Bytes, StoreError>) -> Result<T, StoreError>,
     ) -> Result<Option<T>, StoreError> {
         self.snapshot()?.get_with(key, visit)
     }
@@ -459,7 +459,7 @@ impl Store {
         namespace: Option<&str>,
         visit: impl FnMut(
             ObjectKey,
-            ObjectMeta,
+            &ObjectMeta,
             &mut dyn FnMut() -> Result<Bytes, StoreError>,
         ) -> Result<Option<T>, StoreError>,
     ) -> Result<Vec<T>, StoreError> {
