@@ -28,14 +28,18 @@
 //! # let _ = stop_tx; }
 //! ```
 
+use std::any::Any;
 use std::future::Future;
+use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::time::Duration;
 
 use futures::future::BoxFuture;
+use futures::FutureExt;
 use kube::Resource;
 use serde::de::DeserializeOwned;
 use tokio::sync::watch;
+use tokio::task::JoinHandle;
 
 use crate::informer::{handler_fn, Event, HandlerOptions, Informer, Registration};
 use crate::queue::{default_controller_rate_limiter, WorkQueue};
@@ -172,6 +176,9 @@ where
     {
         self.triggers.push(Box::new(move |queue| {
             let reg = informer.add_event_handler(enqueue_handler(queue, map), HandlerOptions::volatile());
+            // Idempotent: an informer already started (say, shared through a factory) keeps its
+            // one reflector.
+            informer.start();
             let wait = async move { informer.wait_for_sync().await };
             (reg, Box::pin(wait))
         }));
@@ -199,8 +206,15 @@ where
         self.queue.clone()
     }
 
-    /// Starts the informers (if not started), waits for their caches to sync, runs the workers
-    /// until `stop` turns true, then drains: items being processed finish, nothing new starts.
+    /// Starts the informers (those not started yet), waits for their caches to sync, runs the
+    /// workers until `stop` turns true, then shuts down gracefully: events are no longer
+    /// enqueued, keys already queued are still reconciled, and `run` returns once every
+    /// reconcile in flight has finished (delayed requeues are dropped).
+    ///
+    /// A reconcile that panics is handled like one that fails: the panic is logged with the key,
+    /// passed to [`on_error`](Self::on_error) and the key is requeued through the rate limiter.
+    /// The worker lives on. As with any caught panic, state the reconcile shared through `ctx`
+    /// may be left half-updated.
     pub async fn run<Ctx, F, Fut, E>(self, reconcile: F, ctx: Arc<Ctx>, mut stop: watch::Receiver<bool>)
     where
         Ctx: Send + Sync + 'static,
@@ -216,12 +230,12 @@ where
             enqueue_handler(queue.clone(), |k: &K| key_of(k).into_iter().collect()),
             HandlerOptions::volatile(),
         ));
+        primary.start();
         for t in self.triggers {
             let (reg, wait) = t(queue.clone());
             regs.push(reg);
             waits.push(wait);
         }
-        primary.start();
         // Wait for every cache before the first reconcile (WaitForCacheSync).
         let all_synced = async {
             primary.wait_for_sync().await;
@@ -243,43 +257,384 @@ where
             return;
         }
         tracing::info!(workers = self.workers, "caches synced; starting workers");
-        let reconcile = Arc::new(reconcile);
-        let mut workers = Vec::new();
-        for _ in 0..self.workers {
-            let queue = queue.clone();
-            let reconcile = reconcile.clone();
-            let ctx = ctx.clone();
-            let on_error = self.on_error.clone();
-            workers.push(tokio::spawn(async move {
-                while let Some(key) = queue.get().await {
-                    let result = reconcile(key.clone(), ctx.clone()).await;
-                    match result {
-                        Ok(action) => {
-                            queue.forget(&key);
-                            if let Some(d) = action.requeue_after {
-                                queue.add_after(key.clone(), d);
-                            }
-                        }
-                        Err(e) => {
-                            let msg = e.to_string();
-                            tracing::warn!(%key, error = %msg, requeues = queue.num_requeues(&key), "reconcile failed");
-                            queue.add_rate_limited(key.clone());
-                            if let Some(f) = &on_error {
-                                f(&key, &msg);
-                            }
-                        }
-                    }
-                    queue.done(&key);
-                }
-            }));
-        }
+        let workers = Workers {
+            queue: queue.clone(),
+            reconcile: Arc::new(reconcile),
+            ctx,
+            on_error: self.on_error.clone(),
+        };
+        let handles = workers.spawn(self.workers);
         let _ = stop.wait_for(|s| *s).await;
         for r in regs {
             r.remove().await;
         }
-        queue.shutdown_with_drain().await;
-        for w in workers {
-            let _ = w.await;
+        drain(&queue, handles).await;
+    }
+}
+
+/// What every worker of one controller shares.
+struct Workers<Ctx, F> {
+    queue: WorkQueue<ObjectKey>,
+    reconcile: Arc<F>,
+    ctx: Arc<Ctx>,
+    on_error: Option<ErrorCallback>,
+}
+
+impl<Ctx, F> Clone for Workers<Ctx, F> {
+    fn clone(&self) -> Self {
+        Self {
+            queue: self.queue.clone(),
+            reconcile: self.reconcile.clone(),
+            ctx: self.ctx.clone(),
+            on_error: self.on_error.clone(),
         }
+    }
+}
+
+impl<Ctx, F, Fut, E> Workers<Ctx, F>
+where
+    Ctx: Send + Sync + 'static,
+    F: Fn(ObjectKey, Arc<Ctx>) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Result<Action, E>> + Send + 'static,
+    E: std::fmt::Display + Send + 'static,
+{
+    /// Spawns `n` worker tasks; each ends when the queue is shut down and empty.
+    fn spawn(&self, n: usize) -> Vec<JoinHandle<()>> {
+        (0..n)
+            .map(|_| {
+                let w = self.clone();
+                tokio::spawn(async move {
+                    while let Some(key) = w.queue.get().await {
+                        // `done` always, even if the error callback panics: otherwise the key is
+                        // never handed out again and a drain waits for it forever.
+                        let _done = DoneOnDrop(&w.queue, &key);
+                        w.process(&key).await;
+                    }
+                })
+            })
+            .collect()
+    }
+
+    /// Reconciles `key` once and schedules what comes next.
+    async fn process(&self, key: &ObjectKey) {
+        let (reconcile, ctx) = (self.reconcile.clone(), self.ctx.clone());
+        let k = key.clone();
+        // Inside the async block, so that a panic in the call itself is caught too.
+        let result = AssertUnwindSafe(async move { reconcile(k, ctx).await })
+            .catch_unwind()
+            .await;
+        let msg = match result {
+            Ok(Ok(action)) => {
+                self.queue.forget(key);
+                if let Some(d) = action.requeue_after {
+                    self.queue.add_after(key.clone(), d);
+                }
+                return;
+            }
+            Ok(Err(e)) => e.to_string(),
+            Err(panic) => format!("reconcile panicked: {}", panic_message(panic.as_ref())),
+        };
+        tracing::warn!(%key, error = %msg, requeues = self.queue.num_requeues(key), "reconcile failed");
+        self.queue.add_rate_limited(key.clone());
+        if let Some(f) = &self.on_error {
+            f(key, &msg);
+        }
+    }
+}
+
+/// Marks its key done when dropped.
+struct DoneOnDrop<'a>(&'a WorkQueue<ObjectKey>, &'a ObjectKey);
+
+impl Drop for DoneOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.done(self.1);
+    }
+}
+
+/// The text a panic was raised with, if it is a string.
+fn panic_message(payload: &(dyn Any + Send)) -> &str {
+    payload
+        .downcast_ref::<&str>()
+        .copied()
+        .or_else(|| payload.downcast_ref::<String>().map(String::as_str))
+        .unwrap_or("(no message)")
+}
+
+/// Shuts `queue` down with drain and waits for the workers: queued keys are still handed out,
+/// and every reconcile in flight finishes.
+async fn drain(queue: &WorkQueue<ObjectKey>, workers: Vec<JoinHandle<()>>) {
+    queue.shutdown_with_drain().await;
+    for w in workers {
+        if let Err(e) = w.await {
+            // Reconcile panics are caught; this is a panic in the queue or the error callback.
+            tracing::error!(error = %e, "controller worker failed");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! The worker loop on paused time, without informers: keys are added to the queue by hand.
+
+    use std::collections::{HashMap, HashSet};
+    use std::sync::Mutex;
+
+    use tokio::time::Instant;
+
+    use super::*;
+
+    const MS: Duration = Duration::from_millis(1);
+
+    fn key(name: &str) -> ObjectKey {
+        ObjectKey {
+            namespace: Some("ns".into()),
+            name: name.into(),
+        }
+    }
+
+    fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+        m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// What the test reconcilers record: every call with its (virtual) time.
+    #[derive(Default)]
+    struct Log {
+        calls: Mutex<Vec<(String, Instant)>>,
+        errors: Mutex<Vec<(String, String)>>,
+    }
+
+    impl Log {
+        fn times(&self, name: &str) -> Vec<Instant> {
+            lock(&self.calls)
+                .iter()
+                .filter(|(n, _)| n == name)
+                .map(|(_, t)| *t)
+                .collect()
+        }
+
+        fn gaps(&self, name: &str) -> Vec<Duration> {
+            self.times(name).windows(2).map(|w| w[1] - w[0]).collect()
+        }
+    }
+
+    /// Workers over a fresh controller queue (client-go's default limiter), reporting errors to
+    /// the log.
+    fn workers<F, Fut>(log: &Arc<Log>, reconcile: F) -> Workers<Log, F>
+    where
+        F: Fn(ObjectKey, Arc<Log>) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<Action, String>> + Send + 'static,
+    {
+        let errors = log.clone();
+        Workers {
+            queue: WorkQueue::builder()
+                .rate_limiter(default_controller_rate_limiter())
+                .build(),
+            reconcile: Arc::new(reconcile),
+            ctx: log.clone(),
+            on_error: Some(Arc::new(move |k: &ObjectKey, e: &str| {
+                lock(&errors.errors).push((k.name.clone(), e.to_owned()));
+            })),
+        }
+    }
+
+    /// Records the call and returns how many calls `key` had before this one.
+    fn record(log: &Log, key: &ObjectKey) -> usize {
+        let mut calls = lock(&log.calls);
+        let before = calls.iter().filter(|(n, _)| *n == key.name).count();
+        calls.push((key.name.clone(), Instant::now()));
+        before
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn requeue_after_reconciles_again_after_the_delay() {
+        let log = Arc::new(Log::default());
+        let w = workers(&log, |k, log: Arc<Log>| async move {
+            let n = record(&log, &k);
+            Ok(if n == 0 {
+                Action::requeue(Duration::from_secs(10))
+            } else {
+                Action::await_change()
+            })
+        });
+        let handles = w.spawn(1);
+        w.queue.add(key("a"));
+        tokio::time::sleep(Duration::from_secs(9)).await;
+        assert_eq!(log.times("a").len(), 1, "not before the delay");
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        assert_eq!(log.gaps("a"), [Duration::from_secs(10)]);
+        tokio::time::sleep(Duration::from_secs(60)).await;
+        assert_eq!(log.times("a").len(), 2, "await_change: no third call");
+        drain(&w.queue, handles).await;
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn errors_back_off_per_key_and_success_resets_the_backoff() {
+        let log = Arc::new(Log::default());
+        // "a" fails 3 times, then succeeds; later, when re-added, fails once more.
+        // "b" fails once, then succeeds.
+        let w = workers(&log, |k, log: Arc<Log>| async move {
+            let n = record(&log, &k);
+            let fails = match k.name.as_str() {
+                "a" => n < 3 || n == 4,
+                _ => n < 1,
+            };
+            if fails {
+                Err(format!("failure {n}"))
+            } else {
+                Ok(Action::await_change())
+            }
+        });
+        let handles = w.spawn(2);
+        w.queue.add(key("a"));
+        tokio::time::sleep(MS * 2).await;
+        w.queue.add(key("b"));
+        tokio::time::sleep(MS).await;
+        assert_eq!(w.queue.num_requeues(&key("a")), 1);
+        assert_eq!(w.queue.num_requeues(&key("b")), 1);
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        // 5 ms, 10 ms, 20 ms: client-go's per-item exponential limiter; b's own history.
+        assert_eq!(log.gaps("a"), [MS * 5, MS * 10, MS * 20]);
+        assert_eq!(log.gaps("b"), [MS * 5]);
+        assert_eq!(w.queue.num_requeues(&key("a")), 0, "forgotten after the success");
+        assert_eq!(w.queue.metrics().retries, 4);
+        let errors = lock(&log.errors).clone();
+        assert_eq!(errors.len(), 4);
+        assert!(errors.contains(&("a".into(), "failure 2".into())));
+
+        // A later failure starts from the base delay again.
+        w.queue.add(key("a"));
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        assert_eq!(log.gaps("a")[4..], [MS * 5]);
+        drain(&w.queue, handles).await;
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn workers_run_concurrently_but_never_one_key_twice_at_once() {
+        #[derive(Default)]
+        struct Track {
+            in_flight: HashSet<String>,
+            peak: usize,
+            overlap: Vec<String>,
+            done: HashMap<String, usize>,
+        }
+        let track = Arc::new(Mutex::new(Track::default()));
+        let log = Arc::new(Log::default());
+        let t = track.clone();
+        let w = workers(&log, move |k, _log| {
+            let t = t.clone();
+            async move {
+                {
+                    let mut t = lock(&t);
+                    if !t.in_flight.insert(k.name.clone()) {
+                        t.overlap.push(k.name.clone());
+                    }
+                    t.peak = t.peak.max(t.in_flight.len());
+                }
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                let mut t = lock(&t);
+                t.in_flight.remove(&k.name);
+                *t.done.entry(k.name.clone()).or_default() += 1;
+                Ok(Action::await_change())
+            }
+        });
+        let handles = w.spawn(4);
+        for round in 0..3 {
+            // Every key again while the previous round may still be in flight.
+            for i in 0..20 {
+                w.queue.add(key(&format!("k{i}")));
+            }
+            tokio::time::sleep(MS * 300 * round).await;
+        }
+        tokio::time::sleep(Duration::from_secs(60)).await;
+        drain(&w.queue, handles).await;
+        let t = lock(&track);
+        assert_eq!(t.peak, 4, "4 workers, 20 keys: 4 at once");
+        assert!(t.overlap.is_empty(), "reconciled twice at once: {:?}", t.overlap);
+        assert_eq!(t.done.len(), 20);
+        assert!(t.done.values().all(|n| *n >= 1));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn shutdown_waits_for_reconciles_in_flight_and_hands_out_queued_keys() {
+        let log = Arc::new(Log::default());
+        let finished = Arc::new(Mutex::new(Vec::<String>::new()));
+        let f = finished.clone();
+        let w = workers(&log, move |k, log: Arc<Log>| {
+            let f = f.clone();
+            async move {
+                record(&log, &k);
+                tokio::time::sleep(Duration::from_secs(5)).await;
+                lock(&f).push(k.name.clone());
+                Ok(Action::requeue(Duration::from_secs(1)))
+            }
+        });
+        let handles = w.spawn(1);
+        w.queue.add(key("a"));
+        w.queue.add(key("b"));
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let stopping = tokio::spawn({
+            let queue = w.queue.clone();
+            async move { drain(&queue, handles).await }
+        });
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        assert!(!stopping.is_finished(), "a is still reconciling");
+        assert!(lock(&finished).is_empty());
+        assert!(stopping.await.is_ok());
+        assert_eq!(
+            *lock(&finished),
+            ["a", "b"],
+            "a finished; b, queued, was still handed out"
+        );
+        assert_eq!(log.times("a").len(), 1, "the requeue after 1 s is dropped");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_panicking_reconcile_is_retried_and_does_not_stall_the_worker_or_shutdown() {
+        let log = Arc::new(Log::default());
+        let w = workers(&log, |k, log: Arc<Log>| async move {
+            let n = record(&log, &k);
+            assert!(!(k.name == "a" && n == 0), "first reconcile of a");
+            Ok(Action::await_change())
+        });
+        // One worker: if the panic killed it, nothing after it would be reconciled.
+        let handles = w.spawn(1);
+        w.queue.add(key("a"));
+        w.queue.add(key("b"));
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        assert_eq!(log.times("a").len(), 2, "retried");
+        assert_eq!(log.gaps("a"), [MS * 5], "through the rate limiter");
+        assert_eq!(log.times("b").len(), 1);
+        assert_eq!(w.queue.num_requeues(&key("a")), 0, "the retry succeeded");
+        let errors = lock(&log.errors).clone();
+        assert_eq!(errors.len(), 1);
+        assert_eq!(errors[0].0, "a");
+        assert!(
+            errors[0].1.contains("panicked") && errors[0].1.contains("first reconcile of a"),
+            "{errors:?}"
+        );
+        let stopped = tokio::time::timeout(Duration::from_secs(60), drain(&w.queue, handles)).await;
+        assert!(stopped.is_ok(), "shutdown completes");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_panic_in_the_call_itself_is_caught_too() {
+        let log = Arc::new(Log::default());
+        let calls = Arc::new(Mutex::new(0_u32));
+        let c = calls.clone();
+        let w = workers(&log, move |_k, _log| {
+            let n = {
+                let mut n = lock(&c);
+                *n += 1;
+                *n
+            };
+            assert_ne!(n, 1, "before the future");
+            async { Ok(Action::await_change()) }
+        });
+        let handles = w.spawn(1);
+        w.queue.add(key("a"));
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        assert_eq!(*lock(&calls), 2);
+        assert_eq!(lock(&log.errors).len(), 1);
+        drain(&w.queue, handles).await;
     }
 }
