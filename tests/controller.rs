@@ -1,0 +1,195 @@
+//! The controller runner with real informers over the scripted in-memory server: informers the
+//! controller starts itself, caches synced before the first reconcile, and a panicking
+//! reconcile that neither stalls the controller nor its shutdown. The worker loop's timing
+//! (requeue_after, backoff, concurrency, drain) is unit-tested on paused time in
+//! `src/controller/mod.rs`.
+
+mod common;
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use common::fake::Fake;
+use durable_informer::controller::{Action, Controller};
+use durable_informer::informer::{Informer, Lister};
+use durable_informer::store::{DurableStore, ObjectKey, StoreConfig};
+use k8s_openapi::api::core::v1::ConfigMap;
+use tokio::sync::watch;
+
+/// Opens a database in `dir` and builds an informer of `fake`'s ConfigMaps, not started. Each
+/// fake gets its own database: they would share a scope in one.
+async fn informer(dir: &tempfile::TempDir, file: &str, fake: &Fake) -> (DurableStore, Informer<ConfigMap>) {
+    let db = DurableStore::open(StoreConfig::new(dir.path().join(file))).unwrap();
+    let inf = Informer::<ConfigMap>::builder(&db, fake.clone()).build().await.unwrap();
+    (db, inf)
+}
+
+/// A secondary ConfigMap points at its primary by name in `data.v`.
+fn primary_of(cm: &ConfigMap) -> Vec<ObjectKey> {
+    let v = cm.data.as_ref().and_then(|d| d.get("v"));
+    v.map(|name| ObjectKey::namespaced("ns", name)).into_iter().collect()
+}
+
+struct Ctx {
+    children: Lister<ConfigMap>,
+    /// (key, names of the children in the secondary cache at the time).
+    calls: Mutex<Vec<(String, Vec<String>)>>,
+    errors: Mutex<Vec<String>>,
+}
+
+impl Ctx {
+    fn calls_of(&self, name: &str) -> Vec<Vec<String>> {
+        let calls = self.calls.lock().unwrap();
+        calls
+            .iter()
+            .filter(|(k, _)| k == name)
+            .map(|(_, c)| c.clone())
+            .collect()
+    }
+}
+
+async fn eventually(what: &str, mut f: impl FnMut() -> bool) {
+    for _ in 0..500 {
+        if f() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("timed out waiting for {what}");
+}
+
+async fn reconcile(key: ObjectKey, ctx: Arc<Ctx>) -> Result<Action, String> {
+    let mut children: Vec<String> = ctx
+        .children
+        .namespace("ns")
+        .list(&Default::default())
+        .map_err(|e| e.to_string())?
+        .iter()
+        .filter_map(|c| c.metadata.name.clone())
+        .collect();
+    children.sort();
+    let first = {
+        let mut calls = ctx.calls.lock().unwrap();
+        calls.push((key.name.clone(), children));
+        calls.iter().filter(|(k, _)| *k == key.name).count() == 1
+    };
+    if key.name == "fragile" && first {
+        panic!("fragile breaks on its first reconcile");
+    }
+    Ok(Action::await_change())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn run_starts_a_watched_informer_that_was_never_started_and_reconciles_its_changes() {
+    let (primaries, secondaries) = (Fake::new(), Fake::new());
+    primaries.upsert("parent", "");
+    secondaries.upsert("child0", "parent");
+    let dir = tempfile::tempdir().unwrap();
+    let (_db1, primary) = informer(&dir, "primary.redb", &primaries).await;
+    let (_db2, secondary) = informer(&dir, "secondary.redb", &secondaries).await;
+    let ctx = Arc::new(Ctx {
+        children: secondary.lister(),
+        calls: Mutex::default(),
+        errors: Mutex::default(),
+    });
+    let (stop_tx, stop) = watch::channel(false);
+    let run = tokio::spawn(Controller::new(primary).watches(secondary.clone(), primary_of).run(
+        reconcile,
+        ctx.clone(),
+        stop,
+    ));
+
+    eventually("the first reconcile", || !ctx.calls_of("parent").is_empty()).await;
+    assert!(secondary.has_synced(), "run started the secondary informer");
+    assert_eq!(
+        ctx.calls_of("parent")[0],
+        ["child0"],
+        "the first reconcile sees the secondary cache synced"
+    );
+
+    // A change to a secondary object reconciles its primary.
+    secondaries.upsert("child1", "parent");
+    eventually("a reconcile for the new child", || {
+        ctx.calls_of("parent").iter().any(|c| c.contains(&"child1".to_owned()))
+    })
+    .await;
+
+    stop_tx.send(true).unwrap();
+    tokio::time::timeout(Duration::from_secs(10), run)
+        .await
+        .expect("run returns after stop")
+        .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_informer_started_before_run_is_not_started_again() {
+    let (primaries, secondaries) = (Fake::new(), Fake::new());
+    primaries.upsert("parent", "");
+    secondaries.upsert("child0", "parent");
+    let dir = tempfile::tempdir().unwrap();
+    let (_db1, primary) = informer(&dir, "primary.redb", &primaries).await;
+    let (_db2, secondary) = informer(&dir, "secondary.redb", &secondaries).await;
+    secondary.start();
+    secondary.wait_for_sync().await;
+    let ctx = Arc::new(Ctx {
+        children: secondary.lister(),
+        calls: Mutex::default(),
+        errors: Mutex::default(),
+    });
+    let (stop_tx, stop) = watch::channel(false);
+    let run = tokio::spawn(Controller::new(primary).watches(secondary.clone(), primary_of).run(
+        reconcile,
+        ctx.clone(),
+        stop,
+    ));
+    eventually("the first reconcile", || !ctx.calls_of("parent").is_empty()).await;
+    secondaries.upsert("child1", "parent");
+    eventually("a reconcile for the new child", || ctx.calls_of("parent").len() >= 2).await;
+    assert_eq!(
+        secondaries.full_lists(),
+        1,
+        "one reflector: {:?}",
+        secondaries.requests()
+    );
+    stop_tx.send(true).unwrap();
+    tokio::time::timeout(Duration::from_secs(10), run)
+        .await
+        .expect("run returns after stop")
+        .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_panicking_reconcile_is_retried_and_run_still_stops() {
+    let fake = Fake::new();
+    fake.upsert("fragile", "");
+    fake.upsert("sturdy", "");
+    let dir = tempfile::tempdir().unwrap();
+    let (_db, primary) = informer(&dir, "db.redb", &fake).await;
+    let ctx = Arc::new(Ctx {
+        children: primary.lister(),
+        calls: Mutex::default(),
+        errors: Mutex::default(),
+    });
+    let (stop_tx, stop) = watch::channel(false);
+    let errors = ctx.clone();
+    let run = tokio::spawn(
+        Controller::new(primary)
+            .on_error(move |k, e| errors.errors.lock().unwrap().push(format!("{k}: {e}")))
+            .run(reconcile, ctx.clone(), stop),
+    );
+    eventually("fragile retried", || ctx.calls_of("fragile").len() >= 2).await;
+    eventually("sturdy reconciled", || ctx.calls_of("sturdy").len() == 1).await;
+    let errors = ctx.errors.lock().unwrap().clone();
+    assert_eq!(errors.len(), 1, "{errors:?}");
+    assert!(errors[0].starts_with("ns/fragile: reconcile panicked"), "{errors:?}");
+
+    // Still serving: a change is reconciled after the panic.
+    fake.upsert("fragile", "2");
+    eventually("fragile after a change", || ctx.calls_of("fragile").len() >= 3).await;
+
+    stop_tx.send(true).unwrap();
+    tokio::time::timeout(Duration::from_secs(10), run)
+        .await
+        .expect("run returns after stop")
+        .unwrap();
+}
