@@ -1,5 +1,6 @@
 //! Random operation sequences on a `WorkQueue`, mirrored into a plain model and compared step by
-//! step, on paused time.
+//! step, on paused time. Some sequences shut the queue down midway (plainly or with drain) and
+//! go on: the model then follows client-go's shutdown (queued items are still handed out).
 
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::time::Duration;
@@ -22,6 +23,14 @@ enum Op {
     Done(usize),
     Forget(u8),
     Advance(u8),
+}
+
+/// How a sequence shuts the queue down, before its n-th op.
+#[derive(Debug, Clone, Copy)]
+enum Shutdown {
+    Plain(usize),
+    /// Also polls `shutdown_with_drain` after every later op.
+    Drain(usize),
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -48,16 +57,23 @@ struct Model {
     waiting: BTreeMap<(u64, u64), u8>,
     arrivals: u64,
     failures: HashMap<u8, u32>,
+    shutting_down: bool,
 }
 
 impl Model {
     fn add(&mut self, item: u8) {
+        if self.shutting_down {
+            return;
+        }
         if self.dirty.insert(item) && !self.processing.contains(&item) {
             self.queue.push_back(item);
         }
     }
 
     fn add_after(&mut self, item: u8, ms: u64) {
+        if self.shutting_down {
+            return;
+        }
         if ms == 0 {
             return self.add(item);
         }
@@ -87,6 +103,18 @@ impl Model {
         }
     }
 
+    fn shutdown(&mut self) {
+        self.shutting_down = true;
+        self.waiting.clear();
+    }
+
+    /// Whether a drain would return now: nothing is processing.
+    fn drained(&self) -> bool {
+        self.processing.is_empty()
+    }
+
+    /// Client-go: queued items come out even after a shutdown; `None` only means "nothing
+    /// queued" (the caller checks the shutdown).
     fn get(&mut self) -> Option<u8> {
         let item = self.queue.pop_front()?;
         self.dirty.remove(&item);
@@ -101,6 +129,14 @@ impl Model {
         }
     }
 
+    fn add_rate_limited(&mut self, item: u8) {
+        // After a shutdown the rate limiter is not consulted: no failure is counted.
+        if !self.shutting_down {
+            let ms = self.backoff(item);
+            self.add_after(item, ms);
+        }
+    }
+
     fn backoff(&mut self, item: u8) -> u64 {
         let failures = self.failures.entry(item).or_default();
         let ms = (1_u64 << (*failures).min(10)).min(MAX_BACKOFF_MS);
@@ -109,7 +145,7 @@ impl Model {
     }
 }
 
-fn check(ops: Vec<Op>) -> Result<(), TestCaseError> {
+fn check(ops: Vec<Op>, shutdown: Option<Shutdown>) -> Result<(), TestCaseError> {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_time()
         .start_paused(true)
@@ -125,6 +161,18 @@ fn check(ops: Vec<Op>) -> Result<(), TestCaseError> {
         let mut model = Model::default();
         for (step, op) in ops.into_iter().enumerate() {
             model.promote();
+            match shutdown {
+                Some(Shutdown::Plain(at)) if at == step => {
+                    queue.shutdown();
+                    model.shutdown();
+                }
+                Some(Shutdown::Drain(at)) if at == step => {
+                    let returned = queue.shutdown_with_drain().now_or_never().is_some();
+                    model.shutdown();
+                    prop_assert_eq!(returned, model.drained(), "step {}: drain", step);
+                }
+                _ => {}
+            }
             match op {
                 Op::Add(item) => {
                     queue.add(item);
@@ -136,18 +184,22 @@ fn check(ops: Vec<Op>) -> Result<(), TestCaseError> {
                 }
                 Op::AddRateLimited(item) => {
                     queue.add_rate_limited(item);
-                    let ms = model.backoff(item);
-                    model.add_after(item, ms);
+                    model.add_rate_limited(item);
                 }
                 Op::Get => {
-                    let got = queue.get().now_or_never().flatten();
-                    if let Some(item) = got {
+                    // None: would wait; Some(None): shut down; Some(Some(item)).
+                    let got = queue.get().now_or_never();
+                    if let Some(Some(item)) = got {
                         prop_assert!(
                             !model.processing.contains(&item),
                             "step {step}: {item} handed out while processing"
                         );
                     }
-                    prop_assert_eq!(got, model.get(), "step {}: get", step);
+                    let expected = match model.get() {
+                        Some(item) => Some(Some(item)),
+                        None => model.shutting_down.then_some(None),
+                    };
+                    prop_assert_eq!(got, expected, "step {}: get", step);
                 }
                 Op::Done(n) => {
                     if !model.processing.is_empty() {
@@ -173,6 +225,11 @@ fn check(ops: Vec<Op>) -> Result<(), TestCaseError> {
             prop_assert_eq!(distinct.len(), model.queue.len(), "model holds duplicates");
             prop_assert_eq!(metrics.processing, model.processing.len());
             prop_assert_eq!(metrics.waiting, model.waiting.len());
+            prop_assert_eq!(queue.is_shutting_down(), model.shutting_down);
+            if model.shutting_down && matches!(shutdown, Some(Shutdown::Drain(_))) {
+                let returned = queue.shutdown_with_drain().now_or_never().is_some();
+                prop_assert_eq!(returned, model.drained(), "step {}: drain", step);
+            }
             for item in 0..ITEMS {
                 let failures = model.failures.get(&item).copied().unwrap_or(0);
                 prop_assert_eq!(queue.num_requeues(&item), failures);
@@ -198,6 +255,9 @@ fn check(ops: Vec<Op>) -> Result<(), TestCaseError> {
         expected.sort_unstable();
         expected.dedup();
         prop_assert_eq!(expected.len(), delivered.len());
+        if model.shutting_down {
+            prop_assert!(queue.shutdown_with_drain().now_or_never().is_some(), "drained");
+        }
         Ok(())
     })
 }
@@ -206,7 +266,14 @@ proptest! {
     #![proptest_config(ProptestConfig::with_cases(512))]
 
     #[test]
-    fn queue_matches_the_model(ops in proptest::collection::vec(op(), 1..120)) {
-        check(ops)?;
+    fn queue_matches_the_model(
+        ops in proptest::collection::vec(op(), 1..120),
+        shutdown in prop_oneof![
+            2 => Just(None),
+            1 => (0..120_usize).prop_map(|at| Some(Shutdown::Plain(at))),
+            1 => (0..120_usize).prop_map(|at| Some(Shutdown::Drain(at))),
+        ],
+    ) {
+        check(ops, shutdown)?;
     }
 }

@@ -58,7 +58,7 @@ impl<T: Clone + Eq + Hash + Send + Sync + 'static> BlockingWorkQueue<T> {
     }
 
     /// Blocks until an item is available and marks it processing; `None` once the queue is shut
-    /// down (or, for a drain, once nothing is left to hand out). See [`WorkQueue::get`].
+    /// down and nothing is queued. See [`WorkQueue::get`].
     ///
     /// # Panics
     ///
@@ -69,7 +69,8 @@ impl<T: Clone + Eq + Hash + Send + Sync + 'static> BlockingWorkQueue<T> {
         self.shared.get_blocking()
     }
 
-    /// Shuts down and blocks until drained; see [`WorkQueue::shutdown_with_drain`].
+    /// Shuts down and blocks until every item handed out is done; see
+    /// [`WorkQueue::shutdown_with_drain`].
     ///
     /// # Panics
     ///

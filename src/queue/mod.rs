@@ -17,16 +17,13 @@
 //!   [`RateLimiter`] how long to wait; [`forget`](WorkQueue::forget) clears that item's history
 //!   once it has been processed successfully. The default limiter is
 //!   [`default_controller_rate_limiter`].
-//! * **Shutdown.** After [`shutdown`](WorkQueue::shutdown), adds are ignored, waiting delayed
-//!   items are dropped and `get` returns `None` at once, even if items were queued.
-//!   [`shutdown_with_drain`](WorkQueue::shutdown_with_drain) also ignores new adds and drops
-//!   delayed items, but `get` keeps handing out what is queued (including in-flight items that
-//!   were re-added before the shutdown) and returns `None` only when nothing is left; the call
-//!   itself returns once the queue is empty and every handed-out item is done.
-//!
-//! One difference from client-go: there, `Get` keeps returning queued items after a plain
-//! `ShutDown`. Here a plain shutdown means "stop now" and the drain variant means "finish the
-//! work first".
+//! * **Shutdown**, as client-go's `ShutDown` / `ShutDownWithDrain`. After
+//!   [`shutdown`](WorkQueue::shutdown) adds are ignored and waiting delayed items are dropped, but
+//!   `get` keeps handing out the items already queued, and returns `None` once none is left. An
+//!   item re-added while processing is still queued again by its `done`, and the worker that
+//!   called `done` takes it with its next `get`.
+//!   [`shutdown_with_drain`](WorkQueue::shutdown_with_drain) does the same and also waits until
+//!   every handed-out item is done; that is the only difference between the two.
 //!
 //! ## Sync and async
 //!

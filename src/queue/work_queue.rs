@@ -66,7 +66,6 @@ pub(crate) enum TryGet<T> {
 
 /// The queue proper. Invariants (checked by `debug_check`):
 /// * `queue` holds no duplicates, every item in it is in `dirty` and none is in `processing`;
-/// * an item in both `dirty` and `processing` is counted by `requeue_pending`;
 /// * `waiting` is empty once `shutting_down`.
 struct State<T> {
     /// Items ready to be handed out, in order.
@@ -75,12 +74,10 @@ struct State<T> {
     dirty: HashMap<T, Instant>,
     /// Items handed out and not yet done, with the time they were handed out.
     processing: HashMap<T, Instant>,
-    /// Items both processing and dirty: queued again by `done`.
-    requeue_pending: usize,
     /// Delayed adds.
     waiting: Waiting<T>,
     shutting_down: bool,
-    /// `shutdown_with_drain` is in effect: keep handing out what is queued.
+    /// A `shutdown_with_drain` waits for the items processing (until a plain `shutdown`).
     draining: bool,
     adds: u64,
     retries: u64,
@@ -151,7 +148,6 @@ impl<T: Clone + Eq + Hash> State<T> {
             queue: VecDeque::new(),
             dirty: HashMap::new(),
             processing: HashMap::new(),
-            requeue_pending: 0,
             waiting: Waiting::new(),
             shutting_down: false,
             draining: false,
@@ -171,7 +167,6 @@ impl<T: Clone + Eq + Hash> State<T> {
         let processing = self.processing.contains_key(&item);
         self.dirty.insert(item.clone(), at);
         if processing {
-            self.requeue_pending += 1;
             return false;
         }
         self.queue.push_back(item);
@@ -188,17 +183,17 @@ impl<T: Clone + Eq + Hash> State<T> {
         ready
     }
 
+    /// Like client-go's `Get`: queued items are handed out even after a shutdown; once nothing
+    /// is queued, a shut-down queue is closed (even if a processing item will be queued again by
+    /// its `done`: the worker that calls `done` takes it next).
     fn try_get(&mut self, now: Instant) -> TryGet<T> {
-        if self.shutting_down && !self.draining {
-            return TryGet::Closed;
-        }
         if let Some(item) = self.queue.pop_front() {
             let added = self.dirty.remove(&item).unwrap_or(now);
             self.queue_latency.observe(now.saturating_duration_since(added));
             self.processing.insert(item.clone(), now);
             return TryGet::Item(item);
         }
-        if self.shutting_down && self.requeue_pending == 0 {
+        if self.shutting_down {
             return TryGet::Closed;
         }
         TryGet::Wait(self.waiting.next_deadline())
@@ -212,26 +207,23 @@ impl<T: Clone + Eq + Hash> State<T> {
         };
         self.work_duration.observe(now.saturating_duration_since(started));
         if self.dirty.contains_key(item) {
-            self.requeue_pending -= 1;
             self.queue.push_back(item.clone());
             return true;
         }
         self.processing.is_empty()
     }
 
+    /// As client-go: the last call decides whether a drain waits (a plain shutdown ends it).
     fn shutdown(&mut self, drain: bool) {
-        if !self.shutting_down {
-            self.shutting_down = true;
-            self.draining = drain;
-            self.waiting.clear();
-        } else if !drain {
-            self.draining = false;
-        }
+        self.shutting_down = true;
+        self.draining = drain;
+        self.waiting.clear();
     }
 
-    /// Whether `shutdown_with_drain` may return.
+    /// Whether `shutdown_with_drain` may return: no item is processing (or a plain shutdown
+    /// ended the drain).
     fn drained(&self) -> bool {
-        !self.draining || (self.queue.is_empty() && self.processing.is_empty())
+        !self.draining || self.processing.is_empty()
     }
 
     fn debug_check(&self) {
@@ -240,13 +232,6 @@ impl<T: Clone + Eq + Hash> State<T> {
             .queue
             .iter()
             .all(|item| self.dirty.contains_key(item) && !self.processing.contains_key(item)));
-        debug_assert_eq!(
-            self.requeue_pending,
-            self.processing
-                .keys()
-                .filter(|item| self.dirty.contains_key(*item))
-                .count()
-        );
         debug_assert!(!self.shutting_down || self.waiting.len() == 0);
     }
 }
@@ -446,8 +431,8 @@ impl<T: Clone + Eq + Hash + Send + Sync + 'static> WorkQueue<T> {
         self.shared.rate_limiter.num_requeues(item)
     }
 
-    /// Waits for an item and marks it processing; `None` once the queue is shut down (or, for a
-    /// drain, once nothing is left to hand out).
+    /// Waits for an item and marks it processing; `None` once the queue is shut down and nothing
+    /// is queued (items queued before the shutdown are still handed out, as in client-go).
     ///
     /// Every item returned must be passed to [`done`](Self::done). Cancel safe: if the future is
     /// dropped before it completes, no item was taken.
@@ -486,9 +471,9 @@ impl<T: Clone + Eq + Hash + Send + Sync + 'static> WorkQueue<T> {
         self.len() == 0
     }
 
-    /// Shuts the queue down: adds are ignored, delayed items dropped, and [`get`](Self::get)
-    /// returns `None`, in every handle. Ends a [`shutdown_with_drain`](Self::shutdown_with_drain)
-    /// in progress.
+    /// Shuts the queue down: adds are ignored and delayed items dropped; [`get`](Self::get)
+    /// still hands out the items already queued, then returns `None`, in every handle. Ends a
+    /// [`shutdown_with_drain`](Self::shutdown_with_drain) in progress.
     pub fn shutdown(&self) {
         self.shared.update(|state, _| {
             state.shutdown(false);
@@ -496,12 +481,13 @@ impl<T: Clone + Eq + Hash + Send + Sync + 'static> WorkQueue<T> {
         });
     }
 
-    /// Shuts the queue down like [`shutdown`](Self::shutdown), except that [`get`](Self::get)
-    /// keeps handing out queued items, and waits until nothing is queued and every item handed
-    /// out is done. Returns at once if the queue was already shut down without drain.
+    /// Shuts the queue down like [`shutdown`](Self::shutdown), then waits until every item handed
+    /// out is [`done`](Self::done) (client-go's `ShutDownWithDrain`). Items still queued are not
+    /// waited for: `get` keeps handing them out, so to wait for them too, join the workers
+    /// afterwards (each ends when `get` returns `None`).
     ///
-    /// Never returns if an item handed out is never passed to [`done`](Self::done), or if items
-    /// are queued and no worker takes them.
+    /// Never returns if an item handed out is never passed to `done`, unless a plain `shutdown`
+    /// ends the wait.
     pub async fn shutdown_with_drain(&self) {
         self.shared.update(|state, _| {
             state.shutdown(true);
@@ -670,18 +656,37 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
-    async fn get_after_shutdown_returns_none_and_adds_are_ignored() {
+    async fn after_shutdown_get_hands_out_what_is_queued_then_none_and_adds_are_ignored() {
         let q = queue();
         q.add("a");
+        q.add("b");
+        q.add_after("late", MS);
         q.shutdown();
         assert!(q.is_shutting_down());
-        assert_eq!(q.get().await, None);
-        q.add("b");
-        q.add_after("c", MS);
-        q.add_rate_limited("d");
-        assert_eq!(q.get().await, None);
-        assert_eq!(q.num_requeues(&"d"), 0);
+        q.add("c");
+        q.add_after("d", MS);
+        q.add_rate_limited("e");
+        tokio::time::advance(MS * 10).await;
+        assert_eq!(q.get().await, Some("a"), "client-go's Get keeps returning queued items");
+        assert_eq!(q.get().await, Some("b"));
+        assert_eq!(q.get().await, None, "then reports the shutdown");
+        assert_eq!(q.num_requeues(&"e"), 0);
         assert_eq!(q.metrics().retries, 0);
+        assert_eq!(q.metrics().waiting, 0, "delayed items are dropped");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn after_shutdown_done_still_requeues_an_item_re_added_before() {
+        let q = queue();
+        q.add("a");
+        assert_eq!(q.get().await, Some("a"));
+        q.add("a");
+        q.shutdown();
+        assert_eq!(q.get().await, None, "nothing queued yet: shut down");
+        q.done(&"a");
+        assert_eq!(q.get().await, Some("a"), "the worker that called done takes it");
+        q.done(&"a");
+        assert_eq!(q.get().await, None);
     }
 
     #[tokio::test(start_paused = true)]
@@ -724,7 +729,7 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
-    async fn drain_hands_out_queued_and_re_added_items_then_none() {
+    async fn drain_hands_out_queued_items_and_waits_only_for_those_processing() {
         let q = queue();
         q.add("a");
         q.add("b");
@@ -739,18 +744,44 @@ mod tests {
         q.add("c"); // ignored
         assert_eq!(q.get().await, Some("b"));
         q.done(&"b");
-        // Nothing queued, but "a" will be: a worker waits for it rather than quitting.
-        let waiter = tokio::spawn({
+        assert_eq!(
+            q.get().await,
+            None,
+            "nothing queued: as client-go, no wait for a's requeue"
+        );
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        assert!(!drain.is_finished(), "a is processing");
+        q.done(&"a");
+        assert!(drain.await.is_ok(), "nothing processing");
+        assert_eq!(q.len(), 1, "a was queued again by done");
+        assert_eq!(q.get().await, Some("a"));
+        q.done(&"a");
+        assert_eq!(q.get().await, None);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn drain_after_a_plain_shutdown_still_waits_for_done() {
+        let q = queue();
+        q.add("a");
+        assert_eq!(q.get().await, Some("a"));
+        q.shutdown();
+        let drain = tokio::spawn({
             let q = q.clone();
-            async move { q.get().await }
+            async move { q.shutdown_with_drain().await }
         });
         tokio::time::sleep(Duration::from_secs(1)).await;
-        assert!(!waiter.is_finished());
-        q.done(&"a");
-        assert_eq!(waiter.await.ok().flatten(), Some("a"));
         assert!(!drain.is_finished());
         q.done(&"a");
         assert!(drain.await.is_ok());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn drain_of_an_idle_queue_returns_at_once_even_with_items_queued() {
+        let q = queue();
+        q.add("a");
+        assert!(q.shutdown_with_drain().now_or_never().is_some());
+        assert_eq!(q.get().await, Some("a"), "still handed out");
+        q.done(&"a");
         assert_eq!(q.get().await, None);
     }
 
