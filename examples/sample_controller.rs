@@ -97,6 +97,8 @@ pub struct Ctx {
     pub deployments: Lister<Deployment>,
     /// Events recorded (`reason: message`), also posted as core/v1 Events where possible.
     pub events: Mutex<Vec<String>>,
+    /// Failed reconciles (`key: error`), each requeued through the rate limiter.
+    pub errors: Mutex<Vec<String>>,
 }
 
 const MESSAGE_RESOURCE_EXISTS: &str = "already exists and is not managed by Foo";
@@ -276,17 +278,26 @@ pub async fn run(
     let deployments = Informer::<Deployment>::builder(&db, KubeSource::typed::<Deployment>(client.clone(), server))
         .build()
         .await?;
-    deployments.start();
     let ctx = Arc::new(Ctx {
         client,
         foos: foos.lister(),
         deployments: deployments.lister(),
         events: Mutex::new(Vec::new()),
+        errors: Mutex::new(Vec::new()),
     });
     let _ = started.send(ctx.clone());
+    let errors = ctx.clone();
+    // `run` starts both informers.
     Controller::new(foos.clone())
         .owns(deployments.clone(), "Foo")
         .workers(2)
+        .on_error(move |key, e| {
+            errors
+                .errors
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .push(format!("{key}: {e}"));
+        })
         .run(reconcile, ctx, stop)
         .await;
     foos.shutdown().await?;
@@ -365,13 +376,42 @@ async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     )
     .await?;
     tokio::time::sleep(Duration::from_secs(1)).await;
-    let d = Api::<Deployment>::namespaced(client, "default")
-        .get("example-foo")
-        .await?;
+    let deployments = Api::<Deployment>::namespaced(client, "default");
+    let d = deployments.get("example-foo").await?;
     println!(
         "deployment example-foo has {:?} replicas",
         d.spec.and_then(|s| s.replicas)
     );
+    // A Deployment no Foo owns, claimed by a second Foo: not adopted, an Event and a retry.
+    let foreign = serde_json::json!({
+        "apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {"name": "foreign", "namespace": "default"},
+        "spec": {"replicas": 2, "selector": {"matchLabels": {"app": "foreign"}},
+                 "template": {"metadata": {"labels": {"app": "foreign"}},
+                              "spec": {"containers": [{"name": "c", "image": "nginx"}]}}}
+    });
+    deployments
+        .create(&PostParams::default(), &serde_json::from_value(foreign)?)
+        .await?;
+    let thief = Foo {
+        metadata: ObjectMeta {
+            name: Some("thief".into()),
+            ..ObjectMeta::default()
+        },
+        spec: FooSpec {
+            deployment_name: "foreign".into(),
+            replicas: Some(1),
+        },
+        status: None,
+    };
+    foos.create(&PostParams::default(), &thief).await?;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let failures = ctx
+        .errors
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .len();
+    println!("foo default/thief: {failures} failed reconciles, each retried with backoff");
     let _ = stop_tx.send(true);
     ctrl.await??;
     println!(

@@ -1,5 +1,6 @@
 //! sample-controller end to end against the simulated cluster, over HTTP with kube::Client:
-//! create, scale, refuse a foreign Deployment, delete, and a restart midway that resumes
+//! create, scale, status copied back, a Deployment scaled by hand restored, refuse a foreign
+//! Deployment (an Event posted, the error retried), delete, and a restart midway that resumes
 //! without a full LIST and converges.
 
 #[path = "../examples/sample_controller.rs"]
@@ -11,6 +12,7 @@ use std::time::Duration;
 
 use durable_informer::sim::{ResourceDef, Sim, SimConfig};
 use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::Event;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use sample::{Ctx, Foo, FooSpec};
 
@@ -122,6 +124,34 @@ async fn sample_controller_converges_refuses_foreign_deployments_and_resumes_wit
     })
     .await;
 
+    // The Deployment's status changes → its owner is reconciled (owns) → the Foo's status.
+    sim.patch_status(
+        "deployments",
+        Some("default"),
+        "web-deploy",
+        &serde_json::json!({"status": {"availableReplicas": 3}}),
+    )
+    .unwrap();
+    eventually("Foo status.availableReplicas 3", async || {
+        let foo = foos.get("web").await.ok()?;
+        (foo.status?.available_replicas == 3).then_some(())
+    })
+    .await;
+
+    // Scaled by hand → restored to the Foo's replicas.
+    deployments
+        .patch(
+            "web-deploy",
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"spec": {"replicas": 10}})),
+        )
+        .await
+        .unwrap();
+    eventually("replicas restored to 3", async || {
+        (replicas(&deployments, "web-deploy").await == Some(3)).then_some(())
+    })
+    .await;
+
     // A Deployment the Foo does not own is not adopted; the error is reported as an Event.
     deployments
         .create(&PostParams::default(), &serde_json::from_value(serde_json::json!({
@@ -134,14 +164,21 @@ async fn sample_controller_converges_refuses_foreign_deployments_and_resumes_wit
     foos.create(&PostParams::default(), &foo("thief", "foreign", 1))
         .await
         .unwrap();
+    let events: Api<Event> = Api::namespaced(client.clone(), "default");
+    let event = eventually("an ErrResourceExists Event", async || {
+        let list = events.list(&Default::default()).await.ok()?;
+        list.items.into_iter().find(|e| {
+            e.reason.as_deref() == Some("ErrResourceExists")
+                && e.message.as_deref().is_some_and(|m| m.contains("\"foreign\""))
+        })
+    })
+    .await;
+    assert_eq!(event.type_.as_deref(), Some("Warning"));
     let ctx = r.ctx.clone();
-    eventually("ErrResourceExists", async || {
-        ctx.events
-            .lock()
-            .unwrap()
-            .iter()
-            .any(|e| e.starts_with("ErrResourceExists") && e.contains("foreign"))
-            .then_some(())
+    eventually("the error retried", async || {
+        let errors = ctx.errors.lock().unwrap();
+        let n = errors.iter().filter(|e| e.starts_with("default/thief: ")).count();
+        (n >= 2).then_some(())
     })
     .await;
     let foreign = deployments.get("foreign").await.unwrap();
