@@ -27,6 +27,44 @@
 //!     .await;
 //! # let _ = stop_tx; }
 //! ```
+//!
+//! `run` starts the informers it was given that are not started yet (starting is idempotent, so
+//! informers shared through an [`InformerFactory`](crate::informer::InformerFactory) are fine).
+//!
+//! ## kube-runtime's controller instead
+//!
+//! [`watcher_stream`](crate::informer::watcher_stream) turns an informer into the
+//! `kube::runtime::watcher::Event` stream that `kube::runtime::reflector` and
+//! `kube::runtime::Controller::for_stream` consume (kube's `unstable-runtime` feature, enabled by
+//! this crate), for code already written against kube-runtime:
+//!
+//! ```no_run
+//! use std::sync::Arc;
+//! use std::time::Duration;
+//! use durable_informer::informer::{watcher_stream, Informer};
+//! use futures::StreamExt;
+//! use k8s_openapi::api::core::v1::ConfigMap;
+//! use kube::runtime::controller::Action;
+//! use kube::runtime::{reflector, Controller, WatchStreamExt};
+//!
+//! async fn reconcile(cm: Arc<ConfigMap>, _ctx: Arc<()>) -> Result<Action, kube::Error> {
+//!     println!("reconcile {:?}", cm.metadata.name);
+//!     Ok(Action::await_change())
+//! }
+//! fn error_policy(_cm: Arc<ConfigMap>, _e: &kube::Error, _ctx: Arc<()>) -> Action {
+//!     Action::requeue(Duration::from_secs(5))
+//! }
+//!
+//! # async fn f(informer: Informer<ConfigMap>) {
+//! informer.start();
+//! let (reader, writer) = reflector::store();
+//! let stream = reflector(writer, watcher_stream(&informer)).applied_objects();
+//! Controller::for_stream(stream, reader)
+//!     .run(reconcile, error_policy, Arc::new(()))
+//!     .for_each(|_| async {})
+//!     .await;
+//! # }
+//! ```
 
 use std::any::Any;
 use std::future::Future;

@@ -23,6 +23,10 @@ use super::work_queue::{Shared, WorkQueue};
 /// Delays are measured with [`tokio::time::Instant`]: outside a runtime that is the system clock,
 /// so a thread does not see a runtime's paused (virtual) time.
 ///
+/// It waits on a `Condvar` over the queue's one lock rather than on a channel (the issue asked
+/// for crossbeam-channel): dedup, re-add after `done` and delays need that shared state anyway,
+/// and a channel would hold a second copy of the queue to keep in step.
+///
 /// ```no_run
 /// use durable_informer::queue::WorkQueue;
 ///
