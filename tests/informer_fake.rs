@@ -485,3 +485,123 @@ async fn a_volatile_handler_behind_the_retention_restarts_from_the_current_state
     );
     inf.shutdown().await.unwrap();
 }
+
+/// A [`Fake`] watched as another scope: two of them are two informers on one database.
+#[derive(Clone)]
+struct Scoped {
+    fake: Fake,
+    namespace: &'static str,
+}
+
+impl durable_informer::source::Source for Scoped {
+    async fn list(
+        &self,
+        req: durable_informer::source::ListRequest,
+    ) -> Result<durable_informer::source::ListPage, durable_informer::source::SourceError> {
+        self.fake.list(req).await
+    }
+
+    async fn watch(
+        &self,
+        req: durable_informer::source::WatchRequest,
+    ) -> Result<durable_informer::source::WatchStream, durable_informer::source::SourceError> {
+        self.fake.watch(req).await
+    }
+
+    async fn cluster_identity(&self) -> Result<Option<String>, durable_informer::source::SourceError> {
+        self.fake.cluster_identity().await
+    }
+
+    fn resource(&self) -> String {
+        self.fake.resource()
+    }
+
+    fn scope(&self) -> durable_informer::store::ScopeSpec {
+        self.fake.scope().namespace(self.namespace)
+    }
+}
+
+async fn scoped_informer(db: &DurableStore, source: &Scoped) -> Informer<ConfigMap> {
+    Informer::<ConfigMap>::builder(db, source.clone())
+        .reflector_config(cfg())
+        .build()
+        .await
+        .unwrap()
+}
+
+async fn wait_stored(inf: &Informer<ConfigMap>, name: &str, value: &str) {
+    for _ in 0..500 {
+        let stored = inf.lister().namespace("ns").get(name).unwrap();
+        if stored.is_some_and(|c| c.data.as_ref().and_then(|d| d.get("v")).is_some_and(|v| v == value)) {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("{name}={value} never reached the store");
+}
+
+/// Durable cursors belong to (scope, name): two informers on one database whose durable
+/// handlers share a name each resume from their own position (neither skips what the other
+/// handled past, nor repeats what it acknowledged).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn durable_handlers_of_two_scopes_with_one_name_keep_their_own_cursors() {
+    let a = Scoped {
+        fake: Fake::new(),
+        namespace: "team-a",
+    };
+    let b = Scoped {
+        fake: Fake::new(),
+        namespace: "team-b",
+    };
+    a.fake.upsert("a1", "1");
+    b.fake.upsert("b1", "1");
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("db.redb");
+    {
+        let db = DurableStore::open(StoreConfig::new(&path)).unwrap();
+        let (inf_a, inf_b) = (scoped_informer(&db, &a).await, scoped_informer(&db, &b).await);
+        assert_ne!(inf_a.scope(), inf_b.scope());
+        let (seen_a, seen_b) = (Seen::default(), Seen::default());
+        let reg_a = inf_a.add_event_handler(recorder(&seen_a), HandlerOptions::durable("audit"));
+        inf_b.add_event_handler(recorder(&seen_b), HandlerOptions::durable("audit"));
+        inf_a.start();
+        inf_b.start();
+        wait_len(&seen_a, 1).await;
+        wait_len(&seen_b, 1).await;
+        b.fake.upsert("b2", "1");
+        wait_len(&seen_b, 2).await;
+        a.fake.upsert("a2", "1");
+        wait_len(&seen_a, 2).await;
+        // A's handler stops after partial delivery; its informer keeps ingesting.
+        reg_a.remove().await;
+        a.fake.upsert("a3", "1");
+        a.fake.upsert("a1", "2");
+        wait_stored(&inf_a, "a1", "2").await;
+        // B's handler then moves its cursor past A's unhandled entries.
+        b.fake.upsert("b3", "1");
+        assert_eq!(wait_len(&seen_b, 3).await[2], "add b3 1");
+        assert_eq!(seen_a.lock().unwrap().len(), 2);
+        inf_a.shutdown().await.unwrap();
+        inf_b.shutdown().await.unwrap();
+        db.close().unwrap();
+    }
+    let db = DurableStore::open(StoreConfig::new(&path)).unwrap();
+    let (inf_a, inf_b) = (scoped_informer(&db, &a).await, scoped_informer(&db, &b).await);
+    let (seen_a, seen_b) = (Seen::default(), Seen::default());
+    inf_a.add_event_handler(recorder(&seen_a), HandlerOptions::durable("audit"));
+    inf_b.add_event_handler(recorder(&seen_b), HandlerOptions::durable("audit"));
+    inf_a.start();
+    inf_b.start();
+    inf_a.wait_for_sync().await;
+    inf_b.wait_for_sync().await;
+    // A gets exactly what it had not handled; B nothing until a new event.
+    assert_eq!(wait_len(&seen_a, 2).await, ["add a3 1", "update a1 1->2"]);
+    b.fake.upsert("b4", "1");
+    assert_eq!(wait_len(&seen_b, 1).await, ["add b4 1"]);
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert_eq!(seen_a.lock().unwrap().len(), 2, "{:?}", seen_a.lock().unwrap());
+    assert_eq!(seen_b.lock().unwrap().len(), 1, "{:?}", seen_b.lock().unwrap());
+    assert!(db.check().unwrap().is_ok());
+    inf_a.shutdown().await.unwrap();
+    inf_b.shutdown().await.unwrap();
+}

@@ -56,7 +56,7 @@ pub(crate) async fn run<K>(
 {
     let label = opts.name.clone().unwrap_or_else(|| "volatile handler".to_owned());
     let stored = match &opts.name {
-        Some(name) => match ctx.log.cursor(name) {
+        Some(name) => match ctx.log.cursor(ctx.scope, name) {
             Ok(c) => c,
             Err(e) => {
                 (ctx.report)(format!("{label}: cannot read its cursor: {e}"));
@@ -172,7 +172,7 @@ pub(crate) async fn run<K>(
 }
 
 async fn persist(ctx: &Ctx, name: &str, cursor: Seq) {
-    if let Err(e) = ctx.writer.set_cursor(name.to_owned(), cursor).await {
+    if let Err(e) = ctx.writer.set_cursor(ctx.scope, name.to_owned(), cursor).await {
         (ctx.report)(format!("{name}: cannot persist its cursor: {e}"));
     }
 }
