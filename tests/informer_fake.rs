@@ -110,8 +110,8 @@ async fn a_handler_receives_exactly_the_servers_event_sequence() {
     assert_eq!(
         got,
         [
-            "add a 1",
-            "add b 1",
+            "add a 1 (initial)",
+            "add b 1 (initial)",
             "update a 1->2",
             "add c 1",
             "delete b",
@@ -135,7 +135,7 @@ async fn a_durable_handler_gets_what_was_committed_while_it_was_away() {
         inf.start();
         inf.wait_for_sync().await;
         fake.upsert("b", "1");
-        assert_eq!(wait_len(&seen, 2).await, ["add a 1", "add b 1"]);
+        assert_eq!(wait_len(&seen, 2).await, ["add a 1 (initial)", "add b 1"]);
         inf.shutdown().await.unwrap();
         db.close().unwrap();
     }
@@ -200,7 +200,10 @@ async fn filtering_handlers_turn_updates_into_adds_and_deletes() {
     fake.upsert("a", "drop");
     fake.upsert("a", "keep");
     fake.upsert("b", "drop");
-    assert_eq!(wait_len(&seen, 3).await, ["add a keep", "delete a", "add a keep"]);
+    assert_eq!(
+        wait_len(&seen, 3).await,
+        ["add a keep (initial)", "delete a", "add a keep"]
+    );
     inf.shutdown().await.unwrap();
 }
 
@@ -465,7 +468,7 @@ async fn a_volatile_handler_behind_the_retention_restarts_from_the_current_state
     gate.add_permits(1_000);
     // The blocked event, then the restart: every current object as an initial add.
     let got = wait_len(&seen, 2 + 30).await;
-    assert_eq!(got[0], "add a 1");
+    assert_eq!(got[0], "add a 1 (initial)");
     assert_eq!(got[1], "update a 1->2");
     let mut restarted: Vec<&String> = got[2..].iter().collect();
     restarted.sort();
@@ -604,4 +607,78 @@ async fn durable_handlers_of_two_scopes_with_one_name_keep_their_own_cursors() {
     assert!(db.check().unwrap().is_ok());
     inf_a.shutdown().await.unwrap();
     inf_b.shutdown().await.unwrap();
+}
+
+/// client-go's `isInInitialList`: the adds of the informer's first LIST are initial for handlers
+/// registered before `start` and before the sync; later adds are not; a late handler's
+/// synthetic adds are. A store restored from disk has no initial list: what its resume brings
+/// are ordinary events.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn adds_of_the_initial_list_are_flagged_initial() {
+    let fake = Fake::new();
+    fake.upsert("a", "1");
+    fake.upsert("b", "1");
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("db.redb");
+    {
+        let db = DurableStore::open(StoreConfig::new(&path)).unwrap();
+        let inf = informer(&db, &fake).await;
+        let (early, durable) = (Seen::default(), Seen::default());
+        inf.add_event_handler(recorder(&early), HandlerOptions::volatile());
+        inf.add_event_handler(recorder(&durable), HandlerOptions::durable("d"));
+        inf.start();
+        inf.wait_for_sync().await;
+        fake.upsert("c", "1");
+        let want = ["add a 1 (initial)", "add b 1 (initial)", "add c 1"];
+        assert_eq!(wait_len(&early, 3).await, want);
+        assert_eq!(wait_len(&durable, 3).await, want);
+        let late = Seen::default();
+        inf.add_event_handler(recorder(&late), HandlerOptions::volatile());
+        fake.upsert("d", "1");
+        assert_eq!(
+            wait_len(&late, 4).await,
+            ["add a 1 (initial)", "add b 1 (initial)", "add c 1 (initial)", "add d 1"]
+        );
+        assert_eq!(wait_len(&durable, 4).await[3], "add d 1");
+        inf.shutdown().await.unwrap();
+        db.close().unwrap();
+    }
+    fake.upsert("e", "1");
+    let db = DurableStore::open(StoreConfig::new(&path)).unwrap();
+    let inf = informer(&db, &fake).await;
+    assert!(inf.is_restored());
+    let (early, durable) = (Seen::default(), Seen::default());
+    inf.add_event_handler(recorder(&early), HandlerOptions::volatile());
+    inf.add_event_handler(recorder(&durable), HandlerOptions::durable("d"));
+    inf.start();
+    inf.wait_for_sync().await;
+    assert_eq!(wait_len(&durable, 1).await, ["add e 1"]);
+    let mut got = wait_len(&early, 5).await;
+    // The restored store as synthetic adds (initial), then the resume's add of `e` (not).
+    let last = got.pop();
+    if last.as_deref() == Some("add e 1") {
+        assert_eq!(
+            got,
+            [
+                "add a 1 (initial)",
+                "add b 1 (initial)",
+                "add c 1 (initial)",
+                "add d 1 (initial)"
+            ]
+        );
+    } else {
+        // The handler's snapshot was taken after `e` was committed.
+        got.extend(last);
+        assert_eq!(
+            got,
+            [
+                "add a 1 (initial)",
+                "add b 1 (initial)",
+                "add c 1 (initial)",
+                "add d 1 (initial)",
+                "add e 1 (initial)"
+            ]
+        );
+    }
+    inf.shutdown().await.unwrap();
 }

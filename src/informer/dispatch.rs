@@ -14,7 +14,7 @@ use tracing::Instrument;
 
 use super::handler::{Event, EventHandler, HandlerOptions};
 use crate::reflector::ReflectorStatus;
-use crate::store::{DeltaKind, LogReader, LogRecord, ObjectKey, ScopeId, Seq, Store, Writer};
+use crate::store::{DeltaKind, LogReader, LogRecord, ObjectKey, ResourceVersion, ScopeId, Seq, Store, Writer};
 
 /// How many log entries one read takes.
 const BATCH: usize = 256;
@@ -29,8 +29,36 @@ pub(crate) struct Ctx {
     pub(crate) status: watch::Receiver<ReflectorStatus>,
     /// The log position at which the informer became synced.
     pub(crate) sync_seq: watch::Receiver<Option<Seq>>,
+    pub(crate) initial_list: watch::Receiver<InitialList>,
     pub(crate) report: Report,
     pub(crate) resource: String,
+}
+
+/// Where this run's initial LIST lies in the log, so its adds reach handlers as
+/// `Add { initial: true }` (client-go's `isInInitialList`).
+#[derive(Debug, Clone, Default)]
+pub(crate) struct InitialList {
+    /// The committed seq when the informer started with a store that was not restored; `None`
+    /// otherwise (no initial list in this run).
+    pub(crate) after: Option<Seq>,
+    /// The committed seq and RV at sync; `None` while the list runs.
+    pub(crate) until: Option<(Seq, Option<ResourceVersion>)>,
+}
+
+impl InitialList {
+    /// Whether the add at `seq` with `rv` came from the initial list: written after the start,
+    /// not after the sync, and (the sync seq is read a moment after the fact) not newer than the
+    /// list's RV, which watch events are.
+    fn contains(&self, seq: Seq, rv: &ResourceVersion) -> bool {
+        let Some(after) = self.after else { return false };
+        if seq <= after {
+            return false;
+        }
+        match &self.until {
+            None => true,
+            Some((until, list_rv)) => seq <= *until && !list_rv.as_ref().is_some_and(|l| l.is_older_than(rv)),
+        }
+    }
 }
 
 fn decode<K: DeserializeOwned>(bytes: &[u8]) -> Result<Arc<K>, String> {
@@ -219,7 +247,10 @@ where
     };
     let ev = match rec.kind {
         DeltaKind::Added | DeltaKind::Replaced => match rec.object.as_deref().and_then(decode_or_report) {
-            Some(object) => Event::Add { object, initial: false },
+            Some(object) => Event::Add {
+                object,
+                initial: ctx.initial_list.borrow().contains(rec.seq, &rec.rv),
+            },
             None => return,
         },
         DeltaKind::Updated => {

@@ -12,8 +12,9 @@ use tokio::sync::watch;
 /// One event delivered to a handler.
 #[derive(Debug)]
 pub enum Event<K> {
-    /// A new object; `initial` for the synthetic adds a new handler gets for what the store
-    /// already holds.
+    /// A new object; `initial` (client-go's `isInInitialList`) for the synthetic adds a new
+    /// handler gets for what the store already holds, and for the adds of the informer's
+    /// initial LIST (when its store was not restored from disk).
     Add {
         /// The object.
         object: Arc<K>,

@@ -72,6 +72,7 @@ struct Inner {
     stop: watch::Sender<bool>,
     task: Mutex<Option<tokio::task::JoinHandle<Result<(), ReflectorError>>>>,
     sync_seq: watch::Sender<Option<Seq>>,
+    initial_list: watch::Sender<dispatch::InitialList>,
     restored: bool,
     resync: Option<Duration>,
     errors: Arc<Mutex<Vec<String>>>,
@@ -198,6 +199,7 @@ where
         let run: RunFn = Box::new(move |stop| reflector.run(stop).boxed());
         let (stop, _) = watch::channel(false);
         let (sync_seq, _) = watch::channel(None);
+        let (initial_list, _) = watch::channel(dispatch::InitialList::default());
         Ok(Informer {
             inner: Arc::new(Inner {
                 scope,
@@ -209,6 +211,7 @@ where
                 stop,
                 task: Mutex::new(None),
                 sync_seq,
+                initial_list,
                 restored,
                 resync: self.resync,
                 errors,
@@ -249,14 +252,24 @@ where
             return;
         };
         let fut = run(self.inner.stop.subscribe());
-        // Record the log position at which the informer became synced, for handlers' sync.
+        // A store restored from disk has no initial list in this run: its catch-up and relist
+        // deltas are changes to what handlers already saw.
+        if !self.inner.restored {
+            let after = *self.inner.writer.committed().borrow();
+            self.inner.initial_list.send_modify(|l| l.after = Some(after));
+        }
+        // Record the log position at which the informer became synced, for handlers' sync and
+        // the end of the initial list.
         let inner = self.inner.clone();
         let mut status = self.inner.status.clone();
         tokio::spawn(async move {
-            if status.wait_for(|s| s.synced).await.is_ok() {
-                let seq = *inner.writer.committed().borrow();
-                inner.sync_seq.send_replace(Some(seq));
-            }
+            let rv = match status.wait_for(|s| s.synced).await {
+                Ok(s) => s.committed_rv.clone(),
+                Err(_) => return,
+            };
+            let seq = *inner.writer.committed().borrow();
+            inner.initial_list.send_modify(|l| l.until = Some((seq, rv)));
+            inner.sync_seq.send_replace(Some(seq));
         });
         let handle = tokio::spawn(fut);
         *self
@@ -314,6 +327,7 @@ where
             scope: self.inner.scope,
             status: self.inner.status.clone(),
             sync_seq: self.inner.sync_seq.subscribe(),
+            initial_list: self.inner.initial_list.subscribe(),
             resource: self.inner.resource.clone(),
             report: Arc::new(move |msg: String| {
                 tracing::warn!(%msg, "handler");
