@@ -162,3 +162,66 @@ async fn a_kube_runtime_controller_reconciles_through_the_adaptor() {
     drop(configmaps);
     factory.shutdown().await.unwrap();
 }
+
+/// The factory shares by scope, not by Rust type: a typed and a dynamic informer of the same
+/// resource, namespace and selectors are one informer with one reflector.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_typed_and_a_dynamic_informer_of_one_scope_share_one_reflector() {
+    use kube::core::{ApiResource, DynamicObject};
+    let sim = sim().await;
+    let dir = tempfile::tempdir().unwrap();
+    let factory = InformerFactory::new(
+        DurableStore::open(StoreConfig::new(dir.path().join("shared.redb"))).unwrap(),
+        sim.client().unwrap(),
+        &sim.url(),
+    );
+    let typed = factory.informer::<Pod>(Some("ns-1")).await.unwrap();
+    let dynamic = factory
+        .informer_for::<DynamicObject>(ApiResource::erase::<Pod>(&()), Some("ns-1"), None, None, Vec::new())
+        .await
+        .unwrap();
+    assert_eq!(typed.scope(), dynamic.scope());
+    let want = names(
+        Api::<Pod>::namespaced(sim.client().unwrap(), "ns-1")
+            .list(&ListParams::default())
+            .await
+            .unwrap(),
+    );
+    assert!(!want.is_empty());
+    sim.reset_counters();
+    factory.start();
+    tokio::time::timeout(Duration::from_secs(20), factory.wait_for_cache_sync())
+        .await
+        .unwrap();
+    assert!(typed.has_synced() && dynamic.has_synced());
+    assert_eq!(
+        names(
+            dynamic
+                .lister()
+                .list(&Default::default())
+                .unwrap()
+                .iter()
+                .map(|o| (**o).clone())
+        ),
+        want
+    );
+    assert_eq!(
+        names(
+            typed
+                .lister()
+                .list(&Default::default())
+                .unwrap()
+                .iter()
+                .map(|o| (**o).clone())
+        ),
+        want
+    );
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let c = sim.counters();
+    // One reflector: one identity GET, one initial list (a streaming list, whose events are
+    // the pods once), then its watch. Two would double each.
+    assert_eq!(c.get_requests, 1, "{c:?}");
+    assert_eq!(c.watch_events, want.len() as u64, "{c:?}");
+    assert!(c.list_requests + c.watch_requests <= 2, "{c:?}");
+    factory.shutdown().await.unwrap();
+}

@@ -96,6 +96,14 @@ pub struct Informer<K> {
     _k: PhantomData<fn() -> K>,
 }
 
+impl<K> Informer<K> {
+    /// A view typed by `K` of an informer's shared state (the factory shares one scope across
+    /// types; objects are decoded per handler).
+    fn from_inner(inner: Arc<Inner>) -> Self {
+        Self { inner, _k: PhantomData }
+    }
+}
+
 impl<K> Clone for Informer<K> {
     fn clone(&self) -> Self {
         Self {
