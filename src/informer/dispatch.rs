@@ -31,7 +31,6 @@ pub(crate) struct Ctx {
     pub(crate) sync_seq: watch::Receiver<Option<Seq>>,
     pub(crate) initial_list: watch::Receiver<InitialList>,
     pub(crate) report: Report,
-    pub(crate) resource: String,
 }
 
 /// Where this run's initial LIST lies in the log, so its adds reach handlers as
@@ -188,14 +187,31 @@ pub(crate) async fn run<K>(
             persist(&ctx, name, cursor).await;
         }
         position.send_replace(cursor);
-        let lag = ctx.writer.committed().borrow().0.saturating_sub(cursor.0);
-        crate::metrics::global()
-            .handler_lag
-            .get_or_create(&crate::metrics::HandlerLabels {
-                resource: ctx.resource.clone(),
-                handler: label.clone(),
-            })
-            .set(i64::try_from(lag).unwrap_or(i64::MAX));
+    }
+}
+
+/// Keeps the handler's `handler_lag_entries` gauge at "committed − cursor" as either moves, so
+/// a handler stuck in a callback shows a growing lag rather than its last value. Runs until the
+/// handler's task ends.
+pub(crate) async fn track_lag(
+    committed: watch::Receiver<Seq>,
+    position: watch::Receiver<Seq>,
+    done: watch::Receiver<bool>,
+    labels: crate::metrics::HandlerLabels,
+) {
+    let gauge = crate::metrics::global().handler_lag.get_or_create(&labels).clone();
+    let (mut committed, mut position, mut done) = (committed, position, done);
+    loop {
+        let lag = committed
+            .borrow_and_update()
+            .0
+            .saturating_sub(position.borrow_and_update().0);
+        gauge.set(i64::try_from(lag).unwrap_or(i64::MAX));
+        tokio::select! {
+            r = committed.changed() => if r.is_err() { return },
+            r = position.changed() => if r.is_err() { return },
+            _ = done.wait_for(|d| *d) => return,
+        }
     }
 }
 

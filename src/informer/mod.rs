@@ -336,7 +336,6 @@ where
             status: self.inner.status.clone(),
             sync_seq: self.inner.sync_seq.subscribe(),
             initial_list: self.inner.initial_list.subscribe(),
-            resource: self.inner.resource.clone(),
             report: Arc::new(move |msg: String| {
                 tracing::warn!(%msg, "handler");
                 let mut v = errors.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
@@ -345,8 +344,18 @@ where
                 v.drain(..excess);
             }),
         };
+        let lag_labels = crate::metrics::HandlerLabels {
+            resource: self.inner.resource.clone(),
+            handler: options.name.clone().unwrap_or_else(|| "volatile".to_owned()),
+        };
         let (cursor_tx, cursor) = watch::channel(Seq(0));
         let (done_tx, done) = watch::channel(false);
+        tokio::spawn(dispatch::track_lag(
+            self.inner.writer.committed(),
+            cursor.clone(),
+            done.clone(),
+            lag_labels,
+        ));
         tokio::spawn(async move {
             dispatch::run(ctx, handler, options, stop_rx, synced_tx, cursor_tx).await;
             let _ = done_tx.send(true);

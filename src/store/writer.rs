@@ -354,7 +354,9 @@ pub(crate) fn spawn(
         dicts: RefCell::new(HashMap::new()),
         pending_dicts: RefCell::new(Vec::new()),
         poisoned: Cell::new(false),
+        size_observed: Cell::new(None),
     };
+    state.observe_size(true);
     let thread = std::thread::Builder::new()
         .name("durable-informer-writer".into())
         .spawn(move || state.run())
@@ -412,6 +414,8 @@ struct WriterThread {
     /// An I/O error happened: redb refuses every later operation ("Previous I/O error
     /// occurred") until the database is reopened, which the next group does first.
     poisoned: Cell<bool>,
+    /// When the file size was last published to the `database_bytes` metric.
+    size_observed: Cell<Option<std::time::Instant>>,
 }
 
 /// A scope's compression dictionary on the writer.
