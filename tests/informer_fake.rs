@@ -682,3 +682,114 @@ async fn adds_of_the_initial_list_are_flagged_initial() {
     }
     inf.shutdown().await.unwrap();
 }
+
+/// Resync on virtual time: the builder's period applies to handlers registered without one, a
+/// handler's own period overrides it, and a resync fires at its period, not before.
+#[tokio::test(start_paused = true)]
+async fn resync_fires_at_its_period_on_virtual_time() {
+    let fake = Fake::new();
+    fake.upsert("a", "1");
+    fake.upsert("b", "1");
+    let dir = tempfile::tempdir().unwrap();
+    let db = DurableStore::open(StoreConfig::new(dir.path().join("db.redb"))).unwrap();
+    let inf = Informer::<ConfigMap>::builder(&db, fake.clone())
+        .reflector_config(cfg())
+        .resync(Duration::from_secs(60))
+        .build()
+        .await
+        .unwrap();
+    inf.start();
+    inf.wait_for_sync().await;
+    let (inherits, own) = (Seen::default(), Seen::default());
+    let r1 = inf.add_event_handler(recorder(&inherits), HandlerOptions::volatile());
+    let r2 = inf.add_event_handler(
+        recorder(&own),
+        HandlerOptions::volatile().resync(Duration::from_secs(3600)),
+    );
+    r1.wait_for_sync().await;
+    r2.wait_for_sync().await;
+    let initial = ["add a 1 (initial)", "add b 1 (initial)"];
+    assert_eq!(wait_len(&inherits, 2).await, initial);
+    assert_eq!(wait_len(&own, 2).await, initial);
+    let resyncs = |seen: &Seen| seen.lock().unwrap().iter().filter(|l| l.ends_with("(resync)")).count();
+    tokio::time::sleep(Duration::from_secs(59)).await;
+    assert_eq!(resyncs(&inherits), 0, "no resync before the period");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(resyncs(&inherits), 2, "{:?}", inherits.lock().unwrap());
+    tokio::time::sleep(Duration::from_secs(60)).await;
+    assert_eq!(
+        inherits.lock().unwrap()[2..],
+        [
+            "update a 1->1 (resync)",
+            "update b 1->1 (resync)",
+            "update a 1->1 (resync)",
+            "update b 1->1 (resync)"
+        ]
+    );
+    assert_eq!(resyncs(&own), 0, "a handler's own period overrides the builder's");
+    inf.shutdown().await.unwrap();
+}
+
+/// A delete found by a relist (the history was compacted while the informer was down) reaches a
+/// durable handler with `final_state_unknown`, and nothing else is delivered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_delete_found_by_a_relist_has_an_unknown_final_state() {
+    let fake = Fake::new();
+    fake.upsert("a", "1");
+    fake.upsert("b", "1");
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("db.redb");
+    {
+        let db = DurableStore::open(StoreConfig::new(&path)).unwrap();
+        let inf = informer(&db, &fake).await;
+        let seen = Seen::default();
+        inf.add_event_handler(recorder(&seen), HandlerOptions::durable("audit"));
+        inf.start();
+        inf.wait_for_sync().await;
+        assert_eq!(wait_len(&seen, 2).await, ["add a 1 (initial)", "add b 1 (initial)"]);
+        inf.shutdown().await.unwrap();
+        db.close().unwrap();
+    }
+    fake.delete("b");
+    fake.compact();
+    let db = DurableStore::open(StoreConfig::new(&path)).unwrap();
+    let inf = informer(&db, &fake).await;
+    let seen = Seen::default();
+    inf.add_event_handler(recorder(&seen), HandlerOptions::durable("audit"));
+    inf.start();
+    assert_eq!(wait_len(&seen, 1).await, ["delete b (unknown)"]);
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert_eq!(seen.lock().unwrap().len(), 1, "{:?}", seen.lock().unwrap());
+    assert_eq!(
+        inf.status().borrow().relists,
+        1,
+        "the compacted history forced a relist"
+    );
+    inf.shutdown().await.unwrap();
+}
+
+/// A MODIFIED event with the stored RV (a duplicate) changes nothing and reaches no handler.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_update_with_an_unchanged_resource_version_is_not_delivered() {
+    let fake = Fake::new();
+    fake.upsert("a", "1");
+    let dir = tempfile::tempdir().unwrap();
+    let db = DurableStore::open(StoreConfig::new(dir.path().join("db.redb"))).unwrap();
+    let inf = informer(&db, &fake).await;
+    let seen = Seen::default();
+    let reg = inf.add_event_handler(recorder(&seen), HandlerOptions::volatile());
+    inf.start();
+    inf.wait_for_sync().await;
+    reg.wait_for_sync().await;
+    fake.resend("a");
+    fake.upsert("a", "2");
+    fake.resend("a");
+    fake.upsert("b", "1"); // a marker: everything before it was handled
+    assert_eq!(
+        wait_len(&seen, 3).await,
+        ["add a 1 (initial)", "update a 1->2", "add b 1"]
+    );
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert_eq!(seen.lock().unwrap().len(), 3, "{:?}", seen.lock().unwrap());
+    inf.shutdown().await.unwrap();
+}
