@@ -2,18 +2,19 @@
 //! compared with the server's own selector answers, and a `kube::runtime::Controller` driven
 //! through the adaptor.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use durable_informer::informer::{watcher_stream, InformerFactory};
-use durable_informer::sim::workload::WorkloadGen;
+use durable_informer::informer::{handler_fn, watcher_stream, Event, EventHandler, HandlerOptions, InformerFactory};
+use durable_informer::sim::workload::{Churn, WorkloadGen};
 use durable_informer::sim::{Sim, SimConfig};
 use durable_informer::store::{DurableStore, StoreConfig};
 use futures::StreamExt;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{ConfigMap, Pod};
-use kube::api::{Api, ListParams};
+use kube::api::{Api, ListParams, WatchEvent, WatchParams};
+use kube::core::ApiResource;
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::{reflector, WatchStreamExt};
 
@@ -167,7 +168,7 @@ async fn a_kube_runtime_controller_reconciles_through_the_adaptor() {
 /// resource, namespace and selectors are one informer with one reflector.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_typed_and_a_dynamic_informer_of_one_scope_share_one_reflector() {
-    use kube::core::{ApiResource, DynamicObject};
+    use kube::core::DynamicObject;
     let sim = sim().await;
     let dir = tempfile::tempdir().unwrap();
     let factory = InformerFactory::new(
@@ -223,5 +224,190 @@ async fn a_typed_and_a_dynamic_informer_of_one_scope_share_one_reflector() {
     assert_eq!(c.get_requests, 1, "{c:?}");
     assert_eq!(c.watch_events, want.len() as u64, "{c:?}");
     assert!(c.list_requests + c.watch_requests <= 2, "{c:?}");
+    factory.shutdown().await.unwrap();
+}
+
+/// What a handler or a raw watch saw: event type, `namespace/name`, resourceVersion.
+type Seen = (String, String, String);
+
+fn seen_of(kind: &str, p: &Pod) -> Seen {
+    (
+        kind.to_owned(),
+        format!(
+            "{}/{}",
+            p.metadata.namespace.clone().unwrap_or_default(),
+            p.metadata.name.clone().unwrap_or_default()
+        ),
+        p.metadata.resource_version.clone().unwrap_or_default(),
+    )
+}
+
+/// A handler that records every event with its `initial` flag.
+fn recorder(into: Arc<Mutex<Vec<(Seen, bool)>>>) -> impl EventHandler<Pod> {
+    handler_fn(move |ev: Event<Pod>| -> Result<(), std::convert::Infallible> {
+        let (kind, initial) = match &ev {
+            Event::Add { initial, .. } => ("ADDED", *initial),
+            Event::Update { .. } => ("MODIFIED", false),
+            Event::Delete { .. } => ("DELETED", false),
+        };
+        let rec = (seen_of(kind, ev.object()), initial);
+        into.lock().unwrap().push(rec);
+        Ok(())
+    })
+}
+
+/// The server's own event sequence for a scope: a raw `Api::watch` from `from` (not
+/// `watcher`, which may relist), resumed from the last seen RV when the server ends it.
+/// `reached` follows the newest RV seen, bookmarks included.
+fn raw_watch(api: Api<Pod>, labels: Option<&'static str>, from: u64) -> (Arc<Mutex<Vec<Seen>>>, Arc<AtomicU64>) {
+    let events: Arc<Mutex<Vec<Seen>>> = Arc::default();
+    let reached = Arc::new(AtomicU64::new(from));
+    let (ev, rc) = (events.clone(), reached.clone());
+    tokio::spawn(async move {
+        let mut wp = WatchParams::default().timeout(30);
+        if let Some(l) = labels {
+            wp = wp.labels(l);
+        }
+        loop {
+            let rv = rc.load(Ordering::SeqCst).to_string();
+            let Ok(stream) = api.watch(&wp, &rv).await else {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            };
+            let mut stream = std::pin::pin!(stream);
+            while let Some(item) = stream.next().await {
+                let (seen, rv) = match item {
+                    Ok(WatchEvent::Added(p)) => (Some(seen_of("ADDED", &p)), p.metadata.resource_version),
+                    Ok(WatchEvent::Modified(p)) => (Some(seen_of("MODIFIED", &p)), p.metadata.resource_version),
+                    Ok(WatchEvent::Deleted(p)) => (Some(seen_of("DELETED", &p)), p.metadata.resource_version),
+                    Ok(WatchEvent::Bookmark(b)) => (None, Some(b.metadata.resource_version)),
+                    // A gap in the truth would make the comparison meaningless: stop reporting
+                    // progress, so the test fails on its deadline.
+                    Ok(WatchEvent::Error(e)) => panic!("truth watch failed: {e:?}"),
+                    Err(_) => break,
+                };
+                ev.lock().unwrap().extend(seen);
+                if let Some(n) = rv.and_then(|r| r.parse::<u64>().ok()) {
+                    rc.fetch_max(n, Ordering::SeqCst);
+                }
+            }
+        }
+    });
+    (events, reached)
+}
+
+async fn eventually(what: &str, mut done: impl FnMut() -> bool) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(90);
+    while !done() {
+        assert!(tokio::time::Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Every handler, volatile or durable, of every scope (all namespaces, one namespace, a label
+/// selector) receives the initial list as `Add { initial: true }` and then exactly the server's
+/// watch sequence for its scope, event by event, under churn.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_handler_receives_the_sims_event_sequence() {
+    let sim = sim().await;
+    let dir = tempfile::tempdir().unwrap();
+    let factory = InformerFactory::new(
+        DurableStore::open(StoreConfig::new(dir.path().join("seq.redb"))).unwrap(),
+        sim.client().unwrap(),
+        &sim.url(),
+    );
+    let pod = ApiResource::erase::<Pod>(&());
+    let scopes: [(Option<&str>, Option<&'static str>); 3] =
+        [(None, None), (Some("ns-1"), None), (None, Some("app=web"))];
+    let mut informers = Vec::new();
+    let mut recorded = Vec::new();
+    for (ns, labels) in scopes {
+        let informer = factory
+            .informer_for::<Pod>(pod.clone(), ns, labels, None, Vec::new())
+            .await
+            .unwrap();
+        for opts in [HandlerOptions::volatile(), HandlerOptions::durable("seq")] {
+            let into: Arc<Mutex<Vec<(Seen, bool)>>> = Arc::default();
+            informer.add_event_handler(recorder(into.clone()), opts);
+            recorded.push((ns, labels, into));
+        }
+        informers.push(informer);
+    }
+    factory.start();
+    tokio::time::timeout(Duration::from_secs(60), factory.wait_for_cache_sync())
+        .await
+        .unwrap();
+
+    // Nothing changes before the churn: each scope's initial list is what the server lists now.
+    let client = sim.client().unwrap();
+    let api = |ns: Option<&str>| match ns {
+        Some(ns) => Api::<Pod>::namespaced(client.clone(), ns),
+        None => Api::<Pod>::all(client.clone()),
+    };
+    let from = sim.current_rv();
+    let mut truths = Vec::new();
+    for (ns, labels) in scopes {
+        let mut lp = ListParams::default();
+        if let Some(l) = labels {
+            lp = lp.labels(l);
+        }
+        let mut listed: Vec<Seen> = api(ns)
+            .list(&lp)
+            .await
+            .unwrap()
+            .items
+            .iter()
+            .map(|p| seen_of("ADDED", p))
+            .collect();
+        listed.sort();
+        // The narrower scopes are real subsets, so a handler given another scope's events fails.
+        if ns.is_some() || labels.is_some() {
+            assert!(
+                !listed.is_empty() && listed.len() < 60,
+                "{ns:?} {labels:?}: {}",
+                listed.len()
+            );
+        }
+        truths.push((listed, raw_watch(api(ns), labels, from)));
+    }
+
+    let mut churn = Churn::new(11, "pods", WorkloadGen::new(3).namespaces(3).namespace_names());
+    tokio::task::block_in_place(|| churn.adopt_existing(&sim)).unwrap();
+    for _ in 0..8 {
+        tokio::task::block_in_place(|| churn.step(&sim, 25)).unwrap();
+        tokio::time::sleep(Duration::from_millis(30)).await;
+    }
+    let target = sim.current_rv();
+    for (_, (_, reached)) in &truths {
+        eventually("the raw watches to reach the sim's RV", || {
+            reached.load(Ordering::SeqCst) >= target
+        })
+        .await;
+    }
+
+    for (i, (ns, labels, into)) in recorded.iter().enumerate() {
+        let (listed, (watched, _)) = &truths[i / 2];
+        let watched = watched.lock().unwrap().clone();
+        assert!(!watched.is_empty(), "the churn touches scope {ns:?} {labels:?}");
+        let split = |all: &[(Seen, bool)]| {
+            let n = all.iter().take_while(|(_, initial)| *initial).count();
+            let mut initial: Vec<Seen> = all[..n].iter().map(|(s, _)| s.clone()).collect();
+            initial.sort();
+            let rest: Vec<(Seen, bool)> = all[n..].to_vec();
+            (initial, rest)
+        };
+        let want_rest: Vec<(Seen, bool)> = watched.iter().map(|s| (s.clone(), false)).collect();
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(90);
+        loop {
+            let (initial, rest) = split(&into.lock().unwrap());
+            if (&initial, &rest) == (listed, &want_rest) || tokio::time::Instant::now() >= deadline {
+                assert_eq!(&initial, listed, "initial list of handler {i} ({ns:?} {labels:?})");
+                assert_eq!(rest, want_rest, "events of handler {i} ({ns:?} {labels:?})");
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+    drop(informers);
     factory.shutdown().await.unwrap();
 }
