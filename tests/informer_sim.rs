@@ -64,6 +64,20 @@ async fn the_factory_shares_scopes_syncs_three_types_and_shuts_down_cleanly() {
         pods_again.scope(),
         "the same scope gives the same informer"
     );
+    // The shared Pod scope alone first: one reflector, so one identity GET, the pods sent once
+    // (its streaming initial list) and at most two WATCH requests (that list, then its watch).
+    // Two reflectors would double each.
+    sim.reset_counters();
+    factory.start();
+    tokio::time::timeout(Duration::from_secs(20), factory.wait_for_cache_sync())
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let c = sim.counters();
+    assert_eq!(c.get_requests, 1, "{c:?}");
+    assert!(c.watch_requests <= 2 && c.list_requests == 0, "{c:?}");
+    assert_eq!(c.watch_events, 60, "the pods were sent once: {c:?}");
+
     let configmaps = factory.informer::<ConfigMap>(None).await.unwrap();
     let deployments = factory.informer::<Deployment>(None).await.unwrap();
     assert_ne!(pods.scope(), configmaps.scope());
@@ -73,9 +87,15 @@ async fn the_factory_shares_scopes_syncs_three_types_and_shuts_down_cleanly() {
         .unwrap();
     assert!(pods.has_synced() && configmaps.has_synced() && deployments.has_synced());
 
-    // Listers answer like the server for the same selector.
+    // Listers answer like the server for the same selector; each selector picks some pods but
+    // not all, so a lister that ignores it (or negates it) differs.
     let client = sim.client().unwrap();
-    for selector in ["app", "!app", "tier in (web,cache)", "app!=web"] {
+    for selector in [
+        "tier=frontend",
+        "app in (web,api),tier!=backend",
+        "app notin (web)",
+        "tier,app!=db",
+    ] {
         let ours = names(
             pods.lister()
                 .list(&selector.parse().unwrap())
@@ -90,7 +110,30 @@ async fn the_factory_shares_scopes_syncs_three_types_and_shuts_down_cleanly() {
                 .unwrap()
                 .items,
         );
+        assert!(
+            !theirs.is_empty() && theirs.len() < 60,
+            "{selector:?} discriminates: {}",
+            theirs.len()
+        );
         assert_eq!(ours, theirs, "selector {selector:?}");
+        for ns in WorkloadGen::new(3).namespaces(3).namespace_names() {
+            let ours = names(
+                pods.lister()
+                    .namespace(&ns)
+                    .list(&selector.parse().unwrap())
+                    .unwrap()
+                    .iter()
+                    .map(|p| (**p).clone()),
+            );
+            let theirs = names(
+                Api::<Pod>::namespaced(client.clone(), &ns)
+                    .list(&ListParams::default().labels(selector))
+                    .await
+                    .unwrap()
+                    .items,
+            );
+            assert_eq!(ours, theirs, "selector {selector:?} in {ns}");
+        }
     }
     let ns = WorkloadGen::new(3).namespaces(3).namespace_names()[0].clone();
     let ours = names(
@@ -109,15 +152,56 @@ async fn the_factory_shares_scopes_syncs_three_types_and_shuts_down_cleanly() {
             .unwrap()
             .items,
     );
+    assert!(!theirs.is_empty());
     assert_eq!(ours, theirs);
+    // get: a present name gives the server's object (same RV), an absent one None like the
+    // server's 404; the present name is absent from the other namespaces.
+    let present = theirs[0].split('/').nth(1).unwrap().to_owned();
+    let server = Api::<Deployment>::namespaced(client.clone(), &ns)
+        .get_opt(&present)
+        .await
+        .unwrap()
+        .unwrap();
+    let ours = deployments.lister().namespace(&ns).get(&present).unwrap().unwrap();
+    assert_eq!(ours.metadata.resource_version, server.metadata.resource_version);
+    assert_eq!(ours.metadata.uid, server.metadata.uid);
+    for (ns, name) in [(ns.as_str(), "no-such-deployment"), ("ns-1", present.as_str())] {
+        let server = Api::<Deployment>::namespaced(client.clone(), ns)
+            .get_opt(name)
+            .await
+            .unwrap();
+        assert!(server.is_none(), "{ns}/{name} is absent on the server");
+        assert!(
+            deployments.lister().namespace(ns).get(name).unwrap().is_none(),
+            "{ns}/{name}"
+        );
+    }
     assert_eq!(configmaps.store().list().unwrap().len(), 20);
+
+    // A copy taken while the database is open needs redb's repair: the check below can fail.
+    let open_copy = dir.path().join("open-copy.redb");
+    std::fs::copy(&path, &open_copy).unwrap();
+    assert!(needs_repair(&open_copy), "a file copied while open needs repair");
 
     drop((pods, pods_again, configmaps, deployments));
     factory.shutdown().await.unwrap();
-    // Shut down cleanly: the file opens at once, passes an integrity check and `check`.
+    // Shut down cleanly: redb opens the file without repair, and it passes `check`.
+    assert!(!needs_repair(&path), "the shut-down database needed repair");
     let db = DurableStore::open(StoreConfig::new(&path).check_integrity(true)).unwrap();
     assert!(db.check().unwrap().is_ok());
     assert_eq!(db.scopes().unwrap().len(), 3);
+}
+
+/// Whether redb runs its repair when opening `path` (a file not closed cleanly).
+fn needs_repair(path: &std::path::Path) -> bool {
+    let repaired = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let flag = repaired.clone();
+    let db = redb::Database::builder()
+        .set_repair_callback(move |_| flag.store(true, Ordering::SeqCst))
+        .open(path)
+        .unwrap();
+    drop(db);
+    repaired.load(Ordering::SeqCst)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
