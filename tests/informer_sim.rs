@@ -2,7 +2,8 @@
 //! compared with the server's own selector answers, and a `kube::runtime::Controller` driven
 //! through the adaptor.
 
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::collections::HashSet;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -219,30 +220,52 @@ async fn a_kube_runtime_controller_reconciles_through_the_adaptor() {
 
     let (reader, writer) = reflector::store::<ConfigMap>();
     let stream = reflector(writer, watcher_stream(&configmaps)).applied_objects();
-    let reconciled = Arc::new(AtomicUsize::new(0));
-    let counter = reconciled.clone();
+    let reconciled: Arc<Mutex<HashSet<String>>> = Arc::default();
     let controller = Controller::for_stream(stream, reader)
         .run(
-            move |_cm: Arc<ConfigMap>, ctx: Arc<AtomicUsize>| async move {
-                ctx.fetch_add(1, Ordering::SeqCst);
+            |cm: Arc<ConfigMap>, ctx: Arc<Mutex<HashSet<String>>>| async move {
+                ctx.lock().unwrap().insert(names([(*cm).clone()]).remove(0));
                 Ok::<_, std::convert::Infallible>(Action::await_change())
             },
             |_, _, _| Action::requeue(Duration::from_secs(1)),
-            counter,
+            reconciled.clone(),
         )
         .for_each(|_| async {});
     let task = tokio::spawn(controller);
-    for _ in 0..200 {
-        if reconciled.load(Ordering::SeqCst) >= 20 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
-    assert!(
-        reconciled.load(Ordering::SeqCst) >= 20,
-        "every ConfigMap reconciled: {}",
-        reconciled.load(Ordering::SeqCst)
+    let want = names(
+        Api::<ConfigMap>::all(sim.client().unwrap())
+            .list(&ListParams::default())
+            .await
+            .unwrap()
+            .items,
     );
+    assert_eq!(want.len(), 20);
+    eventually("every ConfigMap reconciled", || {
+        reconciled.lock().unwrap().len() >= want.len()
+    })
+    .await;
+    let got: Vec<String> = {
+        let mut v: Vec<String> = reconciled.lock().unwrap().iter().cloned().collect();
+        v.sort();
+        v
+    };
+    assert_eq!(got, want, "each ConfigMap reconciled, by name");
+
+    // A ConfigMap created after the start reaches the controller through the live log.
+    tokio::task::block_in_place(|| {
+        sim.create(
+            "configmaps",
+            Some("ns-2"),
+            serde_json::json!({"apiVersion": "v1", "kind": "ConfigMap",
+                "metadata": {"name": "created-later", "namespace": "ns-2"}, "data": {"k": "v"}}),
+        )
+    })
+    .unwrap();
+    eventually("the new ConfigMap reconciled", || {
+        reconciled.lock().unwrap().contains("ns-2/created-later")
+    })
+    .await;
+    assert_eq!(reconciled.lock().unwrap().len(), 21);
     task.abort();
     drop(configmaps);
     factory.shutdown().await.unwrap();
