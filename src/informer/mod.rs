@@ -113,7 +113,69 @@ impl<K> Clone for Informer<K> {
     }
 }
 
-/// Builds an [`Informer`].
+/// Builds an [`Informer`]. The options live where they act:
+///
+/// | Option | Where |
+/// |---|---|
+/// | resource (typed or [`ApiResource`](kube::core::ApiResource)), namespace, label and field selectors | the [`KubeSource`](crate::source::KubeSource) given to [`Informer::builder`] |
+/// | durability (fsync per commit), cache size, retention | [`StoreConfig`](crate::store::StoreConfig) of the [`DurableStore`] |
+/// | indexers, transform, default resync, reflector settings, Secrets | this builder |
+/// | durable or volatile, per-handler resync | [`HandlerOptions`] at [`Informer::add_event_handler`] |
+///
+/// ```no_run
+/// use std::sync::Arc;
+/// use std::time::Duration;
+///
+/// use durable_informer::informer::{handler_fn, Event, HandlerOptions, Informer};
+/// use durable_informer::reflector::Transform;
+/// use durable_informer::source::KubeSource;
+/// use durable_informer::store::{DurableStore, Indexer, StoreConfig};
+/// use k8s_openapi::api::core::v1::Pod;
+///
+/// # async fn f(client: kube::Client, server: &str) -> Result<(), Box<dyn std::error::Error>> {
+/// // Where the cache lives, and how: fsync before each commit is acknowledged.
+/// let db = DurableStore::open(StoreConfig::new("pods.redb").durable(true))?;
+/// // What to watch: Pods of one namespace, narrowed by label and field selectors.
+/// let source = KubeSource::typed::<Pod>(client, server)
+///     .namespace("shop")
+///     .labels("app=web,tier!=debug")
+///     .fields("status.phase=Running");
+/// let informer = Informer::<Pod>::builder(&db, source)
+///     // Secondary indexes, kept in the same transaction as the objects.
+///     .indexer(Indexer::labels())
+///     .indexer(Indexer::new("node", |_meta, json| {
+///         let pod: serde_json::Value = serde_json::from_slice(json).unwrap_or_default();
+///         pod["spec"]["nodeName"].as_str().map(str::to_owned).into_iter().collect()
+///     }))
+///     // Drop managedFields (the default) and annotations before storing.
+///     .transform(Transform {
+///         func: Some(Arc::new(|json: &[u8]| {
+///             let mut v: serde_json::Value = serde_json::from_slice(json).map_err(|e| e.to_string())?;
+///             if let Some(meta) = v.get_mut("metadata").and_then(|m| m.as_object_mut()) {
+///                 meta.remove("annotations");
+///             }
+///             serde_json::to_vec(&v).map(Some).map_err(|e| e.to_string())
+///         })),
+///         ..Transform::default()
+///     })
+///     // Handlers registered without their own period resync every 10 minutes.
+///     .resync(Duration::from_secs(600))
+///     .build()
+///     .await?;
+/// informer.add_event_handler(
+///     handler_fn(|ev: Event<Pod>| -> Result<(), std::convert::Infallible> {
+///         println!("{:?}", ev.object().metadata.name);
+///         Ok(())
+///     }),
+///     HandlerOptions::durable("printer"),
+/// );
+/// informer.start();
+/// informer.wait_for_sync().await;
+/// let on_node = informer.indexer().by_index("node", "node-1")?;
+/// # let _ = on_node; Ok(()) }
+/// ```
+///
+/// An informer of core/v1 `secrets` also needs [`allow_secrets`](Self::allow_secrets).
 pub struct InformerBuilder<'a, K, S> {
     db: &'a DurableStore,
     source: S,
