@@ -793,3 +793,38 @@ async fn an_update_with_an_unchanged_resource_version_is_not_delivered() {
     assert_eq!(seen.lock().unwrap().len(), 3, "{:?}", seen.lock().unwrap());
     inf.shutdown().await.unwrap();
 }
+
+/// A resync over more objects than one page (256) delivers every object exactly once, in key
+/// order, from one view.
+#[tokio::test(start_paused = true)]
+async fn a_resync_larger_than_a_page_delivers_each_object_once() {
+    let fake = Fake::new();
+    let names: Vec<String> = (0..600).map(|i| format!("o{i:03}")).collect();
+    for n in &names {
+        fake.upsert(n, "1");
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let db = DurableStore::open(StoreConfig::new(dir.path().join("db.redb"))).unwrap();
+    let inf = Informer::<ConfigMap>::builder(&db, fake.clone())
+        .reflector_config(ReflectorConfig {
+            page_size: 500,
+            ..cfg()
+        })
+        .build()
+        .await
+        .unwrap();
+    inf.start();
+    inf.wait_for_sync().await;
+    let seen = Seen::default();
+    let reg = inf.add_event_handler(
+        recorder(&seen),
+        HandlerOptions::volatile().resync(Duration::from_secs(60)),
+    );
+    reg.wait_for_sync().await;
+    assert_eq!(wait_len(&seen, 600).await.len(), 600);
+    tokio::time::sleep(Duration::from_secs(61)).await;
+    let resyncs = wait_len(&seen, 1200).await[600..].to_vec();
+    let want: Vec<String> = names.iter().map(|n| format!("update {n} 1->1 (resync)")).collect();
+    assert_eq!(resyncs, want);
+    inf.shutdown().await.unwrap();
+}

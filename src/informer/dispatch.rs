@@ -167,7 +167,7 @@ pub(crate) async fn run<K>(
             match woke {
                 Wake::Data => {}
                 Wake::Resync => {
-                    resync(&ctx, &*handler, &label).await;
+                    resync(&ctx, &*handler, &label, &stop).await;
                     resync_at = tokio::time::Instant::now().checked_add(period);
                 }
                 Wake::Stop => return,
@@ -360,24 +360,48 @@ where
     }
 }
 
-/// A resync: `Update { old = new }` for every object, from one view.
-async fn resync<K>(ctx: &Ctx, handler: &dyn EventHandler<K>, label: &str)
+/// A resync: `Update { old = new }` for every object, read from one consistent view in pages
+/// (like [`initial_adds`]: a large store is never loaded at once). Stops early on `stop`.
+async fn resync<K>(ctx: &Ctx, handler: &dyn EventHandler<K>, label: &str, stop: &watch::Receiver<bool>)
 where
     K: DeserializeOwned + Send + Sync + 'static,
 {
-    let store = ctx.store.clone();
-    let Ok(Ok(all)) = tokio::task::spawn_blocking(move || store.list()).await else {
-        (ctx.report)(format!("{label}: resync could not read the store"));
-        return;
+    let snapshot = match ctx.store.snapshot() {
+        Ok(s) => Arc::new(s),
+        Err(e) => {
+            (ctx.report)(format!("{label}: resync could not read the store: {e}"));
+            return;
+        }
     };
-    for o in all {
-        if let Ok(object) = decode::<K>(&o.bytes) {
-            let ev = Event::Update {
-                old: object.clone(),
-                new: object,
-                resync: true,
-            };
-            call(ctx, handler, label, ev).await;
+    let mut after: Option<ObjectKey> = None;
+    loop {
+        if *stop.borrow() {
+            return;
+        }
+        let snap = snapshot.clone();
+        let from = after.clone();
+        let page = match tokio::task::spawn_blocking(move || snap.list_after(from.as_ref(), BATCH)).await {
+            Ok(Ok(p)) => p,
+            Ok(Err(e)) => {
+                (ctx.report)(format!("{label}: resync could not read the store: {e}"));
+                return;
+            }
+            Err(_) => return,
+        };
+        let Some(last) = page.last() else { return };
+        after = Some(last.key.clone());
+        for o in page {
+            match decode::<K>(&o.bytes) {
+                Ok(object) => {
+                    let ev = Event::Update {
+                        old: object.clone(),
+                        new: object,
+                        resync: true,
+                    };
+                    call(ctx, handler, label, ev).await;
+                }
+                Err(e) => (ctx.report)(format!("{label}: {} does not decode: {e}", o.key)),
+            }
         }
     }
 }

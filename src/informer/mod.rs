@@ -60,6 +60,9 @@ use crate::reflector::{Reflector, ReflectorConfig, ReflectorError, ReflectorStat
 use crate::source::Source;
 use crate::store::{DurableStore, Indexer, LogReader, ResourceVersion, ScopeId, Seq, Store, Writer};
 
+/// How long [`Informer::shutdown`] waits for each handler to catch up.
+const DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
+
 type RunFn = Box<dyn FnOnce(watch::Receiver<bool>) -> BoxFuture<'static, Result<(), ReflectorError>> + Send>;
 
 struct Inner {
@@ -441,8 +444,9 @@ where
         }
     }
 
-    /// Stops the reflector, lets every handler catch up with what was committed (for at most
-    /// `drain_timeout` each), then stops the handlers.
+    /// Stops the reflector, lets every handler catch up with what was committed (waiting at
+    /// most 30 seconds for each handler), then stops the handlers. A handler still behind after
+    /// that is stopped where it is: a durable one resumes from its persisted cursor next time.
     pub async fn shutdown(&self) -> Result<(), ReflectorError> {
         let result = self.stop().await;
         let target = *self.inner.writer.committed().borrow();
@@ -456,7 +460,7 @@ where
             .collect();
         for (stop, mut done, mut cursor) in slots {
             let drained = cursor.wait_for(|c| *c >= target);
-            let _ = tokio::time::timeout(Duration::from_secs(30), drained).await;
+            let _ = tokio::time::timeout(DRAIN_TIMEOUT, drained).await;
             let _ = stop.send(true);
             let _ = done.wait_for(|d| *d).await;
         }
