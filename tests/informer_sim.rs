@@ -533,7 +533,9 @@ async fn a_dynamic_object_informer_lists_and_delivers_like_a_typed_one() {
     let source =
         KubeSource::new(sim.client().unwrap(), &sim.url(), ApiResource::erase::<Deployment>(&())).namespace("ns-1");
     let informer = Informer::<DynamicObject>::builder(&db, source).build().await.unwrap();
-    let seen: Arc<Mutex<Vec<(String, String, String, Option<i64>)>>> = Arc::default();
+    // (event type, name, resourceVersion, spec.replicas)
+    type Got = (String, String, String, Option<i64>);
+    let seen: Arc<Mutex<Vec<Got>>> = Arc::default();
     let into = seen.clone();
     informer.add_event_handler(
         handler_fn(
