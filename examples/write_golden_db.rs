@@ -60,7 +60,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     w.apply_blocking(Batch::new(scope).delta(DeltaKind::Updated, cm("d299", 400)?).rv("400"))?;
     // Schema v3: commit times (entries 1..=4 compacted below the cursor, so the row of the
     // commit holding 5 moved to 5), a finished index and one whose backfill was cut short.
-    w.set_cursor_blocking("golden-handler".into(), Seq(4))?;
+    w.set_cursor_blocking(scope, "golden-handler".into(), Seq(4))?;
     let report = w.compact_blocking(Some(0))?;
     db.register_index(scope, Indexer::labels());
     w.ensure_index_blocking(scope, LABELS.into())?;

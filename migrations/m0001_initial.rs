@@ -3,7 +3,7 @@
 //! A migration is frozen once released: later schema changes add a new numbered file instead of
 //! editing this one.
 
-use crate::store::schema::{CURSORS, INDEX, INDEX_REV, LOG, META, OBJECTS, RELIST, SCOPES, SCOPE_NAMES};
+use crate::store::schema::{CURSORS_V1 as CURSORS, INDEX, INDEX_REV, LOG, META, OBJECTS, RELIST, SCOPES, SCOPE_NAMES};
 
 /// Creates every v1 table (opening a table in a write transaction creates it).
 pub(crate) fn up(txn: &redb::WriteTransaction) -> Result<(), redb::Error> {

@@ -61,9 +61,12 @@ pub struct Metrics {
     pub list_requests: Family<ResourceLabels, Counter>,
     /// WATCH requests.
     pub watch_requests: Family<ResourceLabels, Counter>,
-    /// Log entries a handler still has to read.
+    /// Log entries a handler still has to read: the last committed seq minus its cursor,
+    /// updated as either moves (also while the handler is stuck in a callback).
     pub handler_lag: Family<HandlerLabels, Gauge>,
-    /// Database file size in bytes (updated by whoever calls [`Metrics::observe_db_size`]).
+    /// Database file size in bytes: the store's writer updates it after commits (at most once
+    /// a second while busy, and when it goes idle). With several databases in one process it
+    /// shows the last one written.
     pub db_size: Gauge,
     registry: Registry,
 }

@@ -93,8 +93,8 @@ async fn start(env: &EnvTest, path: &Path, config: ReflectorConfig, seen: &Seen)
         .build()
         .await
         .unwrap();
-    pods.add_event_handler(recorder("pod", seen), HandlerOptions::durable("e2e"));
-    cms.add_event_handler(recorder("cm", seen), HandlerOptions::durable("e2e"));
+    pods.add_event_handler(recorder("pod", seen), HandlerOptions::durable("e2e-pod"));
+    cms.add_event_handler(recorder("cm", seen), HandlerOptions::durable("e2e-cm"));
     pods.start();
     cms.start();
     Running { db, pods, cms }

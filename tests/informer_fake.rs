@@ -110,8 +110,8 @@ async fn a_handler_receives_exactly_the_servers_event_sequence() {
     assert_eq!(
         got,
         [
-            "add a 1",
-            "add b 1",
+            "add a 1 (initial)",
+            "add b 1 (initial)",
             "update a 1->2",
             "add c 1",
             "delete b",
@@ -135,7 +135,7 @@ async fn a_durable_handler_gets_what_was_committed_while_it_was_away() {
         inf.start();
         inf.wait_for_sync().await;
         fake.upsert("b", "1");
-        assert_eq!(wait_len(&seen, 2).await, ["add a 1", "add b 1"]);
+        assert_eq!(wait_len(&seen, 2).await, ["add a 1 (initial)", "add b 1"]);
         inf.shutdown().await.unwrap();
         db.close().unwrap();
     }
@@ -200,7 +200,10 @@ async fn filtering_handlers_turn_updates_into_adds_and_deletes() {
     fake.upsert("a", "drop");
     fake.upsert("a", "keep");
     fake.upsert("b", "drop");
-    assert_eq!(wait_len(&seen, 3).await, ["add a keep", "delete a", "add a keep"]);
+    assert_eq!(
+        wait_len(&seen, 3).await,
+        ["add a keep (initial)", "delete a", "add a keep"]
+    );
     inf.shutdown().await.unwrap();
 }
 
@@ -465,7 +468,7 @@ async fn a_volatile_handler_behind_the_retention_restarts_from_the_current_state
     gate.add_permits(1_000);
     // The blocked event, then the restart: every current object as an initial add.
     let got = wait_len(&seen, 2 + 30).await;
-    assert_eq!(got[0], "add a 1");
+    assert_eq!(got[0], "add a 1 (initial)");
     assert_eq!(got[1], "update a 1->2");
     let mut restarted: Vec<&String> = got[2..].iter().collect();
     restarted.sort();
@@ -483,5 +486,345 @@ async fn a_volatile_handler_behind_the_retention_restarts_from_the_current_state
         "no error reported: {:?}",
         inf.errors()
     );
+    inf.shutdown().await.unwrap();
+}
+
+/// A [`Fake`] watched as another scope: two of them are two informers on one database.
+#[derive(Clone)]
+struct Scoped {
+    fake: Fake,
+    namespace: &'static str,
+}
+
+impl durable_informer::source::Source for Scoped {
+    async fn list(
+        &self,
+        req: durable_informer::source::ListRequest,
+    ) -> Result<durable_informer::source::ListPage, durable_informer::source::SourceError> {
+        self.fake.list(req).await
+    }
+
+    async fn watch(
+        &self,
+        req: durable_informer::source::WatchRequest,
+    ) -> Result<durable_informer::source::WatchStream, durable_informer::source::SourceError> {
+        self.fake.watch(req).await
+    }
+
+    async fn cluster_identity(&self) -> Result<Option<String>, durable_informer::source::SourceError> {
+        self.fake.cluster_identity().await
+    }
+
+    fn resource(&self) -> String {
+        self.fake.resource()
+    }
+
+    fn scope(&self) -> durable_informer::store::ScopeSpec {
+        self.fake.scope().namespace(self.namespace)
+    }
+}
+
+async fn scoped_informer(db: &DurableStore, source: &Scoped) -> Informer<ConfigMap> {
+    Informer::<ConfigMap>::builder(db, source.clone())
+        .reflector_config(cfg())
+        .build()
+        .await
+        .unwrap()
+}
+
+async fn wait_stored(inf: &Informer<ConfigMap>, name: &str, value: &str) {
+    for _ in 0..500 {
+        let stored = inf.lister().namespace("ns").get(name).unwrap();
+        if stored.is_some_and(|c| c.data.as_ref().and_then(|d| d.get("v")).is_some_and(|v| v == value)) {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("{name}={value} never reached the store");
+}
+
+/// Durable cursors belong to (scope, name): two informers on one database whose durable
+/// handlers share a name each resume from their own position (neither skips what the other
+/// handled past, nor repeats what it acknowledged).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn durable_handlers_of_two_scopes_with_one_name_keep_their_own_cursors() {
+    let a = Scoped {
+        fake: Fake::new(),
+        namespace: "team-a",
+    };
+    let b = Scoped {
+        fake: Fake::new(),
+        namespace: "team-b",
+    };
+    a.fake.upsert("a1", "1");
+    b.fake.upsert("b1", "1");
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("db.redb");
+    {
+        let db = DurableStore::open(StoreConfig::new(&path)).unwrap();
+        let (inf_a, inf_b) = (scoped_informer(&db, &a).await, scoped_informer(&db, &b).await);
+        assert_ne!(inf_a.scope(), inf_b.scope());
+        let (seen_a, seen_b) = (Seen::default(), Seen::default());
+        let reg_a = inf_a.add_event_handler(recorder(&seen_a), HandlerOptions::durable("audit"));
+        inf_b.add_event_handler(recorder(&seen_b), HandlerOptions::durable("audit"));
+        inf_a.start();
+        inf_b.start();
+        wait_len(&seen_a, 1).await;
+        wait_len(&seen_b, 1).await;
+        b.fake.upsert("b2", "1");
+        wait_len(&seen_b, 2).await;
+        a.fake.upsert("a2", "1");
+        wait_len(&seen_a, 2).await;
+        // A's handler stops after partial delivery; its informer keeps ingesting.
+        reg_a.remove().await;
+        a.fake.upsert("a3", "1");
+        a.fake.upsert("a1", "2");
+        wait_stored(&inf_a, "a1", "2").await;
+        // B's handler then moves its cursor past A's unhandled entries.
+        b.fake.upsert("b3", "1");
+        assert_eq!(wait_len(&seen_b, 3).await[2], "add b3 1");
+        assert_eq!(seen_a.lock().unwrap().len(), 2);
+        inf_a.shutdown().await.unwrap();
+        inf_b.shutdown().await.unwrap();
+        db.close().unwrap();
+    }
+    let db = DurableStore::open(StoreConfig::new(&path)).unwrap();
+    let (inf_a, inf_b) = (scoped_informer(&db, &a).await, scoped_informer(&db, &b).await);
+    let (seen_a, seen_b) = (Seen::default(), Seen::default());
+    inf_a.add_event_handler(recorder(&seen_a), HandlerOptions::durable("audit"));
+    inf_b.add_event_handler(recorder(&seen_b), HandlerOptions::durable("audit"));
+    inf_a.start();
+    inf_b.start();
+    inf_a.wait_for_sync().await;
+    inf_b.wait_for_sync().await;
+    // A gets exactly what it had not handled; B nothing until a new event.
+    assert_eq!(wait_len(&seen_a, 2).await, ["add a3 1", "update a1 1->2"]);
+    b.fake.upsert("b4", "1");
+    assert_eq!(wait_len(&seen_b, 1).await, ["add b4 1"]);
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert_eq!(seen_a.lock().unwrap().len(), 2, "{:?}", seen_a.lock().unwrap());
+    assert_eq!(seen_b.lock().unwrap().len(), 1, "{:?}", seen_b.lock().unwrap());
+    assert!(db.check().unwrap().is_ok());
+    inf_a.shutdown().await.unwrap();
+    inf_b.shutdown().await.unwrap();
+}
+
+/// client-go's `isInInitialList`: the adds of the informer's first LIST are initial for handlers
+/// registered before `start` and before the sync; later adds are not; a late handler's
+/// synthetic adds are. A store restored from disk has no initial list: what its resume brings
+/// are ordinary events.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn adds_of_the_initial_list_are_flagged_initial() {
+    let fake = Fake::new();
+    fake.upsert("a", "1");
+    fake.upsert("b", "1");
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("db.redb");
+    {
+        let db = DurableStore::open(StoreConfig::new(&path)).unwrap();
+        let inf = informer(&db, &fake).await;
+        let (early, durable) = (Seen::default(), Seen::default());
+        inf.add_event_handler(recorder(&early), HandlerOptions::volatile());
+        inf.add_event_handler(recorder(&durable), HandlerOptions::durable("d"));
+        inf.start();
+        inf.wait_for_sync().await;
+        fake.upsert("c", "1");
+        let want = ["add a 1 (initial)", "add b 1 (initial)", "add c 1"];
+        assert_eq!(wait_len(&early, 3).await, want);
+        assert_eq!(wait_len(&durable, 3).await, want);
+        let late = Seen::default();
+        inf.add_event_handler(recorder(&late), HandlerOptions::volatile());
+        fake.upsert("d", "1");
+        assert_eq!(
+            wait_len(&late, 4).await,
+            ["add a 1 (initial)", "add b 1 (initial)", "add c 1 (initial)", "add d 1"]
+        );
+        assert_eq!(wait_len(&durable, 4).await[3], "add d 1");
+        inf.shutdown().await.unwrap();
+        db.close().unwrap();
+    }
+    fake.upsert("e", "1");
+    let db = DurableStore::open(StoreConfig::new(&path)).unwrap();
+    let inf = informer(&db, &fake).await;
+    assert!(inf.is_restored());
+    let (early, durable) = (Seen::default(), Seen::default());
+    inf.add_event_handler(recorder(&early), HandlerOptions::volatile());
+    inf.add_event_handler(recorder(&durable), HandlerOptions::durable("d"));
+    inf.start();
+    inf.wait_for_sync().await;
+    assert_eq!(wait_len(&durable, 1).await, ["add e 1"]);
+    let mut got = wait_len(&early, 5).await;
+    // The restored store as synthetic adds (initial), then the resume's add of `e` (not).
+    let last = got.pop();
+    if last.as_deref() == Some("add e 1") {
+        assert_eq!(
+            got,
+            [
+                "add a 1 (initial)",
+                "add b 1 (initial)",
+                "add c 1 (initial)",
+                "add d 1 (initial)"
+            ]
+        );
+    } else {
+        // The handler's snapshot was taken after `e` was committed.
+        got.extend(last);
+        assert_eq!(
+            got,
+            [
+                "add a 1 (initial)",
+                "add b 1 (initial)",
+                "add c 1 (initial)",
+                "add d 1 (initial)",
+                "add e 1 (initial)"
+            ]
+        );
+    }
+    inf.shutdown().await.unwrap();
+}
+
+/// Resync on virtual time: the builder's period applies to handlers registered without one, a
+/// handler's own period overrides it, and a resync fires at its period, not before.
+#[tokio::test(start_paused = true)]
+async fn resync_fires_at_its_period_on_virtual_time() {
+    let fake = Fake::new();
+    fake.upsert("a", "1");
+    fake.upsert("b", "1");
+    let dir = tempfile::tempdir().unwrap();
+    let db = DurableStore::open(StoreConfig::new(dir.path().join("db.redb"))).unwrap();
+    let inf = Informer::<ConfigMap>::builder(&db, fake.clone())
+        .reflector_config(cfg())
+        .resync(Duration::from_secs(60))
+        .build()
+        .await
+        .unwrap();
+    inf.start();
+    inf.wait_for_sync().await;
+    let (inherits, own) = (Seen::default(), Seen::default());
+    let r1 = inf.add_event_handler(recorder(&inherits), HandlerOptions::volatile());
+    let r2 = inf.add_event_handler(
+        recorder(&own),
+        HandlerOptions::volatile().resync(Duration::from_secs(3600)),
+    );
+    r1.wait_for_sync().await;
+    r2.wait_for_sync().await;
+    let initial = ["add a 1 (initial)", "add b 1 (initial)"];
+    assert_eq!(wait_len(&inherits, 2).await, initial);
+    assert_eq!(wait_len(&own, 2).await, initial);
+    let resyncs = |seen: &Seen| seen.lock().unwrap().iter().filter(|l| l.ends_with("(resync)")).count();
+    tokio::time::sleep(Duration::from_secs(59)).await;
+    assert_eq!(resyncs(&inherits), 0, "no resync before the period");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(resyncs(&inherits), 2, "{:?}", inherits.lock().unwrap());
+    tokio::time::sleep(Duration::from_secs(60)).await;
+    assert_eq!(
+        inherits.lock().unwrap()[2..],
+        [
+            "update a 1->1 (resync)",
+            "update b 1->1 (resync)",
+            "update a 1->1 (resync)",
+            "update b 1->1 (resync)"
+        ]
+    );
+    assert_eq!(resyncs(&own), 0, "a handler's own period overrides the builder's");
+    inf.shutdown().await.unwrap();
+}
+
+/// A delete found by a relist (the history was compacted while the informer was down) reaches a
+/// durable handler with `final_state_unknown`, and nothing else is delivered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_delete_found_by_a_relist_has_an_unknown_final_state() {
+    let fake = Fake::new();
+    fake.upsert("a", "1");
+    fake.upsert("b", "1");
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("db.redb");
+    {
+        let db = DurableStore::open(StoreConfig::new(&path)).unwrap();
+        let inf = informer(&db, &fake).await;
+        let seen = Seen::default();
+        inf.add_event_handler(recorder(&seen), HandlerOptions::durable("audit"));
+        inf.start();
+        inf.wait_for_sync().await;
+        assert_eq!(wait_len(&seen, 2).await, ["add a 1 (initial)", "add b 1 (initial)"]);
+        inf.shutdown().await.unwrap();
+        db.close().unwrap();
+    }
+    fake.delete("b");
+    fake.compact();
+    let db = DurableStore::open(StoreConfig::new(&path)).unwrap();
+    let inf = informer(&db, &fake).await;
+    let seen = Seen::default();
+    inf.add_event_handler(recorder(&seen), HandlerOptions::durable("audit"));
+    inf.start();
+    assert_eq!(wait_len(&seen, 1).await, ["delete b (unknown)"]);
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert_eq!(seen.lock().unwrap().len(), 1, "{:?}", seen.lock().unwrap());
+    assert_eq!(
+        inf.status().borrow().relists,
+        1,
+        "the compacted history forced a relist"
+    );
+    inf.shutdown().await.unwrap();
+}
+
+/// A MODIFIED event with the stored RV (a duplicate) changes nothing and reaches no handler.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_update_with_an_unchanged_resource_version_is_not_delivered() {
+    let fake = Fake::new();
+    fake.upsert("a", "1");
+    let dir = tempfile::tempdir().unwrap();
+    let db = DurableStore::open(StoreConfig::new(dir.path().join("db.redb"))).unwrap();
+    let inf = informer(&db, &fake).await;
+    let seen = Seen::default();
+    let reg = inf.add_event_handler(recorder(&seen), HandlerOptions::volatile());
+    inf.start();
+    inf.wait_for_sync().await;
+    reg.wait_for_sync().await;
+    fake.resend("a");
+    fake.upsert("a", "2");
+    fake.resend("a");
+    fake.upsert("b", "1"); // a marker: everything before it was handled
+    assert_eq!(
+        wait_len(&seen, 3).await,
+        ["add a 1 (initial)", "update a 1->2", "add b 1"]
+    );
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert_eq!(seen.lock().unwrap().len(), 3, "{:?}", seen.lock().unwrap());
+    inf.shutdown().await.unwrap();
+}
+
+/// A resync over more objects than one page (256) delivers every object exactly once, in key
+/// order, from one view.
+#[tokio::test(start_paused = true)]
+async fn a_resync_larger_than_a_page_delivers_each_object_once() {
+    let fake = Fake::new();
+    let names: Vec<String> = (0..600).map(|i| format!("o{i:03}")).collect();
+    for n in &names {
+        fake.upsert(n, "1");
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let db = DurableStore::open(StoreConfig::new(dir.path().join("db.redb"))).unwrap();
+    let inf = Informer::<ConfigMap>::builder(&db, fake.clone())
+        .reflector_config(ReflectorConfig {
+            page_size: 500,
+            ..cfg()
+        })
+        .build()
+        .await
+        .unwrap();
+    inf.start();
+    inf.wait_for_sync().await;
+    let seen = Seen::default();
+    let reg = inf.add_event_handler(
+        recorder(&seen),
+        HandlerOptions::volatile().resync(Duration::from_secs(60)),
+    );
+    reg.wait_for_sync().await;
+    assert_eq!(wait_len(&seen, 600).await.len(), 600);
+    tokio::time::sleep(Duration::from_secs(61)).await;
+    let resyncs = wait_len(&seen, 1200).await[600..].to_vec();
+    let want: Vec<String> = names.iter().map(|n| format!("update {n} 1->1 (resync)")).collect();
+    assert_eq!(resyncs, want);
     inf.shutdown().await.unwrap();
 }

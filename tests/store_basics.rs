@@ -499,7 +499,7 @@ fn golden_copy(version: u32, dir: &std::path::Path) -> std::path::PathBuf {
 fn every_golden_database_migrates_to_the_latest_schema() {
     use redb::{ReadableDatabase, ReadableTable};
     let dir = tempfile::tempdir().unwrap();
-    for version in 1..=3 {
+    for version in 1..=4 {
         let path = golden_copy(version, dir.path());
         let db = DurableStore::open(StoreConfig::new(&path).retention_entries(None)).unwrap();
         let report = db.check().unwrap();
@@ -517,6 +517,14 @@ fn every_golden_database_migrates_to_the_latest_schema() {
             .unwrap();
         let report = db.check().unwrap();
         assert!(report.is_ok(), "v{version} after a write: {:?}", report.problems);
+        if version >= 3 {
+            // The one scope of the file owns the cursor written by name only before v4.
+            assert_eq!(
+                db.log().cursor(scope, "golden-handler").unwrap(),
+                Some(Seq(4)),
+                "v{version}"
+            );
+        }
         db.close().unwrap();
 
         let raw = redb::Database::open(&path).unwrap();
@@ -538,6 +546,11 @@ fn every_golden_database_migrates_to_the_latest_schema() {
             .unwrap();
         txn.open_table(redb::TableDefinition::<(u32, u32), &[u8]>::new("dicts"))
             .unwrap();
+        assert!(
+            txn.open_table(redb::TableDefinition::<&str, u64>::new("cursors"))
+                .is_err(),
+            "v{version}: the name-only cursor table is gone"
+        );
     }
 }
 
@@ -553,7 +566,7 @@ fn the_golden_v3_database_opens_reads_and_resumes_its_backfill() {
     let store = db.store(scope);
     assert_eq!(store.list_keys().unwrap().len(), 302);
     assert_eq!(store.resource_version().unwrap().unwrap().as_str(), "400");
-    assert_eq!(db.log().cursor("golden-handler").unwrap(), Some(Seq(4)));
+    assert_eq!(db.log().cursor(scope, "golden-handler").unwrap(), Some(Seq(4)));
     let (first, last) = db.log().bounds().unwrap().unwrap();
     assert_eq!((first, last), (Seq(5), Seq(306)));
     assert_eq!(store.index_status(LABELS).unwrap(), IndexStatus::Ready);

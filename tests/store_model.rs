@@ -431,11 +431,11 @@ impl Harness {
                 Some(back) => {
                     let seq = self.model.last().saturating_sub(u64::from(back));
                     self.model.cursor = Some(seq);
-                    w.set_cursor_blocking("model".into(), Seq(seq)).unwrap();
+                    w.set_cursor_blocking(self.scopes[0], "model".into(), Seq(seq)).unwrap();
                 }
                 None => {
                     self.model.cursor = None;
-                    w.delete_cursor_blocking("model".into()).unwrap();
+                    w.delete_cursor_blocking(self.scopes[0], "model".into()).unwrap();
                 }
             },
             Op::AddIndex { scope } => {

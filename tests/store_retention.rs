@@ -151,7 +151,8 @@ fn automatic_retention_keeps_the_log_bounded_and_never_passes_a_cursor() {
 
     // A durable consumer that stopped holds everything after its cursor.
     let (first, _) = db.log().bounds().expect("bounds").expect("entries");
-    w.set_cursor_blocking("slow-handler".into(), first).expect("cursor");
+    w.set_cursor_blocking(scope, "slow-handler".into(), first)
+        .expect("cursor");
     for b in 40..50u64 {
         let mut batch = Batch::new(scope);
         for j in 0..500 {
@@ -163,7 +164,8 @@ fn automatic_retention_keeps_the_log_bounded_and_never_passes_a_cursor() {
     let (held, last) = db.log().bounds().expect("bounds").expect("entries");
     assert_eq!(held, Seq(first.0 + 1), "compaction stops right after the cursor");
     // Once it moves on, the next commit lets retention catch up.
-    w.set_cursor_blocking("slow-handler".into(), last).expect("cursor");
+    w.set_cursor_blocking(scope, "slow-handler".into(), last)
+        .expect("cursor");
     w.settle_blocking().expect("settle");
     assert_eq!(log_len(&db), 1000);
     assert!(db.check().expect("check").is_ok());
@@ -246,14 +248,14 @@ fn retention_by_age_removes_old_commits_below_the_cursors_even_while_idle() {
 
     // A durable cursor holds what it has not passed, however old.
     w.apply_blocking(batch(300)).expect("apply"); // 21..=30
-    w.set_cursor_blocking("handler".into(), Seq(14)).expect("cursor");
+    w.set_cursor_blocking(scope, "handler".into(), Seq(14)).expect("cursor");
     now.fetch_add(10 * hour, Ordering::SeqCst);
     w.settle_blocking().expect("settle");
     assert_eq!(db.log().bounds().expect("bounds"), Some((Seq(15), Seq(30))));
     assert!(db.check().expect("check").is_ok());
 
     // With nothing written, the writer still looks at the log's age now and then.
-    w.set_cursor_blocking("handler".into(), Seq(30)).expect("cursor");
+    w.set_cursor_blocking(scope, "handler".into(), Seq(30)).expect("cursor");
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     while db.log().bounds().expect("bounds").is_some() {
         assert!(std::time::Instant::now() < deadline, "idle age retention never ran");

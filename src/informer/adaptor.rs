@@ -1,17 +1,6 @@
 //! kube-runtime interop: an informer as a stream of `kube::runtime::watcher::Event<K>`, so
 //! `kube::runtime::reflector` and `Controller::for_stream` (kube's `unstable-runtime` feature,
 //! enabled by this crate) can consume it; `tests/informer_sim.rs` runs such a Controller.
-//!
-//! ```no_run
-//! # async fn f(informer: durable_informer::informer::Informer<k8s_openapi::api::core::v1::Pod>) {
-//! use futures::StreamExt;
-//! use kube::runtime::{reflector, WatchStreamExt};
-//! let (reader, writer) = reflector::store();
-//! let stream = reflector(writer, durable_informer::informer::watcher_stream(&informer)).applied_objects();
-//! // kube::runtime::Controller::for_stream(stream, reader).run(reconcile, error_policy, ctx) …
-//! # let _ = (reader, stream);
-//! # }
-//! ```
 
 use std::collections::VecDeque;
 use std::time::Duration;
@@ -41,6 +30,36 @@ struct State<K> {
 /// The informer's store as an initial list (`Init`, `InitApply`…, `InitDone`) followed by its
 /// live changes (`Apply`, `Delete`), read from the durable log. Relists that find deletes
 /// produce `Delete` with the last known state.
+///
+/// Feed it to `kube::runtime::reflector` and `Controller::for_stream` (kube's
+/// `unstable-runtime` feature, which this crate enables):
+///
+/// ```no_run
+/// use std::sync::Arc;
+/// use std::time::Duration;
+///
+/// use durable_informer::informer::{watcher_stream, Informer};
+/// use futures::StreamExt;
+/// use k8s_openapi::api::core::v1::ConfigMap;
+/// use kube::runtime::controller::{Action, Controller};
+/// use kube::runtime::{reflector, WatchStreamExt};
+///
+/// async fn reconcile(cm: Arc<ConfigMap>, _ctx: Arc<()>) -> Result<Action, std::convert::Infallible> {
+///     println!("reconcile {:?}", cm.metadata.name);
+///     Ok(Action::await_change())
+/// }
+///
+/// # async fn f(informer: Informer<ConfigMap>) {
+/// informer.start();
+/// informer.wait_for_sync().await;
+/// let (reader, writer) = reflector::store();
+/// let stream = reflector(writer, watcher_stream(&informer)).applied_objects();
+/// Controller::for_stream(stream, reader)
+///     .run(reconcile, |_, _, _| Action::requeue(Duration::from_secs(5)), Arc::new(()))
+///     .for_each(|_| async {})
+///     .await;
+/// # }
+/// ```
 pub fn watcher_stream<K>(informer: &Informer<K>) -> impl Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send
 where
     K: DeserializeOwned + Clone + Send + Sync + 'static,

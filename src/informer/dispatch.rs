@@ -14,7 +14,7 @@ use tracing::Instrument;
 
 use super::handler::{Event, EventHandler, HandlerOptions};
 use crate::reflector::ReflectorStatus;
-use crate::store::{DeltaKind, LogReader, LogRecord, ObjectKey, ScopeId, Seq, Store, Writer};
+use crate::store::{DeltaKind, LogReader, LogRecord, ObjectKey, ResourceVersion, ScopeId, Seq, Store, Writer};
 
 /// How many log entries one read takes.
 const BATCH: usize = 256;
@@ -29,8 +29,35 @@ pub(crate) struct Ctx {
     pub(crate) status: watch::Receiver<ReflectorStatus>,
     /// The log position at which the informer became synced.
     pub(crate) sync_seq: watch::Receiver<Option<Seq>>,
+    pub(crate) initial_list: watch::Receiver<InitialList>,
     pub(crate) report: Report,
-    pub(crate) resource: String,
+}
+
+/// Where this run's initial LIST lies in the log, so its adds reach handlers as
+/// `Add { initial: true }` (client-go's `isInInitialList`).
+#[derive(Debug, Clone, Default)]
+pub(crate) struct InitialList {
+    /// The committed seq when the informer started with a store that was not restored; `None`
+    /// otherwise (no initial list in this run).
+    pub(crate) after: Option<Seq>,
+    /// The committed seq and RV at sync; `None` while the list runs.
+    pub(crate) until: Option<(Seq, Option<ResourceVersion>)>,
+}
+
+impl InitialList {
+    /// Whether the add at `seq` with `rv` came from the initial list: written after the start,
+    /// not after the sync, and (the sync seq is read a moment after the fact) not newer than the
+    /// list's RV, which watch events are.
+    fn contains(&self, seq: Seq, rv: &ResourceVersion) -> bool {
+        let Some(after) = self.after else { return false };
+        if seq <= after {
+            return false;
+        }
+        match &self.until {
+            None => true,
+            Some((until, list_rv)) => seq <= *until && !list_rv.as_ref().is_some_and(|l| l.is_older_than(rv)),
+        }
+    }
 }
 
 fn decode<K: DeserializeOwned>(bytes: &[u8]) -> Result<Arc<K>, String> {
@@ -56,7 +83,7 @@ pub(crate) async fn run<K>(
 {
     let label = opts.name.clone().unwrap_or_else(|| "volatile handler".to_owned());
     let stored = match &opts.name {
-        Some(name) => match ctx.log.cursor(name) {
+        Some(name) => match ctx.log.cursor(ctx.scope, name) {
             Ok(c) => c,
             Err(e) => {
                 (ctx.report)(format!("{label}: cannot read its cursor: {e}"));
@@ -140,7 +167,7 @@ pub(crate) async fn run<K>(
             match woke {
                 Wake::Data => {}
                 Wake::Resync => {
-                    resync(&ctx, &*handler, &label).await;
+                    resync(&ctx, &*handler, &label, &stop).await;
                     resync_at = tokio::time::Instant::now().checked_add(period);
                 }
                 Wake::Stop => return,
@@ -160,19 +187,36 @@ pub(crate) async fn run<K>(
             persist(&ctx, name, cursor).await;
         }
         position.send_replace(cursor);
-        let lag = ctx.writer.committed().borrow().0.saturating_sub(cursor.0);
-        crate::metrics::global()
-            .handler_lag
-            .get_or_create(&crate::metrics::HandlerLabels {
-                resource: ctx.resource.clone(),
-                handler: label.clone(),
-            })
-            .set(i64::try_from(lag).unwrap_or(i64::MAX));
+    }
+}
+
+/// Keeps the handler's `handler_lag_entries` gauge at "committed − cursor" as either moves, so
+/// a handler stuck in a callback shows a growing lag rather than its last value. Runs until the
+/// handler's task ends.
+pub(crate) async fn track_lag(
+    committed: watch::Receiver<Seq>,
+    position: watch::Receiver<Seq>,
+    done: watch::Receiver<bool>,
+    labels: crate::metrics::HandlerLabels,
+) {
+    let gauge = crate::metrics::global().handler_lag.get_or_create(&labels).clone();
+    let (mut committed, mut position, mut done) = (committed, position, done);
+    loop {
+        let lag = committed
+            .borrow_and_update()
+            .0
+            .saturating_sub(position.borrow_and_update().0);
+        gauge.set(i64::try_from(lag).unwrap_or(i64::MAX));
+        tokio::select! {
+            r = committed.changed() => if r.is_err() { return },
+            r = position.changed() => if r.is_err() { return },
+            _ = done.wait_for(|d| *d) => return,
+        }
     }
 }
 
 async fn persist(ctx: &Ctx, name: &str, cursor: Seq) {
-    if let Err(e) = ctx.writer.set_cursor(name.to_owned(), cursor).await {
+    if let Err(e) = ctx.writer.set_cursor(ctx.scope, name.to_owned(), cursor).await {
         (ctx.report)(format!("{name}: cannot persist its cursor: {e}"));
     }
 }
@@ -219,7 +263,10 @@ where
     };
     let ev = match rec.kind {
         DeltaKind::Added | DeltaKind::Replaced => match rec.object.as_deref().and_then(decode_or_report) {
-            Some(object) => Event::Add { object, initial: false },
+            Some(object) => Event::Add {
+                object,
+                initial: ctx.initial_list.borrow().contains(rec.seq, &rec.rv),
+            },
             None => return,
         },
         DeltaKind::Updated => {
@@ -313,24 +360,48 @@ where
     }
 }
 
-/// A resync: `Update { old = new }` for every object, from one view.
-async fn resync<K>(ctx: &Ctx, handler: &dyn EventHandler<K>, label: &str)
+/// A resync: `Update { old = new }` for every object, read from one consistent view in pages
+/// (like [`initial_adds`]: a large store is never loaded at once). Stops early on `stop`.
+async fn resync<K>(ctx: &Ctx, handler: &dyn EventHandler<K>, label: &str, stop: &watch::Receiver<bool>)
 where
     K: DeserializeOwned + Send + Sync + 'static,
 {
-    let store = ctx.store.clone();
-    let Ok(Ok(all)) = tokio::task::spawn_blocking(move || store.list()).await else {
-        (ctx.report)(format!("{label}: resync could not read the store"));
-        return;
+    let snapshot = match ctx.store.snapshot() {
+        Ok(s) => Arc::new(s),
+        Err(e) => {
+            (ctx.report)(format!("{label}: resync could not read the store: {e}"));
+            return;
+        }
     };
-    for o in all {
-        if let Ok(object) = decode::<K>(&o.bytes) {
-            let ev = Event::Update {
-                old: object.clone(),
-                new: object,
-                resync: true,
-            };
-            call(ctx, handler, label, ev).await;
+    let mut after: Option<ObjectKey> = None;
+    loop {
+        if *stop.borrow() {
+            return;
+        }
+        let snap = snapshot.clone();
+        let from = after.clone();
+        let page = match tokio::task::spawn_blocking(move || snap.list_after(from.as_ref(), BATCH)).await {
+            Ok(Ok(p)) => p,
+            Ok(Err(e)) => {
+                (ctx.report)(format!("{label}: resync could not read the store: {e}"));
+                return;
+            }
+            Err(_) => return,
+        };
+        let Some(last) = page.last() else { return };
+        after = Some(last.key.clone());
+        for o in page {
+            match decode::<K>(&o.bytes) {
+                Ok(object) => {
+                    let ev = Event::Update {
+                        old: object.clone(),
+                        new: object,
+                        resync: true,
+                    };
+                    call(ctx, handler, label, ev).await;
+                }
+                Err(e) => (ctx.report)(format!("{label}: {} does not decode: {e}", o.key)),
+            }
         }
     }
 }

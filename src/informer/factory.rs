@@ -1,13 +1,12 @@
 //! The informer factory: one database, many informers, each scope shared.
 
-use std::any::Any;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use kube::core::{ApiResource, Resource};
 use serde::de::DeserializeOwned;
 
-use super::Informer;
+use super::{Informer, Inner};
 use crate::reflector::{ReflectorConfig, ReflectorError};
 use crate::source::{KubeSource, Source};
 use crate::store::{DurableStore, Indexer, StoreError};
@@ -17,14 +16,17 @@ type Waiter = Box<dyn Fn() -> futures::future::BoxFuture<'static, ()> + Send + S
 type Stopper = Box<dyn Fn() -> futures::future::BoxFuture<'static, Result<(), ReflectorError>> + Send + Sync>;
 
 struct Entry {
-    informer: Box<dyn Any + Send + Sync>,
+    /// Untyped: a typed and a dynamic informer of one scope share it (and its reflector).
+    inner: Arc<Inner>,
     start: Starter,
     wait: Waiter,
     stop: Stopper,
 }
 
 /// client-go's `SharedInformerFactory`: one database file, many informers; asking twice for
-/// the same scope (resource + namespace + selectors) returns the same informer.
+/// the same scope (resource + namespace + selectors) returns the same informer, whatever the
+/// Rust type asked for: `informer::<Pod>` and `informer_for::<DynamicObject>` of pods share one
+/// reflector (one LIST, one WATCH) and one store.
 ///
 /// ```no_run
 /// # async fn f(client: kube::Client) -> Result<(), Box<dyn std::error::Error>> {
@@ -99,16 +101,14 @@ impl InformerFactory {
         if let Some(f) = field_selector {
             source = source.fields(f);
         }
-        let key = format!("{}#{}", source.scope().canonical(), std::any::type_name::<K>());
+        let key = source.scope().canonical();
         if let Some(e) = self
             .informers
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .get(&key)
         {
-            if let Some(i) = e.informer.downcast_ref::<Informer<K>>() {
-                return Ok(i.clone());
-            }
+            return Ok(Informer::from_inner(e.inner.clone()));
         }
         let db = self
             .db
@@ -123,7 +123,7 @@ impl InformerFactory {
         let informer = b.build().await?;
         let (i1, i2, i3) = (informer.clone(), informer.clone(), informer.clone());
         let entry = Arc::new(Entry {
-            informer: Box::new(informer.clone()),
+            inner: informer.inner.clone(),
             start: Box::new(move || i1.start()),
             wait: Box::new(move || {
                 let i = i2.clone();
@@ -137,7 +137,7 @@ impl InformerFactory {
         let mut map = self.informers.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         // Another task may have created the same scope meanwhile: keep the first.
         let e = map.entry(key).or_insert(entry);
-        Ok(e.informer.downcast_ref::<Informer<K>>().cloned().unwrap_or(informer))
+        Ok(Informer::from_inner(e.inner.clone()))
     }
 
     fn entries(&self) -> Vec<Arc<Entry>> {

@@ -12,8 +12,9 @@ use tokio::sync::watch;
 /// One event delivered to a handler.
 #[derive(Debug)]
 pub enum Event<K> {
-    /// A new object; `initial` for the synthetic adds a new handler gets for what the store
-    /// already holds.
+    /// A new object; `initial` (client-go's `isInInitialList`) for the synthetic adds a new
+    /// handler gets for what the store already holds, and for the adds of the informer's
+    /// initial LIST (when its store was not restored from disk).
     Add {
         /// The object.
         object: Arc<K>,
@@ -295,8 +296,10 @@ impl HandlerOptions {
         Self::default()
     }
 
-    /// A durable handler: its cursor into the log is persisted under `name`, and after a restart
-    /// it receives everything committed after that cursor. Delivery is **at least once**: the
+    /// A durable handler: its cursor into the log is persisted under (this informer's scope,
+    /// `name`), and after a restart it receives everything committed after that cursor.
+    /// Informers of other scopes on the same database may use the same name: each keeps its
+    /// own cursor. Delivery is **at least once**: the
     /// cursor is persisted after each batch was handled, so a crash can redeliver the events of
     /// the batch in progress; nothing is lost.
     #[must_use]

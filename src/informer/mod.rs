@@ -60,6 +60,9 @@ use crate::reflector::{Reflector, ReflectorConfig, ReflectorError, ReflectorStat
 use crate::source::Source;
 use crate::store::{DurableStore, Indexer, LogReader, ResourceVersion, ScopeId, Seq, Store, Writer};
 
+/// How long [`Informer::shutdown`] waits for each handler to catch up.
+const DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
+
 type RunFn = Box<dyn FnOnce(watch::Receiver<bool>) -> BoxFuture<'static, Result<(), ReflectorError>> + Send>;
 
 struct Inner {
@@ -72,6 +75,7 @@ struct Inner {
     stop: watch::Sender<bool>,
     task: Mutex<Option<tokio::task::JoinHandle<Result<(), ReflectorError>>>>,
     sync_seq: watch::Sender<Option<Seq>>,
+    initial_list: watch::Sender<dispatch::InitialList>,
     restored: bool,
     resync: Option<Duration>,
     errors: Arc<Mutex<Vec<String>>>,
@@ -95,6 +99,14 @@ pub struct Informer<K> {
     _k: PhantomData<fn() -> K>,
 }
 
+impl<K> Informer<K> {
+    /// A view typed by `K` of an informer's shared state (the factory shares one scope across
+    /// types; objects are decoded per handler).
+    fn from_inner(inner: Arc<Inner>) -> Self {
+        Self { inner, _k: PhantomData }
+    }
+}
+
 impl<K> Clone for Informer<K> {
     fn clone(&self) -> Self {
         Self {
@@ -104,7 +116,69 @@ impl<K> Clone for Informer<K> {
     }
 }
 
-/// Builds an [`Informer`].
+/// Builds an [`Informer`]. The options live where they act:
+///
+/// | Option | Where |
+/// |---|---|
+/// | resource (typed or [`ApiResource`](kube::core::ApiResource)), namespace, label and field selectors | the [`KubeSource`](crate::source::KubeSource) given to [`Informer::builder`] |
+/// | durability (fsync per commit), cache size, retention | [`StoreConfig`](crate::store::StoreConfig) of the [`DurableStore`] |
+/// | indexers, transform, default resync, reflector settings, Secrets | this builder |
+/// | durable or volatile, per-handler resync | [`HandlerOptions`] at [`Informer::add_event_handler`] |
+///
+/// ```no_run
+/// use std::sync::Arc;
+/// use std::time::Duration;
+///
+/// use durable_informer::informer::{handler_fn, Event, HandlerOptions, Informer};
+/// use durable_informer::reflector::Transform;
+/// use durable_informer::source::KubeSource;
+/// use durable_informer::store::{DurableStore, Indexer, StoreConfig};
+/// use k8s_openapi::api::core::v1::Pod;
+///
+/// # async fn f(client: kube::Client, server: &str) -> Result<(), Box<dyn std::error::Error>> {
+/// // Where the cache lives, and how: fsync before each commit is acknowledged.
+/// let db = DurableStore::open(StoreConfig::new("pods.redb").durable(true))?;
+/// // What to watch: Pods of one namespace, narrowed by label and field selectors.
+/// let source = KubeSource::typed::<Pod>(client, server)
+///     .namespace("shop")
+///     .labels("app=web,tier!=debug")
+///     .fields("status.phase=Running");
+/// let informer = Informer::<Pod>::builder(&db, source)
+///     // Secondary indexes, kept in the same transaction as the objects.
+///     .indexer(Indexer::labels())
+///     .indexer(Indexer::new("node", |_meta, json| {
+///         let pod: serde_json::Value = serde_json::from_slice(json).unwrap_or_default();
+///         pod["spec"]["nodeName"].as_str().map(str::to_owned).into_iter().collect()
+///     }))
+///     // Drop managedFields (the default) and annotations before storing.
+///     .transform(Transform {
+///         func: Some(Arc::new(|json: &[u8]| {
+///             let mut v: serde_json::Value = serde_json::from_slice(json).map_err(|e| e.to_string())?;
+///             if let Some(meta) = v.get_mut("metadata").and_then(|m| m.as_object_mut()) {
+///                 meta.remove("annotations");
+///             }
+///             serde_json::to_vec(&v).map(Some).map_err(|e| e.to_string())
+///         })),
+///         ..Transform::default()
+///     })
+///     // Handlers registered without their own period resync every 10 minutes.
+///     .resync(Duration::from_secs(600))
+///     .build()
+///     .await?;
+/// informer.add_event_handler(
+///     handler_fn(|ev: Event<Pod>| -> Result<(), std::convert::Infallible> {
+///         println!("{:?}", ev.object().metadata.name);
+///         Ok(())
+///     }),
+///     HandlerOptions::durable("printer"),
+/// );
+/// informer.start();
+/// informer.wait_for_sync().await;
+/// let on_node = informer.indexer().by_index("node", "node-1")?;
+/// # let _ = on_node; Ok(()) }
+/// ```
+///
+/// An informer of core/v1 `secrets` also needs [`allow_secrets`](Self::allow_secrets).
 pub struct InformerBuilder<'a, K, S> {
     db: &'a DurableStore,
     source: S,
@@ -198,6 +272,7 @@ where
         let run: RunFn = Box::new(move |stop| reflector.run(stop).boxed());
         let (stop, _) = watch::channel(false);
         let (sync_seq, _) = watch::channel(None);
+        let (initial_list, _) = watch::channel(dispatch::InitialList::default());
         Ok(Informer {
             inner: Arc::new(Inner {
                 scope,
@@ -209,6 +284,7 @@ where
                 stop,
                 task: Mutex::new(None),
                 sync_seq,
+                initial_list,
                 restored,
                 resync: self.resync,
                 errors,
@@ -249,14 +325,24 @@ where
             return;
         };
         let fut = run(self.inner.stop.subscribe());
-        // Record the log position at which the informer became synced, for handlers' sync.
+        // A store restored from disk has no initial list in this run: its catch-up and relist
+        // deltas are changes to what handlers already saw.
+        if !self.inner.restored {
+            let after = *self.inner.writer.committed().borrow();
+            self.inner.initial_list.send_modify(|l| l.after = Some(after));
+        }
+        // Record the log position at which the informer became synced, for handlers' sync and
+        // the end of the initial list.
         let inner = self.inner.clone();
         let mut status = self.inner.status.clone();
         tokio::spawn(async move {
-            if status.wait_for(|s| s.synced).await.is_ok() {
-                let seq = *inner.writer.committed().borrow();
-                inner.sync_seq.send_replace(Some(seq));
-            }
+            let rv = match status.wait_for(|s| s.synced).await {
+                Ok(s) => s.committed_rv.clone(),
+                Err(_) => return,
+            };
+            let seq = *inner.writer.committed().borrow();
+            inner.initial_list.send_modify(|l| l.until = Some((seq, rv)));
+            inner.sync_seq.send_replace(Some(seq));
         });
         let handle = tokio::spawn(fut);
         *self
@@ -314,7 +400,7 @@ where
             scope: self.inner.scope,
             status: self.inner.status.clone(),
             sync_seq: self.inner.sync_seq.subscribe(),
-            resource: self.inner.resource.clone(),
+            initial_list: self.inner.initial_list.subscribe(),
             report: Arc::new(move |msg: String| {
                 tracing::warn!(%msg, "handler");
                 let mut v = errors.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
@@ -323,8 +409,18 @@ where
                 v.drain(..excess);
             }),
         };
+        let lag_labels = crate::metrics::HandlerLabels {
+            resource: self.inner.resource.clone(),
+            handler: options.name.clone().unwrap_or_else(|| "volatile".to_owned()),
+        };
         let (cursor_tx, cursor) = watch::channel(Seq(0));
         let (done_tx, done) = watch::channel(false);
+        tokio::spawn(dispatch::track_lag(
+            self.inner.writer.committed(),
+            cursor.clone(),
+            done.clone(),
+            lag_labels,
+        ));
         tokio::spawn(async move {
             dispatch::run(ctx, handler, options, stop_rx, synced_tx, cursor_tx).await;
             let _ = done_tx.send(true);
@@ -348,8 +444,9 @@ where
         }
     }
 
-    /// Stops the reflector, lets every handler catch up with what was committed (for at most
-    /// `drain_timeout` each), then stops the handlers.
+    /// Stops the reflector, lets every handler catch up with what was committed (waiting at
+    /// most 30 seconds for each handler), then stops the handlers. A handler still behind after
+    /// that is stopped where it is: a durable one resumes from its persisted cursor next time.
     pub async fn shutdown(&self) -> Result<(), ReflectorError> {
         let result = self.stop().await;
         let target = *self.inner.writer.committed().borrow();
@@ -363,7 +460,7 @@ where
             .collect();
         for (stop, mut done, mut cursor) in slots {
             let drained = cursor.wait_for(|c| *c >= target);
-            let _ = tokio::time::timeout(Duration::from_secs(30), drained).await;
+            let _ = tokio::time::timeout(DRAIN_TIMEOUT, drained).await;
             let _ = stop.send(true);
             let _ = done.wait_for(|d| *d).await;
         }

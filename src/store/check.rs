@@ -179,9 +179,10 @@ pub(crate) fn run(shared: &Shared) -> Result<CheckReport, StoreError> {
         // handed out.
         let handed_out = last.max(last_seq_saved);
         if v.value() > handed_out {
+            let (scope, name) = k.value();
             report.problems.push(format!(
-                "cursor {:?} at {} is past the last log seq {handed_out}",
-                k.value(),
+                "cursor {name:?} of {} at {} is past the last log seq {handed_out}",
+                ScopeId(scope),
                 v.value()
             ));
         }

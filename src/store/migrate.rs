@@ -12,6 +12,8 @@ mod m0001_initial;
 mod m0002_dicts;
 #[path = "../../migrations/m0003_retention_backfill.rs"]
 mod m0003_retention_backfill;
+#[path = "../../migrations/m0004_scoped_cursors.rs"]
+mod m0004_scoped_cursors;
 
 /// What a step may need besides the transaction.
 struct Context {
@@ -26,6 +28,7 @@ const STEPS: &[Step] = &[
     |txn, _| m0001_initial::up(txn),
     |txn, _| m0002_dicts::up(txn),
     |txn, cx| m0003_retention_backfill::up(txn, cx.now_ms),
+    |txn, _| m0004_scoped_cursors::up(txn),
 ];
 
 /// The schema version after every step ran.
@@ -97,7 +100,7 @@ mod tests {
     use redb::ReadableDatabase;
 
     use super::*;
-    use crate::store::schema::{COMMIT_TIMES, LOG};
+    use crate::store::schema::{COMMIT_TIMES, CURSORS, CURSORS_V1, LOG, SCOPES};
     use crate::store::StoreConfig;
 
     fn shared(path: &std::path::Path) -> Shared {
@@ -159,5 +162,61 @@ mod tests {
             .map(|r| r.unwrap().0.value())
             .collect();
         assert_eq!(rows, vec![7]);
+    }
+
+    /// A v3 database with `scopes` scope rows and two name-only cursors, migrated to the latest
+    /// schema; returns the cursor rows after the upgrade.
+    fn migrate_v3_cursors(scopes: u32) -> Vec<((u32, String), u64)> {
+        let dir = tempfile::tempdir().unwrap();
+        let shared = shared(&dir.path().join("db.redb"));
+        run_steps(&shared, &STEPS[..3]).unwrap();
+        {
+            let txn = shared.db().unwrap().begin_write().unwrap();
+            {
+                let mut table = txn.open_table(SCOPES).unwrap();
+                for id in 1..=scopes {
+                    table.insert(id + 6, b"record".as_slice()).unwrap();
+                }
+                let mut old = txn.open_table(CURSORS_V1).unwrap();
+                old.insert("pods-handler", 41).unwrap();
+                old.insert("cms-handler", 17).unwrap();
+            }
+            txn.commit().unwrap();
+        }
+        run(&shared).unwrap();
+        assert_eq!(read_version(&shared).unwrap(), LATEST);
+        let txn = shared.db().unwrap().begin_read().unwrap();
+        assert!(
+            matches!(txn.open_table(CURSORS_V1), Err(redb::TableError::TableDoesNotExist(_))),
+            "the name-only table is gone"
+        );
+        let cursors = txn.open_table(CURSORS).unwrap();
+        redb::ReadableTable::iter(&cursors)
+            .unwrap()
+            .map(|r| {
+                let (k, v) = r.unwrap();
+                let (scope, name) = k.value();
+                ((scope, name.to_owned()), v.value())
+            })
+            .collect()
+    }
+
+    #[test]
+    fn name_only_cursors_move_to_the_single_scope() {
+        assert_eq!(
+            migrate_v3_cursors(1),
+            vec![
+                ((7, "cms-handler".to_owned()), 17),
+                ((7, "pods-handler".to_owned()), 41)
+            ]
+        );
+    }
+
+    #[test]
+    fn name_only_cursors_are_dropped_when_no_single_scope_owns_them() {
+        // Which scope a name served is unknown: the handlers restart with synthetic adds
+        // rather than resume from a position that may belong to another informer.
+        assert_eq!(migrate_v3_cursors(2), vec![]);
+        assert_eq!(migrate_v3_cursors(0), vec![]);
     }
 }

@@ -641,12 +641,15 @@ impl LogReader {
         Ok(first.zip(last).map(|(a, b)| (Seq(a), Seq(b))))
     }
 
-    /// A durable consumer's cursor.
-    pub fn cursor(&self, name: &str) -> Result<Option<Seq>, StoreError> {
+    /// The cursor of the durable consumer `name` of `scope`.
+    pub fn cursor(&self, scope: ScopeId, name: &str) -> Result<Option<Seq>, StoreError> {
         let s = &self.shared;
         let txn = s.db()?.begin_read().map_err(|e| s.storage(e))?;
         let cursors = txn.open_table(CURSORS).map_err(|e| s.storage(e))?;
-        Ok(cursors.get(name).map_err(|e| s.storage(e))?.map(|v| Seq(v.value())))
+        Ok(cursors
+            .get((scope.0, name))
+            .map_err(|e| s.storage(e))?
+            .map(|v| Seq(v.value())))
     }
 }
 

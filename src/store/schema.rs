@@ -14,7 +14,7 @@
 //! | `index` | scope, index name, value, object key | `()` |
 //! | `index_rev` | scope, index name, object key | the values the object is indexed under |
 //! | `relist` | scope, object key | a listed object staged during a relist |
-//! | `cursors` | consumer name | last delivered [`Seq`] |
+//! | `scope_cursors` | (scope id, consumer name) | last delivered [`Seq`] (schema v4; v1–v3 had `cursors`, keyed by name only) |
 //! | `dicts` | (scope id, dict id) | a zstd dictionary (schema v2; rows are never rewritten) |
 //! | `commit_times` | seq of the first log entry a commit wrote | unix milliseconds of that commit (schema v3) |
 //! | `index_backfill` | (scope id, index name) | [`super::codec::BackfillProgress`] of an index still being backfilled (schema v3) |
@@ -39,8 +39,13 @@ pub const INDEX: TableDefinition<&[u8], ()> = TableDefinition::new("index");
 pub const INDEX_REV: TableDefinition<&[u8], &[u8]> = TableDefinition::new("index_rev");
 /// Objects listed during a relist, staged until the list completes.
 pub const RELIST: TableDefinition<&[u8], &[u8]> = TableDefinition::new("relist");
-/// Durable consumer cursors.
-pub const CURSORS: TableDefinition<&str, u64> = TableDefinition::new("cursors");
+/// Durable consumer cursors by (scope id, consumer name) (schema v4). A consumer reads one
+/// scope's entries, so its position is only meaningful for that scope: two informers on one
+/// database may use the same handler name without sharing a cursor.
+pub const CURSORS: TableDefinition<(u32, &str), u64> = TableDefinition::new("scope_cursors");
+/// Durable consumer cursors by name only (schema v1 to v3). Only the migrations open it:
+/// v1 creates it, v4 moves its rows to [`CURSORS`] and deletes it.
+pub const CURSORS_V1: TableDefinition<&str, u64> = TableDefinition::new("cursors");
 /// zstd dictionaries by (scope id, dict id), trained on a scope's first objects (schema v2).
 /// A row is written once and never changed or removed: blobs tagged
 /// [`super::codec::Compression::Dict`] name the row they need.

@@ -140,8 +140,8 @@ enum Command {
     FinishRelist(ScopeId, ResourceVersion, String, Ack<RelistSummary>),
     AbortRelist(ScopeId, Ack<()>),
     EnsureIndex(ScopeId, IndexName, Ack<()>),
-    SetCursor(String, Seq, Ack<()>),
-    DeleteCursor(String, Ack<()>),
+    SetCursor(ScopeId, String, Seq, Ack<()>),
+    DeleteCursor(ScopeId, String, Ack<()>),
     Compact(Option<u64>, Ack<CompactReport>),
     Settle(Ack<()>),
     Identity(String, bool, Ack<bool>),
@@ -245,10 +245,10 @@ impl Writer {
         let web = db.store(scope).by_index(LABELS, \"app=web\")?;\n\
         # let _ = web; Ok(()) }\n\
         ```");
-    request!(set_cursor, set_cursor_blocking, (name: String, seq: Seq) -> (), SetCursor,
-        "Persists a durable consumer's cursor: every entry up to `seq` was handled.");
-    request!(delete_cursor, delete_cursor_blocking, (name: String) -> (), DeleteCursor,
-        "Removes a durable consumer's cursor, so it no longer holds back compaction.");
+    request!(set_cursor, set_cursor_blocking, (scope: ScopeId, name: String, seq: Seq) -> (), SetCursor,
+        "Persists the cursor of the durable consumer `name` of `scope`: every entry up to `seq` was handled. Consumers of different scopes may share a name.");
+    request!(delete_cursor, delete_cursor_blocking, (scope: ScopeId, name: String) -> (), DeleteCursor,
+        "Removes the cursor of the durable consumer `name` of `scope`, so it no longer holds back compaction.");
     request!(compact, compact_blocking, (keep_entries: Option<u64>) -> CompactReport, Compact,
         "Removes log entries below every durable cursor that are beyond `keep_entries` (default: the configured `retention_entries`) or older than the configured `retention_age`; returns once done.\n\n\
         It runs in transactions of at most 4,096 entries between incoming batches. The writer applies the configured retention on its own too; this is for applying it now or with another count (the CLI `compact`).\n\n\
@@ -354,7 +354,9 @@ pub(crate) fn spawn(
         dicts: RefCell::new(HashMap::new()),
         pending_dicts: RefCell::new(Vec::new()),
         poisoned: Cell::new(false),
+        size_observed: Cell::new(None),
     };
+    state.observe_size(true);
     let thread = std::thread::Builder::new()
         .name("durable-informer-writer".into())
         .spawn(move || state.run())
@@ -412,6 +414,8 @@ struct WriterThread {
     /// An I/O error happened: redb refuses every later operation ("Previous I/O error
     /// occurred") until the database is reopened, which the next group does first.
     poisoned: Cell<bool>,
+    /// When the file size was last published to the `database_bytes` metric.
+    size_observed: Cell<Option<std::time::Instant>>,
 }
 
 /// A scope's compression dictionary on the writer.
@@ -679,8 +683,8 @@ impl WriterThread {
                     Err((Reply::Unit(ack, Err(e)), aborted))
                 }
             },
-            Command::SetCursor(name, seq, ack) => run!(Unit, ack, self.set_cursor(txn, &name, seq)),
-            Command::DeleteCursor(name, ack) => run!(Unit, ack, self.delete_cursor(txn, &name)),
+            Command::SetCursor(scope, name, seq, ack) => run!(Unit, ack, self.set_cursor(txn, scope, &name, seq)),
+            Command::DeleteCursor(scope, name, ack) => run!(Unit, ack, self.delete_cursor(txn, scope, &name)),
             Command::Compact(keep, ack) => match self.compact_goal(txn, keep) {
                 Ok(goal) => Ok(Reply::Deferred(Deferred::Compact(ack, goal))),
                 Err(Failure::Refused(e)) => Ok(Reply::Compact(ack, Err(e))),
@@ -1189,15 +1193,15 @@ impl WriterThread {
         Ok(summary)
     }
 
-    fn set_cursor(&self, txn: &WriteTransaction, name: &str, seq: Seq) -> Step<()> {
+    fn set_cursor(&self, txn: &WriteTransaction, scope: ScopeId, name: &str, seq: Seq) -> Step<()> {
         let mut cursors = txn.open_table(CURSORS).map_err(|e| self.st(e))?;
-        cursors.insert(name, seq.0).map_err(|e| self.st(e))?;
+        cursors.insert((scope.0, name), seq.0).map_err(|e| self.st(e))?;
         Ok(())
     }
 
-    fn delete_cursor(&self, txn: &WriteTransaction, name: &str) -> Step<()> {
+    fn delete_cursor(&self, txn: &WriteTransaction, scope: ScopeId, name: &str) -> Step<()> {
         let mut cursors = txn.open_table(CURSORS).map_err(|e| self.st(e))?;
-        cursors.remove(name).map_err(|e| self.st(e))?;
+        cursors.remove((scope.0, name)).map_err(|e| self.st(e))?;
         Ok(())
     }
 
@@ -1341,8 +1345,8 @@ fn fail_all(cmds: Vec<Command>, e: &StoreError) {
             Command::Stage(_, _, a)
             | Command::AbortRelist(_, a)
             | Command::EnsureIndex(_, _, a)
-            | Command::SetCursor(_, _, a)
-            | Command::DeleteCursor(_, a)
+            | Command::SetCursor(_, _, _, a)
+            | Command::DeleteCursor(_, _, a)
             | Command::ResetScope(_, a) => drop(a.send(Err(err))),
             Command::FinishRelist(_, _, _, a) => drop(a.send(Err(err))),
             Command::Compact(_, a) => drop(a.send(Err(err))),

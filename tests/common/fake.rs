@@ -123,6 +123,17 @@ impl Fake {
         }
     }
 
+    /// Sends the current state of `name` again as MODIFIED with its unchanged RV (a duplicate
+    /// event, as after a watch reconnect) without recording it in the history.
+    pub fn resend(&self, name: &str) {
+        let mut s = self.state.lock().unwrap();
+        let Some((_, bytes)) = s.objects.get(name).cloned() else {
+            return;
+        };
+        let ev = event("MODIFIED", &bytes);
+        s.watchers.retain(|w| w.send(Ok(ev.clone())).is_ok());
+    }
+
     /// Moves the cluster RV without an event for this resource (another resource changed).
     pub fn bump_rv(&self) {
         self.state.lock().unwrap().rv += 1;

@@ -76,6 +76,20 @@ impl WriterThread {
         } else if self.has_compaction_work() {
             self.compaction_step();
         }
+        self.observe_size(!self.has_background_work());
+    }
+
+    /// Publishes the file size to the `database_bytes` metric: at most once a second (a
+    /// `stat` per commit would cost more than the metric is worth), and always when `now`.
+    pub(super) fn observe_size(&self, now: bool) {
+        let due = self
+            .size_observed
+            .get()
+            .is_none_or(|at| at.elapsed() >= std::time::Duration::from_secs(1));
+        if now || due {
+            crate::metrics::global().observe_db_size(&self.shared.path);
+            self.size_observed.set(Some(std::time::Instant::now()));
+        }
     }
 
     /// After a group commit that appended `appended` entries.
@@ -95,6 +109,8 @@ impl WriterThread {
         if self.has_backfill_work() && !self.poisoned.get() {
             self.backfill_job_step();
         }
+        // Idle: the size settles here; busy: once a second.
+        self.observe_size(self.rx.is_empty() && !self.has_background_work());
     }
 
     /// The store is closing: callers still waiting hear so (backfill progress stays persisted).

@@ -70,7 +70,7 @@ impl StepOutcome {
 }
 
 /// The smallest `cursor + 1` over every durable cursor (`u64::MAX` without cursors).
-fn cursor_bound<T: ReadableTable<&'static str, u64>>(cursors: &T) -> Result<u64, redb::Error> {
+fn cursor_bound<T: ReadableTable<(u32, &'static str), u64>>(cursors: &T) -> Result<u64, redb::Error> {
     let mut bound = u64::MAX;
     for row in cursors.iter()? {
         let (_, v) = row?;
