@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use common::fake::{status, Fake, Fault};
-use durable_informer::reflector::{BackoffConfig, Reflector, ReflectorConfig, ReflectorError, ReflectorStatus};
+use durable_informer::reflector::{BackoffConfig, Phase, Reflector, ReflectorConfig, ReflectorError, ReflectorStatus};
 use durable_informer::store::{DeltaKind, DurableStore, ScopeId, ScopeSpec, Seq, StoreConfig};
 use tokio::sync::watch;
 
@@ -124,7 +124,7 @@ async fn initial_list_is_paginated_then_watched_and_managed_fields_are_dropped()
     fake.delete("c0");
     converge(&db, scope, &fake).await;
     assert_eq!(
-        fake.requests()[..5],
+        fake.requests_without_timeouts()[..5],
         [
             "watch rv= initial-events", // refused with 422 by this server
             "list rv= limit=2 continue=",
@@ -158,7 +158,10 @@ async fn streaming_list_is_used_where_the_server_supports_it() {
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    assert_eq!(fake.requests()[..2], ["watch rv= initial-events", "watch rv=105"]);
+    assert_eq!(
+        fake.requests_without_timeouts()[..2],
+        ["watch rv= initial-events", "watch rv=105"]
+    );
     assert_eq!(fake.full_lists(), 0);
     r.stop().await;
 }
@@ -192,7 +195,7 @@ async fn restart_resumes_from_the_persisted_rv_without_a_list_and_delivers_exact
     r.synced().await;
     converge(&db, scope, &fake).await;
     assert!(r.status.borrow().restored);
-    let after: Vec<String> = fake.requests()[requests_before..].to_vec();
+    let after: Vec<String> = fake.requests_without_timeouts()[requests_before..].to_vec();
     assert_eq!(
         after[..2],
         [
@@ -337,26 +340,143 @@ async fn a_504_too_large_rv_relists_once_and_does_not_loop() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_expired_continue_token_restarts_the_list() {
+async fn an_expired_continue_token_restarts_the_list_and_diffs_against_what_the_first_attempt_wrote() {
     let fake = Fake::new();
     for i in 0..5 {
         fake.upsert(&format!("c{i}"), "v");
     }
     let dir = tempfile::tempdir().unwrap();
     let (db, scope) = open(&dir);
-    // Compaction between page 1 and page 2: the second page gets 410.
-    fake.fault(Fault::List(status(
-        410,
-        "Expired",
-        "The provided continue parameter is too old",
-    )));
+    // Between page 1 (c0, c1, written directly into the empty scope) and page 2, c0 is deleted
+    // and the history compacted: page 2's token expires and the list restarts.
+    fake.fault(Fault::ListContinueExpired { delete: "c0".into() });
     let mut r = start(&fake, &db, scope, config());
     r.synced().await;
     converge(&db, scope, &fake).await;
     let lists: Vec<String> = fake.requests().into_iter().filter(|r| r.starts_with("list")).collect();
-    assert_eq!(lists[0], "list rv= limit=2 continue=");
-    assert!(lists.len() >= 4, "{lists:?}");
+    assert_eq!(
+        lists,
+        [
+            "list rv= limit=2 continue=",
+            "list rv= limit=2 continue=105:c1",
+            "list rv= limit=2 continue=",
+            "list rv= limit=2 continue=106:c2",
+        ]
+    );
+    assert_eq!(r.status.borrow().lists, 1, "a restart within one list");
+    assert!(db.store(scope).get(&"ns/c0".parse().unwrap()).unwrap().is_none());
+    // The retry was diffed: c0 arrives as a delete of the directly written object.
+    assert_eq!(
+        log_after(&db, scope, Seq(0))
+            .into_iter()
+            .filter(|(_, k, _)| k == "ns/c0")
+            .collect::<Vec<_>>(),
+        [
+            (DeltaKind::Added, "ns/c0".into(), false),
+            (DeltaKind::Deleted, "ns/c0".into(), true)
+        ]
+    );
     r.stop().await;
+    assert!(db.check().unwrap().is_ok());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_streaming_list_failing_after_direct_pages_is_reported_diffed_and_streaming_is_kept() {
+    let fake = Fake::new();
+    fake.set_streaming(true);
+    for i in 0..5 {
+        fake.upsert(&format!("c{i}"), "v");
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (db, scope) = open(&dir);
+    // A transient 500 after one page (c0, c1) went directly into the store; c0 is deleted before
+    // the paginated fallback lists.
+    fake.fault(Fault::WatchErrorAfterDelete {
+        after: 3,
+        status: status(500, "InternalError", "etcd leader changed"),
+        delete: "c0".into(),
+    });
+    let mut r = start(&fake, &db, scope, config());
+    r.synced().await;
+    converge(&db, scope, &fake).await;
+    assert_eq!(
+        fake.requests_without_timeouts()[..2],
+        ["watch rv= initial-events", "list rv= limit=2 continue="]
+    );
+    assert!(db.store(scope).get(&"ns/c0".parse().unwrap()).unwrap().is_none());
+    // A 410 later: the relist streams again (a 500 does not mean the server cannot).
+    fake.fault(Fault::WatchError {
+        after: 0,
+        status: status(410, "Expired", "too old resource version"),
+    });
+    fake.drop_watches();
+    fake.upsert("c9", "v");
+    converge(&db, scope, &fake).await;
+    for _ in 0..200 {
+        if r.status.borrow().lists >= 2 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(r.status.borrow().lists, 2);
+    let streaming = fake
+        .requests()
+        .iter()
+        .filter(|r| r.contains("initial-events"))
+        .count();
+    assert_eq!(streaming, 2, "{:?}", fake.requests());
+    assert_eq!(fake.full_lists(), 1);
+    let errors = r.stop().await;
+    assert_eq!(
+        errors,
+        [r#"configmaps: HTTP 500 InternalError: etcd leader changed (resourceVersion "")"#],
+        "the 500 reaches the error hook, whole"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_relist_stopped_midway_leaves_nothing_that_brings_back_deleted_objects() {
+    let fake = Fake::new();
+    fake.set_streaming(true);
+    for i in 0..6 {
+        fake.upsert(&format!("c{i}"), "v");
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (db, scope) = open(&dir);
+    let mut r = start(&fake, &db, scope, config());
+    r.synced().await;
+    converge(&db, scope, &fake).await;
+    r.stop().await;
+    // Compacted while down: the restart relists, and that relist stalls after two staged pages
+    // (c0..c3); it is stopped there.
+    fake.upsert("c5", "changed");
+    fake.compact();
+    fake.fault(Fault::WatchStall { after: 4 });
+    let r = start(&fake, &db, scope, config());
+    for _ in 0..500 {
+        let streams = fake
+            .requests()
+            .iter()
+            .filter(|r| r.contains("initial-events"))
+            .count();
+        if streams >= 2 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(r.status.borrow().phase, Phase::Listing);
+    r.stop().await;
+    assert!(db.store(scope).get(&"ns/c1".parse().unwrap()).unwrap().is_some());
+    // Deleted while down, then the next relist.
+    fake.delete("c1");
+    fake.compact();
+    let mut r = start(&fake, &db, scope, config());
+    r.synced().await;
+    converge(&db, scope, &fake).await;
+    assert!(db.store(scope).get(&"ns/c1".parse().unwrap()).unwrap().is_none());
+    r.stop().await;
+    assert!(db.check().unwrap().is_ok());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

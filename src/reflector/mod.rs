@@ -88,13 +88,16 @@ impl Default for ReflectorConfig {
 #[non_exhaustive]
 pub enum ReflectorError {
     /// Talking to the server failed.
-    #[error("{source} (resourceVersion {rv:?})")]
+    #[error("{source} (resourceVersion {rv:?}{})", continue_token.as_ref().map(|t| format!(", continue {t:?}")).unwrap_or_default())]
     Source {
         /// The failure.
         #[source]
         source: SourceError,
-        /// The RV the request was made from.
+        /// The RV the request was made from (for a LIST page after the first, the list's RV;
+        /// `""` is a consistent read of the current state).
         rv: String,
+        /// The continue token of a LIST page after the first.
+        continue_token: Option<String>,
     },
     /// The store refused or failed a write.
     #[error("{resource}: store: {message}")]
@@ -319,6 +322,7 @@ impl<S: Source> Reflector<S> {
                             self.report(&ReflectorError::Source {
                                 source: e,
                                 rv: String::new(),
+                                continue_token: None,
                             });
                             let delay = self.backoff.delay(hint);
                             if !self.sleep(delay, stop).await {
@@ -385,6 +389,7 @@ impl<S: Source> Reflector<S> {
                     self.report(&ReflectorError::Source {
                         source: e,
                         rv: String::new(),
+                        continue_token: None,
                     });
                     let delay = self.backoff.delay(hint);
                     if !self.sleep(delay, stop).await {
@@ -489,7 +494,12 @@ impl<S: Source> Reflector<S> {
     ) -> Result<Option<ResourceVersion>, (ReflectorError, Option<Duration>)> {
         let record = self.store.record().map_err(|e| (self.store_err(&e), None))?;
         let first = record.rv.is_none() && !record.synced;
-        tracing::info!(scope = %self.scope(), reason, "listing");
+        // A 410 is routine; a persisted RV the server cannot serve (restored etcd) is not.
+        if first || reason.starts_with("410") {
+            tracing::info!(scope = %self.scope(), reason, "listing");
+        } else {
+            tracing::warn!(scope = %self.scope(), reason, "relisting");
+        }
         metrics::global()
             .lists
             .get_or_create(&metrics::ReasonLabels {
@@ -504,18 +514,29 @@ impl<S: Source> Reflector<S> {
             }
             s.last_list_reason = Some(reason.to_owned());
         });
-        // Directly into an empty scope; staged (and swapped in at once) otherwise.
-        let direct = record.rv.is_none() && record.object_count == 0;
+        // Rows staged by a relist that never finished (a crash, or a stop mid-list) would count
+        // as listed at this relist's finish and bring back objects deleted since.
+        self.writer
+            .abort_relist(self.scope())
+            .await
+            .map_err(|e| (self.store_err(&e), None))?;
         let mut restarts = 0;
         loop {
+            // Directly into an empty scope; staged (and swapped in at once) otherwise. Decided per
+            // attempt: once an attempt wrote pages directly, a retry must diff against them, or
+            // objects deleted between the attempts would stay.
+            let mut direct = self.list_direct().map_err(|e| (e, None))?;
             let attempt = if self.config.streaming_list && !self.streaming_unsupported {
                 match self.streaming_list(direct, stop).await {
                     Ok(r) => Ok(r),
                     Err((err, _)) => {
                         // Fall back to a paginated LIST on 422 (old server) or any error.
-                        tracing::info!(error = %err, "streaming list failed; falling back to paginated LIST");
-                        self.streaming_unsupported = true;
-                        let _ = self.writer.abort_relist(self.scope()).await;
+                        self.streaming_failed(&err);
+                        self.writer
+                            .abort_relist(self.scope())
+                            .await
+                            .map_err(|e| (self.store_err(&e), None))?;
+                        direct = self.list_direct().map_err(|e| (e, None))?;
                         self.paginated_list(direct).await
                     }
                 }
@@ -540,7 +561,12 @@ impl<S: Source> Reflector<S> {
                     }
                     return Ok(Some(rv));
                 }
-                Ok(None) => return Ok(None),
+                Ok(None) => {
+                    // Stopped mid-list: drop what was staged (a crash leaves it for the next
+                    // list_all to drop).
+                    let _ = self.writer.abort_relist(self.scope()).await;
+                    return Ok(None);
+                }
                 Err(ListFailure::Restart(msg)) if restarts < 3 => {
                     // An expired continue token: the list restarts from scratch.
                     restarts += 1;
@@ -561,6 +587,34 @@ impl<S: Source> Reflector<S> {
                     return Err((err, hint));
                 }
             }
+        }
+    }
+
+    /// Whether a list goes directly into the scope: only while it is empty and has no RV.
+    fn list_direct(&self) -> Result<bool, ReflectorError> {
+        let record = self.store.record().map_err(|e| self.store_err(&e))?;
+        Ok(record.rv.is_none() && record.object_count == 0)
+    }
+
+    /// A failed streaming list: the caller falls back to a paginated LIST. A server that does
+    /// not support streaming lists (it refuses the parameters, or ignores them and never sends
+    /// the end bookmark) is not asked again; any other failure (5xx, 429, I/O) is reported and
+    /// the next list tries streaming again.
+    fn streaming_failed(&mut self, err: &ReflectorError) {
+        let unsupported = match err {
+            ReflectorError::Source { source, .. } => match source {
+                SourceError::Api { status, .. } => matches!(status.code, 400 | 404 | 405 | 415 | 422),
+                SourceError::Decode { line: None, .. } => true,
+                _ => false,
+            },
+            _ => false,
+        };
+        if unsupported {
+            tracing::info!(scope = %self.scope(), error = %err, "the server does not support streaming lists; using paginated LIST");
+            self.streaming_unsupported = true;
+        } else {
+            self.report(err);
+            tracing::warn!(scope = %self.scope(), "streaming list failed; falling back to a paginated LIST this time");
         }
     }
 
@@ -586,6 +640,8 @@ impl<S: Source> Reflector<S> {
 
     async fn paginated_list(&mut self, direct: bool) -> Result<Option<ResourceVersion>, ListFailure> {
         let mut token = None;
+        // The list's RV, from its first page; later pages are served at it.
+        let mut list_rv = String::new();
         loop {
             let req = ListRequest {
                 limit: Some(self.config.page_size),
@@ -603,13 +659,15 @@ impl<S: Source> Reflector<S> {
                     return Err(ListFailure::Failed(
                         ReflectorError::Source {
                             source: e,
-                            rv: String::new(),
+                            rv: list_rv,
+                            continue_token: token,
                         },
                         hint,
                     ));
                 }
             };
             let rv = page.resource_version.clone();
+            list_rv.clone_from(&rv.0);
             self.put_page(direct, page.items)
                 .await
                 .map_err(|e| ListFailure::Failed(self.store_err(&e), None))?;
@@ -637,6 +695,7 @@ impl<S: Source> Reflector<S> {
                 ReflectorError::Source {
                     source: e,
                     rv: String::new(),
+                    continue_token: None,
                 },
                 hint,
             )
@@ -780,6 +839,7 @@ impl<S: Source> Reflector<S> {
                             detail: format!("watch stalled: nothing received for {idle:?}"),
                         },
                         rv: rv.0.clone(),
+                        continue_token: None,
                     });
                     end = Some(WatchEnd::Retry(None));
                     None
@@ -916,6 +976,7 @@ impl<S: Source> Reflector<S> {
             self.report(&ReflectorError::Source {
                 source: e,
                 rv: rv.0.clone(),
+                continue_token: None,
             });
         } else {
             tracing::info!(scope = %self.scope(), rv = %rv, "watch expired (410); relisting");
