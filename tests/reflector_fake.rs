@@ -8,7 +8,10 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use common::fake::{status, Fake, Fault};
-use durable_informer::reflector::{BackoffConfig, Phase, Reflector, ReflectorConfig, ReflectorError, ReflectorStatus};
+use durable_informer::reflector::{
+    BackoffConfig, OversizePolicy, Phase, Reflector, ReflectorConfig, ReflectorError, ReflectorStatus, Transform,
+    TransformFn,
+};
 use durable_informer::store::{DeltaKind, DurableStore, ScopeId, ScopeSpec, Seq, StoreConfig};
 use tokio::sync::watch;
 
@@ -419,11 +422,7 @@ async fn a_streaming_list_failing_after_direct_pages_is_reported_diffed_and_stre
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     assert_eq!(r.status.borrow().lists, 2);
-    let streaming = fake
-        .requests()
-        .iter()
-        .filter(|r| r.contains("initial-events"))
-        .count();
+    let streaming = fake.requests().iter().filter(|r| r.contains("initial-events")).count();
     assert_eq!(streaming, 2, "{:?}", fake.requests());
     assert_eq!(fake.full_lists(), 1);
     let errors = r.stop().await;
@@ -454,11 +453,7 @@ async fn a_relist_stopped_midway_leaves_nothing_that_brings_back_deleted_objects
     fake.fault(Fault::WatchStall { after: 4 });
     let r = start(&fake, &db, scope, config());
     for _ in 0..500 {
-        let streams = fake
-            .requests()
-            .iter()
-            .filter(|r| r.contains("initial-events"))
-            .count();
+        let streams = fake.requests().iter().filter(|r| r.contains("initial-events")).count();
         if streams >= 2 {
             break;
         }
@@ -588,4 +583,145 @@ async fn a_quiet_resumed_watch_reports_synced_after_the_quiet_period() {
     let mut r = start(&fake, &db, scope, cfg);
     r.synced().await;
     r.stop().await;
+}
+
+async fn wait_rv(db: &DurableStore, scope: ScopeId, rv: u64) {
+    for _ in 0..500 {
+        if db.store(scope).resource_version().unwrap().and_then(|r| r.as_u64()) == Some(rv) {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("store RV never reached {rv}");
+}
+
+fn json_of(bytes: &[u8]) -> serde_json::Value {
+    serde_json::from_slice(bytes).unwrap()
+}
+
+/// Objects over the size limit on the watch path: not stored, a stored older version deleted
+/// (as a relist would), the final state of deletes transformed; returns the reported errors.
+async fn oversize_on_the_watch_path(policy: OversizePolicy) -> Vec<String> {
+    let fake = Fake::new();
+    fake.upsert("a", "small");
+    fake.upsert("b", "small");
+    let dir = tempfile::tempdir().unwrap();
+    let (db, scope) = open(&dir);
+    let cfg = ReflectorConfig {
+        transform: Transform {
+            max_object_bytes: 300,
+            oversize: policy,
+            ..Transform::default()
+        },
+        ..config()
+    };
+    let mut r = start(&fake, &db, scope, cfg);
+    r.synced().await;
+    converge(&db, scope, &fake).await;
+    let mark = last_seq(&db);
+    let big = "x".repeat(1000);
+    fake.upsert("a", &big); // 103: MODIFIED, over the limit
+    fake.delete("b"); // 104
+    fake.upsert("c", &big); // 105: ADDED, over the limit
+    fake.upsert("d", "small"); // 106
+    wait_rv(&db, scope, 106).await;
+    let mut want = fake.objects();
+    want.remove("ns/a");
+    want.remove("ns/c");
+    assert_eq!(stored(&db, scope), want);
+    assert_eq!(
+        log_after(&db, scope, mark),
+        [
+            (DeltaKind::Deleted, "ns/a".into(), false),
+            (DeltaKind::Deleted, "ns/b".into(), false),
+            (DeltaKind::Added, "ns/d".into(), false)
+        ]
+    );
+    let records = db.log().read_after(mark, usize::MAX, Some(scope)).unwrap();
+    // a's final state is only its identity, at the version that was refused.
+    assert_eq!(
+        json_of(records[0].object.as_deref().unwrap()),
+        serde_json::json!({"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"a","namespace":"ns","resourceVersion":"103"}})
+    );
+    // b's final state went through the transform: no managedFields.
+    let b = json_of(records[1].object.as_deref().unwrap());
+    assert_eq!(b["data"]["v"], "gone");
+    assert!(b["metadata"].get("managedFields").is_none(), "{b}");
+    r.stop().await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_oversize_object_on_the_watch_path_is_reported_with_the_error_policy() {
+    let errors = oversize_on_the_watch_path(OversizePolicy::Error).await;
+    assert_eq!(errors.len(), 2, "{errors:?}");
+    for (e, (key, rv)) in errors.iter().zip([("ns/a", 103), ("ns/c", 105)]) {
+        assert!(e.starts_with(&format!("configmaps: {key}: object is ")), "{e}");
+        assert!(
+            e.ends_with(&format!(
+                " bytes, more than the limit of 300; it was not stored (resourceVersion \"{rv}\")"
+            )),
+            "{e}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_oversize_object_on_the_watch_path_is_skipped_quietly_with_the_skip_policy() {
+    let errors = oversize_on_the_watch_path(OversizePolicy::Skip).await;
+    assert!(errors.is_empty(), "{errors:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_user_transform_that_drops_or_fails_on_an_object_removes_the_stored_version() {
+    let fake = Fake::new();
+    fake.upsert("a", "public"); // 101
+    let dir = tempfile::tempdir().unwrap();
+    let (db, scope) = open(&dir);
+    let func: TransformFn = Arc::new(|json: &[u8]| {
+        let text = String::from_utf8_lossy(json);
+        if text.contains("secret") {
+            Ok(None)
+        } else if text.contains("unparsable") {
+            Err("cannot parse".into())
+        } else {
+            Ok(Some(text.replace("public", "seen").into_bytes()))
+        }
+    });
+    let cfg = ReflectorConfig {
+        transform: Transform {
+            func: Some(func),
+            ..Transform::default()
+        },
+        ..config()
+    };
+    let mut r = start(&fake, &db, scope, cfg);
+    r.synced().await;
+    converge(&db, scope, &fake).await;
+    let mark = last_seq(&db);
+    fake.upsert("a", "secret"); // 102: dropped by the function
+    wait_rv(&db, scope, 102).await;
+    assert!(db.store(scope).get(&"ns/a".parse().unwrap()).unwrap().is_none());
+    fake.upsert("a", "public again"); // 103
+    fake.upsert("e", "unparsable"); // 104: the function fails
+    fake.upsert("e", "fine"); // 105
+    converge(&db, scope, &fake).await;
+    assert_eq!(
+        log_after(&db, scope, mark),
+        [
+            (DeltaKind::Deleted, "ns/a".into(), false),
+            (DeltaKind::Added, "ns/a".into(), false),
+            (DeltaKind::Added, "ns/e".into(), false)
+        ]
+    );
+    let a = db.store(scope).get(&"ns/a".parse().unwrap()).unwrap().unwrap();
+    assert_eq!(
+        json_of(&a.bytes)["data"]["v"],
+        "seen again",
+        "the function's output is stored"
+    );
+    let errors = r.stop().await;
+    assert_eq!(
+        errors,
+        [r#"configmaps: ns/e: transform failed: cannot parse (resourceVersion "104")"#]
+    );
 }

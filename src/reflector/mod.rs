@@ -30,7 +30,7 @@ use tokio::sync::{oneshot, watch};
 use tracing::Instrument;
 
 pub use backoff::BackoffConfig;
-pub use transform::{strip_managed_fields, OversizePolicy, Transform, TransformError, TransformFn};
+pub use transform::{strip_managed_fields, tombstone, OversizePolicy, Transform, TransformError, TransformFn};
 
 use crate::metrics;
 use crate::source::{ListRequest, Source, SourceError, WatchEvent, WatchRequest};
@@ -107,14 +107,16 @@ pub enum ReflectorError {
         /// The store's message.
         message: String,
     },
-    /// An object was not stored.
-    #[error("{resource}: {source}")]
+    /// An object was not stored (a stored older version of it is deleted).
+    #[error("{resource}: {source} (resourceVersion {rv:?})")]
     Transform {
         /// The resource.
         resource: String,
         /// Why.
         #[source]
         source: TransformError,
+        /// The object's RV.
+        rv: String,
     },
     /// The database belongs to another cluster (fatal: the reflector stops).
     #[error("{0}")]
@@ -459,13 +461,26 @@ impl<S: Source> Reflector<S> {
         }
     }
 
+    /// The transform of a watched object: `Ok` to store, `Err(tombstone)` when it was refused
+    /// (`Err(None)` only when even its identity cannot be read, which the source rules out).
+    fn transform_watched(&self, obj: RawObject) -> Result<RawObject, Option<RawObject>> {
+        let original = obj.bytes.clone();
+        self.transform(obj).ok_or_else(|| transform::tombstone(&original))
+    }
+
     fn transform(&self, obj: RawObject) -> Option<RawObject> {
+        // Cheap (the Arc of the bytes); the RV is read from them again only for an error.
+        let original = obj.bytes.clone();
         match self.config.transform.apply(obj) {
             Ok(o) => o,
             Err(e) => {
+                let rv = crate::store::extract_meta(&original)
+                    .map(|m| m.resource_version.0)
+                    .unwrap_or_default();
                 let err = ReflectorError::Transform {
                     resource: self.source.resource(),
                     source: e,
+                    rv,
                 };
                 match self.config.transform.oversize {
                     OversizePolicy::Skip
@@ -870,20 +885,27 @@ impl<S: Source> Reflector<S> {
                         match ev {
                             WatchEvent::Added(o) | WatchEvent::Modified(o) => {
                                 let rv = o.meta.resource_version.clone();
-                                if let Some(o) = self.transform(o) {
-                                    batch.deltas.push(crate::store::Delta {
-                                        kind: DeltaKind::Updated,
-                                        object: o,
-                                    });
+                                let delta = match self.transform_watched(o) {
+                                    Ok(object) => Some((DeltaKind::Updated, object)),
+                                    // Not stored: a stored older version must go too, as a
+                                    // relist would drop it (the writer ignores unknown keys).
+                                    Err(tombstone) => tombstone.map(|t| (DeltaKind::Deleted, t)),
+                                };
+                                if let Some((kind, object)) = delta {
+                                    batch.deltas.push(crate::store::Delta { kind, object });
                                 }
                                 batch.rv = Some(rv);
                             }
                             WatchEvent::Deleted(o) => {
                                 batch.rv = Some(o.meta.resource_version.clone());
-                                batch.deltas.push(crate::store::Delta {
-                                    kind: DeltaKind::Deleted,
-                                    object: o,
-                                });
+                                // The final state goes into the log: transformed like any
+                                // stored version, or only its identity when refused.
+                                if let Ok(object) | Err(Some(object)) = self.transform_watched(o) {
+                                    batch.deltas.push(crate::store::Delta {
+                                        kind: DeltaKind::Deleted,
+                                        object,
+                                    });
+                                }
                             }
                             WatchEvent::Bookmark { resource_version, .. } => {
                                 if !resource_version.is_empty() {
