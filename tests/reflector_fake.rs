@@ -725,3 +725,104 @@ async fn a_user_transform_that_drops_or_fails_on_an_object_removes_the_stored_ve
         [r#"configmaps: ns/e: transform failed: cannot parse (resourceVersion "104")"#]
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_429_retry_after_is_waited_even_when_the_backoff_is_shorter() {
+    let fake = Fake::new();
+    fake.upsert("a", "1");
+    let dir = tempfile::tempdir().unwrap();
+    let (db, scope) = open(&dir);
+    let mut r = start(&fake, &db, scope, config()); // backoff starts at 5 ms
+    r.synced().await;
+    converge(&db, scope, &fake).await;
+    let before = fake.timed_requests().len();
+    let mut throttled = status(429, "TooManyRequests", "slow down");
+    throttled.retry_after = Some(Duration::from_millis(300));
+    fake.fault(Fault::Watch(throttled));
+    fake.drop_watches();
+    fake.upsert("b", "1");
+    converge(&db, scope, &fake).await;
+    let after = fake.timed_requests()[before..].to_vec();
+    assert!(after.len() >= 2, "{after:?}");
+    assert!(
+        after[0].1.starts_with("watch") && after[1].1.starts_with("watch"),
+        "{after:?}"
+    );
+    let gap = after[1].0 - after[0].0;
+    assert!(
+        gap >= Duration::from_millis(300),
+        "re-watched {gap:?} after a 429 asking for 300 ms"
+    );
+    let errors = r.stop().await;
+    assert_eq!(
+        errors,
+        [r#"configmaps: HTTP 429 TooManyRequests: slow down (resourceVersion "101")"#]
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_410_http_status_on_a_watch_relists_exactly_once() {
+    let fake = Fake::new();
+    fake.upsert("a", "1");
+    let dir = tempfile::tempdir().unwrap();
+    let (db, scope) = open(&dir);
+    let mut r = start(&fake, &db, scope, config());
+    r.synced().await;
+    converge(&db, scope, &fake).await;
+    fake.fault(Fault::Watch(status(410, "Gone", "too old resource version: 101 (102)")));
+    fake.drop_watches();
+    fake.upsert("b", "1");
+    converge(&db, scope, &fake).await;
+    for _ in 0..200 {
+        if fake.full_lists() >= 2 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(fake.full_lists(), 2, "{:?}", fake.requests());
+    assert_eq!(r.status.borrow().relists, 1);
+    assert!(r.status.borrow().last_list_reason.clone().unwrap().starts_with("410"));
+    let errors = r.stop().await;
+    assert!(errors.is_empty(), "a 410 is routine: {errors:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watch_timeouts_are_random_between_five_and_ten_minutes() {
+    let fake = Fake::new();
+    fake.upsert("a", "1");
+    let dir = tempfile::tempdir().unwrap();
+    let (db, scope) = open(&dir);
+    let mut r = start(&fake, &db, scope, config());
+    r.synced().await;
+    for i in 0..12 {
+        fake.drop_watches();
+        fake.upsert(&format!("w{i}"), "1");
+        converge(&db, scope, &fake).await;
+    }
+    r.stop().await;
+    let timeouts = fake.watch_timeouts();
+    assert!(timeouts.len() >= 12, "{timeouts:?}");
+    assert!(timeouts.iter().all(|t| (300..=600).contains(t)), "{timeouts:?}");
+    let distinct: std::collections::BTreeSet<_> = timeouts.iter().collect();
+    assert!(distinct.len() > 1, "not randomized: {timeouts:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_list_page_names_the_list_rv_and_continue_token() {
+    let fake = Fake::new();
+    for i in 0..5 {
+        fake.upsert(&format!("c{i}"), "v");
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (db, scope) = open(&dir);
+    fake.fault(Fault::ListContinue(status(500, "InternalError", "boom")));
+    let mut r = start(&fake, &db, scope, config());
+    r.synced().await;
+    converge(&db, scope, &fake).await;
+    let errors = r.stop().await;
+    assert_eq!(
+        errors,
+        [r#"configmaps: HTTP 500 InternalError: boom (resourceVersion "105", continue "105:c1")"#]
+    );
+}

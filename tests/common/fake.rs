@@ -21,6 +21,8 @@ use tokio::sync::mpsc;
 pub enum Fault {
     /// The next LIST answers with this status.
     List(ApiStatus),
+    /// The next LIST with a continue token (a page after the first) answers with this status.
+    ListContinue(ApiStatus),
     /// The next WATCH answers with this HTTP status.
     Watch(ApiStatus),
     /// The next WATCH sends this ERROR event after `after` events, then ends.
@@ -255,6 +257,12 @@ impl Source for Fake {
             });
         }
         if req.continue_token.is_some() {
+            if let Some(Fault::ListContinue(st)) = self.take_fault(|f| matches!(f, Fault::ListContinue(_))) {
+                return Err(SourceError::Api {
+                    resource: "configmaps".into(),
+                    status: st,
+                });
+            }
             if let Some(Fault::ListContinueExpired { delete }) =
                 self.take_fault(|f| matches!(f, Fault::ListContinueExpired { .. }))
             {
