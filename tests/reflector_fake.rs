@@ -826,3 +826,96 @@ async fn a_failed_list_page_names_the_list_rv_and_continue_token() {
         [r#"configmaps: HTTP 500 InternalError: boom (resourceVersion "105", continue "105:c1")"#]
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn another_scope_keeps_committing_while_one_scope_relists_staged() {
+    let (fa, fb) = (Fake::new(), Fake::new());
+    fa.set_streaming(true);
+    for i in 0..6 {
+        fa.upsert(&format!("c{i}"), "v");
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (db, a) = open(&dir);
+    let b = db
+        .writer()
+        .register_scope_blocking(&ScopeSpec::new("", "v1", "secrets"))
+        .unwrap();
+    let mut ra = start(&fa, &db, a, config());
+    ra.synced().await;
+    ra.stop().await;
+    // Compacted while down: the restart relists into the staging table and stalls after four
+    // objects, so the relist stays open; c0, among them, changed (a direct write would show).
+    fa.upsert("c0", "changed");
+    fa.compact();
+    fa.fault(Fault::WatchStall { after: 4 });
+    let ra = start(&fa, &db, a, config());
+    for _ in 0..500 {
+        if fa.requests().iter().filter(|r| r.contains("initial-events")).count() >= 2 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(ra.status.borrow().phase, Phase::Listing);
+    let a_before = stored(&db, a);
+    let mut rb = start(&fb, &db, b, config());
+    rb.synced().await;
+    for i in 0..20 {
+        fb.upsert(&format!("s{i}"), "1");
+    }
+    converge(&db, b, &fb).await;
+    assert_eq!(fb.objects().len(), 20);
+    // The relist is still open and readers of its scope see the state from before it.
+    assert_eq!(ra.status.borrow().phase, Phase::Listing);
+    assert_eq!(stored(&db, a), a_before);
+    rb.stop().await;
+    ra.stop().await;
+    assert!(db.check().unwrap().is_ok());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bookmark_persists_its_rv_without_a_log_entry() {
+    let fake = Fake::new();
+    fake.upsert("a", "1");
+    let dir = tempfile::tempdir().unwrap();
+    let (db, scope) = open(&dir);
+    let mut r = start(&fake, &db, scope, config());
+    r.synced().await;
+    converge(&db, scope, &fake).await;
+    let mark = last_seq(&db);
+    let before = db.store(scope).resource_version().unwrap().and_then(|v| v.as_u64());
+    // Other resources move the cluster RV; only a bookmark tells this watch.
+    fake.bump_rv();
+    fake.bump_rv();
+    assert_ne!(before, Some(fake.current_rv()));
+    // Sent until it lands: the watch may not be open yet when the list has committed.
+    for _ in 0..500 {
+        fake.bookmark();
+        if db.store(scope).resource_version().unwrap().and_then(|v| v.as_u64()) == Some(fake.current_rv()) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    wait_rv(&db, scope, fake.current_rv()).await;
+    assert_eq!(last_seq(&db), mark, "a bookmark adds no log entry");
+    assert!(log_after(&db, scope, mark).is_empty());
+    r.stop().await;
+    // And the persisted RV is what a restart resumes from.
+    let watches_before = fake.requests().iter().filter(|q| q.starts_with("watch")).count();
+    let r = start(&fake, &db, scope, config());
+    for _ in 0..500 {
+        if fake.requests().iter().filter(|q| q.starts_with("watch")).count() > watches_before {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    r.stop().await;
+    let watches: Vec<String> = fake.requests().into_iter().filter(|q| q.starts_with("watch")).collect();
+    assert!(
+        watches
+            .last()
+            .unwrap()
+            .starts_with(&format!("watch rv={} ", fake.current_rv())),
+        "{watches:?}"
+    );
+}

@@ -82,7 +82,10 @@ fn client_without_retries(sim: &Sim) -> kube::Client {
 }
 
 fn start_with(client: kube::Client, sim: &Sim, db: &DurableStore, scope: ScopeId, config: ReflectorConfig) -> Running {
-    let source = KubeSource::typed::<ConfigMap>(client, &sim.url());
+    start_source(KubeSource::typed::<ConfigMap>(client, &sim.url()), db, scope, config)
+}
+
+fn start_source(source: KubeSource, db: &DurableStore, scope: ScopeId, config: ReflectorConfig) -> Running {
     let errors = Arc::new(Mutex::new(Vec::new()));
     let e2 = errors.clone();
     let r = Reflector::new(source, db.writer(), db.store(scope), config)
@@ -548,4 +551,77 @@ async fn streaming_list_on_a_new_server_makes_no_list_request() {
     // The convergence check itself lists once.
     assert_eq!(sim.counters().list_requests, 1);
     r.stop().await;
+}
+
+fn labelled(sim: &Sim, ns: &str, name: &str, app: &str) {
+    let obj = json!({"metadata": {"name": name, "namespace": ns, "labels": {"app": app}}, "data": {"v": "1"}});
+    if sim.get("configmaps", Some(ns), name).is_ok() {
+        sim.update("configmaps", Some(ns), obj).unwrap();
+    } else {
+        sim.create("configmaps", Some(ns), obj).unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_namespaced_label_selected_source_converges_to_the_servers_filtered_list() {
+    let sim = start_sim(SimConfig::default(), 0).await;
+    for ns in ["a", "b"] {
+        for i in 0..10 {
+            labelled(&sim, ns, &format!("cm-{i}"), if i % 2 == 0 { "web" } else { "db" });
+        }
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let db = DurableStore::open(StoreConfig::new(dir.path().join("db.redb"))).unwrap();
+    let scope = db
+        .writer()
+        .register_scope_blocking(&ScopeSpec::new("", "v1", "configmaps").namespace("a").labels("app=web"))
+        .unwrap();
+    let source = KubeSource::typed::<ConfigMap>(sim.client().unwrap(), &sim.url())
+        .namespace("a")
+        .labels("app=web");
+    let mut r = start_source(source, &db, scope, config());
+    let api: Api<ConfigMap> = Api::namespaced(sim.client().unwrap(), "a");
+    let filtered = || async {
+        api.list(&ListParams::default().labels("app=web"))
+            .await
+            .unwrap()
+            .items
+            .into_iter()
+            .map(|c| {
+                (
+                    format!("a/{}", c.metadata.name.unwrap()),
+                    c.metadata.resource_version.unwrap(),
+                )
+            })
+            .collect::<BTreeMap<_, _>>()
+    };
+    let wait = |want: BTreeMap<String, String>| {
+        let db = &db;
+        async move {
+            for _ in 0..400 {
+                if stored(db, scope) == want {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(25)).await;
+            }
+            assert_eq!(stored(db, scope), want, "store never converged to the filtered list");
+        }
+    };
+    r.synced().await;
+    let want = filtered().await;
+    assert_eq!(want.len(), 5);
+    wait(want).await;
+    // Watched changes: one joins the selector, one leaves it (a DELETED for this watch), one is
+    // created and one deleted in the selection; changes outside it must not reach the store.
+    labelled(&sim, "a", "cm-1", "web");
+    labelled(&sim, "a", "cm-0", "db");
+    labelled(&sim, "a", "new", "web");
+    sim.delete("configmaps", Some("a"), "cm-2").unwrap();
+    labelled(&sim, "b", "other", "web");
+    labelled(&sim, "a", "cm-3", "db");
+    let want = filtered().await;
+    assert!(want.contains_key("a/cm-1") && want.contains_key("a/new") && !want.contains_key("a/cm-0"));
+    wait(want).await;
+    r.stop().await;
+    assert!(db.check().unwrap().is_ok());
 }
