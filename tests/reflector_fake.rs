@@ -919,3 +919,64 @@ async fn a_bookmark_persists_its_rv_without_a_log_entry() {
         "{watches:?}"
     );
 }
+
+#[derive(Clone, Default)]
+struct Capture(Arc<Mutex<Vec<u8>>>);
+
+impl std::io::Write for Capture {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for Capture {
+    type Writer = Capture;
+    fn make_writer(&'a self) -> Self::Writer {
+        self.clone()
+    }
+}
+
+// One thread: the subscriber is this thread's default, and every reflector task runs here.
+#[tokio::test(flavor = "current_thread")]
+async fn a_probe_regression_relist_is_logged_at_warn_and_the_first_list_at_info() {
+    let capture = Capture::default();
+    let subscriber = tracing_subscriber::fmt()
+        .with_max_level(tracing::Level::INFO)
+        .with_ansi(false)
+        .with_writer(capture.clone())
+        .finish();
+    let _guard = tracing::subscriber::set_default(subscriber);
+    let fake = Fake::new();
+    for i in 0..4 {
+        fake.upsert(&format!("c{i}"), "v");
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (db, scope) = open(&dir);
+    let mut r = start(&fake, &db, scope, config());
+    r.synced().await;
+    fake.upsert("c9", "late");
+    converge(&db, scope, &fake).await;
+    r.stop().await;
+    fake.restore_backup_to(102);
+    let mut r = start(&fake, &db, scope, config());
+    r.synced().await;
+    r.stop().await;
+    let text = String::from_utf8(capture.0.lock().unwrap().clone()).unwrap();
+    let lines: Vec<&str> = text.lines().collect();
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.contains("INFO") && l.contains("initial list") && l.contains("listing")),
+        "{text}"
+    );
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.contains("WARN") && l.contains("ahead of the server") && l.contains("relisting")),
+        "{text}"
+    );
+}

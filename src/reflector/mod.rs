@@ -64,6 +64,12 @@ pub struct ReflectorConfig {
     /// server sends every event after the resumed RV as soon as the watch opens, so a quiet
     /// watch means nothing was missed; without it a scope whose objects did not change waits for
     /// the next bookmark (about a minute on a real server). `None` disables it.
+    ///
+    /// This rule is ours, not the API server's: it assumes the server delivers the backlog
+    /// promptly. A server whose watch cache lags (kubernetes#107133) may stay quiet longer and
+    /// then send old changes, so `synced` can come early; nothing is lost (those events are
+    /// applied when they arrive), only the signal is optimistic. Use `None` for the strict rule
+    /// (the probe RV or a bookmark).
     pub resume_quiet_period: Option<Duration>,
 }
 
