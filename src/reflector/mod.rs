@@ -821,6 +821,8 @@ impl<S: Source> Reflector<S> {
         let batch_sizes = metrics::global().batch_size.get_or_create(&self.labels()).clone();
         let mut inflight: Inflight = VecDeque::new();
         let mut end = None;
+        // The highest RV this watch has reached; batches never offer less.
+        let mut high = rv.clone();
         while end.is_none() {
             let first = match stream.next().now_or_never() {
                 Some(item) => Ok(item),
@@ -900,10 +902,10 @@ impl<S: Source> Reflector<S> {
                                 if let Some((kind, object)) = delta {
                                     batch.deltas.push(crate::store::Delta { kind, object });
                                 }
-                                batch.rv = Some(rv);
+                                batch.rv = Some(forward(&mut high, rv));
                             }
                             WatchEvent::Deleted(o) => {
-                                batch.rv = Some(o.meta.resource_version.clone());
+                                batch.rv = Some(forward(&mut high, o.meta.resource_version.clone()));
                                 // The final state goes into the log: transformed like any
                                 // stored version, or only its identity when refused.
                                 if let Ok(object) | Err(Some(object)) = self.transform_watched(o) {
@@ -915,7 +917,7 @@ impl<S: Source> Reflector<S> {
                             }
                             WatchEvent::Bookmark { resource_version, .. } => {
                                 if !resource_version.is_empty() {
-                                    batch.rv = Some(resource_version);
+                                    batch.rv = Some(forward(&mut high, resource_version));
                                 }
                             }
                             WatchEvent::Error(status) => {
@@ -1011,6 +1013,16 @@ impl<S: Source> Reflector<S> {
         }
         end
     }
+}
+
+/// The RV a batch offers after an event at `rv`: never older than what the watch reached, so
+/// a stale RV (a DELETED carrying the object's last RV, kubernetes#58545) is not refused as a
+/// regression, which would fail the batch and replay it on every re-watch.
+fn forward(high: &mut ResourceVersion, rv: ResourceVersion) -> ResourceVersion {
+    if !rv.is_empty() && !rv.is_older_than(high) {
+        *high = rv;
+    }
+    high.clone()
 }
 
 type Inflight = VecDeque<(
