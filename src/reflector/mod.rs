@@ -467,11 +467,15 @@ impl<S: Source> Reflector<S> {
         }
     }
 
-    /// The transform of a watched object: `Ok` to store, `Err(tombstone)` when it was refused
-    /// (`Err(None)` only when even its identity cannot be read, which the source rules out).
-    fn transform_watched(&self, obj: RawObject) -> Result<RawObject, Option<RawObject>> {
+    /// The transform of a watched object: the object to store, or the tombstone of a refused
+    /// one (`Refused(None)` only when even its identity cannot be read, which the source rules
+    /// out).
+    fn transform_watched(&self, obj: RawObject) -> Watched {
         let original = obj.bytes.clone();
-        self.transform(obj).ok_or_else(|| transform::tombstone(&original))
+        match self.transform(obj) {
+            Some(o) => Watched::Keep(o),
+            None => Watched::Refused(transform::tombstone(&original)),
+        }
     }
 
     fn transform(&self, obj: RawObject) -> Option<RawObject> {
@@ -546,7 +550,7 @@ impl<S: Source> Reflector<S> {
             // Directly into an empty scope; staged (and swapped in at once) otherwise. Decided per
             // attempt: once an attempt wrote pages directly, a retry must diff against them, or
             // objects deleted between the attempts would stay.
-            let mut direct = self.list_direct().map_err(|e| (e, None))?;
+            let mut direct = self.list_direct().map_err(|e| (self.store_err(&e), None))?;
             let attempt = if self.config.streaming_list && !self.streaming_unsupported {
                 match self.streaming_list(direct, stop).await {
                     Ok(r) => Ok(r),
@@ -557,7 +561,7 @@ impl<S: Source> Reflector<S> {
                             .abort_relist(self.scope())
                             .await
                             .map_err(|e| (self.store_err(&e), None))?;
-                        direct = self.list_direct().map_err(|e| (e, None))?;
+                        direct = self.list_direct().map_err(|e| (self.store_err(&e), None))?;
                         self.paginated_list(direct).await
                     }
                 }
@@ -612,8 +616,8 @@ impl<S: Source> Reflector<S> {
     }
 
     /// Whether a list goes directly into the scope: only while it is empty and has no RV.
-    fn list_direct(&self) -> Result<bool, ReflectorError> {
-        let record = self.store.record().map_err(|e| self.store_err(&e))?;
+    fn list_direct(&self) -> Result<bool, StoreError> {
+        let record = self.store.record()?;
         Ok(record.rv.is_none() && record.object_count == 0)
     }
 
@@ -894,10 +898,10 @@ impl<S: Source> Reflector<S> {
                             WatchEvent::Added(o) | WatchEvent::Modified(o) => {
                                 let rv = o.meta.resource_version.clone();
                                 let delta = match self.transform_watched(o) {
-                                    Ok(object) => Some((DeltaKind::Updated, object)),
+                                    Watched::Keep(object) => Some((DeltaKind::Updated, object)),
                                     // Not stored: a stored older version must go too, as a
                                     // relist would drop it (the writer ignores unknown keys).
-                                    Err(tombstone) => tombstone.map(|t| (DeltaKind::Deleted, t)),
+                                    Watched::Refused(tombstone) => tombstone.map(|t| (DeltaKind::Deleted, t)),
                                 };
                                 if let Some((kind, object)) = delta {
                                     batch.deltas.push(crate::store::Delta { kind, object });
@@ -908,7 +912,9 @@ impl<S: Source> Reflector<S> {
                                 batch.rv = Some(forward(&mut high, o.meta.resource_version.clone()));
                                 // The final state goes into the log: transformed like any
                                 // stored version, or only its identity when refused.
-                                if let Ok(object) | Err(Some(object)) = self.transform_watched(o) {
+                                if let Watched::Keep(object) | Watched::Refused(Some(object)) =
+                                    self.transform_watched(o)
+                                {
                                     batch.deltas.push(crate::store::Delta {
                                         kind: DeltaKind::Deleted,
                                         object,
@@ -1023,6 +1029,14 @@ fn forward(high: &mut ResourceVersion, rv: ResourceVersion) -> ResourceVersion {
         *high = rv;
     }
     high.clone()
+}
+
+/// A watched object after the transform.
+enum Watched {
+    /// Stored as it is now.
+    Keep(RawObject),
+    /// Refused (user function, size limit or failure); its identity-only tombstone, if any.
+    Refused(Option<RawObject>),
 }
 
 type Inflight = VecDeque<(
