@@ -10,7 +10,7 @@ use std::time::Duration;
 use common::fake::{status, Fake, Fault};
 use durable_informer::reflector::{BackoffConfig, Reflector, ReflectorConfig, ReflectorError, ReflectorStatus};
 use durable_informer::source::{ListPage, ListRequest, Source, SourceError, WatchEvent, WatchRequest, WatchStream};
-use durable_informer::store::{DurableStore, RawObject, ScopeId, ScopeSpec, StoreConfig};
+use durable_informer::store::{DeltaKind, DurableStore, RawObject, ScopeId, ScopeSpec, Seq, StoreConfig};
 use futures::StreamExt;
 use tokio::sync::watch;
 
@@ -283,8 +283,10 @@ impl Source for StaleDeletes {
 /// resourceVersion instead of the deletion's, so a reflector that took "the RV of the last
 /// event" as its position went back in time and, after a reconnect, replayed events (or, here,
 /// would persist an RV that moves backwards). Guards: the persisted RV never moves backwards on
-/// a stale-RV delete (invariant 2), the delete is still applied, no relist or error loop is
-/// triggered, and a restart resumes and converges without a LIST.
+/// a stale-RV delete (invariant 2), the delete is applied at once (the batch offers the
+/// watch's highest RV, not the stale one the writer would refuse), no relist or error loop is
+/// triggered, a forced re-watch starts from the persisted RV and redelivers nothing, and a
+/// restart resumes and converges without a LIST.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn k8s_58545_stale_rv_on_delete_never_moves_the_persisted_rv_backwards() {
     let fake = Fake::new();
@@ -318,9 +320,41 @@ async fn k8s_58545_stale_rv_on_delete_never_moves_the_persisted_rv_backwards() {
         }
         rvs.push(persisted_rv(&db, scope));
     }
+    // Force a re-watch: it must start from the persisted RV (not a stale delete's) and bring
+    // nothing already applied back into the log.
+    assert_eq!(stored(&db, scope).len(), 3, "the stale-RV deletes were applied");
+    let mark = db.log().bounds().unwrap().map_or(Seq(0), |b| b.1);
+    let resume_rv = persisted_rv(&db, scope);
+    let watches = |f: &Fake| -> Vec<String> {
+        f.requests_without_timeouts()
+            .into_iter()
+            .filter(|q| q.starts_with("watch"))
+            .collect()
+    };
+    let watches_before = watches(&fake).len();
+    fake.drop_watches();
+    for _ in 0..500 {
+        if watches(&fake).len() > watches_before {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(
+        watches(&fake)[watches_before..],
+        [format!("watch rv={resume_rv}")],
+        "one re-watch, from the persisted RV"
+    );
     fake.upsert("tail", "v");
     converge(&db, scope, &fake).await;
     rvs.push(persisted_rv(&db, scope));
+    let logged: Vec<(DeltaKind, String)> = db
+        .log()
+        .read_after(mark, usize::MAX, Some(scope))
+        .unwrap()
+        .into_iter()
+        .map(|r| (r.kind, r.key.to_string()))
+        .collect();
+    assert_eq!(logged, [(DeltaKind::Added, "ns/tail".to_string())], "no redelivery");
     assert!(
         rvs.windows(2).all(|w| w[0] <= w[1]),
         "persisted RV went backwards: {rvs:?}"
@@ -331,6 +365,9 @@ async fn k8s_58545_stale_rv_on_delete_never_moves_the_persisted_rv_backwards() {
         "deletes with a stale RV are still applied"
     );
     assert_eq!(full_list_rvs(&fake).len(), 1, "no relist");
+    let st = r.status.borrow().clone();
+    assert_eq!(st.last_error, None, "a stale RV is not an error");
+    assert_eq!(st.watches, 2, "the first watch and the forced re-watch, no retries");
     r.stop().await;
     // Restart: resume from the persisted RV without a list, nothing replayed backwards.
     fake.upsert("after-restart", "v");

@@ -8,7 +8,10 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use common::fake::{status, Fake, Fault};
-use durable_informer::reflector::{BackoffConfig, Reflector, ReflectorConfig, ReflectorError, ReflectorStatus};
+use durable_informer::reflector::{
+    BackoffConfig, OversizePolicy, Phase, Reflector, ReflectorConfig, ReflectorError, ReflectorStatus, Transform,
+    TransformFn,
+};
 use durable_informer::store::{DeltaKind, DurableStore, ScopeId, ScopeSpec, Seq, StoreConfig};
 use tokio::sync::watch;
 
@@ -124,7 +127,7 @@ async fn initial_list_is_paginated_then_watched_and_managed_fields_are_dropped()
     fake.delete("c0");
     converge(&db, scope, &fake).await;
     assert_eq!(
-        fake.requests()[..5],
+        fake.requests_without_timeouts()[..5],
         [
             "watch rv= initial-events", // refused with 422 by this server
             "list rv= limit=2 continue=",
@@ -158,7 +161,10 @@ async fn streaming_list_is_used_where_the_server_supports_it() {
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    assert_eq!(fake.requests()[..2], ["watch rv= initial-events", "watch rv=105"]);
+    assert_eq!(
+        fake.requests_without_timeouts()[..2],
+        ["watch rv= initial-events", "watch rv=105"]
+    );
     assert_eq!(fake.full_lists(), 0);
     r.stop().await;
 }
@@ -192,7 +198,7 @@ async fn restart_resumes_from_the_persisted_rv_without_a_list_and_delivers_exact
     r.synced().await;
     converge(&db, scope, &fake).await;
     assert!(r.status.borrow().restored);
-    let after: Vec<String> = fake.requests()[requests_before..].to_vec();
+    let after: Vec<String> = fake.requests_without_timeouts()[requests_before..].to_vec();
     assert_eq!(
         after[..2],
         [
@@ -337,26 +343,135 @@ async fn a_504_too_large_rv_relists_once_and_does_not_loop() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_expired_continue_token_restarts_the_list() {
+async fn an_expired_continue_token_restarts_the_list_and_diffs_against_what_the_first_attempt_wrote() {
     let fake = Fake::new();
     for i in 0..5 {
         fake.upsert(&format!("c{i}"), "v");
     }
     let dir = tempfile::tempdir().unwrap();
     let (db, scope) = open(&dir);
-    // Compaction between page 1 and page 2: the second page gets 410.
-    fake.fault(Fault::List(status(
-        410,
-        "Expired",
-        "The provided continue parameter is too old",
-    )));
+    // Between page 1 (c0, c1, written directly into the empty scope) and page 2, c0 is deleted
+    // and the history compacted: page 2's token expires and the list restarts.
+    fake.fault(Fault::ListContinueExpired { delete: "c0".into() });
     let mut r = start(&fake, &db, scope, config());
     r.synced().await;
     converge(&db, scope, &fake).await;
     let lists: Vec<String> = fake.requests().into_iter().filter(|r| r.starts_with("list")).collect();
-    assert_eq!(lists[0], "list rv= limit=2 continue=");
-    assert!(lists.len() >= 4, "{lists:?}");
+    assert_eq!(
+        lists,
+        [
+            "list rv= limit=2 continue=",
+            "list rv= limit=2 continue=105:c1",
+            "list rv= limit=2 continue=",
+            "list rv= limit=2 continue=106:c2",
+        ]
+    );
+    assert_eq!(r.status.borrow().lists, 1, "a restart within one list");
+    assert!(db.store(scope).get(&"ns/c0".parse().unwrap()).unwrap().is_none());
+    // The retry was diffed: c0 arrives as a delete of the directly written object.
+    assert_eq!(
+        log_after(&db, scope, Seq(0))
+            .into_iter()
+            .filter(|(_, k, _)| k == "ns/c0")
+            .collect::<Vec<_>>(),
+        [
+            (DeltaKind::Added, "ns/c0".into(), false),
+            (DeltaKind::Deleted, "ns/c0".into(), true)
+        ]
+    );
     r.stop().await;
+    assert!(db.check().unwrap().is_ok());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_streaming_list_failing_after_direct_pages_is_reported_diffed_and_streaming_is_kept() {
+    let fake = Fake::new();
+    fake.set_streaming(true);
+    for i in 0..5 {
+        fake.upsert(&format!("c{i}"), "v");
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (db, scope) = open(&dir);
+    // A transient 500 after one page (c0, c1) went directly into the store; c0 is deleted before
+    // the paginated fallback lists.
+    fake.fault(Fault::WatchErrorAfterDelete {
+        after: 3,
+        status: status(500, "InternalError", "etcd leader changed"),
+        delete: "c0".into(),
+    });
+    let mut r = start(&fake, &db, scope, config());
+    r.synced().await;
+    converge(&db, scope, &fake).await;
+    assert_eq!(
+        fake.requests_without_timeouts()[..2],
+        ["watch rv= initial-events", "list rv= limit=2 continue="]
+    );
+    assert!(db.store(scope).get(&"ns/c0".parse().unwrap()).unwrap().is_none());
+    // A 410 later: the relist streams again (a 500 does not mean the server cannot).
+    fake.fault(Fault::WatchError {
+        after: 0,
+        status: status(410, "Expired", "too old resource version"),
+    });
+    fake.drop_watches();
+    fake.upsert("c9", "v");
+    converge(&db, scope, &fake).await;
+    for _ in 0..200 {
+        if r.status.borrow().lists >= 2 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(r.status.borrow().lists, 2);
+    let streaming = fake.requests().iter().filter(|r| r.contains("initial-events")).count();
+    assert_eq!(streaming, 2, "{:?}", fake.requests());
+    assert_eq!(fake.full_lists(), 1);
+    let errors = r.stop().await;
+    assert_eq!(
+        errors,
+        [r#"configmaps: HTTP 500 InternalError: etcd leader changed (resourceVersion "")"#],
+        "the 500 reaches the error hook, whole"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_relist_stopped_midway_leaves_nothing_that_brings_back_deleted_objects() {
+    let fake = Fake::new();
+    fake.set_streaming(true);
+    for i in 0..6 {
+        fake.upsert(&format!("c{i}"), "v");
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (db, scope) = open(&dir);
+    let mut r = start(&fake, &db, scope, config());
+    r.synced().await;
+    converge(&db, scope, &fake).await;
+    r.stop().await;
+    // Compacted while down: the restart relists, and that relist stalls after two staged pages
+    // (c0..c3); it is stopped there.
+    fake.upsert("c5", "changed");
+    fake.compact();
+    fake.fault(Fault::WatchStall { after: 4 });
+    let r = start(&fake, &db, scope, config());
+    for _ in 0..500 {
+        let streams = fake.requests().iter().filter(|r| r.contains("initial-events")).count();
+        if streams >= 2 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(r.status.borrow().phase, Phase::Listing);
+    r.stop().await;
+    assert!(db.store(scope).get(&"ns/c1".parse().unwrap()).unwrap().is_some());
+    // Deleted while down, then the next relist.
+    fake.delete("c1");
+    fake.compact();
+    let mut r = start(&fake, &db, scope, config());
+    r.synced().await;
+    converge(&db, scope, &fake).await;
+    assert!(db.store(scope).get(&"ns/c1".parse().unwrap()).unwrap().is_none());
+    r.stop().await;
+    assert!(db.check().unwrap().is_ok());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -468,4 +583,400 @@ async fn a_quiet_resumed_watch_reports_synced_after_the_quiet_period() {
     let mut r = start(&fake, &db, scope, cfg);
     r.synced().await;
     r.stop().await;
+}
+
+async fn wait_rv(db: &DurableStore, scope: ScopeId, rv: u64) {
+    for _ in 0..500 {
+        if db.store(scope).resource_version().unwrap().and_then(|r| r.as_u64()) == Some(rv) {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("store RV never reached {rv}");
+}
+
+fn json_of(bytes: &[u8]) -> serde_json::Value {
+    serde_json::from_slice(bytes).unwrap()
+}
+
+/// Objects over the size limit on the watch path: not stored, a stored older version deleted
+/// (as a relist would), the final state of deletes transformed; returns the reported errors.
+async fn oversize_on_the_watch_path(policy: OversizePolicy) -> Vec<String> {
+    let fake = Fake::new();
+    fake.upsert("a", "small");
+    fake.upsert("b", "small");
+    let dir = tempfile::tempdir().unwrap();
+    let (db, scope) = open(&dir);
+    let cfg = ReflectorConfig {
+        transform: Transform {
+            max_object_bytes: 300,
+            oversize: policy,
+            ..Transform::default()
+        },
+        ..config()
+    };
+    let mut r = start(&fake, &db, scope, cfg);
+    r.synced().await;
+    converge(&db, scope, &fake).await;
+    let mark = last_seq(&db);
+    let big = "x".repeat(1000);
+    fake.upsert("a", &big); // 103: MODIFIED, over the limit
+    fake.delete("b"); // 104
+    fake.upsert("c", &big); // 105: ADDED, over the limit
+    fake.upsert("d", "small"); // 106
+    wait_rv(&db, scope, 106).await;
+    let mut want = fake.objects();
+    want.remove("ns/a");
+    want.remove("ns/c");
+    assert_eq!(stored(&db, scope), want);
+    assert_eq!(
+        log_after(&db, scope, mark),
+        [
+            (DeltaKind::Deleted, "ns/a".into(), false),
+            (DeltaKind::Deleted, "ns/b".into(), false),
+            (DeltaKind::Added, "ns/d".into(), false)
+        ]
+    );
+    let records = db.log().read_after(mark, usize::MAX, Some(scope)).unwrap();
+    // a's final state is only its identity, at the version that was refused.
+    assert_eq!(
+        json_of(records[0].object.as_deref().unwrap()),
+        serde_json::json!({"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"a","namespace":"ns","resourceVersion":"103"}})
+    );
+    // b's final state went through the transform: no managedFields.
+    let b = json_of(records[1].object.as_deref().unwrap());
+    assert_eq!(b["data"]["v"], "gone");
+    assert!(b["metadata"].get("managedFields").is_none(), "{b}");
+    r.stop().await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_oversize_object_on_the_watch_path_is_reported_with_the_error_policy() {
+    let errors = oversize_on_the_watch_path(OversizePolicy::Error).await;
+    assert_eq!(errors.len(), 2, "{errors:?}");
+    for (e, (key, rv)) in errors.iter().zip([("ns/a", 103), ("ns/c", 105)]) {
+        assert!(e.starts_with(&format!("configmaps: {key}: object is ")), "{e}");
+        assert!(
+            e.ends_with(&format!(
+                " bytes, more than the limit of 300; it was not stored (resourceVersion \"{rv}\")"
+            )),
+            "{e}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_oversize_object_on_the_watch_path_is_skipped_quietly_with_the_skip_policy() {
+    let errors = oversize_on_the_watch_path(OversizePolicy::Skip).await;
+    assert!(errors.is_empty(), "{errors:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_user_transform_that_drops_or_fails_on_an_object_removes_the_stored_version() {
+    let fake = Fake::new();
+    fake.upsert("a", "public"); // 101
+    let dir = tempfile::tempdir().unwrap();
+    let (db, scope) = open(&dir);
+    let func: TransformFn = Arc::new(|json: &[u8]| {
+        let text = String::from_utf8_lossy(json);
+        if text.contains("secret") {
+            Ok(None)
+        } else if text.contains("unparsable") {
+            Err("cannot parse".into())
+        } else {
+            Ok(Some(text.replace("public", "seen").into_bytes()))
+        }
+    });
+    let cfg = ReflectorConfig {
+        transform: Transform {
+            func: Some(func),
+            ..Transform::default()
+        },
+        ..config()
+    };
+    let mut r = start(&fake, &db, scope, cfg);
+    r.synced().await;
+    converge(&db, scope, &fake).await;
+    let mark = last_seq(&db);
+    fake.upsert("a", "secret"); // 102: dropped by the function
+    wait_rv(&db, scope, 102).await;
+    assert!(db.store(scope).get(&"ns/a".parse().unwrap()).unwrap().is_none());
+    fake.upsert("a", "public again"); // 103
+    fake.upsert("e", "unparsable"); // 104: the function fails
+    fake.upsert("e", "fine"); // 105
+    converge(&db, scope, &fake).await;
+    assert_eq!(
+        log_after(&db, scope, mark),
+        [
+            (DeltaKind::Deleted, "ns/a".into(), false),
+            (DeltaKind::Added, "ns/a".into(), false),
+            (DeltaKind::Added, "ns/e".into(), false)
+        ]
+    );
+    let a = db.store(scope).get(&"ns/a".parse().unwrap()).unwrap().unwrap();
+    assert_eq!(
+        json_of(&a.bytes)["data"]["v"],
+        "seen again",
+        "the function's output is stored"
+    );
+    let errors = r.stop().await;
+    assert_eq!(
+        errors,
+        [r#"configmaps: ns/e: transform failed: cannot parse (resourceVersion "104")"#]
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_429_retry_after_is_waited_even_when_the_backoff_is_shorter() {
+    let fake = Fake::new();
+    fake.upsert("a", "1");
+    let dir = tempfile::tempdir().unwrap();
+    let (db, scope) = open(&dir);
+    let mut r = start(&fake, &db, scope, config()); // backoff starts at 5 ms
+    r.synced().await;
+    converge(&db, scope, &fake).await;
+    let before = fake.timed_requests().len();
+    let mut throttled = status(429, "TooManyRequests", "slow down");
+    throttled.retry_after = Some(Duration::from_millis(300));
+    fake.fault(Fault::Watch(throttled));
+    fake.drop_watches();
+    fake.upsert("b", "1");
+    converge(&db, scope, &fake).await;
+    let after = fake.timed_requests()[before..].to_vec();
+    assert!(after.len() >= 2, "{after:?}");
+    assert!(
+        after[0].1.starts_with("watch") && after[1].1.starts_with("watch"),
+        "{after:?}"
+    );
+    let gap = after[1].0 - after[0].0;
+    assert!(
+        gap >= Duration::from_millis(300),
+        "re-watched {gap:?} after a 429 asking for 300 ms"
+    );
+    let errors = r.stop().await;
+    assert_eq!(
+        errors,
+        [r#"configmaps: HTTP 429 TooManyRequests: slow down (resourceVersion "101")"#]
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_410_http_status_on_a_watch_relists_exactly_once() {
+    let fake = Fake::new();
+    fake.upsert("a", "1");
+    let dir = tempfile::tempdir().unwrap();
+    let (db, scope) = open(&dir);
+    let mut r = start(&fake, &db, scope, config());
+    r.synced().await;
+    converge(&db, scope, &fake).await;
+    fake.fault(Fault::Watch(status(410, "Gone", "too old resource version: 101 (102)")));
+    fake.drop_watches();
+    fake.upsert("b", "1");
+    converge(&db, scope, &fake).await;
+    for _ in 0..200 {
+        if fake.full_lists() >= 2 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(fake.full_lists(), 2, "{:?}", fake.requests());
+    assert_eq!(r.status.borrow().relists, 1);
+    assert!(r.status.borrow().last_list_reason.clone().unwrap().starts_with("410"));
+    let errors = r.stop().await;
+    assert!(errors.is_empty(), "a 410 is routine: {errors:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watch_timeouts_are_random_between_five_and_ten_minutes() {
+    let fake = Fake::new();
+    fake.upsert("a", "1");
+    let dir = tempfile::tempdir().unwrap();
+    let (db, scope) = open(&dir);
+    let mut r = start(&fake, &db, scope, config());
+    r.synced().await;
+    for i in 0..12 {
+        fake.drop_watches();
+        fake.upsert(&format!("w{i}"), "1");
+        converge(&db, scope, &fake).await;
+    }
+    r.stop().await;
+    let timeouts = fake.watch_timeouts();
+    assert!(timeouts.len() >= 12, "{timeouts:?}");
+    assert!(timeouts.iter().all(|t| (300..=600).contains(t)), "{timeouts:?}");
+    let distinct: std::collections::BTreeSet<_> = timeouts.iter().collect();
+    assert!(distinct.len() > 1, "not randomized: {timeouts:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_list_page_names_the_list_rv_and_continue_token() {
+    let fake = Fake::new();
+    for i in 0..5 {
+        fake.upsert(&format!("c{i}"), "v");
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (db, scope) = open(&dir);
+    fake.fault(Fault::ListContinue(status(500, "InternalError", "boom")));
+    let mut r = start(&fake, &db, scope, config());
+    r.synced().await;
+    converge(&db, scope, &fake).await;
+    let errors = r.stop().await;
+    assert_eq!(
+        errors,
+        [r#"configmaps: HTTP 500 InternalError: boom (resourceVersion "105", continue "105:c1")"#]
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn another_scope_keeps_committing_while_one_scope_relists_staged() {
+    let (fa, fb) = (Fake::new(), Fake::new());
+    fa.set_streaming(true);
+    for i in 0..6 {
+        fa.upsert(&format!("c{i}"), "v");
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (db, a) = open(&dir);
+    let b = db
+        .writer()
+        .register_scope_blocking(&ScopeSpec::new("", "v1", "secrets"))
+        .unwrap();
+    let mut ra = start(&fa, &db, a, config());
+    ra.synced().await;
+    ra.stop().await;
+    // Compacted while down: the restart relists into the staging table and stalls after four
+    // objects, so the relist stays open; c0, among them, changed (a direct write would show).
+    fa.upsert("c0", "changed");
+    fa.compact();
+    fa.fault(Fault::WatchStall { after: 4 });
+    let ra = start(&fa, &db, a, config());
+    for _ in 0..500 {
+        if fa.requests().iter().filter(|r| r.contains("initial-events")).count() >= 2 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(ra.status.borrow().phase, Phase::Listing);
+    let a_before = stored(&db, a);
+    let mut rb = start(&fb, &db, b, config());
+    rb.synced().await;
+    for i in 0..20 {
+        fb.upsert(&format!("s{i}"), "1");
+    }
+    converge(&db, b, &fb).await;
+    assert_eq!(fb.objects().len(), 20);
+    // The relist is still open and readers of its scope see the state from before it.
+    assert_eq!(ra.status.borrow().phase, Phase::Listing);
+    assert_eq!(stored(&db, a), a_before);
+    rb.stop().await;
+    ra.stop().await;
+    assert!(db.check().unwrap().is_ok());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bookmark_persists_its_rv_without_a_log_entry() {
+    let fake = Fake::new();
+    fake.upsert("a", "1");
+    let dir = tempfile::tempdir().unwrap();
+    let (db, scope) = open(&dir);
+    let mut r = start(&fake, &db, scope, config());
+    r.synced().await;
+    converge(&db, scope, &fake).await;
+    let mark = last_seq(&db);
+    let before = db.store(scope).resource_version().unwrap().and_then(|v| v.as_u64());
+    // Other resources move the cluster RV; only a bookmark tells this watch.
+    fake.bump_rv();
+    fake.bump_rv();
+    assert_ne!(before, Some(fake.current_rv()));
+    // Sent until it lands: the watch may not be open yet when the list has committed.
+    for _ in 0..500 {
+        fake.bookmark();
+        if db.store(scope).resource_version().unwrap().and_then(|v| v.as_u64()) == Some(fake.current_rv()) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    wait_rv(&db, scope, fake.current_rv()).await;
+    assert_eq!(last_seq(&db), mark, "a bookmark adds no log entry");
+    assert!(log_after(&db, scope, mark).is_empty());
+    r.stop().await;
+    // And the persisted RV is what a restart resumes from.
+    let watches_before = fake.requests().iter().filter(|q| q.starts_with("watch")).count();
+    let r = start(&fake, &db, scope, config());
+    for _ in 0..500 {
+        if fake.requests().iter().filter(|q| q.starts_with("watch")).count() > watches_before {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    r.stop().await;
+    let watches: Vec<String> = fake.requests().into_iter().filter(|q| q.starts_with("watch")).collect();
+    assert!(
+        watches
+            .last()
+            .unwrap()
+            .starts_with(&format!("watch rv={} ", fake.current_rv())),
+        "{watches:?}"
+    );
+}
+
+#[derive(Clone, Default)]
+struct Capture(Arc<Mutex<Vec<u8>>>);
+
+impl std::io::Write for Capture {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for Capture {
+    type Writer = Capture;
+    fn make_writer(&'a self) -> Self::Writer {
+        self.clone()
+    }
+}
+
+// One thread: the subscriber is this thread's default, and every reflector task runs here.
+#[tokio::test(flavor = "current_thread")]
+async fn a_probe_regression_relist_is_logged_at_warn_and_the_first_list_at_info() {
+    let capture = Capture::default();
+    let subscriber = tracing_subscriber::fmt()
+        .with_max_level(tracing::Level::INFO)
+        .with_ansi(false)
+        .with_writer(capture.clone())
+        .finish();
+    let _guard = tracing::subscriber::set_default(subscriber);
+    let fake = Fake::new();
+    for i in 0..4 {
+        fake.upsert(&format!("c{i}"), "v");
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (db, scope) = open(&dir);
+    let mut r = start(&fake, &db, scope, config());
+    r.synced().await;
+    fake.upsert("c9", "late");
+    converge(&db, scope, &fake).await;
+    r.stop().await;
+    fake.restore_backup_to(102);
+    let mut r = start(&fake, &db, scope, config());
+    r.synced().await;
+    r.stop().await;
+    let text = String::from_utf8(capture.0.lock().unwrap().clone()).unwrap();
+    let lines: Vec<&str> = text.lines().collect();
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.contains("INFO") && l.contains("initial list") && l.contains("listing")),
+        "{text}"
+    );
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.contains("WARN") && l.contains("ahead of the server") && l.contains("relisting")),
+        "{text}"
+    );
 }

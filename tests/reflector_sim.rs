@@ -70,7 +70,22 @@ fn open(dir: &tempfile::TempDir) -> (DurableStore, ScopeId) {
 }
 
 fn start(sim: &Sim, db: &DurableStore, scope: ScopeId, config: ReflectorConfig) -> Running {
-    let source = KubeSource::typed::<ConfigMap>(sim.client().unwrap(), &sim.url());
+    start_with(sim.client().unwrap(), sim, db, scope, config)
+}
+
+/// A client without kube's retry layer, which would otherwise retry a 504 up to 15 times,
+/// honouring its Retry-After, before the reflector sees it.
+fn client_without_retries(sim: &Sim) -> kube::Client {
+    let mut cfg = sim.kube_config().unwrap();
+    cfg.default_retry = false;
+    kube::Client::try_from(cfg).unwrap()
+}
+
+fn start_with(client: kube::Client, sim: &Sim, db: &DurableStore, scope: ScopeId, config: ReflectorConfig) -> Running {
+    start_source(KubeSource::typed::<ConfigMap>(client, &sim.url()), db, scope, config)
+}
+
+fn start_source(source: KubeSource, db: &DurableStore, scope: ScopeId, config: ReflectorConfig) -> Running {
     let errors = Arc::new(Mutex::new(Vec::new()));
     let e2 = errors.clone();
     let r = Reflector::new(source, db.writer(), db.store(scope), config)
@@ -292,25 +307,158 @@ async fn a_410_while_watching_and_an_rv_regression_each_relist_without_looping()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_expired_continue_token_restarts_the_list() {
+async fn an_expired_continue_token_restarts_the_list_and_deletes_made_meanwhile_are_applied() {
     let sim = start_sim(SimConfig::default(), 40).await;
     sim.faults().delay(Duration::from_millis(60));
     let dir = tempfile::tempdir().unwrap();
     let (db, scope) = open(&dir);
     let mut r = start(&sim, &db, scope, config());
     tokio::time::sleep(Duration::from_millis(200)).await;
-    // Mid-list: the server moves on and compacts past the list's RV.
+    // Mid-list: an object of the first page (already in the store) is deleted, the server moves
+    // on and compacts past the list's RV, so the next page's continue token has expired.
+    sim.delete("configmaps", Some("a"), "cm-000").unwrap();
     cm(&sim, "a", "mid-list", "1");
     sim.compact();
     sim.faults().delay(Duration::ZERO);
     r.synced().await;
+    // Read before converge's own LIST: 40 objects are 6 pages of 7 without a restart; with one,
+    // the pages before the 410, the 410 and 6 more.
+    let lists = sim.counters().list_requests;
     converge(&db, scope, &sim).await;
-    assert!(
-        sim.counters().list_requests > 6,
-        "the list restarted: {:?}",
-        sim.counters()
+    assert!(lists >= 8, "the list restarted: {:?}", sim.counters());
+    assert_eq!(
+        r.status.borrow().lists,
+        1,
+        "restarted within the list, not failed and retried"
     );
+    assert!(db.store(scope).get(&"a/cm-000".parse().unwrap()).unwrap().is_none());
+    assert!(db.store(scope).get(&"a/mid-list".parse().unwrap()).unwrap().is_some());
     r.stop().await;
+    assert!(db.check().unwrap().is_ok());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_malformed_watch_line_is_reported_with_its_line_and_the_watch_resumes_losing_nothing() {
+    let sim = start_sim(SimConfig::default(), 10).await;
+    let dir = tempfile::tempdir().unwrap();
+    let (db, scope) = open(&dir);
+    let mut r = start(&sim, &db, scope, config());
+    r.synced().await;
+    converge(&db, scope, &sim).await;
+    r.stop().await;
+    let mark = last_seq(&db);
+    // Changes while down reach the resumed watch at once, one per line; its third line is cut.
+    for i in 0..5 {
+        cm(&sim, "a", &format!("m{i}"), "1");
+    }
+    sim.faults().garble_next_watch(2);
+    let before = sim.counters();
+    let r = start(&sim, &db, scope, config());
+    let want: Vec<(DeltaKind, String, bool)> = (0..5).map(|i| (DeltaKind::Added, format!("a/m{i}"), false)).collect();
+    for _ in 0..400 {
+        if log_after(&db, scope, mark) == want {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    let after = sim.counters();
+    assert_eq!(log_after(&db, scope, mark), want, "each change exactly once");
+    converge(&db, scope, &sim).await;
+    assert_eq!(
+        after.list_requests - before.list_requests,
+        1,
+        "only the probe: no relist"
+    );
+    assert!(
+        after.watch_requests - before.watch_requests >= 2,
+        "the watch was reopened"
+    );
+    assert_eq!(r.status.borrow().lists, 0);
+    let errors = r.stop().await;
+    assert_eq!(errors.len(), 1, "{errors:?}");
+    assert!(
+        errors[0].starts_with("configmaps: malformed response at line 3: "),
+        "{errors:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_504_too_large_rv_on_a_rewatch_relists_once_and_does_not_loop() {
+    let sim = start_sim(SimConfig::default(), 10).await;
+    sim.faults().too_large_watches(true);
+    let backup = sim.backup();
+    for i in 0..3 {
+        cm(&sim, "a", &format!("late{i}"), "1");
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (db, scope) = open(&dir);
+    let mut r = start_with(client_without_retries(&sim), &sim, &db, scope, config());
+    r.synced().await;
+    converge(&db, scope, &sim).await;
+    assert_eq!(r.status.borrow().lists, 1);
+    // Restored from a backup while we watch: the watch ends, and the re-watch from our RV (now
+    // ahead of the server) gets 504 ResourceVersionTooLarge.
+    sim.restore_backup(&backup);
+    converge(&db, scope, &sim).await;
+    assert!(db.store(scope).get(&"a/late0".parse().unwrap()).unwrap().is_none());
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let st = r.status.borrow().clone();
+    assert_eq!((st.lists, st.relists), (2, 1), "one relist, no loop");
+    assert!(st.last_list_reason.unwrap().starts_with("504"));
+    let errors = r.stop().await;
+    assert!(
+        errors
+            .iter()
+            .any(|e| e.contains("HTTP 504") && e.contains("Too large resource version")),
+        "{errors:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_transient_500_on_the_streaming_list_is_reported_and_streaming_is_kept() {
+    let sim = start_sim(SimConfig::default(), 15).await;
+    sim.faults().fail_next(FaultTarget::Watch, Failure::InternalError, 1);
+    let dir = tempfile::tempdir().unwrap();
+    let (db, scope) = open(&dir);
+    let cfg = ReflectorConfig {
+        streaming_list: true,
+        ..config()
+    };
+    let mut r = start(&sim, &db, scope, cfg);
+    r.synced().await;
+    assert_eq!(
+        sim.counters().list_requests,
+        3,
+        "the fallback listed 15 objects in pages of 7"
+    );
+    converge(&db, scope, &sim).await;
+    // A 410 while running: watches end and are delayed until the history is compacted past our RV.
+    sim.faults().delay(Duration::from_millis(300));
+    sim.restart();
+    cm(&sim, "a", "x1", "1");
+    sim.compact();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    sim.faults().delay(Duration::ZERO);
+    let lists_before = sim.counters().list_requests;
+    for _ in 0..200 {
+        if r.status.borrow().lists >= 2 && r.status.borrow().synced {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    assert_eq!(r.status.borrow().lists, 2);
+    assert_eq!(
+        sim.counters().list_requests,
+        lists_before,
+        "the relist streamed: a 500 does not mean the server cannot"
+    );
+    converge(&db, scope, &sim).await;
+    let errors = r.stop().await;
+    assert_eq!(errors.len(), 1, "{errors:?}");
+    assert!(
+        errors[0].starts_with("configmaps: HTTP 500 InternalError"),
+        "{errors:?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -403,4 +551,77 @@ async fn streaming_list_on_a_new_server_makes_no_list_request() {
     // The convergence check itself lists once.
     assert_eq!(sim.counters().list_requests, 1);
     r.stop().await;
+}
+
+fn labelled(sim: &Sim, ns: &str, name: &str, app: &str) {
+    let obj = json!({"metadata": {"name": name, "namespace": ns, "labels": {"app": app}}, "data": {"v": "1"}});
+    if sim.get("configmaps", Some(ns), name).is_ok() {
+        sim.update("configmaps", Some(ns), obj).unwrap();
+    } else {
+        sim.create("configmaps", Some(ns), obj).unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_namespaced_label_selected_source_converges_to_the_servers_filtered_list() {
+    let sim = start_sim(SimConfig::default(), 0).await;
+    for ns in ["a", "b"] {
+        for i in 0..10 {
+            labelled(&sim, ns, &format!("cm-{i}"), if i % 2 == 0 { "web" } else { "db" });
+        }
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let db = DurableStore::open(StoreConfig::new(dir.path().join("db.redb"))).unwrap();
+    let scope = db
+        .writer()
+        .register_scope_blocking(&ScopeSpec::new("", "v1", "configmaps").namespace("a").labels("app=web"))
+        .unwrap();
+    let source = KubeSource::typed::<ConfigMap>(sim.client().unwrap(), &sim.url())
+        .namespace("a")
+        .labels("app=web");
+    let mut r = start_source(source, &db, scope, config());
+    let api: Api<ConfigMap> = Api::namespaced(sim.client().unwrap(), "a");
+    let filtered = || async {
+        api.list(&ListParams::default().labels("app=web"))
+            .await
+            .unwrap()
+            .items
+            .into_iter()
+            .map(|c| {
+                (
+                    format!("a/{}", c.metadata.name.unwrap()),
+                    c.metadata.resource_version.unwrap(),
+                )
+            })
+            .collect::<BTreeMap<_, _>>()
+    };
+    let wait = |want: BTreeMap<String, String>| {
+        let db = &db;
+        async move {
+            for _ in 0..400 {
+                if stored(db, scope) == want {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(25)).await;
+            }
+            assert_eq!(stored(db, scope), want, "store never converged to the filtered list");
+        }
+    };
+    r.synced().await;
+    let want = filtered().await;
+    assert_eq!(want.len(), 5);
+    wait(want).await;
+    // Watched changes: one joins the selector, one leaves it (a DELETED for this watch), one is
+    // created and one deleted in the selection; changes outside it must not reach the store.
+    labelled(&sim, "a", "cm-1", "web");
+    labelled(&sim, "a", "cm-0", "db");
+    labelled(&sim, "a", "new", "web");
+    sim.delete("configmaps", Some("a"), "cm-2").unwrap();
+    labelled(&sim, "b", "other", "web");
+    labelled(&sim, "a", "cm-3", "db");
+    let want = filtered().await;
+    assert!(want.contains_key("a/cm-1") && want.contains_key("a/new") && !want.contains_key("a/cm-0"));
+    wait(want).await;
+    r.stop().await;
+    assert!(db.check().unwrap().is_ok());
 }

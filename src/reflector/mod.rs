@@ -30,7 +30,7 @@ use tokio::sync::{oneshot, watch};
 use tracing::Instrument;
 
 pub use backoff::BackoffConfig;
-pub use transform::{strip_managed_fields, OversizePolicy, Transform, TransformError, TransformFn};
+pub use transform::{strip_managed_fields, tombstone, OversizePolicy, Transform, TransformError, TransformFn};
 
 use crate::metrics;
 use crate::source::{ListRequest, Source, SourceError, WatchEvent, WatchRequest};
@@ -64,6 +64,12 @@ pub struct ReflectorConfig {
     /// server sends every event after the resumed RV as soon as the watch opens, so a quiet
     /// watch means nothing was missed; without it a scope whose objects did not change waits for
     /// the next bookmark (about a minute on a real server). `None` disables it.
+    ///
+    /// This rule is ours, not the API server's: it assumes the server delivers the backlog
+    /// promptly. A server whose watch cache lags (kubernetes#107133) may stay quiet longer and
+    /// then send old changes, so `synced` can come early; nothing is lost (those events are
+    /// applied when they arrive), only the signal is optimistic. Use `None` for the strict rule
+    /// (the probe RV or a bookmark).
     pub resume_quiet_period: Option<Duration>,
 }
 
@@ -88,13 +94,16 @@ impl Default for ReflectorConfig {
 #[non_exhaustive]
 pub enum ReflectorError {
     /// Talking to the server failed.
-    #[error("{source} (resourceVersion {rv:?})")]
+    #[error("{source} (resourceVersion {rv:?}{})", continue_token.as_ref().map(|t| format!(", continue {t:?}")).unwrap_or_default())]
     Source {
         /// The failure.
         #[source]
         source: SourceError,
-        /// The RV the request was made from.
+        /// The RV the request was made from (for a LIST page after the first, the list's RV;
+        /// `""` is a consistent read of the current state).
         rv: String,
+        /// The continue token of a LIST page after the first.
+        continue_token: Option<String>,
     },
     /// The store refused or failed a write.
     #[error("{resource}: store: {message}")]
@@ -104,14 +113,16 @@ pub enum ReflectorError {
         /// The store's message.
         message: String,
     },
-    /// An object was not stored.
-    #[error("{resource}: {source}")]
+    /// An object was not stored (a stored older version of it is deleted).
+    #[error("{resource}: {source} (resourceVersion {rv:?})")]
     Transform {
         /// The resource.
         resource: String,
         /// Why.
         #[source]
         source: TransformError,
+        /// The object's RV.
+        rv: String,
     },
     /// The database belongs to another cluster (fatal: the reflector stops).
     #[error("{0}")]
@@ -319,6 +330,7 @@ impl<S: Source> Reflector<S> {
                             self.report(&ReflectorError::Source {
                                 source: e,
                                 rv: String::new(),
+                                continue_token: None,
                             });
                             let delay = self.backoff.delay(hint);
                             if !self.sleep(delay, stop).await {
@@ -385,6 +397,7 @@ impl<S: Source> Reflector<S> {
                     self.report(&ReflectorError::Source {
                         source: e,
                         rv: String::new(),
+                        continue_token: None,
                     });
                     let delay = self.backoff.delay(hint);
                     if !self.sleep(delay, stop).await {
@@ -454,13 +467,30 @@ impl<S: Source> Reflector<S> {
         }
     }
 
+    /// The transform of a watched object: the object to store, or the tombstone of a refused
+    /// one (`Refused(None)` only when even its identity cannot be read, which the source rules
+    /// out).
+    fn transform_watched(&self, obj: RawObject) -> Watched {
+        let original = obj.bytes.clone();
+        match self.transform(obj) {
+            Some(o) => Watched::Keep(o),
+            None => Watched::Refused(transform::tombstone(&original)),
+        }
+    }
+
     fn transform(&self, obj: RawObject) -> Option<RawObject> {
+        // Cheap (the Arc of the bytes); the RV is read from them again only for an error.
+        let original = obj.bytes.clone();
         match self.config.transform.apply(obj) {
             Ok(o) => o,
             Err(e) => {
+                let rv = crate::store::extract_meta(&original)
+                    .map(|m| m.resource_version.0)
+                    .unwrap_or_default();
                 let err = ReflectorError::Transform {
                     resource: self.source.resource(),
                     source: e,
+                    rv,
                 };
                 match self.config.transform.oversize {
                     OversizePolicy::Skip
@@ -489,7 +519,12 @@ impl<S: Source> Reflector<S> {
     ) -> Result<Option<ResourceVersion>, (ReflectorError, Option<Duration>)> {
         let record = self.store.record().map_err(|e| (self.store_err(&e), None))?;
         let first = record.rv.is_none() && !record.synced;
-        tracing::info!(scope = %self.scope(), reason, "listing");
+        // A 410 is routine; a persisted RV the server cannot serve (restored etcd) is not.
+        if first || reason.starts_with("410") {
+            tracing::info!(scope = %self.scope(), reason, "listing");
+        } else {
+            tracing::warn!(scope = %self.scope(), reason, "relisting");
+        }
         metrics::global()
             .lists
             .get_or_create(&metrics::ReasonLabels {
@@ -504,18 +539,29 @@ impl<S: Source> Reflector<S> {
             }
             s.last_list_reason = Some(reason.to_owned());
         });
-        // Directly into an empty scope; staged (and swapped in at once) otherwise.
-        let direct = record.rv.is_none() && record.object_count == 0;
+        // Rows staged by a relist that never finished (a crash, or a stop mid-list) would count
+        // as listed at this relist's finish and bring back objects deleted since.
+        self.writer
+            .abort_relist(self.scope())
+            .await
+            .map_err(|e| (self.store_err(&e), None))?;
         let mut restarts = 0;
         loop {
+            // Directly into an empty scope; staged (and swapped in at once) otherwise. Decided per
+            // attempt: once an attempt wrote pages directly, a retry must diff against them, or
+            // objects deleted between the attempts would stay.
+            let mut direct = self.list_direct().map_err(|e| (self.store_err(&e), None))?;
             let attempt = if self.config.streaming_list && !self.streaming_unsupported {
                 match self.streaming_list(direct, stop).await {
                     Ok(r) => Ok(r),
                     Err((err, _)) => {
                         // Fall back to a paginated LIST on 422 (old server) or any error.
-                        tracing::info!(error = %err, "streaming list failed; falling back to paginated LIST");
-                        self.streaming_unsupported = true;
-                        let _ = self.writer.abort_relist(self.scope()).await;
+                        self.streaming_failed(&err);
+                        self.writer
+                            .abort_relist(self.scope())
+                            .await
+                            .map_err(|e| (self.store_err(&e), None))?;
+                        direct = self.list_direct().map_err(|e| (self.store_err(&e), None))?;
                         self.paginated_list(direct).await
                     }
                 }
@@ -540,7 +586,12 @@ impl<S: Source> Reflector<S> {
                     }
                     return Ok(Some(rv));
                 }
-                Ok(None) => return Ok(None),
+                Ok(None) => {
+                    // Stopped mid-list: drop what was staged (a crash leaves it for the next
+                    // list_all to drop).
+                    let _ = self.writer.abort_relist(self.scope()).await;
+                    return Ok(None);
+                }
                 Err(ListFailure::Restart(msg)) if restarts < 3 => {
                     // An expired continue token: the list restarts from scratch.
                     restarts += 1;
@@ -561,6 +612,34 @@ impl<S: Source> Reflector<S> {
                     return Err((err, hint));
                 }
             }
+        }
+    }
+
+    /// Whether a list goes directly into the scope: only while it is empty and has no RV.
+    fn list_direct(&self) -> Result<bool, StoreError> {
+        let record = self.store.record()?;
+        Ok(record.rv.is_none() && record.object_count == 0)
+    }
+
+    /// A failed streaming list: the caller falls back to a paginated LIST. A server that does
+    /// not support streaming lists (it refuses the parameters, or ignores them and never sends
+    /// the end bookmark) is not asked again; any other failure (5xx, 429, I/O) is reported and
+    /// the next list tries streaming again.
+    fn streaming_failed(&mut self, err: &ReflectorError) {
+        let unsupported = match err {
+            ReflectorError::Source { source, .. } => match source {
+                SourceError::Api { status, .. } => matches!(status.code, 400 | 404 | 405 | 415 | 422),
+                SourceError::Decode { line: None, .. } => true,
+                _ => false,
+            },
+            _ => false,
+        };
+        if unsupported {
+            tracing::info!(scope = %self.scope(), error = %err, "the server does not support streaming lists; using paginated LIST");
+            self.streaming_unsupported = true;
+        } else {
+            self.report(err);
+            tracing::warn!(scope = %self.scope(), "streaming list failed; falling back to a paginated LIST this time");
         }
     }
 
@@ -586,6 +665,8 @@ impl<S: Source> Reflector<S> {
 
     async fn paginated_list(&mut self, direct: bool) -> Result<Option<ResourceVersion>, ListFailure> {
         let mut token = None;
+        // The list's RV, from its first page; later pages are served at it.
+        let mut list_rv = String::new();
         loop {
             let req = ListRequest {
                 limit: Some(self.config.page_size),
@@ -603,13 +684,15 @@ impl<S: Source> Reflector<S> {
                     return Err(ListFailure::Failed(
                         ReflectorError::Source {
                             source: e,
-                            rv: String::new(),
+                            rv: list_rv,
+                            continue_token: token,
                         },
                         hint,
                     ));
                 }
             };
             let rv = page.resource_version.clone();
+            list_rv.clone_from(&rv.0);
             self.put_page(direct, page.items)
                 .await
                 .map_err(|e| ListFailure::Failed(self.store_err(&e), None))?;
@@ -637,6 +720,7 @@ impl<S: Source> Reflector<S> {
                 ReflectorError::Source {
                     source: e,
                     rv: String::new(),
+                    continue_token: None,
                 },
                 hint,
             )
@@ -741,6 +825,8 @@ impl<S: Source> Reflector<S> {
         let batch_sizes = metrics::global().batch_size.get_or_create(&self.labels()).clone();
         let mut inflight: Inflight = VecDeque::new();
         let mut end = None;
+        // The highest RV this watch has reached; batches never offer less.
+        let mut high = rv.clone();
         while end.is_none() {
             let first = match stream.next().now_or_never() {
                 Some(item) => Ok(item),
@@ -780,6 +866,7 @@ impl<S: Source> Reflector<S> {
                             detail: format!("watch stalled: nothing received for {idle:?}"),
                         },
                         rv: rv.0.clone(),
+                        continue_token: None,
                     });
                     end = Some(WatchEnd::Retry(None));
                     None
@@ -810,24 +897,33 @@ impl<S: Source> Reflector<S> {
                         match ev {
                             WatchEvent::Added(o) | WatchEvent::Modified(o) => {
                                 let rv = o.meta.resource_version.clone();
-                                if let Some(o) = self.transform(o) {
-                                    batch.deltas.push(crate::store::Delta {
-                                        kind: DeltaKind::Updated,
-                                        object: o,
-                                    });
+                                let delta = match self.transform_watched(o) {
+                                    Watched::Keep(object) => Some((DeltaKind::Updated, object)),
+                                    // Not stored: a stored older version must go too, as a
+                                    // relist would drop it (the writer ignores unknown keys).
+                                    Watched::Refused(tombstone) => tombstone.map(|t| (DeltaKind::Deleted, t)),
+                                };
+                                if let Some((kind, object)) = delta {
+                                    batch.deltas.push(crate::store::Delta { kind, object });
                                 }
-                                batch.rv = Some(rv);
+                                batch.rv = Some(forward(&mut high, rv));
                             }
                             WatchEvent::Deleted(o) => {
-                                batch.rv = Some(o.meta.resource_version.clone());
-                                batch.deltas.push(crate::store::Delta {
-                                    kind: DeltaKind::Deleted,
-                                    object: o,
-                                });
+                                batch.rv = Some(forward(&mut high, o.meta.resource_version.clone()));
+                                // The final state goes into the log: transformed like any
+                                // stored version, or only its identity when refused.
+                                if let Watched::Keep(object) | Watched::Refused(Some(object)) =
+                                    self.transform_watched(o)
+                                {
+                                    batch.deltas.push(crate::store::Delta {
+                                        kind: DeltaKind::Deleted,
+                                        object,
+                                    });
+                                }
                             }
                             WatchEvent::Bookmark { resource_version, .. } => {
                                 if !resource_version.is_empty() {
-                                    batch.rv = Some(resource_version);
+                                    batch.rv = Some(forward(&mut high, resource_version));
                                 }
                             }
                             WatchEvent::Error(status) => {
@@ -916,12 +1012,31 @@ impl<S: Source> Reflector<S> {
             self.report(&ReflectorError::Source {
                 source: e,
                 rv: rv.0.clone(),
+                continue_token: None,
             });
         } else {
             tracing::info!(scope = %self.scope(), rv = %rv, "watch expired (410); relisting");
         }
         end
     }
+}
+
+/// The RV a batch offers after an event at `rv`: never older than what the watch reached, so
+/// a stale RV (a DELETED carrying the object's last RV, kubernetes#58545) is not refused as a
+/// regression, which would fail the batch and replay it on every re-watch.
+fn forward(high: &mut ResourceVersion, rv: ResourceVersion) -> ResourceVersion {
+    if !rv.is_empty() && !rv.is_older_than(high) {
+        *high = rv;
+    }
+    high.clone()
+}
+
+/// A watched object after the transform.
+enum Watched {
+    /// Stored as it is now.
+    Keep(RawObject),
+    /// Refused (user function, size limit or failure); its identity-only tombstone, if any.
+    Refused(Option<RawObject>),
 }
 
 type Inflight = VecDeque<(

@@ -28,6 +28,11 @@ pub enum OversizePolicy {
 }
 
 /// The transform pipeline.
+///
+/// An object it refuses (the user function returns `Ok(None)` or fails, or it is over the size
+/// limit) is not stored; a version of it already stored is removed, as a `Deleted` whose final
+/// state is only the object's identity (see [`tombstone`]), the same outcome a relist gives.
+/// Deletes go through the pipeline too, so their final state in the log is transformed.
 #[derive(Clone)]
 pub struct Transform {
     /// Drop `metadata.managedFields` (default true).
@@ -119,6 +124,31 @@ impl Transform {
     }
 }
 
+/// What stands in for an object that left the store because the transform dropped it (the user
+/// function, the size limit or a failure): `apiVersion`, `kind` and the identifying metadata
+/// (`name`, `namespace`, `uid`, `resourceVersion`), nothing else. It is the final state of the
+/// `Deleted` delta that removes a stored object whose new version is not stored, so the store
+/// never keeps a version older than its RV, and nothing the transform refused reaches the log.
+/// `None` when `json` is not an object with metadata (the source already rejected those).
+#[must_use]
+pub fn tombstone(json: &[u8]) -> Option<RawObject> {
+    let top: Members<'_> = serde_json::from_slice(json).ok()?;
+    let meta = top.0.iter().find(|(k, _)| k == "metadata")?.1;
+    let meta_members: Members<'_> = serde_json::from_str(meta.get()).ok()?;
+    let kept_meta: Vec<_> = meta_members
+        .0
+        .into_iter()
+        .filter(|(k, _)| matches!(k.as_ref(), "name" | "namespace" | "uid" | "resourceVersion"))
+        .collect();
+    let new_meta = join(&kept_meta, None);
+    let kept_top: Vec<_> = top
+        .0
+        .into_iter()
+        .filter(|(k, _)| matches!(k.as_ref(), "apiVersion" | "kind" | "metadata"))
+        .collect();
+    RawObject::from_json(join(&kept_top, Some(("metadata", &new_meta)))).ok()
+}
+
 /// The top-level members of a JSON object as raw slices, in order.
 struct Members<'a>(Vec<(Cow<'a, str>, &'a RawValue)>);
 
@@ -206,6 +236,21 @@ mod tests {
         assert!(strip_managed_fields(br#"{"metadata":{"name":"a"}}"#).is_none());
         // The word appears, but not as a metadata field.
         assert!(strip_managed_fields(br#"{"metadata":{"name":"a"},"data":{"managedFields":"1"}}"#).is_none());
+    }
+
+    #[test]
+    fn a_tombstone_keeps_only_the_identity() {
+        let json = br#"{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"a","namespace":"n","uid":"u1","resourceVersion":"7","labels":{"x":"y"},"managedFields":[]},"data":{"big":"xxxx"}}"#;
+        let t = tombstone(json).unwrap();
+        let v: serde_json::Value = serde_json::from_slice(&t.bytes).unwrap();
+        assert_eq!(
+            v,
+            serde_json::json!({"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"a","namespace":"n","uid":"u1","resourceVersion":"7"}})
+        );
+        assert_eq!(t.key().to_string(), "n/a");
+        assert_eq!(t.meta.resource_version.0, "7");
+        assert!(tombstone(b"[1]").is_none());
+        assert!(tombstone(br#"{"kind":"X"}"#).is_none());
     }
 
     #[test]

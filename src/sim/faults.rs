@@ -34,6 +34,8 @@ pub(crate) struct FaultState {
     pub fail: Option<(FaultTarget, Failure, u32)>,
     pub stall_watches: u32,
     pub cut_watches: u32,
+    pub garble_watch: Option<u64>,
+    pub too_large_watches: bool,
 }
 
 /// Fault-injection switches of a running [`Sim`](super::Sim).
@@ -73,6 +75,19 @@ impl Faults {
     /// the connection (a chunk cut in half).
     pub fn cut_next_watches(&self, watches: u32) {
         self.lock().cut_watches = watches;
+    }
+
+    /// The next WATCH request sends `after_events` events intact, then the next event's line
+    /// cut short (not valid JSON, newline-terminated), then carries on as usual.
+    pub fn garble_next_watch(&self, after_events: u64) {
+        self.lock().garble_watch = Some(after_events);
+    }
+
+    /// While on, a WATCH from a resourceVersion the server has not reached waits the
+    /// configured too-large wait and answers HTTP 504 with cause `ResourceVersionTooLarge`, as
+    /// some API server versions do, instead of staying silent.
+    pub fn too_large_watches(&self, on: bool) {
+        self.lock().too_large_watches = on;
     }
 
     /// Turn every fault off.

@@ -239,7 +239,7 @@ async fn resource_request(
         );
     }
     let result = match (&method, &t.name) {
-        (&Method::GET, None) if is_watch => return watch(shared, &t, q),
+        (&Method::GET, None) if is_watch => return watch(shared, &t, q).await,
         (&Method::GET, None) => return list(shared, &t, q).await,
         (&Method::GET, Some(name)) => shared
             .lock()
@@ -619,11 +619,22 @@ struct WatchPlan {
     drop_after: Option<u64>,
     stall: bool,
     cut: bool,
+    garble: Option<u64>,
 }
 
-fn watch(shared: &Arc<Shared>, t: &Target, q: &Query) -> Resp {
+async fn watch(shared: &Arc<Shared>, t: &Target, q: &Query) -> Resp {
     match plan_watch(shared, t, q) {
         Ok(plan) => {
+            if let Start::From(n) = plan.start {
+                if shared.faults.lock().too_large_watches
+                    && !wait_for_rv(shared, n, shared.config.too_large_rv_wait).await
+                {
+                    let cur = shared.lock().rv;
+                    if n > cur {
+                        return status_response(shared, &too_large(n, cur));
+                    }
+                }
+            }
             let (tx, rx) = mpsc::channel::<Result<Bytes, io::Error>>(16);
             tokio::spawn(run_watch(shared.clone(), plan, tx));
             let stream = futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|c| (c, rx)) })
@@ -708,6 +719,7 @@ fn plan_watch(shared: &Shared, t: &Target, q: &Query) -> Result<WatchPlan, ApiEr
     let drop_after = faults.lock().drop_watch_after;
     let stall = faults.take_counter(|f| &mut f.stall_watches);
     let cut = faults.take_counter(|f| &mut f.cut_watches);
+    let garble = faults.lock().garble_watch.take();
     Ok(WatchPlan {
         res: t.res,
         def: t.def.clone(),
@@ -719,6 +731,7 @@ fn plan_watch(shared: &Shared, t: &Target, q: &Query) -> Result<WatchPlan, ApiEr
         drop_after,
         stall,
         cut,
+        garble,
     })
 }
 
@@ -794,6 +807,7 @@ struct Sink {
     events: u64,
     drop_after: Option<u64>,
     cut: bool,
+    garble: Option<u64>,
 }
 
 impl Sink {
@@ -801,6 +815,13 @@ impl Sink {
     async fn event(&mut self, line_start: usize) -> bool {
         self.events += 1;
         self.shared.counters.watch_events.fetch_add(1, Ordering::Relaxed);
+        if self.garble.is_some_and(|k| self.events == k + 1) {
+            // The line cut short but newline-terminated: a malformed line, not a cut stream.
+            self.garble = None;
+            let half = line_start + (self.buf.len() - line_start) / 2;
+            self.buf.truncate(half);
+            self.buf.push(b'\n');
+        }
         if self.cut {
             let half = line_start + (self.buf.len() - line_start) / 2;
             self.buf.truncate(half);
@@ -857,6 +878,7 @@ async fn run_watch(shared: Arc<Shared>, plan: WatchPlan, tx: mpsc::Sender<Result
         events: 0,
         drop_after: plan.drop_after,
         cut: plan.cut,
+        garble: plan.garble,
     };
     let prefix = plan.ns.as_ref().map(|ns| format!("{ns}/")).unwrap_or_default();
 

@@ -17,6 +17,13 @@ use super::{ListPage, ListRequest, Source, SourceError, WatchRequest, WatchStrea
 const MAX_LINE: usize = 64 << 20;
 
 /// A [`Source`] over a live API server (or the simulated one) through `kube::Client`.
+///
+/// Its cluster identity is `<kube-system namespace UID>@<server URL>`. When the client may
+/// not read that namespace (403) or it does not exist (404), the identity falls back to
+/// `@<server URL>`: the URL is then all that tells clusters apart. The two forms differ, so a
+/// database written with one and opened with the other is refused as another cluster's (for
+/// example after losing RBAC on `kube-system`); restore the access, or open it with
+/// `reset_on_cluster_change` to start afresh.
 #[derive(Clone)]
 pub struct KubeSource {
     client: Client,
@@ -264,6 +271,9 @@ impl KubeSource {
         .boxed())
     }
 
+    /// The `kube-system` UID plus the server URL, or the URL alone on 403/404 (see the type's
+    /// docs): a UID survives URL changes and tells apart clusters behind one URL, but needs
+    /// read access that not every controller has.
     async fn identity(&self) -> Result<Option<String>, SourceError> {
         let req = Request::new("/api/v1/namespaces")
             .get("kube-system", &Default::default())

@@ -7,6 +7,7 @@
 
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::{Arc, Mutex};
+use std::time::Instant;
 
 use durable_informer::source::{
     ApiStatus, ListPage, ListRequest, Source, SourceError, WatchEvent, WatchRequest, WatchStream,
@@ -20,6 +21,8 @@ use tokio::sync::mpsc;
 pub enum Fault {
     /// The next LIST answers with this status.
     List(ApiStatus),
+    /// The next LIST with a continue token (a page after the first) answers with this status.
+    ListContinue(ApiStatus),
     /// The next WATCH answers with this HTTP status.
     Watch(ApiStatus),
     /// The next WATCH sends this ERROR event after `after` events, then ends.
@@ -28,6 +31,18 @@ pub enum Fault {
     WatchMalformed { after: usize },
     /// The next WATCH ends after `after` events.
     WatchDrop { after: usize },
+    /// The next WATCH sends `after` events, then nothing more (it never ends by itself).
+    WatchStall { after: usize },
+    /// Like `WatchError`, but the object `delete` is deleted on the server just before the
+    /// error is sent (a change between a failed list attempt and its retry).
+    WatchErrorAfterDelete {
+        after: usize,
+        status: ApiStatus,
+        delete: String,
+    },
+    /// The next LIST with a continue token finds the server moved on: `delete` was deleted and
+    /// the history compacted, so the token expired (410).
+    ListContinueExpired { delete: String },
 }
 
 #[derive(Default)]
@@ -36,7 +51,7 @@ struct State {
     objects: BTreeMap<String, (u64, Vec<u8>)>,
     history: Vec<(u64, &'static str, Vec<u8>)>,
     compacted: u64,
-    requests: Vec<String>,
+    requests: Vec<(Instant, String)>,
     faults: VecDeque<Fault>,
     watchers: Vec<mpsc::UnboundedSender<Result<WatchEvent, SourceError>>>,
     identity: Option<String>,
@@ -181,9 +196,34 @@ impl Fake {
         s.compacted = s.compacted.min(rv);
     }
 
-    /// Every request so far: `list rv=… limit=… continue=…` or `watch rv=…`.
+    /// Every request so far: `list rv=… limit=… continue=…` or
+    /// `watch rv=…[ initial-events] timeout=…`.
     pub fn requests(&self) -> Vec<String> {
+        self.timed_requests().into_iter().map(|(_, r)| r).collect()
+    }
+
+    /// Every request so far with the time it arrived.
+    pub fn timed_requests(&self) -> Vec<(Instant, String)> {
         self.state.lock().unwrap().requests.clone()
+    }
+
+    /// Every request with the watch's ` timeout=…` left out, for asserting the RVs asked for.
+    pub fn requests_without_timeouts(&self) -> Vec<String> {
+        self.requests()
+            .into_iter()
+            .map(|r| match r.find(" timeout=") {
+                Some(i) => r[..i].to_owned(),
+                None => r,
+            })
+            .collect()
+    }
+
+    /// The `timeoutSeconds` of every WATCH so far.
+    pub fn watch_timeouts(&self) -> Vec<u32> {
+        self.requests()
+            .iter()
+            .filter_map(|r| r.split_once(" timeout=").map(|(_, t)| t.parse().unwrap()))
+            .collect()
     }
 
     pub fn full_lists(&self) -> usize {
@@ -212,17 +252,34 @@ impl Fake {
 
 impl Source for Fake {
     async fn list(&self, req: ListRequest) -> Result<ListPage, SourceError> {
-        self.state.lock().unwrap().requests.push(format!(
-            "list rv={} limit={} continue={}",
-            req.resource_version.as_deref().unwrap_or(""),
-            req.limit.map(|l| l.to_string()).unwrap_or_default(),
-            req.continue_token.as_deref().unwrap_or("")
+        self.state.lock().unwrap().requests.push((
+            Instant::now(),
+            format!(
+                "list rv={} limit={} continue={}",
+                req.resource_version.as_deref().unwrap_or(""),
+                req.limit.map(|l| l.to_string()).unwrap_or_default(),
+                req.continue_token.as_deref().unwrap_or("")
+            ),
         ));
         if let Some(Fault::List(st)) = self.take_fault(|f| matches!(f, Fault::List(_))) {
             return Err(SourceError::Api {
                 resource: "configmaps".into(),
                 status: st,
             });
+        }
+        if req.continue_token.is_some() {
+            if let Some(Fault::ListContinue(st)) = self.take_fault(|f| matches!(f, Fault::ListContinue(_))) {
+                return Err(SourceError::Api {
+                    resource: "configmaps".into(),
+                    status: st,
+                });
+            }
+            if let Some(Fault::ListContinueExpired { delete }) =
+                self.take_fault(|f| matches!(f, Fault::ListContinueExpired { .. }))
+            {
+                self.delete(&delete);
+                self.compact();
+            }
         }
         let s = self.state.lock().unwrap();
         // continue token = "rv:start-after-key"
@@ -261,10 +318,14 @@ impl Source for Fake {
     }
 
     async fn watch(&self, req: WatchRequest) -> Result<WatchStream, SourceError> {
-        self.state.lock().unwrap().requests.push(format!(
-            "watch rv={}{}",
-            req.resource_version,
-            if req.send_initial_events { " initial-events" } else { "" }
+        self.state.lock().unwrap().requests.push((
+            Instant::now(),
+            format!(
+                "watch rv={}{} timeout={}",
+                req.resource_version,
+                if req.send_initial_events { " initial-events" } else { "" },
+                req.timeout_secs
+            ),
         ));
         if let Some(Fault::Watch(st)) = self.take_fault(|f| matches!(f, Fault::Watch(_))) {
             return Err(SourceError::Api {
@@ -315,9 +376,24 @@ impl Source for Fake {
         let fault = self.take_fault(|f| {
             matches!(
                 f,
-                Fault::WatchError { .. } | Fault::WatchMalformed { .. } | Fault::WatchDrop { .. }
+                Fault::WatchError { .. }
+                    | Fault::WatchMalformed { .. }
+                    | Fault::WatchDrop { .. }
+                    | Fault::WatchStall { .. }
+                    | Fault::WatchErrorAfterDelete { .. }
             )
         });
+        if let Some(Fault::WatchStall { after }) = fault {
+            return Ok(stream.take(after).chain(futures::stream::pending()).boxed());
+        }
+        if let Some(Fault::WatchErrorAfterDelete { after, status, delete }) = fault {
+            let fake = self.clone();
+            let tail = futures::stream::once(async move {
+                fake.delete(&delete);
+                Ok(WatchEvent::Error(status))
+            });
+            return Ok(stream.take(after).chain(tail).boxed());
+        }
         if let Some(f) = fault {
             let (after, tail): (usize, Vec<Result<WatchEvent, SourceError>>) = match f {
                 Fault::WatchError { after, status } => (after, vec![Ok(WatchEvent::Error(status))]),
