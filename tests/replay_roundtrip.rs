@@ -13,8 +13,9 @@ use common::fake::Fake;
 use durable_informer::informer::{handler_fn, Event, HandlerOptions, Informer};
 use durable_informer::replay::{
     export_log, history, replay_into, state_at, Recorder, RecorderConfig, ReplayError, ReplayOptions, ReplaySource,
+    Speed,
 };
-use durable_informer::store::{DeltaKind, DurableStore, ObjectKey, StoreConfig};
+use durable_informer::store::{DeltaKind, DurableStore, ObjectKey, Seq, StoreConfig};
 use k8s_openapi::api::core::v1::ConfigMap;
 use redb::{ReadableDatabase, ReadableTable, TableDefinition};
 
@@ -333,4 +334,129 @@ async fn the_initial_state_is_served_as_list_pages_when_streaming_lists_are_off(
     let (ta, tb) = (tables(&a), tables(&b));
     assert!(ta.0 == tb.0, "object tables differ");
     assert!(ta.1 == tb.1, "logs differ");
+}
+
+/// `workload` with a receive time on every line, `gap_ms` apart.
+fn timed_workload(path: &Path, objects: u64, events: u64, gap_ms: u64) {
+    let plain = path.with_extension("plain");
+    workload(&plain, objects, events);
+    let text = std::fs::read_to_string(&plain).unwrap();
+    let mut f = std::io::BufWriter::new(std::fs::File::create(path).unwrap());
+    for (n, line) in text.lines().enumerate() {
+        let at = 1_700_000_000_000 + n as u64 * gap_ms;
+        let open = line.strip_suffix('}').unwrap();
+        writeln!(f, r#"{open},"receivedAt":{at}}}"#).unwrap();
+    }
+}
+
+/// Replays `rec` through an informer with a durable handler; returns what the handler saw.
+async fn replay_with_handler(rec: &Path, db_path: &Path, speed: Speed, max_batch: usize) -> Vec<String> {
+    use durable_informer::reflector::{ReflectorConfig, Transform};
+    let db = DurableStore::open(StoreConfig::new(db_path).durable(false)).unwrap();
+    // A durable handler without a cursor starts with a snapshot of whatever is committed when
+    // it starts (timing); from a cursor at 0 it reads the whole log, in log order.
+    db.writer().set_cursor("test".into(), Seq(0)).await.unwrap();
+    let source = ReplaySource::open(rec, ReplayOptions::default().speed(speed)).unwrap();
+    let handle = source.handle();
+    let informer = Informer::<ConfigMap>::builder(&db, source)
+        .reflector_config(ReflectorConfig {
+            max_batch,
+            ..ReflectorConfig::default()
+        })
+        .transform(Transform {
+            drop_managed_fields: false,
+            ..Transform::default()
+        })
+        .build()
+        .await
+        .unwrap();
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let s2 = seen.clone();
+    let reg = informer.add_event_handler(
+        handler_fn(move |ev: Event<ConfigMap>| -> Result<(), std::convert::Infallible> {
+            let id = |c: &ConfigMap| {
+                format!(
+                    "{} {}",
+                    c.metadata.name.clone().unwrap_or_default(),
+                    c.metadata.resource_version.clone().unwrap_or_default()
+                )
+            };
+            s2.lock().unwrap().push(match &ev {
+                Event::Add { object, .. } => format!("add {}", id(object)),
+                Event::Update { old, new, .. } => format!("update {} -> {}", id(old), id(new)),
+                Event::Delete { object, .. } => format!("delete {}", id(object)),
+            });
+            Ok(())
+        }),
+        HandlerOptions::durable("test"),
+    );
+    informer.start();
+    let report = handle.wait_applied(informer.status()).await.unwrap();
+    let target = report.last_rv.as_u64().unwrap();
+    // The handler runs behind the commit: wait until it has seen the last RV.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        let reached = seen
+            .lock()
+            .unwrap()
+            .last()
+            .is_some_and(|l| l.ends_with(&format!(" {target}")));
+        if reached || std::time::Instant::now() > deadline {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    informer.shutdown().await.unwrap();
+    drop(reg);
+    drop(informer);
+    db.close().unwrap();
+    let out = seen.lock().unwrap().clone();
+    out
+}
+
+/// Fewer initial objects than the store's dictionary needs samples, so the dictionary is
+/// trained while watch events arrive, in batches whose boundaries depend on the pace and the
+/// batch size. The stored bytes and what a handler sees must not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replays_at_any_speed_and_batch_size_give_byte_identical_tables_and_handler_events() {
+    let dir = tempfile::tempdir().unwrap();
+    let rec = dir.path().join("rec.jsonl");
+    timed_workload(&rec, 10, 900, 1);
+    let runs = [
+        (Speed::Max, 1000),
+        (Speed::Max, 1),
+        (Speed::Max, 13),
+        (Speed::Factor(2.0), 1000),
+        (Speed::Factor(1.0), 3),
+    ];
+    let mut first: Option<((Rows, Rows), Vec<String>)> = None;
+    for (n, (speed, max_batch)) in runs.into_iter().enumerate() {
+        let path = dir.path().join(format!("r{n}.redb"));
+        let seen = replay_with_handler(&rec, &path, speed, max_batch).await;
+        let t = tables(&path);
+        assert!(t.1.len() > 900, "log has {} rows", t.1.len());
+        match &first {
+            None => {
+                assert!(seen.len() > 900, "handler saw {} events", seen.len());
+                first = Some((t, seen));
+            }
+            Some((t0, seen0)) => {
+                assert!(t.0 == t0.0, "object tables differ at {speed:?}, max_batch {max_batch}");
+                assert!(t.1 == t0.1, "logs differ at {speed:?}, max_batch {max_batch}");
+                let at = seen
+                    .iter()
+                    .zip(seen0)
+                    .position(|(a, b)| a != b)
+                    .unwrap_or(seen.len().min(seen0.len()));
+                assert!(
+                    &seen == seen0,
+                    "handler events differ at {speed:?}, max_batch {max_batch}: {} vs {} events, first difference at {at}: {:?} vs {:?}",
+                    seen.len(),
+                    seen0.len(),
+                    seen.get(at),
+                    seen0.get(at)
+                );
+            }
+        }
+    }
 }

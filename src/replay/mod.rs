@@ -81,9 +81,13 @@
 //! ## Determinism
 //!
 //! Two replays of one recording into fresh databases give byte-identical `objects` and `log`
-//! tables: batch boundaries and timing do not reach the stored bytes (log seqs are dense and
-//! assigned in event order). Only the scope record's `last_relist_at_ms` holds a wall-clock
-//! time, and a replay never relists.
+//! tables, at any speed and batch size: log seqs are dense and assigned in event order, and the
+//! one place where the store's bytes depend on a batch boundary (the batch that brings the
+//! scope's 256th object trains the zstd dictionary and is compressed with it as a whole) is
+//! pinned: the replay source makes that object start a batch, and the initial list is cut into
+//! pages by count. This holds for transforms that keep every object (the default); one that
+//! drops objects moves the store's count away from the source's. Only the scope record's
+//! `last_relist_at_ms` holds a wall-clock time, and a replay never relists.
 
 mod export;
 mod format;
