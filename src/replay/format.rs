@@ -196,7 +196,8 @@ impl RecordingReader {
         self.skipped
     }
 
-    /// True when a truncated last line was dropped.
+    /// True when the input ended cut off: a truncated last line was dropped, or a zstd frame
+    /// never ended.
     #[must_use]
     pub fn truncated_tail(&self) -> bool {
         self.truncated
@@ -215,13 +216,28 @@ impl RecordingReader {
                 return Ok(None);
             };
             self.buf.clear();
-            let n = input
-                .read_until(b'\n', &mut self.buf)
-                .map_err(|source| ReplayError::Io {
-                    path: path.clone(),
-                    line: Some(self.line + 1),
-                    source,
-                })?;
+            let mut cut = false;
+            let n = match input.read_until(b'\n', &mut self.buf) {
+                Ok(n) => n,
+                // Only the zstd decoder reports an early end: a frame that was never finished,
+                // what a crash while recording leaves. Like a truncated plain file: keep what
+                // decoded, warn, and stop reading this file.
+                Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
+                    tracing::warn!(path = %path.display(), line = self.line + 1,
+                        "compressed recording ends mid-frame (a crash while recording?); replaying what precedes the cut");
+                    self.truncated = true;
+                    cut = true;
+                    *input = Box::new(std::io::empty());
+                    self.buf.len()
+                }
+                Err(source) => {
+                    return Err(ReplayError::Io {
+                        path: path.clone(),
+                        line: Some(self.line + 1),
+                        source,
+                    })
+                }
+            };
             if n == 0 {
                 // End of this file: on to the next one.
                 self.input = None;
@@ -233,7 +249,7 @@ impl RecordingReader {
                 continue;
             }
             self.line += 1;
-            let complete = self.buf.last() == Some(&b'\n');
+            let complete = !cut && self.buf.last() == Some(&b'\n');
             let mut line = self.buf.as_slice();
             while let Some((last, rest)) = line.split_last() {
                 if last.is_ascii_whitespace() {

@@ -52,7 +52,8 @@
 //! ([`ReplayError::Malformed`]), or is skipped and counted with [`MalformedPolicy::Skip`]. An
 //! unknown event type is always an error ([`ReplayError::UnknownEventType`]). A truncated last
 //! line (no newline, does not decode: a crash while recording) is dropped with a warning and
-//! reported ([`ReplayReport::truncated_tail`]). A resourceVersion older than the one before it
+//! reported ([`ReplayReport::truncated_tail`]); so is the cut end of a zstd file whose frame
+//! never ended (every complete line before the cut is replayed). A resourceVersion older than the one before it
 //! is an error ([`ReplayError::RvRegression`]) or, with [`RvRegressionPolicy::Warn`], a skipped
 //! and counted event. `ERROR` events are counted and not replayed.
 //!

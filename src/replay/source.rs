@@ -141,7 +141,8 @@ pub struct ReplayReport {
     /// `ERROR` events in the recording (not replayed: a recorded 410 would make the reflector
     /// relist against a recording that cannot answer).
     pub error_events: u64,
-    /// The last line was truncated and dropped.
+    /// The recording ends cut off (a crash while recording): a truncated last line was
+    /// dropped, or a compressed file ends mid-frame.
     pub truncated_tail: bool,
     /// The replay stopped at [`ReplayOptions::stop_at_rv`] / [`ReplayOptions::stop_at_ms`]
     /// before the end of the recording.
