@@ -55,7 +55,9 @@
 //! reported ([`ReplayReport::truncated_tail`]); so is the cut end of a zstd file whose frame
 //! never ended (every complete line before the cut is replayed). A resourceVersion older than the one before it
 //! is an error ([`ReplayError::RvRegression`]) or, with [`RvRegressionPolicy::Warn`], a skipped
-//! and counted event. `ERROR` events are counted and not replayed.
+//! and counted event. A 410 `ERROR` followed by a new initial state (ADDED lines up to an
+//! initial-events-end BOOKMARK: what the [`Recorder`] and [`export_log`] write for a relist)
+//! is replayed as a relist from that state; other `ERROR` events are counted and not replayed.
 //!
 //! ## Memory usage
 //!

@@ -138,9 +138,12 @@ pub struct ReplayReport {
     pub skipped_malformed: u64,
     /// Events skipped because their RV went backwards ([`RvRegressionPolicy::Warn`]).
     pub rv_regressions: u64,
-    /// `ERROR` events in the recording (not replayed: a recorded 410 would make the reflector
-    /// relist against a recording that cannot answer).
+    /// `ERROR` events in the recording that were not replayed: any but a 410 followed by the
+    /// state a relist found (the reflector cannot relist against a recording that has no
+    /// answer).
     pub error_events: u64,
+    /// 410 `ERROR` events followed by a new initial state, replayed as relists.
+    pub relists: u64,
     /// The recording ends cut off (a crash while recording): a truncated last line was
     /// dropped, or a compressed file ends mid-frame.
     pub truncated_tail: bool,
@@ -154,6 +157,7 @@ struct FeedSummary {
     skipped_malformed: u64,
     rv_regressions: u64,
     error_events: u64,
+    relists: u64,
     truncated_tail: bool,
     stopped_early: bool,
 }
@@ -275,6 +279,7 @@ impl Consumer {
                 s.report.skipped_malformed = sum.skipped_malformed;
                 s.report.rv_regressions = sum.rv_regressions;
                 s.report.error_events = sum.error_events;
+                s.report.relists = sum.relists;
                 s.report.truncated_tail = sum.truncated_tail;
                 s.report.stopped_early = sum.stopped_early;
                 None
@@ -425,6 +430,7 @@ impl ReplaySource {
             initial_cut: false,
             last: None,
             pace: None,
+            gone: None,
         };
         std::thread::Builder::new()
             .name("replay-feed".into())
@@ -604,6 +610,13 @@ impl Source for ReplaySource {
                                 YieldOnce(false).await;
                             }
                         }
+                        if let WatchEvent::Error(status) = &ev {
+                            // The feeder sends a 410 only when a new initial state follows: the
+                            // reflector's relist is served from it.
+                            if status.is_gone() {
+                                c.initial_done = false;
+                            }
+                        }
                         c.events += 1;
                         if let Some(rv) = event_rv(&ev) {
                             c.last_rv.clone_from(rv);
@@ -649,6 +662,9 @@ struct Feeder {
     initial_cut: bool,
     last: Option<ResourceVersion>,
     pace: Option<(Instant, u64)>,
+    /// A 410 ERROR waiting for the next line: followed by a new initial state (what the
+    /// recorder and export write after an expired watch) it is replayed as a relist.
+    gone: Option<RecordedEvent>,
 }
 
 enum Flow {
@@ -667,6 +683,9 @@ fn newer(a: Option<ResourceVersion>, b: &ResourceVersion) -> ResourceVersion {
 impl Feeder {
     fn run(mut self, mut reader: RecordingReader, prefix: Vec<RecordedEvent>) {
         let result = self.run_inner(&mut reader, prefix);
+        if let Some(ev) = self.gone.take() {
+            self.skip_error(&ev);
+        }
         let result = result.map(|()| {
             let mut s = std::mem::take(&mut self.summary);
             s.skipped_malformed = reader.skipped();
@@ -720,8 +739,36 @@ impl Feeder {
         self.push(Feed::InitialEnd(rv))
     }
 
+    fn skip_error(&mut self, ev: &RecordedEvent) {
+        if let WatchEvent::Error(status) = &ev.event {
+            tracing::warn!(path = %ev.path.display(), line = ev.line, %status, "ERROR event in the recording; not replayed");
+        }
+        self.summary.error_events += 1;
+    }
+
     fn handle(&mut self, ev: RecordedEvent) -> Result<Flow, ReplayError> {
         let closed = |ok: bool| if ok { Flow::Continue } else { Flow::Stop };
+        if let Some(gone) = self.gone.take() {
+            if matches!(
+                ev.event,
+                WatchEvent::Added(_)
+                    | WatchEvent::Bookmark {
+                        initial_events_end: true,
+                        ..
+                    }
+            ) {
+                // The watch expired and the recording holds the state the relist found: the
+                // reflector gets the 410 and relists from that state, as it did live.
+                self.summary.relists += 1;
+                if !self.push(Feed::Event(gone.event)) {
+                    return Ok(Flow::Stop);
+                }
+                self.initial = true;
+                self.initial_max = None;
+            } else {
+                self.skip_error(&gone);
+            }
+        }
         if self.initial {
             match ev.event {
                 WatchEvent::Added(o) => {
@@ -762,8 +809,11 @@ impl Feeder {
 
     fn live(&mut self, ev: RecordedEvent) -> Result<Flow, ReplayError> {
         if let WatchEvent::Error(status) = &ev.event {
-            tracing::warn!(path = %ev.path.display(), line = ev.line, %status, "ERROR event in the recording; not replayed");
-            self.summary.error_events += 1;
+            if status.is_gone() {
+                self.gone = Some(ev);
+            } else {
+                self.skip_error(&ev);
+            }
             return Ok(Flow::Continue);
         }
         let Some(rv) = event_rv(&ev.event).cloned() else {
