@@ -228,3 +228,54 @@ async fn replay_stops_at_a_receive_time() {
     assert!(report.stopped_early);
     assert_eq!(report.last_rv.as_str(), "12");
 }
+
+/// A stop time inside the initial ADDED run: objects received after it are left out and the
+/// replay stops there (before, the time was checked only after the initial run).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stop_time_inside_the_initial_run_leaves_out_the_objects_received_after_it() {
+    let dir = tempfile::tempdir().unwrap();
+    // a (RV 10) at 1_000_000, b (RV 11) at 1_000_200: both in the initial run.
+    let path = write(dir.path(), &stamped(&good(), 200), true);
+    let db = DurableStore::open(StoreConfig::new(dir.path().join("db.redb")).durable(false)).unwrap();
+    let source = ReplaySource::open(&path, ReplayOptions::default().stop_at_ms(1_000_100)).unwrap();
+    let report = replay_into(&db, source).await.unwrap();
+    assert!(report.stopped_early);
+    assert_eq!(report.initial_objects, 1);
+    assert_eq!(report.events, 0);
+    assert_eq!(report.last_rv.as_str(), "10");
+    let (scope, _) = db.scopes().unwrap()[0].clone();
+    let names: Vec<String> = db
+        .store(scope)
+        .list()
+        .unwrap()
+        .into_iter()
+        .map(|o| o.key.to_string())
+        .collect();
+    assert_eq!(names, ["ns/a"]);
+}
+
+/// `durable-informer replay --until-time <ms>` passes the stop time through.
+#[cfg(feature = "cli")]
+#[test]
+fn the_cli_replay_stops_at_until_time() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = write(dir.path(), &stamped(&good(), 200), true);
+    let run = |until: &str, db: &str| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_durable-informer"))
+            .arg("replay")
+            .arg(&path)
+            .args(["-o", "json", "--until-time", until, "--db"])
+            .arg(dir.path().join(db))
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        serde_json::from_slice::<serde_json::Value>(&out.stdout).unwrap()
+    };
+    // In the initial run, then after the third line (MODIFIED a, RV 12).
+    let early = run("1000100", "a.redb");
+    assert_eq!(early["lastResourceVersion"], "10");
+    assert_eq!(early["stoppedEarly"], true);
+    let later = run("1000450", "b.redb");
+    assert_eq!(later["lastResourceVersion"], "12");
+    assert_eq!(later["events"], 1);
+}

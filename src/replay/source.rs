@@ -44,7 +44,8 @@ pub struct ReplayOptions {
     /// Stop after the last event whose resourceVersion is not newer than this (integer RVs).
     /// Objects of the initial ADDED run newer than it are left out.
     pub stop_at_rv: Option<ResourceVersion>,
-    /// Stop before the first event received after this time (unix milliseconds).
+    /// Stop before the first event received after this time (unix milliseconds). Objects of
+    /// the initial ADDED run received after it are left out.
     pub stop_at_ms: Option<u64>,
     /// The scope; derived from the first object's `apiVersion`/`kind` when `None`.
     pub scope: Option<ScopeSpec>,
@@ -770,10 +771,12 @@ impl Feeder {
             }
         }
         if self.initial {
+            // Received after the stop time: left out, like an object past the stop RV.
+            let late = matches!((self.options.stop_at_ms, ev.received_at_ms), (Some(stop), Some(at)) if at > stop);
             match ev.event {
                 WatchEvent::Added(o) => {
                     let rv = &o.meta.resource_version;
-                    if self.options.stop_at_rv.as_ref().is_some_and(|s| s.is_older_than(rv)) {
+                    if late || self.options.stop_at_rv.as_ref().is_some_and(|s| s.is_older_than(rv)) {
                         self.initial_cut = true;
                         return Ok(Flow::Continue);
                     }
@@ -784,6 +787,7 @@ impl Feeder {
                     resource_version,
                     initial_events_end: true,
                 } => {
+                    self.initial_cut |= late;
                     let rv = if self.initial_cut { None } else { Some(resource_version) };
                     let ok = self.end_initial(rv);
                     if self.initial_cut {
