@@ -618,3 +618,78 @@ async fn an_export_of_a_store_that_relisted_after_a_410_replays_to_the_same_obje
     assert_eq!(stored_rvs(&replayed_db), fake.objects());
     assert_eq!(stored_rvs(&replayed_db), stored_rvs(&db));
 }
+
+/// Export of every scope (`scope = None`) writes one file with the scopes interleaved in log
+/// order; each scope's lines in it are exactly that scope's own export. Pinned because the
+/// result replays into one scope only (documented on `export_log`).
+#[test]
+fn an_export_of_all_scopes_interleaves_them_in_log_order() {
+    use durable_informer::store::{Batch, RawObject, ScopeSpec};
+    let obj = |kind: &str, name: &str, rv: u64| {
+        RawObject::from_json(
+            format!(
+                r#"{{"apiVersion":"v1","kind":"{kind}","metadata":{{"name":"{name}","namespace":"ns","resourceVersion":"{rv}"}}}}"#
+            )
+            .into_bytes(),
+        )
+        .unwrap()
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let db = DurableStore::open(StoreConfig::new(dir.path().join("db.redb")).durable(false)).unwrap();
+    let w = db.writer();
+    let cms = w
+        .register_scope_blocking(&ScopeSpec::new("", "v1", "configmaps"))
+        .unwrap();
+    let secrets = w.register_scope_blocking(&ScopeSpec::new("", "v1", "secrets")).unwrap();
+    let steps = [
+        (cms, DeltaKind::Added, "ConfigMap", "a", 1),
+        (secrets, DeltaKind::Added, "Secret", "s", 2),
+        (cms, DeltaKind::Added, "ConfigMap", "b", 3),
+        (secrets, DeltaKind::Updated, "Secret", "s", 4),
+        (cms, DeltaKind::Updated, "ConfigMap", "a", 5),
+        (secrets, DeltaKind::Deleted, "Secret", "s", 6),
+    ];
+    for (scope, kind, k, name, rv) in steps {
+        w.apply_blocking(Batch::new(scope).delta(kind, obj(k, name, rv)).rv(rv.to_string()))
+            .unwrap();
+    }
+    let export = |scope| {
+        let mut out = Vec::new();
+        let report = export_log(&db, scope, &mut out).unwrap();
+        let lines: Vec<String> = String::from_utf8(out).unwrap().lines().map(str::to_owned).collect();
+        assert_eq!(report.lines, lines.len() as u64);
+        lines
+    };
+    let all = export(None);
+    let summary: Vec<String> = all
+        .iter()
+        .map(|l| {
+            let v: serde_json::Value = serde_json::from_str(l).unwrap();
+            format!(
+                "{} {} {}",
+                v["type"].as_str().unwrap(),
+                v["object"]["kind"].as_str().unwrap(),
+                v["object"]["metadata"]["resourceVersion"].as_str().unwrap()
+            )
+        })
+        .collect();
+    assert_eq!(
+        summary,
+        [
+            "ADDED ConfigMap 1",
+            "ADDED Secret 2",
+            "ADDED ConfigMap 3",
+            "MODIFIED Secret 4",
+            "MODIFIED ConfigMap 5",
+            "DELETED Secret 6",
+        ]
+    );
+    let of_kind = |kind: &str| -> Vec<String> {
+        all.iter()
+            .filter(|l| l.contains(&format!(r#""kind":"{kind}""#)))
+            .cloned()
+            .collect()
+    };
+    assert_eq!(of_kind("ConfigMap"), export(Some(cms)));
+    assert_eq!(of_kind("Secret"), export(Some(secrets)));
+}

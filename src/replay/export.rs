@@ -58,8 +58,12 @@ const PAGE: usize = 4096;
 /// Record → replay (with [`replay_into`](super::replay_into), which keeps objects byte for
 /// byte) → export gives back the recorded ADDED/MODIFIED/DELETED lines, without their
 /// `receivedAt` field. Entries already compacted out of the log cannot be exported; a replay
-/// of an export of a compacted log therefore starts from the first retained entry. A recording
-/// replays into one scope: export one scope to replay it.
+/// of an export of a compacted log therefore starts from the first retained entry.
+///
+/// With `scope = None` the scopes share one file, interleaved in log order; each scope's lines
+/// in it are exactly what exporting that scope alone writes. A recording replays into one
+/// scope, so such a file is for reading, not for replay: export each scope on its own to
+/// replay it.
 ///
 /// Blocking (it reads the database in pages of 4096 entries).
 ///
