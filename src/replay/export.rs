@@ -280,6 +280,8 @@ pub fn export_log_file(
     let mut out = BufWriter::with_capacity(256 << 10, file);
     if path.extension().is_some_and(|e| e == "zst") {
         let mut enc = zstd::stream::write::Encoder::new(out, 3).map_err(io)?;
+        // Corruption is detected at the frame's end (as in the recorder).
+        enc.include_checksum(true).map_err(io)?;
         let report = export_log(db, scope, &mut enc)?;
         let mut out = enc.finish().map_err(io)?;
         out.flush().map_err(io)?;

@@ -220,7 +220,11 @@ impl Files {
         };
         let file = BufWriter::with_capacity(256 << 10, create_private(&path).map_err(io)?);
         let sink = if path.extension().is_some_and(|e| e == "zst") {
-            Sink::Zstd(zstd::stream::write::Encoder::new(file, 3).map_err(io)?)
+            let mut enc = zstd::stream::write::Encoder::new(file, 3).map_err(io)?;
+            // A checksum, so a corrupted file fails at its frame's end instead of replaying
+            // altered objects.
+            enc.include_checksum(true).map_err(io)?;
+            Sink::Zstd(enc)
         } else {
             Sink::Plain(file)
         };
