@@ -124,10 +124,7 @@ fn main() {
         let db = DurableStore::open(StoreConfig::new(&db_path).durable(durable)).unwrap();
         let t = Instant::now();
         let report = rt
-            .block_on(replay_into(
-                &db,
-                ReplaySource::open(&rec, ReplayOptions::default()).unwrap(),
-            ))
+            .block_on(replay_into(&db, ReplaySource::open(&rec, options.clone()).unwrap()))
             .unwrap();
         let secs = t.elapsed().as_secs_f64();
         let n = report.initial_objects + report.events;
