@@ -286,7 +286,7 @@ async fn a_zstd_recording_started_from_a_watch_replays_to_the_servers_state() {
     settle(&fake, &mut progress).await;
     stop.send(true).unwrap();
     let report = task.await.unwrap().unwrap();
-    assert_eq!(report.files, [path.clone()]);
+    assert_eq!(report.files, std::slice::from_ref(&path));
     assert!(
         fake.requests().iter().all(|r| !r.starts_with("list")),
         "{:?}",

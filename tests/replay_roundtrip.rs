@@ -491,7 +491,7 @@ async fn a_compressed_recording_cut_by_a_crash_replays_its_complete_prefix() {
     progress.wait_for(|p| p.last_rv.as_str() == target).await.unwrap();
     stop.send(true).unwrap();
     let report = task.await.unwrap().unwrap();
-    assert_eq!(report.files, [path.clone()]);
+    assert_eq!(report.files, std::slice::from_ref(&path));
     let whole = std::fs::read(&path).unwrap();
     let cut = dir.path().join("cut.jsonl.zst");
     std::fs::write(&cut, &whole[..whole.len() * 2 / 3]).unwrap();
