@@ -9,9 +9,10 @@
 //! (fsynced) commits. `cargo bench --bench replay -- replay_decode` runs the criterion group
 //! only.
 //!
-//! Measured on the shared 2-core dev machine (2026-11-22): read + decode ~470–510k events/s;
-//! replay ~95–130k events/s with `durable(false)`, ~40–100k with `durable(true)` (noisy: other
-//! builds were running). A `perf` profile puts ~56% of samples on the store's writer thread
+//! Measured on the shared 2-core dev machine (2026-11-23, after the bench honoured
+//! `REPLAY_MAX_BATCH`): read + decode ~390–500k events/s; replay ~75–100k events/s with
+//! `durable(false)`, ~57–99k with `durable(true)` (200,000 and 300,000 events; batch 1000 or
+//! 4000 made no clear difference). The 200k events/s aim is missed by about half. A `perf` profile puts ~56% of samples on the store's writer thread
 //! (redb B-tree inserts, page cache), ~24% on the replay reader thread and ~5% on the
 //! reflector: the writer bounds replay speed, below the 200k events/s aim.
 
@@ -124,10 +125,7 @@ fn main() {
         let db = DurableStore::open(StoreConfig::new(&db_path).durable(durable)).unwrap();
         let t = Instant::now();
         let report = rt
-            .block_on(replay_into(
-                &db,
-                ReplaySource::open(&rec, ReplayOptions::default()).unwrap(),
-            ))
+            .block_on(replay_into(&db, ReplaySource::open(&rec, options.clone()).unwrap()))
             .unwrap();
         let secs = t.elapsed().as_secs_f64();
         let n = report.initial_objects + report.events;

@@ -228,3 +228,141 @@ async fn replay_stops_at_a_receive_time() {
     assert!(report.stopped_early);
     assert_eq!(report.last_rv.as_str(), "12");
 }
+
+/// A stop time inside the initial ADDED run: objects received after it are left out and the
+/// replay stops there (before, the time was checked only after the initial run).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stop_time_inside_the_initial_run_leaves_out_the_objects_received_after_it() {
+    let dir = tempfile::tempdir().unwrap();
+    // a (RV 10) at 1_000_000, b (RV 11) at 1_000_200: both in the initial run.
+    let path = write(dir.path(), &stamped(&good(), 200), true);
+    let db = DurableStore::open(StoreConfig::new(dir.path().join("db.redb")).durable(false)).unwrap();
+    let source = ReplaySource::open(&path, ReplayOptions::default().stop_at_ms(1_000_100)).unwrap();
+    let report = replay_into(&db, source).await.unwrap();
+    assert!(report.stopped_early);
+    assert_eq!(report.initial_objects, 1);
+    assert_eq!(report.events, 0);
+    assert_eq!(report.last_rv.as_str(), "10");
+    let (scope, _) = db.scopes().unwrap()[0].clone();
+    let names: Vec<String> = db
+        .store(scope)
+        .list()
+        .unwrap()
+        .into_iter()
+        .map(|o| o.key.to_string())
+        .collect();
+    assert_eq!(names, ["ns/a"]);
+}
+
+/// `durable-informer replay --until-time <ms>` passes the stop time through.
+#[cfg(feature = "cli")]
+#[test]
+fn the_cli_replay_stops_at_until_time() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = write(dir.path(), &stamped(&good(), 200), true);
+    let run = |until: &str, db: &str| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_durable-informer"))
+            .arg("replay")
+            .arg(&path)
+            .args(["-o", "json", "--until-time", until, "--db"])
+            .arg(dir.path().join(db))
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        serde_json::from_slice::<serde_json::Value>(&out.stdout).unwrap()
+    };
+    // In the initial run, then after the third line (MODIFIED a, RV 12).
+    let early = run("1000100", "a.redb");
+    assert_eq!(early["lastResourceVersion"], "10");
+    assert_eq!(early["stoppedEarly"], true);
+    let later = run("1000450", "b.redb");
+    assert_eq!(later["lastResourceVersion"], "12");
+    assert_eq!(later["events"], 1);
+}
+
+/// The events of a recording, or the error and whether the reader flagged a cut.
+fn read_all(path: &Path) -> (Result<Vec<(u64, String)>, ReplayError>, bool) {
+    let mut reader = match RecordingReader::open(path) {
+        Ok(r) => r,
+        Err(e) => return (Err(e), false),
+    };
+    let mut events = Vec::new();
+    loop {
+        match reader.next_event() {
+            Ok(Some(ev)) => events.push((ev.line, format!("{:?} {:?}", ev.event, ev.received_at_ms))),
+            Ok(None) => return (Ok(events), reader.truncated_tail()),
+            Err(e) => return (Err(e), reader.truncated_tail()),
+        }
+    }
+}
+
+/// A bit flipped anywhere in a compressed recording (as export and the recorder write it,
+/// with a checksum) is an error naming the file and the line (or the reader flags a cut), never
+/// a panic and never a silently different event.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bit_flipped_compressed_recording_is_an_error_with_its_position() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut lines = Vec::new();
+    for i in 0..400u64 {
+        lines.push(cm(
+            if i < 100 { "ADDED" } else { "MODIFIED" },
+            &format!("o{}", i % 100),
+            10 + i,
+        ));
+    }
+    let plain = write(dir.path(), &lines, true);
+    let db = DurableStore::open(StoreConfig::new(dir.path().join("db.redb")).durable(false)).unwrap();
+    replay_into(&db, ReplaySource::open(&plain, ReplayOptions::default()).unwrap())
+        .await
+        .unwrap();
+    let zst = dir.path().join("export.jsonl.zst");
+    let (scope, _) = db.scopes().unwrap()[0].clone();
+    durable_informer::replay::export_log_file(&db, Some(scope), &zst).unwrap();
+    let whole = std::fs::read(&zst).unwrap();
+    let (truth, cut) = read_all(&zst);
+    let truth = truth.unwrap();
+    assert!(!cut);
+    assert_eq!(truth.len(), 400);
+
+    let bad = dir.path().join("flipped.jsonl.zst");
+    let mut errors = 0;
+    let step = (whole.len() / 150).max(1);
+    for at in (0..whole.len()).step_by(step).chain([whole.len() - 1]) {
+        let mut bytes = whole.clone();
+        bytes[at] ^= 0x10;
+        std::fs::write(&bad, &bytes).unwrap();
+        match read_all(&bad) {
+            (Ok(events), cut) => assert!(
+                cut || events == truth,
+                "byte {at} flipped: {} events read without an error",
+                events.len()
+            ),
+            (Err(e), _) => {
+                errors += 1;
+                let text = e.to_string();
+                assert!(text.starts_with(&bad.display().to_string()), "byte {at}: {text}");
+                match &e {
+                    ReplayError::Io { line, .. } => {
+                        assert!(line.is_some(), "byte {at}: {text}");
+                        assert!(text.contains("corrupt compressed recording"), "byte {at}: {text}");
+                    }
+                    ReplayError::Malformed { .. } | ReplayError::UnknownEventType { .. } => {}
+                    other => panic!("byte {at}: unexpected error {other:?}"),
+                }
+            }
+        }
+    }
+    assert!(errors > 100, "only {errors} flips detected");
+
+    // Through a replay: the error reaches the caller.
+    let mut bytes = whole.clone();
+    bytes[whole.len() / 2] ^= 0x10;
+    std::fs::write(&bad, &bytes).unwrap();
+    let db2 = DurableStore::open(StoreConfig::new(dir.path().join("db2.redb")).durable(false)).unwrap();
+    // (A small file decodes in one read, so the checksum can fail while opening.)
+    let err = match ReplaySource::open(&bad, ReplayOptions::default()) {
+        Err(e) => e,
+        Ok(source) => replay_into(&db2, source).await.unwrap_err(),
+    };
+    assert!(err.to_string().contains("flipped.jsonl.zst:"), "{err}");
+}

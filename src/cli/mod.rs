@@ -150,6 +150,10 @@ pub enum Command {
         /// Stop once this resourceVersion is reached.
         #[arg(long)]
         until_rv: Option<String>,
+        /// Stop before the first event received after this time (unix milliseconds, the
+        /// recording's `receivedAt`).
+        #[arg(long)]
+        until_time: Option<u64>,
         /// Skip malformed lines instead of failing.
         #[arg(long)]
         skip_malformed: bool,
@@ -389,9 +393,22 @@ async fn run(command: Command) -> CliResult {
             resource,
             speed,
             until_rv,
+            until_time,
             skip_malformed,
             output,
-        } => record::replay(files, db, resource, &speed, until_rv, skip_malformed, output).await,
+        } => {
+            record::replay(
+                files,
+                db,
+                resource,
+                &speed,
+                until_rv,
+                until_time,
+                skip_malformed,
+                output,
+            )
+            .await
+        }
         Command::Export { db, resource, out } => record::export(&db, resource.as_deref(), &out),
         Command::Get {
             db,

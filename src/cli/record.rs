@@ -71,6 +71,7 @@ pub async fn replay(
     resource: Option<String>,
     speed: &str,
     until_rv: Option<String>,
+    until_time: Option<u64>,
     skip_malformed: bool,
     output: Output,
 ) -> CliResult {
@@ -86,6 +87,9 @@ pub async fn replay(
     });
     if let Some(rv) = until_rv {
         options = options.stop_at_rv(rv);
+    }
+    if let Some(ms) = until_time {
+        options = options.stop_at_ms(ms);
     }
     if skip_malformed {
         options = options.on_malformed(MalformedPolicy::Skip);

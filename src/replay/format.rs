@@ -86,6 +86,9 @@ enum LineError {
 /// * An unknown event type is always an error ([`ReplayError::UnknownEventType`]).
 /// * A last line without a newline that does not decode (a crash while recording) is dropped
 ///   with a warning and reported by [`truncated_tail`](Self::truncated_tail).
+/// * Corrupt zstd data (a bad checksum, an invalid block) is an [`ReplayError::Io`] naming the
+///   file, the line and the decompressed byte offset. The recorder and export write a checksum,
+///   checked at the frame's end: lines before it may already have been read.
 /// * Empty lines are ignored.
 ///
 /// ```no_run
@@ -105,6 +108,10 @@ pub struct RecordingReader {
     on_malformed: MalformedPolicy,
     skipped: u64,
     truncated: bool,
+    /// The current file is zstd.
+    compressed: bool,
+    /// Decompressed bytes read from the current file before the current line.
+    offset: u64,
 }
 
 impl std::fmt::Debug for RecordingReader {
@@ -117,7 +124,10 @@ impl std::fmt::Debug for RecordingReader {
     }
 }
 
-fn open_input(path: &Path) -> Result<Box<dyn BufRead + Send>, ReplayError> {
+/// A recording's lines, and whether they come from a zstd decoder.
+type Input = (Box<dyn BufRead + Send>, bool);
+
+fn open_input(path: &Path) -> Result<Input, ReplayError> {
     let file = File::open(path).map_err(|source| ReplayError::Io {
         path: path.to_owned(),
         line: None,
@@ -126,7 +136,7 @@ fn open_input(path: &Path) -> Result<Box<dyn BufRead + Send>, ReplayError> {
     wrap_input(path, Box::new(file))
 }
 
-fn wrap_input(path: &Path, input: Box<dyn Read + Send>) -> Result<Box<dyn BufRead + Send>, ReplayError> {
+fn wrap_input(path: &Path, input: Box<dyn Read + Send>) -> Result<Input, ReplayError> {
     let mut buffered = BufReader::with_capacity(256 << 10, input);
     let head = buffered.fill_buf().map_err(|source| ReplayError::Io {
         path: path.to_owned(),
@@ -139,9 +149,9 @@ fn wrap_input(path: &Path, input: Box<dyn Read + Send>) -> Result<Box<dyn BufRea
             line: None,
             source,
         })?;
-        Ok(Box::new(BufReader::with_capacity(256 << 10, decoder)))
+        Ok((Box::new(BufReader::with_capacity(256 << 10, decoder)), true))
     } else {
-        Ok(Box::new(buffered))
+        Ok((Box::new(buffered), false))
     }
 }
 
@@ -156,7 +166,7 @@ impl RecordingReader {
     pub fn open_all(paths: impl IntoIterator<Item = PathBuf>) -> Result<Self, ReplayError> {
         let mut pending: VecDeque<PathBuf> = paths.into_iter().collect();
         let first = pending.pop_front().ok_or(ReplayError::NoInput)?;
-        let input = open_input(&first)?;
+        let (input, compressed) = open_input(&first)?;
         Ok(Self {
             input: Some((first, input)),
             pending,
@@ -165,13 +175,15 @@ impl RecordingReader {
             on_malformed: MalformedPolicy::Fail,
             skipped: 0,
             truncated: false,
+            compressed,
+            offset: 0,
         })
     }
 
     /// Reads from any reader (plain or zstd); `name` is used in messages.
     pub fn from_reader(name: impl Into<PathBuf>, reader: impl Read + Send + 'static) -> Result<Self, ReplayError> {
         let name = name.into();
-        let input = wrap_input(&name, Box::new(reader))?;
+        let (input, compressed) = wrap_input(&name, Box::new(reader))?;
         Ok(Self {
             input: Some((name, input)),
             pending: VecDeque::new(),
@@ -180,6 +192,8 @@ impl RecordingReader {
             on_malformed: MalformedPolicy::Fail,
             skipped: 0,
             truncated: false,
+            compressed,
+            offset: 0,
         })
     }
 
@@ -196,7 +210,8 @@ impl RecordingReader {
         self.skipped
     }
 
-    /// True when a truncated last line was dropped.
+    /// True when the input ended cut off: a truncated last line was dropped, or a zstd frame
+    /// never ended.
     #[must_use]
     pub fn truncated_tail(&self) -> bool {
         self.truncated
@@ -215,25 +230,56 @@ impl RecordingReader {
                 return Ok(None);
             };
             self.buf.clear();
-            let n = input
-                .read_until(b'\n', &mut self.buf)
-                .map_err(|source| ReplayError::Io {
-                    path: path.clone(),
-                    line: Some(self.line + 1),
-                    source,
-                })?;
+            let mut cut = false;
+            let n = match input.read_until(b'\n', &mut self.buf) {
+                Ok(n) => n,
+                // Only the zstd decoder reports an early end: a frame that was never finished,
+                // what a crash while recording leaves. Like a truncated plain file: keep what
+                // decoded, warn, and stop reading this file.
+                Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
+                    tracing::warn!(path = %path.display(), line = self.line + 1,
+                        "compressed recording ends mid-frame (a crash while recording?); replaying what precedes the cut");
+                    self.truncated = true;
+                    cut = true;
+                    *input = Box::new(std::io::empty());
+                    self.buf.len()
+                }
+                Err(source) => {
+                    // From a zstd decoder this is corrupt data (a flipped bit, a bad checksum):
+                    // say so, and where, rather than a bare decoder message.
+                    let source = if self.compressed {
+                        std::io::Error::new(
+                            source.kind(),
+                            format!(
+                                "corrupt compressed recording (after {} decompressed bytes): {source}",
+                                self.offset + self.buf.len() as u64
+                            ),
+                        )
+                    } else {
+                        source
+                    };
+                    return Err(ReplayError::Io {
+                        path: path.clone(),
+                        line: Some(self.line + 1),
+                        source,
+                    });
+                }
+            };
             if n == 0 {
                 // End of this file: on to the next one.
                 self.input = None;
                 if let Some(next) = self.pending.pop_front() {
-                    let input = open_input(&next)?;
+                    let (input, compressed) = open_input(&next)?;
                     self.input = Some((next, input));
+                    self.compressed = compressed;
+                    self.offset = 0;
                     self.line = 0;
                 }
                 continue;
             }
             self.line += 1;
-            let complete = self.buf.last() == Some(&b'\n');
+            self.offset += n as u64;
+            let complete = !cut && self.buf.last() == Some(&b'\n');
             let mut line = self.buf.as_slice();
             while let Some((last, rest)) = line.split_last() {
                 if last.is_ascii_whitespace() {

@@ -14,7 +14,9 @@
 //! '/api/v1/pods?watch=1'` is a recording as it is. One optional extra top-level field,
 //! `"receivedAt"` ([`RECEIVED_AT`]), holds the unix time in **milliseconds** at which the event
 //! was received; paced replay uses it. Files may be zstd-compressed (recognised by their magic
-//! bytes; the [`Recorder`] compresses when the path ends in `.zst`).
+//! bytes; the [`Recorder`] compresses when the path ends in `.zst`). The [`Recorder`] writes
+//! the server's lines as received (`BOOKMARK` and `ERROR` lines included) when its source gives
+//! them ([`Source::watch_raw`](crate::source::Source::watch_raw)).
 //!
 //! A recording starts with the state at some point, as ADDED lines: the synthetic ADDEDs of a
 //! watch without a resourceVersion, or a LIST turned into ADDED lines followed by a BOOKMARK
@@ -52,9 +54,15 @@
 //! ([`ReplayError::Malformed`]), or is skipped and counted with [`MalformedPolicy::Skip`]. An
 //! unknown event type is always an error ([`ReplayError::UnknownEventType`]). A truncated last
 //! line (no newline, does not decode: a crash while recording) is dropped with a warning and
-//! reported ([`ReplayReport::truncated_tail`]). A resourceVersion older than the one before it
+//! reported ([`ReplayReport::truncated_tail`]); so is the cut end of a zstd file whose frame
+//! never ended (every complete line before the cut is replayed). A resourceVersion older than the one before it
 //! is an error ([`ReplayError::RvRegression`]) or, with [`RvRegressionPolicy::Warn`], a skipped
-//! and counted event. `ERROR` events are counted and not replayed.
+//! and counted event. A 410 `ERROR` followed by a new initial state (ADDED lines up to an
+//! initial-events-end BOOKMARK: what the [`Recorder`] and [`export_log`] write for a relist)
+//! is replayed as a relist from that state; other `ERROR` events are counted and not replayed.
+//! Corrupt zstd data is an [`ReplayError::Io`] naming the file, line and decompressed byte
+//! offset; the [`Recorder`] and export write a zstd checksum so a flipped bit cannot replay as
+//! an altered object.
 //!
 //! ## Memory usage
 //!
@@ -81,9 +89,13 @@
 //! ## Determinism
 //!
 //! Two replays of one recording into fresh databases give byte-identical `objects` and `log`
-//! tables: batch boundaries and timing do not reach the stored bytes (log seqs are dense and
-//! assigned in event order). Only the scope record's `last_relist_at_ms` holds a wall-clock
-//! time, and a replay never relists.
+//! tables, at any speed and batch size: log seqs are dense and assigned in event order, and the
+//! one place where the store's bytes depend on a batch boundary (the batch that brings the
+//! scope's 256th object trains the zstd dictionary and is compressed with it as a whole) is
+//! pinned: the replay source makes that object start a batch, and the initial list is cut into
+//! pages by count. This holds for transforms that keep every object (the default); one that
+//! drops objects moves the store's count away from the source's. Only the scope record's
+//! `last_relist_at_ms` holds a wall-clock time, and a replay relists only at a recorded 410.
 
 mod export;
 mod format;

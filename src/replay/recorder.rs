@@ -10,9 +10,9 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use futures::{FutureExt, StreamExt};
 use tokio::sync::watch;
 
-use super::format::{encode_line, event_rv, type_meta_of};
+use super::format::{encode_line, event_rv, type_meta_of, RECEIVED_AT};
 use super::ReplayError;
-use crate::source::{ListRequest, Source, SourceError, WatchEvent, WatchRequest};
+use crate::source::{ListRequest, RawWatchEvent, Source, WatchEvent, WatchRequest};
 use crate::store::ResourceVersion;
 
 /// How a recording starts.
@@ -91,9 +91,11 @@ pub struct RecorderReport {
 
 /// Records a [`Source`] into a recording file.
 ///
-/// It writes every event as received with its receive time; `ERROR` events are not written
-/// (a 410 ends the recording with an error: the gap cannot be represented as watch events, so
-/// start a new recording). A watch that ends is re-opened from the last RV; other errors are
+/// It writes every line as received (the server's bytes, when the source has them: see
+/// [`Source::watch_raw`](crate::source::Source::watch_raw)) with its receive time added,
+/// `BOOKMARK` and `ERROR` lines included. After a 410 (the watch expired) it relists and
+/// writes the new state as ADDED lines plus an initial-events-end BOOKMARK, which replay turns
+/// back into a relist. A watch that ends is re-opened from the last RV; other errors are
 /// retried after a backoff (1 s doubling to 30 s). The file is flushed whenever the stream has
 /// nothing ready, so a crash loses at most the events in flight and leaves at worst a truncated
 /// last line, which replay tolerates. Files are created with mode 0600.
@@ -218,7 +220,11 @@ impl Files {
         };
         let file = BufWriter::with_capacity(256 << 10, create_private(&path).map_err(io)?);
         let sink = if path.extension().is_some_and(|e| e == "zst") {
-            Sink::Zstd(zstd::stream::write::Encoder::new(file, 3).map_err(io)?)
+            let mut enc = zstd::stream::write::Encoder::new(file, 3).map_err(io)?;
+            // A checksum, so a corrupted file fails at its frame's end instead of replaying
+            // altered objects.
+            enc.include_checksum(true).map_err(io)?;
+            Sink::Zstd(enc)
         } else {
             Sink::Plain(file)
         };
@@ -295,7 +301,7 @@ impl<S: Source> Recorder<S> {
     }
 
     /// Records until `stop` turns true (or is dropped), then closes the files. Fails on I/O
-    /// errors and when the watch expires (410).
+    /// errors and when a LIST's continue token expires (410) midway.
     pub async fn run(self, mut stop: watch::Receiver<bool>) -> Result<RecorderReport, ReplayError> {
         let mut files = Files {
             config: self.config.clone(),
@@ -318,66 +324,24 @@ impl<S: Source> Recorder<S> {
     }
 
     async fn run_inner(&self, files: &mut Files, stop: &mut watch::Receiver<bool>) -> Result<(), ReplayError> {
-        let mut line = Vec::with_capacity(4096);
+        let mut w = LineWriter::default();
         let mut rv = ResourceVersion::default();
-        let mut type_meta: Option<(String, String)> = None;
         let mut backoff = Duration::from_secs(1);
-        if self.config.initial == InitialState::List {
-            let mut token = None;
-            loop {
-                let page = tokio::select! {
-                    p = self.source.list(ListRequest {
-                        limit: Some(self.config.page_size.max(1)),
-                        continue_token: token.clone(),
-                        ..ListRequest::default()
-                    }) => p,
-                    _ = stop.wait_for(|s| *s) => return Ok(()),
-                };
-                let page = match page {
-                    Ok(p) => p,
-                    Err(e) if e.status().is_some_and(|s| s.is_gone()) && token.is_some() => {
-                        return Err(ReplayError::from(e));
-                    }
-                    Err(e) => {
-                        tracing::warn!(error = %e, "recorder: LIST failed; retrying");
-                        if let Stopped::Yes = self.sleep(&mut backoff, stop).await {
-                            return Ok(());
-                        }
-                        continue;
-                    }
-                };
-                let at = now_ms();
-                for o in page.items {
-                    if type_meta.is_none() {
-                        type_meta = type_meta_of(&o.bytes);
-                    }
-                    line.clear();
-                    encode_line(&mut line, &WatchEvent::Added(o), Some(at), None);
-                    files.write(&line)?;
-                }
-                token = page.continue_token;
-                if token.is_none() {
-                    rv = page.resource_version;
-                    break;
-                }
-            }
-            line.clear();
-            let end = WatchEvent::Bookmark {
-                resource_version: rv.clone(),
-                initial_events_end: true,
-            };
-            encode_line(&mut line, &end, Some(now_ms()), tm(&type_meta));
-            files.write(&line)?;
-            files.report.last_rv = rv.clone();
-            self.publish(files)?;
-        }
+        let mut need_list = self.config.initial == InitialState::List;
         loop {
             if *stop.borrow() {
                 return Ok(());
             }
+            if need_list {
+                match self.list(files, &mut w, stop, &mut backoff).await? {
+                    Some(at) => rv = at,
+                    None => return Ok(()),
+                }
+                need_list = false;
+            }
             files.report.watches += 1;
             let opened = tokio::select! {
-                s = self.source.watch(WatchRequest {
+                s = self.source.watch_raw(WatchRequest {
                     resource_version: rv.0.clone(),
                     timeout_secs: self.config.watch_timeout_secs.max(1),
                     bookmarks: true,
@@ -388,8 +352,15 @@ impl<S: Source> Recorder<S> {
             let mut stream = match opened {
                 Ok(s) => s,
                 Err(e) => {
-                    self.retry_or_fail(e)?;
-                    if let Stopped::Yes = self.sleep(&mut backoff, stop).await {
+                    if let Some(status) = e.status().filter(|s| s.is_gone()) {
+                        // Written as the ERROR event a watch would have sent, so replay
+                        // relists from the state that follows.
+                        w.event(files, &WatchEvent::Error(status.clone()))?;
+                        need_list = true;
+                        continue;
+                    }
+                    tracing::warn!(error = %e, "recorder: watch failed; re-watching after a backoff");
+                    if let Stopped::Yes = self.pause(files, &mut backoff, stop).await? {
                         return Ok(());
                     }
                     continue;
@@ -408,34 +379,33 @@ impl<S: Source> Recorder<S> {
                 };
                 match next {
                     None => break,
-                    Some(Ok(WatchEvent::Error(status))) => {
-                        self.retry_or_fail(SourceError::Api {
-                            resource: self.source.resource(),
-                            status,
-                        })?;
-                        if let Stopped::Yes = self.sleep(&mut backoff, stop).await {
-                            return Ok(());
+                    Some(Ok(RawWatchEvent { event, line })) => {
+                        match line {
+                            Some(line) => w.raw(files, &line, &event)?,
+                            None => w.event(files, &event)?,
                         }
-                        break;
-                    }
-                    Some(Ok(ev)) => {
-                        backoff = Duration::from_secs(1);
-                        if type_meta.is_none() {
-                            if let WatchEvent::Added(o) | WatchEvent::Modified(o) | WatchEvent::Deleted(o) = &ev {
-                                type_meta = type_meta_of(&o.bytes);
+                        if let WatchEvent::Error(status) = &event {
+                            if status.is_gone() {
+                                // The recording goes on with what the relist finds, as an
+                                // informer would.
+                                need_list = true;
+                            } else {
+                                tracing::warn!(%status, "recorder: ERROR event; re-watching after a backoff");
+                                if let Stopped::Yes = self.pause(files, &mut backoff, stop).await? {
+                                    return Ok(());
+                                }
                             }
+                            break;
                         }
-                        line.clear();
-                        encode_line(&mut line, &ev, Some(now_ms()), tm(&type_meta));
-                        files.write(&line)?;
-                        if let Some(r) = event_rv(&ev) {
+                        backoff = Duration::from_secs(1);
+                        if let Some(r) = event_rv(&event) {
                             rv.clone_from(r);
                             files.report.last_rv.clone_from(r);
                         }
                     }
                     Some(Err(e)) => {
-                        self.retry_or_fail(e)?;
-                        if let Stopped::Yes = self.sleep(&mut backoff, stop).await {
+                        tracing::warn!(error = %e, "recorder: watch failed; re-watching after a backoff");
+                        if let Stopped::Yes = self.pause(files, &mut backoff, stop).await? {
                             return Ok(());
                         }
                         break;
@@ -445,12 +415,67 @@ impl<S: Source> Recorder<S> {
         }
     }
 
-    fn retry_or_fail(&self, e: SourceError) -> Result<(), ReplayError> {
-        if e.status().is_some_and(|s| s.is_gone()) {
-            return Err(ReplayError::from(e));
-        }
-        tracing::warn!(error = %e, "recorder: watch failed; re-watching after a backoff");
-        Ok(())
+    /// Writes a paginated LIST as ADDED lines plus an initial-events-end BOOKMARK; returns the
+    /// list's RV, or `None` when stopped. A continue token that expires midway fails the
+    /// recording: the pages already written cannot be taken back.
+    async fn list(
+        &self,
+        files: &mut Files,
+        w: &mut LineWriter,
+        stop: &mut watch::Receiver<bool>,
+        backoff: &mut Duration,
+    ) -> Result<Option<ResourceVersion>, ReplayError> {
+        let mut token = None;
+        let rv = loop {
+            let page = tokio::select! {
+                p = self.source.list(ListRequest {
+                    limit: Some(self.config.page_size.max(1)),
+                    continue_token: token.clone(),
+                    ..ListRequest::default()
+                }) => p,
+                _ = stop.wait_for(|s| *s) => return Ok(None),
+            };
+            let page = match page {
+                Ok(p) => p,
+                Err(e) if e.status().is_some_and(|s| s.is_gone()) && token.is_some() => {
+                    return Err(ReplayError::from(e));
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "recorder: LIST failed; retrying");
+                    if let Stopped::Yes = self.sleep(backoff, stop).await {
+                        return Ok(None);
+                    }
+                    continue;
+                }
+            };
+            let at = now_ms();
+            for o in page.items {
+                w.at(files, &WatchEvent::Added(o), at)?;
+            }
+            token = page.continue_token;
+            if token.is_none() {
+                break page.resource_version;
+            }
+        };
+        let end = WatchEvent::Bookmark {
+            resource_version: rv.clone(),
+            initial_events_end: true,
+        };
+        w.event(files, &end)?;
+        files.report.last_rv = rv.clone();
+        self.publish(files)?;
+        Ok(Some(rv))
+    }
+
+    /// Flushes (a backoff can last 30 s), then sleeps.
+    async fn pause(
+        &self,
+        files: &mut Files,
+        backoff: &mut Duration,
+        stop: &mut watch::Receiver<bool>,
+    ) -> Result<Stopped, ReplayError> {
+        self.publish(files)?;
+        Ok(self.sleep(backoff, stop).await)
     }
 
     async fn sleep(&self, backoff: &mut Duration, stop: &mut watch::Receiver<bool>) -> Stopped {
@@ -463,8 +488,52 @@ impl<S: Source> Recorder<S> {
     }
 }
 
-fn tm(type_meta: &Option<(String, String)>) -> Option<(&str, &str)> {
-    type_meta.as_ref().map(|(a, k)| (a.as_str(), k.as_str()))
+/// Turns events into recording lines with their receive times.
+#[derive(Default)]
+struct LineWriter {
+    buf: Vec<u8>,
+    /// `apiVersion`/`kind` of the objects seen, for BOOKMARK lines the recorder writes itself.
+    type_meta: Option<(String, String)>,
+}
+
+impl LineWriter {
+    fn learn(&mut self, event: &WatchEvent) {
+        if self.type_meta.is_none() {
+            if let WatchEvent::Added(o) | WatchEvent::Modified(o) | WatchEvent::Deleted(o) = event {
+                self.type_meta = type_meta_of(&o.bytes);
+            }
+        }
+    }
+
+    /// An event the source gave without its line (re-encoded; object bytes are unchanged).
+    fn event(&mut self, files: &mut Files, event: &WatchEvent) -> Result<(), ReplayError> {
+        self.at(files, event, now_ms())
+    }
+
+    fn at(&mut self, files: &mut Files, event: &WatchEvent, at: u64) -> Result<(), ReplayError> {
+        self.learn(event);
+        self.buf.clear();
+        let tm = self.type_meta.as_ref().map(|(a, k)| (a.as_str(), k.as_str()));
+        encode_line(&mut self.buf, event, Some(at), tm);
+        files.write(&self.buf)
+    }
+
+    /// A line as received, with the receive time added as its last field.
+    fn raw(&mut self, files: &mut Files, line: &[u8], event: &WatchEvent) -> Result<(), ReplayError> {
+        self.learn(event);
+        let trimmed = line.trim_ascii_end();
+        let Some(body) = trimmed.strip_suffix(b"}") else {
+            // It decoded, so it is a JSON object; this cannot happen, but never write a
+            // line replay cannot read.
+            return self.event(files, event);
+        };
+        self.buf.clear();
+        self.buf.extend_from_slice(body);
+        self.buf
+            .extend_from_slice(format!(r#","{RECEIVED_AT}":{}}}"#, now_ms()).as_bytes());
+        self.buf.push(b'\n');
+        files.write(&self.buf)
+    }
 }
 
 #[cfg(test)]

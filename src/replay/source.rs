@@ -44,7 +44,8 @@ pub struct ReplayOptions {
     /// Stop after the last event whose resourceVersion is not newer than this (integer RVs).
     /// Objects of the initial ADDED run newer than it are left out.
     pub stop_at_rv: Option<ResourceVersion>,
-    /// Stop before the first event received after this time (unix milliseconds).
+    /// Stop before the first event received after this time (unix milliseconds). Objects of
+    /// the initial ADDED run received after it are left out.
     pub stop_at_ms: Option<u64>,
     /// The scope; derived from the first object's `apiVersion`/`kind` when `None`.
     pub scope: Option<ScopeSpec>,
@@ -138,10 +139,14 @@ pub struct ReplayReport {
     pub skipped_malformed: u64,
     /// Events skipped because their RV went backwards ([`RvRegressionPolicy::Warn`]).
     pub rv_regressions: u64,
-    /// `ERROR` events in the recording (not replayed: a recorded 410 would make the reflector
-    /// relist against a recording that cannot answer).
+    /// `ERROR` events in the recording that were not replayed: any but a 410 followed by the
+    /// state a relist found (the reflector cannot relist against a recording that has no
+    /// answer).
     pub error_events: u64,
-    /// The last line was truncated and dropped.
+    /// 410 `ERROR` events followed by a new initial state, replayed as relists.
+    pub relists: u64,
+    /// The recording ends cut off (a crash while recording): a truncated last line was
+    /// dropped, or a compressed file ends mid-frame.
     pub truncated_tail: bool,
     /// The replay stopped at [`ReplayOptions::stop_at_rv`] / [`ReplayOptions::stop_at_ms`]
     /// before the end of the recording.
@@ -153,6 +158,7 @@ struct FeedSummary {
     skipped_malformed: u64,
     rv_regressions: u64,
     error_events: u64,
+    relists: u64,
     truncated_tail: bool,
     stopped_early: bool,
 }
@@ -199,10 +205,52 @@ struct Consumer {
     last_rv: ResourceVersion,
     initial: u64,
     events: u64,
+    /// Objects served so far (initial and watch), counted as the store counts dictionary
+    /// samples.
+    samples: u64,
     progress: Arc<Progress>,
 }
 
+/// The number of objects a scope's zstd dictionary is trained on (the store's
+/// `dict::TRAIN_SAMPLES`). The store compresses the whole batch that brings the last sample
+/// with the new dictionary, so the watch breaks a batch right before that object: the stored
+/// bytes then do not depend on where pace or batch size put the other boundaries.
+const DICT_TRAIN_SAMPLES: u64 = 256;
+
+/// Pending once (waking itself at once), then ready: ends the reflector's current batch,
+/// which takes only events that are ready now.
+struct YieldOnce(bool);
+
+impl std::future::Future for YieldOnce {
+    type Output = ();
+
+    fn poll(mut self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<()> {
+        if self.0 {
+            std::task::Poll::Ready(())
+        } else {
+            self.0 = true;
+            cx.waker().wake_by_ref();
+            std::task::Poll::Pending
+        }
+    }
+}
+
+/// Whether the store takes `o` as a dictionary sample (it skips empty objects).
+fn is_sample(o: &RawObject) -> bool {
+    !o.bytes.is_empty()
+}
+
 impl Consumer {
+    /// Counts a served object; true when it is the one that completes the dictionary's
+    /// samples, so it must start a batch.
+    fn count_sample(&mut self, o: &RawObject) -> bool {
+        if !is_sample(o) {
+            return false;
+        }
+        self.samples += 1;
+        self.samples == DICT_TRAIN_SAMPLES
+    }
+
     async fn next(&mut self) -> Feed {
         loop {
             if let Some(f) = self.buf.pop_front() {
@@ -232,6 +280,7 @@ impl Consumer {
                 s.report.skipped_malformed = sum.skipped_malformed;
                 s.report.rv_regressions = sum.rv_regressions;
                 s.report.error_events = sum.error_events;
+                s.report.relists = sum.relists;
                 s.report.truncated_tail = sum.truncated_tail;
                 s.report.stopped_early = sum.stopped_early;
                 None
@@ -382,6 +431,7 @@ impl ReplaySource {
             initial_cut: false,
             last: None,
             pace: None,
+            gone: None,
         };
         std::thread::Builder::new()
             .name("replay-feed".into())
@@ -399,6 +449,7 @@ impl ReplaySource {
             last_rv: ResourceVersion::default(),
             initial: 0,
             events: 0,
+            samples: 0,
             progress: progress.clone(),
         };
         Ok(Self {
@@ -448,6 +499,8 @@ impl Source for ReplaySource {
         loop {
             match c.next().await {
                 Feed::Initial(o) => {
+                    // Pages have fixed sizes: where the dictionary sample falls is deterministic.
+                    c.count_sample(&o);
                     c.initial += 1;
                     items.push(o);
                 }
@@ -506,6 +559,8 @@ impl Source for ReplaySource {
                 }
                 let item = match c.next().await {
                     Feed::Initial(o) => {
+                        // The reflector pages a streaming list by count: deterministic.
+                        c.count_sample(&o);
                         c.initial += 1;
                         Ok(WatchEvent::Added(o))
                     }
@@ -539,6 +594,9 @@ impl Source for ReplaySource {
                 }
                 let item = match c.next().await {
                     Feed::Initial(o) => {
+                        if c.count_sample(&o) {
+                            YieldOnce(false).await;
+                        }
                         c.initial += 1;
                         Ok(WatchEvent::Added(o))
                     }
@@ -548,6 +606,18 @@ impl Source for ReplaySource {
                         continue;
                     }
                     Feed::Event(ev) => {
+                        if let WatchEvent::Added(o) | WatchEvent::Modified(o) | WatchEvent::Deleted(o) = &ev {
+                            if c.count_sample(o) {
+                                YieldOnce(false).await;
+                            }
+                        }
+                        if let WatchEvent::Error(status) = &ev {
+                            // The feeder sends a 410 only when a new initial state follows: the
+                            // reflector's relist is served from it.
+                            if status.is_gone() {
+                                c.initial_done = false;
+                            }
+                        }
                         c.events += 1;
                         if let Some(rv) = event_rv(&ev) {
                             c.last_rv.clone_from(rv);
@@ -593,6 +663,9 @@ struct Feeder {
     initial_cut: bool,
     last: Option<ResourceVersion>,
     pace: Option<(Instant, u64)>,
+    /// A 410 ERROR waiting for the next line: followed by a new initial state (what the
+    /// recorder and export write after an expired watch) it is replayed as a relist.
+    gone: Option<RecordedEvent>,
 }
 
 enum Flow {
@@ -611,6 +684,9 @@ fn newer(a: Option<ResourceVersion>, b: &ResourceVersion) -> ResourceVersion {
 impl Feeder {
     fn run(mut self, mut reader: RecordingReader, prefix: Vec<RecordedEvent>) {
         let result = self.run_inner(&mut reader, prefix);
+        if let Some(ev) = self.gone.take() {
+            self.skip_error(&ev);
+        }
         let result = result.map(|()| {
             let mut s = std::mem::take(&mut self.summary);
             s.skipped_malformed = reader.skipped();
@@ -664,13 +740,43 @@ impl Feeder {
         self.push(Feed::InitialEnd(rv))
     }
 
+    fn skip_error(&mut self, ev: &RecordedEvent) {
+        if let WatchEvent::Error(status) = &ev.event {
+            tracing::warn!(path = %ev.path.display(), line = ev.line, %status, "ERROR event in the recording; not replayed");
+        }
+        self.summary.error_events += 1;
+    }
+
     fn handle(&mut self, ev: RecordedEvent) -> Result<Flow, ReplayError> {
         let closed = |ok: bool| if ok { Flow::Continue } else { Flow::Stop };
+        if let Some(gone) = self.gone.take() {
+            if matches!(
+                ev.event,
+                WatchEvent::Added(_)
+                    | WatchEvent::Bookmark {
+                        initial_events_end: true,
+                        ..
+                    }
+            ) {
+                // The watch expired and the recording holds the state the relist found: the
+                // reflector gets the 410 and relists from that state, as it did live.
+                self.summary.relists += 1;
+                if !self.push(Feed::Event(gone.event)) {
+                    return Ok(Flow::Stop);
+                }
+                self.initial = true;
+                self.initial_max = None;
+            } else {
+                self.skip_error(&gone);
+            }
+        }
         if self.initial {
+            // Received after the stop time: left out, like an object past the stop RV.
+            let late = matches!((self.options.stop_at_ms, ev.received_at_ms), (Some(stop), Some(at)) if at > stop);
             match ev.event {
                 WatchEvent::Added(o) => {
                     let rv = &o.meta.resource_version;
-                    if self.options.stop_at_rv.as_ref().is_some_and(|s| s.is_older_than(rv)) {
+                    if late || self.options.stop_at_rv.as_ref().is_some_and(|s| s.is_older_than(rv)) {
                         self.initial_cut = true;
                         return Ok(Flow::Continue);
                     }
@@ -681,6 +787,7 @@ impl Feeder {
                     resource_version,
                     initial_events_end: true,
                 } => {
+                    self.initial_cut |= late;
                     let rv = if self.initial_cut { None } else { Some(resource_version) };
                     let ok = self.end_initial(rv);
                     if self.initial_cut {
@@ -706,8 +813,11 @@ impl Feeder {
 
     fn live(&mut self, ev: RecordedEvent) -> Result<Flow, ReplayError> {
         if let WatchEvent::Error(status) = &ev.event {
-            tracing::warn!(path = %ev.path.display(), line = ev.line, %status, "ERROR event in the recording; not replayed");
-            self.summary.error_events += 1;
+            if status.is_gone() {
+                self.gone = Some(ev);
+            } else {
+                self.skip_error(&ev);
+            }
             return Ok(Flow::Continue);
         }
         let Some(rv) = event_rv(&ev.event).cloned() else {

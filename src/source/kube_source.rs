@@ -11,7 +11,7 @@ use kube::Client;
 use tracing::Instrument;
 
 use super::decode::{decode_list, decode_status, decode_watch_line};
-use super::{ListPage, ListRequest, Source, SourceError, WatchRequest, WatchStream};
+use super::{ListPage, ListRequest, RawWatchEvent, RawWatchStream, Source, SourceError, WatchRequest, WatchStream};
 
 /// Longest watch line accepted (one object); longer lines are reported as malformed.
 const MAX_LINE: usize = 64 << 20;
@@ -188,6 +188,12 @@ impl Source for KubeSource {
 
     async fn watch(&self, req: WatchRequest) -> Result<WatchStream, SourceError> {
         let span = tracing::debug_span!("watch", resource = %self.name(), rv = %req.resource_version);
+        let raw = self.open_watch(req).instrument(span).await?;
+        Ok(raw.map(|r| r.map(|e| e.event)).boxed())
+    }
+
+    async fn watch_raw(&self, req: WatchRequest) -> Result<RawWatchStream, SourceError> {
+        let span = tracing::debug_span!("watch", resource = %self.name(), rv = %req.resource_version);
         self.open_watch(req).instrument(span).await
     }
 
@@ -241,7 +247,7 @@ impl KubeSource {
         })
     }
 
-    async fn open_watch(&self, req: WatchRequest) -> Result<WatchStream, SourceError> {
+    async fn open_watch(&self, req: WatchRequest) -> Result<RawWatchStream, SourceError> {
         let wp = kube::api::WatchParams {
             label_selector: self.label_selector.clone(),
             field_selector: self.field_selector.clone(),
@@ -302,7 +308,7 @@ impl KubeSource {
     }
 }
 
-/// Splits a streaming body into lines and decodes each as a watch event.
+/// Splits a streaming body into lines and decodes each as a watch event, keeping the line.
 struct LineReader {
     body: kube::client::Body,
     buf: BytesMut,
@@ -320,7 +326,18 @@ impl LineReader {
         }
     }
 
-    async fn next_event(&mut self) -> Option<Result<super::WatchEvent, SourceError>> {
+    fn decode(&self, line: Bytes, truncated: bool) -> Result<RawWatchEvent, SourceError> {
+        match decode_watch_line(&line) {
+            Ok(event) => Ok(RawWatchEvent {
+                event,
+                line: Some(line),
+            }),
+            Err(d) if truncated => Err(self.malformed(format!("truncated stream: {d}"))),
+            Err(d) => Err(self.malformed(d)),
+        }
+    }
+
+    async fn next_event(&mut self) -> Option<Result<RawWatchEvent, SourceError>> {
         loop {
             if let Some(pos) = self.buf.iter().position(|b| *b == b'\n') {
                 let line: Bytes = self.buf.split_to(pos + 1).freeze();
@@ -329,7 +346,7 @@ impl LineReader {
                 if line.iter().all(u8::is_ascii_whitespace) {
                     continue;
                 }
-                return Some(decode_watch_line(&line).map_err(|d| self.malformed(d)));
+                return Some(self.decode(line, false));
             }
             if self.done {
                 if self.buf.iter().all(u8::is_ascii_whitespace) {
@@ -339,7 +356,7 @@ impl LineReader {
                 self.line_no += 1;
                 // The server ends every event with a newline; a last line without one may
                 // still be complete JSON, or a chunk cut short.
-                return Some(decode_watch_line(&rest).map_err(|d| self.malformed(format!("truncated stream: {d}"))));
+                return Some(self.decode(rest, true));
             }
             if self.buf.len() > MAX_LINE {
                 self.done = true;

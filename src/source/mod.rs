@@ -159,12 +159,35 @@ pub enum WatchEvent {
 /// A stream of watch events.
 pub type WatchStream = BoxStream<'static, Result<WatchEvent, SourceError>>;
 
+/// A watch event with the line it was decoded from, for the recorder (a decoded `BOOKMARK` or
+/// `ERROR` drops fields a recording should keep).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RawWatchEvent {
+    /// The decoded event.
+    pub event: WatchEvent,
+    /// The line as received, without its newline; `None` when the source has no wire form.
+    pub line: Option<bytes::Bytes>,
+}
+
+/// A stream of watch events with their lines.
+pub type RawWatchStream = BoxStream<'static, Result<RawWatchEvent, SourceError>>;
+
 /// The list/watch operations the reflector needs (client-go's `ListerWatcher`).
 pub trait Source: Send + Sync + 'static {
     /// Lists one page.
     fn list(&self, req: ListRequest) -> impl Future<Output = Result<ListPage, SourceError>> + Send;
     /// Opens a watch.
     fn watch(&self, req: WatchRequest) -> impl Future<Output = Result<WatchStream, SourceError>> + Send;
+    /// Opens a watch whose events carry the lines they came from. The default has no lines
+    /// ([`RawWatchEvent::line`] is `None`); [`KubeSource`] gives the server's bytes.
+    fn watch_raw(&self, req: WatchRequest) -> impl Future<Output = Result<RawWatchStream, SourceError>> + Send {
+        async move {
+            let stream = self.watch(req).await?;
+            Ok(futures::StreamExt::boxed(futures::StreamExt::map(stream, |r| {
+                r.map(|event| RawWatchEvent { event, line: None })
+            })))
+        }
+    }
     /// The cluster's identity (for example the `kube-system` namespace UID plus the server URL),
     /// so a database is never mixed across clusters. `None` when the source cannot tell (a
     /// recording).
