@@ -167,8 +167,8 @@ pub fn get(path: &Path, resource: &str, key: &str, output: Output) -> CliResult 
         )));
     };
     match output {
-        Output::Yaml => print!("{}", yaml(&to_value(&obj))),
-        _ => println!("{}", pretty(&to_value(&obj))),
+        Output::Yaml => outp!("{}", yaml(&to_value(&obj)))?,
+        _ => outln!("{}", pretty(&to_value(&obj)))?,
     }
     Ok(())
 }
@@ -218,9 +218,9 @@ pub fn list(
                 "items": objects.iter().map(to_value).collect::<Vec<_>>(),
             });
             if output == Output::Json {
-                println!("{}", pretty(&list));
+                outln!("{}", pretty(&list))?;
             } else {
-                print!("{}", yaml(&list));
+                outp!("{}", yaml(&list))?;
             }
         }
         Output::Table | Output::Wide => {
@@ -266,13 +266,13 @@ pub fn list(
                 }
                 rows.push(row);
             }
-            print_table(&rows);
+            print_table(&rows)?;
         }
     }
     Ok(())
 }
 
-pub fn print_table(rows: &[Vec<String>]) {
+pub fn print_table(rows: &[Vec<String>]) -> CliResult {
     let cols = rows.iter().map(Vec::len).max().unwrap_or(0);
     let widths: Vec<usize> = (0..cols)
         .map(|c| {
@@ -295,8 +295,9 @@ pub fn print_table(rows: &[Vec<String>]) {
                 }
             })
             .collect();
-        println!("{}", line.join("   ").trim_end());
+        outln!("{}", line.join("   ").trim_end())?;
     }
+    Ok(())
 }
 
 pub fn history(path: &Path, resource: &str, key: &str, output: Output) -> CliResult {
@@ -331,10 +332,10 @@ pub fn history(path: &Path, resource: &str, key: &str, output: Output) -> CliRes
                     .or(e.old.as_deref())
                     .and_then(|b| serde_json::from_slice(b).ok())
                     .unwrap_or(Value::Null);
-                println!(
+                outln!(
                     "{}",
                     json!({"seq": e.seq.0, "type": kind, "resourceVersion": e.rv.0, "object": object})
-                );
+                )?;
             }
         }
         _ => {
@@ -356,8 +357,8 @@ pub fn history(path: &Path, resource: &str, key: &str, output: Output) -> CliRes
                     },
                 ]);
             }
-            print_table(&rows);
-            eprintln!("(history covers the retained log, from seq {first})");
+            print_table(&rows)?;
+            errln!("(history covers the retained log, from seq {first})");
         }
     }
     Ok(())
@@ -386,19 +387,19 @@ pub fn stats(path: &Path, output: Output) -> CliResult {
                 "lastRelistAtMs": r.last_relist_at_ms,
             })).collect::<Vec<_>>(),
         });
-        println!("{}", pretty(&v));
+        outln!("{}", pretty(&v))?;
         return Ok(());
     }
-    println!("database      {} ({} bytes)", path.display(), size);
-    println!("cluster       {}", identity.unwrap_or_else(|| "-".into()));
+    outln!("database      {} ({} bytes)", path.display(), size)?;
+    outln!("cluster       {}", identity.unwrap_or_else(|| "-".into()))?;
     match bounds {
-        Some((f, l)) => println!(
+        Some((f, l)) => outln!(
             "log           seq {}..{} ({} entries retained)",
             f.0,
             l.0,
             l.0 - f.0 + 1
-        ),
-        None => println!("log           empty"),
+        )?,
+        None => outln!("log           empty")?,
     }
     let mut rows = vec![vec![
         "SCOPE".to_string(),
@@ -435,7 +436,7 @@ pub fn stats(path: &Path, output: Output) -> CliResult {
             r.last_relist_reason.clone().unwrap_or_default(),
         ]);
     }
-    print_table(&rows);
+    print_table(&rows)?;
     Ok(())
 }
 
@@ -443,7 +444,7 @@ pub fn check(path: &Path, output: Output) -> CliResult {
     let db = open(path)?;
     let report = db.check()?;
     if output == Output::Json {
-        println!(
+        outln!(
             "{}",
             pretty(&json!({
                 "ok": report.is_ok(),
@@ -453,17 +454,20 @@ pub fn check(path: &Path, output: Output) -> CliResult {
                 "indexRows": report.index_rows,
                 "problems": report.problems,
             }))
-        );
+        )?;
     } else {
-        println!(
+        outln!(
             "checked {} scopes, {} objects, {} log entries, {} index rows",
-            report.scopes, report.objects, report.log_entries, report.index_rows
-        );
+            report.scopes,
+            report.objects,
+            report.log_entries,
+            report.index_rows
+        )?;
         for p in &report.problems {
-            println!("PROBLEM: {p}");
+            outln!("PROBLEM: {p}")?;
         }
         if report.is_ok() {
-            println!("ok: every invariant holds");
+            outln!("ok: every invariant holds")?;
         }
     }
     if report.is_ok() {
@@ -482,7 +486,7 @@ pub fn compact(path: &Path, keep: Option<u64>) -> CliResult {
     let report = db.writer().compact_blocking(keep)?;
     let compacted = db.close_and_compact()?;
     let after = std::fs::metadata(path).map(|m| m.len()).unwrap_or(0);
-    println!(
+    outln!(
         "log: removed {} entries ({} objects kept their bytes), first retained seq {}; file: {} -> {} bytes{}",
         report.removed,
         report.inlined,
@@ -490,6 +494,6 @@ pub fn compact(path: &Path, keep: Option<u64>) -> CliResult {
         before,
         after,
         if compacted { "" } else { " (file compaction not needed)" }
-    );
+    )?;
     Ok(())
 }

@@ -244,10 +244,11 @@ fn diff(old: &BTreeMap<String, String>, new: &BTreeMap<String, String>) -> (u64,
 pub async fn run(size: Size, db: Option<PathBuf>, output: Output) -> CliResult {
     let plan = plan(size);
     let human = output != Output::Json;
-    let say = |s: String| {
+    let say = |s: String| -> CliResult {
         if human {
-            println!("{s}");
+            outln!("{s}")?;
         }
+        Ok(())
     };
     let tmp = tempfile_dir()?;
     let cleanup = TempDir(if db.is_none() { Some(tmp.clone()) } else { None });
@@ -272,8 +273,8 @@ pub async fn run(size: Size, db: Option<PathBuf>, output: Output) -> CliResult {
         plan.pods,
         plan.namespaces,
         t0.elapsed()
-    ));
-    say(format!("database: {}", path.display()));
+    ))?;
+    say(format!("database: {}", path.display()))?;
 
     let tally = Arc::new(Tally::default());
     let mut report = serde_json::Map::new();
@@ -291,7 +292,7 @@ pub async fn run(size: Size, db: Option<PathBuf>, output: Output) -> CliResult {
         cold,
         how_listed(c0, c1),
         tally.get().0
-    ));
+    ))?;
     report.insert(
         "coldStart".into(),
         json!({"seconds": cold.as_secs_f64(), "server": delta(c0, c1)}),
@@ -323,7 +324,7 @@ pub async fn run(size: Size, db: Option<PathBuf>, output: Output) -> CliResult {
         stats.updates,
         stats.deletes,
         tally.total()
-    ));
+    ))?;
     stop(r).await?;
 
     // 3. Changes while the informer is down.
@@ -347,7 +348,7 @@ pub async fn run(size: Size, db: Option<PathBuf>, output: Output) -> CliResult {
     say(format!(
         "3. while down        {} creates, {} updates, {} deletes made on the server",
         down.creates, down.updates, down.deletes
-    ));
+    ))?;
 
     // 4. Restart: resume from the persisted RV, no LIST.
     tally.reset();
@@ -366,16 +367,16 @@ pub async fn run(size: Size, db: Option<PathBuf>, output: Output) -> CliResult {
     say(format!(
         "4. restart           {:>8.2?}  store readable after {:.2?} ({} objects from disk, restored={})",
         resume, readable, objects_at_open, restored
-    ));
+    ))?;
     say(format!(
         "                               LIST requests: {} (the one-object RV probe, {} object), full LISTs: 0",
         c1.list_requests - c0.list_requests,
         c1.list_objects - c0.list_objects
-    ));
+    ))?;
     say(format!(
         "                               missed changes delivered: {a} adds, {u} updates, {d} deletes ({} expected)",
         want
-    ));
+    ))?;
     if c1.list_objects - c0.list_objects > 1 || tally.total() != want {
         return Err(CliError::runtime(format!(
             "restart check failed: listed {} objects, delivered {} of {want} events",
@@ -412,12 +413,12 @@ pub async fn run(size: Size, db: Option<PathBuf>, output: Output) -> CliResult {
         relist,
         down2.creates + down2.updates + down2.deletes,
         how_listed(c0, c1)
-    ));
+    ))?;
     say(format!(
         "                               handler events: {a} adds, {u} updates, {d} deletes ({unknown} found by the relist) = the {} real differences, not {} objects",
         want,
         after.len()
-    ));
+    ))?;
     report.insert(
         "relist".into(),
         json!({"seconds": relist.as_secs_f64(), "server": delta(c0, c1), "delivered": {"adds": a, "updates": u, "deletes": d},
@@ -429,10 +430,10 @@ pub async fn run(size: Size, db: Option<PathBuf>, output: Output) -> CliResult {
     say(format!(
         "6. verification                store equals the server's LIST: {}",
         if equal { "yes" } else { "NO" }
-    ));
+    ))?;
     report.insert("storeEqualsServer".into(), json!(equal));
     if !human {
-        println!("{}", serde_json::Value::Object(report));
+        outln!("{}", serde_json::Value::Object(report))?;
     }
     drop(cleanup);
     if !equal || (a, u, d) != (want_add, want_upd, want_del) {

@@ -4,6 +4,28 @@
 //! found violations; 4 the database cannot be used (locked, another cluster's, newer schema,
 //! not a database); 5 unknown resource.
 
+/// Prints a line on stdout; a closed pipe (`| head`) becomes a quiet stop, never a panic.
+macro_rules! outln {
+    ($($arg:tt)*) => {
+        $crate::cli::out(format_args!("{}\n", format_args!($($arg)*)))
+    };
+}
+
+/// Prints on stdout without a newline (see [`outln!`]).
+macro_rules! outp {
+    ($($arg:tt)*) => {
+        $crate::cli::out(format_args!($($arg)*))
+    };
+}
+
+/// A line on stderr. Write errors are ignored: stderr is where errors would go.
+macro_rules! errln {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stderr(), $($arg)*);
+    }};
+}
+
 mod db;
 mod demo;
 mod live;
@@ -11,6 +33,7 @@ mod record;
 mod sim;
 
 use std::fmt;
+use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
 
 use clap::{Parser, Subcommand, ValueEnum};
@@ -20,9 +43,10 @@ use durable_informer::store::StoreError;
 #[derive(Parser, Debug)]
 #[command(name = "durable-informer", version, about, long_about = None)]
 pub struct Cli {
-    /// Log level for diagnostics on stderr (error, warn, info, debug, trace).
-    #[arg(long, global = true, default_value = "warn")]
-    pub log: String,
+    /// Diagnostics on stderr: a level (error, warn, info, debug, trace) or a tracing filter
+    /// (`durable_informer=debug,kube_client=info`). Default: errors only, no client noise.
+    #[arg(long, global = true)]
+    pub log: Option<String>,
     #[command(subcommand)]
     pub command: Command,
 }
@@ -277,6 +301,8 @@ pub enum SimCommand {
 pub struct CliError {
     pub code: i32,
     pub message: String,
+    /// Stdout was closed by its reader: stop without a message.
+    pub quiet: bool,
 }
 
 impl fmt::Display for CliError {
@@ -290,6 +316,20 @@ impl CliError {
         Self {
             code,
             message: message.into(),
+            quiet: false,
+        }
+    }
+
+    /// A failed write to stdout. A closed pipe is how `| head` says "enough": exit 0 quietly.
+    pub fn stdout(e: &std::io::Error) -> Self {
+        if e.kind() == std::io::ErrorKind::BrokenPipe {
+            Self {
+                code: 0,
+                message: String::new(),
+                quiet: true,
+            }
+        } else {
+            Self::runtime(format!("cannot write to stdout: {e}"))
         }
     }
 
@@ -326,14 +366,28 @@ impl From<durable_informer::Error> for CliError {
 
 pub type CliResult<T = ()> = Result<T, CliError>;
 
-fn init_tracing(level: &str) {
-    let filter =
-        tracing_subscriber::EnvFilter::try_new(level).unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+/// Writes to stdout (through [`outln!`] and [`outp!`]).
+pub fn out(args: fmt::Arguments<'_>) -> CliResult {
+    std::io::stdout()
+        .lock()
+        .write_fmt(args)
+        .map_err(|e| CliError::stdout(&e))
+}
+
+/// The default filter: errors only, without kube's own report of a failure the command states
+/// itself in one line.
+const DEFAULT_LOG: &str = "error,kube_client=off,kube_runtime=off";
+
+fn init_tracing(level: Option<&str>) -> Result<(), String> {
+    let filter = tracing_subscriber::EnvFilter::try_new(level.unwrap_or(DEFAULT_LOG))
+        .map_err(|e| format!("bad --log {:?}: {e}", level.unwrap_or_default()))?;
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
         .with_target(false)
         .try_init();
+    Ok(())
 }
 
 /// Parses, runs, and returns the exit code.
@@ -346,11 +400,14 @@ pub fn main() -> i32 {
             return code;
         }
     };
-    init_tracing(&cli.log);
+    if let Err(e) = init_tracing(cli.log.as_deref()) {
+        errln!("error: {e}");
+        return 2;
+    }
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(r) => r,
         Err(e) => {
-            eprintln!("error: cannot start the async runtime: {e}");
+            errln!("error: cannot start the async runtime: {e}");
             return 1;
         }
     };
@@ -359,8 +416,9 @@ pub fn main() -> i32 {
     runtime.shutdown_timeout(std::time::Duration::from_secs(2));
     match result {
         Ok(()) => 0,
+        Err(e) if e.quiet => e.code,
         Err(e) => {
-            eprintln!("error: {e}");
+            errln!("error: {e}");
             e.code
         }
     }

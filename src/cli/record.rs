@@ -49,7 +49,7 @@ pub async fn record(
     let _ = stop_tx.send(true);
     let report = task.await.map_err(CliError::runtime)?.map_err(replay_err)?;
     let _ = progress;
-    eprintln!(
+    errln!(
         "recorded {} lines ({} bytes) up to resourceVersion {} into {}",
         report.lines,
         report.bytes,
@@ -101,7 +101,7 @@ pub async fn replay(
         .map_err(CliError::runtime)??;
     let report = replay_into(&store, source).await.map_err(replay_err)?;
     match output {
-        Output::Json => println!(
+        Output::Json => outln!(
             "{}",
             json!({
                 "initialObjects": report.initial_objects,
@@ -112,17 +112,19 @@ pub async fn replay(
                 "truncatedTail": report.truncated_tail,
                 "stoppedEarly": report.stopped_early,
             })
-        ),
+        )?,
         _ => {
-            println!(
+            outln!(
                 "replayed {} initial objects and {} events up to resourceVersion {}",
-                report.initial_objects, report.events, report.last_rv
-            );
+                report.initial_objects,
+                report.events,
+                report.last_rv
+            )?;
             if report.skipped_malformed > 0 {
-                println!("skipped {} malformed lines", report.skipped_malformed);
+                outln!("skipped {} malformed lines", report.skipped_malformed)?;
             }
             if report.truncated_tail {
-                println!("warning: the last line was truncated (a crash while recording?) and was dropped");
+                outln!("warning: the last line was truncated (a crash while recording?) and was dropped")?;
             }
         }
     }
@@ -139,6 +141,6 @@ pub fn export(db: &Path, resource: Option<&str>, out: &Path) -> CliResult {
         None => None,
     };
     let report = export_log_file(&store, scope, out).map_err(replay_err)?;
-    eprintln!("exported {:?} to {}", report, out.display());
+    errln!("exported {:?} to {}", report, out.display());
     Ok(())
 }

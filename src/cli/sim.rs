@@ -30,13 +30,13 @@ pub async fn serve(port: u16, kubeconfig_out: Option<PathBuf>, size: Option<Size
     if let Some(path) = &kubeconfig_out {
         sim.write_kubeconfig(path)
             .map_err(|e| CliError::runtime(format!("{}: {e}", path.display())))?;
-        eprintln!(
+        errln!(
             "kubeconfig written to {} (kubectl --kubeconfig {} get pods -A)",
             path.display(),
             path.display()
         );
     }
-    println!("simulated API server listening on {} (Ctrl-C to stop)", sim.url());
+    outln!("simulated API server listening on {} (Ctrl-C to stop)", sim.url())?;
     stop_signal.await;
     drop(sim);
     Ok(())
