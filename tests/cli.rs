@@ -7,6 +7,7 @@ use std::time::Duration;
 use assert_cmd::cargo::CommandCargoExt;
 use assert_cmd::prelude::*;
 use durable_informer::sim::{Sim, SimConfig};
+use nix::sys::signal::Signal;
 use predicates::prelude::*;
 use serde_json::json;
 
@@ -36,30 +37,67 @@ fn sim() -> Sim {
 
 /// Runs `watch` for a while, then SIGTERM; returns its stdout. It must exit 0.
 fn watch_for(sim: &Sim, db: &std::path::Path, extra: &[&str], while_running: impl FnOnce()) -> String {
-    let child = bin()
-        .args(["watch", "-r", "configmaps", "-A", "--server", &sim.url(), "--db"])
+    let mut cmd = bin();
+    cmd.args(["watch", "-r", "configmaps", "-A", "--server", &sim.url(), "--db"])
         .arg(db)
-        .args(extra)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+        .args(extra);
+    let (stdout, _) = run_then_signal(cmd, Signal::SIGTERM, while_running);
+    stdout
+}
+
+/// Runs a long-running command for a while, then sends `signal`; it must exit 0. Returns
+/// (stdout, stderr).
+fn run_then_signal(mut cmd: Command, signal: Signal, while_running: impl FnOnce()) -> (String, String) {
+    let child = cmd.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
     std::thread::sleep(Duration::from_millis(1500));
     while_running();
     std::thread::sleep(Duration::from_millis(1000));
-    nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(child.id() as i32),
-        nix::sys::signal::Signal::SIGTERM,
-    )
-    .unwrap();
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.id() as i32), signal).unwrap();
     let out = child.wait_with_output().unwrap();
-    assert!(
-        out.status.success(),
-        "watch exited with {:?}: {}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).unwrap()
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(out.status.success(), "exited with {:?}: {stderr}", out.status);
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    (String::from_utf8(out.stdout).unwrap(), stderr)
+}
+
+/// Runs a failing command: exit `code`, and stderr is one line containing `what`.
+fn fails_with_one_line(cmd: &mut Command, code: i32, what: &str) -> String {
+    let out = cmd.stdin(Stdio::null()).output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert_eq!(out.status.code(), Some(code), "{cmd:?}: {stderr}");
+    assert!(stderr.contains(what), "{cmd:?}: {stderr:?} lacks {what:?}");
+    assert_eq!(stderr.lines().count(), 1, "{cmd:?}: not one line: {stderr:?}");
+    assert!(stderr.starts_with("error: "), "{stderr:?}");
+    assert!(!stderr.contains('\x1b'), "ANSI escapes off a terminal: {stderr:?}");
+    stderr
+}
+
+/// A stdout whose reader is already gone: every write fails with EPIPE.
+fn closed_stdout() -> Stdio {
+    let (reader, writer) = std::io::pipe().unwrap();
+    drop(reader);
+    Stdio::from(writer)
+}
+
+/// Waits for `child` to exit, killing it and failing after a generous deadline (a hang guard,
+/// not a timing assertion).
+fn exits_within(mut child: std::process::Child, what: &str) -> (std::process::ExitStatus, String) {
+    use std::io::Read;
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            let mut stderr = String::new();
+            if let Some(mut e) = child.stderr.take() {
+                e.read_to_string(&mut stderr).unwrap();
+            }
+            return (status, stderr);
+        }
+        if std::time::Instant::now() > deadline {
+            child.kill().unwrap();
+            panic!("{what} kept running after its stdout was closed");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
 }
 
 #[test]
@@ -180,73 +218,94 @@ fn errors_are_one_clear_line_with_documented_exit_codes() {
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("x.redb");
     // No kubeconfig at all.
-    bin()
-        .args(["watch", "-r", "pods", "--db"])
-        .arg(&db)
-        .assert()
-        .code(1)
-        .stderr(predicate::str::contains("--kubeconfig"));
-    // Unreachable server (a port nothing listens on).
+    fails_with_one_line(bin().args(["watch", "-r", "pods", "--db"]).arg(&db), 1, "--kubeconfig");
+    // Unreachable server (a port nothing listens on): kube's own error report is not shown.
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
         .unwrap()
         .port();
-    bin()
-        .args([
-            "watch",
-            "-r",
-            "pods",
-            "--server",
-            &format!("http://127.0.0.1:{port}"),
-            "--db",
-        ])
-        .arg(&db)
-        .assert()
-        .code(1)
-        .stderr(predicate::str::contains("cannot reach the API server"));
+    fails_with_one_line(
+        bin()
+            .args([
+                "watch",
+                "-r",
+                "pods",
+                "--server",
+                &format!("http://127.0.0.1:{port}"),
+                "--db",
+            ])
+            .arg(&db),
+        1,
+        "cannot reach the API server",
+    );
     // Unknown resource.
     let sim = sim();
-    bin()
-        .args(["watch", "-r", "widgets.example.com", "--server", &sim.url(), "--db"])
-        .arg(&db)
-        .assert()
-        .code(5)
-        .stderr(predicate::str::contains("unknown resource"));
+    fails_with_one_line(
+        bin()
+            .args(["watch", "-r", "widgets.example.com", "--server", &sim.url(), "--db"])
+            .arg(&db),
+        5,
+        "unknown resource",
+    );
     // Secrets need an explicit opt-in.
-    bin()
-        .args(["watch", "-r", "secrets", "--server", &sim.url(), "--db"])
-        .arg(&db)
-        .assert()
-        .code(2)
-        .stderr(predicate::str::contains("DURABLE_INFORMER_ALLOW_SECRETS"));
+    fails_with_one_line(
+        bin()
+            .args(["watch", "-r", "secrets", "--server", &sim.url(), "--db"])
+            .arg(&db),
+        2,
+        "DURABLE_INFORMER_ALLOW_SECRETS",
+    );
+    // A kubeconfig context that does not exist.
+    let kubeconfig = dir.path().join("kubeconfig");
+    sim.write_kubeconfig(&kubeconfig).unwrap();
+    fails_with_one_line(
+        bin()
+            .args(["watch", "-r", "configmaps", "--context", "nope", "--kubeconfig"])
+            .arg(&kubeconfig)
+            .arg("--db")
+            .arg(&db),
+        1,
+        "nope",
+    );
     // A missing database for offline commands.
-    bin()
-        .args(["stats", "--db"])
-        .arg(dir.path().join("missing.redb"))
-        .assert()
-        .code(4)
-        .stderr(predicate::str::contains("no such database"));
+    fails_with_one_line(
+        bin().args(["stats", "--db"]).arg(dir.path().join("missing.redb")),
+        4,
+        "no such database",
+    );
     // A file that is not a database.
     let junk = dir.path().join("junk.redb");
     std::fs::write(&junk, "hello").unwrap();
-    bin()
-        .args(["stats", "--db"])
-        .arg(&junk)
-        .assert()
-        .code(4)
-        .stderr(predicate::str::contains("not a durable-informer database"));
+    fails_with_one_line(
+        bin().args(["stats", "--db"]).arg(&junk),
+        4,
+        "not a durable-informer database",
+    );
+    // A database written by a newer durable-informer.
+    let newer = dir.path().join("newer.redb");
+    {
+        let db = redb::Database::create(&newer).unwrap();
+        let txn = db.begin_write().unwrap();
+        {
+            let mut meta = txn
+                .open_table(redb::TableDefinition::<&str, &[u8]>::new("meta"))
+                .unwrap();
+            meta.insert(
+                "schema_version",
+                (durable_informer::store::SCHEMA_VERSION + 1).to_be_bytes().as_slice(),
+            )
+            .unwrap();
+        }
+        txn.commit().unwrap();
+    }
+    fails_with_one_line(bin().args(["stats", "--db"]).arg(&newer), 4, "upgrade durable-informer");
     // A database locked by another process (this one).
     let locked = dir.path().join("locked.redb");
     let held = durable_informer::store::DurableStore::open(durable_informer::store::StoreConfig::new(&locked)).unwrap();
-    bin()
-        .args(["stats", "--db"])
-        .arg(&locked)
-        .assert()
-        .code(4)
-        .stderr(predicate::str::contains("locked"));
+    fails_with_one_line(bin().args(["stats", "--db"]).arg(&locked), 4, "locked");
     drop(held);
-    // Another cluster's database.
+    // Another cluster's database: both identities are named.
     let other = dir.path().join("other.redb");
     {
         let db =
@@ -255,15 +314,101 @@ fn errors_are_one_clear_line_with_documented_exit_codes() {
             .cluster_identity_blocking("uid-from-elsewhere@https://elsewhere", false)
             .unwrap();
     }
-    bin()
-        .args(["watch", "-r", "configmaps", "--server", &sim.url(), "--db"])
-        .arg(&other)
-        .assert()
-        .code(4)
-        .stderr(predicate::str::contains("uid-from-elsewhere@https://elsewhere"));
-    // Usage errors.
-    bin().args(["list"]).assert().code(2);
-    // No panic, no backtrace anywhere above: checked by the exact exit codes.
+    let msg = fails_with_one_line(
+        bin()
+            .args(["watch", "-r", "configmaps", "--server", &sim.url(), "--db"])
+            .arg(&other),
+        4,
+        "uid-from-elsewhere@https://elsewhere",
+    );
+    assert!(msg.contains("127.0.0.1"), "the server's identity is named too: {msg}");
+    assert!(msg.contains("--reset-on-cluster-change"), "{msg}");
+    // A bad replay speed and a bad log filter are usage errors.
+    fails_with_one_line(
+        bin().args(["replay", "x.jsonl", "--speed", "fast", "--db"]).arg(&db),
+        2,
+        "--speed",
+    );
+    fails_with_one_line(bin().args(["--log", "x=[", "stats", "--db"]).arg(&db), 2, "--log");
+    // Usage errors: clap's message with the usage, and no panic.
+    let out = bin().args(["list"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.starts_with("error: ") && !stderr.contains("panicked"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn a_closed_stdout_ends_watch_and_list_quietly() {
+    let sim = sim();
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("cm.redb");
+    // `watch -o json | head -0`: the first event's write fails, the watch stops by itself.
+    for output in ["json", "table"] {
+        let child = bin()
+            .args([
+                "watch",
+                "-r",
+                "configmaps",
+                "-o",
+                output,
+                "--server",
+                &sim.url(),
+                "--db",
+            ])
+            .arg(&db)
+            .stdout(closed_stdout())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let (status, stderr) = exits_within(child, "watch");
+        assert!(status.success(), "{status:?}: {stderr}");
+        assert!(!stderr.contains("panicked"), "{stderr}");
+    }
+    for args in [
+        &["list", "-r", "configmaps"][..],
+        &["list", "-r", "configmaps", "-o", "json"],
+        &["stats"],
+        &["history", "-r", "configmaps", "default/web-1"],
+    ] {
+        let child = bin()
+            .args(args)
+            .arg("--db")
+            .arg(&db)
+            .stdout(closed_stdout())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let (status, stderr) = exits_within(child, args[0]);
+        assert!(status.success(), "{args:?}: {status:?}: {stderr}");
+        assert!(
+            !stderr.contains("panicked") && !stderr.contains("error"),
+            "{args:?}: {stderr}"
+        );
+    }
+    // The database the interrupted watch filled is whole.
+    bin().args(["check", "--db"]).arg(&db).assert().success();
+}
+
+#[test]
+fn secrets_are_watched_with_the_opt_in_and_a_warning() {
+    let sim = sim();
+    sim.create(
+        "secrets",
+        Some("default"),
+        json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "token", "namespace": "default"}, "data": {"k": "dg=="}}),
+    )
+    .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let mut cmd = bin();
+    cmd.env("DURABLE_INFORMER_ALLOW_SECRETS", "1")
+        .args(["watch", "-r", "secrets", "-o", "json", "--server", &sim.url(), "--db"])
+        .arg(dir.path().join("s.redb"));
+    let (stdout, stderr) = run_then_signal(cmd, Signal::SIGTERM, || {});
+    assert!(stderr.contains("stored on disk"), "{stderr}");
+    assert!(stdout.contains("\"name\":\"token\""), "{stdout}");
 }
 
 #[test]

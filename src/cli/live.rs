@@ -212,7 +212,7 @@ pub async fn watch(scope: ScopeArgs, cluster: ClusterArgs, db: PathBuf, output: 
         r = status.wait_for(|s| s.phase == durable_informer::reflector::Phase::Stopped) => {
             let _ = r;
             match informer.errors().into_iter().rev().find(|e| e.contains("belongs to cluster")) {
-                Some(msg) => Err(CliError::new(4, msg)),
+                Some(msg) => Err(CliError::new(4, format!("{msg}{}", super::RESET_HINT))),
                 None => Err(CliError::runtime("the watch stopped")),
             }
         }

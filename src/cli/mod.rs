@@ -348,7 +348,11 @@ impl From<StoreError> for CliError {
             | StoreError::ClusterMismatch { .. } => 4,
             _ => 1,
         };
-        CliError::new(code, e.to_string())
+        let mut message = e.to_string();
+        if matches!(e, StoreError::ClusterMismatch { .. }) {
+            message.push_str(RESET_HINT);
+        }
+        CliError::new(code, message)
     }
 }
 
@@ -357,12 +361,15 @@ impl From<durable_informer::Error> for CliError {
         match e {
             durable_informer::Error::Store(s) => s.into(),
             durable_informer::Error::Reflector(durable_informer::reflector::ReflectorError::ClusterMismatch(m)) => {
-                CliError::new(4, m)
+                CliError::new(4, format!("{m}{RESET_HINT}"))
             }
             other => CliError::runtime(other),
         }
     }
 }
+
+/// Names the flag that "reset it" means on the command line.
+pub const RESET_HINT: &str = " (watch --reset-on-cluster-change does that)";
 
 pub type CliResult<T = ()> = Result<T, CliError>;
 
