@@ -198,6 +198,29 @@ fn watch_prints_events_resumes_on_restart_and_the_database_can_be_inspected() {
     let stats = bin().args(["stats", "-o", "json", "--db"]).arg(&db).output().unwrap();
     let stats: serde_json::Value = serde_json::from_slice(&stats.stdout).unwrap();
     assert_eq!(stats["scopes"][0]["objects"], 3);
+    assert_eq!(stats["scopes"][0]["relists"], 0, "{stats}");
+
+    // The server compacts its history while the watch is down: the resume gets 410 and relists
+    // once; stats says when and why.
+    sim.create(
+        "configmaps",
+        Some("default"),
+        json!({"metadata": {"name": "after-compaction", "namespace": "default"}}),
+    )
+    .unwrap();
+    sim.compact();
+    let out = watch_for(&sim, &db, &["-o", "json"], || {});
+    assert!(out.contains("after-compaction"), "{out}");
+    let stats = bin().args(["stats", "-o", "json", "--db"]).arg(&db).output().unwrap();
+    let stats: serde_json::Value = serde_json::from_slice(&stats.stdout).unwrap();
+    let scope = &stats["scopes"][0];
+    assert_eq!(scope["relists"], 1, "{stats}");
+    assert!(scope["lastRelistReason"].as_str().unwrap().contains("410"), "{stats}");
+    assert!(scope["lastRelistAtMs"].as_u64().unwrap() > 0, "{stats}");
+    let table = bin().args(["stats", "--db"]).arg(&db).output().unwrap();
+    let table = String::from_utf8(table.stdout).unwrap();
+    let at = scope["lastRelistAt"].as_str().unwrap();
+    assert!(table.contains("LAST-RELIST") && table.contains(at), "{table}");
     bin()
         .args(["check", "--db"])
         .arg(&db)

@@ -385,6 +385,7 @@ pub fn stats(path: &Path, output: Output) -> CliResult {
                 "relists": r.relist_count,
                 "lastRelistReason": r.last_relist_reason,
                 "lastRelistAtMs": r.last_relist_at_ms,
+                "lastRelistAt": r.last_relist_at_ms.map(time_ms),
             })).collect::<Vec<_>>(),
         });
         outln!("{}", pretty(&v))?;
@@ -410,6 +411,7 @@ pub fn stats(path: &Path, output: Output) -> CliResult {
         "RV".into(),
         "SYNCED".into(),
         "RELISTS".into(),
+        "LAST-RELIST".into(),
         "LAST-LIST-REASON".into(),
     ]];
     for (id, r) in &scopes {
@@ -433,11 +435,20 @@ pub fn stats(path: &Path, output: Output) -> CliResult {
             r.rv.as_ref().map(|v| v.0.clone()).unwrap_or_else(|| "-".into()),
             r.synced.to_string(),
             r.relist_count.to_string(),
+            r.last_relist_at_ms.map_or_else(|| "-".into(), time_ms),
             r.last_relist_reason.clone().unwrap_or_default(),
         ]);
     }
     print_table(&rows)?;
     Ok(())
+}
+
+/// A wall-clock time in milliseconds since the epoch, as RFC 3339 UTC (seconds precision).
+fn time_ms(ms: u64) -> String {
+    i64::try_from(ms / 1000)
+        .ok()
+        .and_then(|s| k8s_openapi::jiff::Timestamp::from_second(s).ok())
+        .map_or_else(|| format!("{ms}ms"), |t| t.to_string())
 }
 
 pub fn check(path: &Path, output: Output) -> CliResult {
