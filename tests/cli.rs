@@ -102,12 +102,38 @@ fn exits_within(mut child: std::process::Child, what: &str) -> (std::process::Ex
 
 #[test]
 fn demo_small_runs_end_to_end() {
-    bin()
-        .args(["demo", "--size", "small"])
-        .assert()
-        .success()
-        .stdout(predicate::str::contains("full LISTs: 0"))
-        .stdout(predicate::str::contains("store equals the server's LIST: yes"));
+    let out = bin().args(["demo", "--size", "small", "-o", "json"]).output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    // The cold start listed everything; the restart listed at most the one-object RV probe and
+    // delivered the changes made while down, deletes included.
+    assert!(
+        report["coldStart"]["server"]["listedObjects"].as_u64().unwrap()
+            + report["coldStart"]["server"]["watchEvents"].as_u64().unwrap()
+            >= 1000,
+        "{report}"
+    );
+    let restart = &report["restart"];
+    assert_eq!(restart["restored"], true, "{report}");
+    assert!(restart["server"]["listedObjects"].as_u64().unwrap() <= 1, "{report}");
+    let delivered = &restart["delivered"];
+    assert!(delivered["deletes"].as_u64().unwrap() > 0, "{report}");
+    assert_eq!(
+        delivered["adds"].as_u64().unwrap()
+            + delivered["updates"].as_u64().unwrap()
+            + delivered["deletes"].as_u64().unwrap(),
+        restart["missed"].as_u64().unwrap(),
+        "{report}"
+    );
+    // The 410 relist reported only the differences, fewer than the objects.
+    let relist = &report["relist"];
+    let differences = relist["differences"].as_u64().unwrap();
+    assert!(
+        differences > 0 && differences < relist["objects"].as_u64().unwrap(),
+        "{report}"
+    );
+    assert_eq!(report["storeEqualsServer"], true, "{report}");
 }
 
 #[test]
