@@ -181,6 +181,30 @@ fn watch_prints_events_resumes_on_restart_and_the_database_can_be_inspected() {
         .assert()
         .success()
         .stdout(predicate::str::contains("\"name\": \"web-1\""));
+    bin()
+        .args(["get", "-o", "yaml", "--db"])
+        .arg(&db)
+        .args(["-r", "configmaps", "default/web-1"])
+        .assert()
+        .success()
+        .stdout(predicate::str::contains("  name: web-1\n"));
+    let history = bin()
+        .args(["history", "-o", "json", "--db"])
+        .arg(&db)
+        .args(["-r", "configmaps", "default/web-2"])
+        .output()
+        .unwrap();
+    let types: Vec<String> = String::from_utf8(history.stdout)
+        .unwrap()
+        .lines()
+        .map(|l| {
+            serde_json::from_str::<serde_json::Value>(l).unwrap()["type"]
+                .as_str()
+                .unwrap()
+                .to_owned()
+        })
+        .collect();
+    assert_eq!(types, ["ADDED", "DELETED"]);
     let list = bin()
         .args(["list", "--db"])
         .arg(&db)
@@ -260,6 +284,39 @@ fn watch_prints_events_resumes_on_restart_and_the_database_can_be_inspected() {
         .success()
         .stdout(predicate::str::contains("removed"));
     bin().args(["check", "--db"]).arg(&db).assert().success();
+}
+
+#[test]
+fn watch_scope_flags_kubeconfig_context_table_output_and_sigint() {
+    let sim = sim();
+    sim.create(
+        "configmaps",
+        Some("default"),
+        json!({"metadata": {"name": "web-unlabeled", "namespace": "default"}}),
+    )
+    .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = dir.path().join("kubeconfig");
+    sim.write_kubeconfig(&kubeconfig).unwrap();
+    let mut cmd = bin();
+    cmd.args(["watch", "-r", "configmaps", "-n", "default", "-l", "app=web"])
+        .args(["--field-selector", "metadata.name!=web-2", "-o", "table"])
+        .args(["--context", "sim", "--kubeconfig"])
+        .arg(&kubeconfig)
+        .arg("--db")
+        .arg(dir.path().join("w.redb"));
+    let (stdout, _) = run_then_signal(cmd, Signal::SIGINT, || {
+        sim.create(
+            "configmaps",
+            Some("default"),
+            json!({"metadata": {"name": "web-3", "namespace": "default", "labels": {"app": "web"}}}),
+        )
+        .unwrap();
+    });
+    let mut lines = stdout.lines();
+    assert!(lines.next().unwrap().starts_with("EVENT"), "{stdout}");
+    let names: Vec<&str> = lines.map(|l| l.split_whitespace().nth(2).unwrap()).collect();
+    assert_eq!(names, ["web-1", "web-3"], "{stdout}");
 }
 
 #[test]
