@@ -102,7 +102,13 @@ fn exits_within(mut child: std::process::Child, what: &str) -> (std::process::Ex
 
 #[test]
 fn demo_small_runs_end_to_end() {
-    let out = bin().args(["demo", "--size", "small", "-o", "json"]).output().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("demo.redb");
+    let out = bin()
+        .args(["demo", "--size", "small", "-o", "json", "--db"])
+        .arg(&db)
+        .output()
+        .unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stderr}");
     let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
@@ -134,6 +140,36 @@ fn demo_small_runs_end_to_end() {
         "{report}"
     );
     assert_eq!(report["storeEqualsServer"], true, "{report}");
+
+    // The demo's database has the label index: `list --index` reads it.
+    let pods = bin()
+        .args(["list", "-r", "pods", "-o", "json", "--db"])
+        .arg(&db)
+        .output()
+        .unwrap();
+    let pods: serde_json::Value = serde_json::from_slice(&pods.stdout).unwrap();
+    let pods = pods["items"].as_array().unwrap();
+    let app = pods[0]["metadata"]["labels"]["app"].as_str().unwrap();
+    let want = pods.iter().filter(|p| p["metadata"]["labels"]["app"] == app).count();
+    assert!(want > 0 && want < pods.len());
+    let table = bin()
+        .args([
+            "list",
+            "-r",
+            "pods",
+            "-o",
+            "table",
+            "--index",
+            &format!("labels=app={app}"),
+            "--db",
+        ])
+        .arg(&db)
+        .output()
+        .unwrap();
+    assert!(table.status.success());
+    let table = String::from_utf8(table.stdout).unwrap();
+    assert!(table.starts_with("NAMESPACE"), "{table}");
+    assert_eq!(table.lines().count(), want + 1, "{table}");
 }
 
 #[test]
@@ -567,7 +603,15 @@ fn sim_serve_listens_on_the_given_port_writes_a_kubeconfig_and_stops_on_sigterm(
     let dir = tempfile::tempdir().unwrap();
     let kubeconfig = dir.path().join("kubeconfig");
     let mut child = bin()
-        .args(["sim", "serve", "--port", &port.to_string(), "--kubeconfig-out"])
+        .args([
+            "sim",
+            "serve",
+            "--size",
+            "small",
+            "--port",
+            &port.to_string(),
+            "--kubeconfig-out",
+        ])
         .arg(&kubeconfig)
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
@@ -587,6 +631,18 @@ fn sim_serve_listens_on_the_given_port_writes_a_kubeconfig_and_stops_on_sigterm(
     let mut resp = String::new();
     conn.read_to_string(&mut resp).unwrap();
     assert!(resp.starts_with("HTTP/1.1 200"), "{resp}");
+    // --size small generated the Pods before serving.
+    let mut conn = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    conn.write_all(b"GET /api/v1/pods?limit=1 HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        .unwrap();
+    let mut resp = String::new();
+    conn.read_to_string(&mut resp).unwrap();
+    assert!(
+        resp.starts_with("HTTP/1.1 200")
+            && resp.contains("\"kind\":\"PodList\"")
+            && resp.contains("\"remainingItemCount\":999"),
+        "{resp}"
+    );
     nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(child.id() as i32),
         nix::sys::signal::Signal::SIGTERM,
