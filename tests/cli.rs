@@ -313,12 +313,20 @@ fn watch_prints_events_resumes_on_restart_and_the_database_can_be_inspected() {
         .assert()
         .success()
         .stdout(predicate::str::contains("ok"));
+    let compact = bin()
+        .args(["compact", "--keep", "1", "-o", "json", "--db"])
+        .arg(&db)
+        .output()
+        .unwrap();
+    assert!(compact.status.success());
+    let compact: serde_json::Value = serde_json::from_slice(&compact.stdout).unwrap();
+    assert!(compact["removedEntries"].as_u64().unwrap() > 0, "{compact}");
     bin()
-        .args(["compact", "--keep", "1", "--db"])
+        .args(["compact", "--db"])
         .arg(&db)
         .assert()
         .success()
-        .stdout(predicate::str::contains("removed"));
+        .stdout(predicate::str::contains("removed 0 entries"));
     bin().args(["check", "--db"]).arg(&db).assert().success();
 }
 
@@ -656,33 +664,70 @@ fn record_replay_export_round_trip_and_kubectl_output_replays() {
     let sim = sim();
     let dir = tempfile::tempdir().unwrap();
     let rec = dir.path().join("cm.jsonl");
-    let mut child = bin()
+    // Only default's app=web ConfigMaps are recorded.
+    let child = bin()
         .args([
             "record",
             "-r",
             "configmaps",
-            "-A",
-            "--server",
-            &sim.url(),
-            "--duration",
-            "3",
-            "--out",
+            "-n",
+            "default",
+            "-l",
+            "app=web",
+            "-o",
+            "json",
         ])
+        .args(["--server", &sim.url(), "--duration", "3", "--out"])
         .arg(&rec)
+        .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
     std::thread::sleep(Duration::from_millis(1500));
+    let web = |name: &str| json!({"metadata": {"name": name, "namespace": "default", "labels": {"app": "web"}}});
+    sim.create("configmaps", Some("default"), web("recorded-live")).unwrap();
     sim.create(
         "configmaps",
         Some("default"),
-        json!({"metadata": {"name": "recorded-live", "namespace": "default"}}),
+        json!({"metadata": {"name": "unlabeled", "namespace": "default"}}),
     )
     .unwrap();
     sim.delete("configmaps", Some("other"), "db-1").unwrap();
-    assert!(child.wait().unwrap().success());
+    sim.delete("configmaps", Some("default"), "web-2").unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let summary: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let text = std::fs::read_to_string(&rec).unwrap();
     assert!(text.contains("recorded-live") && text.contains("\"DELETED\""), "{text}");
+    assert!(!text.contains("unlabeled") && !text.contains("db-1"), "{text}");
+    assert_eq!(summary["files"], json!([rec.display().to_string()]), "{summary}");
+    assert!(summary["lines"].as_u64().unwrap() >= 4, "{summary}");
+    let rv_of = |name: &str| -> String {
+        text.lines()
+            .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+            .filter(|l| l["object"]["metadata"]["name"] == name)
+            .map(|l| l["object"]["metadata"]["resourceVersion"].as_str().unwrap().to_owned())
+            .next_back()
+            .unwrap()
+    };
+    let (rv_live, rv_deleted) = (rv_of("recorded-live"), rv_of("web-2"));
+    assert_eq!(summary["lastResourceVersion"], rv_deleted.as_str(), "{summary}");
+    let names_in = |db: &std::path::Path| -> Vec<String> {
+        let list = bin()
+            .args(["list", "-o", "json", "-r", "configmaps", "--db"])
+            .arg(db)
+            .output()
+            .unwrap();
+        let list: serde_json::Value = serde_json::from_slice(&list.stdout).unwrap();
+        let mut names: Vec<String> = list["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|i| i["metadata"]["name"].as_str().unwrap().to_owned())
+            .collect();
+        names.sort();
+        names
+    };
 
     let db = dir.path().join("replayed.redb");
     bin()
@@ -692,30 +737,68 @@ fn record_replay_export_round_trip_and_kubectl_output_replays() {
         .arg(&db)
         .assert()
         .success()
-        .stdout(predicate::str::contains("\"lastResourceVersion\""));
-    let list = bin()
-        .args(["list", "-o", "json", "-r", "configmaps", "--db"])
+        .stdout(predicate::str::contains(format!(
+            "\"lastResourceVersion\":\"{rv_deleted}\""
+        )));
+    assert_eq!(names_in(&db), ["recorded-live", "web-1"]);
+    // Up to an RV, paced, into a named resource: the later delete is not applied.
+    let until = dir.path().join("until.redb");
+    bin()
+        .args(["replay"])
+        .arg(&rec)
+        .args([
+            "--until-rv",
+            &rv_live,
+            "--speed",
+            "1000",
+            "-r",
+            "configmaps",
+            "-o",
+            "json",
+            "--db",
+        ])
+        .arg(&until)
+        .assert()
+        .success()
+        .stdout(predicate::str::contains(format!(
+            "\"lastResourceVersion\":\"{rv_live}\""
+        )));
+    assert_eq!(names_in(&until), ["recorded-live", "web-1", "web-2"]);
+
+    let out = dir.path().join("export.jsonl");
+    let exported = bin()
+        .args(["export", "-r", "configmaps", "-o", "json", "--db"])
         .arg(&db)
+        .arg("--out")
+        .arg(&out)
         .output()
         .unwrap();
-    let list: serde_json::Value = serde_json::from_slice(&list.stdout).unwrap();
-    let mut names: Vec<String> = list["items"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|i| i["metadata"]["name"].as_str().unwrap().to_owned())
-        .collect();
-    names.sort();
-    assert_eq!(names, ["recorded-live", "web-1", "web-2"]);
-    let out = dir.path().join("export.jsonl");
+    assert!(exported.status.success());
+    let exported: serde_json::Value = serde_json::from_slice(&exported.stdout).unwrap();
+    let text = std::fs::read_to_string(&out).unwrap();
+    assert!(text.contains("recorded-live"));
+    assert_eq!(
+        exported["lines"].as_u64().unwrap(),
+        text.lines().count() as u64,
+        "{exported}"
+    );
     bin()
         .args(["export", "--db"])
         .arg(&db)
         .arg("--out")
-        .arg(&out)
+        .arg(dir.path().join("export2.jsonl"))
         .assert()
-        .success();
-    assert!(std::fs::read_to_string(&out).unwrap().contains("recorded-live"));
+        .success()
+        .stdout(predicate::str::starts_with("exported ").and(predicate::str::contains("ExportReport").not()));
+    fails_with_one_line(
+        bin()
+            .args(["export", "-r", "deployments.apps", "--db"])
+            .arg(&db)
+            .arg("--out")
+            .arg(dir.path().join("none.jsonl")),
+        5,
+        "deployments",
+    );
 
     // A recorded kube-apiserver watch stream replays as it is.
     let wire = concat!(env!("CARGO_MANIFEST_DIR"), "/../shared/k8s-wire/configmaps-watch.jsonl");
@@ -729,12 +812,13 @@ fn record_replay_export_round_trip_and_kubectl_output_replays() {
     // A malformed recording: a clear error with the line number.
     let bad = dir.path().join("bad.jsonl");
     std::fs::write(&bad, "{\"type\":\"ADDED\",\"object\":{\"metadata\":{\"name\":\"a\",\"resourceVersion\":\"1\"}}}\nnot json\n{\"type\":\"ADDED\",\"object\":{\"metadata\":{\"name\":\"b\",\"resourceVersion\":\"2\"}}}\n").unwrap();
-    bin()
-        .args(["replay"])
-        .arg(&bad)
-        .args(["-r", "configmaps", "--db"])
-        .arg(dir.path().join("bad.redb"))
-        .assert()
-        .code(1)
-        .stderr(predicate::str::contains("line 2"));
+    fails_with_one_line(
+        bin()
+            .args(["replay"])
+            .arg(&bad)
+            .args(["-r", "configmaps", "--db"])
+            .arg(dir.path().join("bad.redb")),
+        1,
+        "bad.jsonl:2: malformed",
+    );
 }

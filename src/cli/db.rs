@@ -8,6 +8,7 @@ use durable_informer::store::{
 };
 use serde_json::{json, Value};
 
+use super::progress::spinner;
 use super::{CliError, CliResult, Output};
 
 pub fn open(path: &Path) -> CliResult<DurableStore> {
@@ -491,12 +492,28 @@ pub fn check(path: &Path, output: Output) -> CliResult {
     }
 }
 
-pub fn compact(path: &Path, keep: Option<u64>) -> CliResult {
+pub fn compact(path: &Path, keep: Option<u64>, output: Output) -> CliResult {
     let db = open(path)?;
     let before = std::fs::metadata(path).map(|m| m.len()).unwrap_or(0);
+    let pb = spinner(&format!("compacting {}", path.display()));
     let report = db.writer().compact_blocking(keep)?;
+    pb.set_message(format!("compacting the file {}", path.display()));
     let compacted = db.close_and_compact()?;
+    pb.finish_and_clear();
     let after = std::fs::metadata(path).map(|m| m.len()).unwrap_or(0);
+    if output == Output::Json {
+        return outln!(
+            "{}",
+            json!({
+                "removedEntries": report.removed,
+                "inlinedObjects": report.inlined,
+                "firstRetainedSeq": report.first_retained.0,
+                "bytesBefore": before,
+                "bytesAfter": after,
+                "fileCompacted": compacted,
+            })
+        );
+    }
     outln!(
         "log: removed {} entries ({} objects kept their bytes), first retained seq {}; file: {} -> {} bytes{}",
         report.removed,
@@ -505,6 +522,5 @@ pub fn compact(path: &Path, keep: Option<u64>) -> CliResult {
         before,
         after,
         if compacted { "" } else { " (file compaction not needed)" }
-    )?;
-    Ok(())
+    )
 }

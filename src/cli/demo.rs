@@ -11,11 +11,12 @@ use durable_informer::sim::workload::{Churn, ChurnStats, WorkloadGen};
 use durable_informer::sim::{Counters, Sim, SimConfig};
 use durable_informer::source::KubeSource;
 use durable_informer::store::{DurableStore, Indexer, StoreConfig};
-use indicatif::{ProgressBar, ProgressStyle};
+use indicatif::ProgressBar;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, ListParams};
 use serde_json::json;
 
+use super::progress::bar;
 use super::{CliError, CliResult, Output, Size};
 
 #[derive(Default)]
@@ -73,21 +74,6 @@ fn plan(size: Size) -> Plan {
             down: 2_000,
         },
     }
-}
-
-fn bar(len: u64, msg: &str) -> ProgressBar {
-    let pb = if std::io::IsTerminal::is_terminal(&std::io::stderr()) {
-        ProgressBar::new(len)
-    } else {
-        ProgressBar::hidden()
-    };
-    pb.set_style(
-        ProgressStyle::with_template("{spinner} {msg:<28} [{bar:40}] {pos}/{len} ({per_sec})")
-            .unwrap_or_else(|_| ProgressStyle::default_bar())
-            .progress_chars("=> "),
-    );
-    pb.set_message(msg.to_owned());
-    pb
 }
 
 fn sim_err(e: impl std::fmt::Display) -> CliError {
@@ -258,9 +244,7 @@ pub async fn run(size: Size, db: Option<PathBuf>, output: Output) -> CliResult {
     let t0 = Instant::now();
     let sim = tokio::task::spawn_blocking(move || -> Result<Sim, CliError> {
         let sim = Sim::start(SimConfig::default().bookmark_interval(Duration::from_secs(1))).map_err(sim_err)?;
-        let mut gen = WorkloadGen::new(42).namespaces(plan.namespaces);
-        sim.bulk_load("namespaces", gen.namespace_objects()).map_err(sim_err)?;
-        sim.bulk_load("pods", gen.pods(plan.pods)).map_err(sim_err)?;
+        super::sim::generate(&sim, plan.pods, plan.namespaces)?;
         Ok(sim)
     })
     .await

@@ -29,6 +29,7 @@ macro_rules! errln {
 mod db;
 mod demo;
 mod live;
+mod progress;
 mod record;
 mod sim;
 
@@ -156,6 +157,9 @@ pub enum Command {
         /// Stop after this many seconds (default: until SIGINT/SIGTERM).
         #[arg(long)]
         duration: Option<u64>,
+        /// Output format of the summary.
+        #[arg(long, short = 'o', value_enum, default_value = "table")]
+        output: Output,
     },
     /// Replay a recording (or `kubectl get --raw '…?watch=1'` output) into a database, offline.
     Replay {
@@ -192,6 +196,9 @@ pub enum Command {
         /// Recording file (`.zst` to compress).
         #[arg(long)]
         out: PathBuf,
+        /// Output format of the summary.
+        #[arg(long, short = 'o', value_enum, default_value = "table")]
+        output: Output,
     },
     /// Print one stored object.
     Get {
@@ -271,6 +278,9 @@ pub enum Command {
         /// Keep at most this many log entries (default: the store's retention).
         #[arg(long)]
         keep: Option<u64>,
+        /// Output format of the summary.
+        #[arg(long, short = 'o', value_enum, default_value = "table")]
+        output: Output,
     },
     /// The simulated API server.
     Sim {
@@ -447,7 +457,8 @@ async fn run(command: Command) -> CliResult {
             out,
             rotate_bytes,
             duration,
-        } => record::record(scope, cluster, out, rotate_bytes, duration).await,
+            output,
+        } => record::record(scope, cluster, out, rotate_bytes, duration, output).await,
         Command::Replay {
             files,
             db,
@@ -457,7 +468,12 @@ async fn run(command: Command) -> CliResult {
             skip_malformed,
             output,
         } => record::replay(files, db, resource, &speed, until_rv, skip_malformed, output).await,
-        Command::Export { db, resource, out } => record::export(&db, resource.as_deref(), &out),
+        Command::Export {
+            db,
+            resource,
+            out,
+            output,
+        } => record::export(&db, resource.as_deref(), &out, output),
         Command::Get {
             db,
             resource,
@@ -488,7 +504,7 @@ async fn run(command: Command) -> CliResult {
         } => db::history(&db, &resource, &key, output),
         Command::Stats { db, output } => db::stats(&db, output),
         Command::Check { db, output } => db::check(&db, output),
-        Command::Compact { db, keep } => db::compact(&db, keep),
+        Command::Compact { db, keep, output } => db::compact(&db, keep, output),
         Command::Sim { command } => match command {
             SimCommand::Serve {
                 port,

@@ -11,6 +11,7 @@ use serde_json::json;
 
 use super::db::{find_scope, open, split_resource};
 use super::live::{client, resolve, scoped_source, signals};
+use super::progress::spinner;
 use super::{CliError, CliResult, ClusterArgs, Output, ScopeArgs};
 
 fn replay_err(e: impl std::fmt::Display) -> CliError {
@@ -23,6 +24,7 @@ pub async fn record(
     out: PathBuf,
     rotate: Option<u64>,
     duration: Option<u64>,
+    output: Output,
 ) -> CliResult {
     let stop_signal = signals();
     let (client, server) = client(&cluster).await?;
@@ -33,9 +35,20 @@ pub async fn record(
         config = config.rotate_bytes(b);
     }
     let recorder = Recorder::new(source, config);
-    let progress = recorder.progress();
+    let mut progress = recorder.progress();
     let (stop_tx, stop) = tokio::sync::watch::channel(false);
     let task = tokio::spawn(recorder.run(stop));
+    let pb = spinner(&format!("recording into {}", out.display()));
+    let shown = pb.clone();
+    let ticker = tokio::spawn(async move {
+        while progress.changed().await.is_ok() {
+            let p = progress.borrow_and_update().clone();
+            shown.set_message(format!(
+                "recording: {} lines, {} bytes, resourceVersion {}",
+                p.lines, p.bytes, p.last_rv
+            ));
+        }
+    });
     let limit = async {
         match duration {
             Some(s) => tokio::time::sleep(Duration::from_secs(s)).await,
@@ -47,21 +60,30 @@ pub async fn record(
         () = limit => {}
     }
     let _ = stop_tx.send(true);
-    let report = task.await.map_err(CliError::runtime)?.map_err(replay_err)?;
-    let _ = progress;
-    errln!(
+    let report = task.await.map_err(CliError::runtime)?.map_err(replay_err);
+    ticker.abort();
+    pb.finish_and_clear();
+    let report = report?;
+    let files: Vec<String> = report.files.iter().map(|p| p.display().to_string()).collect();
+    if output == Output::Json {
+        return outln!(
+            "{}",
+            json!({
+                "files": files,
+                "lines": report.lines,
+                "bytes": report.bytes,
+                "lastResourceVersion": report.last_rv.0,
+                "watches": report.watches,
+            })
+        );
+    }
+    outln!(
         "recorded {} lines ({} bytes) up to resourceVersion {} into {}",
         report.lines,
         report.bytes,
         report.last_rv,
-        report
-            .files
-            .iter()
-            .map(|p| p.display().to_string())
-            .collect::<Vec<_>>()
-            .join(", ")
-    );
-    Ok(())
+        files.join(", ")
+    )
 }
 
 #[allow(clippy::too_many_arguments)] // one per command-line option
@@ -99,7 +121,24 @@ pub async fn replay(
     let store = tokio::task::spawn_blocking(move || DurableStore::open(StoreConfig::new(db)))
         .await
         .map_err(CliError::runtime)??;
-    let report = replay_into(&store, source).await.map_err(replay_err)?;
+    // Progress: log entries committed so far.
+    let pb = spinner("replaying");
+    let mut committed = store.writer().committed();
+    let start = *committed.borrow();
+    let shown = pb.clone();
+    let ticker = tokio::spawn(async move {
+        while committed.changed().await.is_ok() {
+            let now = *committed.borrow_and_update();
+            shown.set_message(format!(
+                "replaying: {} log entries committed",
+                now.0.saturating_sub(start.0)
+            ));
+        }
+    });
+    let report = replay_into(&store, source).await.map_err(replay_err);
+    ticker.abort();
+    pb.finish_and_clear();
+    let report = report?;
     match output {
         Output::Json => outln!(
             "{}",
@@ -134,13 +173,42 @@ pub async fn replay(
     Ok(())
 }
 
-pub fn export(db: &Path, resource: Option<&str>, out: &Path) -> CliResult {
+pub fn export(db: &Path, resource: Option<&str>, out: &Path, output: Output) -> CliResult {
     let store = open(db)?;
     let scope = match resource {
         Some(r) => Some(find_scope(&store, r, None)?.0),
         None => None,
     };
-    let report = export_log_file(&store, scope, out).map_err(replay_err)?;
-    errln!("exported {:?} to {}", report, out.display());
+    let pb = spinner(&format!("exporting to {}", out.display()));
+    let report = export_log_file(&store, scope, out).map_err(replay_err);
+    pb.finish_and_clear();
+    let report = report?;
+    if output == Output::Json {
+        return outln!(
+            "{}",
+            json!({
+                "file": out.display().to_string(),
+                "lines": report.lines,
+                "syncsLeftOut": report.syncs,
+                "unknownFinalState": report.unknown_final_state,
+                "lastSeq": report.last_seq.0,
+            })
+        );
+    }
+    outln!(
+        "exported {} lines (the log up to seq {}) to {}",
+        report.lines,
+        report.last_seq.0,
+        out.display()
+    )?;
+    if report.syncs > 0 {
+        outln!("left out {} resync entries (they change nothing)", report.syncs)?;
+    }
+    if report.unknown_final_state > 0 {
+        outln!(
+            "{} deletes found by a relist were written with their last known state",
+            report.unknown_final_state
+        )?;
+    }
     Ok(())
 }

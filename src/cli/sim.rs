@@ -5,7 +5,19 @@ use std::path::PathBuf;
 use durable_informer::sim::workload::WorkloadGen;
 use durable_informer::sim::{Sim, SimConfig};
 
+use super::progress::spinner;
 use super::{CliError, CliResult, Size};
+
+/// Fills `sim` with `pods` Pods over `namespaces` namespaces (seed 42), with a spinner.
+pub fn generate(sim: &Sim, pods: usize, namespaces: usize) -> CliResult {
+    let pb = spinner(&format!("generating {pods} Pods in {namespaces} namespaces"));
+    let mut gen = WorkloadGen::new(42).namespaces(namespaces);
+    let fail = |e: durable_informer::sim::SimError| CliError::runtime(format!("simulated cluster: {e}"));
+    sim.bulk_load("namespaces", gen.namespace_objects()).map_err(fail)?;
+    sim.bulk_load("pods", gen.pods(pods)).map_err(fail)?;
+    pb.finish_and_clear();
+    Ok(())
+}
 
 pub async fn serve(port: u16, kubeconfig_out: Option<PathBuf>, size: Option<Size>) -> CliResult {
     let stop_signal = super::live::signals();
@@ -18,10 +30,7 @@ pub async fn serve(port: u16, kubeconfig_out: Option<PathBuf>, size: Option<Size
                 Size::Medium => (20_000, 50),
                 Size::Large => (100_000, 100),
             };
-            let mut gen = WorkloadGen::new(42).namespaces(ns);
-            sim.bulk_load("namespaces", gen.namespace_objects())
-                .map_err(CliError::runtime)?;
-            sim.bulk_load("pods", gen.pods(pods)).map_err(CliError::runtime)?;
+            generate(&sim, pods, ns)?;
         }
         Ok(sim)
     })
