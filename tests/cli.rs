@@ -764,6 +764,36 @@ fn record_replay_export_round_trip_and_kubectl_output_replays() {
             "\"lastResourceVersion\":\"{rv_live}\""
         )));
     assert_eq!(names_in(&until), ["recorded-live", "web-1", "web-2"]);
+    // -r must name what the recording holds.
+    fails_with_one_line(
+        bin()
+            .args(["replay"])
+            .arg(&rec)
+            .args(["-r", "pods", "--db"])
+            .arg(dir.path().join("pods.redb")),
+        2,
+        "ConfigMap",
+    );
+    // -n on a cluster-scoped resource is said, not silently dropped.
+    let ns_rec = dir.path().join("ns.jsonl");
+    let out = bin()
+        .args([
+            "record",
+            "-r",
+            "namespaces",
+            "-n",
+            "default",
+            "--duration",
+            "1",
+            "--server",
+            &sim.url(),
+            "--out",
+        ])
+        .arg(&ns_rec)
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("cluster-scoped"));
 
     let out = dir.path().join("export.jsonl");
     let exported = bin()

@@ -236,9 +236,14 @@ pub async fn run(size: Size, db: Option<PathBuf>, output: Output) -> CliResult {
         }
         Ok(())
     };
-    let tmp = tempfile_dir()?;
-    let cleanup = TempDir(if db.is_none() { Some(tmp.clone()) } else { None });
-    let path = db.unwrap_or_else(|| tmp.join("demo.redb"));
+    // A temporary directory only when no --db was given.
+    let (path, cleanup) = match db {
+        Some(p) => (p, TempDir(None)),
+        None => {
+            let tmp = tempfile_dir()?;
+            (tmp.join("demo.redb"), TempDir(Some(tmp)))
+        }
+    };
 
     // The simulated cluster.
     let t0 = Instant::now();

@@ -126,8 +126,13 @@ pub fn scoped_source(
     scope: &ScopeArgs,
 ) -> KubeSource {
     let mut source = KubeSource::new(client, server, ar);
-    if let (Some(ns), true) = (&scope.namespace, namespaced) {
-        source = source.namespace(ns);
+    match (&scope.namespace, namespaced) {
+        (Some(ns), true) => source = source.namespace(ns),
+        (Some(ns), false) => errln!(
+            "warning: {} is cluster-scoped; -n {ns} does not apply and every object is watched",
+            scope.resource
+        ),
+        (None, _) => {}
     }
     if let Some(l) = &scope.selector {
         source = source.labels(l);

@@ -169,7 +169,8 @@ pub enum Command {
         /// Database file (a fresh scope is filled).
         #[arg(long)]
         db: PathBuf,
-        /// Resource (default: from the objects' apiVersion/kind).
+        /// Resource `plural[.group]` (default: from the objects' apiVersion/kind, which must
+        /// match; the version comes from the objects, `v1` when they carry none).
         #[arg(long, short = 'r')]
         resource: Option<String>,
         /// `max` or a real-time factor (2 = twice as fast).

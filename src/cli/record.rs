@@ -4,8 +4,10 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use durable_informer::replay::{
-    export_log_file, replay_into, MalformedPolicy, Recorder, RecorderConfig, ReplayOptions, ReplaySource, Speed,
+    export_log_file, replay_into, scope_of, MalformedPolicy, Recorder, RecorderConfig, RecordingReader, ReplayOptions,
+    ReplaySource, Speed,
 };
+use durable_informer::source::WatchEvent;
 use durable_informer::store::{DurableStore, ScopeSpec, StoreConfig};
 use serde_json::json;
 
@@ -113,9 +115,7 @@ pub async fn replay(
         options = options.on_malformed(MalformedPolicy::Skip);
     }
     if let Some(r) = &resource {
-        let (plural, group) = split_resource(r);
-        // The version is taken from the objects; the scope needs one, "v1" is the usual.
-        options = options.scope(ScopeSpec::new(&group, "v1", &plural));
+        options = options.scope(replay_scope(&files, r, skip_malformed)?);
     }
     let source = ReplaySource::open_all(files, options).map_err(replay_err)?;
     let store = tokio::task::spawn_blocking(move || DurableStore::open(StoreConfig::new(db)))
@@ -171,6 +171,55 @@ pub async fn replay(
         .await
         .map_err(CliError::runtime)??;
     Ok(())
+}
+
+/// The type of the first object in the recording: (apiVersion, kind).
+fn recorded_type(files: &[PathBuf], skip_malformed: bool) -> CliResult<Option<(String, String)>> {
+    // The first object normally is on the first line; a bounded look keeps a huge file cheap.
+    const LOOK: usize = 1000;
+    let mut reader = RecordingReader::open_all(files.to_vec()).map_err(replay_err)?;
+    if skip_malformed {
+        reader = reader.on_malformed(MalformedPolicy::Skip);
+    }
+    for _ in 0..LOOK {
+        let Some(ev) = reader.next_event().map_err(replay_err)? else {
+            break;
+        };
+        let (WatchEvent::Added(o) | WatchEvent::Modified(o) | WatchEvent::Deleted(o)) = &ev.event else {
+            continue;
+        };
+        let v: serde_json::Value = serde_json::from_slice(&o.bytes).unwrap_or_default();
+        if let (Some(av), Some(kind)) = (v["apiVersion"].as_str(), v["kind"].as_str()) {
+            return Ok(Some((av.to_owned(), kind.to_owned())));
+        }
+    }
+    Ok(None)
+}
+
+/// The scope for `replay -r R`: the version comes from the objects' apiVersion (`v1` when they
+/// carry none), and R must name the objects' resource.
+fn replay_scope(files: &[PathBuf], resource: &str, skip_malformed: bool) -> CliResult<ScopeSpec> {
+    let (plural, group) = split_resource(resource);
+    let Some((api_version, kind)) = recorded_type(files, skip_malformed)? else {
+        return Ok(ScopeSpec::new(&group, "v1", &plural));
+    };
+    let found = scope_of(&api_version, &kind);
+    // A custom resource (its group has a dot) may declare a plural the default rules miss.
+    let plural_ok = found.resource == plural || (group.contains('.') && found.group == group);
+    if found.group != group || !plural_ok {
+        let named = if found.group.is_empty() {
+            found.resource.clone()
+        } else {
+            format!("{}.{}", found.resource, found.group)
+        };
+        return Err(CliError::new(
+            2,
+            format!(
+                "-r {resource}: the recording holds {kind} objects ({api_version}); use -r {named} or leave -r out"
+            ),
+        ));
+    }
+    Ok(ScopeSpec::new(&group, &found.version, &plural))
 }
 
 pub fn export(db: &Path, resource: Option<&str>, out: &Path, output: Output) -> CliResult {

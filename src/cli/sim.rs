@@ -21,6 +21,7 @@ pub fn generate(sim: &Sim, pods: usize, namespaces: usize) -> CliResult {
 
 pub async fn serve(port: u16, kubeconfig_out: Option<PathBuf>, size: Option<Size>) -> CliResult {
     let stop_signal = super::live::signals();
+    tokio::pin!(stop_signal);
     let sim = tokio::task::spawn_blocking(move || -> Result<Sim, CliError> {
         let sim =
             Sim::start(SimConfig::default().port(port)).map_err(|e| CliError::runtime(format!("cannot start: {e}")))?;
@@ -33,9 +34,12 @@ pub async fn serve(port: u16, kubeconfig_out: Option<PathBuf>, size: Option<Size
             generate(&sim, pods, ns)?;
         }
         Ok(sim)
-    })
-    .await
-    .map_err(CliError::runtime)??;
+    });
+    // A signal during a long generation stops at once.
+    let sim = tokio::select! {
+        r = sim => r.map_err(CliError::runtime)??,
+        () = &mut stop_signal => return Ok(()),
+    };
     if let Some(path) = &kubeconfig_out {
         sim.write_kubeconfig(path)
             .map_err(|e| CliError::runtime(format!("{}: {e}", path.display())))?;
