@@ -358,9 +358,10 @@ pub async fn run(size: Size, db: Option<PathBuf>, output: Output) -> CliResult {
         resume, readable, objects_at_open, restored
     ))?;
     say(format!(
-        "                               LIST requests: {} (the one-object RV probe, {} object), full LISTs: 0",
+        "                               LIST requests: {} (the one-object RV probe, {} object), full LISTs: {}",
         c1.list_requests - c0.list_requests,
-        c1.list_objects - c0.list_objects
+        c1.list_objects - c0.list_objects,
+        u64::from(c1.list_objects - c0.list_objects > 1)
     ))?;
     say(format!(
         "                               missed changes delivered: {a} adds, {u} updates, {d} deletes ({} expected)",
