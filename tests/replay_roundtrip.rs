@@ -15,7 +15,7 @@ use durable_informer::replay::{
     export_log, history, replay_into, state_at, Recorder, RecorderConfig, ReplayError, ReplayOptions, ReplaySource,
     Speed,
 };
-use durable_informer::store::{DeltaKind, DurableStore, ObjectKey, Seq, StoreConfig};
+use durable_informer::store::{DeltaKind, DurableStore, ObjectKey, ScopeSpec, Seq, StoreConfig};
 use k8s_openapi::api::core::v1::ConfigMap;
 use redb::{ReadableDatabase, ReadableTable, TableDefinition};
 
@@ -355,7 +355,12 @@ async fn replay_with_handler(rec: &Path, db_path: &Path, speed: Speed, max_batch
     let db = DurableStore::open(StoreConfig::new(db_path).durable(false)).unwrap();
     // A durable handler without a cursor starts with a snapshot of whatever is committed when
     // it starts (timing); from a cursor at 0 it reads the whole log, in log order.
-    db.writer().set_cursor("test".into(), Seq(0)).await.unwrap();
+    let scope = db
+        .writer()
+        .register_scope(&ScopeSpec::new("", "v1", "configmaps"))
+        .await
+        .unwrap();
+    db.writer().set_cursor(scope, "test".into(), Seq(0)).await.unwrap();
     let source = ReplaySource::open(rec, ReplayOptions::default().speed(speed)).unwrap();
     let handle = source.handle();
     let informer = Informer::<ConfigMap>::builder(&db, source)

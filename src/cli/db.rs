@@ -8,6 +8,7 @@ use durable_informer::store::{
 };
 use serde_json::{json, Value};
 
+use super::progress::spinner;
 use super::{CliError, CliResult, Output};
 
 pub fn open(path: &Path) -> CliResult<DurableStore> {
@@ -167,8 +168,8 @@ pub fn get(path: &Path, resource: &str, key: &str, output: Output) -> CliResult 
         )));
     };
     match output {
-        Output::Yaml => print!("{}", yaml(&to_value(&obj))),
-        _ => println!("{}", pretty(&to_value(&obj))),
+        Output::Yaml => outp!("{}", yaml(&to_value(&obj)))?,
+        _ => outln!("{}", pretty(&to_value(&obj)))?,
     }
     Ok(())
 }
@@ -218,9 +219,9 @@ pub fn list(
                 "items": objects.iter().map(to_value).collect::<Vec<_>>(),
             });
             if output == Output::Json {
-                println!("{}", pretty(&list));
+                outln!("{}", pretty(&list))?;
             } else {
-                print!("{}", yaml(&list));
+                outp!("{}", yaml(&list))?;
             }
         }
         Output::Table | Output::Wide => {
@@ -266,13 +267,13 @@ pub fn list(
                 }
                 rows.push(row);
             }
-            print_table(&rows);
+            print_table(&rows)?;
         }
     }
     Ok(())
 }
 
-pub fn print_table(rows: &[Vec<String>]) {
+pub fn print_table(rows: &[Vec<String>]) -> CliResult {
     let cols = rows.iter().map(Vec::len).max().unwrap_or(0);
     let widths: Vec<usize> = (0..cols)
         .map(|c| {
@@ -295,8 +296,9 @@ pub fn print_table(rows: &[Vec<String>]) {
                 }
             })
             .collect();
-        println!("{}", line.join("   ").trim_end());
+        outln!("{}", line.join("   ").trim_end())?;
     }
+    Ok(())
 }
 
 pub fn history(path: &Path, resource: &str, key: &str, output: Output) -> CliResult {
@@ -331,10 +333,10 @@ pub fn history(path: &Path, resource: &str, key: &str, output: Output) -> CliRes
                     .or(e.old.as_deref())
                     .and_then(|b| serde_json::from_slice(b).ok())
                     .unwrap_or(Value::Null);
-                println!(
+                outln!(
                     "{}",
                     json!({"seq": e.seq.0, "type": kind, "resourceVersion": e.rv.0, "object": object})
-                );
+                )?;
             }
         }
         _ => {
@@ -356,8 +358,8 @@ pub fn history(path: &Path, resource: &str, key: &str, output: Output) -> CliRes
                     },
                 ]);
             }
-            print_table(&rows);
-            eprintln!("(history covers the retained log, from seq {first})");
+            print_table(&rows)?;
+            errln!("(history covers the retained log, from seq {first})");
         }
     }
     Ok(())
@@ -384,21 +386,22 @@ pub fn stats(path: &Path, output: Output) -> CliResult {
                 "relists": r.relist_count,
                 "lastRelistReason": r.last_relist_reason,
                 "lastRelistAtMs": r.last_relist_at_ms,
+                "lastRelistAt": r.last_relist_at_ms.map(time_ms),
             })).collect::<Vec<_>>(),
         });
-        println!("{}", pretty(&v));
+        outln!("{}", pretty(&v))?;
         return Ok(());
     }
-    println!("database      {} ({} bytes)", path.display(), size);
-    println!("cluster       {}", identity.unwrap_or_else(|| "-".into()));
+    outln!("database      {} ({} bytes)", path.display(), size)?;
+    outln!("cluster       {}", identity.unwrap_or_else(|| "-".into()))?;
     match bounds {
-        Some((f, l)) => println!(
+        Some((f, l)) => outln!(
             "log           seq {}..{} ({} entries retained)",
             f.0,
             l.0,
             l.0 - f.0 + 1
-        ),
-        None => println!("log           empty"),
+        )?,
+        None => outln!("log           empty")?,
     }
     let mut rows = vec![vec![
         "SCOPE".to_string(),
@@ -409,6 +412,7 @@ pub fn stats(path: &Path, output: Output) -> CliResult {
         "RV".into(),
         "SYNCED".into(),
         "RELISTS".into(),
+        "LAST-RELIST".into(),
         "LAST-LIST-REASON".into(),
     ]];
     for (id, r) in &scopes {
@@ -432,18 +436,27 @@ pub fn stats(path: &Path, output: Output) -> CliResult {
             r.rv.as_ref().map(|v| v.0.clone()).unwrap_or_else(|| "-".into()),
             r.synced.to_string(),
             r.relist_count.to_string(),
+            r.last_relist_at_ms.map_or_else(|| "-".into(), time_ms),
             r.last_relist_reason.clone().unwrap_or_default(),
         ]);
     }
-    print_table(&rows);
+    print_table(&rows)?;
     Ok(())
+}
+
+/// A wall-clock time in milliseconds since the epoch, as RFC 3339 UTC (seconds precision).
+fn time_ms(ms: u64) -> String {
+    i64::try_from(ms / 1000)
+        .ok()
+        .and_then(|s| k8s_openapi::jiff::Timestamp::from_second(s).ok())
+        .map_or_else(|| format!("{ms}ms"), |t| t.to_string())
 }
 
 pub fn check(path: &Path, output: Output) -> CliResult {
     let db = open(path)?;
     let report = db.check()?;
     if output == Output::Json {
-        println!(
+        outln!(
             "{}",
             pretty(&json!({
                 "ok": report.is_ok(),
@@ -453,17 +466,20 @@ pub fn check(path: &Path, output: Output) -> CliResult {
                 "indexRows": report.index_rows,
                 "problems": report.problems,
             }))
-        );
+        )?;
     } else {
-        println!(
+        outln!(
             "checked {} scopes, {} objects, {} log entries, {} index rows",
-            report.scopes, report.objects, report.log_entries, report.index_rows
-        );
+            report.scopes,
+            report.objects,
+            report.log_entries,
+            report.index_rows
+        )?;
         for p in &report.problems {
-            println!("PROBLEM: {p}");
+            outln!("PROBLEM: {p}")?;
         }
         if report.is_ok() {
-            println!("ok: every invariant holds");
+            outln!("ok: every invariant holds")?;
         }
     }
     if report.is_ok() {
@@ -476,13 +492,29 @@ pub fn check(path: &Path, output: Output) -> CliResult {
     }
 }
 
-pub fn compact(path: &Path, keep: Option<u64>) -> CliResult {
+pub fn compact(path: &Path, keep: Option<u64>, output: Output) -> CliResult {
     let db = open(path)?;
     let before = std::fs::metadata(path).map(|m| m.len()).unwrap_or(0);
+    let pb = spinner(&format!("compacting {}", path.display()));
     let report = db.writer().compact_blocking(keep)?;
+    pb.set_message(format!("compacting the file {}", path.display()));
     let compacted = db.close_and_compact()?;
+    pb.finish_and_clear();
     let after = std::fs::metadata(path).map(|m| m.len()).unwrap_or(0);
-    println!(
+    if output == Output::Json {
+        return outln!(
+            "{}",
+            json!({
+                "removedEntries": report.removed,
+                "inlinedObjects": report.inlined,
+                "firstRetainedSeq": report.first_retained.0,
+                "bytesBefore": before,
+                "bytesAfter": after,
+                "fileCompacted": compacted,
+            })
+        );
+    }
+    outln!(
         "log: removed {} entries ({} objects kept their bytes), first retained seq {}; file: {} -> {} bytes{}",
         report.removed,
         report.inlined,
@@ -490,6 +522,5 @@ pub fn compact(path: &Path, keep: Option<u64>) -> CliResult {
         before,
         after,
         if compacted { "" } else { " (file compaction not needed)" }
-    );
-    Ok(())
+    )
 }

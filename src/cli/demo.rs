@@ -11,11 +11,12 @@ use durable_informer::sim::workload::{Churn, ChurnStats, WorkloadGen};
 use durable_informer::sim::{Counters, Sim, SimConfig};
 use durable_informer::source::KubeSource;
 use durable_informer::store::{DurableStore, Indexer, StoreConfig};
-use indicatif::{ProgressBar, ProgressStyle};
+use indicatif::ProgressBar;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, ListParams};
 use serde_json::json;
 
+use super::progress::bar;
 use super::{CliError, CliResult, Output, Size};
 
 #[derive(Default)]
@@ -73,21 +74,6 @@ fn plan(size: Size) -> Plan {
             down: 2_000,
         },
     }
-}
-
-fn bar(len: u64, msg: &str) -> ProgressBar {
-    let pb = if std::io::IsTerminal::is_terminal(&std::io::stderr()) {
-        ProgressBar::new(len)
-    } else {
-        ProgressBar::hidden()
-    };
-    pb.set_style(
-        ProgressStyle::with_template("{spinner} {msg:<28} [{bar:40}] {pos}/{len} ({per_sec})")
-            .unwrap_or_else(|_| ProgressStyle::default_bar())
-            .progress_chars("=> "),
-    );
-    pb.set_message(msg.to_owned());
-    pb
 }
 
 fn sim_err(e: impl std::fmt::Display) -> CliError {
@@ -244,22 +230,26 @@ fn diff(old: &BTreeMap<String, String>, new: &BTreeMap<String, String>) -> (u64,
 pub async fn run(size: Size, db: Option<PathBuf>, output: Output) -> CliResult {
     let plan = plan(size);
     let human = output != Output::Json;
-    let say = |s: String| {
+    let say = |s: String| -> CliResult {
         if human {
-            println!("{s}");
+            outln!("{s}")?;
+        }
+        Ok(())
+    };
+    // A temporary directory only when no --db was given.
+    let (path, cleanup) = match db {
+        Some(p) => (p, TempDir(None)),
+        None => {
+            let tmp = tempfile_dir()?;
+            (tmp.join("demo.redb"), TempDir(Some(tmp)))
         }
     };
-    let tmp = tempfile_dir()?;
-    let cleanup = TempDir(if db.is_none() { Some(tmp.clone()) } else { None });
-    let path = db.unwrap_or_else(|| tmp.join("demo.redb"));
 
     // The simulated cluster.
     let t0 = Instant::now();
     let sim = tokio::task::spawn_blocking(move || -> Result<Sim, CliError> {
         let sim = Sim::start(SimConfig::default().bookmark_interval(Duration::from_secs(1))).map_err(sim_err)?;
-        let mut gen = WorkloadGen::new(42).namespaces(plan.namespaces);
-        sim.bulk_load("namespaces", gen.namespace_objects()).map_err(sim_err)?;
-        sim.bulk_load("pods", gen.pods(plan.pods)).map_err(sim_err)?;
+        super::sim::generate(&sim, plan.pods, plan.namespaces)?;
         Ok(sim)
     })
     .await
@@ -272,8 +262,8 @@ pub async fn run(size: Size, db: Option<PathBuf>, output: Output) -> CliResult {
         plan.pods,
         plan.namespaces,
         t0.elapsed()
-    ));
-    say(format!("database: {}", path.display()));
+    ))?;
+    say(format!("database: {}", path.display()))?;
 
     let tally = Arc::new(Tally::default());
     let mut report = serde_json::Map::new();
@@ -291,7 +281,7 @@ pub async fn run(size: Size, db: Option<PathBuf>, output: Output) -> CliResult {
         cold,
         how_listed(c0, c1),
         tally.get().0
-    ));
+    ))?;
     report.insert(
         "coldStart".into(),
         json!({"seconds": cold.as_secs_f64(), "server": delta(c0, c1)}),
@@ -323,7 +313,7 @@ pub async fn run(size: Size, db: Option<PathBuf>, output: Output) -> CliResult {
         stats.updates,
         stats.deletes,
         tally.total()
-    ));
+    ))?;
     stop(r).await?;
 
     // 3. Changes while the informer is down.
@@ -347,7 +337,7 @@ pub async fn run(size: Size, db: Option<PathBuf>, output: Output) -> CliResult {
     say(format!(
         "3. while down        {} creates, {} updates, {} deletes made on the server",
         down.creates, down.updates, down.deletes
-    ));
+    ))?;
 
     // 4. Restart: resume from the persisted RV, no LIST.
     tally.reset();
@@ -366,16 +356,17 @@ pub async fn run(size: Size, db: Option<PathBuf>, output: Output) -> CliResult {
     say(format!(
         "4. restart           {:>8.2?}  store readable after {:.2?} ({} objects from disk, restored={})",
         resume, readable, objects_at_open, restored
-    ));
+    ))?;
     say(format!(
-        "                               LIST requests: {} (the one-object RV probe, {} object), full LISTs: 0",
+        "                               LIST requests: {} (the one-object RV probe, {} object), full LISTs: {}",
         c1.list_requests - c0.list_requests,
-        c1.list_objects - c0.list_objects
-    ));
+        c1.list_objects - c0.list_objects,
+        u64::from(c1.list_objects - c0.list_objects > 1)
+    ))?;
     say(format!(
         "                               missed changes delivered: {a} adds, {u} updates, {d} deletes ({} expected)",
         want
-    ));
+    ))?;
     if c1.list_objects - c0.list_objects > 1 || tally.total() != want {
         return Err(CliError::runtime(format!(
             "restart check failed: listed {} objects, delivered {} of {want} events",
@@ -412,12 +403,12 @@ pub async fn run(size: Size, db: Option<PathBuf>, output: Output) -> CliResult {
         relist,
         down2.creates + down2.updates + down2.deletes,
         how_listed(c0, c1)
-    ));
+    ))?;
     say(format!(
         "                               handler events: {a} adds, {u} updates, {d} deletes ({unknown} found by the relist) = the {} real differences, not {} objects",
         want,
         after.len()
-    ));
+    ))?;
     report.insert(
         "relist".into(),
         json!({"seconds": relist.as_secs_f64(), "server": delta(c0, c1), "delivered": {"adds": a, "updates": u, "deletes": d},
@@ -429,10 +420,10 @@ pub async fn run(size: Size, db: Option<PathBuf>, output: Output) -> CliResult {
     say(format!(
         "6. verification                store equals the server's LIST: {}",
         if equal { "yes" } else { "NO" }
-    ));
+    ))?;
     report.insert("storeEqualsServer".into(), json!(equal));
     if !human {
-        println!("{}", serde_json::Value::Object(report));
+        outln!("{}", serde_json::Value::Object(report))?;
     }
     drop(cleanup);
     if !equal || (a, u, d) != (want_add, want_upd, want_del) {

@@ -76,22 +76,23 @@ pub async fn resolve(client: &kube::Client, server: &str, resource: &str) -> Cli
     ))
 }
 
-fn print_event(output: Output, ev: &Event<DynamicObject>) {
+fn print_event(output: Output, ev: &Event<DynamicObject>) -> CliResult {
     let (kind, obj) = match ev {
         Event::Add { object, .. } => ("ADDED", object),
         Event::Update { new, .. } => ("MODIFIED", new),
         Event::Delete { object, .. } => ("DELETED", object),
     };
     match output {
-        Output::Json | Output::Yaml => println!("{}", json!({"type": kind, "object": &**obj})),
-        _ => println!(
+        Output::Json | Output::Yaml => outln!("{}", json!({"type": kind, "object": &**obj}))?,
+        _ => outln!(
             "{:<9} {:<24} {:<48} {}",
             kind,
             obj.metadata.namespace.as_deref().unwrap_or("-"),
             obj.metadata.name.as_deref().unwrap_or("-"),
             obj.metadata.resource_version.as_deref().unwrap_or("-")
-        ),
+        )?,
     }
+    Ok(())
 }
 
 /// Registers SIGINT and SIGTERM handlers now (so a signal arriving before the returned future is
@@ -125,8 +126,13 @@ pub fn scoped_source(
     scope: &ScopeArgs,
 ) -> KubeSource {
     let mut source = KubeSource::new(client, server, ar);
-    if let (Some(ns), true) = (&scope.namespace, namespaced) {
-        source = source.namespace(ns);
+    match (&scope.namespace, namespaced) {
+        (Some(ns), true) => source = source.namespace(ns),
+        (Some(ns), false) => errln!(
+            "warning: {} is cluster-scoped; -n {ns} does not apply and every object is watched",
+            scope.resource
+        ),
+        (None, _) => {}
     }
     if let Some(l) = &scope.selector {
         source = source.labels(l);
@@ -141,14 +147,18 @@ pub async fn watch(scope: ScopeArgs, cluster: ClusterArgs, db: PathBuf, output: 
     let stop_signal = signals();
     let (client, server) = client(&cluster).await?;
     let (ar, namespaced) = resolve(&client, &server, &scope.resource).await?;
-    if ar.plural == "secrets"
-        && ar.group.is_empty()
-        && std::env::var("DURABLE_INFORMER_ALLOW_SECRETS").as_deref() != Ok("1")
-    {
-        return Err(CliError::new(
-            2,
-            "watching Secrets stores them on disk in the database file; set DURABLE_INFORMER_ALLOW_SECRETS=1 to allow it",
-        ));
+    let secrets = ar.plural == "secrets" && ar.group.is_empty();
+    if secrets {
+        if std::env::var("DURABLE_INFORMER_ALLOW_SECRETS").as_deref() != Ok("1") {
+            return Err(CliError::new(
+                2,
+                "watching Secrets stores them on disk in the database file; set DURABLE_INFORMER_ALLOW_SECRETS=1 to allow it",
+            ));
+        }
+        errln!(
+            "warning: Secrets are stored on disk in {} (DURABLE_INFORMER_ALLOW_SECRETS=1); keep the file private",
+            db.display()
+        );
     }
     let store = {
         let db = db.clone();
@@ -161,36 +171,53 @@ pub async fn watch(scope: ScopeArgs, cluster: ClusterArgs, db: PathBuf, output: 
         reset_on_cluster_change: reset,
         ..ReflectorConfig::default()
     };
-    let informer = Informer::<DynamicObject>::builder(&store, source)
-        .reflector_config(config)
-        .build()
-        .await?;
+    let mut builder = Informer::<DynamicObject>::builder(&store, source).reflector_config(config);
+    if secrets {
+        builder = builder.allow_secrets();
+    }
+    let informer = builder.build().await?;
     if informer.is_restored() {
-        eprintln!(
+        errln!(
             "resuming from resourceVersion {} stored in {} (no full LIST)",
             informer.last_synced_resource_version().map(|r| r.0).unwrap_or_default(),
             db.display()
         );
     }
     if output == Output::Table {
-        println!("{:<9} {:<24} {:<48} RESOURCE-VERSION", "EVENT", "NAMESPACE", "NAME");
+        outln!("{:<9} {:<24} {:<48} RESOURCE-VERSION", "EVENT", "NAMESPACE", "NAME")?;
     }
-    // Durable: after a restart it prints only what happened since.
-    let handler = handler_fn(
-        move |ev: Event<DynamicObject>| -> Result<(), std::convert::Infallible> {
-            print_event(output, &ev);
-            Ok(())
-        },
-    );
+    // Durable: after a restart it prints only what happened since. When stdout fails (the
+    // reader went away) the watch stops instead of running on unseen.
+    let stdout_failed = Arc::new(tokio::sync::Notify::new());
+    let failed = Arc::new(std::sync::Mutex::new(None::<CliError>));
+    let handler = {
+        let (stdout_failed, failed) = (stdout_failed.clone(), failed.clone());
+        handler_fn(
+            move |ev: Event<DynamicObject>| -> Result<(), std::convert::Infallible> {
+                let mut first = failed.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+                if first.is_none() {
+                    if let Err(e) = print_event(output, &ev) {
+                        *first = Some(e);
+                        stdout_failed.notify_one();
+                    }
+                }
+                Ok(())
+            },
+        )
+    };
     let _reg = informer.add_shared_handler(Arc::new(handler), HandlerOptions::durable("cli-watch"));
     informer.start();
     let mut status = informer.status();
     let outcome = tokio::select! {
         () = stop_signal => Ok(()),
+        () = stdout_failed.notified() => {
+            let e = failed.lock().unwrap_or_else(std::sync::PoisonError::into_inner).take();
+            e.map_or(Ok(()), Err)
+        }
         r = status.wait_for(|s| s.phase == durable_informer::reflector::Phase::Stopped) => {
             let _ = r;
             match informer.errors().into_iter().rev().find(|e| e.contains("belongs to cluster")) {
-                Some(msg) => Err(CliError::new(4, msg)),
+                Some(msg) => Err(CliError::new(4, format!("{msg}{}", super::RESET_HINT))),
                 None => Err(CliError::runtime("the watch stopped")),
             }
         }

@@ -4,13 +4,37 @@
 //! found violations; 4 the database cannot be used (locked, another cluster's, newer schema,
 //! not a database); 5 unknown resource.
 
+/// Prints a line on stdout; a closed pipe (`| head`) becomes a quiet stop, never a panic.
+macro_rules! outln {
+    ($($arg:tt)*) => {
+        $crate::cli::out(format_args!("{}\n", format_args!($($arg)*)))
+    };
+}
+
+/// Prints on stdout without a newline (see [`outln!`]).
+macro_rules! outp {
+    ($($arg:tt)*) => {
+        $crate::cli::out(format_args!($($arg)*))
+    };
+}
+
+/// A line on stderr. Write errors are ignored: stderr is where errors would go.
+macro_rules! errln {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stderr(), $($arg)*);
+    }};
+}
+
 mod db;
 mod demo;
 mod live;
+mod progress;
 mod record;
 mod sim;
 
 use std::fmt;
+use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
 
 use clap::{Parser, Subcommand, ValueEnum};
@@ -20,9 +44,10 @@ use durable_informer::store::StoreError;
 #[derive(Parser, Debug)]
 #[command(name = "durable-informer", version, about, long_about = None)]
 pub struct Cli {
-    /// Log level for diagnostics on stderr (error, warn, info, debug, trace).
-    #[arg(long, global = true, default_value = "warn")]
-    pub log: String,
+    /// Diagnostics on stderr: a level (error, warn, info, debug, trace) or a tracing filter
+    /// (`durable_informer=debug,kube_client=info`). Default: errors only, no client noise.
+    #[arg(long, global = true)]
+    pub log: Option<String>,
     #[command(subcommand)]
     pub command: Command,
 }
@@ -132,6 +157,9 @@ pub enum Command {
         /// Stop after this many seconds (default: until SIGINT/SIGTERM).
         #[arg(long)]
         duration: Option<u64>,
+        /// Output format of the summary.
+        #[arg(long, short = 'o', value_enum, default_value = "table")]
+        output: Output,
     },
     /// Replay a recording (or `kubectl get --raw '…?watch=1'` output) into a database, offline.
     Replay {
@@ -141,7 +169,8 @@ pub enum Command {
         /// Database file (a fresh scope is filled).
         #[arg(long)]
         db: PathBuf,
-        /// Resource (default: from the objects' apiVersion/kind).
+        /// Resource `plural[.group]` (default: from the objects' apiVersion/kind, which must
+        /// match; the version comes from the objects, `v1` when they carry none).
         #[arg(long, short = 'r')]
         resource: Option<String>,
         /// `max` or a real-time factor (2 = twice as fast).
@@ -172,6 +201,9 @@ pub enum Command {
         /// Recording file (`.zst` to compress).
         #[arg(long)]
         out: PathBuf,
+        /// Output format of the summary.
+        #[arg(long, short = 'o', value_enum, default_value = "table")]
+        output: Output,
     },
     /// Print one stored object.
     Get {
@@ -251,6 +283,9 @@ pub enum Command {
         /// Keep at most this many log entries (default: the store's retention).
         #[arg(long)]
         keep: Option<u64>,
+        /// Output format of the summary.
+        #[arg(long, short = 'o', value_enum, default_value = "table")]
+        output: Output,
     },
     /// The simulated API server.
     Sim {
@@ -281,6 +316,8 @@ pub enum SimCommand {
 pub struct CliError {
     pub code: i32,
     pub message: String,
+    /// Stdout was closed by its reader: stop without a message.
+    pub quiet: bool,
 }
 
 impl fmt::Display for CliError {
@@ -294,6 +331,20 @@ impl CliError {
         Self {
             code,
             message: message.into(),
+            quiet: false,
+        }
+    }
+
+    /// A failed write to stdout. A closed pipe is how `| head` says "enough": exit 0 quietly.
+    pub fn stdout(e: &std::io::Error) -> Self {
+        if e.kind() == std::io::ErrorKind::BrokenPipe {
+            Self {
+                code: 0,
+                message: String::new(),
+                quiet: true,
+            }
+        } else {
+            Self::runtime(format!("cannot write to stdout: {e}"))
         }
     }
 
@@ -312,7 +363,11 @@ impl From<StoreError> for CliError {
             | StoreError::ClusterMismatch { .. } => 4,
             _ => 1,
         };
-        CliError::new(code, e.to_string())
+        let mut message = e.to_string();
+        if matches!(e, StoreError::ClusterMismatch { .. }) {
+            message.push_str(RESET_HINT);
+        }
+        CliError::new(code, message)
     }
 }
 
@@ -321,23 +376,40 @@ impl From<durable_informer::Error> for CliError {
         match e {
             durable_informer::Error::Store(s) => s.into(),
             durable_informer::Error::Reflector(durable_informer::reflector::ReflectorError::ClusterMismatch(m)) => {
-                CliError::new(4, m)
+                CliError::new(4, format!("{m}{RESET_HINT}"))
             }
             other => CliError::runtime(other),
         }
     }
 }
 
+/// Names the flag that "reset it" means on the command line.
+pub const RESET_HINT: &str = " (watch --reset-on-cluster-change does that)";
+
 pub type CliResult<T = ()> = Result<T, CliError>;
 
-fn init_tracing(level: &str) {
-    let filter =
-        tracing_subscriber::EnvFilter::try_new(level).unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+/// Writes to stdout (through [`outln!`] and [`outp!`]).
+pub fn out(args: fmt::Arguments<'_>) -> CliResult {
+    std::io::stdout()
+        .lock()
+        .write_fmt(args)
+        .map_err(|e| CliError::stdout(&e))
+}
+
+/// The default filter: errors only, without kube's own report of a failure the command states
+/// itself in one line.
+const DEFAULT_LOG: &str = "error,kube_client=off,kube_runtime=off";
+
+fn init_tracing(level: Option<&str>) -> Result<(), String> {
+    let filter = tracing_subscriber::EnvFilter::try_new(level.unwrap_or(DEFAULT_LOG))
+        .map_err(|e| format!("bad --log {:?}: {e}", level.unwrap_or_default()))?;
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
         .with_target(false)
         .try_init();
+    Ok(())
 }
 
 /// Parses, runs, and returns the exit code.
@@ -350,11 +422,14 @@ pub fn main() -> i32 {
             return code;
         }
     };
-    init_tracing(&cli.log);
+    if let Err(e) = init_tracing(cli.log.as_deref()) {
+        errln!("error: {e}");
+        return 2;
+    }
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(r) => r,
         Err(e) => {
-            eprintln!("error: cannot start the async runtime: {e}");
+            errln!("error: cannot start the async runtime: {e}");
             return 1;
         }
     };
@@ -363,8 +438,9 @@ pub fn main() -> i32 {
     runtime.shutdown_timeout(std::time::Duration::from_secs(2));
     match result {
         Ok(()) => 0,
+        Err(e) if e.quiet => e.code,
         Err(e) => {
-            eprintln!("error: {e}");
+            errln!("error: {e}");
             e.code
         }
     }
@@ -386,7 +462,8 @@ async fn run(command: Command) -> CliResult {
             out,
             rotate_bytes,
             duration,
-        } => record::record(scope, cluster, out, rotate_bytes, duration).await,
+            output,
+        } => record::record(scope, cluster, out, rotate_bytes, duration, output).await,
         Command::Replay {
             files,
             db,
@@ -409,7 +486,12 @@ async fn run(command: Command) -> CliResult {
             )
             .await
         }
-        Command::Export { db, resource, out } => record::export(&db, resource.as_deref(), &out),
+        Command::Export {
+            db,
+            resource,
+            out,
+            output,
+        } => record::export(&db, resource.as_deref(), &out, output),
         Command::Get {
             db,
             resource,
@@ -440,7 +522,7 @@ async fn run(command: Command) -> CliResult {
         } => db::history(&db, &resource, &key, output),
         Command::Stats { db, output } => db::stats(&db, output),
         Command::Check { db, output } => db::check(&db, output),
-        Command::Compact { db, keep } => db::compact(&db, keep),
+        Command::Compact { db, keep, output } => db::compact(&db, keep, output),
         Command::Sim { command } => match command {
             SimCommand::Serve {
                 port,
