@@ -87,6 +87,14 @@ fn stored(db: &DurableStore, scope: ScopeId) -> BTreeMap<String, u64> {
         .collect()
 }
 
+/// Opens a fresh store, starts a reflector on it and waits until it reports synced.
+async fn running(fake: &Fake, dir: &tempfile::TempDir, config: ReflectorConfig) -> (DurableStore, ScopeId, Running) {
+    let (db, scope) = open(dir);
+    let mut r = start(fake, &db, scope, config);
+    r.synced().await;
+    (db, scope, r)
+}
+
 async fn converge(db: &DurableStore, scope: ScopeId, fake: &Fake) {
     for _ in 0..500 {
         if stored(db, scope) == fake.objects()
@@ -120,9 +128,7 @@ async fn initial_list_is_paginated_then_watched_and_managed_fields_are_dropped()
         fake.upsert(&format!("c{i}"), "v");
     }
     let dir = tempfile::tempdir().unwrap();
-    let (db, scope) = open(&dir);
-    let mut r = start(&fake, &db, scope, config());
-    r.synced().await;
+    let (db, scope, r) = running(&fake, &dir, config()).await;
     fake.upsert("c9", "new");
     fake.delete("c0");
     converge(&db, scope, &fake).await;
@@ -151,9 +157,7 @@ async fn streaming_list_is_used_where_the_server_supports_it() {
         fake.upsert(&format!("c{i}"), "v");
     }
     let dir = tempfile::tempdir().unwrap();
-    let (db, scope) = open(&dir);
-    let mut r = start(&fake, &db, scope, config());
-    r.synced().await;
+    let (db, scope, r) = running(&fake, &dir, config()).await;
     converge(&db, scope, &fake).await;
     for _ in 0..200 {
         if fake.requests().len() >= 2 {
@@ -176,9 +180,7 @@ async fn restart_resumes_from_the_persisted_rv_without_a_list_and_delivers_exact
         fake.upsert(&format!("c{i}"), "v");
     }
     let dir = tempfile::tempdir().unwrap();
-    let (db, scope) = open(&dir);
-    let mut r = start(&fake, &db, scope, config());
-    r.synced().await;
+    let (db, scope, r) = running(&fake, &dir, config()).await;
     converge(&db, scope, &fake).await;
     r.stop().await;
     let before_restart = last_seq(&db);
@@ -225,9 +227,7 @@ async fn compaction_while_down_gives_one_relist_that_reports_only_differences() 
         fake.upsert(&format!("c{i}"), "v");
     }
     let dir = tempfile::tempdir().unwrap();
-    let (db, scope) = open(&dir);
-    let mut r = start(&fake, &db, scope, config());
-    r.synced().await;
+    let (db, scope, r) = running(&fake, &dir, config()).await;
     converge(&db, scope, &fake).await;
     r.stop().await;
     let mark = last_seq(&db);
@@ -261,9 +261,7 @@ async fn a_410_while_watching_relists_and_an_ended_watch_rewatches_without_listi
     let fake = Fake::new();
     fake.upsert("a", "1");
     let dir = tempfile::tempdir().unwrap();
-    let (db, scope) = open(&dir);
-    let mut r = start(&fake, &db, scope, config());
-    r.synced().await;
+    let (db, scope, r) = running(&fake, &dir, config()).await;
     converge(&db, scope, &fake).await;
     // An ended watch: re-watch from the persisted RV, no list.
     fake.drop_watches();
@@ -299,9 +297,7 @@ async fn an_rv_regression_at_restart_relists_instead_of_waiting_forever() {
         fake.upsert(&format!("c{i}"), "v");
     }
     let dir = tempfile::tempdir().unwrap();
-    let (db, scope) = open(&dir);
-    let mut r = start(&fake, &db, scope, config());
-    r.synced().await;
+    let (db, scope, r) = running(&fake, &dir, config()).await;
     fake.upsert("c9", "late");
     converge(&db, scope, &fake).await;
     r.stop().await;
@@ -327,9 +323,7 @@ async fn a_504_too_large_rv_relists_once_and_does_not_loop() {
     let fake = Fake::new();
     fake.upsert("a", "1");
     let dir = tempfile::tempdir().unwrap();
-    let (db, scope) = open(&dir);
-    let mut r = start(&fake, &db, scope, config());
-    r.synced().await;
+    let (db, scope, r) = running(&fake, &dir, config()).await;
     converge(&db, scope, &fake).await;
     let mut too_large = status(504, "Timeout", "Too large resource version: 999, current: 101");
     too_large.causes = vec!["ResourceVersionTooLarge".into()];
@@ -441,9 +435,7 @@ async fn a_relist_stopped_midway_leaves_nothing_that_brings_back_deleted_objects
         fake.upsert(&format!("c{i}"), "v");
     }
     let dir = tempfile::tempdir().unwrap();
-    let (db, scope) = open(&dir);
-    let mut r = start(&fake, &db, scope, config());
-    r.synced().await;
+    let (db, scope, r) = running(&fake, &dir, config()).await;
     converge(&db, scope, &fake).await;
     r.stop().await;
     // Compacted while down: the restart relists, and that relist stalls after two staged pages
@@ -479,9 +471,7 @@ async fn errors_back_off_and_resume_from_the_last_committed_rv_losing_nothing() 
     let fake = Fake::new();
     fake.upsert("a", "1");
     let dir = tempfile::tempdir().unwrap();
-    let (db, scope) = open(&dir);
-    let mut r = start(&fake, &db, scope, config());
-    r.synced().await;
+    let (db, scope, r) = running(&fake, &dir, config()).await;
     converge(&db, scope, &fake).await;
     let mut throttled = status(429, "TooManyRequests", "slow down");
     throttled.retry_after = Some(Duration::from_millis(30));
@@ -509,9 +499,7 @@ async fn another_clusters_database_is_refused_with_both_identities() {
     let fake = Fake::new();
     fake.upsert("a", "1");
     let dir = tempfile::tempdir().unwrap();
-    let (db, scope) = open(&dir);
-    let mut r = start(&fake, &db, scope, config());
-    r.synced().await;
+    let (db, scope, r) = running(&fake, &dir, config()).await;
     r.stop().await;
     fake.set_identity("other-uid@elsewhere");
     let r = start(&fake, &db, scope, config());
@@ -541,9 +529,7 @@ async fn a_quiet_scope_reports_synced_at_the_first_bookmark_after_resume() {
     let fake = Fake::new();
     fake.upsert("a", "1");
     let dir = tempfile::tempdir().unwrap();
-    let (db, scope) = open(&dir);
-    let mut r = start(&fake, &db, scope, config());
-    r.synced().await;
+    let (db, scope, r) = running(&fake, &dir, config()).await;
     r.stop().await;
     // The cluster RV moves without touching this scope (another resource changed).
     fake.bump_rv();
@@ -569,9 +555,7 @@ async fn a_quiet_resumed_watch_reports_synced_after_the_quiet_period() {
     let fake = Fake::new();
     fake.upsert("a", "1");
     let dir = tempfile::tempdir().unwrap();
-    let (db, scope) = open(&dir);
-    let mut r = start(&fake, &db, scope, config());
-    r.synced().await;
+    let (db, scope, r) = running(&fake, &dir, config()).await;
     r.stop().await;
     fake.upsert("zz", "1");
     fake.compact();
@@ -731,9 +715,7 @@ async fn a_429_retry_after_is_waited_even_when_the_backoff_is_shorter() {
     let fake = Fake::new();
     fake.upsert("a", "1");
     let dir = tempfile::tempdir().unwrap();
-    let (db, scope) = open(&dir);
-    let mut r = start(&fake, &db, scope, config()); // backoff starts at 5 ms
-    r.synced().await;
+    let (db, scope, r) = running(&fake, &dir, config()).await; // backoff starts at 5 ms
     converge(&db, scope, &fake).await;
     let before = fake.timed_requests().len();
     let mut throttled = status(429, "TooManyRequests", "slow down");
@@ -765,9 +747,7 @@ async fn a_410_http_status_on_a_watch_relists_exactly_once() {
     let fake = Fake::new();
     fake.upsert("a", "1");
     let dir = tempfile::tempdir().unwrap();
-    let (db, scope) = open(&dir);
-    let mut r = start(&fake, &db, scope, config());
-    r.synced().await;
+    let (db, scope, r) = running(&fake, &dir, config()).await;
     converge(&db, scope, &fake).await;
     fake.fault(Fault::Watch(status(410, "Gone", "too old resource version: 101 (102)")));
     fake.drop_watches();
@@ -792,9 +772,7 @@ async fn watch_timeouts_are_random_between_five_and_ten_minutes() {
     let fake = Fake::new();
     fake.upsert("a", "1");
     let dir = tempfile::tempdir().unwrap();
-    let (db, scope) = open(&dir);
-    let mut r = start(&fake, &db, scope, config());
-    r.synced().await;
+    let (db, scope, r) = running(&fake, &dir, config()).await;
     for i in 0..12 {
         fake.drop_watches();
         fake.upsert(&format!("w{i}"), "1");
@@ -878,9 +856,7 @@ async fn a_bookmark_persists_its_rv_without_a_log_entry() {
     let fake = Fake::new();
     fake.upsert("a", "1");
     let dir = tempfile::tempdir().unwrap();
-    let (db, scope) = open(&dir);
-    let mut r = start(&fake, &db, scope, config());
-    r.synced().await;
+    let (db, scope, r) = running(&fake, &dir, config()).await;
     converge(&db, scope, &fake).await;
     let mark = last_seq(&db);
     let before = db.store(scope).resource_version().unwrap().and_then(|v| v.as_u64());
@@ -955,9 +931,7 @@ async fn a_probe_regression_relist_is_logged_at_warn_and_the_first_list_at_info(
         fake.upsert(&format!("c{i}"), "v");
     }
     let dir = tempfile::tempdir().unwrap();
-    let (db, scope) = open(&dir);
-    let mut r = start(&fake, &db, scope, config());
-    r.synced().await;
+    let (db, scope, r) = running(&fake, &dir, config()).await;
     fake.upsert("c9", "late");
     converge(&db, scope, &fake).await;
     r.stop().await;
