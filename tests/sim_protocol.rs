@@ -855,3 +855,138 @@ fn dropping_the_handle_stops_the_server() {
     std::thread::sleep(Duration::from_millis(100));
     assert!(std::net::TcpStream::connect(addr).is_err());
 }
+
+const STREAMING: &str = "watch=1&sendInitialEvents=true&resourceVersionMatch=NotOlderThan&allowWatchBookmarks=true";
+
+fn bookmark_rvs(events: &[Value]) -> Vec<u64> {
+    events
+        .iter()
+        .filter(|e| e["type"] == "BOOKMARK")
+        .map(|e| {
+            e["object"]["metadata"]["resourceVersion"]
+                .as_str()
+                .and_then(|s| s.parse().ok())
+                .expect("bookmark rv")
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn streaming_list_not_older_than_a_future_rv_waits_for_it_or_is_504() {
+    // nobody writes: after the wait the answer is 504 ResourceVersionTooLarge, no stream
+    let sim = Sim::start(fast()).expect("start");
+    let cur = sim.current_rv();
+    let started = std::time::Instant::now();
+    let resp = request(
+        sim.addr(),
+        "GET",
+        &format!(
+            "/api/v1/configmaps?{STREAMING}&resourceVersion={}&timeoutSeconds=1",
+            cur + 3
+        ),
+        None,
+    )
+    .await;
+    assert!(
+        started.elapsed() >= Duration::from_millis(200),
+        "waited too_large_rv_wait"
+    );
+    assert_eq!(resp.status, 504, "{}", String::from_utf8_lossy(&resp.body));
+    let v = resp.json();
+    assert_eq!(v["reason"], "Timeout");
+    assert_eq!(v["details"]["causes"][0]["reason"], "ResourceVersionTooLarge");
+
+    // the revision is reached during the wait: initial state at or after it, bookmarks never below
+    let sim = Sim::start(fast().too_large_rv_wait(Duration::from_secs(10))).expect("start");
+    let want = sim.current_rv() + 3;
+    let writer = async {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        for i in 0..3 {
+            sim.create("configmaps", Some("default"), cm(&format!("w{i}"), json!({})))
+                .expect("create");
+        }
+    };
+    let path = format!("/api/v1/configmaps?{STREAMING}&resourceVersion={want}&timeoutSeconds=1");
+    let (resp, ()) = tokio::join!(request(sim.addr(), "GET", &path, None), writer);
+    assert_eq!(resp.status, 200, "{}", String::from_utf8_lossy(&resp.body));
+    let ev = resp.events();
+    let added: Vec<&str> = ev
+        .iter()
+        .filter(|e| e["type"] == "ADDED")
+        .filter_map(|e| e["object"]["metadata"]["name"].as_str())
+        .collect();
+    assert_eq!(added, ["w0", "w1", "w2"], "the initial state is the one at {want}");
+    assert_eq!(ev[3]["type"], "BOOKMARK");
+    assert_eq!(
+        ev[3]["object"]["metadata"]["annotations"]["k8s.io/initial-events-end"],
+        "true"
+    );
+    let rvs = bookmark_rvs(&ev);
+    assert!(!rvs.is_empty() && rvs.iter().all(|&r| r >= want), "{rvs:?} vs {want}");
+}
+
+#[tokio::test]
+async fn no_pre_timeout_bookmark_when_the_timeout_is_shorter_than_the_pre_timeout() {
+    // default: the last bookmark 2 s before the deadline
+    let sim = Sim::start(SimConfig::default()).expect("start");
+    let rv = sim.current_rv();
+    let path =
+        |t: u32| format!("/api/v1/configmaps?watch=1&allowWatchBookmarks=true&resourceVersion={rv}&timeoutSeconds={t}");
+    let (p1, p3) = (path(1), path(3));
+    let (short, long) = tokio::join!(
+        request(sim.addr(), "GET", &p1, None),
+        request(sim.addr(), "GET", &p3, None)
+    );
+    assert_eq!(short.status, 200);
+    assert_eq!(short.events(), Vec::<Value>::new(), "a 1 s watch gets no bookmark");
+    // control: with room for it, the pre-timeout bookmark is sent (once)
+    assert_eq!(bookmark_rvs(&long.events()), vec![rv]);
+}
+
+#[tokio::test]
+async fn send_initial_events_false_with_not_older_than_is_a_plain_watch() {
+    let sim = Sim::start(fast()).expect("start");
+    sim.create("configmaps", Some("default"), cm("before", json!({})))
+        .expect("create");
+    let rv = sim.current_rv();
+    let base = "/api/v1/configmaps?watch=1&sendInitialEvents=false&resourceVersionMatch=NotOlderThan&allowWatchBookmarks=true&timeoutSeconds=1";
+    let writer = async {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        sim.create("configmaps", Some("default"), cm("after", json!({})))
+            .expect("create");
+    };
+    let (at_rv, at_latest) = (
+        format!("{base}&resourceVersion={rv}"),
+        format!("{base}&resourceVersion="),
+    );
+    let (from_rv, latest, ()) = tokio::join!(
+        request(sim.addr(), "GET", &at_rv, None),
+        request(sim.addr(), "GET", &at_latest, None),
+        writer
+    );
+    for resp in [from_rv, latest] {
+        assert_eq!(resp.status, 200, "{}", String::from_utf8_lossy(&resp.body));
+        let names: Vec<String> = resp
+            .events()
+            .iter()
+            .filter(|e| e["type"] != "BOOKMARK")
+            .map(|e| {
+                format!(
+                    "{} {}",
+                    e["type"].as_str().unwrap_or("?"),
+                    e["object"]["metadata"]["name"]
+                )
+            })
+            .collect();
+        assert_eq!(names, ["ADDED \"after\""], "no synthetic ADDED for the existing object");
+    }
+    // still invalid without NotOlderThan
+    let bad = request(
+        sim.addr(),
+        "GET",
+        "/api/v1/configmaps?watch=1&sendInitialEvents=false&allowWatchBookmarks=true&resourceVersion=1",
+        None,
+    )
+    .await;
+    assert_eq!(bad.status, 422);
+}

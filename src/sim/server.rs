@@ -239,7 +239,7 @@ async fn resource_request(
         );
     }
     let result = match (&method, &t.name) {
-        (&Method::GET, None) if is_watch => return watch(shared, &t, q),
+        (&Method::GET, None) if is_watch => return watch(shared, &t, q).await,
         (&Method::GET, None) => return list(shared, &t, q).await,
         (&Method::GET, Some(name)) => shared
             .lock()
@@ -614,6 +614,8 @@ struct WatchPlan {
     ns: Option<String>,
     sel: Selectors,
     start: Start,
+    /// The streaming list's initial state must be at least this revision.
+    min_rv: u64,
     timeout: Duration,
     bookmarks: bool,
     drop_after: Option<u64>,
@@ -621,9 +623,17 @@ struct WatchPlan {
     cut: bool,
 }
 
-fn watch(shared: &Arc<Shared>, t: &Target, q: &Query) -> Resp {
+async fn watch(shared: &Arc<Shared>, t: &Target, q: &Query) -> Resp {
     match plan_watch(shared, t, q) {
         Ok(plan) => {
+            // Like the cacher's waitUntilFreshAndBlock: a streaming list for a revision the
+            // server has not reached waits for it, then fails before the stream starts.
+            if plan.min_rv > 0 && !wait_for_rv(shared, plan.min_rv, shared.config.too_large_rv_wait).await {
+                let cur = shared.lock().rv;
+                if plan.min_rv > cur {
+                    return status_response(shared, &too_large(plan.min_rv, cur));
+                }
+            }
             let (tx, rx) = mpsc::channel::<Result<Bytes, io::Error>>(16);
             tokio::spawn(run_watch(shared.clone(), plan, tx));
             let stream = futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|c| (c, rx)) })
@@ -654,6 +664,8 @@ fn plan_watch(shared: &Shared, t: &Target, q: &Query) -> Result<WatchPlan, ApiEr
             ))
         })?),
     };
+    // A streaming list answers "not older than" this revision.
+    let mut min_rv = 0;
     let start = if cfg.old_server {
         if !rvm.is_empty() {
             let mut causes = vec![(
@@ -674,7 +686,7 @@ fn plan_watch(shared: &Shared, t: &Target, q: &Query) -> Result<WatchPlan, ApiEr
         } else {
             Start::From(parse_rv(rv)?)
         }
-    } else if send_initial == Some("true") {
+    } else if let Some(flag @ ("true" | "false")) = send_initial {
         if rvm != "NotOlderThan" {
             return Err(invalid_list_options(&[(
                 "resourceVersionMatch",
@@ -687,10 +699,16 @@ fn plan_watch(shared: &Shared, t: &Target, q: &Query) -> Result<WatchPlan, ApiEr
                 "Forbidden: sendInitialEvents requires allowWatchBookmarks=true",
             )]));
         }
-        if !rv.is_empty() {
-            parse_rv(rv)?;
+        let n = if rv.is_empty() { 0 } else { parse_rv(rv)? };
+        if flag == "true" {
+            min_rv = n;
+            Start::Initial { end_bookmark: true }
+        } else if n == 0 {
+            // sendInitialEvents=false with rv ""/"0": a plain watch from the latest revision
+            Start::From(shared.lock().rv)
+        } else {
+            Start::From(n)
         }
-        Start::Initial { end_bookmark: true }
     } else {
         if !rvm.is_empty() {
             return Err(invalid_list_options(&[(
@@ -714,6 +732,7 @@ fn plan_watch(shared: &Shared, t: &Target, q: &Query) -> Result<WatchPlan, ApiEr
         ns: t.ns.clone().filter(|_| t.def.namespaced),
         sel,
         start,
+        min_rv,
         timeout,
         bookmarks: allow_bookmarks && cfg.watch_cache,
         drop_after,
@@ -871,6 +890,11 @@ async fn run_watch(shared: Arc<Shared>, plan: WatchPlan, tx: mpsc::Sender<Result
                 let objs: Vec<Arc<Obj>> = st.snapshot_iter(plan.res, rv, &prefix, "").collect();
                 (objs, rv)
             };
+            if rv < plan.min_rv {
+                // a backup restored since the wait moved the revision back: never answer
+                // "not older than N" with an older state
+                return;
+            }
             for o in objs.iter().filter(|o| plan.sel.matches(o)) {
                 let at = sink.buf.len();
                 event_line(&mut sink.buf, "ADDED", o);
@@ -891,7 +915,11 @@ async fn run_watch(shared: Arc<Shared>, plan: WatchPlan, tx: mpsc::Sender<Result
 
     let interval = shared.config.bookmark_interval.max(Duration::from_millis(10));
     let mut next_bookmark = Instant::now() + interval;
-    let mut final_bookmark = deadline.checked_sub(shared.config.bookmark_before_timeout);
+    // A cacher schedules no bookmark after deadline - bookmark_before_timeout, and none at all
+    // when that moment has already passed (timeoutSeconds shorter than the pre-timeout).
+    let last_bookmark = deadline.checked_sub(shared.config.bookmark_before_timeout);
+    let bookmarks = plan.bookmarks && last_bookmark.is_some_and(|t| t > Instant::now());
+    let mut final_bookmark = last_bookmark.filter(|_| bookmarks);
     let mut caught_up = false;
     loop {
         // Drain the history after `pos`.
@@ -944,10 +972,9 @@ async fn run_watch(shared: Arc<Shared>, plan: WatchPlan, tx: mpsc::Sender<Result
         if more {
             continue;
         }
-        let bookmark_due = if plan.bookmarks {
-            Some(final_bookmark.map_or(next_bookmark, |f| f.min(next_bookmark)))
-        } else {
-            None
+        let bookmark_due = match final_bookmark {
+            Some(f) if bookmarks => Some(f.min(next_bookmark)),
+            _ => None,
         };
         tokio::select! {
             biased;
