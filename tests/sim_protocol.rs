@@ -238,11 +238,15 @@ async fn selectors_filter_lists_and_watches_and_an_object_leaving_the_selector_i
     sim.create(
         "configmaps",
         Some("default"),
-        cm("web-1", json!({"app": "web", "tier": "front"})),
+        cm("web-1", json!({"app": "web", "tier": "front", "rank": "10"})),
     )
     .expect("c");
-    sim.create("configmaps", Some("default"), cm("web-2", json!({"app": "web"})))
-        .expect("c");
+    sim.create(
+        "configmaps",
+        Some("default"),
+        cm("web-2", json!({"app": "web", "rank": "9"})),
+    )
+    .expect("c");
     sim.create("configmaps", Some("default"), cm("db-1", json!({"app": "db"})))
         .expect("c");
     let api: Api<ConfigMap> = Api::namespaced(sim.client().expect("client"), "default");
@@ -259,6 +263,10 @@ async fn selectors_filter_lists_and_watches_and_an_object_leaving_the_selector_i
         ("app notin (web)", vec!["db-1"]),
         ("!tier", vec!["db-1", "web-2"]),
         ("tier", vec!["web-1"]),
+        // gt/lt compare integers (10 > 9, not as strings)
+        ("rank>9", vec!["web-1"]),
+        ("rank<10", vec!["web-2"]),
+        ("rank>0,app=web", vec!["web-1", "web-2"]),
     ];
     for (sel, want) in table {
         assert_eq!(
@@ -387,6 +395,8 @@ async fn malformed_selectors_and_parameters_are_400_bad_request() {
         ("labelSelector=-bad%3Dx", "invalid label key"),
         ("labelSelector=a%3D-x", "invalid label value"),
         ("labelSelector=a%3Db%2C", "unable to parse requirement"),
+        ("labelSelector=rank%3Ex", "must be an integer"),
+        ("labelSelector=rank%3C1.5", "must be an integer"),
         ("fieldSelector=metadata.name", "can't understand"),
         ("fieldSelector=metadata.name%3Dx%3Dy", "can't understand"),
         ("limit=abc", "limit"),
