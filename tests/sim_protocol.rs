@@ -611,7 +611,26 @@ async fn writes_over_http_through_kube_client() {
         )
         .await
         .expect("status");
-    assert_eq!(st.status.and_then(|s| s.phase).as_deref(), Some("Running"));
+    assert_eq!(st.status.clone().and_then(|s| s.phase).as_deref(), Some("Running"));
+    // PUT /status: the status is replaced, a spec change in the same body is ignored
+    let mut body = st.clone();
+    body.status.get_or_insert_with(Default::default).phase = Some("Succeeded".into());
+    if let Some(spec) = body.spec.as_mut() {
+        spec.node_name = Some("changed-through-status".into());
+    }
+    let put = pods
+        .replace_status("p", &PostParams::default(), &body)
+        .await
+        .expect("replace_status");
+    assert_eq!(put.status.and_then(|s| s.phase).as_deref(), Some("Succeeded"));
+    assert_eq!(put.spec.and_then(|s| s.node_name), None);
+    assert!(put.metadata.resource_version > st.metadata.resource_version);
+    let mut stale_status = body.clone();
+    stale_status.metadata.resource_version = Some("1".into());
+    assert_eq!(
+        api_code(pods.replace_status("p", &PostParams::default(), &stale_status).await),
+        409
+    );
     let strategic = pods
         .patch(
             "p",
@@ -633,6 +652,28 @@ async fn writes_over_http_through_kube_client() {
     // a custom resource registered at start, through discovery and DynamicObject
     let discovery = kube::Discovery::new(client.clone()).run().await.expect("discovery");
     assert!(discovery.has_group("example.com") && discovery.has_group("apps"));
+    let (widget_ar, widget_caps) = discovery
+        .resolve_gvk(&GroupVersionKind::gvk("example.com", "v1", "Widget"))
+        .expect("Widget is discovered");
+    assert_eq!(widget_ar.plural, "widgets");
+    assert_eq!(widget_caps.scope, kube::discovery::Scope::Namespaced);
+    assert!(widget_caps.subresources.iter().any(|(sub, _)| sub.plural == "status"));
+    let (pod_ar, pod_caps) = discovery
+        .resolve_gvk(&GroupVersionKind::gvk("", "v1", "Pod"))
+        .expect("Pod is discovered");
+    assert_eq!(
+        (
+            pod_ar.group.as_str(),
+            pod_ar.api_version.as_str(),
+            pod_ar.plural.as_str()
+        ),
+        ("", "v1", "pods")
+    );
+    assert_eq!(pod_caps.scope, kube::discovery::Scope::Namespaced);
+    let (_, ns_caps) = discovery
+        .resolve_gvk(&GroupVersionKind::gvk("", "v1", "Namespace"))
+        .expect("Namespace is discovered");
+    assert_eq!(ns_caps.scope, kube::discovery::Scope::Cluster);
     let ar = ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk("example.com", "v1", "Widget"), "widgets");
     let widgets: Api<DynamicObject> = Api::namespaced_with(client.clone(), "default", &ar);
     let w: DynamicObject = serde_json::from_value(json!({"apiVersion": "example.com/v1", "kind": "Widget",
@@ -659,7 +700,7 @@ async fn writes_over_http_through_kube_client() {
         .expect("gadget");
     let resp = request(sim.addr(), "GET", "/apis/example.com/v1/gadgets", None).await;
     assert_eq!(resp.json()["items"].as_array().map(Vec::len), Some(1));
-    assert_eq!(sim.counters().write_requests, 11, "HTTP writes only");
+    assert_eq!(sim.counters().write_requests, 13, "HTTP writes only");
 }
 
 #[tokio::test]
@@ -999,4 +1040,61 @@ async fn send_initial_events_false_with_not_older_than_is_a_plain_watch() {
     )
     .await;
     assert_eq!(bad.status, 422);
+}
+
+#[test]
+fn configmaps_and_deployments_have_their_documented_sizes_and_shapes() {
+    let avg = |objs: &[Value]| {
+        objs.iter()
+            .map(|o| serde_json::to_vec(o).expect("json").len())
+            .sum::<usize>()
+            / objs.len().max(1)
+    };
+    let mut gen = WorkloadGen::new(11).namespaces(2);
+    let cms = gen.configmaps(40);
+    let deps = gen.deployments(40);
+    // documented as about 0.2 KB and about 0.6 KB
+    assert!((150..=350).contains(&avg(&cms)), "configmap size {}", avg(&cms));
+    assert!((450..=800).contains(&avg(&deps)), "deployment size {}", avg(&deps));
+    assert!(cms.iter().all(|c| c["data"].as_object().is_some_and(|d| !d.is_empty())));
+    assert!(deps
+        .iter()
+        .all(|d| d["spec"]["template"]["spec"]["containers"].is_array() && d["spec"]["selector"].is_object()));
+    // the server accepts them as they are
+    let sim = Sim::start(fast()).expect("start");
+    sim.bulk_load("configmaps", cms).expect("configmaps load");
+    sim.bulk_load("deployments", deps).expect("deployments load");
+}
+
+/// With the test clock paused, `Churn::run` paces exactly: 10 ms steps, never ahead of
+/// `ops_per_sec × elapsed`, and every counted operation is one revision on the server.
+#[tokio::test(start_paused = true)]
+async fn churn_run_paces_operations_at_the_requested_rate() {
+    let sim = Sim::start(fast()).expect("start");
+    for (rate, secs) in [(200u64, 1u64), (50, 2)] {
+        // a namespace per run: both churns name their objects churn-1, churn-2, …
+        let mut churn = Churn::new(rate, "configmaps", vec![format!("rate-{rate}")]);
+        let before = sim.current_rv();
+        let s = churn.run(&sim, rate, Duration::from_secs(secs)).await.expect("churn");
+        let ops = s.creates + s.updates + s.deletes;
+        let budget = rate * secs;
+        // the last 10 ms step is not taken: at least 98% of the budget, never more
+        assert!(
+            ops <= budget && ops * 100 >= budget * 98,
+            "{ops} ops at {rate}/s for {secs} s"
+        );
+        assert_eq!(sim.current_rv() - before, ops, "each operation is one write");
+    }
+}
+
+/// On the real clock only the upper bound is certain (a slow machine does fewer operations).
+#[tokio::test]
+async fn churn_run_never_exceeds_the_rate_on_the_real_clock() {
+    let sim = Sim::start(fast()).expect("start");
+    let mut churn = Churn::new(4, "pods", vec!["default".into()]);
+    let before = sim.current_rv();
+    let s = churn.run(&sim, 300, Duration::from_millis(500)).await.expect("churn");
+    let ops = s.creates + s.updates + s.deletes;
+    assert!(ops > 0 && ops <= 150, "{ops} ops");
+    assert_eq!(sim.current_rv() - before, ops);
 }
