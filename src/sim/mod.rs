@@ -344,6 +344,9 @@ pub struct Counters {
     pub write_requests: u64,
     /// Response body bytes written (LIST, WATCH, GET, writes, errors).
     pub bytes_served: u64,
+    /// Requests that carried an `Authorization: Bearer …` header. The server authenticates
+    /// nobody and never keeps the token; this lets tests prove a client sent one.
+    pub bearer_requests: u64,
 }
 
 #[derive(Debug, Default)]
@@ -356,6 +359,7 @@ pub(crate) struct AtomicCounters {
     pub get_requests: AtomicU64,
     pub write_requests: AtomicU64,
     pub bytes_served: AtomicU64,
+    pub bearer_requests: AtomicU64,
 }
 
 impl AtomicCounters {
@@ -370,6 +374,7 @@ impl AtomicCounters {
             get_requests: l(&self.get_requests),
             write_requests: l(&self.write_requests),
             bytes_served: l(&self.bytes_served),
+            bearer_requests: l(&self.bearer_requests),
         }
     }
     fn reset(&self) {
@@ -382,6 +387,7 @@ impl AtomicCounters {
             &self.get_requests,
             &self.write_requests,
             &self.bytes_served,
+            &self.bearer_requests,
         ] {
             a.store(0, Ordering::Relaxed);
         }

@@ -86,6 +86,13 @@ async fn handle(shared: Arc<Shared>, req: Request<Incoming>) -> Resp {
     if !delay.is_zero() {
         tokio::time::sleep(delay).await;
     }
+    let bearer = req
+        .headers()
+        .get(header::AUTHORIZATION)
+        .is_some_and(|v| v.as_bytes().starts_with(b"Bearer "));
+    if bearer {
+        shared.counters.bearer_requests.fetch_add(1, Ordering::Relaxed);
+    }
     let method = req.method().clone();
     let path = req.uri().path().to_string();
     let query = Query(parse_query(req.uri().query()));
