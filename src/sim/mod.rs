@@ -668,6 +668,21 @@ impl Sim {
     }
 }
 
+/// Decode a continue token the way the server does: `(resourceVersion, start key)` or the
+/// message of the 400 the server would answer. Exposed for fuzzing only.
+#[doc(hidden)]
+pub fn decode_continue_token(token: &str) -> std::result::Result<(i64, String), String> {
+    server::decode_continue(token)
+        .map(|t| (t.rv, t.start))
+        .map_err(|e| e.message)
+}
+
+/// Encode a continue token as the server does. Exposed for fuzzing only.
+#[doc(hidden)]
+pub fn encode_continue_token(rv: i64, start: &str) -> String {
+    server::encode_continue(rv, start)
+}
+
 impl Drop for Sim {
     fn drop(&mut self) {
         if let Some(rt) = self.runtime.take() {

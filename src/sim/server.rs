@@ -401,13 +401,13 @@ fn too_large(requested: u64, current: u64) -> ApiError {
 }
 
 #[derive(serde::Serialize, serde::Deserialize)]
-struct ContinueToken {
+pub(crate) struct ContinueToken {
     v: String,
-    rv: i64,
-    start: String,
+    pub(crate) rv: i64,
+    pub(crate) start: String,
 }
 
-fn encode_continue(rv: i64, start: &str) -> String {
+pub(crate) fn encode_continue(rv: i64, start: &str) -> String {
     let t = ContinueToken {
         v: "meta.k8s.io/v1".into(),
         rv,
@@ -416,7 +416,7 @@ fn encode_continue(rv: i64, start: &str) -> String {
     b64_encode(&serde_json::to_vec(&t).unwrap_or_default())
 }
 
-fn decode_continue(s: &str) -> Result<ContinueToken, ApiError> {
+pub(crate) fn decode_continue(s: &str) -> Result<ContinueToken, ApiError> {
     let bad = |why: &str| ApiError::bad_request(format!("continue key is not valid: {why}"));
     let raw = b64_decode(s).ok_or_else(|| bad("illegal base64 data"))?;
     let t: ContinueToken = serde_json::from_slice(&raw).map_err(|e| bad(&e.to_string()))?;
