@@ -61,9 +61,15 @@ fn example(name: &str) -> PathBuf {
         // them on would rebuild dependencies.
         for (key, _) in std::env::vars_os() {
             let k = key.to_string_lossy();
-            if ["CARGO_MANIFEST_", "CARGO_PKG_", "CARGO_CRATE_", "CARGO_BIN_", "CARGO_PRIMARY_"]
-                .iter()
-                .any(|p| k.starts_with(p))
+            if [
+                "CARGO_MANIFEST_",
+                "CARGO_PKG_",
+                "CARGO_CRATE_",
+                "CARGO_BIN_",
+                "CARGO_PRIMARY_",
+            ]
+            .iter()
+            .any(|p| k.starts_with(p))
                 || k == "CARGO_TARGET_TMPDIR"
                 || k == "OUT_DIR"
             {
@@ -167,7 +173,10 @@ impl Run {
                 break s;
             }
             if Instant::now() > end {
-                panic!("{}: still running after {DEADLINE:?}; output: {:#?}", self.name, self.seen);
+                panic!(
+                    "{}: still running after {DEADLINE:?}; output: {:#?}",
+                    self.name, self.seen
+                );
             }
             std::thread::sleep(Duration::from_millis(20));
         };
@@ -213,7 +222,9 @@ fn number_before(line: &str, suffix: &str) -> usize {
 fn pod_informer_default_run_drops_the_pod_that_finishes() {
     let lines = run_on_builtin_sim("pod_informer");
     let first = &lines[0];
-    let rest = first.strip_prefix("generated ").expect("first line says what was generated");
+    let rest = first
+        .strip_prefix("generated ")
+        .expect("first line says what was generated");
     let (total, rest) = rest.split_once(" pods, ").expect("`N pods, ` in the first line");
     let total: usize = total.parse().expect("pod count");
     let terminal = number_before(rest, " of them Succeeded or Failed");
@@ -256,7 +267,9 @@ fn pod_informer_default_run_drops_the_pod_that_finishes() {
 #[test]
 fn deployment_lister_default_run_lists_default_before_and_after_the_changes() {
     let lines = run_on_builtin_sim("deployment_lister");
-    let before = pos(&lines, "deployments in default", |l| l.starts_with("deployments in default: "));
+    let before = pos(&lines, "deployments in default", |l| {
+        l.starts_with("deployments in default: ")
+    });
     let after = pos(&lines, "deployments in default now", |l| {
         l.starts_with("deployments in default now: ")
     });
@@ -272,7 +285,9 @@ fn deployment_lister_default_run_lists_default_before_and_after_the_changes() {
     assert!(a.contains("\"deploy-2 ("), "{a}");
     assert!(!b.contains("coredns") && !a.contains("coredns"));
     // The handler saw all namespaces, then the two changes.
-    pos(&lines, "add coredns", |l| l.starts_with("add kube-system/coredns replicas "));
+    pos(&lines, "add coredns", |l| {
+        l.starts_with("add kube-system/coredns replicas ")
+    });
     pos(&lines, "update deploy-0", |l| {
         l.starts_with("update default/deploy-0 replicas ") && l.ends_with(" -> 10")
     });
@@ -307,7 +322,9 @@ fn mydemo_controller_default_run_logs_and_syncs_create_update_delete() {
     assert!(delete < deleted && delete < sync3);
     // RVs grow: add A, update A -> B, delete C.
     let a = rv_after(&lines[add], &format!("add {key} rv "));
-    let upd = lines[update].strip_prefix(&format!("update {key} rv ")).unwrap_or_default();
+    let upd = lines[update]
+        .strip_prefix(&format!("update {key} rv "))
+        .unwrap_or_default();
     let (old, new) = upd.split_once(" -> ").expect("old -> new");
     assert_eq!(old.parse::<u64>().ok(), Some(a), "{}", lines[update]);
     let b: u64 = new.parse().expect("new rv");
@@ -338,13 +355,25 @@ fn controller_manager_default_run_shares_pods_and_reacts_to_changes() {
     let lines = run_on_builtin_sim("controller_manager");
     let shared = pos(&lines, "scope line", |l| l.starts_with("pods informer: "));
     assert!(lines[shared].ends_with("(shared)"), "{}", lines[shared]);
-    let change = pos(&lines, "the demo's change", |l| l == "one more web pod, and a change to cm-0");
+    let change = pos(&lines, "the demo's change", |l| {
+        l == "one more web pod, and a change to cm-0"
+    });
     let before = &lines[..change];
     let after = &lines[change..];
     // web-2 is Failed: collected; 2 of the 3 pods run, then the new pod makes 3.
     assert!(lines.iter().any(|l| l == "pod-gc: deleted finished pod default/web-2"));
-    assert!(before.iter().any(|l| l == "replica-counter: default/web has 2 running pods"), "{lines:#?}");
-    assert!(after.iter().any(|l| l == "replica-counter: default/web has 3 running pods"), "{lines:#?}");
+    assert!(
+        before
+            .iter()
+            .any(|l| l == "replica-counter: default/web has 2 running pods"),
+        "{lines:#?}"
+    );
+    assert!(
+        after
+            .iter()
+            .any(|l| l == "replica-counter: default/web has 3 running pods"),
+        "{lines:#?}"
+    );
     let hash = |ls: &[String]| -> Vec<String> {
         ls.iter()
             .filter_map(|l| l.strip_prefix("configmap-hasher: default/cm-0 data hash "))
@@ -355,7 +384,9 @@ fn controller_manager_default_run_shares_pods_and_reacts_to_changes() {
     assert_eq!(old.len(), 1, "{lines:#?}");
     assert_eq!(new.len(), 1, "{lines:#?}");
     assert_ne!(old, new, "the patched data hashes differently");
-    assert!(before.iter().any(|l| l.starts_with("configmap-hasher: default/cm-1 data hash ")));
+    assert!(before
+        .iter()
+        .any(|l| l.starts_with("configmap-hasher: default/cm-1 data hash ")));
 }
 
 /// A kube client from a kubeconfig file, on `rt`.
@@ -389,16 +420,13 @@ fn sim_serve_serves_its_workload_through_its_kubeconfig_until_sigint() {
     let pods: Api<Pod> = Api::all(client);
     // At the announced RV: exactly the generated pods, before any churn.
     let at_start = rt
-        .block_on(
-            pods.list(&ListParams::default().at(&rv.to_string()).matching(VersionMatch::Exact)),
-        )
+        .block_on(pods.list(&ListParams::default().at(&rv.to_string()).matching(VersionMatch::Exact)))
         .expect("list at the announced rv");
     assert_eq!(at_start.items.len(), 7);
-    assert!(at_start.items.iter().all(|p| p
-        .metadata
-        .namespace
-        .as_deref()
-        .is_some_and(|ns| ns.starts_with("ns-"))));
+    assert!(at_start
+        .items
+        .iter()
+        .all(|p| p.metadata.namespace.as_deref().is_some_and(|ns| ns.starts_with("ns-"))));
     // The churn moves the server on.
     let end = Instant::now() + DEADLINE;
     loop {
@@ -452,7 +480,10 @@ fn run_with_kubeconfig(
     std::thread::sleep(Duration::from_millis(300));
     run.interrupt();
     let (status, lines) = run.finish();
-    assert!(status.success(), "{name} exited with {status} on SIGINT; output: {lines:#?}");
+    assert!(
+        status.success(),
+        "{name} exited with {status} on SIGINT; output: {lines:#?}"
+    );
     assert!(db.exists(), "{name} wrote no database at --db");
     lines
 }
@@ -585,7 +616,12 @@ fn mydemo_controller_with_kubeconfig_syncs_an_existing_mydemo() {
 fn sample_controller_with_kubeconfig_creates_the_deployment_of_a_foo() {
     let sim = Sim::start(
         SimConfig::default()
-            .with_resource(ResourceDef::custom("samplecontroller.k8s.io", "v1alpha1", "Foo", "foos"))
+            .with_resource(ResourceDef::custom(
+                "samplecontroller.k8s.io",
+                "v1alpha1",
+                "Foo",
+                "foos",
+            ))
             .with_resource(ResourceDef::custom("", "v1", "Event", "events")),
     )
     .expect("sim");

@@ -1098,3 +1098,76 @@ async fn churn_run_never_exceeds_the_rate_on_the_real_clock() {
     assert!(ops > 0 && ops <= 150, "{ops} ops");
     assert_eq!(sim.current_rv() - before, ops);
 }
+
+/// The keys of a JSON object, sorted.
+fn keys(v: &Value) -> Vec<&str> {
+    let mut k: Vec<&str> = v
+        .as_object()
+        .map(|o| o.keys().map(String::as_str).collect())
+        .unwrap_or_default();
+    k.sort_unstable();
+    k
+}
+
+#[tokio::test]
+async fn namespace_and_node_bookmarks_have_the_go_servers_empty_object_shape() {
+    use k8s_openapi::api::core::v1::{Namespace, Node};
+    let sim = Sim::start(fast()).expect("start");
+    sim.create("nodes", None, json!({"metadata": {"name": "node-a"}}))
+        .expect("node");
+    let bookmarks = |events: Vec<Value>| -> Vec<Value> {
+        let b: Vec<Value> = events
+            .into_iter()
+            .filter(|e| e["type"] == "BOOKMARK")
+            .map(|e| e["object"].clone())
+            .collect();
+        // The initial-events-end one, then the pre-timeout one.
+        assert_eq!(b.len(), 2, "{b:?}");
+        b
+    };
+    let ns_path = format!("/api/v1/namespaces?{STREAMING}&timeoutSeconds=1");
+    let no_path = format!("/api/v1/nodes?{STREAMING}&timeoutSeconds=1");
+    let (ns, no) = tokio::join!(
+        request(sim.addr(), "GET", &ns_path, None),
+        request(sim.addr(), "GET", &no_path, None)
+    );
+    let top = vec!["apiVersion", "kind", "metadata", "spec", "status"];
+    for ns in bookmarks(ns.events()) {
+        assert_eq!(keys(&ns), top, "{ns}");
+        assert_eq!(
+            (&ns["kind"], &ns["spec"], &ns["status"]),
+            (&json!("Namespace"), &json!({}), &json!({}))
+        );
+        serde_json::from_value::<Namespace>(ns).expect("a Namespace");
+    }
+    for no in bookmarks(no.events()) {
+        assert_eq!(keys(&no), top, "{no}");
+        assert_eq!((&no["kind"], &no["spec"]), (&json!("Node"), &json!({})));
+        // Structs that Go's omitempty keeps: the empty daemonEndpoints and nodeInfo.
+        assert_eq!(keys(&no["status"]), vec!["daemonEndpoints", "nodeInfo"], "{no}");
+        assert_eq!(no["status"]["daemonEndpoints"], json!({"kubeletEndpoint": {"Port": 0}}));
+        let info = &no["status"]["nodeInfo"];
+        assert_eq!(keys(info).len(), 10, "{info}");
+        assert!(info.as_object().is_some_and(|o| o.values().all(|v| v == "")), "{info}");
+        serde_json::from_value::<Node>(no).expect("a Node");
+    }
+
+    // And through kube's watcher with streaming lists: the seeded namespaces, then InitDone.
+    let api: Api<Namespace> = Api::all(sim.client().expect("client"));
+    let mut stream = Box::pin(watcher(api, watcher::Config::default().streaming_lists()));
+    let mut names = Vec::new();
+    loop {
+        let ev = tokio::time::timeout(Duration::from_secs(10), stream.try_next())
+            .await
+            .expect("in time")
+            .expect("decodes");
+        match ev {
+            Some(watcher::Event::InitApply(n)) => names.extend(n.metadata.name),
+            Some(watcher::Event::InitDone) => break,
+            Some(_) => {}
+            None => panic!("stream ended"),
+        }
+    }
+    names.sort();
+    assert_eq!(names, ["default", "kube-public", "kube-system"]);
+}

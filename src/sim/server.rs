@@ -760,6 +760,16 @@ fn bookmark_line(def: &ResourceDef, rv: u64, initial_end: bool) -> Vec<u8> {
         r#","spec":{"containers":null},"status":{}"#
     } else if def.group == "apps" && def.plural == "deployments" {
         r#","spec":{"selector":null,"template":{"metadata":{"creationTimestamp":null},"spec":{"containers":null}},"strategy":{}},"status":{}"#
+    } else if def.group.is_empty() && def.plural == "namespaces" {
+        r#","spec":{},"status":{}"#
+    } else if def.group.is_empty() && def.plural == "nodes" {
+        // NodeStatus's daemonEndpoints and nodeInfo are structs: Go's omitempty keeps them.
+        concat!(
+            r#","spec":{},"status":{"daemonEndpoints":{"kubeletEndpoint":{"Port":0}},"#,
+            r#""nodeInfo":{"machineID":"","systemUUID":"","bootID":"","kernelVersion":"","osImage":"","#,
+            r#""containerRuntimeVersion":"","kubeletVersion":"","kubeProxyVersion":"","operatingSystem":"","#,
+            r#""architecture":""}}"#
+        )
     } else {
         ""
     };
