@@ -17,6 +17,7 @@
 //! | `key notin (a,b)` | the label is absent, or present with none of the listed values |
 //! | `key` | the label is present |
 //! | `!key` | the label is absent |
+//! | `key>N`, `key<N` | the label is present, is an integer, and is greater (less) than the integer `N` |
 //!
 //! Keys are validated as Kubernetes label keys (optional DNS-subdomain prefix, `/`, name of at
 //! most 63 characters); values as label values (at most 63 characters, alphanumeric at both
@@ -138,6 +139,10 @@ pub enum LabelOp {
     Exists,
     /// `!key`
     DoesNotExist,
+    /// `key>N`: the label is an integer greater than `N`.
+    GreaterThan,
+    /// `key<N`: the label is an integer less than `N`.
+    LessThan,
 }
 
 /// One requirement of a [`LabelSelector`]: a key, an operator and its values.
@@ -145,7 +150,8 @@ pub enum LabelOp {
 pub struct LabelRequirement {
     key: String,
     op: LabelOp,
-    /// Exactly one value for `=`/`==`/`!=`, one or more for `in`/`notin`, none otherwise.
+    /// Exactly one value for `=`/`==`/`!=`/`>`/`<` (an integer for the last two), one or more
+    /// for `in`/`notin`, none otherwise.
     values: BTreeSet<String>,
 }
 
@@ -171,6 +177,20 @@ impl LabelRequirement {
             LabelOp::NotEquals | LabelOp::NotIn => got.is_none_or(|v| !self.values.contains(v)),
             LabelOp::Exists => got.is_some(),
             LabelOp::DoesNotExist => got.is_none(),
+            LabelOp::GreaterThan | LabelOp::LessThan => {
+                // as the API server: a missing or non-integer label never matches
+                let (Some(have), Some(want)) = (
+                    got.and_then(|v| v.parse::<i64>().ok()),
+                    self.values.iter().next().and_then(|v| v.parse::<i64>().ok()),
+                ) else {
+                    return false;
+                };
+                if self.op == LabelOp::GreaterThan {
+                    have > want
+                } else {
+                    have < want
+                }
+            }
         }
     }
 }
@@ -182,6 +202,8 @@ impl fmt::Display for LabelRequirement {
             LabelOp::Equals => write!(f, "{}={}", self.key, first),
             LabelOp::DoubleEquals => write!(f, "{}=={}", self.key, first),
             LabelOp::NotEquals => write!(f, "{}!={}", self.key, first),
+            LabelOp::GreaterThan => write!(f, "{}>{}", self.key, first),
+            LabelOp::LessThan => write!(f, "{}<{}", self.key, first),
             LabelOp::Exists => write!(f, "{}", self.key),
             LabelOp::DoesNotExist => write!(f, "!{}", self.key),
             LabelOp::In | LabelOp::NotIn => {
@@ -288,6 +310,8 @@ enum Token {
     Eq,
     DoubleEq,
     NotEq,
+    Gt,
+    Lt,
     Bang,
     Open,
     Close,
@@ -304,6 +328,8 @@ impl Token {
             Token::Eq => "=",
             Token::DoubleEq => "==",
             Token::NotEq => "!=",
+            Token::Gt => ">",
+            Token::Lt => "<",
             Token::Bang => "!",
             Token::Open => "(",
             Token::Close => ")",
@@ -341,11 +367,9 @@ fn lex(s: &str) -> Result<Vec<Token>> {
                 '(' => Token::Open,
                 ')' => Token::Close,
                 ',' => Token::Comma,
-                other => {
-                    return Err(SelectorError::Syntax(format!(
-                        "unsupported operator '{other}' (supported: =, ==, !=, in, notin, exists, !exists)"
-                    )))
-                }
+                '>' => Token::Gt,
+                '<' => Token::Lt,
+                other => return Err(SelectorError::Syntax(format!("unsupported operator '{other}'"))),
             };
             out.push(tok);
             continue;
@@ -422,9 +446,11 @@ impl Parser {
             Token::NotEq => LabelOp::NotEquals,
             Token::In => LabelOp::In,
             Token::NotIn => LabelOp::NotIn,
+            Token::Gt => LabelOp::GreaterThan,
+            Token::Lt => LabelOp::LessThan,
             other => {
                 return Err(SelectorError::Syntax(format!(
-                    "found '{}', expected: in, notin, =, ==, !=",
+                    "found '{}', expected: in, notin, =, ==, !=, gt, lt",
                     other.text()
                 )))
             }
@@ -484,6 +510,12 @@ impl Parser {
                         )))
                     }
                 };
+                if matches!(op, LabelOp::GreaterThan | LabelOp::LessThan) && v.parse::<i64>().is_err() {
+                    return Err(SelectorError::InvalidValue {
+                        value: v,
+                        reason: "for 'Gt', 'Lt' operators, the value must be an integer".into(),
+                    });
+                }
                 validate_value(&v)?;
                 values.insert(v);
             }
@@ -799,6 +831,9 @@ mod tests {
             ("x=", "x="),
             ("x in (a,)", "x in (,a)"),
             ("a,!b,c in (z)", "a,!b,c in (z)"),
+            ("app>1", "app>1"),
+            ("replicas < 10 , app", "app,replicas<10"),
+            ("n>007", "n>007"),
         ];
         for (input, canonical) in table {
             let sel = LabelSelector::parse(input).unwrap_or_else(|e| panic!("{input:?} should parse: {e}"));
@@ -817,7 +852,14 @@ mod tests {
             ("app in a", Some("expected: '('")),
             ("app in (a", Some("expected: ',' or ')'")),
             ("app web", Some("expected: in, notin")),
-            ("app>1", Some("unsupported operator")),
+            ("app>x", Some("must be an integer")),
+            ("app<", Some("must be an integer")),
+            ("app>1.5", Some("must be an integer")),
+            ("app>99999999999999999999", Some("must be an integer")),
+            ("app>-1", Some("invalid label value")),
+            ("app>(1)", Some("expected: identifier")),
+            ("app>=1", Some("expected: identifier")),
+            ("app in (1) > 2", Some("expected: ',' or end of string")),
             ("-app=x", Some("invalid label key")),
             ("app=-x", Some("invalid label value")),
             ("a/b/c=x", Some("invalid label key")),
@@ -866,7 +908,22 @@ mod tests {
             ("empty", true),
             ("app=web,env=dev", false),
             ("app=web,env=prod,!missing", true),
+            ("n>9", true),
+            ("n>10", false),
+            ("n<11", true),
+            ("n<10", false),
+            ("big>9", true),
+            ("app>0", false),
+            ("app<0", false),
+            ("missing>0", false),
+            ("missing<0", false),
         ];
+        let l = {
+            let mut l = l;
+            l.insert("n".into(), "10".into());
+            l.insert("big".into(), "0100".into());
+            l
+        };
         for (input, want) in table {
             let sel = LabelSelector::parse(input).expect("valid");
             assert_eq!(sel.matches(&l), want, "{input:?}");

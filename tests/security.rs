@@ -95,14 +95,79 @@ async fn a_bearer_token_never_appears_in_logs_or_errors() {
     assert!(!errors.is_empty());
     assert!(!errors.contains(TOKEN), "the token leaked into errors: {errors}");
     assert!(!debug_view.contains(TOKEN));
+    // positive control: the token really was sent, so its absence above means something
+    assert!(sim.counters().bearer_requests > 0, "the client sent the bearer token");
 }
 
 #[test]
 fn database_files_are_private_even_with_a_permissive_umask() {
+    use nix::sys::stat::{umask, Mode};
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("db.redb");
-    // Whatever the umask, 0600 is requested explicitly on creation.
-    let db = DurableStore::open(StoreConfig::new(&path)).unwrap();
-    drop(db);
+    let control = dir.path().join("control");
+    // umask 0: a file created with the default mode would be world-readable. The umask is
+    // process-wide; the other tests here only gain looser modes from it for a moment.
+    let old = umask(Mode::empty());
+    let db = DurableStore::open(StoreConfig::new(&path));
+    let control_file = std::fs::write(&control, b"x");
+    umask(old);
+    drop(db.unwrap());
+    control_file.unwrap();
+    assert_eq!(
+        std::fs::metadata(&control).unwrap().permissions().mode() & 0o777,
+        0o666,
+        "control: the umask was really 0"
+    );
+    // 0600 is requested explicitly on creation.
     assert_eq!(std::fs::metadata(&path).unwrap().permissions().mode() & 0o777, 0o600);
+}
+
+/// The binary with `--log debug` and a kubeconfig holding a token: the token reaches the
+/// server (the sim counts it) and never stdout or stderr.
+#[test]
+fn the_cli_never_prints_the_kubeconfig_token_even_at_debug_level() {
+    let sim = Sim::start(SimConfig::default()).unwrap();
+    sim.create(
+        "configmaps",
+        Some("default"),
+        json!({"metadata": {"name": "seen-by-cli"}}),
+    )
+    .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = dir.path().join("kubeconfig");
+    std::fs::write(
+        &kubeconfig,
+        format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: sim\n  cluster:\n    server: {}\ncontexts:\n- name: sim\n  context:\n    cluster: sim\n    user: u\ncurrent-context: sim\nusers:\n- name: u\n  user:\n    token: {TOKEN}\n",
+            sim.url()
+        ),
+    )
+    .unwrap();
+    // a failure on the way, so error paths log too (kube does not retry a 500)
+    sim.faults().fail_next(FaultTarget::Any, Failure::InternalError, 1);
+    let child = std::process::Command::new(env!("CARGO_BIN_EXE_durable-informer"))
+        .args(["--log", "debug", "watch", "-r", "configmaps", "-A", "--kubeconfig"])
+        .arg(&kubeconfig)
+        .arg("--db")
+        .arg(dir.path().join("db.redb"))
+        .env_remove("KUBECONFIG")
+        .env("HOME", "/nonexistent-home")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(2500));
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(i32::try_from(child.id()).unwrap()),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    let out = child.wait_with_output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stdout.contains("seen-by-cli"), "the watch ran: {stdout}\n{stderr}");
+    assert!(stderr.contains("DEBUG"), "debug logging was on: {stderr}");
+    assert!(sim.counters().bearer_requests > 0, "the CLI sent the token");
+    assert!(!stdout.contains(TOKEN), "the token leaked to stdout");
+    assert!(!stderr.contains(TOKEN), "the token leaked to stderr");
 }

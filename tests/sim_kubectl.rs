@@ -64,14 +64,20 @@ fn kubectl_gets_creates_labels_deletes_and_watches_pods_and_configmaps() {
     let list: Value = serde_json::from_str(&ok(&kc, &["get", "pods", "-o", "json"], None)).expect("json");
     assert_eq!(list["items"][0]["metadata"]["name"], "seed-pod");
 
-    // get --watch, running while the rest happens
-    let mut watch = Command::new("kubectl")
-        .env("KUBECONFIG", &kc)
-        .args(["get", "configmaps", "--watch", "-o", "name", "--request-timeout=20s"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("watch");
+    // get --watch on both kinds, running while the rest happens; the ConfigMap watch prints
+    // event types so the delete can be told apart from the add and the label change
+    let spawn_watch = |args: &[&str]| {
+        Command::new("kubectl")
+            .env("KUBECONFIG", &kc)
+            .args(["get", "--watch", "--request-timeout=20s"])
+            .args(args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("watch")
+    };
+    let cm_watch = spawn_watch(&["configmaps", "-o", "json", "--output-watch-events"]);
+    let pod_watch = spawn_watch(&["pods", "-o", "name"]);
     std::thread::sleep(Duration::from_millis(500));
 
     // create (from a manifest on stdin), for both kinds
@@ -114,15 +120,38 @@ fn kubectl_gets_creates_labels_deletes_and_watches_pods_and_configmaps() {
     let pods = ok(&kc, &["get", "pods", "-o", "name"], None);
     assert_eq!(pods.trim(), "pod/seed-pod");
 
-    // the watch saw the configmap arrive (and leave)
+    // the watches saw the configmap arrive and leave, and the pod arrive
     std::thread::sleep(Duration::from_millis(500));
-    let _ = watch.kill();
-    let out = watch.wait_with_output().expect("watch output");
-    let seen = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        seen.contains("configmap/from-kubectl"),
-        "watch output: {seen:?} stderr: {}",
-        String::from_utf8_lossy(&out.stderr)
+    let stop = |mut child: std::process::Child| {
+        let _ = child.kill();
+        let out = child.wait_with_output().expect("watch output");
+        (
+            String::from_utf8_lossy(&out.stdout).to_string(),
+            String::from_utf8_lossy(&out.stderr).to_string(),
+        )
+    };
+    let (cm_seen, cm_err) = stop(cm_watch);
+    let (pod_seen, pod_err) = stop(pod_watch);
+    let cm_events: Vec<String> = serde_json::Deserializer::from_str(&cm_seen)
+        .into_iter::<Value>()
+        .map_while(Result::ok)
+        .filter(|e| e["object"]["metadata"]["name"] == "from-kubectl")
+        .map(|e| e["type"].as_str().unwrap_or("?").to_string())
+        .collect();
+    assert_eq!(
+        cm_events.first().map(String::as_str),
+        Some("ADDED"),
+        "configmap watch: {cm_seen} stderr: {cm_err}"
     );
-    assert!(sim.counters().watch_requests >= 1);
+    assert_eq!(
+        cm_events.last().map(String::as_str),
+        Some("DELETED"),
+        "configmap watch events {cm_events:?} stderr: {cm_err}"
+    );
+    let pod_lines: Vec<&str> = pod_seen.lines().collect();
+    assert!(
+        pod_lines.contains(&"pod/seed-pod") && pod_lines.contains(&"pod/kpod"),
+        "pod watch output: {pod_seen:?} stderr: {pod_err}"
+    );
+    assert!(sim.counters().watch_requests >= 2);
 }

@@ -238,11 +238,15 @@ async fn selectors_filter_lists_and_watches_and_an_object_leaving_the_selector_i
     sim.create(
         "configmaps",
         Some("default"),
-        cm("web-1", json!({"app": "web", "tier": "front"})),
+        cm("web-1", json!({"app": "web", "tier": "front", "rank": "10"})),
     )
     .expect("c");
-    sim.create("configmaps", Some("default"), cm("web-2", json!({"app": "web"})))
-        .expect("c");
+    sim.create(
+        "configmaps",
+        Some("default"),
+        cm("web-2", json!({"app": "web", "rank": "9"})),
+    )
+    .expect("c");
     sim.create("configmaps", Some("default"), cm("db-1", json!({"app": "db"})))
         .expect("c");
     let api: Api<ConfigMap> = Api::namespaced(sim.client().expect("client"), "default");
@@ -259,6 +263,10 @@ async fn selectors_filter_lists_and_watches_and_an_object_leaving_the_selector_i
         ("app notin (web)", vec!["db-1"]),
         ("!tier", vec!["db-1", "web-2"]),
         ("tier", vec!["web-1"]),
+        // gt/lt compare integers (10 > 9, not as strings)
+        ("rank>9", vec!["web-1"]),
+        ("rank<10", vec!["web-2"]),
+        ("rank>0,app=web", vec!["web-1", "web-2"]),
     ];
     for (sel, want) in table {
         assert_eq!(
@@ -387,6 +395,8 @@ async fn malformed_selectors_and_parameters_are_400_bad_request() {
         ("labelSelector=-bad%3Dx", "invalid label key"),
         ("labelSelector=a%3D-x", "invalid label value"),
         ("labelSelector=a%3Db%2C", "unable to parse requirement"),
+        ("labelSelector=rank%3Ex", "must be an integer"),
+        ("labelSelector=rank%3C1.5", "must be an integer"),
         ("fieldSelector=metadata.name", "can't understand"),
         ("fieldSelector=metadata.name%3Dx%3Dy", "can't understand"),
         ("limit=abc", "limit"),
@@ -601,7 +611,26 @@ async fn writes_over_http_through_kube_client() {
         )
         .await
         .expect("status");
-    assert_eq!(st.status.and_then(|s| s.phase).as_deref(), Some("Running"));
+    assert_eq!(st.status.clone().and_then(|s| s.phase).as_deref(), Some("Running"));
+    // PUT /status: the status is replaced, a spec change in the same body is ignored
+    let mut body = st.clone();
+    body.status.get_or_insert_with(Default::default).phase = Some("Succeeded".into());
+    if let Some(spec) = body.spec.as_mut() {
+        spec.node_name = Some("changed-through-status".into());
+    }
+    let put = pods
+        .replace_status("p", &PostParams::default(), &body)
+        .await
+        .expect("replace_status");
+    assert_eq!(put.status.and_then(|s| s.phase).as_deref(), Some("Succeeded"));
+    assert_eq!(put.spec.and_then(|s| s.node_name), None);
+    assert!(put.metadata.resource_version > st.metadata.resource_version);
+    let mut stale_status = body.clone();
+    stale_status.metadata.resource_version = Some("1".into());
+    assert_eq!(
+        api_code(pods.replace_status("p", &PostParams::default(), &stale_status).await),
+        409
+    );
     let strategic = pods
         .patch(
             "p",
@@ -623,6 +652,28 @@ async fn writes_over_http_through_kube_client() {
     // a custom resource registered at start, through discovery and DynamicObject
     let discovery = kube::Discovery::new(client.clone()).run().await.expect("discovery");
     assert!(discovery.has_group("example.com") && discovery.has_group("apps"));
+    let (widget_ar, widget_caps) = discovery
+        .resolve_gvk(&GroupVersionKind::gvk("example.com", "v1", "Widget"))
+        .expect("Widget is discovered");
+    assert_eq!(widget_ar.plural, "widgets");
+    assert_eq!(widget_caps.scope, kube::discovery::Scope::Namespaced);
+    assert!(widget_caps.subresources.iter().any(|(sub, _)| sub.plural == "status"));
+    let (pod_ar, pod_caps) = discovery
+        .resolve_gvk(&GroupVersionKind::gvk("", "v1", "Pod"))
+        .expect("Pod is discovered");
+    assert_eq!(
+        (
+            pod_ar.group.as_str(),
+            pod_ar.api_version.as_str(),
+            pod_ar.plural.as_str()
+        ),
+        ("", "v1", "pods")
+    );
+    assert_eq!(pod_caps.scope, kube::discovery::Scope::Namespaced);
+    let (_, ns_caps) = discovery
+        .resolve_gvk(&GroupVersionKind::gvk("", "v1", "Namespace"))
+        .expect("Namespace is discovered");
+    assert_eq!(ns_caps.scope, kube::discovery::Scope::Cluster);
     let ar = ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk("example.com", "v1", "Widget"), "widgets");
     let widgets: Api<DynamicObject> = Api::namespaced_with(client.clone(), "default", &ar);
     let w: DynamicObject = serde_json::from_value(json!({"apiVersion": "example.com/v1", "kind": "Widget",
@@ -649,7 +700,7 @@ async fn writes_over_http_through_kube_client() {
         .expect("gadget");
     let resp = request(sim.addr(), "GET", "/apis/example.com/v1/gadgets", None).await;
     assert_eq!(resp.json()["items"].as_array().map(Vec::len), Some(1));
-    assert_eq!(sim.counters().write_requests, 11, "HTTP writes only");
+    assert_eq!(sim.counters().write_requests, 13, "HTTP writes only");
 }
 
 #[tokio::test]
@@ -854,4 +905,269 @@ fn dropping_the_handle_stops_the_server() {
     drop(sim);
     std::thread::sleep(Duration::from_millis(100));
     assert!(std::net::TcpStream::connect(addr).is_err());
+}
+
+const STREAMING: &str = "watch=1&sendInitialEvents=true&resourceVersionMatch=NotOlderThan&allowWatchBookmarks=true";
+
+fn bookmark_rvs(events: &[Value]) -> Vec<u64> {
+    events
+        .iter()
+        .filter(|e| e["type"] == "BOOKMARK")
+        .map(|e| {
+            e["object"]["metadata"]["resourceVersion"]
+                .as_str()
+                .and_then(|s| s.parse().ok())
+                .expect("bookmark rv")
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn streaming_list_not_older_than_a_future_rv_waits_for_it_or_is_504() {
+    // nobody writes: after the wait the answer is 504 ResourceVersionTooLarge, no stream
+    let sim = Sim::start(fast()).expect("start");
+    let cur = sim.current_rv();
+    let started = std::time::Instant::now();
+    let resp = request(
+        sim.addr(),
+        "GET",
+        &format!(
+            "/api/v1/configmaps?{STREAMING}&resourceVersion={}&timeoutSeconds=1",
+            cur + 3
+        ),
+        None,
+    )
+    .await;
+    assert!(
+        started.elapsed() >= Duration::from_millis(200),
+        "waited too_large_rv_wait"
+    );
+    assert_eq!(resp.status, 504, "{}", String::from_utf8_lossy(&resp.body));
+    let v = resp.json();
+    assert_eq!(v["reason"], "Timeout");
+    assert_eq!(v["details"]["causes"][0]["reason"], "ResourceVersionTooLarge");
+
+    // the revision is reached during the wait: initial state at or after it, bookmarks never below
+    let sim = Sim::start(fast().too_large_rv_wait(Duration::from_secs(10))).expect("start");
+    let want = sim.current_rv() + 3;
+    let writer = async {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        for i in 0..3 {
+            sim.create("configmaps", Some("default"), cm(&format!("w{i}"), json!({})))
+                .expect("create");
+        }
+    };
+    let path = format!("/api/v1/configmaps?{STREAMING}&resourceVersion={want}&timeoutSeconds=1");
+    let (resp, ()) = tokio::join!(request(sim.addr(), "GET", &path, None), writer);
+    assert_eq!(resp.status, 200, "{}", String::from_utf8_lossy(&resp.body));
+    let ev = resp.events();
+    let added: Vec<&str> = ev
+        .iter()
+        .filter(|e| e["type"] == "ADDED")
+        .filter_map(|e| e["object"]["metadata"]["name"].as_str())
+        .collect();
+    assert_eq!(added, ["w0", "w1", "w2"], "the initial state is the one at {want}");
+    assert_eq!(ev[3]["type"], "BOOKMARK");
+    assert_eq!(
+        ev[3]["object"]["metadata"]["annotations"]["k8s.io/initial-events-end"],
+        "true"
+    );
+    let rvs = bookmark_rvs(&ev);
+    assert!(!rvs.is_empty() && rvs.iter().all(|&r| r >= want), "{rvs:?} vs {want}");
+}
+
+#[tokio::test]
+async fn no_pre_timeout_bookmark_when_the_timeout_is_shorter_than_the_pre_timeout() {
+    // default: the last bookmark 2 s before the deadline
+    let sim = Sim::start(SimConfig::default()).expect("start");
+    let rv = sim.current_rv();
+    let path =
+        |t: u32| format!("/api/v1/configmaps?watch=1&allowWatchBookmarks=true&resourceVersion={rv}&timeoutSeconds={t}");
+    let (p1, p3) = (path(1), path(3));
+    let (short, long) = tokio::join!(
+        request(sim.addr(), "GET", &p1, None),
+        request(sim.addr(), "GET", &p3, None)
+    );
+    assert_eq!(short.status, 200);
+    assert_eq!(short.events(), Vec::<Value>::new(), "a 1 s watch gets no bookmark");
+    // control: with room for it, the pre-timeout bookmark is sent (once)
+    assert_eq!(bookmark_rvs(&long.events()), vec![rv]);
+}
+
+#[tokio::test]
+async fn send_initial_events_false_with_not_older_than_is_a_plain_watch() {
+    let sim = Sim::start(fast()).expect("start");
+    sim.create("configmaps", Some("default"), cm("before", json!({})))
+        .expect("create");
+    let rv = sim.current_rv();
+    let base = "/api/v1/configmaps?watch=1&sendInitialEvents=false&resourceVersionMatch=NotOlderThan&allowWatchBookmarks=true&timeoutSeconds=1";
+    let writer = async {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        sim.create("configmaps", Some("default"), cm("after", json!({})))
+            .expect("create");
+    };
+    let (at_rv, at_latest) = (
+        format!("{base}&resourceVersion={rv}"),
+        format!("{base}&resourceVersion="),
+    );
+    let (from_rv, latest, ()) = tokio::join!(
+        request(sim.addr(), "GET", &at_rv, None),
+        request(sim.addr(), "GET", &at_latest, None),
+        writer
+    );
+    for resp in [from_rv, latest] {
+        assert_eq!(resp.status, 200, "{}", String::from_utf8_lossy(&resp.body));
+        let names: Vec<String> = resp
+            .events()
+            .iter()
+            .filter(|e| e["type"] != "BOOKMARK")
+            .map(|e| {
+                format!(
+                    "{} {}",
+                    e["type"].as_str().unwrap_or("?"),
+                    e["object"]["metadata"]["name"]
+                )
+            })
+            .collect();
+        assert_eq!(names, ["ADDED \"after\""], "no synthetic ADDED for the existing object");
+    }
+    // still invalid without NotOlderThan
+    let bad = request(
+        sim.addr(),
+        "GET",
+        "/api/v1/configmaps?watch=1&sendInitialEvents=false&allowWatchBookmarks=true&resourceVersion=1",
+        None,
+    )
+    .await;
+    assert_eq!(bad.status, 422);
+}
+
+#[test]
+fn configmaps_and_deployments_have_their_documented_sizes_and_shapes() {
+    let avg = |objs: &[Value]| {
+        objs.iter()
+            .map(|o| serde_json::to_vec(o).expect("json").len())
+            .sum::<usize>()
+            / objs.len().max(1)
+    };
+    let mut gen = WorkloadGen::new(11).namespaces(2);
+    let cms = gen.configmaps(40);
+    let deps = gen.deployments(40);
+    // documented as about 0.2 KB and about 0.6 KB
+    assert!((150..=350).contains(&avg(&cms)), "configmap size {}", avg(&cms));
+    assert!((450..=800).contains(&avg(&deps)), "deployment size {}", avg(&deps));
+    assert!(cms.iter().all(|c| c["data"].as_object().is_some_and(|d| !d.is_empty())));
+    assert!(deps
+        .iter()
+        .all(|d| d["spec"]["template"]["spec"]["containers"].is_array() && d["spec"]["selector"].is_object()));
+    // the server accepts them as they are
+    let sim = Sim::start(fast()).expect("start");
+    sim.bulk_load("configmaps", cms).expect("configmaps load");
+    sim.bulk_load("deployments", deps).expect("deployments load");
+}
+
+/// With the test clock paused, `Churn::run` paces exactly: 10 ms steps, never ahead of
+/// `ops_per_sec × elapsed`, and every counted operation is one revision on the server.
+#[tokio::test(start_paused = true)]
+async fn churn_run_paces_operations_at_the_requested_rate() {
+    let sim = Sim::start(fast()).expect("start");
+    for (rate, secs) in [(200u64, 1u64), (50, 2)] {
+        // a namespace per run: both churns name their objects churn-1, churn-2, …
+        let mut churn = Churn::new(rate, "configmaps", vec![format!("rate-{rate}")]);
+        let before = sim.current_rv();
+        let s = churn.run(&sim, rate, Duration::from_secs(secs)).await.expect("churn");
+        let ops = s.creates + s.updates + s.deletes;
+        let budget = rate * secs;
+        // the last 10 ms step is not taken: at least 98% of the budget, never more
+        assert!(
+            ops <= budget && ops * 100 >= budget * 98,
+            "{ops} ops at {rate}/s for {secs} s"
+        );
+        assert_eq!(sim.current_rv() - before, ops, "each operation is one write");
+    }
+}
+
+/// On the real clock only the upper bound is certain (a slow machine does fewer operations).
+#[tokio::test]
+async fn churn_run_never_exceeds_the_rate_on_the_real_clock() {
+    let sim = Sim::start(fast()).expect("start");
+    let mut churn = Churn::new(4, "pods", vec!["default".into()]);
+    let before = sim.current_rv();
+    let s = churn.run(&sim, 300, Duration::from_millis(500)).await.expect("churn");
+    let ops = s.creates + s.updates + s.deletes;
+    assert!(ops > 0 && ops <= 150, "{ops} ops");
+    assert_eq!(sim.current_rv() - before, ops);
+}
+
+/// The keys of a JSON object, sorted.
+fn keys(v: &Value) -> Vec<&str> {
+    let mut k: Vec<&str> = v
+        .as_object()
+        .map(|o| o.keys().map(String::as_str).collect())
+        .unwrap_or_default();
+    k.sort_unstable();
+    k
+}
+
+#[tokio::test]
+async fn namespace_and_node_bookmarks_have_the_go_servers_empty_object_shape() {
+    use k8s_openapi::api::core::v1::{Namespace, Node};
+    let sim = Sim::start(fast()).expect("start");
+    sim.create("nodes", None, json!({"metadata": {"name": "node-a"}}))
+        .expect("node");
+    let bookmarks = |events: Vec<Value>| -> Vec<Value> {
+        let b: Vec<Value> = events
+            .into_iter()
+            .filter(|e| e["type"] == "BOOKMARK")
+            .map(|e| e["object"].clone())
+            .collect();
+        // The initial-events-end one, then the pre-timeout one.
+        assert_eq!(b.len(), 2, "{b:?}");
+        b
+    };
+    let ns_path = format!("/api/v1/namespaces?{STREAMING}&timeoutSeconds=1");
+    let no_path = format!("/api/v1/nodes?{STREAMING}&timeoutSeconds=1");
+    let (ns, no) = tokio::join!(
+        request(sim.addr(), "GET", &ns_path, None),
+        request(sim.addr(), "GET", &no_path, None)
+    );
+    let top = vec!["apiVersion", "kind", "metadata", "spec", "status"];
+    for ns in bookmarks(ns.events()) {
+        assert_eq!(keys(&ns), top, "{ns}");
+        assert_eq!(
+            (&ns["kind"], &ns["spec"], &ns["status"]),
+            (&json!("Namespace"), &json!({}), &json!({}))
+        );
+        serde_json::from_value::<Namespace>(ns).expect("a Namespace");
+    }
+    for no in bookmarks(no.events()) {
+        assert_eq!(keys(&no), top, "{no}");
+        assert_eq!((&no["kind"], &no["spec"]), (&json!("Node"), &json!({})));
+        // Structs that Go's omitempty keeps: the empty daemonEndpoints and nodeInfo.
+        assert_eq!(keys(&no["status"]), vec!["daemonEndpoints", "nodeInfo"], "{no}");
+        assert_eq!(no["status"]["daemonEndpoints"], json!({"kubeletEndpoint": {"Port": 0}}));
+        let info = &no["status"]["nodeInfo"];
+        assert_eq!(keys(info).len(), 10, "{info}");
+        assert!(info.as_object().is_some_and(|o| o.values().all(|v| v == "")), "{info}");
+        serde_json::from_value::<Node>(no).expect("a Node");
+    }
+
+    // And through kube's watcher with streaming lists: the seeded namespaces, then InitDone.
+    let api: Api<Namespace> = Api::all(sim.client().expect("client"));
+    let mut stream = Box::pin(watcher(api, watcher::Config::default().streaming_lists()));
+    let mut names = Vec::new();
+    loop {
+        let ev = tokio::time::timeout(Duration::from_secs(10), stream.try_next())
+            .await
+            .expect("in time")
+            .expect("decodes");
+        match ev {
+            Some(watcher::Event::InitApply(n)) => names.extend(n.metadata.name),
+            Some(watcher::Event::InitDone) => break,
+            Some(_) => {}
+            None => panic!("stream ended"),
+        }
+    }
+    names.sort();
+    assert_eq!(names, ["default", "kube-public", "kube-system"]);
 }

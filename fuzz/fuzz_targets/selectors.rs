@@ -1,6 +1,4 @@
 //! Label and field selector parsing (selectors come from users and from URLs the sim serves).
-//! The sim's continue-token decoder is crate-private and only reachable over HTTP, so it has no
-//! fuzz target; `tests/fuzz_props.rs` drives it over HTTP instead.
 #![no_main]
 use libfuzzer_sys::fuzz_target;
 

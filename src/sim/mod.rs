@@ -344,6 +344,9 @@ pub struct Counters {
     pub write_requests: u64,
     /// Response body bytes written (LIST, WATCH, GET, writes, errors).
     pub bytes_served: u64,
+    /// Requests that carried an `Authorization: Bearer …` header. The server authenticates
+    /// nobody and never keeps the token; this lets tests prove a client sent one.
+    pub bearer_requests: u64,
 }
 
 #[derive(Debug, Default)]
@@ -356,6 +359,7 @@ pub(crate) struct AtomicCounters {
     pub get_requests: AtomicU64,
     pub write_requests: AtomicU64,
     pub bytes_served: AtomicU64,
+    pub bearer_requests: AtomicU64,
 }
 
 impl AtomicCounters {
@@ -370,6 +374,7 @@ impl AtomicCounters {
             get_requests: l(&self.get_requests),
             write_requests: l(&self.write_requests),
             bytes_served: l(&self.bytes_served),
+            bearer_requests: l(&self.bearer_requests),
         }
     }
     fn reset(&self) {
@@ -382,6 +387,7 @@ impl AtomicCounters {
             &self.get_requests,
             &self.write_requests,
             &self.bytes_served,
+            &self.bearer_requests,
         ] {
             a.store(0, Ordering::Relaxed);
         }
@@ -660,6 +666,21 @@ impl Sim {
     pub fn register_crd(&self, def: ResourceDef) {
         self.shared.lock().register(def);
     }
+}
+
+/// Decode a continue token the way the server does: `(resourceVersion, start key)` or the
+/// message of the 400 the server would answer. Exposed for fuzzing only.
+#[doc(hidden)]
+pub fn decode_continue_token(token: &str) -> std::result::Result<(i64, String), String> {
+    server::decode_continue(token)
+        .map(|t| (t.rv, t.start))
+        .map_err(|e| e.message)
+}
+
+/// Encode a continue token as the server does. Exposed for fuzzing only.
+#[doc(hidden)]
+pub fn encode_continue_token(rv: i64, start: &str) -> String {
+    server::encode_continue(rv, start)
 }
 
 impl Drop for Sim {

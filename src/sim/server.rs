@@ -86,6 +86,13 @@ async fn handle(shared: Arc<Shared>, req: Request<Incoming>) -> Resp {
     if !delay.is_zero() {
         tokio::time::sleep(delay).await;
     }
+    let bearer = req
+        .headers()
+        .get(header::AUTHORIZATION)
+        .is_some_and(|v| v.as_bytes().starts_with(b"Bearer "));
+    if bearer {
+        shared.counters.bearer_requests.fetch_add(1, Ordering::Relaxed);
+    }
     let method = req.method().clone();
     let path = req.uri().path().to_string();
     let query = Query(parse_query(req.uri().query()));
@@ -394,13 +401,13 @@ fn too_large(requested: u64, current: u64) -> ApiError {
 }
 
 #[derive(serde::Serialize, serde::Deserialize)]
-struct ContinueToken {
+pub(crate) struct ContinueToken {
     v: String,
-    rv: i64,
-    start: String,
+    pub(crate) rv: i64,
+    pub(crate) start: String,
 }
 
-fn encode_continue(rv: i64, start: &str) -> String {
+pub(crate) fn encode_continue(rv: i64, start: &str) -> String {
     let t = ContinueToken {
         v: "meta.k8s.io/v1".into(),
         rv,
@@ -409,7 +416,7 @@ fn encode_continue(rv: i64, start: &str) -> String {
     b64_encode(&serde_json::to_vec(&t).unwrap_or_default())
 }
 
-fn decode_continue(s: &str) -> Result<ContinueToken, ApiError> {
+pub(crate) fn decode_continue(s: &str) -> Result<ContinueToken, ApiError> {
     let bad = |why: &str| ApiError::bad_request(format!("continue key is not valid: {why}"));
     let raw = b64_decode(s).ok_or_else(|| bad("illegal base64 data"))?;
     let t: ContinueToken = serde_json::from_slice(&raw).map_err(|e| bad(&e.to_string()))?;
@@ -614,6 +621,8 @@ struct WatchPlan {
     ns: Option<String>,
     sel: Selectors,
     start: Start,
+    /// The streaming list's initial state must be at least this revision.
+    min_rv: u64,
     timeout: Duration,
     bookmarks: bool,
     drop_after: Option<u64>,
@@ -625,14 +634,17 @@ struct WatchPlan {
 async fn watch(shared: &Arc<Shared>, t: &Target, q: &Query) -> Resp {
     match plan_watch(shared, t, q) {
         Ok(plan) => {
-            if let Start::From(n) = plan.start {
-                if shared.faults.lock().too_large_watches
-                    && !wait_for_rv(shared, n, shared.config.too_large_rv_wait).await
-                {
-                    let cur = shared.lock().rv;
-                    if n > cur {
-                        return status_response(shared, &too_large(n, cur));
-                    }
+            // Like the cacher's waitUntilFreshAndBlock: a streaming list for a revision the
+            // server has not reached waits for it, then fails before the stream starts. The
+            // `too_large_watches` fault does the same for plain watches from a future revision.
+            let need = match plan.start {
+                Start::From(n) if shared.faults.lock().too_large_watches => n,
+                _ => plan.min_rv,
+            };
+            if need > 0 && !wait_for_rv(shared, need, shared.config.too_large_rv_wait).await {
+                let cur = shared.lock().rv;
+                if need > cur {
+                    return status_response(shared, &too_large(need, cur));
                 }
             }
             let (tx, rx) = mpsc::channel::<Result<Bytes, io::Error>>(16);
@@ -665,6 +677,8 @@ fn plan_watch(shared: &Shared, t: &Target, q: &Query) -> Result<WatchPlan, ApiEr
             ))
         })?),
     };
+    // A streaming list answers "not older than" this revision.
+    let mut min_rv = 0;
     let start = if cfg.old_server {
         if !rvm.is_empty() {
             let mut causes = vec![(
@@ -685,7 +699,7 @@ fn plan_watch(shared: &Shared, t: &Target, q: &Query) -> Result<WatchPlan, ApiEr
         } else {
             Start::From(parse_rv(rv)?)
         }
-    } else if send_initial == Some("true") {
+    } else if let Some(flag @ ("true" | "false")) = send_initial {
         if rvm != "NotOlderThan" {
             return Err(invalid_list_options(&[(
                 "resourceVersionMatch",
@@ -698,10 +712,16 @@ fn plan_watch(shared: &Shared, t: &Target, q: &Query) -> Result<WatchPlan, ApiEr
                 "Forbidden: sendInitialEvents requires allowWatchBookmarks=true",
             )]));
         }
-        if !rv.is_empty() {
-            parse_rv(rv)?;
+        let n = if rv.is_empty() { 0 } else { parse_rv(rv)? };
+        if flag == "true" {
+            min_rv = n;
+            Start::Initial { end_bookmark: true }
+        } else if n == 0 {
+            // sendInitialEvents=false with rv ""/"0": a plain watch from the latest revision
+            Start::From(shared.lock().rv)
+        } else {
+            Start::From(n)
         }
-        Start::Initial { end_bookmark: true }
     } else {
         if !rvm.is_empty() {
             return Err(invalid_list_options(&[(
@@ -726,6 +746,7 @@ fn plan_watch(shared: &Shared, t: &Target, q: &Query) -> Result<WatchPlan, ApiEr
         ns: t.ns.clone().filter(|_| t.def.namespaced),
         sel,
         start,
+        min_rv,
         timeout,
         bookmarks: allow_bookmarks && cfg.watch_cache,
         drop_after,
@@ -747,6 +768,16 @@ fn bookmark_line(def: &ResourceDef, rv: u64, initial_end: bool) -> Vec<u8> {
         r#","spec":{"containers":null},"status":{}"#
     } else if def.group == "apps" && def.plural == "deployments" {
         r#","spec":{"selector":null,"template":{"metadata":{"creationTimestamp":null},"spec":{"containers":null}},"strategy":{}},"status":{}"#
+    } else if def.group.is_empty() && def.plural == "namespaces" {
+        r#","spec":{},"status":{}"#
+    } else if def.group.is_empty() && def.plural == "nodes" {
+        // NodeStatus's daemonEndpoints and nodeInfo are structs: Go's omitempty keeps them.
+        concat!(
+            r#","spec":{},"status":{"daemonEndpoints":{"kubeletEndpoint":{"Port":0}},"#,
+            r#""nodeInfo":{"machineID":"","systemUUID":"","bootID":"","kernelVersion":"","osImage":"","#,
+            r#""containerRuntimeVersion":"","kubeletVersion":"","kubeProxyVersion":"","operatingSystem":"","#,
+            r#""architecture":""}}"#
+        )
     } else {
         ""
     };
@@ -893,6 +924,11 @@ async fn run_watch(shared: Arc<Shared>, plan: WatchPlan, tx: mpsc::Sender<Result
                 let objs: Vec<Arc<Obj>> = st.snapshot_iter(plan.res, rv, &prefix, "").collect();
                 (objs, rv)
             };
+            if rv < plan.min_rv {
+                // a backup restored since the wait moved the revision back: never answer
+                // "not older than N" with an older state
+                return;
+            }
             for o in objs.iter().filter(|o| plan.sel.matches(o)) {
                 let at = sink.buf.len();
                 event_line(&mut sink.buf, "ADDED", o);
@@ -913,7 +949,11 @@ async fn run_watch(shared: Arc<Shared>, plan: WatchPlan, tx: mpsc::Sender<Result
 
     let interval = shared.config.bookmark_interval.max(Duration::from_millis(10));
     let mut next_bookmark = Instant::now() + interval;
-    let mut final_bookmark = deadline.checked_sub(shared.config.bookmark_before_timeout);
+    // A cacher schedules no bookmark after deadline - bookmark_before_timeout, and none at all
+    // when that moment has already passed (timeoutSeconds shorter than the pre-timeout).
+    let last_bookmark = deadline.checked_sub(shared.config.bookmark_before_timeout);
+    let bookmarks = plan.bookmarks && last_bookmark.is_some_and(|t| t > Instant::now());
+    let mut final_bookmark = last_bookmark.filter(|_| bookmarks);
     let mut caught_up = false;
     loop {
         // Drain the history after `pos`.
@@ -966,10 +1006,9 @@ async fn run_watch(shared: Arc<Shared>, plan: WatchPlan, tx: mpsc::Sender<Result
         if more {
             continue;
         }
-        let bookmark_due = if plan.bookmarks {
-            Some(final_bookmark.map_or(next_bookmark, |f| f.min(next_bookmark)))
-        } else {
-            None
+        let bookmark_due = match final_bookmark {
+            Some(f) if bookmarks => Some(f.min(next_bookmark)),
+            _ => None,
         };
         tokio::select! {
             biased;

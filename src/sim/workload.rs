@@ -155,7 +155,7 @@ impl WorkloadGen {
         })
     }
 
-    /// A ConfigMap with a few keys (about 0.5 KB).
+    /// A small ConfigMap with two keys (about 0.2 KB as generated; the server adds about 0.15 KB).
     pub fn configmap(&mut self, ns: &str, name: &str) -> Value {
         let app = APPS[self.rng.random_range(0..APPS.len())];
         let v = self.hex(32);
@@ -164,7 +164,8 @@ impl WorkloadGen {
                "data": {"config.yaml": format!("app: {app}\nreplicas: 3\ntoken: {v}\n"), "LOG_LEVEL": "info"}})
     }
 
-    /// An apps/v1 Deployment (about 1.5 KB).
+    /// An apps/v1 Deployment with one container and a status, without managedFields (about 0.6 KB
+    /// as generated).
     pub fn deployment(&mut self, ns: &str, name: &str) -> Value {
         let app = APPS[self.rng.random_range(0..APPS.len())];
         let replicas = self.rng.random_range(1..6);
