@@ -347,7 +347,19 @@ fn sample_controller_default_run_scales_the_owned_deployment() {
     assert_eq!(lines[result], "deployment example-foo has Some(3) replicas");
     let events = pos(&lines, "events", |l| l.starts_with("events: "));
     assert!(lines[events].contains("Synced: Foo default/example-foo synced successfully"));
-    assert!(!lines.iter().any(|l| l.contains("ErrResourceExists")), "{lines:#?}");
+    // The demo's foreign Deployment is never adopted: its Foo gets a warning and is retried.
+    let foreign = pos(&lines, "foreign warning", |l| {
+        l.starts_with("event Warning ErrResourceExists: ") && l.contains("\"foreign\"")
+    });
+    assert!(!lines[foreign].contains("example-foo"), "{}", lines[foreign]);
+    let retried = pos(&lines, "retries", |l| l.starts_with("foo default/thief: "));
+    assert!(
+        lines[retried].ends_with("failed reconciles, each retried with backoff")
+            && !lines[retried].starts_with("foo default/thief: 0 "),
+        "{}",
+        lines[retried]
+    );
+    assert!(lines[events].contains("ErrResourceExists"), "{}", lines[events]);
 }
 
 #[test]
