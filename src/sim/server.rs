@@ -632,6 +632,10 @@ struct WatchPlan {
 }
 
 async fn watch(shared: &Arc<Shared>, t: &Target, q: &Query) -> Resp {
+    // Subscribed before the plan reads any state: a restore that lands while the request
+    // waits or while its task starts must still end the stream.
+    let mut epoch = shared.epoch_tx.subscribe();
+    epoch.mark_unchanged();
     match plan_watch(shared, t, q) {
         Ok(plan) => {
             // Like the cacher's waitUntilFreshAndBlock: a streaming list for a revision the
@@ -641,14 +645,17 @@ async fn watch(shared: &Arc<Shared>, t: &Target, q: &Query) -> Resp {
                 Start::From(n) if shared.faults.lock().too_large_watches => n,
                 _ => plan.min_rv,
             };
-            if need > 0 && !wait_for_rv(shared, need, shared.config.too_large_rv_wait).await {
+            if need > 0 {
+                wait_for_rv(shared, need, shared.config.too_large_rv_wait).await;
+                // The state, not the notification, decides: a restore may have moved the
+                // revision back after the wait saw it reached.
                 let cur = shared.lock().rv;
                 if need > cur {
                     return status_response(shared, &too_large(need, cur));
                 }
             }
             let (tx, rx) = mpsc::channel::<Result<Bytes, io::Error>>(16);
-            tokio::spawn(run_watch(shared.clone(), plan, tx));
+            tokio::spawn(run_watch(shared.clone(), plan, epoch, tx));
             let stream = futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|c| (c, rx)) })
                 .map(|c| c.map(Frame::data));
             let mut resp = Response::new(StreamBody::new(stream).boxed_unsync());
@@ -889,7 +896,12 @@ impl Sink {
     }
 }
 
-async fn run_watch(shared: Arc<Shared>, plan: WatchPlan, tx: mpsc::Sender<Result<Bytes, io::Error>>) {
+async fn run_watch(
+    shared: Arc<Shared>,
+    plan: WatchPlan,
+    mut epoch_rx: tokio::sync::watch::Receiver<u64>,
+    tx: mpsc::Sender<Result<Bytes, io::Error>>,
+) {
     let deadline = Instant::now() + plan.timeout;
     if plan.stall {
         tokio::select! {
@@ -899,8 +911,6 @@ async fn run_watch(shared: Arc<Shared>, plan: WatchPlan, tx: mpsc::Sender<Result
         return;
     }
     let mut rv_rx = shared.rv_tx.subscribe();
-    let mut epoch_rx = shared.epoch_tx.subscribe();
-    epoch_rx.mark_unchanged();
     let watch_cache = shared.config.watch_cache;
     let mut sink = Sink {
         shared: shared.clone(),
