@@ -357,12 +357,18 @@ impl Harness {
             .open(self.dir.path().join("child-stderr.log"))
             .unwrap();
         let mut cmd = Command::new(std::env::current_exe().unwrap());
-        cmd.args([self.test, "--exact", "--nocapture", "--test-threads=1", "--include-ignored"])
-            .env("DI_DB", self.db())
-            .env("DI_URL", self.sim.url())
-            .env("DI_AUDIT", self.audit_path())
-            .stdout(Stdio::null())
-            .stderr(err);
+        cmd.args([
+            self.test,
+            "--exact",
+            "--nocapture",
+            "--test-threads=1",
+            "--include-ignored",
+        ])
+        .env("DI_DB", self.db())
+        .env("DI_URL", self.sim.url())
+        .env("DI_AUDIT", self.audit_path())
+        .stdout(Stdio::null())
+        .stderr(err);
         if paged {
             cmd.env("DI_PAGED", "1");
         }
@@ -397,6 +403,10 @@ impl Harness {
         assert!(report.is_ok(), "round {round}: check: {:?}", report.problems);
         let Some((scope, record)) = store.scopes().unwrap().into_iter().next() else {
             // Killed before the scope was registered: nothing persisted yet.
+            if let Some(o) = &mut self.open {
+                o.kills.push(paged);
+                self.fig.kills_during_lists += 1;
+            }
             return;
         };
         let rv = record.rv.as_ref().and_then(|r| r.as_u64()).unwrap_or(0);
@@ -534,15 +544,23 @@ impl Harness {
                 })
                 .collect()
         });
-        assert_eq!(ch.model(), theirs, "round {round}: the recorded truth equals the server");
+        assert_eq!(
+            ch.model(),
+            theirs,
+            "round {round}: the recorded truth equals the server"
+        );
         if ours != theirs {
             let keys: std::collections::BTreeSet<&String> = ours.keys().chain(theirs.keys()).collect();
             let diff: Vec<String> = keys
                 .into_iter()
                 .filter(|k| ours.get(*k) != theirs.get(*k))
                 .map(|k| {
-                    let history: Vec<(u64, Kind)> =
-                        ch.events.iter().filter(|e| &e.key == k).map(|e| (e.rv, e.kind)).collect();
+                    let history: Vec<(u64, Kind)> = ch
+                        .events
+                        .iter()
+                        .filter(|e| &e.key == k)
+                        .map(|e| (e.rv, e.kind))
+                        .collect();
                     let delivered: Vec<&Line> = self.audit.lines.iter().filter(|l| &l.key == k).collect();
                     format!(
                         "{k}: store {:?}, server {:?}; server history {history:?}; delivered {delivered:?}",
@@ -662,7 +680,7 @@ fn run(test: &'static str, default_rounds: u64) {
         let child = h.spawn(paged);
         // While a list is due, kill sooner: inside the list or its diff rather than after it.
         let ms = if h.open.is_some() {
-            15 + rng.below(250)
+            5 + rng.below(120)
         } else {
             60 + rng.below(400)
         };
@@ -676,7 +694,11 @@ fn run(test: &'static str, default_rounds: u64) {
     h.catch_up(rounds, false);
 
     let ch = churner.lock().unwrap();
-    assert!(ch.events.len() > 300 + 10 * rounds as usize, "the churn produced {} events", ch.events.len());
+    assert!(
+        ch.events.len() > 300 + 10 * rounds as usize,
+        "the churn produced {} events",
+        ch.events.len()
+    );
     assert!(
         h.fig.relists > 0 || rounds < 10,
         "no relist happened: the compactions did not reach the informer"

@@ -506,6 +506,14 @@ impl<S: Source> Reflector<S> {
         });
         // Directly into an empty scope; staged (and swapped in at once) otherwise.
         let direct = record.rv.is_none() && record.object_count == 0;
+        if !direct {
+            // A process killed mid-relist leaves its staged rows behind; a list on top of them
+            // would keep objects deleted since.
+            self.writer
+                .abort_relist(self.scope())
+                .await
+                .map_err(|e| (self.store_err(&e), None))?;
+        }
         let mut restarts = 0;
         loop {
             let attempt = if self.config.streaming_list && !self.streaming_unsupported {
