@@ -748,6 +748,8 @@ impl<S: Source> Reflector<S> {
         ];
         let batch_sizes = metrics::global().batch_size.get_or_create(&self.labels()).clone();
         let mut inflight: Inflight = VecDeque::new();
+        // What the previous batch of this watch reaches; the next one requires it committed.
+        let mut reached = rv.clone();
         let mut end = None;
         while end.is_none() {
             let first = match stream.next().now_or_never() {
@@ -778,7 +780,7 @@ impl<S: Source> Reflector<S> {
                     }
                 }
             };
-            let mut batch = Batch::new(self.scope());
+            let mut batch = Batch::new(self.scope()).requires(reached.clone());
             let mut events = 0u64;
             let mut item = match first {
                 Err(_) => {
@@ -857,6 +859,7 @@ impl<S: Source> Reflector<S> {
             if batch.rv.is_some() || !batch.deltas.is_empty() {
                 let brv = batch.rv.clone().unwrap_or_else(|| rv.clone());
                 batch_sizes.observe(batch.deltas.len() as f64);
+                reached = brv.clone();
                 match self.writer.submit(batch) {
                     Ok(rx) => inflight.push_back((rx, brv, events, std::time::Instant::now())),
                     Err(e) => {
