@@ -126,7 +126,18 @@ fn child(db: &str, url: &str, audit: &str, paged: bool) -> ! {
             );
         }
         println!("synced");
-        std::future::pending::<()>().await;
+        // For a failing catch-up: where this child is (it is killed at any moment anyway).
+        loop {
+            tokio::time::sleep(Duration::from_secs(2)).await;
+            eprintln!(
+                "pid {}: {:?}; errors {:?}; audit cursor {:?}; log bounds {:?}",
+                std::process::id(),
+                informer.status().borrow().clone(),
+                informer.errors(),
+                store.log().cursor("audit"),
+                store.log().bounds()
+            );
+        }
     });
     std::process::exit(0)
 }
@@ -346,8 +357,11 @@ impl Harness {
         self.dir.path().join("audit.log")
     }
 
+    /// The children's stderr, its last 40 lines.
     fn stderr_log(&self) -> String {
-        std::fs::read_to_string(self.dir.path().join("child-stderr.log")).unwrap_or_default()
+        let text = std::fs::read_to_string(self.dir.path().join("child-stderr.log")).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        lines[lines.len().saturating_sub(40)..].join("\n")
     }
 
     fn spawn(&self, paged: bool) -> Killer {
@@ -503,8 +517,12 @@ impl Harness {
             }
             assert!(
                 Instant::now() < deadline,
-                "round {round}: the child did not catch up to RV {target} within 60 s; child \
-                 stderr:\n{}",
+                "round {round}: the child did not catch up to RV {target} within 60 s; server RV \
+                 {}, compacted to {}; last persisted RV {}; lists:\n{}\nchild stderr:\n{}",
+                self.sim.current_rv(),
+                self.sim.compacted_rv(),
+                self.last_rv,
+                self.list_notes[self.list_notes.len().saturating_sub(5)..].join("\n"),
                 self.stderr_log()
             );
         }
