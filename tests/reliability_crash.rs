@@ -344,6 +344,8 @@ struct Harness {
     windows: Vec<ListWindow>,
     /// How each list window came about (for failure messages).
     list_notes: Vec<String>,
+    /// What each kill left behind (for failure messages).
+    kill_notes: Vec<String>,
     fig: Figures,
     rt: tokio::runtime::Runtime,
 }
@@ -433,6 +435,16 @@ impl Harness {
         self.fig.relists = record.relist_count;
 
         let cursor = store.log().cursor("audit").unwrap().unwrap_or(Seq(0));
+        self.kill_notes.push(format!(
+            "round {round} ({}): persisted RV {rv}, synced {}, relists {}, cursor {cursor:?}, log \
+             bounds {:?}, server RV {}, audit lines {}",
+            if paged { "paged" } else { "streaming" },
+            record.synced,
+            record.relist_count,
+            store.log().bounds().ok().flatten(),
+            self.sim.current_rv(),
+            self.audit.lines.len()
+        ));
         self.unacked.clear();
         let mut after = cursor;
         loop {
@@ -470,6 +482,41 @@ impl Harness {
                 self.fig.kills_during_lists += 1;
             }
         }
+    }
+
+    /// For a failure naming a key: its server history, what was delivered for it, its log
+    /// entries in the database, the durable cursor, and the last kills.
+    fn explain(&self, err: &str, ch: &Churner) -> String {
+        let Some(key) = err
+            .split("key: \"")
+            .nth(1)
+            .and_then(|r| r.split('"').next())
+            .map(str::to_owned)
+        else {
+            return String::new();
+        };
+        let history: Vec<(u64, Kind)> = ch.events.iter().filter(|e| e.key == key).map(|e| (e.rv, e.kind)).collect();
+        let delivered: Vec<&Line> = self.audit.lines.iter().filter(|l| l.key == key).collect();
+        let mut log = Vec::new();
+        let mut cursor = None;
+        if let Ok(store) = DurableStore::open(StoreConfig::new(self.db())) {
+            cursor = store.log().cursor("audit").ok().flatten();
+            let mut after = Seq(0);
+            while let Ok(page) = store.log().read_after(after, 5000, None) {
+                let Some(last) = page.last() else { break };
+                after = last.seq;
+                log.extend(
+                    page.iter()
+                        .filter(|r| r.key.to_string() == key)
+                        .map(|r| (r.seq.0, r.kind, r.rv.to_string(), r.final_state_unknown)),
+                );
+            }
+        }
+        format!(
+            "{key}: server history {history:?}\ndelivered {delivered:?}\nlog entries (seq, kind, rv, \
+             final state unknown) {log:?}\naudit cursor {cursor:?}\nlast kills:\n{}",
+            self.kill_notes[self.kill_notes.len().saturating_sub(30)..].join("\n")
+        )
     }
 
     /// Compacts the server's history: the next child resumes from an expired RV and relists.
@@ -605,7 +652,8 @@ impl Harness {
             &self.windows,
         ) {
             panic!(
-                "round {round}: delivered stream vs the server's log: {e}\nlists:\n{}",
+                "round {round}: delivered stream vs the server's log: {e}\n{}\nlists:\n{}",
+                self.explain(&e, &ch),
                 self.list_notes.join("\n")
             );
         }
@@ -659,6 +707,7 @@ fn run(test: &'static str, default_rounds: u64) {
         }),
         windows: Vec::new(),
         list_notes: Vec::new(),
+        kill_notes: Vec::new(),
         fig: Figures::default(),
         rt: tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
