@@ -495,7 +495,12 @@ impl Harness {
         else {
             return String::new();
         };
-        let history: Vec<(u64, Kind)> = ch.events.iter().filter(|e| e.key == key).map(|e| (e.rv, e.kind)).collect();
+        let history: Vec<(u64, Kind)> = ch
+            .events
+            .iter()
+            .filter(|e| e.key == key)
+            .map(|e| (e.rv, e.kind))
+            .collect();
         let delivered: Vec<&Line> = self.audit.lines.iter().filter(|l| l.key == key).collect();
         let mut log = Vec::new();
         let mut cursor = None;

@@ -427,7 +427,10 @@ fn failed_write_aborts_the_commit_and_the_writer_recovers() {
             }
         }
     }
-    assert_eq!(faults.report("failed_write_aborts_the_commit_and_the_writer_recovers"), 1);
+    assert_eq!(
+        faults.report("failed_write_aborts_the_commit_and_the_writer_recovers"),
+        1
+    );
     apply_one(&db, scope, 500).expect("commit after the fault");
     model.ack("obj-500", 500);
     // A failed page write leaves no header pointing at it: nothing failed may appear.
@@ -550,7 +553,10 @@ fn a_write_failing_at_any_point_of_a_commit_loses_nothing_acknowledged() {
     }
     assert!(failed_commits > 0, "no commit saw a failed write");
     let injected = faults.report("a_write_failing_at_any_point_of_a_commit_loses_nothing_acknowledged");
-    assert!(injected >= per_commit, "{injected} faults for {per_commit} write points");
+    assert!(
+        injected >= per_commit,
+        "{injected} faults for {per_commit} write points"
+    );
     eprintln!("{per_commit} writes per commit, {failed_commits} commits failed");
     db.close().expect("close");
     let db = DurableStore::open(StoreConfig::new(dir.path().join("db.redb"))).expect("reopen");
@@ -682,12 +688,21 @@ fn informer_survives_storage_faults() {
                 }
                 1 if live.len() > 10 => {
                     let i = live.swap_remove((rng >> 8) as usize % live.len());
-                    record(&sim.delete("configmaps", Some("ns"), &format!("cm-{i}")).expect("delete"), Kind::Delete);
+                    record(
+                        &sim.delete("configmaps", Some("ns"), &format!("cm-{i}"))
+                            .expect("delete"),
+                        Kind::Delete,
+                    );
                 }
                 _ => {
                     let i = live[(rng >> 8) as usize % live.len()];
                     let got = sim
-                        .patch("configmaps", Some("ns"), &format!("cm-{i}"), &json!({"data": {"v": rng.to_string()}}))
+                        .patch(
+                            "configmaps",
+                            Some("ns"),
+                            &format!("cm-{i}"),
+                            &json!({"data": {"v": rng.to_string()}}),
+                        )
                         .expect("patch");
                     record(&got, Kind::Update);
                 }
@@ -734,7 +749,11 @@ fn informer_survives_storage_faults() {
     });
     let scope = informer.scope();
     loop {
-        let seen = delivered.lock().expect("delivered").iter().any(|e| e.key == last.key && e.rv == last.rv);
+        let seen = delivered
+            .lock()
+            .expect("delivered")
+            .iter()
+            .any(|e| e.key == last.key && e.rv == last.rv);
         if seen && state(&db, scope).0 == theirs {
             break;
         }
@@ -754,7 +773,10 @@ fn informer_survives_storage_faults() {
     // A commit reported failed may still be durable (see the module doc); the next batch is then
     // refused as an RV regression and a relist covers it: events during the faults may collapse.
     let windows = if status.relists > 0 {
-        vec![ListWindow { lo, hi: sim.current_rv() }]
+        vec![ListWindow {
+            lo,
+            hi: sim.current_rv(),
+        }]
     } else {
         Vec::new()
     };

@@ -122,7 +122,10 @@ fn allowing_secrets_warns_that_they_are_stored_on_disk() {
     let path = dir.path().join("db.redb");
     let db = DurableStore::open(StoreConfig::new(&path)).unwrap();
     // Thread-local subscriber: the warning is logged by `build` on this (current) thread.
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
     let logs = |capture: &Capture| String::from_utf8(capture.0.lock().unwrap().clone()).unwrap();
     tracing::subscriber::with_default(subscriber, || {
         rt.block_on(async {

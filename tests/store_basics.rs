@@ -609,7 +609,10 @@ fn a_batch_whose_predecessor_did_not_commit_is_refused() {
     assert!(matches!(err, StoreError::PredecessorMissing { .. }), "{err}");
     assert!(err.to_string().contains("previous batch did not commit"), "{err}");
     assert_eq!(db.store(scope).list().unwrap().len(), 1);
-    assert_eq!(db.store(scope).resource_version().unwrap().map(|r| r.0), Some("10".into()));
+    assert_eq!(
+        db.store(scope).resource_version().unwrap().map(|r| r.0),
+        Some("10".into())
+    );
     // It did (or an older requirement): the batch applies.
     for (req, rv) in [("10", 11), ("11", 12)] {
         w.apply_blocking(
