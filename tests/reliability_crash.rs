@@ -559,27 +559,59 @@ impl Harness {
             ch.update();
         }
         let target = ch.events.last().unwrap().rv;
-        let child = self.spawn(paged);
+        // Caught up = the persisted RV reached the target and the durable cursor the end of the
+        // log. A relist diff delivers its deletes after the listed objects, so the target's line
+        // alone is not enough: wait until it is there and the audit file has stopped growing
+        // (the churn is paused), kill, check in the file, and start another child if needed.
         let deadline = Instant::now() + Duration::from_secs(60);
         loop {
-            std::thread::sleep(Duration::from_millis(20));
-            let text = std::fs::read_to_string(self.audit_path()).unwrap_or_default();
-            if text.lines().rev().take(300).any(|l| l.ends_with(&format!(" {target}"))) {
+            let child = self.spawn(paged);
+            let suffix = format!(" {target}");
+            let mut seen = self.audit.seen.iter().any(|l| l.rv == target);
+            let (mut len, mut quiet_since) = (0, Instant::now());
+            loop {
+                std::thread::sleep(Duration::from_millis(20));
+                let now_len = std::fs::metadata(self.audit_path()).map_or(0, |m| m.len());
+                if now_len != len {
+                    len = now_len;
+                    quiet_since = Instant::now();
+                    if !seen {
+                        let text = std::fs::read(self.audit_path()).unwrap_or_default();
+                        let new =
+                            String::from_utf8_lossy(&text[(self.audit.offset as usize).min(text.len())..]).into_owned();
+                        seen = new.lines().any(|l| l.ends_with(&suffix));
+                    }
+                }
+                if seen && quiet_since.elapsed() > Duration::from_millis(500) {
+                    break;
+                }
+                assert!(
+                    Instant::now() < deadline,
+                    "round {round}: the child did not catch up to RV {target} within 60 s; server \
+                     RV {}, compacted to {}; last persisted RV {}; lists:\n{}\nchild stderr:\n{}",
+                    self.sim.current_rv(),
+                    self.sim.compacted_rv(),
+                    self.last_rv,
+                    self.list_notes[self.list_notes.len().saturating_sub(5)..].join("\n"),
+                    self.stderr_log()
+                );
+            }
+            drop(child);
+            self.after_kill(round, paged);
+            let store = DurableStore::open(StoreConfig::new(self.db())).unwrap();
+            let cursor = store.log().cursor("audit").unwrap().unwrap_or(Seq(0));
+            let last = store.log().bounds().unwrap().map_or(Seq(0), |b| b.1);
+            drop(store);
+            if self.last_rv >= target && cursor >= last {
                 break;
             }
             assert!(
                 Instant::now() < deadline,
-                "round {round}: the child did not catch up to RV {target} within 60 s; server RV \
-                 {}, compacted to {}; last persisted RV {}; lists:\n{}\nchild stderr:\n{}",
-                self.sim.current_rv(),
-                self.sim.compacted_rv(),
-                self.last_rv,
-                self.list_notes[self.list_notes.len().saturating_sub(5)..].join("\n"),
-                self.stderr_log()
+                "round {round}: not caught up within 60 s: persisted RV {} (target {target}), \
+                 cursor {cursor:?}, last log seq {last:?}",
+                self.last_rv
             );
         }
-        drop(child);
-        self.after_kill(round, paged);
         assert!(
             self.open.is_none(),
             "round {round}: caught up to RV {target} but the list is not finished"
