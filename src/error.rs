@@ -83,6 +83,17 @@ pub enum StoreError {
         /// What the batch carried.
         offered: ResourceVersion,
     },
+    /// A batch required the scope to be at least at an RV (the one its predecessor in the same
+    /// stream reached), and it is not: the predecessor did not commit.
+    #[error("{scope}: the previous batch did not commit (persisted resourceVersion {persisted:?}, required {required}); re-watch from the persisted one")]
+    PredecessorMissing {
+        /// The scope.
+        scope: ScopeId,
+        /// What is persisted.
+        persisted: Option<ResourceVersion>,
+        /// What the batch required.
+        required: ResourceVersion,
+    },
     /// No scope with that id.
     #[error("{0}: no such scope in this database")]
     UnknownScope(ScopeId),

@@ -171,3 +171,46 @@ fn the_cli_never_prints_the_kubeconfig_token_even_at_debug_level() {
     assert!(!stdout.contains(TOKEN), "the token leaked to stdout");
     assert!(!stderr.contains(TOKEN), "the token leaked to stderr");
 }
+
+/// Opting in to Secrets logs a warning that they are stored on disk, naming the file; a
+/// ConfigMap informer on the same store logs no such warning.
+#[test]
+fn allowing_secrets_warns_that_they_are_stored_on_disk() {
+    use k8s_openapi::api::core::v1::Secret;
+    let capture = Capture::default();
+    let subscriber = tracing_subscriber::fmt()
+        .with_max_level(tracing::Level::WARN)
+        .with_writer(capture.clone())
+        .finish();
+    let sim = Sim::start(SimConfig::default()).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("db.redb");
+    let db = DurableStore::open(StoreConfig::new(&path)).unwrap();
+    // Thread-local subscriber: the warning is logged by `build` on this (current) thread.
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let logs = |capture: &Capture| String::from_utf8(capture.0.lock().unwrap().clone()).unwrap();
+    tracing::subscriber::with_default(subscriber, || {
+        rt.block_on(async {
+            Informer::<ConfigMap>::builder(&db, KubeSource::typed::<ConfigMap>(sim.client().unwrap(), &sim.url()))
+                .build()
+                .await
+                .unwrap();
+            assert!(!logs(&capture).contains("stored on disk"), "{}", logs(&capture));
+            Informer::<Secret>::builder(&db, KubeSource::typed::<Secret>(sim.client().unwrap(), &sim.url()))
+                .allow_secrets()
+                .build()
+                .await
+                .unwrap();
+        })
+    });
+    let logs = logs(&capture);
+    let line = logs
+        .lines()
+        .find(|l| l.contains("Secrets: they are stored on disk"))
+        .unwrap_or_else(|| panic!("no warning about Secrets on disk in: {logs}"));
+    assert!(line.contains("WARN"), "{line}");
+    assert!(line.contains(&path.display().to_string()), "the file is named: {line}");
+}

@@ -594,3 +594,48 @@ fn the_golden_v3_database_opens_reads_and_resumes_its_backfill() {
     let report = db.check().unwrap();
     assert!(report.is_ok(), "{:?}", report.problems);
 }
+
+/// A pipelined batch requires the RV its predecessor reaches: if the predecessor did not
+/// commit, the batch is refused and changes nothing (its events would otherwise skip the
+/// predecessor's).
+#[test]
+fn a_batch_whose_predecessor_did_not_commit_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = DurableStore::open(StoreConfig::new(dir.path().join("db.redb"))).unwrap();
+    let w = db.writer();
+    let scope = w.register_scope_blocking(&spec()).unwrap();
+    w.apply_blocking(
+        Batch::new(scope)
+            .delta(DeltaKind::Added, cm("a", "x", 10, "x"))
+            .rv("10"),
+    )
+    .unwrap();
+    // The predecessor (reaching 12) never committed.
+    let err = w
+        .apply_blocking(
+            Batch::new(scope)
+                .requires("12")
+                .delta(DeltaKind::Added, cm("a", "y", 13, "x"))
+                .rv("13"),
+        )
+        .unwrap_err();
+    assert!(matches!(err, StoreError::PredecessorMissing { .. }), "{err}");
+    assert!(err.to_string().contains("previous batch did not commit"), "{err}");
+    assert_eq!(db.store(scope).list().unwrap().len(), 1);
+    assert_eq!(
+        db.store(scope).resource_version().unwrap().map(|r| r.0),
+        Some("10".into())
+    );
+    // It did (or an older requirement): the batch applies.
+    for (req, rv) in [("10", 11), ("11", 12)] {
+        w.apply_blocking(
+            Batch::new(scope)
+                .requires(req)
+                .delta(DeltaKind::Added, cm("a", &format!("n{rv}"), rv, "x"))
+                .rv(rv.to_string()),
+        )
+        .unwrap();
+    }
+    assert_eq!(db.store(scope).list().unwrap().len(), 3);
+    assert!(db.check().unwrap().is_ok());
+}

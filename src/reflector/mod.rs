@@ -366,8 +366,10 @@ impl<S: Source> Reflector<S> {
                     self.phase(Phase::Watching);
                     let end = self.watch_once(rv.clone(), &sync_target, stop).await;
                     // Always continue from what is durably persisted, which may be ahead of
-                    // what this loop saw acknowledged.
-                    let persisted = self.store.resource_version().ok().flatten().unwrap_or(rv);
+                    // what this loop saw acknowledged (a commit reported failed may be durable).
+                    let Some(persisted) = self.persisted_rv(rv, stop).await else {
+                        return Ok(());
+                    };
                     match end {
                         WatchEnd::Stop => return Ok(()),
                         WatchEnd::Ended => Next::Watch(persisted),
@@ -780,6 +782,28 @@ impl<S: Source> Reflector<S> {
 
     /// One watch from `rv` until it ends. Batches events, pipelines commits (at most two in
     /// flight) and updates the committed RV on each durable acknowledgement.
+    /// The persisted RV (`fallback` when none is). While the store cannot be read (the writer
+    /// reopens it after an I/O error) this waits: `fallback` may be older than what is persisted,
+    /// and a watch from there would replay events over newer stored versions. `None` when stopped.
+    async fn persisted_rv(
+        &mut self,
+        fallback: ResourceVersion,
+        stop: &mut watch::Receiver<bool>,
+    ) -> Option<ResourceVersion> {
+        loop {
+            match self.store.resource_version() {
+                Ok(rv) => return Some(rv.unwrap_or(fallback)),
+                Err(e) => {
+                    self.report(&self.store_err(&e));
+                    let delay = self.backoff.delay(None);
+                    if !self.sleep(delay, stop).await {
+                        return None;
+                    }
+                }
+            }
+        }
+    }
+
     async fn watch_once(
         &mut self,
         rv: ResourceVersion,
@@ -824,6 +848,8 @@ impl<S: Source> Reflector<S> {
         ];
         let batch_sizes = metrics::global().batch_size.get_or_create(&self.labels()).clone();
         let mut inflight: Inflight = VecDeque::new();
+        // What the previous batch of this watch reaches; the next one requires it committed.
+        let mut reached = rv.clone();
         let mut end = None;
         // The highest RV this watch has reached; batches never offer less.
         let mut high = rv.clone();
@@ -856,7 +882,7 @@ impl<S: Source> Reflector<S> {
                     }
                 }
             };
-            let mut batch = Batch::new(self.scope());
+            let mut batch = Batch::new(self.scope()).requires(reached.clone());
             let mut events = 0u64;
             let mut item = match first {
                 Err(_) => {
@@ -945,6 +971,7 @@ impl<S: Source> Reflector<S> {
             if batch.rv.is_some() || !batch.deltas.is_empty() {
                 let brv = batch.rv.clone().unwrap_or_else(|| rv.clone());
                 batch_sizes.observe(batch.deltas.len() as f64);
+                reached = brv.clone();
                 match self.writer.submit(batch) {
                     Ok(rx) => inflight.push_back((rx, brv, events, std::time::Instant::now())),
                     Err(e) => {

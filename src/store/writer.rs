@@ -53,6 +53,10 @@ pub struct Batch {
     pub rv: Option<ResourceVersion>,
     /// Marks the scope synced (the end of an initial list).
     pub mark_synced: bool,
+    /// Refuse unless the persisted RV is at least this: set to the RV the previous pipelined
+    /// batch reaches, so a batch never commits after its predecessor failed (which would skip
+    /// the predecessor's events).
+    pub requires_rv: Option<ResourceVersion>,
 }
 
 impl Batch {
@@ -64,7 +68,15 @@ impl Batch {
             deltas: Vec::new(),
             rv: None,
             mark_synced: false,
+            requires_rv: None,
         }
+    }
+
+    /// Applies only if the scope's persisted RV is at least `rv` (see [`Batch::requires_rv`]).
+    #[must_use]
+    pub fn requires(mut self, rv: impl Into<ResourceVersion>) -> Self {
+        self.requires_rv = Some(rv.into());
+        self
     }
 
     /// Appends a delta.
@@ -806,6 +818,15 @@ impl WriterThread {
         // Refuse before writing anything, so the rest of the group still commits.
         for d in &batch.deltas {
             d.object.key().validate().map_err(|e| Failure::Refused(e.into()))?;
+        }
+        if let Some(required) = &batch.requires_rv {
+            if record.rv.as_ref().is_none_or(|p| p.is_older_than(required)) {
+                return Err(Failure::Refused(StoreError::PredecessorMissing {
+                    scope: batch.scope,
+                    persisted: record.rv.clone(),
+                    required: required.clone(),
+                }));
+            }
         }
         if let (Some(persisted), Some(offered)) = (&record.rv, &batch.rv) {
             // Invariant 2: the persisted RV never moves backwards outside a relist.

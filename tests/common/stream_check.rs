@@ -48,41 +48,122 @@ pub struct Opts {
     pub from_rv: u64,
 }
 
+/// An RV range `(lo, hi]` in which a list (the initial list or a relist after 410) may have
+/// replaced the server's events with their net result: each object once at its RV as of the list
+/// (an add even for an object the server modified after creating it), and a delete found by the
+/// list carrying the last state the store knew rather than the deletion's RV.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ListWindow {
+    /// Exclusive lower bound: the RV the informer had before the list.
+    pub lo: u64,
+    /// Inclusive upper bound: an RV at or above the list's RV.
+    pub hi: u64,
+}
+
+impl ListWindow {
+    fn contains(&self, rv: u64) -> bool {
+        rv > self.lo && rv <= self.hi
+    }
+}
+
 /// Checks `delivered` against `server` (the server's event list, in RV order).
 pub fn check(delivered: &[Ev], server: &[Ev], opts: Opts) -> Result<(), String> {
+    check_with_lists(delivered, server, opts, &[])
+}
+
+/// Like [`check`], except that inside the `lists` windows a list may have collapsed events (see
+/// [`ListWindow`]); outside them every event must be delivered exactly as the server sent it.
+pub fn check_with_lists(delivered: &[Ev], server: &[Ev], opts: Opts, lists: &[ListWindow]) -> Result<(), String> {
+    let window_of = |rv: u64| lists.iter().find(|w| w.contains(rv));
+    let mut by_key: BTreeMap<&str, Vec<(u64, Kind)>> = BTreeMap::new();
+    for e in server {
+        by_key.entry(e.key.as_str()).or_default().push((e.rv, e.kind));
+    }
+    let server_kind = |key: &str, rv: u64| {
+        by_key
+            .get(key)
+            .and_then(|v| v.iter().find(|(r, _)| *r == rv).map(|(_, k)| *k))
+    };
+    // A delete reported by a list: the key had this version, then a delete inside a window.
+    let listed_delete = |e: &Ev| {
+        matches!(server_kind(&e.key, e.rv), Some(k) if k != Kind::Delete)
+            && by_key.get(e.key.as_str()).is_some_and(|v| {
+                v.iter()
+                    .any(|(r, k)| *k == Kind::Delete && *r > e.rv && window_of(*r).is_some())
+            })
+    };
     let mut last: BTreeMap<&str, u64> = BTreeMap::new();
-    let mut seen: BTreeSet<(&str, u64)> = BTreeSet::new();
+    let mut seen: BTreeSet<(&str, u64, Kind)> = BTreeSet::new();
     for (i, e) in delivered.iter().enumerate() {
-        let repeat = seen.contains(&(e.key.as_str(), e.rv));
+        let exact = server_kind(&e.key, e.rv) == Some(e.kind);
+        let listed_state = e.kind != Kind::Delete
+            && server_kind(&e.key, e.rv).is_some_and(|k| k != Kind::Delete)
+            && window_of(e.rv).is_some();
+        let listed_del = e.kind == Kind::Delete && !exact && listed_delete(e);
+        if !(exact || listed_state || listed_del) {
+            return Err(format!("#{i} {e:?} was delivered but the server never sent it"));
+        }
+        let repeat = seen.contains(&(e.key.as_str(), e.rv, e.kind));
         if repeat && !opts.allow_duplicates {
             return Err(format!("#{i} {e:?}: delivered twice"));
         }
         if let Some(&prev) = last.get(e.key.as_str()) {
-            // A redelivery after a crash repeats an earlier event; anything else must move forward.
-            if !(e.rv > prev || (opts.allow_duplicates && repeat)) {
+            // A redelivery after a crash repeats an earlier event; a delete found by a list
+            // carries the version delivered last; anything else must move forward.
+            let ok = e.rv > prev || (opts.allow_duplicates && repeat) || (listed_del && e.rv == prev);
+            if !ok {
                 return Err(format!("#{i} {e:?}: RV not increasing for {} (previous {prev})", e.key));
             }
         }
-        seen.insert((e.key.as_str(), e.rv));
+        seen.insert((e.key.as_str(), e.rv, e.kind));
         last.insert(e.key.as_str(), last.get(e.key.as_str()).copied().unwrap_or(0).max(e.rv));
     }
-    let server_set: BTreeSet<&Ev> = server.iter().collect();
-    for e in delivered {
-        if !server_set.contains(e) {
-            return Err(format!("{e:?} was delivered but the server never sent it"));
+    let delivered_rvs: BTreeSet<(&str, u64)> = delivered.iter().map(|e| (e.key.as_str(), e.rv)).collect();
+    let delivered_keys: BTreeSet<&str> = delivered.iter().map(|e| e.key.as_str()).collect();
+    let deleted_keys: BTreeSet<&str> = delivered
+        .iter()
+        .filter(|e| e.kind == Kind::Delete)
+        .map(|e| e.key.as_str())
+        .collect();
+    let mut missing = Vec::new();
+    for e in server.iter().filter(|e| e.rv > opts.from_rv) {
+        if seen.contains(&(e.key.as_str(), e.rv, e.kind)) {
+            continue;
+        }
+        let excused = window_of(e.rv).is_some_and(|w| {
+            let superseded = by_key[e.key.as_str()].iter().any(|(r, _)| *r > e.rv && *r <= w.hi);
+            let listed_as_other_kind = e.kind != Kind::Delete && delivered_rvs.contains(&(e.key.as_str(), e.rv));
+            // A delete the list found is reported with the last known state, and an object
+            // created and deleted while away is never reported at all.
+            let delete_found = e.kind == Kind::Delete
+                && (deleted_keys.contains(e.key.as_str()) || !delivered_keys.contains(e.key.as_str()));
+            superseded || listed_as_other_kind || delete_found
+        });
+        if !excused {
+            missing.push(e);
         }
     }
-    let delivered_set: BTreeSet<&Ev> = delivered.iter().collect();
-    let missing: Vec<&Ev> = server
-        .iter()
-        .filter(|e| e.rv > opts.from_rv && !delivered_set.contains(e))
-        .collect();
-    if !missing.is_empty() {
+    if let Some(first) = missing.first() {
         return Err(format!(
-            "gap: {} server events never delivered, first {:?}",
-            missing.len(),
-            missing[0]
+            "gap: {} server events never delivered, first {first:?}",
+            missing.len()
         ));
+    }
+    Ok(())
+}
+
+/// One uninterrupted stream from a watch: RVs never decrease, across keys too (the server sends
+/// events in RV order and the informer logs and delivers them in that order).
+pub fn check_globally_ordered(delivered: &[Ev]) -> Result<(), String> {
+    for (i, w) in delivered.windows(2).enumerate() {
+        if w[1].rv < w[0].rv {
+            return Err(format!(
+                "#{} {:?} after {:?}: RV went backwards across keys",
+                i + 1,
+                w[1],
+                w[0]
+            ));
+        }
     }
     Ok(())
 }
@@ -157,4 +238,52 @@ pub fn self_test() {
     )
     .unwrap_err()
     .contains("never sent"));
+    assert!(check_globally_ordered(&server).is_ok());
+    assert!(check_globally_ordered(&reordered).unwrap_err().contains("backwards"));
+
+    // A list at RV 6 collapsed "c" (added at 4, updated at 5) into an add at 5, and found "a"
+    // (deleted at 6) gone: the delete carries a's last known version, 3.
+    let server = vec![
+        Ev::new("a", 1, Kind::Add),
+        Ev::new("a", 3, Kind::Update),
+        Ev::new("c", 4, Kind::Add),
+        Ev::new("c", 5, Kind::Update),
+        Ev::new("a", 6, Kind::Delete),
+        Ev::new("c", 7, Kind::Update),
+    ];
+    let listed = vec![
+        server[0].clone(),
+        server[1].clone(),
+        Ev::new("c", 5, Kind::Add),
+        Ev::new("a", 3, Kind::Delete),
+        server[5].clone(),
+    ];
+    let window = [ListWindow { lo: 3, hi: 6 }];
+    assert!(check_with_lists(&listed, &server, Opts::default(), &window).is_ok());
+    // Without the window the same stream has gaps and inventions.
+    assert!(check(&listed, &server, Opts::default()).is_err());
+    // A window does not excuse a lost event outside it, nor a lost last state inside it.
+    let lost_after = &listed[..4];
+    assert!(check_with_lists(lost_after, &server, Opts::default(), &window)
+        .unwrap_err()
+        .contains("gap"));
+    let lost_inside = vec![
+        server[0].clone(),
+        server[1].clone(),
+        Ev::new("a", 3, Kind::Delete),
+        server[5].clone(),
+    ];
+    assert!(check_with_lists(&lost_inside, &server, Opts::default(), &window)
+        .unwrap_err()
+        .contains("gap"));
+    // The delete of a key that was delivered must be reported.
+    let no_delete = vec![
+        server[0].clone(),
+        server[1].clone(),
+        Ev::new("c", 5, Kind::Add),
+        server[5].clone(),
+    ];
+    assert!(check_with_lists(&no_delete, &server, Opts::default(), &window)
+        .unwrap_err()
+        .contains("gap"));
 }

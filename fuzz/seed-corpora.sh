@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# Seeds the libFuzzer corpora: fuzz/seeds/<target>/ (committed, small) is copied to
+# fuzz/corpus/<target>/ (ignored; libFuzzer adds its finds there).
+#
+#   fuzz/seed-corpora.sh              copy the committed seeds into corpus/
+#   fuzz/seed-corpora.sh --regen DIR  first rebuild seeds/ from recorded apiserver responses in DIR
+#                                     (../shared/k8s-wire beside the checkout)
+#
+# tests/golden holds redb files only; no target opens a database, so nothing is taken from it.
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+targets="watch_line extract_meta list recording selectors"
+
+if [[ "${1:-}" == "--regen" ]]; then
+    wire=${2:?usage: seed-corpora.sh --regen DIR}
+    rm -rf "$here/seeds"
+    python3 - "$wire" "$here/seeds" <<'PY'
+import json, os, pathlib, sys
+wire, out = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2])
+def put(target, name, data):
+    d = out / target
+    d.mkdir(parents=True, exist_ok=True)
+    (d / name).write_bytes(data if isinstance(data, bytes) else data.encode())
+def body(http):
+    # The body of a recorded .http response (after the blank line ending the headers).
+    raw = http.read_bytes().replace(b"\r\n", b"\n")
+    return raw.split(b"\n\n", 1)[1] if b"\n\n" in raw else b""
+for jl in sorted(wire.glob("*.jsonl")):
+    lines = [l for l in jl.read_bytes().splitlines() if l.strip()]
+    # One of each event type, and the stream's first lines, keep the corpus small.
+    seen = set()
+    for i, l in enumerate(lines):
+        t = json.loads(l).get("type")
+        if t not in seen or i < 3:
+            seen.add(t)
+            put("watch_line", f"{jl.stem}-{i}", l)
+            obj = json.loads(l).get("object")
+            if obj is not None:
+                put("extract_meta", f"{jl.stem}-{i}", json.dumps(obj))
+    put("recording", jl.stem, b"\n".join(lines[:12]) + b"\n")
+for js in sorted(wire.glob("*.json")):
+    target = "list" if "list" in js.stem or "page" in js.stem else "extract_meta"
+    put(target, js.stem, js.read_bytes())
+for h in sorted(wire.glob("*.http")):
+    b = body(h).strip()
+    if not b:
+        continue
+    if h.stem.startswith("watch"):
+        for i, l in enumerate(b.splitlines()[:3]):
+            put("watch_line", f"{h.stem}-{i}", l)
+        put("recording", h.stem, b + b"\n")
+    else:
+        put("list", h.stem, b)
+for i, s in enumerate(["app=web", "tier in (web,cache)", "!app", "app!=web,env",
+                       "env notin (prod),app", "metadata.name=x,metadata.namespace!=y",
+                       "status.phase==Running", "a.b/c-d_e=f.g"]):
+    put("selectors", f"sel-{i}", s)
+PY
+fi
+
+for t in $targets; do
+    mkdir -p "$here/corpus/$t"
+    cp "$here/seeds/$t/"* "$here/corpus/$t/"
+done
+du -sh "$here/seeds" "$here/corpus"
