@@ -7,7 +7,7 @@ set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 secs=${1:-60}
 shift || true
-targets=${*:-watch_line extract_meta list recording selectors}
+targets=${*:-watch_line extract_meta list recording selectors continue_token}
 triple=$(rustc -vV | sed -n 's/^host: //p')
 cd "$here"
 RUSTFLAGS="-Cpasses=sancov-module -Cllvm-args=-sanitizer-coverage-level=4 \

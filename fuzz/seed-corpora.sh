@@ -9,13 +9,13 @@
 # tests/golden holds redb files only; no target opens a database, so nothing is taken from it.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
-targets="watch_line extract_meta list recording selectors"
+targets="watch_line extract_meta list recording selectors continue_token"
 
 if [[ "${1:-}" == "--regen" ]]; then
     wire=${2:?usage: seed-corpora.sh --regen DIR}
     rm -rf "$here/seeds"
     python3 - "$wire" "$here/seeds" <<'PY'
-import json, os, pathlib, sys
+import json, os, pathlib, re, sys
 wire, out = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2])
 def put(target, name, data):
     d = out / target
@@ -51,6 +51,10 @@ for h in sorted(wire.glob("*.http")):
         put("recording", h.stem, b + b"\n")
     else:
         put("list", h.stem, b)
+# Real continue tokens (pages and the 410 body's fresh token).
+for f in sorted(list(wire.glob("*.json")) + list(wire.glob("*.http"))):
+    for i, tok in enumerate(re.findall(rb'"continue":\s*"([^"]+)"', f.read_bytes())):
+        put("continue_token", f"{f.stem}-{i}", tok)
 for i, s in enumerate(["app=web", "tier in (web,cache)", "!app", "app!=web,env",
                        "env notin (prod),app", "metadata.name=x,metadata.namespace!=y",
                        "status.phase==Running", "a.b/c-d_e=f.g"]):

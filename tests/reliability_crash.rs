@@ -832,7 +832,7 @@ fn killed_informers_lose_nothing_and_never_go_backwards() {
 }
 
 #[test]
-#[ignore = "long run: 2,000 kill rounds (about 15 minutes); see RELIABILITY.md"]
+#[ignore = "long run: 2,000 kill rounds (about 21 minutes on 2 cores); see RELIABILITY.md"]
 fn killed_informers_lose_nothing_and_never_go_backwards_long() {
     maybe_child();
     run(LONG_TEST, 2000);
