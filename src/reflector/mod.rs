@@ -780,8 +780,6 @@ impl<S: Source> Reflector<S> {
         u32::try_from(secs).unwrap_or(u32::MAX)
     }
 
-    /// One watch from `rv` until it ends. Batches events, pipelines commits (at most two in
-    /// flight) and updates the committed RV on each durable acknowledgement.
     /// The persisted RV (`fallback` when none is). While the store cannot be read (the writer
     /// reopens it after an I/O error) this waits: `fallback` may be older than what is persisted,
     /// and a watch from there would replay events over newer stored versions. `None` when stopped.
@@ -804,6 +802,8 @@ impl<S: Source> Reflector<S> {
         }
     }
 
+    /// One watch from `rv` until it ends. Batches events, pipelines commits (at most two in
+    /// flight) and updates the committed RV on each durable acknowledgement.
     async fn watch_once(
         &mut self,
         rv: ResourceVersion,

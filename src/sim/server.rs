@@ -962,8 +962,7 @@ async fn run_watch(
     // A cacher schedules no bookmark after deadline - bookmark_before_timeout, and none at all
     // when that moment has already passed (timeoutSeconds shorter than the pre-timeout).
     let last_bookmark = deadline.checked_sub(shared.config.bookmark_before_timeout);
-    let bookmarks = plan.bookmarks && last_bookmark.is_some_and(|t| t > Instant::now());
-    let mut final_bookmark = last_bookmark.filter(|_| bookmarks);
+    let mut final_bookmark = last_bookmark.filter(|t| plan.bookmarks && *t > Instant::now());
     let mut caught_up = false;
     loop {
         // Drain the history after `pos`.
@@ -1016,10 +1015,7 @@ async fn run_watch(
         if more {
             continue;
         }
-        let bookmark_due = match final_bookmark {
-            Some(f) if bookmarks => Some(f.min(next_bookmark)),
-            _ => None,
-        };
+        let bookmark_due = final_bookmark.map(|f| f.min(next_bookmark));
         tokio::select! {
             biased;
             () = tx.closed() => return,
