@@ -127,6 +127,15 @@ fn main() -> Result<(), BoxError> {
         Ok(took)
     })?;
     report("watch replaying history, Pods (~4 KB)", n as u64, took);
+    if std::env::var_os("BENCH_METRICS").is_some() {
+        for l in durable_informer::metrics::encode().lines().filter(|l| {
+            l.contains("batch_size")
+                || l.contains("commit_latency_seconds_sum")
+                || l.contains("commit_latency_seconds_count")
+        }) {
+            println!("{l}");
+        }
+    }
     drop(db);
 
     // 2. and 3. cold initial syncs of the same Pods

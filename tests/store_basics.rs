@@ -5,6 +5,8 @@ use std::os::unix::fs::PermissionsExt;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
+use redb::{ReadableDatabase, ReadableTable};
+
 use durable_informer::store::{
     Batch, Compression, DeltaKind, DurableStore, Indexer, ObjectKey, RawObject, ScopeSpec, Seq, StoreConfig,
     StoreError, LABELS, SCHEMA_VERSION,
@@ -638,4 +640,66 @@ fn a_batch_whose_predecessor_did_not_commit_is_refused() {
     }
     assert_eq!(db.store(scope).list().unwrap().len(), 3);
     assert!(db.check().unwrap().is_ok());
+}
+
+/// The same objects applied in batches of any size give byte-identical tables: the dictionary
+/// starts at the object that completes its samples, wherever the batch boundaries fall.
+#[test]
+fn batch_boundaries_do_not_change_the_stored_bytes() {
+    const OBJECTS: redb::TableDefinition<&[u8], &[u8]> = redb::TableDefinition::new("objects");
+    const LOG: redb::TableDefinition<u64, &[u8]> = redb::TableDefinition::new("log");
+    type Rows = Vec<(Vec<u8>, Vec<u8>)>;
+    let dir = tempfile::tempdir().unwrap();
+    let run = |sizes: &[usize]| -> (Rows, Rows) {
+        let path = dir.path().join(format!("db-{sizes:?}.redb"));
+        {
+            let db = DurableStore::open(StoreConfig::new(&path).durable(false)).unwrap();
+            let scope = db.writer().register_scope_blocking(&spec()).unwrap();
+            let objects: Vec<RawObject> = (0..600u64).map(|i| pod_like(i % 400, i + 1)).collect();
+            let mut rest = objects.as_slice();
+            for &n in sizes.iter().cycle() {
+                if rest.is_empty() {
+                    break;
+                }
+                let (now, later) = rest.split_at(n.min(rest.len()));
+                let mut b =
+                    Batch::new(scope).rv((now[now.len() - 1].meta.resource_version.as_u64().unwrap()).to_string());
+                for o in now {
+                    b = b.delta(DeltaKind::Updated, o.clone());
+                }
+                db.writer().apply_blocking(b).unwrap();
+                rest = later;
+            }
+            db.close().unwrap();
+        }
+        let db = redb::Database::open(&path).unwrap();
+        let txn = db.begin_read().unwrap();
+        let rows = |t: redb::ReadOnlyTable<&[u8], &[u8]>| -> Rows {
+            t.iter()
+                .unwrap()
+                .map(|r| {
+                    let (k, v) = r.unwrap();
+                    (k.value().to_vec(), v.value().to_vec())
+                })
+                .collect()
+        };
+        let log: Rows = txn
+            .open_table(LOG)
+            .unwrap()
+            .iter()
+            .unwrap()
+            .map(|r| {
+                let (k, v) = r.unwrap();
+                (k.value().to_be_bytes().to_vec(), v.value().to_vec())
+            })
+            .collect();
+        (rows(txn.open_table(OBJECTS).unwrap()), log)
+    };
+    let whole = run(&[600]);
+    assert_eq!(whole.1.len(), 600);
+    for sizes in [&[1][..], &[7], &[255, 2], &[256], &[100, 300]] {
+        let other = run(sizes);
+        assert!(other.0 == whole.0, "object rows differ with batches of {sizes:?}");
+        assert!(other.1 == whole.1, "log rows differ with batches of {sizes:?}");
+    }
 }

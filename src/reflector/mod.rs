@@ -36,6 +36,7 @@ use crate::metrics;
 use crate::source::{ListRequest, Source, SourceError, WatchEvent, WatchRequest};
 use crate::store::{Batch, Committed, DeltaKind, RawObject, ResourceVersion, ScopeId, Store, StoreError, Writer};
 use backoff::Backoff;
+use prometheus_client::metrics::histogram::Histogram;
 
 /// Reflector settings. `Default` gives client-go's behaviour.
 #[derive(Debug, Clone)]
@@ -669,14 +670,9 @@ impl<S: Source> Reflector<S> {
         let mut token = None;
         // The list's RV, from its first page; later pages are served at it.
         let mut list_rv = String::new();
+        let mut fetched = self.list_page(None).await;
         loop {
-            let req = ListRequest {
-                limit: Some(self.config.page_size),
-                continue_token: token.clone(),
-                ..ListRequest::default()
-            };
-            metrics::global().list_requests.get_or_create(&self.labels()).inc();
-            let page = match self.source.list(req).instrument(tracing::debug_span!("list")).await {
+            let page = match fetched {
                 Ok(p) => p,
                 Err(e) if token.is_some() && e.status().is_some_and(|s| s.is_gone()) => {
                     return Err(ListFailure::Restart(e.to_string()))
@@ -695,14 +691,29 @@ impl<S: Source> Reflector<S> {
             };
             let rv = page.resource_version.clone();
             list_rv.clone_from(&rv.0);
-            self.put_page(direct, page.items)
-                .await
-                .map_err(|e| ListFailure::Failed(self.store_err(&e), None))?;
             token = page.continue_token;
-            if token.is_none() {
+            let Some(next) = token.clone() else {
+                self.put_page(direct, page.items)
+                    .await
+                    .map_err(|e| ListFailure::Failed(self.store_err(&e), None))?;
                 return Ok(Some(rv));
-            }
+            };
+            // The next page is fetched while this one is written: the server's time and the
+            // commit's overlap instead of adding up.
+            let (put, next) = tokio::join!(self.put_page(direct, page.items), self.list_page(Some(next)));
+            put.map_err(|e| ListFailure::Failed(self.store_err(&e), None))?;
+            fetched = next;
         }
+    }
+
+    async fn list_page(&self, continue_token: Option<String>) -> Result<crate::source::ListPage, SourceError> {
+        let req = ListRequest {
+            limit: Some(self.config.page_size),
+            continue_token,
+            ..ListRequest::default()
+        };
+        metrics::global().list_requests.get_or_create(&self.labels()).inc();
+        self.source.list(req).instrument(tracing::debug_span!("list")).await
     }
 
     async fn streaming_list(
@@ -853,144 +864,190 @@ impl<S: Source> Reflector<S> {
         let mut end = None;
         // The highest RV this watch has reached; batches never offer less.
         let mut high = rv.clone();
+        let mut batch = Batch::new(self.scope()).requires(reached.clone());
+        let mut events = 0u64;
+        // Group commit from this side: a batch is sent when the writer has nothing of ours in
+        // flight (or it is full); events received meanwhile join the next one. Batches thus
+        // grow with the commit latency instead of being capped by what the HTTP body happened
+        // to have buffered (otherwise one fsync per few dozen events).
         while end.is_none() {
-            let first = match stream.next().now_or_never() {
-                Some(item) => Ok(item),
-                None => {
-                    // Nothing ready: settle what is in flight first, so the committed RV (and
-                    // the synced flag) never wait for the next event.
-                    if let Err(e) = self.settle(&mut inflight, sync_target, 0).await {
-                        end = Some(e);
-                        break;
-                    }
-                    // After a resume, a watch that stays quiet this long has nothing to catch up
-                    // on: the server sends everything after our RV as soon as the watch opens.
-                    let waiting = sync_target.is_some() && !self.status.borrow().synced;
-                    let quiet = async {
-                        match self.config.resume_quiet_period {
-                            Some(d) if waiting => tokio::time::sleep(d).await,
-                            _ => futures::future::pending().await,
-                        }
-                    };
-                    tokio::select! {
-                        ev = tokio::time::timeout(idle, stream.next()) => ev,
-                        () = quiet => {
-                            self.status.send_modify(|s| s.synced = true);
-                            continue;
-                        }
-                        _ = stop.wait_for(|s| *s) => { end = Some(WatchEnd::Stop); break; }
-                    }
+            let pending = batch.rv.is_some() || !batch.deltas.is_empty();
+            let full = batch.deltas.len() >= self.config.max_batch;
+            if pending && (inflight.is_empty() || full) && inflight.len() < MAX_INFLIGHT {
+                let sent = std::mem::replace(&mut batch, Batch::new(self.scope()));
+                if let Err(e) = self.send_batch(
+                    sent,
+                    &rv,
+                    std::mem::take(&mut events),
+                    (&mut reached, &mut inflight),
+                    &batch_sizes,
+                ) {
+                    end = Some(e);
+                    break;
                 }
-            };
-            let mut batch = Batch::new(self.scope()).requires(reached.clone());
-            let mut events = 0u64;
-            let mut item = match first {
-                Err(_) => {
-                    self.report(&ReflectorError::Source {
-                        source: SourceError::Transport {
-                            resource: self.source.resource(),
-                            detail: format!("watch stalled: nothing received for {idle:?}"),
-                        },
-                        rv: rv.0.clone(),
-                        continue_token: None,
-                    });
-                    end = Some(WatchEnd::Retry(None));
-                    None
+                batch = batch.requires(reached.clone());
+                continue;
+            }
+            if full {
+                // The writer holds two of our batches: wait for the older one.
+                if let Err(e) = self.settle(&mut inflight, sync_target, MAX_INFLIGHT - 1).await {
+                    end = Some(e);
                 }
-                Ok(item) => Some(item),
-            };
-            // Take everything already received, up to a batch.
-            while let Some(next) = item.take() {
-                match next {
-                    None => {
-                        end = Some(WatchEnd::Ended);
-                        break;
-                    }
-                    Some(Err(e)) => {
-                        end = Some(self.classify(e, &rv));
-                        break;
-                    }
-                    Some(Ok(ev)) => {
-                        events += 1;
-                        let kind = match &ev {
-                            WatchEvent::Added(_) => 0,
-                            WatchEvent::Modified(_) => 1,
-                            WatchEvent::Deleted(_) => 2,
-                            WatchEvent::Bookmark { .. } => 3,
-                            WatchEvent::Error(_) => 4,
+                continue;
+            }
+            let next = match stream.next().now_or_never() {
+                Some(item) => item,
+                None => match inflight.front_mut() {
+                    Some(front) => {
+                        // Nothing received yet: take whichever comes first, a commit or an event.
+                        let woke = tokio::select! {
+                            biased;
+                            r = &mut front.0 => Woke::Committed(r),
+                            item = stream.next() => Woke::Item(item),
+                            _ = stop.wait_for(|s| *s) => Woke::Stop,
                         };
-                        counters[kind].inc();
-                        match ev {
-                            WatchEvent::Added(o) | WatchEvent::Modified(o) => {
-                                let rv = o.meta.resource_version.clone();
-                                let delta = match self.transform_watched(o) {
-                                    Watched::Keep(object) => Some((DeltaKind::Updated, object)),
-                                    // Not stored: a stored older version must go too, as a
-                                    // relist would drop it (the writer ignores unknown keys).
-                                    Watched::Refused(tombstone) => tombstone.map(|t| (DeltaKind::Deleted, t)),
-                                };
-                                if let Some((kind, object)) = delta {
-                                    batch.deltas.push(crate::store::Delta { kind, object });
+                        match woke {
+                            Woke::Committed(r) => {
+                                if let Err(e) = self.settle_front(&mut inflight, r, sync_target) {
+                                    end = Some(e);
                                 }
-                                batch.rv = Some(forward(&mut high, rv));
+                                continue;
                             }
-                            WatchEvent::Deleted(o) => {
-                                batch.rv = Some(forward(&mut high, o.meta.resource_version.clone()));
-                                // The final state goes into the log: transformed like any
-                                // stored version, or only its identity when refused.
-                                if let Watched::Keep(object) | Watched::Refused(Some(object)) =
-                                    self.transform_watched(o)
-                                {
-                                    batch.deltas.push(crate::store::Delta {
-                                        kind: DeltaKind::Deleted,
-                                        object,
-                                    });
-                                }
-                            }
-                            WatchEvent::Bookmark { resource_version, .. } => {
-                                if !resource_version.is_empty() {
-                                    batch.rv = Some(forward(&mut high, resource_version));
-                                }
-                            }
-                            WatchEvent::Error(status) => {
-                                let e = SourceError::Api {
-                                    resource: self.source.resource(),
-                                    status,
-                                };
-                                end = Some(self.classify(e, &rv));
+                            Woke::Item(item) => item,
+                            Woke::Stop => {
+                                end = Some(WatchEnd::Stop);
                                 break;
                             }
                         }
                     }
-                }
-                if batch.deltas.len() >= self.config.max_batch {
-                    break;
-                }
-                item = stream.next().now_or_never();
-            }
-            if batch.rv.is_some() || !batch.deltas.is_empty() {
-                let brv = batch.rv.clone().unwrap_or_else(|| rv.clone());
-                batch_sizes.observe(batch.deltas.len() as f64);
-                reached = brv.clone();
-                match self.writer.submit(batch) {
-                    Ok(rx) => inflight.push_back((rx, brv, events, std::time::Instant::now())),
-                    Err(e) => {
-                        self.report(&self.store_err(&e));
-                        end = Some(WatchEnd::Retry(None));
+                    None => {
+                        // Idle (nothing pending, nothing in flight). After a resume, a watch
+                        // that stays quiet this long has nothing to catch up on: the server
+                        // sends everything after our RV as soon as the watch opens.
+                        let waiting = sync_target.is_some() && !self.status.borrow().synced;
+                        let quiet = async {
+                            match self.config.resume_quiet_period {
+                                Some(d) if waiting => tokio::time::sleep(d).await,
+                                _ => futures::future::pending().await,
+                            }
+                        };
+                        tokio::select! {
+                            ev = tokio::time::timeout(idle, stream.next()) => match ev {
+                                Ok(item) => item,
+                                Err(_) => {
+                                    self.report(&ReflectorError::Source {
+                                        source: SourceError::Transport {
+                                            resource: self.source.resource(),
+                                            detail: format!("watch stalled: nothing received for {idle:?}"),
+                                        },
+                                        rv: rv.0.clone(),
+                                        continue_token: None,
+                                    });
+                                    end = Some(WatchEnd::Retry(None));
+                                    break;
+                                }
+                            },
+                            () = quiet => {
+                                self.status.send_modify(|s| s.synced = true);
+                                continue;
+                            }
+                            _ = stop.wait_for(|s| *s) => { end = Some(WatchEnd::Stop); break; }
+                        }
+                    }
+                },
+            };
+            match next {
+                None => end = Some(WatchEnd::Ended),
+                Some(Err(e)) => end = Some(self.classify(e, &rv)),
+                Some(Ok(ev)) => {
+                    events += 1;
+                    let kind = match &ev {
+                        WatchEvent::Added(_) => 0,
+                        WatchEvent::Modified(_) => 1,
+                        WatchEvent::Deleted(_) => 2,
+                        WatchEvent::Bookmark { .. } => 3,
+                        WatchEvent::Error(_) => 4,
+                    };
+                    counters[kind].inc();
+                    match ev {
+                        WatchEvent::Added(o) | WatchEvent::Modified(o) => {
+                            let rv = o.meta.resource_version.clone();
+                            let delta = match self.transform_watched(o) {
+                                Watched::Keep(object) => Some((DeltaKind::Updated, object)),
+                                // Not stored: a stored older version must go too, as a
+                                // relist would drop it (the writer ignores unknown keys).
+                                Watched::Refused(tombstone) => tombstone.map(|t| (DeltaKind::Deleted, t)),
+                            };
+                            if let Some((kind, object)) = delta {
+                                batch.deltas.push(crate::store::Delta { kind, object });
+                            }
+                            batch.rv = Some(forward(&mut high, rv));
+                        }
+                        WatchEvent::Deleted(o) => {
+                            batch.rv = Some(forward(&mut high, o.meta.resource_version.clone()));
+                            // The final state goes into the log: transformed like any
+                            // stored version, or only its identity when refused.
+                            if let Watched::Keep(object) | Watched::Refused(Some(object)) = self.transform_watched(o) {
+                                batch.deltas.push(crate::store::Delta {
+                                    kind: DeltaKind::Deleted,
+                                    object,
+                                });
+                            }
+                        }
+                        WatchEvent::Bookmark { resource_version, .. } => {
+                            if !resource_version.is_empty() {
+                                batch.rv = Some(forward(&mut high, resource_version));
+                            }
+                        }
+                        WatchEvent::Error(status) => {
+                            let e = SourceError::Api {
+                                resource: self.source.resource(),
+                                status,
+                            };
+                            end = Some(self.classify(e, &rv));
+                        }
                     }
                 }
             }
-            // Keep at most two batches in flight.
-            if let Err(e) = self.settle(&mut inflight, sync_target, 1).await {
-                end = Some(e);
+        }
+        // Whatever ended the watch, what was received is sent, and everything sent is settled
+        // before the caller re-watches.
+        if batch.rv.is_some() || !batch.deltas.is_empty() {
+            if let Err(e) = self.send_batch(batch, &rv, events, (&mut reached, &mut inflight), &batch_sizes) {
+                if matches!(end, None | Some(WatchEnd::Ended)) {
+                    end = Some(e);
+                }
             }
         }
-        // Whatever ended the watch, what was sent is settled before the caller re-watches.
         let settled = self.settle(&mut inflight, sync_target, 0).await;
         if let (None | Some(WatchEnd::Ended), Err(e)) = (&end, settled) {
             end = Some(e);
         }
         end.unwrap_or(WatchEnd::Ended)
+    }
+
+    /// Sends a watch batch to the writer; it joins `inflight`.
+    fn send_batch(
+        &self,
+        batch: Batch,
+        rv: &ResourceVersion,
+        events: u64,
+        (reached, inflight): (&mut ResourceVersion, &mut Inflight),
+        batch_sizes: &Histogram,
+    ) -> Result<(), WatchEnd> {
+        let brv = batch.rv.clone().unwrap_or_else(|| rv.clone());
+        batch_sizes.observe(batch.deltas.len() as f64);
+        *reached = brv.clone();
+        match self.writer.submit(batch) {
+            Ok(rx) => {
+                inflight.push_back((rx, brv, events, std::time::Instant::now()));
+                Ok(())
+            }
+            Err(e) => {
+                self.report(&self.store_err(&e));
+                Err(WatchEnd::Retry(None))
+            }
+        }
     }
 
     /// Awaits in-flight commits until at most `keep` remain, updating the committed RV.
@@ -1001,31 +1058,44 @@ impl<S: Source> Reflector<S> {
         keep: usize,
     ) -> Result<(), WatchEnd> {
         while inflight.len() > keep {
-            let Some((rx, brv, n, sent)) = inflight.pop_front() else {
-                break;
-            };
-            let err = match rx.await {
-                Ok(Ok(_)) => {
-                    metrics::global()
-                        .commit_latency
-                        .get_or_create(&self.labels())
-                        .observe(sent.elapsed().as_secs_f64());
-                    self.status.send_modify(|s| {
-                        s.committed_rv = Some(brv.clone());
-                        s.events += n;
-                    });
-                    self.mark_synced_if_caught_up(&brv, sync_target, true);
-                    continue;
-                }
-                Ok(Err(e)) => e,
-                Err(_) => StoreError::WriterGone,
-            };
-            self.report(&self.store_err(&err));
-            // Later batches may or may not commit; the caller re-watches from what is persisted.
-            inflight.clear();
-            return Err(WatchEnd::Retry(None));
+            let Some(front) = inflight.front_mut() else { break };
+            let result = (&mut front.0).await;
+            self.settle_front(inflight, result, sync_target)?;
         }
         Ok(())
+    }
+
+    /// Takes the oldest in-flight batch off `inflight` given its commit's `result`: on success
+    /// the committed RV moves to it; on failure the error is reported and the watch ends.
+    fn settle_front(
+        &self,
+        inflight: &mut Inflight,
+        result: Result<Result<Committed, StoreError>, oneshot::error::RecvError>,
+        sync_target: &Option<ResourceVersion>,
+    ) -> Result<(), WatchEnd> {
+        let Some((_, brv, n, sent)) = inflight.pop_front() else {
+            return Ok(());
+        };
+        let err = match result {
+            Ok(Ok(_)) => {
+                metrics::global()
+                    .commit_latency
+                    .get_or_create(&self.labels())
+                    .observe(sent.elapsed().as_secs_f64());
+                self.status.send_modify(|s| {
+                    s.committed_rv = Some(brv.clone());
+                    s.events += n;
+                });
+                self.mark_synced_if_caught_up(&brv, sync_target, true);
+                return Ok(());
+            }
+            Ok(Err(e)) => e,
+            Err(_) => StoreError::WriterGone,
+        };
+        self.report(&self.store_err(&err));
+        // Later batches may or may not commit; the caller re-watches from what is persisted.
+        inflight.clear();
+        Err(WatchEnd::Retry(None))
     }
 
     fn classify(&self, e: SourceError, rv: &ResourceVersion) -> WatchEnd {
@@ -1064,6 +1134,16 @@ enum Watched {
     Keep(RawObject),
     /// Refused (user function, size limit or failure); its identity-only tombstone, if any.
     Refused(Option<RawObject>),
+}
+
+/// Batches of one watch the writer may hold at once: one committing, one queued.
+const MAX_INFLIGHT: usize = 2;
+
+/// What woke a watch waiting for both its stream and a commit.
+enum Woke<T> {
+    Committed(Result<Result<Committed, StoreError>, oneshot::error::RecvError>),
+    Item(Option<T>),
+    Stop,
 }
 
 type Inflight = VecDeque<(

@@ -12,7 +12,7 @@ use bytes::Bytes;
 use serde::de::{Deserializer, MapAccess, Visitor};
 use serde_json::value::RawValue;
 
-use crate::store::RawObject;
+use crate::store::{ManagedFields, RawObject};
 
 /// A user transform over an object's JSON. Return `Ok(None)` to drop the object.
 pub type TransformFn = Arc<dyn Fn(&[u8]) -> Result<Option<Vec<u8>>, String> + Send + Sync>;
@@ -97,8 +97,25 @@ impl Transform {
         let key = obj.key().to_string();
         let mut obj = obj;
         if self.drop_managed_fields {
-            if let Some(stripped) = strip_managed_fields(&obj.bytes) {
-                obj.bytes = Bytes::from(stripped);
+            match obj.managed_fields() {
+                ManagedFields::Absent => {}
+                // Found by the scan that extracted the metadata: a copy around it, no parse.
+                ManagedFields::At { cut, .. } => {
+                    let mut out = Vec::with_capacity(obj.bytes.len() - cut.len());
+                    out.extend_from_slice(&obj.bytes[..cut.start]);
+                    out.extend_from_slice(&obj.bytes[cut.end..]);
+                    obj.bytes = Bytes::from(out);
+                }
+                ManagedFields::Present => {
+                    if let Some(stripped) = strip_parsed(&obj.bytes) {
+                        obj.bytes = Bytes::from(stripped);
+                    }
+                }
+                ManagedFields::Unknown => {
+                    if let Some(stripped) = strip_managed_fields(&obj.bytes) {
+                        obj.bytes = Bytes::from(stripped);
+                    }
+                }
             }
         }
         if let Some(f) = &self.func {
@@ -194,13 +211,18 @@ fn join(members: &[(Cow<'_, str>, &RawValue)], replace: Option<(&str, &[u8])>) -
 }
 
 /// Removes `metadata.managedFields`; `None` when there is none (or the JSON is not an object,
-/// which the caller's metadata extraction already rejected).
+/// which the caller's metadata extraction already rejected). A key spelled with escapes
+/// (`"managed\u0046ields"`) is missed by the quick pre-check here; [`Transform::apply`] strips it
+/// too, because the metadata scan saw it.
 #[must_use]
 pub fn strip_managed_fields(json: &[u8]) -> Option<Vec<u8>> {
     // Cheap pre-check: most objects from a transform-enabled server have no managedFields.
-    if !json.windows(15).any(|w| w == b"\"managedFields\"") {
-        return None;
-    }
+    memchr::memmem::find(json, b"managedFields")?;
+    strip_parsed(json)
+}
+
+/// [`strip_managed_fields`] without the pre-check (for a key written with escapes).
+fn strip_parsed(json: &[u8]) -> Option<Vec<u8>> {
     let top: Members<'_> = serde_json::from_slice(json).ok()?;
     let meta = top.0.iter().find(|(k, _)| k == "metadata")?.1;
     let meta_members: Members<'_> = serde_json::from_str(meta.get()).ok()?;
@@ -229,6 +251,90 @@ mod tests {
         assert_eq!(v["metadata"]["labels"]["x"], "y");
         assert_eq!(v["spec"]["k"], "v\"q");
         assert_eq!(v["kind"], "Pod");
+    }
+
+    /// The strip the transform runs on a scanned object (a cut at the position the metadata
+    /// scan found) must equal the strip by parsing, for any layout a server or a person writes.
+    fn strip_both_ways(json: &[u8]) -> (serde_json::Value, serde_json::Value) {
+        let scanned = RawObject::from_json(json.to_vec()).unwrap();
+        assert!(
+            matches!(scanned.managed_fields(), ManagedFields::At { .. }),
+            "the scan did not place managedFields in {}",
+            String::from_utf8_lossy(json)
+        );
+        let cut = Transform::default().apply(scanned).unwrap().unwrap();
+        let parsed = strip_managed_fields(json).unwrap();
+        let cut: serde_json::Value = serde_json::from_slice(&cut.bytes).expect("the cut left valid JSON");
+        (cut, serde_json::from_slice(&parsed).unwrap())
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn the_cut_equals_the_parsed_strip(
+            before in proptest::collection::vec(("[a-z]{1,8}", "[a-z\\\\\"]{0,6}"), 0..4),
+            after in proptest::collection::vec(("[a-z]{1,8}", "[a-z\\\\\"]{0,6}"), 0..4),
+            pretty in proptest::bool::ANY,
+            managed in proptest::sample::select(vec![
+                serde_json::json!([{"manager": "kubectl", "fieldsV1": {"f:a": {}}}]),
+                serde_json::json!([]),
+                serde_json::Value::Null,
+            ]),
+        ) {
+            let mut meta = serde_json::Map::new();
+            for (k, v) in &before {
+                meta.insert(format!("b{k}"), v.clone().into());
+            }
+            meta.insert("managedFields".into(), managed);
+            for (k, v) in &after {
+                meta.insert(format!("z{k}"), v.clone().into());
+            }
+            meta.insert("name".into(), "a".into());
+            let obj = serde_json::json!({"kind": "ConfigMap", "metadata": meta, "data": {"managedFields": "x"}});
+            let json = if pretty { serde_json::to_vec_pretty(&obj) } else { serde_json::to_vec(&obj) }.unwrap();
+            let (cut, parsed) = strip_both_ways(&json);
+            proptest::prop_assert_eq!(&cut, &parsed);
+            proptest::prop_assert!(cut["metadata"].get("managedFields").is_none());
+            proptest::prop_assert_eq!(&cut["data"]["managedFields"], "x");
+        }
+    }
+
+    #[test]
+    fn the_cut_handles_first_last_and_only_members() {
+        for json in [
+            &br#"{"metadata":{"managedFields":[],"name":"a"}}"#[..],
+            br#"{"metadata":{"name":"a","managedFields":[{"x":1}]}}"#,
+            br#"{"metadata" : { "managedFields" : null , "name" : "a" } }"#,
+            br#"{"metadata":{"name":"a",
+                "managedFields":  [ ]
+            }, "spec":{}}"#,
+        ] {
+            let (cut, parsed) = strip_both_ways(json);
+            assert_eq!(cut, parsed, "{}", String::from_utf8_lossy(json));
+        }
+    }
+
+    #[test]
+    fn replaced_bytes_are_stripped_by_parsing_not_by_a_stale_cut() {
+        let mut obj = RawObject::from_json(
+            br#"{"metadata":{"name":"a","labels":{"long":"xxxxxxxxxxxxxxxxxxxxxxxx"},"managedFields":[]}}"#.to_vec(),
+        )
+        .unwrap();
+        // Other bytes, where the old cut would fall elsewhere.
+        obj.bytes = Bytes::from_static(br#"{"metadata":{"name":"a","managedFields":[],"labels":{"x":"y"}}}"#);
+        assert_eq!(obj.managed_fields(), ManagedFields::Unknown);
+        let out = Transform::default().apply(obj).unwrap().unwrap();
+        let v: serde_json::Value = serde_json::from_slice(&out.bytes).unwrap();
+        assert_eq!(v, serde_json::json!({"metadata":{"name":"a","labels":{"x":"y"}}}));
+    }
+
+    #[test]
+    fn an_escaped_key_falls_back_to_parsing() {
+        let json = br#"{"metadata":{"name":"a","managed\u0046ields":[1]}}"#;
+        let obj = RawObject::from_json(json.to_vec()).unwrap();
+        assert_eq!(obj.managed_fields(), ManagedFields::Present);
+        let out = Transform::default().apply(obj).unwrap().unwrap();
+        let v: serde_json::Value = serde_json::from_slice(&out.bytes).unwrap();
+        assert_eq!(v, serde_json::json!({"metadata":{"name":"a"}}));
     }
 
     #[test]

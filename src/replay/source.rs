@@ -205,52 +205,10 @@ struct Consumer {
     last_rv: ResourceVersion,
     initial: u64,
     events: u64,
-    /// Objects served so far (initial and watch), counted as the store counts dictionary
-    /// samples.
-    samples: u64,
     progress: Arc<Progress>,
 }
 
-/// The number of objects a scope's zstd dictionary is trained on (the store's
-/// `dict::TRAIN_SAMPLES`). The store compresses the whole batch that brings the last sample
-/// with the new dictionary, so the watch breaks a batch right before that object: the stored
-/// bytes then do not depend on where pace or batch size put the other boundaries.
-const DICT_TRAIN_SAMPLES: u64 = 256;
-
-/// Pending once (waking itself at once), then ready: ends the reflector's current batch,
-/// which takes only events that are ready now.
-struct YieldOnce(bool);
-
-impl std::future::Future for YieldOnce {
-    type Output = ();
-
-    fn poll(mut self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<()> {
-        if self.0 {
-            std::task::Poll::Ready(())
-        } else {
-            self.0 = true;
-            cx.waker().wake_by_ref();
-            std::task::Poll::Pending
-        }
-    }
-}
-
-/// Whether the store takes `o` as a dictionary sample (it skips empty objects).
-fn is_sample(o: &RawObject) -> bool {
-    !o.bytes.is_empty()
-}
-
 impl Consumer {
-    /// Counts a served object; true when it is the one that completes the dictionary's
-    /// samples, so it must start a batch.
-    fn count_sample(&mut self, o: &RawObject) -> bool {
-        if !is_sample(o) {
-            return false;
-        }
-        self.samples += 1;
-        self.samples == DICT_TRAIN_SAMPLES
-    }
-
     async fn next(&mut self) -> Feed {
         loop {
             if let Some(f) = self.buf.pop_front() {
@@ -449,7 +407,6 @@ impl ReplaySource {
             last_rv: ResourceVersion::default(),
             initial: 0,
             events: 0,
-            samples: 0,
             progress: progress.clone(),
         };
         Ok(Self {
@@ -499,8 +456,6 @@ impl Source for ReplaySource {
         loop {
             match c.next().await {
                 Feed::Initial(o) => {
-                    // Pages have fixed sizes: where the dictionary sample falls is deterministic.
-                    c.count_sample(&o);
                     c.initial += 1;
                     items.push(o);
                 }
@@ -559,8 +514,6 @@ impl Source for ReplaySource {
                 }
                 let item = match c.next().await {
                     Feed::Initial(o) => {
-                        // The reflector pages a streaming list by count: deterministic.
-                        c.count_sample(&o);
                         c.initial += 1;
                         Ok(WatchEvent::Added(o))
                     }
@@ -594,9 +547,6 @@ impl Source for ReplaySource {
                 }
                 let item = match c.next().await {
                     Feed::Initial(o) => {
-                        if c.count_sample(&o) {
-                            YieldOnce(false).await;
-                        }
                         c.initial += 1;
                         Ok(WatchEvent::Added(o))
                     }
@@ -606,11 +556,6 @@ impl Source for ReplaySource {
                         continue;
                     }
                     Feed::Event(ev) => {
-                        if let WatchEvent::Added(o) | WatchEvent::Modified(o) | WatchEvent::Deleted(o) = &ev {
-                            if c.count_sample(o) {
-                                YieldOnce(false).await;
-                            }
-                        }
                         if let WatchEvent::Error(status) = &ev {
                             // The feeder sends a 410 only when a new initial state follows: the
                             // reflector's relist is served from it.

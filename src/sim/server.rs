@@ -536,6 +536,7 @@ async fn list_inner(shared: &Arc<Shared>, t: &Target, q: &Query) -> Result<Resp,
     let mut items: Vec<Arc<Obj>> = Vec::new();
     let mut cont_out = None;
     let mut remaining = None;
+    let mut memo_next = None;
     {
         let mut it = st.snapshot_iter(t.res, list_rv, &prefix, &from);
         let max = if paginate {
@@ -553,7 +554,14 @@ async fn list_inner(shared: &Arc<Shared>, t: &Target, q: &Query) -> Result<Resp,
         }
         if paginate && items.len() >= max {
             if sel.is_empty() {
-                let n = it.count();
+                let memo = (t.res, list_rv, prefix.clone(), from.clone());
+                let n = match st.remaining_at(&memo) {
+                    Some(from_here) => from_here.saturating_sub(items.len()),
+                    None => it.count(),
+                };
+                if let Some(last) = items.last() {
+                    memo_next = Some(((t.res, list_rv, prefix.clone(), format!("{}\u{0}", last.key)), n));
+                }
                 if n > 0 {
                     remaining = Some(n);
                 }
@@ -572,6 +580,9 @@ async fn list_inner(shared: &Arc<Shared>, t: &Target, q: &Query) -> Result<Resp,
                 }
             }
         }
+    }
+    if let Some((key, n)) = memo_next {
+        st.remember_remaining(key, n);
     }
     drop(st);
     shared

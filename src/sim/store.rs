@@ -174,6 +174,29 @@ pub(crate) struct State {
     pub objects: Vec<BTreeMap<String, Arc<Obj>>>,
     pub history: VecDeque<Event>,
     pub window: Window,
+    /// Remaining-item counts of recent paginated lists, so a LIST of N objects in pages is
+    /// not O(N²): (resource, list RV, key prefix, start key) → objects from that key on.
+    /// Exact because a list at one RV reads one snapshot; cleared by [`State::restore`], after
+    /// which an RV can name another state.
+    pub remaining_memo: VecDeque<(RemainingKey, usize)>,
+}
+
+/// Key of [`State::remaining_memo`].
+pub(crate) type RemainingKey = (usize, u64, String, String);
+
+impl State {
+    /// Objects from the memo's start key on, if a previous page recorded them.
+    pub fn remaining_at(&self, key: &RemainingKey) -> Option<usize> {
+        self.remaining_memo.iter().find(|(k, _)| k == key).map(|(_, n)| *n)
+    }
+
+    /// Records a count for the next page (bounded: the oldest entries go).
+    pub fn remember_remaining(&mut self, key: RemainingKey, n: usize) {
+        if self.remaining_memo.len() >= 32 {
+            self.remaining_memo.pop_front();
+        }
+        self.remaining_memo.push_back((key, n));
+    }
 }
 
 /// The storage key of an object.
@@ -195,6 +218,7 @@ impl State {
             objects: vec![BTreeMap::new(); n],
             history: VecDeque::new(),
             window,
+            remaining_memo: VecDeque::new(),
         }
     }
 
@@ -268,6 +292,7 @@ impl State {
         }
         self.rv = b.rv;
         self.reset_history();
+        self.remaining_memo.clear();
     }
 
     fn push_event(&mut self, res: usize, kind: EventKind, obj: Arc<Obj>, prev: Option<Arc<Obj>>) {

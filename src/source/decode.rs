@@ -8,7 +8,7 @@ use serde::Deserialize;
 use serde_json::value::RawValue;
 
 use super::{ApiStatus, ListPage, WatchEvent};
-use crate::store::{RawObject, ResourceVersion};
+use crate::store::{scan_object, RawObject, ResourceVersion};
 
 #[derive(Deserialize)]
 struct Line<'a> {
@@ -105,12 +105,23 @@ const INITIAL_EVENTS_END: &str = "k8s.io/initial-events-end";
 /// assert!(matches!(ev, WatchEvent::Added(o) if o.meta.name == "a"));
 /// ```
 pub fn decode_watch_line(line: &[u8]) -> Result<WatchEvent, String> {
+    decode_watch_bytes(&Bytes::copy_from_slice(line))
+}
+
+/// [`decode_watch_line`] over received bytes: an object's bytes are a slice of `line`, not a
+/// copy, and the object is parsed once (envelope aside), by [`scan_object`].
+pub(crate) fn decode_watch_bytes(line: &Bytes) -> Result<WatchEvent, String> {
     let parsed: Line<'_> = serde_json::from_slice(line).map_err(|e| format!("not a watch event: {e}"))?;
     let object = parsed
         .object
         .ok_or_else(|| format!("{} event without an object", parsed.kind))?;
     let raw = object.get().as_bytes();
-    let obj = || RawObject::from_json(Bytes::copy_from_slice(raw)).map_err(|e| format!("{} event: {e}", parsed.kind));
+    let obj = || {
+        let bytes = line.slice_ref(raw);
+        scan_object(&bytes)
+            .map(|scanned| RawObject::scanned(bytes.clone(), scanned))
+            .map_err(|e| format!("{} event: {e}", parsed.kind))
+    };
     Ok(match parsed.kind {
         "ADDED" => WatchEvent::Added(obj()?),
         "MODIFIED" => WatchEvent::Modified(obj()?),
@@ -158,27 +169,24 @@ struct ListBody<'a> {
     items: Option<Vec<&'a RawValue>>,
 }
 
-#[derive(Deserialize)]
-#[serde(rename_all = "camelCase")]
-struct ItemHead<'a> {
-    #[serde(borrow)]
-    api_version: Option<&'a str>,
-    #[serde(borrow)]
-    kind: Option<&'a str>,
-}
-
 /// Decodes a LIST body. Items of a LIST carry no `apiVersion`/`kind` on a real server; they
 /// are added from the list's own (`PodList` → `Pod`), so stored objects always decode as typed
 /// objects and read like watch objects.
 pub fn decode_list(body: &[u8]) -> Result<ListPage, String> {
+    decode_list_bytes(&Bytes::copy_from_slice(body))
+}
+
+/// [`decode_list`] over received bytes: each item is parsed once, and its bytes are a slice of
+/// `body` unless `apiVersion`/`kind` must be added.
+pub(crate) fn decode_list_bytes(body: &Bytes) -> Result<ListPage, String> {
     let list: ListBody<'_> = serde_json::from_slice(body).map_err(|e| format!("not a list: {e}"))?;
     let item_kind = list.kind.and_then(|k| k.strip_suffix("List")).filter(|k| !k.is_empty());
     let mut items = Vec::with_capacity(list.items.as_ref().map_or(0, Vec::len));
     for (i, raw) in list.items.unwrap_or_default().into_iter().enumerate() {
         let bytes = raw.get().as_bytes();
-        let head: ItemHead<'_> = serde_json::from_slice(bytes).map_err(|e| format!("item {i}: {e}"))?;
-        let bytes = match (head.api_version, head.kind, list.api_version, item_kind) {
-            (None, None, Some(av), Some(kind)) if bytes.first() == Some(&b'{') => {
+        let scanned = scan_object(bytes).map_err(|e| format!("item {i}: {e}"))?;
+        let item = match (scanned.has_type_meta, list.api_version, item_kind) {
+            (false, Some(av), Some(kind)) if bytes.first() == Some(&b'{') => {
                 let rest = &bytes[1..];
                 let sep = if rest.iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'}') {
                     ""
@@ -187,12 +195,14 @@ pub fn decode_list(body: &[u8]) -> Result<ListPage, String> {
                 };
                 let mut out = Vec::with_capacity(bytes.len() + av.len() + kind.len() + 32);
                 out.extend_from_slice(format!(r#"{{"apiVersion":"{av}","kind":"{kind}"{sep}"#).as_bytes());
+                // Everything after the opening brace moved by the prefix, less that brace.
+                let shift = out.len() - 1;
                 out.extend_from_slice(rest);
-                Bytes::from(out)
+                RawObject::scanned(Bytes::from(out), scanned.shifted(shift))
             }
-            _ => Bytes::copy_from_slice(bytes),
+            _ => RawObject::scanned(body.slice_ref(bytes), scanned),
         };
-        items.push(RawObject::from_json(bytes).map_err(|e| format!("item {i}: {e}"))?);
+        items.push(item);
     }
     Ok(ListPage {
         items,

@@ -10,7 +10,7 @@ use kube::core::{ApiResource, DynamicObject, Request, Resource};
 use kube::Client;
 use tracing::Instrument;
 
-use super::decode::{decode_list, decode_status, decode_watch_line};
+use super::decode::{decode_list_bytes, decode_status, decode_watch_bytes};
 use super::{ListPage, ListRequest, RawWatchEvent, RawWatchStream, Source, SourceError, WatchRequest, WatchStream};
 
 /// Longest watch line accepted (one object); longer lines are reported as malformed.
@@ -240,7 +240,7 @@ impl KubeSource {
             .await
             .map_err(|e| self.transport(e))?
             .to_bytes();
-        decode_list(&body).map_err(|detail| SourceError::Decode {
+        decode_list_bytes(&body).map_err(|detail| SourceError::Decode {
             resource: self.name(),
             line: None,
             detail,
@@ -266,6 +266,7 @@ impl KubeSource {
         let state = LineReader {
             body,
             buf: BytesMut::new(),
+            scanned: 0,
             line_no: 0,
             done: false,
             resource,
@@ -312,6 +313,8 @@ impl KubeSource {
 struct LineReader {
     body: kube::client::Body,
     buf: BytesMut,
+    /// How much of `buf` is known to hold no newline.
+    scanned: usize,
     line_no: u64,
     done: bool,
     resource: String,
@@ -327,7 +330,7 @@ impl LineReader {
     }
 
     fn decode(&self, line: Bytes, truncated: bool) -> Result<RawWatchEvent, SourceError> {
-        match decode_watch_line(&line) {
+        match decode_watch_bytes(&line) {
             Ok(event) => Ok(RawWatchEvent {
                 event,
                 line: Some(line),
@@ -339,7 +342,10 @@ impl LineReader {
 
     async fn next_event(&mut self) -> Option<Result<RawWatchEvent, SourceError>> {
         loop {
-            if let Some(pos) = self.buf.iter().position(|b| *b == b'\n') {
+            // Bytes before `scanned` hold no newline: a line spanning frames is searched once.
+            let from = self.scanned.min(self.buf.len());
+            if let Some(pos) = memchr::memchr(b'\n', &self.buf[from..]).map(|p| p + from) {
+                self.scanned = 0;
                 let line: Bytes = self.buf.split_to(pos + 1).freeze();
                 self.line_no += 1;
                 let line = line.slice(..pos);
@@ -348,6 +354,7 @@ impl LineReader {
                 }
                 return Some(self.decode(line, false));
             }
+            self.scanned = self.buf.len();
             if self.done {
                 if self.buf.iter().all(u8::is_ascii_whitespace) {
                     return None;

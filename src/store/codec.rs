@@ -10,6 +10,7 @@ use std::collections::BTreeMap;
 
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
 
 use super::schema::{ObjectKey, ResourceVersion};
 
@@ -97,9 +98,14 @@ impl ObjectMeta {
 }
 
 #[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
 struct Head<'a> {
     #[serde(borrow)]
     metadata: Option<RawMeta<'a>>,
+    #[serde(borrow)]
+    api_version: Option<Cow<'a, str>>,
+    #[serde(borrow)]
+    kind: Option<Cow<'a, str>>,
 }
 
 #[derive(Deserialize)]
@@ -122,6 +128,14 @@ struct RawMeta<'a> {
     owner_references: Option<Vec<RawOwner<'a>>>,
     #[serde(borrow)]
     deletion_timestamp: Option<Cow<'a, str>>,
+    /// Kept as a borrowed slice so its position in the input is known (see [`scan_object`]).
+    #[serde(borrow, default, deserialize_with = "present")]
+    managed_fields: Option<&'a RawValue>,
+}
+
+/// `Some` whenever the member is present, even as `null` (a plain `Option` maps `null` to `None`).
+fn present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<&'de RawValue>, D::Error> {
+    <&RawValue>::deserialize(d).map(Some)
 }
 
 #[derive(Deserialize)]
@@ -155,10 +169,62 @@ fn owned_map(m: Option<BTreeMap<Cow<'_, str>, Cow<'_, str>>>) -> BTreeMap<String
 /// assert_eq!(meta.resource_version.as_str(), "7");
 /// ```
 pub fn extract_meta(json: &[u8]) -> Result<ObjectMeta, CodecError> {
+    scan_object(json).map(|s| s.meta)
+}
+
+/// What one pass over an object's JSON finds. The ingest path reads each object once: this
+/// pass yields the metadata, whether the object names its own type, and where
+/// `metadata.managedFields` sits, so dropping that field later is a copy, not another parse.
+#[derive(Debug)]
+pub(crate) struct Scanned {
+    pub(crate) meta: ObjectMeta,
+    /// Top-level `apiVersion` or `kind` present (LIST items usually have neither).
+    pub(crate) has_type_meta: bool,
+    pub(crate) managed_fields: ManagedFields,
+}
+
+impl Scanned {
+    /// The same scan after `shift` bytes were inserted right after the opening brace.
+    pub(crate) fn shifted(mut self, shift: usize) -> Self {
+        if let ManagedFields::At { cut, key } = &mut self.managed_fields {
+            *cut = cut.start + shift..cut.end + shift;
+            *key += shift;
+        }
+        self
+    }
+}
+
+/// Where `metadata.managedFields` is in an object's bytes, as found by [`scan_object`].
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub(crate) enum ManagedFields {
+    /// Not scanned (bytes built elsewhere): look for it.
+    #[default]
+    Unknown,
+    /// The object has none.
+    Absent,
+    /// Present, but not laid out as the plain `"managedFields":` a cut needs (an escaped key).
+    Present,
+    /// Removing `cut` (the member and one separating comma) leaves valid JSON without it;
+    /// `key` is where its `"managedFields"` key starts, checked again before cutting.
+    At {
+        /// Bytes to remove.
+        cut: std::ops::Range<usize>,
+        /// Start of the member's key.
+        key: usize,
+    },
+}
+
+/// One pass over an object's JSON: metadata, type presence and the `managedFields` position.
+pub(crate) fn scan_object(json: &[u8]) -> Result<Scanned, CodecError> {
     let head: Head<'_> = serde_json::from_slice(json).map_err(CodecError::Json)?;
+    let has_type_meta = head.api_version.is_some() || head.kind.is_some();
     let m = head.metadata.ok_or(CodecError::MissingName)?;
     let name = m.name.filter(|n| !n.is_empty()).ok_or(CodecError::MissingName)?;
-    Ok(ObjectMeta {
+    let managed_fields = match m.managed_fields {
+        None => ManagedFields::Absent,
+        Some(raw) => managed_fields_cut(json, raw.get().as_bytes()),
+    };
+    let meta = ObjectMeta {
         namespace: m.namespace.filter(|n| !n.is_empty()).map(Cow::into_owned),
         name: name.into_owned(),
         uid: m.uid.map(Cow::into_owned),
@@ -179,30 +245,136 @@ pub fn extract_meta(json: &[u8]) -> Result<ObjectMeta, CodecError> {
             })
             .collect(),
         deletion_timestamp: m.deletion_timestamp.map(Cow::into_owned),
+    };
+    Ok(Scanned {
+        meta,
+        has_type_meta,
+        managed_fields,
     })
 }
 
+/// The bytes to remove to drop the `managedFields` member whose value is `value` (a subslice
+/// of `json`, which the parser has validated). `Present` when the layout around it is not the
+/// plain `"managedFields":` the servers write (an escaped key, say): the caller then strips by
+/// parsing.
+fn managed_fields_cut(json: &[u8], value: &[u8]) -> ManagedFields {
+    const KEY: &[u8] = b"\"managedFields\"";
+    let base = json.as_ptr() as usize;
+    let Some(start) = (value.as_ptr() as usize).checked_sub(base) else {
+        return ManagedFields::Present;
+    };
+    let end = start + value.len();
+    if end > json.len() {
+        return ManagedFields::Present;
+    }
+    let back = |mut i: usize| {
+        while i > 0 && json[i - 1].is_ascii_whitespace() {
+            i -= 1;
+        }
+        i
+    };
+    let colon = back(start);
+    if colon == 0 || json[colon - 1] != b':' {
+        return ManagedFields::Present;
+    }
+    let key_end = back(colon - 1);
+    // The parser matched this member's unescaped key to `managedFields`; raw bytes equal to the
+    // plain key can only be that key (an escaped quote would have changed its text).
+    let Some(key) = key_end.checked_sub(KEY.len()).filter(|k| &json[*k..key_end] == KEY) else {
+        return ManagedFields::Present;
+    };
+    let before = back(key);
+    match before.checked_sub(1).map(|i| json[i]) {
+        Some(b',') => ManagedFields::At {
+            cut: before - 1..end,
+            key,
+        },
+        Some(b'{') => {
+            // The first member: take the comma after it instead, if another member follows.
+            let mut after = end;
+            while after < json.len() && json[after].is_ascii_whitespace() {
+                after += 1;
+            }
+            let cut_end = if json.get(after) == Some(&b',') { after + 1 } else { end };
+            ManagedFields::At { cut: key..cut_end, key }
+        }
+        _ => ManagedFields::Present,
+    }
+}
+
 /// An object as received: its JSON bytes (kept exactly as they arrived) and its metadata.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Clone)]
 pub struct RawObject {
     /// Extracted metadata.
     pub meta: ObjectMeta,
     /// The JSON bytes.
     pub bytes: Bytes,
+    /// Where `managedFields` was in `bytes` when they were scanned, and which bytes those were
+    /// (start address and length): a hint that is ignored once `bytes` is replaced.
+    pub(crate) scan: Option<(usize, usize, ManagedFields)>,
 }
+
+// Equality and `Debug` ignore the scan hint: it says where a field is, not what the object is.
+impl std::fmt::Debug for RawObject {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RawObject")
+            .field("meta", &self.meta)
+            .field("bytes", &self.bytes)
+            .finish()
+    }
+}
+
+impl PartialEq for RawObject {
+    fn eq(&self, other: &Self) -> bool {
+        self.meta == other.meta && self.bytes == other.bytes
+    }
+}
+
+impl Eq for RawObject {}
 
 impl RawObject {
     /// Extracts the metadata of `bytes`.
     pub fn from_json(bytes: impl Into<Bytes>) -> Result<Self, CodecError> {
         let bytes = bytes.into();
-        let meta = extract_meta(&bytes)?;
-        Ok(Self { meta, bytes })
+        let scanned = scan_object(&bytes)?;
+        Ok(Self::scanned(bytes, scanned))
+    }
+
+    pub(crate) fn scanned(bytes: Bytes, scanned: Scanned) -> Self {
+        Self {
+            meta: scanned.meta,
+            scan: Some((bytes.as_ptr() as usize, bytes.len(), scanned.managed_fields)),
+            bytes,
+        }
+    }
+
+    /// An object whose metadata the caller already has (read back from the store).
+    pub(crate) fn from_parts(meta: ObjectMeta, bytes: Bytes) -> Self {
+        Self {
+            meta,
+            bytes,
+            scan: None,
+        }
     }
 
     /// The object's key.
     #[must_use]
     pub fn key(&self) -> ObjectKey {
         self.meta.key()
+    }
+
+    /// Where `managedFields` is in the current `bytes`, if these are the bytes that were
+    /// scanned (`Unknown` otherwise).
+    pub(crate) fn managed_fields(&self) -> ManagedFields {
+        match &self.scan {
+            Some((addr, len, mf)) if *addr == self.bytes.as_ptr() as usize && *len == self.bytes.len() => match mf {
+                ManagedFields::At { key, .. } if self.bytes.get(*key..key + 15) != Some(&b"\"managedFields\""[..]) => {
+                    ManagedFields::Unknown
+                }
+                mf => mf.clone(),
+            },
+            _ => ManagedFields::Unknown,
+        }
     }
 }
 

@@ -48,6 +48,7 @@ use std::time::Duration;
 
 pub use check::CheckReport;
 pub use codec::{extract_meta, CodecError, Compression, DeltaKind, ObjectMeta, OwnerReference, RawObject, ScopeRecord};
+pub(crate) use codec::{scan_object, ManagedFields};
 pub use index::{IndexFunc, Indexer, LABELS, NAMESPACE};
 pub use read::{IndexStatus, LogReader, LogRecord, Snapshot, Store, StoredObject};
 pub use schema::{IndexName, IndexValue, KeyError, ObjectKey, ResourceVersion, ScopeId, Seq};

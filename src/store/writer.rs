@@ -723,9 +723,18 @@ impl WriterThread {
 
     /// The dictionary new blobs of `scope` are compressed with: the newest committed one, or
     /// one trained now (and stored in this transaction) once `objects` bring enough samples.
-    fn scope_dict(&self, txn: &WriteTransaction, scope: ScopeId, objects: &[&Bytes]) -> Step<Option<Arc<EncDict>>> {
+    /// Also returns how many leading `objects` come before it: when this batch completes the
+    /// samples, the object that completes them and every later one use the new dictionary,
+    /// the earlier ones do not. Where a dictionary starts thus depends only on the order of
+    /// objects, never on where batches happen to begin, so replays give identical bytes.
+    fn scope_dict(
+        &self,
+        txn: &WriteTransaction,
+        scope: ScopeId,
+        objects: &[&Bytes],
+    ) -> Step<(Option<Arc<EncDict>>, usize)> {
         let Compression::ZstdDict(level) = self.compression else {
-            return Ok(None);
+            return Ok((None, 0));
         };
         let mut all = self.dicts.borrow_mut();
         let state = all.entry(scope.0).or_default();
@@ -742,15 +751,18 @@ impl WriterThread {
             }
             state.loaded = true;
         }
+        let mut before = 0;
         if state.current.is_none() {
-            let want = dict::TRAIN_SAMPLES - state.samples.len().min(dict::TRAIN_SAMPLES);
-            state.samples.extend(
-                objects
-                    .iter()
-                    .filter(|b| !b.is_empty())
-                    .take(want)
-                    .map(|b| (*b).clone()),
-            );
+            before = objects.len();
+            for (i, b) in objects.iter().enumerate() {
+                if state.samples.len() >= dict::TRAIN_SAMPLES {
+                    break;
+                }
+                if !b.is_empty() {
+                    state.samples.push((*b).clone());
+                    before = i;
+                }
+            }
             if state.samples.len() >= dict::TRAIN_SAMPLES {
                 let samples = std::mem::take(&mut state.samples);
                 if let Some(raw) = dict::train(&samples) {
@@ -768,8 +780,11 @@ impl WriterThread {
                     tracing::debug!(%scope, id, bytes = raw.len(), "trained a zstd dictionary");
                 }
             }
+            if state.current.is_none() {
+                before = objects.len();
+            }
         }
-        Ok(state.current.clone())
+        Ok((state.current.clone(), before))
     }
 
     /// The dictionary `scope_dict` last settled on (call that first in the command).
@@ -847,10 +862,11 @@ impl WriterThread {
             .filter(|d| d.kind != DeltaKind::Sync)
             .map(|d| &d.object.bytes)
             .collect();
-        let dict = self.scope_dict(txn, batch.scope, &carried)?;
-        let mut packed = dict::pack_all(self.compression, dict.as_deref(), &carried)
-            .map_err(StoreError::from)?
-            .into_iter();
+        let (dict, before) = self.scope_dict(txn, batch.scope, &carried)?;
+        let (plain, with_dict) = carried.split_at(before);
+        let mut packed = dict::pack_all(self.compression, None, plain).map_err(StoreError::from)?;
+        packed.extend(dict::pack_all(self.compression, dict.as_deref(), with_dict).map_err(StoreError::from)?);
+        let mut packed = packed.into_iter();
         drop(carried);
         let mut tables = Tables::open(self, txn)?;
         let mut appended = 0;
@@ -1152,10 +1168,7 @@ impl WriterThread {
             match stored.remove(k.value()) {
                 Some(old_rv) if old_rv == h.meta.resource_version => summary.unchanged += 1,
                 seen => {
-                    let obj = RawObject {
-                        meta: h.meta,
-                        bytes: bytes::Bytes::copy_from_slice(inline),
-                    };
+                    let obj = RawObject::from_parts(h.meta, bytes::Bytes::copy_from_slice(inline));
                     self.apply_delta(
                         &mut t,
                         scope,
@@ -1180,14 +1193,14 @@ impl WriterThread {
         gone.sort();
         for k in gone {
             let (_, key) = keys::decode_object(&k).map_err(StoreError::from)?;
-            let obj = RawObject {
-                meta: super::codec::ObjectMeta {
+            let obj = RawObject::from_parts(
+                super::codec::ObjectMeta {
                     namespace: key.namespace.clone(),
                     name: key.name.clone(),
                     ..Default::default()
                 },
-                bytes: bytes::Bytes::new(),
-            };
+                bytes::Bytes::new(),
+            );
             self.apply_delta(
                 &mut t,
                 scope,
