@@ -49,6 +49,15 @@ fn write_events(mut out: impl Write, events: u64) {
     out.flush().unwrap();
 }
 
+/// Bytes this process caused to be written to storage so far (`write_bytes` of
+/// `/proc/self/io`; Linux only).
+fn write_bytes() -> Option<u64> {
+    let io = std::fs::read_to_string("/proc/self/io").ok()?;
+    io.lines()
+        .find_map(|l| l.strip_prefix("write_bytes: "))
+        .and_then(|v| v.trim().parse().ok())
+}
+
 /// Criterion micro-benchmark of the decode stage: envelope + metadata of each line, from memory.
 fn replay_decode(c: &mut Criterion) {
     const LINES: u64 = 10_000;
@@ -123,6 +132,7 @@ fn main() {
     ] {
         let db_path = dir.path().join(format!("bench-{durable}.redb"));
         let db = DurableStore::open(StoreConfig::new(&db_path).durable(durable)).unwrap();
+        let written = write_bytes();
         let t = Instant::now();
         let report = rt
             .block_on(replay_into(&db, ReplaySource::open(&rec, options.clone()).unwrap()))
@@ -130,7 +140,19 @@ fn main() {
         let secs = t.elapsed().as_secs_f64();
         let n = report.initial_objects + report.events;
         assert_eq!(n, events);
-        println!("{name} {:>9.0} events/s ({n} in {secs:.2} s)", n as f64 / secs);
+        let written = write_bytes()
+            .zip(written)
+            .map(|(after, before)| after.saturating_sub(before));
+        let size = std::fs::metadata(&db_path).map(|m| m.len()).unwrap_or(0);
+        println!(
+            "{name} {:>9.0} events/s ({n} in {secs:.2} s; file {:.0} B/event{})",
+            n as f64 / secs,
+            size as f64 / n as f64,
+            written.map_or(String::new(), |w| format!(
+                ", written to disk {:.0} B/event",
+                w as f64 / n as f64
+            ))
+        );
         db.close().unwrap();
         std::fs::remove_file(&db_path).unwrap();
     }

@@ -24,6 +24,7 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures::future::BoxFuture;
 use futures::{FutureExt, StreamExt};
 use rand::Rng;
 use tokio::sync::{oneshot, watch};
@@ -646,12 +647,14 @@ impl<S: Source> Reflector<S> {
         }
     }
 
-    async fn put_page(&self, direct: bool, items: Vec<RawObject>) -> Result<(), StoreError> {
+    /// Sends one page of a list to the writer (directly into an empty scope, else staged) and
+    /// queues its commit in `pipe`; `pipe` waits only when the writer already holds two pages.
+    async fn put_page(&self, pipe: &mut PagePipe, direct: bool, items: Vec<RawObject>) -> Result<(), StoreError> {
         let items: Vec<RawObject> = items.into_iter().filter_map(|o| self.transform(o)).collect();
         if items.is_empty() {
             return Ok(());
         }
-        if direct {
+        let ack: BoxFuture<'static, Result<(), StoreError>> = if direct {
             let mut batch = Batch::new(self.scope());
             batch.deltas = items
                 .into_iter()
@@ -660,19 +663,25 @@ impl<S: Source> Reflector<S> {
                     object,
                 })
                 .collect();
-            self.writer.apply(batch).await.map(|_| ())
+            let rx = self.writer.submit(batch)?;
+            async move { rx.await.map_err(|_| StoreError::WriterGone)?.map(|_| ()) }.boxed()
         } else {
-            self.writer.stage_relist(self.scope(), items).await
-        }
+            let rx = self.writer.submit_stage(self.scope(), items)?;
+            async move { rx.await.map_err(|_| StoreError::WriterGone)? }.boxed()
+        };
+        pipe.push(ack).await
     }
 
     async fn paginated_list(&mut self, direct: bool) -> Result<Option<ResourceVersion>, ListFailure> {
         let mut token = None;
         // The list's RV, from its first page; later pages are served at it.
         let mut list_rv = String::new();
-        let mut fetched = self.list_page(None).await;
+        // Pages commit while the next one is fetched; all must have committed before the list
+        // counts as done.
+        let mut pipe = PagePipe::default();
+        let put_failed = |this: &Self, e: StoreError| ListFailure::Failed(this.store_err(&e), None);
         loop {
-            let page = match fetched {
+            let page = match self.list_page(token.clone()).await {
                 Ok(p) => p,
                 Err(e) if token.is_some() && e.status().is_some_and(|s| s.is_gone()) => {
                     return Err(ListFailure::Restart(e.to_string()))
@@ -691,18 +700,14 @@ impl<S: Source> Reflector<S> {
             };
             let rv = page.resource_version.clone();
             list_rv.clone_from(&rv.0);
+            self.put_page(&mut pipe, direct, page.items)
+                .await
+                .map_err(|e| put_failed(self, e))?;
             token = page.continue_token;
-            let Some(next) = token.clone() else {
-                self.put_page(direct, page.items)
-                    .await
-                    .map_err(|e| ListFailure::Failed(self.store_err(&e), None))?;
+            if token.is_none() {
+                pipe.drain().await.map_err(|e| put_failed(self, e))?;
                 return Ok(Some(rv));
-            };
-            // The next page is fetched while this one is written: the server's time and the
-            // commit's overlap instead of adding up.
-            let (put, next) = tokio::join!(self.put_page(direct, page.items), self.list_page(Some(next)));
-            put.map_err(|e| ListFailure::Failed(self.store_err(&e), None))?;
-            fetched = next;
+            }
         }
     }
 
@@ -741,6 +746,7 @@ impl<S: Source> Reflector<S> {
         metrics::global().watch_requests.get_or_create(&self.labels()).inc();
         let mut stream = self.source.watch(req).await.map_err(src_err)?;
         let mut page = Vec::new();
+        let mut pipe = PagePipe::default();
         loop {
             let ev = tokio::select! {
                 ev = stream.next() => ev,
@@ -750,7 +756,7 @@ impl<S: Source> Reflector<S> {
                 Some(Ok(WatchEvent::Added(o) | WatchEvent::Modified(o))) => {
                     page.push(o);
                     if page.len() >= self.config.page_size as usize {
-                        self.put_page(direct, std::mem::take(&mut page))
+                        self.put_page(&mut pipe, direct, std::mem::take(&mut page))
                             .await
                             .map_err(|e| (self.store_err(&e), None))?;
                     }
@@ -759,9 +765,10 @@ impl<S: Source> Reflector<S> {
                     resource_version,
                     initial_events_end: true,
                 })) => {
-                    self.put_page(direct, page)
+                    self.put_page(&mut pipe, direct, page)
                         .await
                         .map_err(|e| (self.store_err(&e), None))?;
+                    pipe.drain().await.map_err(|e| (self.store_err(&e), None))?;
                     return Ok(Some(resource_version));
                 }
                 Some(Ok(WatchEvent::Bookmark { .. } | WatchEvent::Deleted(_))) => {}
@@ -1138,6 +1145,32 @@ enum Watched {
 
 /// Batches of one watch the writer may hold at once: one committing, one queued.
 const MAX_INFLIGHT: usize = 2;
+
+/// The commits of list pages sent but not yet acknowledged, at most [`MAX_INFLIGHT`]: the
+/// next page is read and transformed while earlier ones commit. A page that fails fails the
+/// list; later pages may have committed, which the next attempt handles (it diffs against
+/// what a direct attempt wrote, and drops what a staged one staged).
+#[derive(Default)]
+struct PagePipe(VecDeque<BoxFuture<'static, Result<(), StoreError>>>);
+
+impl PagePipe {
+    async fn push(&mut self, ack: BoxFuture<'static, Result<(), StoreError>>) -> Result<(), StoreError> {
+        self.0.push_back(ack);
+        while self.0.len() > MAX_INFLIGHT {
+            if let Some(oldest) = self.0.pop_front() {
+                oldest.await?;
+            }
+        }
+        Ok(())
+    }
+
+    async fn drain(&mut self) -> Result<(), StoreError> {
+        while let Some(oldest) = self.0.pop_front() {
+            oldest.await?;
+        }
+        Ok(())
+    }
+}
 
 /// What woke a watch waiting for both its stream and a commit.
 enum Woke<T> {

@@ -85,6 +85,18 @@ pub(crate) fn pack(
     Ok((Bytes::from(out), tag))
 }
 
+/// Compresses `bytes` with `dict` (a committed dictionary): the same bytes [`pack`] gives for
+/// it, computed on any thread.
+pub(crate) fn pack_with(dict: &EncDict, bytes: &Bytes) -> Result<Bytes, CodecError> {
+    let mut out: Vec<u8> = Vec::with_capacity(zstd_safe::compress_bound(bytes.len()));
+    CCTX.with(|c| {
+        c.borrow_mut()
+            .compress_using_cdict(&mut out, bytes, dict.cdict.as_cdict())
+    })
+    .map_err(zerr)?;
+    Ok(Bytes::from(out))
+}
+
 /// Compresses many objects, on two threads when there are enough of them: the writer thread
 /// then spends its time on redb work rather than zstd.
 pub(crate) fn pack_all(

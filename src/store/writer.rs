@@ -57,7 +57,33 @@ pub struct Batch {
     /// batch reaches, so a batch never commits after its predecessor failed (which would skip
     /// the predecessor's events).
     pub requires_rv: Option<ResourceVersion>,
+    /// The carried objects already compressed by [`Writer::submit`] on the caller's thread.
+    pub(crate) packed: Option<Packed>,
 }
+
+/// Objects of a batch compressed before it reached the writer thread, with the committed
+/// dictionary they used. The writer takes them only if that is the dictionary it would use
+/// itself (the same `Arc`), so a blob never names a dictionary that is not in the file.
+#[derive(Clone)]
+pub(crate) struct Packed {
+    dict: Arc<EncDict>,
+    /// One per delta that carries bytes (every kind but `Sync`), in order.
+    blobs: Vec<Bytes>,
+}
+
+impl std::fmt::Debug for Packed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Packed")
+            .field("scope", &self.dict.scope)
+            .field("dict", &self.dict.id)
+            .field("blobs", &self.blobs.len())
+            .finish()
+    }
+}
+
+/// Each scope's newest committed dictionary, published by the writer thread for
+/// [`Writer::submit`]: dictionary rows are never rewritten, so one published stays valid.
+pub(crate) type PublishedDicts = Arc<std::sync::RwLock<HashMap<u32, Arc<EncDict>>>>;
 
 impl Batch {
     /// An empty batch for `scope`.
@@ -69,6 +95,7 @@ impl Batch {
             rv: None,
             mark_synced: false,
             requires_rv: None,
+            packed: None,
         }
     }
 
@@ -178,6 +205,7 @@ impl Command {
 pub struct Writer {
     tx: Sender<Command>,
     committed: watch::Receiver<Seq>,
+    dicts: PublishedDicts,
 }
 
 impl std::fmt::Debug for Writer {
@@ -230,14 +258,64 @@ impl Writer {
     /// Queues a batch now and returns a receiver for its commit, so a caller can keep reading
     /// while earlier batches commit (pipelining). The batch is durable once the receiver yields
     /// `Ok`.
+    ///
+    /// Once the scope has a committed dictionary, the objects are compressed here, on the
+    /// caller's thread, so the writer thread spends its time on redb work.
     pub fn submit(&self, batch: Batch) -> Result<oneshot::Receiver<Result<Committed, StoreError>>, StoreError> {
+        let batch = self.precompress(batch);
         let (ack, rx) = oneshot::channel();
         self.send(Command::Apply(batch, ack))?;
         Ok(rx)
     }
 
-    request!(apply, apply_blocking, (batch: Batch) -> Committed, Apply,
-        "Applies a batch in the next group commit and returns once it is durable.");
+    fn precompress(&self, mut batch: Batch) -> Batch {
+        if batch.packed.is_some() || batch.deltas.is_empty() {
+            return batch;
+        }
+        let dict = self
+            .dicts
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .get(&batch.scope.0)
+            .cloned();
+        let Some(dict) = dict else { return batch };
+        let blobs: Result<Vec<Bytes>, _> = batch
+            .deltas
+            .iter()
+            .filter(|d| d.kind != DeltaKind::Sync)
+            .map(|d| dict::pack_with(&dict, &d.object.bytes))
+            .collect();
+        // On an error the writer compresses them itself, and reports it.
+        if let Ok(blobs) = blobs {
+            batch.packed = Some(Packed { dict, blobs });
+        }
+        batch
+    }
+
+    /// Queues one page of a relist now (see [`Writer::stage_relist`]) and returns a receiver
+    /// for its commit, for callers that pipeline pages like [`Writer::submit`].
+    pub fn submit_stage(
+        &self,
+        scope: ScopeId,
+        objects: Vec<RawObject>,
+    ) -> Result<oneshot::Receiver<Result<(), StoreError>>, StoreError> {
+        let (ack, rx) = oneshot::channel();
+        self.send(Command::Stage(scope, objects, ack))?;
+        Ok(rx)
+    }
+
+    /// Applies a batch in the next group commit and returns once it is durable.
+    pub async fn apply(&self, batch: Batch) -> Result<Committed, StoreError> {
+        self.submit(batch)?.await.map_err(|_| StoreError::WriterGone)?
+    }
+
+    /// Applies a batch in the next group commit and returns once it is durable.
+    ///
+    /// Blocks the calling thread until the commit; never call it from an async task.
+    pub fn apply_blocking(&self, batch: Batch) -> Result<Committed, StoreError> {
+        futures::executor::block_on(self.submit(batch)?).map_err(|_| StoreError::WriterGone)?
+    }
+
     request!(stage_relist, stage_relist_blocking, (scope: ScopeId, objects: Vec<RawObject>) -> (), Stage,
         "Stages one page of a relist. Readers keep seeing the old state until `finish_relist`.");
     request!(abort_relist, abort_relist_blocking, (scope: ScopeId) -> (), AbortRelist,
@@ -347,7 +425,9 @@ pub(crate) fn spawn(
     let last = last_seq_read(&shared)?;
     let (tx, rx) = crossbeam_channel::unbounded();
     let (seq_tx, seq_rx) = watch::channel(last);
+    let published = PublishedDicts::default();
     let state = WriterThread {
+        published: published.clone(),
         next_seq: Cell::new(last.0 + 1),
         shared,
         rx,
@@ -376,7 +456,14 @@ pub(crate) fn spawn(
             path: "writer thread".into(),
             source,
         })?;
-    Ok((Writer { tx, committed: seq_rx }, thread))
+    Ok((
+        Writer {
+            tx,
+            committed: seq_rx,
+            dicts: published,
+        },
+        thread,
+    ))
 }
 
 fn last_seq_read(shared: &Shared) -> Result<Seq, StoreError> {
@@ -421,8 +508,11 @@ struct WriterThread {
     backfill_turn: Cell<bool>,
     /// Per-scope dictionary state for [`Compression::ZstdDict`].
     dicts: RefCell<HashMap<u32, ScopeDicts>>,
-    /// Scopes whose dictionary was trained in the open group: forgotten if it rolls back.
+    /// Scopes whose dictionary was trained in the open group: forgotten if it rolls back,
+    /// published once it commits.
     pending_dicts: RefCell<Vec<u32>>,
+    /// Committed dictionaries, for [`Writer::submit`] to compress with.
+    published: PublishedDicts,
     /// An I/O error happened: redb refuses every later operation ("Previous I/O error
     /// occurred") until the database is reopened, which the next group does first.
     poisoned: Cell<bool>,
@@ -561,6 +651,10 @@ impl WriterThread {
         // Dictionaries are looked up again from what the file holds.
         self.dicts.borrow_mut().clear();
         self.pending_dicts.borrow_mut().clear();
+        self.published
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clear();
         self.poisoned.set(false);
         self.seq_tx.send_if_modified(|seq| {
             let changed = *seq != last;
@@ -652,7 +746,11 @@ impl WriterThread {
             fail_replies(replies, &e);
             return 0;
         }
-        self.pending_dicts.borrow_mut().clear();
+        for scope in self.pending_dicts.borrow_mut().drain(..) {
+            if let Some(d) = self.scope_dict_cached(ScopeId(scope)) {
+                self.publish(scope, d);
+            }
+        }
         self.seq_tx.send_replace(last);
         for r in replies {
             match r {
@@ -747,7 +845,10 @@ impl WriterThread {
                 .transpose()
                 .map_err(|e| self.st(e))?;
             if let Some((k, v)) = newest {
-                state.current = Some(Arc::new(EncDict::new(scope.0, k.value().1, v.value(), level)));
+                let d = Arc::new(EncDict::new(scope.0, k.value().1, v.value(), level));
+                // Read from the file: committed, so callers may compress with it.
+                self.publish(scope.0, d.clone());
+                state.current = Some(d);
             }
             state.loaded = true;
         }
@@ -785,6 +886,13 @@ impl WriterThread {
             }
         }
         Ok((state.current.clone(), before))
+    }
+
+    fn publish(&self, scope: u32, dict: Arc<EncDict>) {
+        self.published
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .insert(scope, dict);
     }
 
     /// The dictionary `scope_dict` last settled on (call that first in the command).
@@ -828,7 +936,7 @@ impl WriterThread {
         Ok(())
     }
 
-    fn apply_batch(&self, txn: &WriteTransaction, batch: Batch) -> Step<u64> {
+    fn apply_batch(&self, txn: &WriteTransaction, mut batch: Batch) -> Step<u64> {
         let mut record = self.load_scope(txn, batch.scope)?;
         // Refuse before writing anything, so the rest of the group still commits.
         for d in &batch.deltas {
@@ -863,9 +971,25 @@ impl WriterThread {
             .map(|d| &d.object.bytes)
             .collect();
         let (dict, before) = self.scope_dict(txn, batch.scope, &carried)?;
-        let (plain, with_dict) = carried.split_at(before);
-        let mut packed = dict::pack_all(self.compression, None, plain).map_err(StoreError::from)?;
-        packed.extend(dict::pack_all(self.compression, dict.as_deref(), with_dict).map_err(StoreError::from)?);
+        let precompressed = match (batch.packed.take(), &dict) {
+            (Some(p), Some(d)) if before == 0 && Arc::ptr_eq(&p.dict, d) && p.blobs.len() == carried.len() => {
+                let tag = Compression::Dict {
+                    scope: d.scope,
+                    dict: d.id,
+                };
+                Some(p.blobs.into_iter().map(|b| (b, tag)).collect::<Vec<_>>())
+            }
+            _ => None,
+        };
+        let packed = match precompressed {
+            Some(p) => p,
+            None => {
+                let (plain, with_dict) = carried.split_at(before);
+                let mut packed = dict::pack_all(self.compression, None, plain).map_err(StoreError::from)?;
+                packed.extend(dict::pack_all(self.compression, dict.as_deref(), with_dict).map_err(StoreError::from)?);
+                packed
+            }
+        };
         let mut packed = packed.into_iter();
         drop(carried);
         let mut tables = Tables::open(self, txn)?;
