@@ -698,3 +698,53 @@ fn an_export_of_all_scopes_interleaves_them_in_log_order() {
     assert_eq!(of_kind("ConfigMap"), export(Some(cms)));
     assert_eq!(of_kind("Secret"), export(Some(secrets)));
 }
+
+/// `replay_into` commits its batches without an fsync and makes the end durable itself: a
+/// process that dies right after it returns (no close, no later commit) leaves the whole
+/// replay in the file. Without the final durable commit the reopened store would be at an
+/// earlier state (redb drops non-durable commits when the process goes away).
+#[test]
+fn a_replay_is_durable_when_replay_into_returns() {
+    if let (Ok(rec), Ok(db)) = (
+        std::env::var("DI_REPLAY_CHILD_REC"),
+        std::env::var("DI_REPLAY_CHILD_DB"),
+    ) {
+        let rt = tokio::runtime::Runtime::new().unwrap();
+        let store = DurableStore::open(StoreConfig::new(&db)).unwrap();
+        let report = rt
+            .block_on(replay_into(
+                &store,
+                ReplaySource::open(Path::new(&rec), ReplayOptions::default()).unwrap(),
+            ))
+            .unwrap();
+        println!("replayed {}", report.last_rv);
+        // Die without closing: whatever is not durable now is gone.
+        std::process::abort();
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let rec = dir.path().join("rec.jsonl");
+    workload(&rec, 300, 3000);
+    let db = dir.path().join("child.redb");
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["a_replay_is_durable_when_replay_into_returns", "--exact", "--nocapture"])
+        .env("DI_REPLAY_CHILD_REC", &rec)
+        .env("DI_REPLAY_CHILD_DB", &db)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains("replayed 4300"), "child: {stdout}");
+    // The same recording replayed in this process and closed cleanly is the truth.
+    let truth = dir.path().join("truth.redb");
+    tokio::runtime::Runtime::new().unwrap().block_on(async {
+        let store = DurableStore::open(StoreConfig::new(&truth)).unwrap();
+        replay_into(&store, ReplaySource::open(&rec, ReplayOptions::default()).unwrap())
+            .await
+            .unwrap();
+        store.close().unwrap();
+    });
+    let (objects, log) = tables(&db);
+    let (want_objects, want_log) = tables(&truth);
+    assert_eq!(log.len(), want_log.len(), "log rows after the child died");
+    assert!(objects == want_objects, "object rows after the child died");
+    assert!(log == want_log, "log rows after the child died");
+}

@@ -188,6 +188,8 @@ pub struct Reflector<S: Source> {
     on_error: Option<ErrorHook>,
     streaming_unsupported: bool,
     backoff: Backoff,
+    /// Batches commit without an fsync (see [`Reflector::relaxed_commits`]).
+    relaxed: bool,
 }
 
 enum Next {
@@ -224,7 +226,24 @@ impl<S: Source> Reflector<S> {
             on_error: None,
             streaming_unsupported: false,
             backoff,
+            relaxed: false,
         }
+    }
+
+    /// Commits every batch without waiting for the disk: for a bulk load (a replay into a new
+    /// scope) that makes its end durable with [`Writer::flush`] and is redone from the start
+    /// after a crash. A crash still leaves the database at some committed state (invariant 1),
+    /// only an older one.
+    #[must_use]
+    pub(crate) fn relaxed_commits(mut self) -> Self {
+        self.relaxed = true;
+        self
+    }
+
+    fn new_batch(&self) -> Batch {
+        let mut batch = Batch::new(self.scope());
+        batch.relaxed = self.relaxed;
+        batch
     }
 
     /// Calls `hook` for every error.
@@ -576,7 +595,7 @@ impl<S: Source> Reflector<S> {
                 Ok(Some(rv)) => {
                     if direct {
                         self.writer
-                            .apply(Batch::new(self.scope()).rv(rv.clone()).synced())
+                            .apply(self.new_batch().rv(rv.clone()).synced())
                             .await
                             .map_err(|e| (self.store_err(&e), None))?;
                     } else {
@@ -655,7 +674,7 @@ impl<S: Source> Reflector<S> {
             return Ok(());
         }
         let ack: BoxFuture<'static, Result<(), StoreError>> = if direct {
-            let mut batch = Batch::new(self.scope());
+            let mut batch = self.new_batch();
             batch.deltas = items
                 .into_iter()
                 .map(|object| crate::store::Delta {
@@ -871,7 +890,7 @@ impl<S: Source> Reflector<S> {
         let mut end = None;
         // The highest RV this watch has reached; batches never offer less.
         let mut high = rv.clone();
-        let mut batch = Batch::new(self.scope()).requires(reached.clone());
+        let mut batch = self.new_batch().requires(reached.clone());
         let mut events = 0u64;
         // Group commit from this side: a batch is sent when the writer has nothing of ours in
         // flight (or it is full); events received meanwhile join the next one. Batches thus
@@ -881,7 +900,7 @@ impl<S: Source> Reflector<S> {
             let pending = batch.rv.is_some() || !batch.deltas.is_empty();
             let full = batch.deltas.len() >= self.config.max_batch;
             if pending && (inflight.is_empty() || full) && inflight.len() < MAX_INFLIGHT {
-                let sent = std::mem::replace(&mut batch, Batch::new(self.scope()));
+                let sent = std::mem::replace(&mut batch, self.new_batch());
                 if let Err(e) = self.send_batch(
                     sent,
                     &rv,

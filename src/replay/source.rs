@@ -884,6 +884,15 @@ impl ReplayHandle {
 /// Replays a recording into `db` through a reflector (into a fresh scope: it fails with
 /// [`ReplayError::ScopeNotEmpty`] otherwise), and returns once everything is durably committed.
 /// Any reflector error (a refused write, an object over the size limit, …) fails the replay.
+///
+/// ## Durability
+///
+/// A replay is a bulk load: its batches commit without waiting for the disk, and one durable
+/// commit at the end makes all of them durable before this returns. A crash midway leaves the
+/// database at an earlier committed state (never a mix), with the scope not yet synced; since
+/// a replay only goes into an empty scope, it is redone from the start (into a fresh database,
+/// or after [`crate::store::Writer::reset_scope`]). A [`ReplaySource`] driven by an
+/// [`crate::informer::Informer`] instead commits each batch durably, like a live watch.
 pub async fn replay_into(db: &DurableStore, source: ReplaySource) -> Result<ReplayReport, ReplayError> {
     let writer = db.writer();
     let spec = source.scope.clone();
@@ -900,16 +909,18 @@ pub async fn replay_into(db: &DurableStore, source: ReplaySource) -> Result<Repl
         ..ReflectorConfig::default()
     };
     let (err_tx, mut err_rx) = watch::channel::<Option<ReflectorError>>(None);
-    let reflector = Reflector::new(source, writer, store, config).on_error(Arc::new(move |e: &ReflectorError| {
-        err_tx.send_if_modified(|slot| {
-            if slot.is_none() {
-                *slot = Some(e.clone());
-                true
-            } else {
-                false
-            }
-        });
-    }));
+    let reflector = Reflector::new(source, writer.clone(), store, config)
+        .relaxed_commits()
+        .on_error(Arc::new(move |e: &ReflectorError| {
+            err_tx.send_if_modified(|slot| {
+                if slot.is_none() {
+                    *slot = Some(e.clone());
+                    true
+                } else {
+                    false
+                }
+            });
+        }));
     let status = reflector.status();
     let (stop_tx, stop_rx) = watch::channel(false);
     let task = tokio::spawn(reflector.run(stop_rx));
@@ -934,5 +945,7 @@ pub async fn replay_into(db: &DurableStore, source: ReplaySource) -> Result<Repl
     if let Some(e) = err_rx.borrow().clone() {
         return Err(e.into());
     }
+    // The batches were committed without an fsync: one durable commit covers them all.
+    writer.flush().await?;
     Ok(result)
 }

@@ -59,6 +59,9 @@ pub struct Batch {
     pub requires_rv: Option<ResourceVersion>,
     /// The carried objects already compressed by [`Writer::submit`] on the caller's thread.
     pub(crate) packed: Option<Packed>,
+    /// Commit without waiting for the disk (see [`Writer::flush`]): for a bulk load whose
+    /// caller makes the end durable itself and redoes the whole load after a crash.
+    pub(crate) relaxed: bool,
 }
 
 /// Objects of a batch compressed before it reached the writer thread, with the committed
@@ -96,6 +99,7 @@ impl Batch {
             mark_synced: false,
             requires_rv: None,
             packed: None,
+            relaxed: false,
         }
     }
 
@@ -183,6 +187,8 @@ enum Command {
     DeleteCursor(ScopeId, String, Ack<()>),
     Compact(Option<u64>, Ack<CompactReport>),
     Settle(Ack<()>),
+    /// Commits durably (making earlier relaxed commits durable too).
+    Flush(Ack<()>),
     Identity(String, bool, Ack<bool>),
     ResetScope(ScopeId, Ack<()>),
     Shutdown,
@@ -404,6 +410,14 @@ impl Writer {
         let (ack, rx) = oneshot::channel();
         self.send(Command::Settle(ack))?;
         futures::executor::block_on(rx).map_err(|_| StoreError::WriterGone)?
+    }
+
+    /// Makes everything committed so far durable (one durable commit; relaxed batches before
+    /// it were committed without waiting for the disk).
+    pub async fn flush(&self) -> Result<(), StoreError> {
+        let (ack, rx) = oneshot::channel();
+        self.send(Command::Flush(ack))?;
+        rx.await.map_err(|_| StoreError::WriterGone)?
     }
 
     /// The last committed log seq, updated after every commit.
@@ -700,7 +714,11 @@ impl WriterThread {
                 return 0;
             }
         };
-        if !self.durable {
+        // A group of relaxed batches only commits without an fsync; anything else in the group
+        // (a flush, a cursor, a durable batch) makes the whole group, and every relaxed commit
+        // before it, durable.
+        let relaxed = group.iter().all(|c| matches!(c, Command::Apply(b, _) if b.relaxed));
+        if !self.durable || relaxed {
             let _ = txn.set_durability(redb::Durability::None);
         }
         let start_seq = self.next_seq.get();
@@ -804,6 +822,7 @@ impl WriterThread {
                 }
             },
             Command::Settle(ack) => Ok(Reply::Deferred(Deferred::Settle(ack))),
+            Command::Flush(ack) => Ok(Reply::Unit(ack, Ok(()))),
             Command::Identity(id, reset, ack) => run!(Bool, ack, self.identity(txn, &id, reset)),
             Command::ResetScope(scope, ack) => run!(Unit, ack, self.reset_scope(txn, scope)),
             Command::Shutdown => Ok(Reply::Unit(oneshot::channel().0, Ok(()))),
@@ -1508,7 +1527,7 @@ fn fail_all(cmds: Vec<Command>, e: &StoreError) {
             | Command::ResetScope(_, a) => drop(a.send(Err(err))),
             Command::FinishRelist(_, _, _, a) => drop(a.send(Err(err))),
             Command::Compact(_, a) => drop(a.send(Err(err))),
-            Command::Settle(a) => drop(a.send(Err(err))),
+            Command::Settle(a) | Command::Flush(a) => drop(a.send(Err(err))),
             Command::Identity(_, _, a) => drop(a.send(Err(err))),
             Command::Shutdown => {}
         }
