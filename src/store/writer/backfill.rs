@@ -9,7 +9,8 @@
 //! behind the backfill cursor stay right, and objects ahead of it are (re)computed from their
 //! current state when the cursor reaches them. The one gap is a restart: writes between opening
 //! the database and registering the function again do not maintain the rows, so resuming first
-//! repairs the keys behind the cursor that the log shows were written since the last step.
+//! repairs every key the log shows was written since the last step (ahead of the cursor too: a
+//! deleted object's rows there would never be visited by a step).
 
 use std::collections::BTreeSet;
 
@@ -22,7 +23,7 @@ use super::{Ack, Failure, Step, StoreError, Tables, WriterThread};
 
 /// Most log entries a resume reads to find keys written since the last step; beyond that it
 /// starts the backfill over instead.
-const RESUME_SCAN: u64 = 10_000;
+pub(crate) const RESUME_SCAN: u64 = 10_000;
 
 impl WriterThread {
     /// Starts (or resumes) the backfill of `name` over `scope`, running its first step in this
@@ -83,10 +84,12 @@ impl WriterThread {
         Ok(())
     }
 
-    /// A backfill found in the database that this writer did not run: recompute the rows of the
-    /// keys behind its cursor that were written since its last step (their writes may have run
-    /// before the function was registered again). Starts over when the log no longer shows
-    /// every such write, or shows too many.
+    /// A backfill found in the database that this writer did not run: recompute the rows of
+    /// every key written since its last step (those writes may have run before the function
+    /// was registered again). Behind the cursor that keeps rows exact; ahead of it, it removes
+    /// the rows of objects deleted meanwhile, which no later step would visit (steps only visit
+    /// objects that exist). Starts over when the log no longer shows every such write, or shows
+    /// too many.
     fn repair_since(
         &self,
         txn: &WriteTransaction,
@@ -95,14 +98,9 @@ impl WriterThread {
         mut progress: BackfillProgress,
     ) -> Step<BackfillProgress> {
         let last = self.next_seq.get().saturating_sub(1);
-        let Some(after) = progress.after.clone() else {
-            progress.seq = last;
-            return Ok(progress);
-        };
         if last <= progress.seq {
             return Ok(progress);
         }
-        let behind = keys::object(scope, &after);
         let mut touched = BTreeSet::new();
         let complete = {
             let log = txn.open_table(LOG).map_err(|e| self.st(e))?;
@@ -116,7 +114,7 @@ impl WriterThread {
                 for row in log.range(progress.seq + 1..=last).map_err(|e| self.st(e))? {
                     let (_, v) = row.map_err(|e| self.st(e))?;
                     let (h, _, _) = codec::decode_log(v.value()).map_err(StoreError::from)?;
-                    if h.scope == scope.0 && keys::object(scope, &h.key) <= behind {
+                    if h.scope == scope.0 {
                         touched.insert(h.key);
                     }
                 }
