@@ -5,16 +5,15 @@
 //! `REPLAY_MAX_BATCH=…` for the reflector's batch size, 1000 by default).
 //! First a criterion micro-benchmark of the replay decode stage (`replay_decode`: a
 //! `RecordingReader` over 10,000 in-memory lines, plain and zstd-compressed), then prints the
-//! rate of reading alone, of a replay with non-fsynced commits, and of one with durable
-//! (fsynced) commits. `cargo bench --bench replay -- replay_decode` runs the criterion group
-//! only.
+//! rate of reading alone, of a replay into a store opened with `durable(false)` (no commit ever
+//! waits for the disk), and of one into a store opened with `durable(true)`. `cargo bench
+//! --bench replay -- replay_decode` runs the criterion group only.
 //!
-//! Measured on the shared 2-core dev machine (2026-11-23, after the bench honoured
-//! `REPLAY_MAX_BATCH`): read + decode ~390–500k events/s; replay ~75–100k events/s with
-//! `durable(false)`, ~57–99k with `durable(true)` (200,000 and 300,000 events; batch 1000 or
-//! 4000 made no clear difference). The 200k events/s aim is missed by about half. A `perf` profile puts ~56% of samples on the store's writer thread
-//! (redb B-tree inserts, page cache), ~24% on the replay reader thread and ~5% on the
-//! reflector: the writer bounds replay speed, below the 200k events/s aim.
+//! Each replay line also prints the database file's size and the bytes this process made the
+//! kernel write to storage, per event. With `durable(true)`, `replay_into` commits its batches
+//! without waiting for the disk and makes them durable with one commit at the end (a replay is a
+//! bulk load into an empty scope; see its docs), so the two rows differ by that final flush.
+//! Figures are in the README (*Benchmarks*, issue #7).
 
 use std::hint::black_box;
 use std::io::Write;

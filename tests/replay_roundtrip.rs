@@ -17,7 +17,6 @@ use durable_informer::replay::{
 };
 use durable_informer::store::{DeltaKind, DurableStore, ObjectKey, ScopeSpec, Seq, StoreConfig};
 use k8s_openapi::api::core::v1::ConfigMap;
-use redb::{ReadableDatabase, ReadableTable, TableDefinition};
 
 /// A ConfigMap watch line; object `i` is `ns-{i % 7}/cm-{i}`.
 fn cm(kind: &str, i: u64, rv: u64, value: u64) -> String {
@@ -53,37 +52,7 @@ fn workload(path: &Path, objects: u64, events: u64) {
     }
 }
 
-const OBJECTS: TableDefinition<&[u8], &[u8]> = TableDefinition::new("objects");
-const LOG: TableDefinition<u64, &[u8]> = TableDefinition::new("log");
-
-type Rows = Vec<(Vec<u8>, Vec<u8>)>;
-
-/// The raw rows of the `objects` and `log` tables, read with redb directly.
-fn tables(path: &Path) -> (Rows, Rows) {
-    let db = redb::Database::open(path).unwrap();
-    let txn = db.begin_read().unwrap();
-    let objects = txn
-        .open_table(OBJECTS)
-        .unwrap()
-        .iter()
-        .unwrap()
-        .map(|r| {
-            let (k, v) = r.unwrap();
-            (k.value().to_vec(), v.value().to_vec())
-        })
-        .collect();
-    let log = txn
-        .open_table(LOG)
-        .unwrap()
-        .iter()
-        .unwrap()
-        .map(|r| {
-            let (k, v) = r.unwrap();
-            (k.value().to_be_bytes().to_vec(), v.value().to_vec())
-        })
-        .collect();
-    (objects, log)
-}
+use common::tables::{tables, Rows};
 
 async fn replay_file(recording: &Path, db_path: &Path) {
     let db = DurableStore::open(StoreConfig::new(db_path).durable(false)).unwrap();

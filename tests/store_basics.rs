@@ -5,8 +5,9 @@ use std::os::unix::fs::PermissionsExt;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-use redb::{ReadableDatabase, ReadableTable};
+mod common;
 
+use common::tables::{tables, Rows};
 use durable_informer::store::{
     Batch, Compression, DeltaKind, DurableStore, Indexer, ObjectKey, RawObject, ScopeSpec, Seq, StoreConfig,
     StoreError, LABELS, SCHEMA_VERSION,
@@ -646,9 +647,6 @@ fn a_batch_whose_predecessor_did_not_commit_is_refused() {
 /// starts at the object that completes its samples, wherever the batch boundaries fall.
 #[test]
 fn batch_boundaries_do_not_change_the_stored_bytes() {
-    const OBJECTS: redb::TableDefinition<&[u8], &[u8]> = redb::TableDefinition::new("objects");
-    const LOG: redb::TableDefinition<u64, &[u8]> = redb::TableDefinition::new("log");
-    type Rows = Vec<(Vec<u8>, Vec<u8>)>;
     let dir = tempfile::tempdir().unwrap();
     let run = |sizes: &[usize]| -> (Rows, Rows) {
         let path = dir.path().join(format!("db-{sizes:?}.redb"));
@@ -672,28 +670,7 @@ fn batch_boundaries_do_not_change_the_stored_bytes() {
             }
             db.close().unwrap();
         }
-        let db = redb::Database::open(&path).unwrap();
-        let txn = db.begin_read().unwrap();
-        let rows = |t: redb::ReadOnlyTable<&[u8], &[u8]>| -> Rows {
-            t.iter()
-                .unwrap()
-                .map(|r| {
-                    let (k, v) = r.unwrap();
-                    (k.value().to_vec(), v.value().to_vec())
-                })
-                .collect()
-        };
-        let log: Rows = txn
-            .open_table(LOG)
-            .unwrap()
-            .iter()
-            .unwrap()
-            .map(|r| {
-                let (k, v) = r.unwrap();
-                (k.value().to_be_bytes().to_vec(), v.value().to_vec())
-            })
-            .collect();
-        (rows(txn.open_table(OBJECTS).unwrap()), log)
+        tables(&path)
     };
     let whole = run(&[600]);
     assert_eq!(whole.1.len(), 600);
