@@ -916,9 +916,21 @@ impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for Capture {
     }
 }
 
-// One thread: the subscriber is this thread's default, and every reflector task runs here.
-#[tokio::test(flavor = "current_thread")]
-async fn a_probe_regression_relist_is_logged_at_warn_and_the_first_list_at_info() {
+// One thread: the subscriber is this thread's default, and every reflector task runs here;
+// one process (see `in_own_process`): no other test's thread can disable a callsite meanwhile.
+#[test]
+fn a_probe_regression_relist_is_logged_at_warn_and_the_first_list_at_info() {
+    if !common::alone::in_own_process("a_probe_regression_relist_is_logged_at_warn_and_the_first_list_at_info") {
+        return;
+    }
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+        .block_on(probe_regression_logs());
+}
+
+async fn probe_regression_logs() {
     let capture = Capture::default();
     let subscriber = tracing_subscriber::fmt()
         .with_max_level(tracing::Level::INFO)

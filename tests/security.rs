@@ -1,5 +1,7 @@
 //! Credentials never reach logs or errors, and the database file is private.
 
+mod common;
+
 use std::io::Write;
 use std::os::unix::fs::PermissionsExt;
 use std::sync::{Arc, Mutex};
@@ -177,6 +179,10 @@ fn the_cli_never_prints_the_kubeconfig_token_even_at_debug_level() {
 #[test]
 fn allowing_secrets_warns_that_they_are_stored_on_disk() {
     use k8s_openapi::api::core::v1::Secret;
+    // Alone in its process: a thread-local subscriber must not race other tests' threads.
+    if !common::alone::in_own_process("allowing_secrets_warns_that_they_are_stored_on_disk") {
+        return;
+    }
     let capture = Capture::default();
     let subscriber = tracing_subscriber::fmt()
         .with_max_level(tracing::Level::WARN)

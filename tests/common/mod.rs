@@ -1,2 +1,3 @@
+pub mod alone;
 pub mod fake;
 pub mod tables;
