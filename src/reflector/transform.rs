@@ -1,8 +1,10 @@
 //! Transforms applied to each object before it is persisted: drop `metadata.managedFields` (by
 //! default), a user function over the JSON, and a size limit.
 //!
-//! Dropping a field must not cost a full decode: the top level and `metadata` are walked as raw
-//! JSON slices and re-joined without the field; everything else stays byte for byte.
+//! Dropping a field must not cost a full decode: the metadata scan that read the object on
+//! arrival also noted where `metadata.managedFields` sits, so dropping it is a copy around that
+//! range. Bytes the scan did not see (or an escaped key) are walked as raw JSON slices and
+//! re-joined without the field; everything else stays byte for byte either way.
 
 use std::borrow::Cow;
 use std::fmt;
@@ -104,16 +106,16 @@ impl Transform {
                     let mut out = Vec::with_capacity(obj.bytes.len() - cut.len());
                     out.extend_from_slice(&obj.bytes[..cut.start]);
                     out.extend_from_slice(&obj.bytes[cut.end..]);
-                    obj.bytes = Bytes::from(out);
+                    obj.set_stripped(Bytes::from(out));
                 }
                 ManagedFields::Present => {
                     if let Some(stripped) = strip_parsed(&obj.bytes) {
-                        obj.bytes = Bytes::from(stripped);
+                        obj.set_stripped(Bytes::from(stripped));
                     }
                 }
                 ManagedFields::Unknown => {
                     if let Some(stripped) = strip_managed_fields(&obj.bytes) {
-                        obj.bytes = Bytes::from(stripped);
+                        obj.set_stripped(Bytes::from(stripped));
                     }
                 }
             }
@@ -296,6 +298,78 @@ mod tests {
             proptest::prop_assert!(cut["metadata"].get("managedFields").is_none());
             proptest::prop_assert_eq!(&cut["data"]["managedFields"], "x");
         }
+    }
+
+    /// `{k: v, …}` with `sep` around every key, colon and value, as a person or a server
+    /// might lay it out.
+    fn object(sep: &str, members: &[(String, String)]) -> String {
+        let body: Vec<String> = members
+            .iter()
+            .map(|(k, v)| format!("{sep}{}{sep}:{sep}{v}{sep}", serde_json::Value::from(k.as_str())))
+            .collect();
+        format!("{{{}}}", body.join(","))
+    }
+
+    proptest::proptest! {
+        /// Hand-laid JSON (serde's maps sort keys, which would hide cases): `managedFields` at
+        /// any position of `metadata`, values with quotes, escapes, brackets and commas, and
+        /// decoys the cut must leave alone: a `spec.managedFields` before or after `metadata`
+        /// and a last-applied-configuration annotation that quotes a whole object. The oracle
+        /// is the original parsed, minus that one member.
+        #[test]
+        fn the_cut_removes_exactly_metadata_managed_fields(
+            others in proptest::collection::btree_map("x[a-z]{0,6}", r#"[a-z\\"{}\[\],: ]{0,8}"#, 0..4),
+            position in 0usize..6,
+            managers in proptest::collection::vec(r#"[a-z\\"{}\[\],:]{0,8}"#, 0..3),
+            null_value in proptest::bool::ANY,
+            spec_first in proptest::bool::ANY,
+            annotated in proptest::bool::ANY,
+            sep in proptest::sample::select(vec!["", " ", "\n  ", "\r\n\t"]),
+        ) {
+            let managed = if null_value {
+                serde_json::Value::Null
+            } else {
+                managers
+                    .iter()
+                    .map(|m| serde_json::json!({"manager": m, "fieldsV1": {"f:metadata": {"f:managedFields": {}}}}))
+                    .collect()
+            };
+            let mut meta: Vec<(String, String)> = others
+                .iter()
+                .map(|(k, v)| (k.clone(), serde_json::Value::from(v.as_str()).to_string()))
+                .collect();
+            meta.push(("name".into(), "\"a\"".into()));
+            if annotated {
+                let applied = serde_json::json!({"metadata": {"name": "a", "managedFields": [{"manager": "x"}]}}).to_string();
+                let annotations = serde_json::json!({"kubectl.kubernetes.io/last-applied-configuration": applied});
+                meta.push(("annotations".into(), annotations.to_string()));
+            }
+            meta.insert(position.min(meta.len()), ("managedFields".into(), managed.to_string()));
+            let spec = ("spec".to_string(), r#"{"managedFields":[{"manager":"decoy"}],"x":"}"}"#.to_string());
+            let mut top = vec![("kind".to_string(), "\"ConfigMap\"".to_string())];
+            if spec_first {
+                top.push(spec.clone());
+            }
+            top.push(("metadata".into(), object(sep, &meta)));
+            if !spec_first {
+                top.push(spec);
+            }
+            let json = object(sep, &top);
+
+            let mut want: serde_json::Value = serde_json::from_str(&json).unwrap();
+            want["metadata"].as_object_mut().unwrap().remove("managedFields");
+            let (cut, parsed) = strip_both_ways(json.as_bytes());
+            proptest::prop_assert_eq!(&cut, &want, "{}", json);
+            proptest::prop_assert_eq!(&parsed, &want);
+        }
+    }
+
+    #[test]
+    fn stripped_bytes_carry_a_hint_that_nothing_is_left_to_cut() {
+        let obj = RawObject::from_json(br#"{"metadata":{"name":"a","managedFields":[]},"spec":{}}"#.to_vec()).unwrap();
+        let out = Transform::default().apply(obj).unwrap().unwrap();
+        assert_eq!(out.managed_fields(), ManagedFields::Absent);
+        assert_eq!(&out.bytes[..], br#"{"metadata":{"name":"a"},"spec":{}}"#);
     }
 
     #[test]

@@ -285,6 +285,57 @@ mod tests {
         assert!(page.remaining.is_some());
     }
 
+    /// The LIST path inserts `apiVersion`/`kind` and shifts the scanned `managedFields`
+    /// position; the cut must still land on it in every real item.
+    #[test]
+    fn recorded_list_items_lose_exactly_their_managed_fields() {
+        let body = wire("pods-list.json");
+        let list: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        let page = decode_list(&body).unwrap();
+        let mut cut = 0;
+        for (item, original) in page.items.into_iter().zip(list["items"].as_array().unwrap()) {
+            let mut want = original.clone();
+            let had = want["metadata"]
+                .as_object_mut()
+                .unwrap()
+                .remove("managedFields")
+                .is_some();
+            cut += usize::from(had);
+            want["apiVersion"] = "v1".into();
+            want["kind"] = "Pod".into();
+            let out = crate::reflector::Transform::default().apply(item).unwrap().unwrap();
+            let got: serde_json::Value = serde_json::from_slice(&out.bytes).unwrap();
+            assert_eq!(got, want);
+            // The stored bytes read back as an object again.
+            crate::store::RawObject::from_json(out.bytes.clone()).unwrap();
+        }
+        assert!(cut > 0, "the recording has managedFields to cut");
+    }
+
+    #[test]
+    fn a_null_or_odd_type_field_in_a_list_item_is_not_duplicated() {
+        let page = decode_list(
+            br#"{"apiVersion":"v1","kind":"ConfigMapList","metadata":{"resourceVersion":"1"},"items":[{"apiVersion":null,"metadata":{"name":"a"}},{"kind":1,"metadata":{"name":"b"}}]}"#,
+        )
+        .unwrap();
+        for item in &page.items {
+            // Read back as stored: a duplicated member would make every later scan fail.
+            crate::store::RawObject::from_json(item.bytes.clone()).unwrap();
+            assert_eq!(
+                memchr::memmem::find_iter(&item.bytes, b"\"apiVersion\"").count(),
+                usize::from(item.meta.name == "a")
+            );
+        }
+    }
+
+    #[test]
+    fn objects_must_be_json_objects() {
+        // An array serde's derived struct would take member by member, name and all.
+        let err = decode_watch_line(br#"{"type":"ADDED","object":[{"name":"a"},"v1","Pod"]}"#).unwrap_err();
+        assert!(err.contains("not a JSON object"), "{err}");
+        assert!(decode_list(br#"{"kind":"ConfigMapList","metadata":{},"items":[[{"name":"a"},"v1","Pod"]]}"#).is_err());
+    }
+
     #[test]
     fn bad_lines_are_errors() {
         assert!(decode_watch_line(b"{").is_err());

@@ -3,8 +3,8 @@
 
 use std::time::Duration;
 
-use bytes::{Buf, Bytes, BytesMut};
-use futures::StreamExt;
+use bytes::{Bytes, BytesMut};
+use futures::{StreamExt, TryStreamExt};
 use http_body_util::BodyExt;
 use kube::core::{ApiResource, DynamicObject, Request, Resource};
 use kube::Client;
@@ -262,20 +262,8 @@ impl KubeSource {
         tracing::debug!(resource = %self.name(), rv = %req.resource_version, "watch");
         let res = self.send(http_req).await?;
         let resource = self.name();
-        let body = res.into_body();
-        let state = LineReader {
-            body,
-            buf: BytesMut::new(),
-            scanned: 0,
-            line_no: 0,
-            done: false,
-            resource,
-        };
-        Ok(futures::stream::unfold(state, |mut st| async move {
-            let item = st.next_event().await?;
-            Some((item, st))
-        })
-        .boxed())
+        let body = res.into_body().into_data_stream().map_err(|e| e.to_string()).boxed();
+        Ok(LineReader::new(body, resource).into_stream())
     }
 
     /// The `kube-system` UID plus the server URL, or the URL alone on 403/404 (see the type's
@@ -311,7 +299,8 @@ impl KubeSource {
 
 /// Splits a streaming body into lines and decodes each as a watch event, keeping the line.
 struct LineReader {
-    body: kube::client::Body,
+    /// The body's data frames (any chunking: a line may span frames, a frame hold many lines).
+    body: futures::stream::BoxStream<'static, Result<Bytes, String>>,
     buf: BytesMut,
     /// How much of `buf` is known to hold no newline.
     scanned: usize,
@@ -321,6 +310,25 @@ struct LineReader {
 }
 
 impl LineReader {
+    fn new(body: futures::stream::BoxStream<'static, Result<Bytes, String>>, resource: String) -> Self {
+        Self {
+            body,
+            buf: BytesMut::new(),
+            scanned: 0,
+            line_no: 0,
+            done: false,
+            resource,
+        }
+    }
+
+    fn into_stream(self) -> RawWatchStream {
+        futures::stream::unfold(self, |mut st| async move {
+            let item = st.next_event().await?;
+            Some((item, st))
+        })
+        .boxed()
+    }
+
     fn malformed(&self, detail: String) -> SourceError {
         SourceError::Decode {
             resource: self.resource.clone(),
@@ -370,27 +378,126 @@ impl LineReader {
                 self.buf.clear();
                 return Some(Err(self.malformed(format!("watch line longer than {MAX_LINE} bytes"))));
             }
-            match self.body.frame().await {
+            match self.body.next().await {
                 None => self.done = true,
-                Some(Ok(frame)) => {
-                    if let Ok(mut data) = frame.into_data() {
-                        while data.has_remaining() {
-                            let chunk = data.chunk();
-                            let n = chunk.len();
-                            self.buf.extend_from_slice(chunk);
-                            data.advance(n);
-                        }
-                    }
-                }
-                Some(Err(e)) => {
+                Some(Ok(data)) => self.buf.extend_from_slice(&data),
+                Some(Err(detail)) => {
                     self.done = true;
                     self.buf.clear();
                     return Some(Err(SourceError::Transport {
                         resource: self.resource.clone(),
-                        detail: e.to_string(),
+                        detail,
                     }));
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::source::WatchEvent;
+
+    const ADDED_A: &str = r#"{"type":"ADDED","object":{"metadata":{"name":"a","resourceVersion":"1"}}}"#;
+    const ADDED_B: &str = r#"{"type":"ADDED","object":{"metadata":{"name":"b","resourceVersion":"2"}}}"#;
+
+    /// Every item the reader yields for a body delivered as `chunks`.
+    fn read(chunks: Vec<Result<Bytes, String>>) -> Vec<Result<RawWatchEvent, SourceError>> {
+        let reader = LineReader::new(futures::stream::iter(chunks).boxed(), "configmaps".into());
+        futures::executor::block_on(reader.into_stream().collect())
+    }
+
+    fn names(items: &[Result<RawWatchEvent, SourceError>]) -> Vec<String> {
+        items
+            .iter()
+            .map(|i| match i {
+                Ok(RawWatchEvent {
+                    event: WatchEvent::Added(o),
+                    ..
+                }) => o.meta.name.clone(),
+                other => format!("{other:?}"),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn lines_split_at_any_chunk_boundary() {
+        let body = format!("{ADDED_A}\n{ADDED_B}\n");
+        for size in [1, 2, 7, 64, body.len()] {
+            let chunks = body
+                .as_bytes()
+                .chunks(size)
+                .map(|c| Ok(Bytes::copy_from_slice(c)))
+                .collect();
+            let items = read(chunks);
+            assert_eq!(names(&items), ["a", "b"], "chunks of {size}");
+            // The kept line is the server's bytes without the newline.
+            let line = items[1].as_ref().unwrap().line.clone().unwrap();
+            assert_eq!(&line[..], ADDED_B.as_bytes());
+        }
+    }
+
+    #[test]
+    fn crlf_blank_lines_and_a_last_line_without_newline() {
+        let body = format!("\r\n{ADDED_A}\r\n   \n\n{ADDED_B}");
+        let items = read(vec![Ok(Bytes::from(body))]);
+        assert_eq!(names(&items), ["a", "b"]);
+    }
+
+    #[test]
+    fn a_cut_off_last_line_is_a_truncated_stream_error_with_its_line_number() {
+        let body = format!("{ADDED_A}\n\n{}", &ADDED_B[..30]);
+        let items = read(vec![Ok(Bytes::from(body))]);
+        assert_eq!(names(&items)[0], "a");
+        match &items[1] {
+            Err(SourceError::Decode {
+                line: Some(3), detail, ..
+            }) => assert!(detail.contains("truncated stream"), "{detail}"),
+            other => panic!("expected a truncated-stream error, got {other:?}"),
+        }
+        assert_eq!(items.len(), 2);
+    }
+
+    #[test]
+    fn a_malformed_line_names_its_number_and_later_lines_still_decode() {
+        let body = format!("{ADDED_A}\n{{\"type\":\"ADDED\",\n{ADDED_B}\n");
+        let items = read(vec![Ok(Bytes::from(body))]);
+        assert!(
+            matches!(&items[1], Err(SourceError::Decode { line: Some(2), .. })),
+            "{:?}",
+            items[1]
+        );
+        assert_eq!(names(&items)[2], "b");
+    }
+
+    #[test]
+    fn a_transport_error_ends_the_stream_after_the_lines_before_it() {
+        let items = read(vec![
+            Ok(Bytes::from(format!("{ADDED_A}\n{{\"partial"))),
+            Err("connection reset".into()),
+            Ok(Bytes::from_static(b"never read\n")),
+        ]);
+        assert_eq!(names(&items)[0], "a");
+        assert!(
+            matches!(&items[1], Err(SourceError::Transport { detail, .. }) if detail == "connection reset"),
+            "{:?}",
+            items[1]
+        );
+        assert_eq!(items.len(), 2);
+    }
+
+    #[test]
+    fn a_line_longer_than_the_limit_is_refused_without_buffering_more() {
+        let mib = Bytes::from(vec![b' '; 1 << 20]);
+        let mut chunks: Vec<Result<Bytes, String>> = vec![Ok(Bytes::from_static(b"{\"type\":\"ADDED\",\"object\":\""))];
+        chunks.extend((0..(MAX_LINE >> 20) + 2).map(|_| Ok(mib.clone())));
+        let items = read(chunks);
+        assert_eq!(items.len(), 1);
+        assert!(
+            matches!(&items[0], Err(SourceError::Decode { detail, .. }) if detail.contains("longer than")),
+            "{:?}",
+            items[0]
+        );
     }
 }

@@ -2,8 +2,10 @@
 //!
 //! Every stored value is a *versioned envelope*: one version byte, a little-endian `u32` header
 //! length, a bincode header, then (for rows that carry object bytes) the object's bytes as they
-//! arrived, so reading the bytes back is a slice, not a decode. Metadata extraction decodes only
-//! `metadata` from the JSON through a borrowed serde struct; the rest of the object is skipped.
+//! arrived, so reading the bytes back is a slice, not a decode. Metadata extraction ([`scan_object`])
+//! decodes only `metadata` from the JSON through a borrowed serde struct, skipping the rest, and
+//! in the same pass notes where `metadata.managedFields` sits so it can be cut out without
+//! another parse.
 
 use std::borrow::Cow;
 use std::collections::BTreeMap;
@@ -31,6 +33,9 @@ pub enum CodecError {
     /// The object has no `metadata.name`.
     #[error("object has no metadata.name")]
     MissingName,
+    /// The JSON is valid but not an object (an array, a string, a number).
+    #[error("object is not a JSON object")]
+    NotAnObject,
     /// A stored value has an envelope version this build does not know.
     #[error("stored value has envelope version {0}, this build reads only version {ENVELOPE_V1}: the database was written by a newer durable-informer")]
     UnknownEnvelope(u8),
@@ -102,10 +107,12 @@ impl ObjectMeta {
 struct Head<'a> {
     #[serde(borrow)]
     metadata: Option<RawMeta<'a>>,
-    #[serde(borrow)]
-    api_version: Option<Cow<'a, str>>,
-    #[serde(borrow)]
-    kind: Option<Cow<'a, str>>,
+    /// Only whether they are there matters (even as `null`): a LIST item that has either gets
+    /// no `apiVersion`/`kind` added, which would duplicate the member.
+    #[serde(borrow, default, deserialize_with = "present")]
+    api_version: Option<&'a RawValue>,
+    #[serde(borrow, default, deserialize_with = "present")]
+    kind: Option<&'a RawValue>,
 }
 
 #[derive(Deserialize)]
@@ -217,6 +224,10 @@ pub(crate) enum ManagedFields {
 /// One pass over an object's JSON: metadata, type presence and the `managedFields` position.
 pub(crate) fn scan_object(json: &[u8]) -> Result<Scanned, CodecError> {
     let head: Head<'_> = serde_json::from_slice(json).map_err(CodecError::Json)?;
+    // serde's derived structs also accept a JSON array; a Kubernetes object never is one.
+    if json.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
+        return Err(CodecError::NotAnObject);
+    }
     let has_type_meta = head.api_version.is_some() || head.kind.is_some();
     let m = head.metadata.ok_or(CodecError::MissingName)?;
     let name = m.name.filter(|n| !n.is_empty()).ok_or(CodecError::MissingName)?;
@@ -355,6 +366,13 @@ impl RawObject {
             bytes,
             scan: None,
         }
+    }
+
+    /// Replaces `bytes` with the same object without `managedFields`, and says so in the hint,
+    /// so a later look at the new bytes never applies the old position to them.
+    pub(crate) fn set_stripped(&mut self, bytes: Bytes) {
+        self.scan = Some((bytes.as_ptr() as usize, bytes.len(), ManagedFields::Absent));
+        self.bytes = bytes;
     }
 
     /// The object's key.
