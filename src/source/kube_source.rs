@@ -488,7 +488,7 @@ mod tests {
     }
 
     #[test]
-    fn a_line_longer_than_the_limit_is_refused_without_buffering_more() {
+    fn a_line_longer_than_the_limit_is_refused_and_ends_the_stream() {
         let mib = Bytes::from(vec![b' '; 1 << 20]);
         let mut chunks: Vec<Result<Bytes, String>> = vec![Ok(Bytes::from_static(b"{\"type\":\"ADDED\",\"object\":\""))];
         chunks.extend((0..(MAX_LINE >> 20) + 2).map(|_| Ok(mib.clone())));
