@@ -19,11 +19,12 @@
 
 use std::time::{Duration, Instant};
 
+use durable_informer::object::{ResourceVersion, ScopeSpec};
 use durable_informer::reflector::{Reflector, ReflectorConfig, ReflectorError, ReflectorStatus};
 use durable_informer::sim::workload::WorkloadGen;
 use durable_informer::sim::{Sim, SimConfig};
 use durable_informer::source::KubeSource;
-use durable_informer::store::{DurableStore, ResourceVersion, ScopeSpec, StoreConfig};
+use durable_informer::store::{DurableStore, StoreConfig};
 use k8s_openapi::api::core::v1::Pod;
 use tokio::sync::watch;
 

@@ -14,10 +14,8 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use durable_informer::store::{
-    extract_meta, Batch, Compression, DeltaKind, DurableStore, Indexer, ObjectKey, RawObject, ScopeSpec, StoreConfig,
-    LABELS,
-};
+use durable_informer::object::{extract_meta, ObjectKey, RawObject, ScopeSpec};
+use durable_informer::store::{Batch, Compression, DeltaKind, DurableStore, Indexer, StoreConfig, LABELS};
 
 /// Objects per namespace in the read benchmarks (and the ingest key space per namespace).
 const PER_NS: u64 = 2_000;

@@ -27,8 +27,9 @@ use std::time::Duration;
 
 use durable_informer::controller::{Action, Controller};
 use durable_informer::informer::{InformerFactory, Lister};
+use durable_informer::object::ObjectKey;
 use durable_informer::selector::LabelSelector;
-use durable_informer::store::{DurableStore, ObjectKey, ScopeId, StoreConfig};
+use durable_informer::store::{DurableStore, ScopeId, StoreConfig};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{ConfigMap, Pod};
 use kube::api::{Api, DeleteParams, Patch, PatchParams};

@@ -19,8 +19,9 @@ use std::time::Duration;
 
 use durable_informer::controller::{Action, Controller};
 use durable_informer::informer::{HandlerFuncs, HandlerOptions, Informer, Lister};
+use durable_informer::object::ObjectKey;
 use durable_informer::source::KubeSource;
-use durable_informer::store::{DurableStore, ObjectKey, StoreConfig};
+use durable_informer::store::{DurableStore, StoreConfig};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use serde::{Deserialize, Serialize};

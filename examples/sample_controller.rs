@@ -20,8 +20,9 @@ use std::time::Duration;
 
 use durable_informer::controller::{Action, Controller};
 use durable_informer::informer::{Informer, Lister};
+use durable_informer::object::ObjectKey;
 use durable_informer::source::KubeSource;
-use durable_informer::store::{DurableStore, ObjectKey, StoreConfig};
+use durable_informer::store::{DurableStore, StoreConfig};
 use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec};
 use k8s_openapi::api::core::v1::{Container, PodSpec, PodTemplateSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, OwnerReference};

@@ -2,9 +2,9 @@
 //! repository so later releases prove they still open it. Run once per released schema version:
 //! `cargo run --example write_golden_db`.
 
+use durable_informer::object::{RawObject, ScopeSpec};
 use durable_informer::store::{
-    Batch, Compression, DeltaKind, DurableStore, IndexStatus, Indexer, RawObject, ScopeSpec, Seq, StoreConfig, LABELS,
-    SCHEMA_VERSION,
+    Batch, Compression, DeltaKind, DurableStore, IndexStatus, Indexer, Seq, StoreConfig, LABELS, SCHEMA_VERSION,
 };
 use futures::FutureExt;
 

@@ -1,163 +1,35 @@
-//! Error enums per stage and the umbrella [`Error`].
+//! The umbrella [`Error`]: one type for callers that do not care which stage failed.
 //!
-//! Every message says what happened and, where the caller can act, what to do. Credentials
-//! never appear in any of them.
+//! Each stage owns its error enum ([`crate::store::StoreError`],
+//! [`crate::reflector::ReflectorError`], [`crate::informer::InformerError`], …); nothing in the
+//! crate imports this one, so it can wrap them all without a cycle. Credentials never appear in
+//! any message.
 
-use std::path::PathBuf;
-
-use crate::store::{CodecError, KeyError, ResourceVersion, ScopeId};
-
-/// Errors of the durable store (opening, writing, reading).
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum StoreError {
-    /// The file exists but is not a redb database.
-    #[error("{path}: not a durable-informer database (no redb header); pass a new path or remove the file")]
-    NotADatabase {
-        /// The file.
-        path: PathBuf,
-    },
-    /// Another process (or another handle in this one) has the database open.
-    #[error("{path}: the database is locked by another process; stop it or use another --db file")]
-    Locked {
-        /// The file.
-        path: PathBuf,
-    },
-    /// The database is damaged.
-    #[error("{path}: the database is corrupted ({detail}); restore a backup or delete the file to rebuild it from the cluster")]
-    Corrupted {
-        /// The file.
-        path: PathBuf,
-        /// What was found.
-        detail: String,
-    },
-    /// Written by a newer release with a schema this build does not know.
-    #[error("{path}: database schema version {found} is newer than this build supports ({supported}); upgrade durable-informer or use another file")]
-    NewerSchema {
-        /// The file.
-        path: PathBuf,
-        /// The schema version found.
-        found: u32,
-        /// The newest schema version this build knows.
-        supported: u32,
-    },
-    /// The database was filled from another cluster.
-    #[error("database belongs to cluster {stored:?}, but the server is cluster {found:?}; use another --db file, or reset it to rebuild from this cluster")]
-    ClusterMismatch {
-        /// Identity stored in the database.
-        stored: String,
-        /// Identity of the server now.
-        found: String,
-    },
-    /// An I/O error opening or creating the file.
-    #[error("{path}: {source}")]
-    Io {
-        /// The file.
-        path: PathBuf,
-        /// The cause.
-        #[source]
-        source: std::io::Error,
-    },
-    /// redb failed (a full disk shows up here as an I/O error with "No space left on device").
-    #[error("{path}: storage error: {source}; the last committed state is intact")]
-    Storage {
-        /// The file.
-        path: PathBuf,
-        /// The cause.
-        #[source]
-        source: redb::Error,
-    },
-    /// A value in the database or an incoming object does not encode/decode.
-    #[error(transparent)]
-    Codec(#[from] CodecError),
-    /// An object key cannot be stored.
-    #[error(transparent)]
-    Key(#[from] KeyError),
-    /// A batch would move a scope's resourceVersion backwards outside a relist (invariant 2).
-    #[error("{scope}: resourceVersion would go backwards from {persisted} to {offered}; relist instead")]
-    RvRegression {
-        /// The scope.
-        scope: ScopeId,
-        /// What is persisted.
-        persisted: ResourceVersion,
-        /// What the batch carried.
-        offered: ResourceVersion,
-    },
-    /// A batch required the scope to be at least at an RV (the one its predecessor in the same
-    /// stream reached), and it is not: the predecessor did not commit.
-    #[error("{scope}: the previous batch did not commit (persisted resourceVersion {persisted:?}, required {required}); re-watch from the persisted one")]
-    PredecessorMissing {
-        /// The scope.
-        scope: ScopeId,
-        /// What is persisted.
-        persisted: Option<ResourceVersion>,
-        /// What the batch required.
-        required: ResourceVersion,
-    },
-    /// No scope with that id.
-    #[error("{0}: no such scope in this database")]
-    UnknownScope(ScopeId),
-    /// No index of that name on the scope.
-    #[error("{scope}: no index named {name:?} (register it with the informer's indexers)")]
-    UnknownIndex {
-        /// The scope.
-        scope: ScopeId,
-        /// The index name.
-        name: String,
-    },
-    /// The index exists but its backfill over the objects the scope already held has not
-    /// finished, so its answers would be partial. Retry once [`crate::store::Writer::ensure_index`]
-    /// has returned (see [`crate::store::Snapshot::index_status`]).
-    #[error("{scope}: index {name:?} is still being backfilled over the scope's existing objects; retry once ensure_index has returned")]
-    IndexNotReady {
-        /// The scope.
-        scope: ScopeId,
-        /// The index name.
-        name: String,
-    },
-    /// A consumer without a durable cursor fell behind the log's retention: entries after its
-    /// position were compacted before it read them.
-    #[error("log entries after seq {after} were compacted before they were read (the oldest retained is {first_retained}); the consumer starts again from the current state. Register the handler with a durable name, or raise StoreConfig::retention_entries")]
-    LogCompacted {
-        /// The consumer's position.
-        after: u64,
-        /// The first seq still in the log.
-        first_retained: u64,
-    },
-    /// The store was closed; this handle outlived it.
-    #[error("{path}: the database was closed")]
-    Closed {
-        /// The file.
-        path: PathBuf,
-    },
-    /// The writer thread has stopped (the store was closed, or it failed to start).
-    #[error("the database writer has stopped")]
-    WriterGone,
-    /// Another command in the same group commit failed, so this one was not committed.
-    #[error("not committed: {0}")]
-    Aborted(String),
-}
-
-impl StoreError {
-    /// A copy suitable for acknowledging every command of an aborted group commit.
-    pub(crate) fn to_aborted(&self) -> StoreError {
-        StoreError::Aborted(self.to_string())
-    }
-}
+use crate::informer::InformerError;
+use crate::object::ObjectError;
+use crate::reflector::ReflectorError;
+use crate::source::SourceError;
+use crate::store::StoreError;
 
 /// The umbrella error of the crate.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
+    /// An object's JSON is not a Kubernetes object.
+    #[error(transparent)]
+    Object(#[from] ObjectError),
     /// The durable store failed.
     #[error(transparent)]
     Store(#[from] StoreError),
+    /// Talking to the API server failed.
+    #[error(transparent)]
+    Source(#[from] SourceError),
     /// A reflector stopped with an error.
     #[error(transparent)]
-    Reflector(#[from] crate::reflector::ReflectorError),
-    /// An informer of Secrets was built without `allow_secrets()`.
-    #[error("caching Secrets stores them on disk in the database file; call allow_secrets() on the informer builder to accept that")]
-    SecretsNotAllowed,
+    Reflector(#[from] ReflectorError),
+    /// Building or shutting down an informer failed.
+    #[error(transparent)]
+    Informer(#[from] InformerError),
     /// An I/O error outside the database.
     #[error("I/O error: {0}")]
     Io(#[from] std::io::Error),

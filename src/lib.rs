@@ -13,6 +13,7 @@ pub mod controller;
 pub mod error;
 pub mod informer;
 pub mod metrics;
+pub mod object;
 pub mod reflector;
 pub mod replay;
 pub mod selector;

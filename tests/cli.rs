@@ -570,9 +570,9 @@ fn check_fails_with_exit_3_on_a_damaged_invariant() {
         let db = durable_informer::store::DurableStore::open(durable_informer::store::StoreConfig::new(&path)).unwrap();
         let w = db.writer();
         let scope = w
-            .register_scope_blocking(&durable_informer::store::ScopeSpec::new("", "v1", "configmaps"))
+            .register_scope_blocking(&durable_informer::object::ScopeSpec::new("", "v1", "configmaps"))
             .unwrap();
-        let obj = durable_informer::store::RawObject::from_json(
+        let obj = durable_informer::object::RawObject::from_json(
             br#"{"metadata":{"name":"a","namespace":"n","resourceVersion":"5"}}"#.to_vec(),
         )
         .unwrap();

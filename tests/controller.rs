@@ -12,7 +12,8 @@ use std::time::Duration;
 use common::fake::Fake;
 use durable_informer::controller::{Action, Controller};
 use durable_informer::informer::{Informer, Lister};
-use durable_informer::store::{DurableStore, ObjectKey, StoreConfig};
+use durable_informer::object::ObjectKey;
+use durable_informer::store::{DurableStore, StoreConfig};
 use k8s_openapi::api::core::v1::ConfigMap;
 use tokio::sync::watch;
 

@@ -8,9 +8,10 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use common::fake::{status, Fake, Fault};
+use durable_informer::object::{RawObject, ScopeSpec};
 use durable_informer::reflector::{BackoffConfig, Reflector, ReflectorConfig, ReflectorError, ReflectorStatus};
 use durable_informer::source::{ListPage, ListRequest, Source, SourceError, WatchEvent, WatchRequest, WatchStream};
-use durable_informer::store::{DeltaKind, DurableStore, RawObject, ScopeId, ScopeSpec, Seq, StoreConfig};
+use durable_informer::store::{DeltaKind, DurableStore, ScopeId, Seq, StoreConfig};
 use futures::StreamExt;
 use tokio::sync::watch;
 

@@ -8,11 +8,11 @@
 
 use std::io::{Read, Write};
 
+use durable_informer::object::extract_meta;
 use durable_informer::reflector::Transform;
 use durable_informer::replay::RecordingReader;
 use durable_informer::selector::{FieldSelector, LabelSelector};
 use durable_informer::source::{decode_list, decode_watch_line, WatchEvent};
-use durable_informer::store::extract_meta;
 use proptest::prelude::*;
 
 fn cases() -> u32 {

@@ -390,8 +390,8 @@ async fn secrets_need_an_explicit_opt_in() {
         fn resource(&self) -> String {
             "secrets".into()
         }
-        fn scope(&self) -> durable_informer::store::ScopeSpec {
-            durable_informer::store::ScopeSpec::new("", "v1", "secrets")
+        fn scope(&self) -> durable_informer::object::ScopeSpec {
+            durable_informer::object::ScopeSpec::new("", "v1", "secrets")
         }
     }
     let dir = tempfile::tempdir().unwrap();
@@ -399,7 +399,10 @@ async fn secrets_need_an_explicit_opt_in() {
     let refused = Informer::<ConfigMap>::builder(&db, SecretSource(Fake::new()))
         .build()
         .await;
-    assert!(matches!(refused, Err(durable_informer::Error::SecretsNotAllowed)));
+    assert!(matches!(
+        refused,
+        Err(durable_informer::informer::InformerError::SecretsNotAllowed)
+    ));
     assert!(Informer::<ConfigMap>::builder(&db, SecretSource(Fake::new()))
         .allow_secrets()
         .build()
@@ -519,7 +522,7 @@ impl durable_informer::source::Source for Scoped {
         self.fake.resource()
     }
 
-    fn scope(&self) -> durable_informer::store::ScopeSpec {
+    fn scope(&self) -> durable_informer::object::ScopeSpec {
         self.fake.scope().namespace(self.namespace)
     }
 }

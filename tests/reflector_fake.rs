@@ -8,11 +8,12 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use common::fake::{status, Fake, Fault};
+use durable_informer::object::ScopeSpec;
 use durable_informer::reflector::{
     BackoffConfig, OversizePolicy, Phase, Reflector, ReflectorConfig, ReflectorError, ReflectorStatus, Transform,
     TransformFn,
 };
-use durable_informer::store::{DeltaKind, DurableStore, ScopeId, ScopeSpec, Seq, StoreConfig};
+use durable_informer::store::{DeltaKind, DurableStore, ScopeId, Seq, StoreConfig};
 use tokio::sync::watch;
 
 struct Running {
@@ -982,7 +983,7 @@ async fn rows_staged_by_a_relist_killed_midway_do_not_survive_the_next_relist() 
 
     // What a process killed after staging a page leaves: a staged object the server has since
     // deleted (found in the crash harness).
-    let ghost = durable_informer::store::RawObject::from_json(
+    let ghost = durable_informer::object::RawObject::from_json(
         r#"{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"ghost","namespace":"ns","resourceVersion":"2"}}"#,
     )
     .unwrap();

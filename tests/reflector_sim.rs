@@ -6,10 +6,11 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use durable_informer::object::ScopeSpec;
 use durable_informer::reflector::{BackoffConfig, Reflector, ReflectorConfig, ReflectorError, ReflectorStatus};
 use durable_informer::sim::{Failure, FaultTarget, Sim, SimConfig};
 use durable_informer::source::KubeSource;
-use durable_informer::store::{DeltaKind, DurableStore, ScopeId, ScopeSpec, Seq, StoreConfig};
+use durable_informer::store::{DeltaKind, DurableStore, ScopeId, Seq, StoreConfig};
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, ListParams};
 use serde_json::json;

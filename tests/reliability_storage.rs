@@ -18,7 +18,8 @@ use std::ops::Bound;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
-use durable_informer::store::{Batch, DeltaKind, DurableStore, RawObject, ScopeId, ScopeSpec, StoreConfig, StoreError};
+use durable_informer::object::{RawObject, ScopeSpec};
+use durable_informer::store::{Batch, DeltaKind, DurableStore, ScopeId, StoreConfig, StoreError};
 use redb::backends::FileBackend;
 use redb::{BackendError, StorageBackend};
 

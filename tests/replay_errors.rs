@@ -155,7 +155,7 @@ async fn an_empty_recording_needs_an_explicit_scope() {
         ReplaySource::open(&path, ReplayOptions::default()),
         Err(ReplayError::NoScope { .. })
     ));
-    let scope = durable_informer::store::ScopeSpec::new("", "v1", "configmaps");
+    let scope = durable_informer::object::ScopeSpec::new("", "v1", "configmaps");
     let report = replay(dir.path(), &path, ReplayOptions::default().scope(scope))
         .await
         .unwrap();

@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use common::fake::{status, Fake, Fault};
+use durable_informer::object::{ResourceVersion, ScopeSpec};
 use durable_informer::replay::{
     replay_into, InitialState, Recorder, RecorderConfig, RecorderReport, ReplayOptions, ReplaySource,
 };
@@ -17,7 +18,7 @@ use durable_informer::source::{
     decode_watch_line, ListPage, ListRequest, RawWatchEvent, RawWatchStream, Source, SourceError, WatchRequest,
     WatchStream,
 };
-use durable_informer::store::{DurableStore, ResourceVersion, ScopeSpec, StoreConfig};
+use durable_informer::store::{DurableStore, StoreConfig};
 use futures::StreamExt;
 
 fn lines_of(files: &[PathBuf]) -> Vec<Vec<u8>> {

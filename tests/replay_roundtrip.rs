@@ -11,11 +11,12 @@ use std::sync::{Arc, Mutex};
 
 use common::fake::Fake;
 use durable_informer::informer::{handler_fn, Event, HandlerOptions, Informer};
+use durable_informer::object::{ObjectKey, ScopeSpec};
 use durable_informer::replay::{
     export_log, history, replay_into, state_at, Recorder, RecorderConfig, ReplayError, ReplayOptions, ReplaySource,
     Speed,
 };
-use durable_informer::store::{DeltaKind, DurableStore, ObjectKey, ScopeSpec, Seq, StoreConfig};
+use durable_informer::store::{DeltaKind, DurableStore, Seq, StoreConfig};
 use k8s_openapi::api::core::v1::ConfigMap;
 
 /// A ConfigMap watch line; object `i` is `ns-{i % 7}/cm-{i}`.
@@ -598,7 +599,8 @@ async fn an_export_of_a_store_that_relisted_after_a_410_replays_to_the_same_obje
 /// result replays into one scope only (documented on `export_log`).
 #[test]
 fn an_export_of_all_scopes_interleaves_them_in_log_order() {
-    use durable_informer::store::{Batch, RawObject, ScopeSpec};
+    use durable_informer::object::{RawObject, ScopeSpec};
+    use durable_informer::store::Batch;
     let obj = |kind: &str, name: &str, rv: u64| {
         RawObject::from_json(
             format!(

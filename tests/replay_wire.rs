@@ -5,9 +5,10 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
+use durable_informer::object::ScopeSpec;
 use durable_informer::replay::{encode_list, export_log, replay_into, ReplayOptions, ReplaySource};
 use durable_informer::source::decode_list;
-use durable_informer::store::{DurableStore, ScopeSpec, StoreConfig};
+use durable_informer::store::{DurableStore, StoreConfig};
 
 const WIRE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../shared/k8s-wire/");
 

@@ -8,9 +8,9 @@ use std::sync::Arc;
 mod common;
 
 use common::tables::{tables, Rows};
+use durable_informer::object::{ObjectKey, RawObject, ScopeSpec};
 use durable_informer::store::{
-    Batch, Compression, DeltaKind, DurableStore, Indexer, ObjectKey, RawObject, ScopeSpec, Seq, StoreConfig,
-    StoreError, LABELS, SCHEMA_VERSION,
+    Batch, Compression, DeltaKind, DurableStore, Indexer, Seq, StoreConfig, StoreError, LABELS, SCHEMA_VERSION,
 };
 
 fn cm(ns: &str, name: &str, rv: u64, app: &str) -> RawObject {

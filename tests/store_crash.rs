@@ -10,9 +10,8 @@ use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use durable_informer::store::{
-    Batch, DeltaKind, DurableStore, Indexer, ObjectKey, RawObject, ScopeSpec, StoreConfig, LABELS,
-};
+use durable_informer::object::{ObjectKey, RawObject, ScopeSpec};
+use durable_informer::store::{Batch, DeltaKind, DurableStore, Indexer, StoreConfig, LABELS};
 
 const DELTAS_PER_BATCH: u64 = 25;
 

@@ -12,9 +12,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, UNIX_EPOCH};
 
+use durable_informer::object::{ObjectKey, RawObject, ScopeSpec};
 use durable_informer::store::{
-    Batch, DeltaKind, DurableStore, IndexStatus, Indexer, ObjectKey, RawObject, ScopeId, ScopeSpec, Seq, StoreConfig,
-    StoreError, LABELS,
+    Batch, DeltaKind, DurableStore, IndexStatus, Indexer, ScopeId, Seq, StoreConfig, StoreError, LABELS,
 };
 use proptest::prelude::*;
 

@@ -3,5 +3,5 @@
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
-    let _ = durable_informer::store::extract_meta(data);
+    let _ = durable_informer::object::extract_meta(data);
 });

@@ -2,10 +2,9 @@
 
 use std::path::Path;
 
+use durable_informer::object::ObjectKey;
 use durable_informer::selector::LabelSelector;
-use durable_informer::store::{
-    DeltaKind, DurableStore, ObjectKey, ScopeId, ScopeRecord, Seq, Store, StoreConfig, StoredObject,
-};
+use durable_informer::store::{DeltaKind, DurableStore, ScopeId, ScopeRecord, Seq, Store, StoreConfig, StoredObject};
 use serde_json::{json, Value};
 
 use super::progress::spinner;

@@ -38,6 +38,7 @@ use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
 
 use clap::{Parser, Subcommand, ValueEnum};
+use durable_informer::informer::InformerError;
 use durable_informer::store::StoreError;
 
 /// Durable Kubernetes informers: a cache in an embedded crash-safe database.
@@ -371,11 +372,11 @@ impl From<StoreError> for CliError {
     }
 }
 
-impl From<durable_informer::Error> for CliError {
-    fn from(e: durable_informer::Error) -> Self {
+impl From<InformerError> for CliError {
+    fn from(e: InformerError) -> Self {
         match e {
-            durable_informer::Error::Store(s) => s.into(),
-            durable_informer::Error::Reflector(durable_informer::reflector::ReflectorError::ClusterMismatch(m)) => {
+            InformerError::Store(s) => s.into(),
+            InformerError::Reflector(durable_informer::reflector::ReflectorError::ClusterMismatch(m)) => {
                 CliError::new(4, format!("{m}{RESET_HINT}"))
             }
             other => CliError::runtime(other),

@@ -3,12 +3,13 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use durable_informer::object::ScopeSpec;
 use durable_informer::replay::{
     export_log_file, replay_into, scope_of, MalformedPolicy, Recorder, RecorderConfig, RecordingReader, ReplayOptions,
     ReplaySource, Speed,
 };
 use durable_informer::source::WatchEvent;
-use durable_informer::store::{DurableStore, ScopeSpec, StoreConfig};
+use durable_informer::store::{DurableStore, StoreConfig};
 use serde_json::json;
 
 use super::db::{find_scope, open, split_resource};

@@ -10,7 +10,7 @@
 //! use std::sync::Arc;
 //! use durable_informer::controller::{Action, Controller};
 //! use durable_informer::informer::Informer;
-//! use durable_informer::store::ObjectKey;
+//! use durable_informer::object::ObjectKey;
 //! use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet};
 //!
 //! # async fn f(deployments: Informer<Deployment>, replicasets: Informer<ReplicaSet>) {
@@ -80,8 +80,8 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use crate::informer::{handler_fn, Event, HandlerOptions, Informer, Registration};
+use crate::object::ObjectKey;
 use crate::queue::{default_controller_rate_limiter, WorkQueue};
-use crate::store::ObjectKey;
 
 /// What to do after a successful reconcile.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

@@ -10,7 +10,8 @@ use kube::runtime::watcher;
 use serde::de::DeserializeOwned;
 
 use super::Informer;
-use crate::store::{DeltaKind, LogReader, ObjectKey, ScopeId, Seq, Store};
+use crate::object::ObjectKey;
+use crate::store::{DeltaKind, LogReader, ScopeId, Seq, Store};
 
 enum Phase {
     Start,

@@ -13,8 +13,9 @@ use tokio::sync::watch;
 use tracing::Instrument;
 
 use super::handler::{Event, EventHandler, HandlerOptions};
+use crate::object::{ObjectKey, ResourceVersion};
 use crate::reflector::ReflectorStatus;
-use crate::store::{DeltaKind, LogReader, LogRecord, ObjectKey, ResourceVersion, ScopeId, Seq, Store, Writer};
+use crate::store::{DeltaKind, LogReader, LogRecord, ScopeId, Seq, Store, Writer};
 
 /// How many log entries one read takes.
 const BATCH: usize = 256;

@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex};
 use kube::core::{ApiResource, Resource};
 use serde::de::DeserializeOwned;
 
-use super::{Informer, Inner};
+use super::{Informer, InformerError, Inner};
 use crate::reflector::{ReflectorConfig, ReflectorError};
 use crate::source::{KubeSource, Source};
 use crate::store::{DurableStore, Indexer, StoreError};
@@ -70,7 +70,7 @@ impl InformerFactory {
     }
 
     /// The shared informer of a typed resource in one namespace (or all).
-    pub async fn informer<K>(&self, namespace: Option<&str>) -> Result<Informer<K>, crate::Error>
+    pub async fn informer<K>(&self, namespace: Option<&str>) -> Result<Informer<K>, InformerError>
     where
         K: Resource<DynamicType = ()> + DeserializeOwned + Send + Sync + 'static,
     {
@@ -87,7 +87,7 @@ impl InformerFactory {
         label_selector: Option<&str>,
         field_selector: Option<&str>,
         indexers: Vec<Indexer>,
-    ) -> Result<Informer<K>, crate::Error>
+    ) -> Result<Informer<K>, InformerError>
     where
         K: DeserializeOwned + Send + Sync + 'static,
     {
@@ -165,7 +165,7 @@ impl InformerFactory {
 
     /// Stops every watch, drains the handlers (they receive everything committed), then
     /// flushes the writer and closes the database.
-    pub async fn shutdown(&self) -> Result<(), crate::Error> {
+    pub async fn shutdown(&self) -> Result<(), InformerError> {
         let mut first_err = None;
         for e in self.entries() {
             if let Err(err) = (e.stop)().await {
@@ -176,11 +176,11 @@ impl InformerFactory {
         if let Some(db) = db.and_then(|db| Arc::try_unwrap(db).ok()) {
             tokio::task::spawn_blocking(move || db.close())
                 .await
-                .map_err(|e| crate::Error::Io(std::io::Error::other(e)))??;
+                .map_err(InformerError::Join)??;
         }
         match first_err {
             // A cluster mismatch stopped an informer: the caller must hear of it.
-            Some(e) => Err(crate::Error::Reflector(e)),
+            Some(e) => Err(InformerError::Reflector(e)),
             None => Ok(()),
         }
     }

@@ -6,13 +6,14 @@ use std::sync::Arc;
 
 use serde::de::DeserializeOwned;
 
+use crate::object::{ObjectError, ObjectKey, ObjectMeta};
 use crate::selector::LabelSelector;
-use crate::store::{CodecError, ObjectKey, ObjectMeta, Store, StoreError, TypedCache};
+use crate::store::{Store, StoreError, TypedCache};
 
 fn decode<K: DeserializeOwned>(bytes: &[u8]) -> Result<Arc<K>, StoreError> {
     serde_json::from_slice(bytes)
         .map(Arc::new)
-        .map_err(|e| StoreError::Codec(CodecError::Json(e)))
+        .map_err(|e| StoreError::from(ObjectError::Json(e)))
 }
 
 /// Lists and gets typed objects from an informer's store.

@@ -35,6 +35,7 @@
 
 mod adaptor;
 mod dispatch;
+mod error;
 mod factory;
 mod handler;
 mod lister;
@@ -49,6 +50,7 @@ use serde::de::DeserializeOwned;
 use tokio::sync::watch;
 
 pub use adaptor::watcher_stream;
+pub use error::InformerError;
 pub use factory::InformerFactory;
 pub use handler::{
     async_handler_fn, handler_fn, Event, EventHandler, Filtering, HandlerError, HandlerFuncs, HandlerOptions,
@@ -56,9 +58,10 @@ pub use handler::{
 };
 pub use lister::{Lister, NamespaceLister};
 
+use crate::object::ResourceVersion;
 use crate::reflector::{Reflector, ReflectorConfig, ReflectorError, ReflectorStatus, Transform};
 use crate::source::Source;
-use crate::store::{DurableStore, Indexer, LogReader, ResourceVersion, ScopeId, Seq, Store, Writer};
+use crate::store::{DurableStore, Indexer, LogReader, ScopeId, Seq, Store, Writer};
 
 /// How long [`Informer::shutdown`] waits for each handler to catch up.
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
@@ -239,11 +242,11 @@ where
 {
     /// Registers the scope and its indexes in the database (backfilling new indexes) and
     /// returns the informer, not yet started. The store is readable at once.
-    pub async fn build(self) -> Result<Informer<K>, crate::Error> {
+    pub async fn build(self) -> Result<Informer<K>, InformerError> {
         let spec = self.source.scope();
         if spec.group.is_empty() && spec.resource == "secrets" {
             if !self.allow_secrets {
-                return Err(crate::Error::SecretsNotAllowed);
+                return Err(InformerError::SecretsNotAllowed);
             }
             tracing::warn!(path = %self.db.path().display(), "caching Secrets: they are stored on disk in the database file");
         }

@@ -34,8 +34,9 @@ pub use backoff::BackoffConfig;
 pub use transform::{strip_managed_fields, tombstone, OversizePolicy, Transform, TransformError, TransformFn};
 
 use crate::metrics;
+use crate::object::{RawObject, ResourceVersion};
 use crate::source::{ListRequest, Source, SourceError, WatchEvent, WatchRequest};
-use crate::store::{Batch, Committed, DeltaKind, RawObject, ResourceVersion, ScopeId, Store, StoreError, Writer};
+use crate::store::{Batch, Committed, DeltaKind, ScopeId, Store, StoreError, Writer};
 use backoff::Backoff;
 use prometheus_client::metrics::histogram::Histogram;
 
@@ -108,12 +109,24 @@ pub enum ReflectorError {
         continue_token: Option<String>,
     },
     /// The store refused or failed a write.
-    #[error("{resource}: store: {message}")]
+    #[error("{resource}: store: {source}")]
     Store {
         /// The resource.
         resource: String,
-        /// The store's message.
-        message: String,
+        /// What the store said (shared: the error is cloned into the status and every report).
+        #[source]
+        source: Arc<StoreError>,
+    },
+    /// A paginated LIST kept expiring (410 on its continue token) and was given up.
+    #[error("{resource}: list restarted {restarts} times; the last: {source}")]
+    ListRestarts {
+        /// The resource.
+        resource: String,
+        /// How many times the list started over.
+        restarts: u32,
+        /// The last page's failure.
+        #[source]
+        source: SourceError,
     },
     /// An object was not stored (a stored older version of it is deleted).
     #[error("{resource}: {source} (resourceVersion {rv:?})")]
@@ -127,8 +140,8 @@ pub enum ReflectorError {
         rv: String,
     },
     /// The database belongs to another cluster (fatal: the reflector stops).
-    #[error("{0}")]
-    ClusterMismatch(String),
+    #[error(transparent)]
+    ClusterMismatch(Arc<StoreError>),
 }
 
 /// Where the reflector is.
@@ -277,10 +290,10 @@ impl<S: Source> Reflector<S> {
         }
     }
 
-    fn store_err(&self, e: &StoreError) -> ReflectorError {
+    fn store_err(&self, e: StoreError) -> ReflectorError {
         ReflectorError::Store {
             resource: self.source.resource(),
-            message: e.to_string(),
+            source: Arc::new(e),
         }
     }
 
@@ -310,7 +323,7 @@ impl<S: Source> Reflector<S> {
         let record = match self.store.record() {
             Ok(r) => r,
             Err(e) => {
-                let err = self.store_err(&e);
+                let err = self.store_err(e);
                 self.report(&err);
                 return Err(err);
             }
@@ -442,12 +455,12 @@ impl<S: Source> Reflector<S> {
                 Ok(())
             }
             Err(e @ StoreError::ClusterMismatch { .. }) => {
-                let err = ReflectorError::ClusterMismatch(e.to_string());
+                let err = ReflectorError::ClusterMismatch(Arc::new(e));
                 self.report(&err);
                 Err(err)
             }
             Err(e) => {
-                let err = self.store_err(&e);
+                let err = self.store_err(e);
                 self.report(&err);
                 Err(err)
             }
@@ -507,7 +520,7 @@ impl<S: Source> Reflector<S> {
         match self.config.transform.apply(obj) {
             Ok(o) => o,
             Err(e) => {
-                let rv = crate::store::extract_meta(&original)
+                let rv = crate::object::extract_meta(&original)
                     .map(|m| m.resource_version.0)
                     .unwrap_or_default();
                 let err = ReflectorError::Transform {
@@ -540,7 +553,7 @@ impl<S: Source> Reflector<S> {
         reason: &str,
         stop: &mut watch::Receiver<bool>,
     ) -> Result<Option<ResourceVersion>, (ReflectorError, Option<Duration>)> {
-        let record = self.store.record().map_err(|e| (self.store_err(&e), None))?;
+        let record = self.store.record().map_err(|e| (self.store_err(e), None))?;
         let first = record.rv.is_none() && !record.synced;
         // A 410 is routine; a persisted RV the server cannot serve (restored etcd) is not.
         if first || reason.starts_with("410") {
@@ -567,13 +580,13 @@ impl<S: Source> Reflector<S> {
         self.writer
             .abort_relist(self.scope())
             .await
-            .map_err(|e| (self.store_err(&e), None))?;
+            .map_err(|e| (self.store_err(e), None))?;
         let mut restarts = 0;
         loop {
             // Directly into an empty scope; staged (and swapped in at once) otherwise. Decided per
             // attempt: once an attempt wrote pages directly, a retry must diff against them, or
             // objects deleted between the attempts would stay.
-            let mut direct = self.list_direct().map_err(|e| (self.store_err(&e), None))?;
+            let mut direct = self.list_direct().map_err(|e| (self.store_err(e), None))?;
             let attempt = if self.config.streaming_list && !self.streaming_unsupported {
                 match self.streaming_list(direct, stop).await {
                     Ok(r) => Ok(r),
@@ -583,8 +596,8 @@ impl<S: Source> Reflector<S> {
                         self.writer
                             .abort_relist(self.scope())
                             .await
-                            .map_err(|e| (self.store_err(&e), None))?;
-                        direct = self.list_direct().map_err(|e| (self.store_err(&e), None))?;
+                            .map_err(|e| (self.store_err(e), None))?;
+                        direct = self.list_direct().map_err(|e| (self.store_err(e), None))?;
                         self.paginated_list(direct).await
                     }
                 }
@@ -597,13 +610,13 @@ impl<S: Source> Reflector<S> {
                         self.writer
                             .apply(self.new_batch().rv(rv.clone()).synced())
                             .await
-                            .map_err(|e| (self.store_err(&e), None))?;
+                            .map_err(|e| (self.store_err(e), None))?;
                     } else {
                         let summary = self
                             .writer
                             .finish_relist(self.scope(), rv.clone(), reason)
                             .await
-                            .map_err(|e| (self.store_err(&e), None))?;
+                            .map_err(|e| (self.store_err(e), None))?;
                         tracing::info!(scope = %self.scope(), added = summary.added, updated = summary.updated,
                             deleted = summary.deleted, unchanged = summary.unchanged, "relist applied as a diff");
                     }
@@ -615,17 +628,18 @@ impl<S: Source> Reflector<S> {
                     let _ = self.writer.abort_relist(self.scope()).await;
                     return Ok(None);
                 }
-                Err(ListFailure::Restart(msg)) if restarts < 3 => {
+                Err(ListFailure::Restart(err)) if restarts < 3 => {
                     // An expired continue token: the list restarts from scratch.
                     restarts += 1;
-                    tracing::info!(scope = %self.scope(), msg, "list restarted");
+                    tracing::info!(scope = %self.scope(), error = %err, "list restarted");
                     let _ = self.writer.abort_relist(self.scope()).await;
                 }
-                Err(ListFailure::Restart(msg)) => {
+                Err(ListFailure::Restart(err)) => {
                     return Err((
-                        ReflectorError::Store {
+                        ReflectorError::ListRestarts {
                             resource: self.source.resource(),
-                            message: format!("list restarted {restarts} times: {msg}"),
+                            restarts,
+                            source: err,
                         },
                         None,
                     ))
@@ -698,12 +712,12 @@ impl<S: Source> Reflector<S> {
         // Pages commit while the next one is fetched; all must have committed before the list
         // counts as done.
         let mut pipe = PagePipe::default();
-        let put_failed = |this: &Self, e: StoreError| ListFailure::Failed(this.store_err(&e), None);
+        let put_failed = |this: &Self, e: StoreError| ListFailure::Failed(this.store_err(e), None);
         loop {
             let page = match self.list_page(token.clone()).await {
                 Ok(p) => p,
                 Err(e) if token.is_some() && e.status().is_some_and(|s| s.is_gone()) => {
-                    return Err(ListFailure::Restart(e.to_string()))
+                    return Err(ListFailure::Restart(e))
                 }
                 Err(e) => {
                     let hint = e.status().and_then(|s| s.retry_after);
@@ -777,7 +791,7 @@ impl<S: Source> Reflector<S> {
                     if page.len() >= self.config.page_size as usize {
                         self.put_page(&mut pipe, direct, std::mem::take(&mut page))
                             .await
-                            .map_err(|e| (self.store_err(&e), None))?;
+                            .map_err(|e| (self.store_err(e), None))?;
                     }
                 }
                 Some(Ok(WatchEvent::Bookmark {
@@ -786,8 +800,8 @@ impl<S: Source> Reflector<S> {
                 })) => {
                     self.put_page(&mut pipe, direct, page)
                         .await
-                        .map_err(|e| (self.store_err(&e), None))?;
-                    pipe.drain().await.map_err(|e| (self.store_err(&e), None))?;
+                        .map_err(|e| (self.store_err(e), None))?;
+                    pipe.drain().await.map_err(|e| (self.store_err(e), None))?;
                     return Ok(Some(resource_version));
                 }
                 Some(Ok(WatchEvent::Bookmark { .. } | WatchEvent::Deleted(_))) => {}
@@ -829,7 +843,7 @@ impl<S: Source> Reflector<S> {
             match self.store.resource_version() {
                 Ok(rv) => return Some(rv.unwrap_or(fallback)),
                 Err(e) => {
-                    self.report(&self.store_err(&e));
+                    self.report(&self.store_err(e));
                     let delay = self.backoff.delay(None);
                     if !self.sleep(delay, stop).await {
                         return None;
@@ -1070,7 +1084,7 @@ impl<S: Source> Reflector<S> {
                 Ok(())
             }
             Err(e) => {
-                self.report(&self.store_err(&e));
+                self.report(&self.store_err(e));
                 Err(WatchEnd::Retry(None))
             }
         }
@@ -1118,7 +1132,7 @@ impl<S: Source> Reflector<S> {
             Ok(Err(e)) => e,
             Err(_) => StoreError::WriterGone,
         };
-        self.report(&self.store_err(&err));
+        self.report(&self.store_err(err));
         // Later batches may or may not commit; the caller re-watches from what is persisted.
         inflight.clear();
         Err(WatchEnd::Retry(None))
@@ -1206,6 +1220,6 @@ type Inflight = VecDeque<(
 )>;
 
 enum ListFailure {
-    Restart(String),
+    Restart(SourceError),
     Failed(ReflectorError, Option<Duration>),
 }

@@ -14,7 +14,7 @@ use bytes::Bytes;
 use serde::de::{Deserializer, MapAccess, Visitor};
 use serde_json::value::RawValue;
 
-use crate::store::{ManagedFields, RawObject};
+use crate::object::{ManagedFields, RawObject};
 
 /// A user transform over an object's JSON. Return `Ok(None)` to drop the object.
 pub type TransformFn = Arc<dyn Fn(&[u8]) -> Result<Option<Vec<u8>>, String> + Send + Sync>;

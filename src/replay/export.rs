@@ -6,8 +6,9 @@ use std::path::Path;
 
 use super::format::{encode_line, type_meta_of};
 use super::ReplayError;
+use crate::object::{ObjectKey, ResourceVersion};
 use crate::source::{ApiStatus, WatchEvent};
-use crate::store::{DeltaKind, DurableStore, LogReader, LogRecord, ObjectKey, ResourceVersion, ScopeId, Seq};
+use crate::store::{DeltaKind, DurableStore, LogReader, LogRecord, ScopeId, Seq};
 
 /// What an export wrote.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

@@ -17,8 +17,8 @@ use serde::Deserialize;
 use serde_json::value::RawValue;
 
 use super::{MalformedPolicy, ReplayError};
+use crate::object::{RawObject, ResourceVersion};
 use crate::source::{decode_watch_line, ApiStatus, ListPage, WatchEvent};
-use crate::store::{RawObject, ResourceVersion};
 
 /// The name of the optional top-level field carrying the receive time (unix milliseconds).
 pub const RECEIVED_AT: &str = "receivedAt";

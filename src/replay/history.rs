@@ -18,9 +18,8 @@ use std::collections::BTreeMap;
 use bytes::Bytes;
 
 use super::ReplayError;
-use crate::store::{
-    extract_meta, DeltaKind, DurableStore, LogRecord, ObjectKey, ResourceVersion, ScopeId, Seq, StoredObject,
-};
+use crate::object::{extract_meta, ObjectKey, ResourceVersion};
+use crate::store::{DeltaKind, DurableStore, LogRecord, ScopeId, Seq, StoredObject};
 
 /// The retained log entries of one key.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -71,7 +70,8 @@ fn scan(
 ///
 /// ```no_run
 /// use durable_informer::replay::history;
-/// use durable_informer::store::{DurableStore, ObjectKey, StoreConfig};
+/// use durable_informer::object::ObjectKey;
+/// use durable_informer::store::{DurableStore, StoreConfig};
 /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// let db = DurableStore::open(StoreConfig::new("cache.redb"))?;
 /// let (scope, _) = db.scopes()?.into_iter().next().ok_or("no scope")?;

@@ -111,7 +111,8 @@ pub use history::{history, state_at, History};
 pub use recorder::{InitialState, Recorder, RecorderConfig, RecorderReport};
 pub use source::{replay_into, ReplayHandle, ReplayOptions, ReplayReport, ReplaySource, Speed};
 
-use crate::store::{ResourceVersion, ScopeSpec, StoreError};
+use crate::object::{ResourceVersion, ScopeSpec};
+use crate::store::StoreError;
 
 /// What to do with a recording line that does not decode.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

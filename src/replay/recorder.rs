@@ -12,8 +12,8 @@ use tokio::sync::watch;
 
 use super::format::{encode_line, event_rv, type_meta_of, RECEIVED_AT};
 use super::ReplayError;
+use crate::object::ResourceVersion;
 use crate::source::{ListRequest, RawWatchEvent, Source, WatchEvent, WatchRequest};
-use crate::store::ResourceVersion;
 
 /// How a recording starts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

@@ -17,9 +17,10 @@ use tokio::sync::{mpsc, watch};
 
 use super::format::{event_rv, type_meta_of, RecordedEvent, RecordingReader};
 use super::{scope_of, MalformedPolicy, ReplayError, RvRegressionPolicy};
+use crate::object::{RawObject, ResourceVersion, ScopeSpec};
 use crate::reflector::{Phase, Reflector, ReflectorConfig, ReflectorError, ReflectorStatus, Transform};
 use crate::source::{ApiStatus, ListPage, ListRequest, Source, SourceError, WatchEvent, WatchRequest, WatchStream};
-use crate::store::{DurableStore, RawObject, ResourceVersion, ScopeSpec};
+use crate::store::DurableStore;
 
 /// How fast a replay goes.
 #[derive(Debug, Clone, Copy, PartialEq, Default)]

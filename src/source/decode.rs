@@ -8,7 +8,7 @@ use serde::Deserialize;
 use serde_json::value::RawValue;
 
 use super::{ApiStatus, ListPage, WatchEvent};
-use crate::store::{scan_object, RawObject, ResourceVersion};
+use crate::object::{scan_object, RawObject, ResourceVersion};
 
 #[derive(Deserialize)]
 struct Line<'a> {
@@ -307,7 +307,7 @@ mod tests {
             let got: serde_json::Value = serde_json::from_slice(&out.bytes).unwrap();
             assert_eq!(got, want);
             // The stored bytes read back as an object again.
-            crate::store::RawObject::from_json(out.bytes.clone()).unwrap();
+            crate::object::RawObject::from_json(out.bytes.clone()).unwrap();
         }
         assert!(cut > 0, "the recording has managedFields to cut");
     }
@@ -320,7 +320,7 @@ mod tests {
         .unwrap();
         for item in &page.items {
             // Read back as stored: a duplicated member would make every later scan fail.
-            crate::store::RawObject::from_json(item.bytes.clone()).unwrap();
+            crate::object::RawObject::from_json(item.bytes.clone()).unwrap();
             assert_eq!(
                 memchr::memmem::find_iter(&item.bytes, b"\"apiVersion\"").count(),
                 usize::from(item.meta.name == "a")

@@ -205,8 +205,8 @@ impl Source for KubeSource {
         self.name()
     }
 
-    fn scope(&self) -> crate::store::ScopeSpec {
-        crate::store::ScopeSpec {
+    fn scope(&self) -> crate::object::ScopeSpec {
+        crate::object::ScopeSpec {
             group: self.resource.group.clone(),
             version: self.resource.version.clone(),
             resource: self.resource.plural.clone(),
@@ -281,7 +281,7 @@ impl KubeSource {
                     .await
                     .map_err(|e| self.transport(e))?
                     .to_bytes();
-                let meta = crate::store::extract_meta(&body).map_err(|e| SourceError::Decode {
+                let meta = crate::object::extract_meta(&body).map_err(|e| SourceError::Decode {
                     resource: "namespaces".into(),
                     line: None,
                     detail: e.to_string(),

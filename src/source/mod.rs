@@ -16,7 +16,7 @@ use futures::stream::BoxStream;
 pub use decode::{decode_list, decode_watch_line};
 pub use kube_source::KubeSource;
 
-use crate::store::{RawObject, ResourceVersion, ScopeSpec};
+use crate::object::{RawObject, ResourceVersion, ScopeSpec};
 
 /// A `Status` returned by the API server, as an HTTP error or an in-stream `ERROR` event.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]

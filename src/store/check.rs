@@ -7,11 +7,12 @@ use redb::{ReadableDatabase, ReadableTable};
 
 use super::codec::{self, BackfillProgress, Compression, DataRef, PrevRef};
 use super::schema::{
-    keys, IndexName, ObjectKey, ScopeId, COMMIT_TIMES, CURSORS, DICTS, INDEX, INDEX_BACKFILL, INDEX_REV, LOG, META,
-    META_LAST_SEQ, OBJECTS, SCOPES,
+    keys, IndexName, ScopeId, COMMIT_TIMES, CURSORS, DICTS, INDEX, INDEX_BACKFILL, INDEX_REV, LOG, META, META_LAST_SEQ,
+    OBJECTS, SCOPES,
 };
 use super::writer::RESUME_SCAN;
 use super::{read, Shared, StoreError};
+use crate::object::ObjectKey;
 
 /// What `check` found. `problems` is empty when every invariant holds.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

@@ -8,8 +8,8 @@ use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use std::sync::{Arc, RwLock};
 
-use super::codec::ObjectMeta;
 use super::schema::{IndexName, ScopeId};
+use crate::object::ObjectMeta;
 
 /// Name of the built-in label index; its values are `key=value`.
 pub const LABELS: &str = "labels";

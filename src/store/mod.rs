@@ -9,7 +9,8 @@
 //! ## Usage
 //!
 //! ```no_run
-//! use durable_informer::store::{Batch, Delta, DeltaKind, DurableStore, RawObject, ScopeSpec, StoreConfig};
+//! use durable_informer::object::{RawObject, ScopeSpec};
+//! use durable_informer::store::{Batch, Delta, DeltaKind, DurableStore, StoreConfig};
 //!
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! let db = DurableStore::open(StoreConfig::new("/tmp/cache.redb"))?;
@@ -32,6 +33,7 @@
 mod check;
 mod codec;
 mod dict;
+mod error;
 mod index;
 mod migrate;
 mod read;
@@ -47,87 +49,20 @@ use std::sync::Arc;
 use std::time::Duration;
 
 pub use check::CheckReport;
-pub use codec::{extract_meta, CodecError, Compression, DeltaKind, ObjectMeta, OwnerReference, RawObject, ScopeRecord};
-pub(crate) use codec::{scan_object, ManagedFields};
+pub use codec::{CodecError, Compression, DeltaKind, ScopeRecord};
+pub use error::StoreError;
 pub use index::{IndexFunc, Indexer, LABELS, NAMESPACE};
 pub use read::{IndexStatus, LogReader, LogRecord, Snapshot, Store, StoredObject};
-pub use schema::{IndexName, IndexValue, KeyError, ObjectKey, ResourceVersion, ScopeId, Seq};
+pub use schema::{IndexName, IndexValue, ScopeId, Seq};
 pub use typed::TypedCache;
 pub use writer::{Batch, Committed, CompactReport, Delta, RelistSummary, Writer};
 
-pub use crate::error::StoreError;
+use crate::object::ScopeSpec;
 
 use index::IndexRegistry;
 
 /// The newest schema version this build writes (see `migrations/`).
 pub const SCHEMA_VERSION: u32 = migrate::LATEST;
-
-/// What a scope watches: resource, namespace and selectors. Two informers with equal specs
-/// share one scope.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, Default)]
-pub struct ScopeSpec {
-    /// API group (`""` for core).
-    pub group: String,
-    /// API version.
-    pub version: String,
-    /// Plural resource name.
-    pub resource: String,
-    /// Namespace, or `None` for all namespaces / cluster-scoped resources.
-    pub namespace: Option<String>,
-    /// Label selector, as sent to the server.
-    pub label_selector: Option<String>,
-    /// Field selector, as sent to the server.
-    pub field_selector: Option<String>,
-}
-
-impl ScopeSpec {
-    /// A scope over all namespaces with no selectors.
-    #[must_use]
-    pub fn new(group: &str, version: &str, resource: &str) -> Self {
-        Self {
-            group: group.to_owned(),
-            version: version.to_owned(),
-            resource: resource.to_owned(),
-            ..Self::default()
-        }
-    }
-
-    /// Restricts the scope to one namespace.
-    #[must_use]
-    pub fn namespace(mut self, ns: &str) -> Self {
-        self.namespace = Some(ns.to_owned());
-        self
-    }
-
-    /// Adds a label selector.
-    #[must_use]
-    pub fn labels(mut self, selector: &str) -> Self {
-        self.label_selector = Some(selector.to_owned()).filter(|s| !s.is_empty());
-        self
-    }
-
-    /// Adds a field selector.
-    #[must_use]
-    pub fn fields(mut self, selector: &str) -> Self {
-        self.field_selector = Some(selector.to_owned()).filter(|s| !s.is_empty());
-        self
-    }
-
-    /// The canonical string that identifies the scope in the database:
-    /// `group/version/resource?ns=…&labels=…&fields=…`.
-    #[must_use]
-    pub fn canonical(&self) -> String {
-        format!(
-            "{}/{}/{}?ns={}&labels={}&fields={}",
-            self.group,
-            self.version,
-            self.resource,
-            self.namespace.as_deref().unwrap_or(""),
-            self.label_selector.as_deref().unwrap_or(""),
-            self.field_selector.as_deref().unwrap_or("")
-        )
-    }
-}
 
 /// How to open a [`DurableStore`].
 #[derive(Debug, Clone)]

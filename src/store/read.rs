@@ -11,14 +11,15 @@ use bytes::Bytes;
 use redb::{ReadTransaction, ReadableDatabase, ReadableTable};
 use serde::de::DeserializeOwned;
 
-use super::codec::{self, DataRef, DeltaKind, ObjectHeader, ObjectMeta, PrevRef, ScopeRecord};
+use super::codec::{self, DataRef, DeltaKind, ObjectHeader, PrevRef, ScopeRecord};
 use super::dict::LoadDict;
 use super::index::NAMESPACE;
 use super::schema::{
-    keys, IndexName, IndexValue, ObjectKey, ResourceVersion, ScopeId, Seq, CURSORS, DICTS, INDEX, INDEX_BACKFILL, LOG,
-    META, META_LAST_SEQ, OBJECTS, SCOPES,
+    keys, IndexName, IndexValue, ScopeId, Seq, CURSORS, DICTS, INDEX, INDEX_BACKFILL, LOG, META, META_LAST_SEQ,
+    OBJECTS, SCOPES,
 };
 use super::{Shared, StoreError};
+use crate::object::{ObjectError, ObjectKey, ObjectMeta, ResourceVersion};
 
 /// One stored object: its key, metadata and JSON bytes.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -34,7 +35,7 @@ pub struct StoredObject {
 impl StoredObject {
     /// Decodes the JSON into `K` (for example `k8s_openapi::api::core::v1::Pod`).
     pub fn decode<K: DeserializeOwned>(&self) -> Result<K, StoreError> {
-        serde_json::from_slice(&self.bytes).map_err(|e| StoreError::Codec(codec::CodecError::Json(e)))
+        serde_json::from_slice(&self.bytes).map_err(|e| StoreError::from(ObjectError::Json(e)))
     }
 }
 
@@ -340,7 +341,8 @@ impl Snapshot {
     /// objects the scope held when it was added, or absent.
     ///
     /// ```no_run
-    /// use durable_informer::store::{DurableStore, IndexStatus, ScopeSpec, StoreConfig};
+    /// use durable_informer::object::ScopeSpec;
+    /// use durable_informer::store::{DurableStore, IndexStatus, StoreConfig};
     /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// let db = DurableStore::open(StoreConfig::new("/tmp/cache.redb"))?;
     /// let scope = db.writer().register_scope_blocking(&ScopeSpec::new("", "v1", "pods"))?;

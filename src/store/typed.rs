@@ -8,8 +8,8 @@ use std::sync::{Arc, Mutex};
 use serde::de::DeserializeOwned;
 
 use super::read::StoredObject;
-use super::schema::{ObjectKey, ResourceVersion};
-use super::{CodecError, StoreError};
+use super::StoreError;
+use crate::object::{ObjectError, ObjectKey, ResourceVersion};
 
 type Entry = (ObjectKey, ResourceVersion);
 /// The map and the insertion order used for eviction.
@@ -57,7 +57,7 @@ impl<K: DeserializeOwned> TypedCache<K> {
         }
         // Decode outside the lock: it is the expensive part.
         let k: Arc<K> =
-            Arc::new(serde_json::from_slice(&bytes()?).map_err(|e| StoreError::Codec(CodecError::Json(e)))?);
+            Arc::new(serde_json::from_slice(&bytes()?).map_err(|e| StoreError::from(ObjectError::Json(e)))?);
         let mut g = self.lock();
         let (map, order) = &mut *g;
         if map.insert(id.clone(), k.clone()).is_none() {
@@ -91,7 +91,7 @@ impl<K: DeserializeOwned> TypedCache<K> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::ObjectMeta;
+    use crate::object::ObjectMeta;
 
     fn obj(name: &str, rv: &str, v: &str) -> StoredObject {
         StoredObject {

@@ -22,14 +22,15 @@ use tokio::sync::{oneshot, watch};
 
 use bytes::Bytes;
 
-use super::codec::{self, Compression, DataRef, DeltaKind, LogHeader, ObjectHeader, PrevRef, RawObject, ScopeRecord};
+use super::codec::{self, Compression, DataRef, DeltaKind, LogHeader, ObjectHeader, PrevRef, ScopeRecord};
 use super::dict::{self, EncDict};
 use super::index::Indexer;
 use super::schema::{
-    keys, IndexName, ObjectKey, ResourceVersion, ScopeId, Seq, CURSORS, DICTS, INDEX, INDEX_REV, LOG, META,
-    META_CLUSTER_IDENTITY, META_LAST_SEQ, OBJECTS, RELIST, SCOPES, SCOPE_NAMES,
+    keys, IndexName, ScopeId, Seq, CURSORS, DICTS, INDEX, INDEX_REV, LOG, META, META_CLUSTER_IDENTITY, META_LAST_SEQ,
+    OBJECTS, RELIST, SCOPES, SCOPE_NAMES,
 };
 use super::{Shared, StoreConfig, StoreError};
+use crate::object::{ObjectKey, RawObject, ResourceVersion};
 use retention::{Compaction, Goal};
 
 /// One change to apply.
@@ -333,7 +334,8 @@ impl Writer {
         Until it finished, queries of the index return `StoreError::IndexNotReady` (never a partial answer). \
         Its progress is persisted: after a crash, calling this again (with the index registered) resumes where it stopped.\n\n\
         ```no_run\n\
-        use durable_informer::store::{DurableStore, Indexer, ScopeSpec, StoreConfig, LABELS};\n\
+        use durable_informer::object::ScopeSpec;\n\
+        use durable_informer::store::{DurableStore, Indexer, StoreConfig, LABELS};\n\
         # fn main() -> Result<(), Box<dyn std::error::Error>> {\n\
         let db = DurableStore::open(StoreConfig::new(\"/tmp/cache.redb\"))?;\n\
         let scope = db.writer().register_scope_blocking(&ScopeSpec::new(\"\", \"v1\", \"pods\"))?;\n\
@@ -1378,7 +1380,7 @@ impl WriterThread {
         for k in gone {
             let (_, key) = keys::decode_object(&k).map_err(StoreError::from)?;
             let obj = RawObject::from_parts(
-                super::codec::ObjectMeta {
+                crate::object::ObjectMeta {
                     namespace: key.namespace.clone(),
                     name: key.name.clone(),
                     ..Default::default()

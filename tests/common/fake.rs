@@ -9,10 +9,10 @@ use std::collections::{BTreeMap, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
+use durable_informer::object::{RawObject, ResourceVersion};
 use durable_informer::source::{
     ApiStatus, ListPage, ListRequest, Source, SourceError, WatchEvent, WatchRequest, WatchStream,
 };
-use durable_informer::store::{RawObject, ResourceVersion};
 use futures::StreamExt;
 use tokio::sync::mpsc;
 
@@ -421,7 +421,7 @@ impl Source for Fake {
         "configmaps".into()
     }
 
-    fn scope(&self) -> durable_informer::store::ScopeSpec {
-        durable_informer::store::ScopeSpec::new("", "v1", "configmaps")
+    fn scope(&self) -> durable_informer::object::ScopeSpec {
+        durable_informer::object::ScopeSpec::new("", "v1", "configmaps")
     }
 }

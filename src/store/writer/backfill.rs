@@ -18,8 +18,9 @@ use redb::{ReadableTable, WriteTransaction};
 
 use super::super::codec::{self, BackfillProgress};
 use super::super::index::Indexer;
-use super::super::schema::{keys, IndexName, ObjectKey, ScopeId, DICTS, INDEX_BACKFILL, LOG, OBJECTS};
+use super::super::schema::{keys, IndexName, ScopeId, DICTS, INDEX_BACKFILL, LOG, OBJECTS};
 use super::{Ack, Failure, Step, StoreError, Tables, WriterThread};
+use crate::object::ObjectKey;
 
 /// Most log entries a resume reads to find keys written since the last step; beyond that it
 /// starts the backfill over instead.

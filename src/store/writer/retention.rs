@@ -10,8 +10,9 @@ use std::collections::HashMap;
 use redb::{ReadableDatabase, ReadableTable, WriteTransaction};
 
 use super::super::codec::{self, Compression, DataRef, DeltaKind, PrevRef};
-use super::super::schema::{keys, ObjectKey, ScopeId, Seq, COMMIT_TIMES, CURSORS, LOG};
+use super::super::schema::{keys, ScopeId, Seq, COMMIT_TIMES, CURSORS, LOG};
 use super::{Ack, CompactReport, Step, StoreError, Tables, WriterThread};
+use crate::object::ObjectKey;
 
 /// What compaction works toward.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

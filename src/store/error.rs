@@ -1,0 +1,154 @@
+//! The store's errors: every way opening, writing or reading the database can fail.
+//!
+//! Messages say what happened and, where the caller can act, what to do; they name no CLI flag
+//! and never carry credentials.
+
+use std::path::PathBuf;
+
+use super::codec::CodecError;
+use super::ScopeId;
+use crate::object::{KeyError, ObjectError, ResourceVersion};
+
+/// Errors of the durable store (opening, writing, reading).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum StoreError {
+    /// The file exists but is not a redb database.
+    #[error("{path}: not a durable-informer database (no redb header); pass a new path or remove the file")]
+    NotADatabase {
+        /// The file.
+        path: PathBuf,
+    },
+    /// Another process (or another handle in this one) has the database open.
+    #[error("{path}: the database is locked by another process; stop it or use another database file")]
+    Locked {
+        /// The file.
+        path: PathBuf,
+    },
+    /// The database is damaged.
+    #[error("{path}: the database is corrupted ({detail}); restore a backup or delete the file to rebuild it from the cluster")]
+    Corrupted {
+        /// The file.
+        path: PathBuf,
+        /// What was found.
+        detail: String,
+    },
+    /// Written by a newer release with a schema this build does not know.
+    #[error("{path}: database schema version {found} is newer than this build supports ({supported}); upgrade durable-informer or use another file")]
+    NewerSchema {
+        /// The file.
+        path: PathBuf,
+        /// The schema version found.
+        found: u32,
+        /// The newest schema version this build knows.
+        supported: u32,
+    },
+    /// The database was filled from another cluster.
+    #[error("database belongs to cluster {stored:?}, but the server is cluster {found:?}; use another database file, or reset it to rebuild from this cluster")]
+    ClusterMismatch {
+        /// Identity stored in the database.
+        stored: String,
+        /// Identity of the server now.
+        found: String,
+    },
+    /// An I/O error opening or creating the file.
+    #[error("{path}: {source}")]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// redb failed (a full disk shows up here as an I/O error with "No space left on device").
+    #[error("{path}: storage error: {source}; the last committed state is intact")]
+    Storage {
+        /// The file.
+        path: PathBuf,
+        /// The cause.
+        #[source]
+        source: redb::Error,
+    },
+    /// A value in the database or an incoming object does not encode/decode.
+    #[error(transparent)]
+    Codec(#[from] CodecError),
+    /// An object key cannot be stored.
+    #[error(transparent)]
+    Key(#[from] KeyError),
+    /// A batch would move a scope's resourceVersion backwards outside a relist (invariant 2).
+    #[error("{scope}: resourceVersion would go backwards from {persisted} to {offered}; relist instead")]
+    RvRegression {
+        /// The scope.
+        scope: ScopeId,
+        /// What is persisted.
+        persisted: ResourceVersion,
+        /// What the batch carried.
+        offered: ResourceVersion,
+    },
+    /// A batch required the scope to be at least at an RV (the one its predecessor in the same
+    /// stream reached), and it is not: the predecessor did not commit.
+    #[error("{scope}: the previous batch did not commit (persisted resourceVersion {persisted:?}, required {required}); re-watch from the persisted one")]
+    PredecessorMissing {
+        /// The scope.
+        scope: ScopeId,
+        /// What is persisted.
+        persisted: Option<ResourceVersion>,
+        /// What the batch required.
+        required: ResourceVersion,
+    },
+    /// No scope with that id.
+    #[error("{0}: no such scope in this database")]
+    UnknownScope(ScopeId),
+    /// No index of that name on the scope.
+    #[error("{scope}: no index named {name:?} (register it with the informer's indexers)")]
+    UnknownIndex {
+        /// The scope.
+        scope: ScopeId,
+        /// The index name.
+        name: String,
+    },
+    /// The index exists but its backfill over the objects the scope already held has not
+    /// finished, so its answers would be partial. Retry once [`crate::store::Writer::ensure_index`]
+    /// has returned (see [`crate::store::Snapshot::index_status`]).
+    #[error("{scope}: index {name:?} is still being backfilled over the scope's existing objects; retry once ensure_index has returned")]
+    IndexNotReady {
+        /// The scope.
+        scope: ScopeId,
+        /// The index name.
+        name: String,
+    },
+    /// A consumer without a durable cursor fell behind the log's retention: entries after its
+    /// position were compacted before it read them.
+    #[error("log entries after seq {after} were compacted before they were read (the oldest retained is {first_retained}); the consumer starts again from the current state. Register the handler with a durable name, or raise StoreConfig::retention_entries")]
+    LogCompacted {
+        /// The consumer's position.
+        after: u64,
+        /// The first seq still in the log.
+        first_retained: u64,
+    },
+    /// The store was closed; this handle outlived it.
+    #[error("{path}: the database was closed")]
+    Closed {
+        /// The file.
+        path: PathBuf,
+    },
+    /// The writer thread has stopped (the store was closed, or it failed to start).
+    #[error("the database writer has stopped")]
+    WriterGone,
+    /// Another command in the same group commit failed, so this one was not committed.
+    #[error("not committed: {0}")]
+    Aborted(String),
+}
+
+impl StoreError {
+    /// A copy suitable for acknowledging every command of an aborted group commit.
+    pub(crate) fn to_aborted(&self) -> StoreError {
+        StoreError::Aborted(self.to_string())
+    }
+}
+
+impl From<ObjectError> for StoreError {
+    fn from(e: ObjectError) -> Self {
+        StoreError::Codec(CodecError::Object(e))
+    }
+}
