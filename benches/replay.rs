@@ -1,5 +1,5 @@
 //! Replay throughput: ConfigMap-sized events (about 550 bytes, with managedFields, like the
-//! recorded ones in `k8s-wire/`) replayed into a fresh durable store through the reflector.
+//! recorded ones in `tests/data/k8s-wire/`) replayed into a fresh durable store through the reflector.
 //!
 //! `cargo bench --bench replay` (`REPLAY_EVENTS=…` to change the count, 300,000 by default;
 //! `REPLAY_MAX_BATCH=…` for the reflector's batch size, 1000 by default).

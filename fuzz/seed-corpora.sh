@@ -4,7 +4,7 @@
 #
 #   fuzz/seed-corpora.sh              copy the committed seeds into corpus/
 #   fuzz/seed-corpora.sh --regen DIR  first rebuild seeds/ from recorded apiserver responses in DIR
-#                                     (../shared/k8s-wire beside the checkout)
+#                                     (tests/data/k8s-wire)
 #
 # tests/golden holds redb files only; no target opens a database, so nothing is taken from it.
 set -euo pipefail

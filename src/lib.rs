@@ -1,28 +1,42 @@
 //! durable-informer: Kubernetes informers whose cache lives in an embedded, crash-safe
 //! database ([redb](https://docs.rs/redb)) instead of process memory.
 //!
-//! The pipeline, one module per stage (see `design.md`):
+//! The modules, bottom to top; each imports only from the layers below it
+//! (`docs/architecture.md` has the picture and the invariants):
 //!
-//! * [`store`] — the redb schema, codec, the single writer thread and the read handles;
-//! * [`sim`] — a simulated Kubernetes API server for tests, benches and the demo;
-//! * [`queue`] — client-go style rate-limited workqueue;
-//! * [`replay`] — recording live watch traffic, replaying it offline, export and time travel.
+//! * floor — [`object`]: the shared vocabulary (`RawObject`, `ObjectMeta`, `ObjectKey`,
+//!   `ResourceVersion`, `ScopeSpec`); [`selector`] (label and field selectors) and [`metrics`];
+//! * side by side — [`source`]: the list/watch trait, the live `kube::Client` source and the
+//!   wire decoder; [`store`]: the redb schema, codec, the single writer thread and the read
+//!   handles. Neither imports the other;
+//! * [`reflector`]: the list/watch/resume/relist state machine that connects a source to the
+//!   store;
+//! * [`informer`]: informers, handlers, the dispatcher, listers and the factory; [`queue`]: the
+//!   client-go style rate-limited workqueue; [`controller`]: the reconcile loop on both;
+//! * top — [`replay`]: recording, offline replay, export and time travel; [`sim`]: a simulated
+//!   Kubernetes API server for tests, benches and the demo; the `durable-informer` binary.
+//!
+//! [`Error`] wraps every module's own error enum; nothing in the crate imports it.
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
-pub mod controller;
-pub mod error;
-pub mod informer;
 pub mod metrics;
 pub mod object;
-pub mod reflector;
-pub mod replay;
 pub mod selector;
+
 pub mod source;
 pub mod store;
 
+pub mod reflector;
+
+pub mod controller;
+pub mod informer;
+pub mod queue;
+
+pub mod replay;
 #[cfg(feature = "sim")]
 pub mod sim;
 
-pub mod queue;
+pub mod error;
 
 pub use error::{Error, Result};
+pub use object::{ObjectKey, ResourceVersion};

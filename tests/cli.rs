@@ -831,7 +831,10 @@ fn record_replay_export_round_trip_and_kubectl_output_replays() {
     );
 
     // A recorded kube-apiserver watch stream replays as it is.
-    let wire = concat!(env!("CARGO_MANIFEST_DIR"), "/../shared/k8s-wire/configmaps-watch.jsonl");
+    let wire = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/data/k8s-wire/configmaps-watch.jsonl"
+    );
     let db2 = dir.path().join("wire.redb");
     bin()
         .args(["replay", wire, "--db"])

@@ -121,6 +121,50 @@ async fn a_handler_receives_exactly_the_servers_event_sequence() {
     inf.shutdown().await.unwrap();
 }
 
+/// Each watch event is decoded once per informer: every handler receives the same `Arc`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn handlers_of_one_informer_share_each_decoded_event() {
+    type Ptrs = Arc<Mutex<Vec<(String, usize, usize)>>>;
+    fn pointers(into: &Ptrs) -> impl durable_informer::informer::EventHandler<ConfigMap> {
+        let into = into.clone();
+        handler_fn(move |ev: Event<ConfigMap>| -> Result<(), std::convert::Infallible> {
+            let addr = |c: &Arc<ConfigMap>| Arc::as_ptr(c) as usize;
+            if let Event::Update { old, new, .. } = &ev {
+                into.lock().unwrap().push((describe(&ev), addr(old), addr(new)));
+            }
+            Ok(())
+        })
+    }
+    let fake = Fake::new();
+    fake.upsert("a", "1");
+    let dir = tempfile::tempdir().unwrap();
+    let db = DurableStore::open(StoreConfig::new(dir.path().join("db.redb"))).unwrap();
+    let inf = informer(&db, &fake).await;
+    let (first, second) = (Ptrs::default(), Ptrs::default());
+    let regs = [
+        inf.add_event_handler(pointers(&first), HandlerOptions::volatile()),
+        inf.add_event_handler(pointers(&second), HandlerOptions::volatile()),
+    ];
+    inf.start();
+    inf.wait_for_sync().await;
+    for r in &regs {
+        r.wait_for_sync().await;
+    }
+    fake.upsert("a", "2");
+    fake.upsert("a", "3");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while (first.lock().unwrap().len() < 2 || second.lock().unwrap().len() < 2)
+        && tokio::time::Instant::now() < deadline
+    {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let (first, second) = (first.lock().unwrap().clone(), second.lock().unwrap().clone());
+    assert_eq!(first.len(), 2, "{first:?}");
+    assert_eq!(first, second, "both handlers got the very same old and new objects");
+    assert_eq!(first[0].0, "update a 1->2");
+    inf.shutdown().await.unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_durable_handler_gets_what_was_committed_while_it_was_away() {
     let fake = Fake::new();

@@ -1,4 +1,4 @@
-//! Replays of the real API server traffic in `../shared/k8s-wire/`: each watch stream replayed
+//! Replays of the real API server traffic in `tests/data/k8s-wire/`: each watch stream replayed
 //! onto its list gives exactly the recorded truth, plain `kubectl get --raw` output replays as
 //! it is, and replay → export gives back the recorded lines byte for byte.
 
@@ -10,7 +10,7 @@ use durable_informer::replay::{encode_list, export_log, replay_into, ReplayOptio
 use durable_informer::source::decode_list;
 use durable_informer::store::{DurableStore, StoreConfig};
 
-const WIRE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../shared/k8s-wire/");
+const WIRE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/k8s-wire/");
 
 fn wire(name: &str) -> Vec<u8> {
     std::fs::read(format!("{WIRE}{name}")).unwrap()
@@ -168,4 +168,34 @@ async fn a_zstd_recording_replays_like_the_plain_one() {
         stored(&db, Some("rec")),
         truth("configmaps-rec-list-after.json", Some("rec"))
     );
+}
+
+/// The LIST path and the default transform together: each recorded item keeps everything but
+/// its `managedFields`, and gains the `apiVersion`/`kind` a LIST item lacks.
+#[test]
+fn recorded_list_items_lose_exactly_their_managed_fields() {
+    let body = wire("pods-list.json");
+    let list: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    let page = decode_list(&body).unwrap();
+    let mut cut = 0;
+    for (item, original) in page.items.into_iter().zip(list["items"].as_array().unwrap()) {
+        let mut want = original.clone();
+        let had = want["metadata"]
+            .as_object_mut()
+            .unwrap()
+            .remove("managedFields")
+            .is_some();
+        cut += usize::from(had);
+        want["apiVersion"] = "v1".into();
+        want["kind"] = "Pod".into();
+        let out = durable_informer::reflector::Transform::default()
+            .apply(item)
+            .unwrap()
+            .unwrap();
+        let got: serde_json::Value = serde_json::from_slice(&out.bytes).unwrap();
+        assert_eq!(got, want);
+        // The stored bytes read back as an object again.
+        durable_informer::object::RawObject::from_json(out.bytes.clone()).unwrap();
+    }
+    assert!(cut > 0, "the recording has managedFields to cut");
 }

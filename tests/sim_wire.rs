@@ -1,5 +1,5 @@
 //! The simulated API server, driven into the situations recorded from a real kube-apiserver
-//! v1.20.2 (`../shared/k8s-wire/`), answers with the same status codes and body shapes.
+//! v1.20.2 (`tests/data/k8s-wire/`), answers with the same status codes and body shapes.
 
 mod sim_common;
 

@@ -12,6 +12,7 @@ use serde::de::DeserializeOwned;
 use tokio::sync::watch;
 use tracing::Instrument;
 
+use super::decoded::{Decoded, Side};
 use super::handler::{Event, EventHandler, HandlerOptions};
 use crate::object::{ObjectKey, ResourceVersion};
 use crate::reflector::ReflectorStatus;
@@ -22,8 +23,10 @@ const BATCH: usize = 256;
 
 pub(crate) type Report = Arc<dyn Fn(String) + Send + Sync>;
 
-pub(crate) struct Ctx {
+pub(crate) struct Ctx<K> {
     pub(crate) store: Store,
+    /// Decoded log entries shared with the informer's other handlers.
+    pub(crate) decoded: Arc<Decoded<K>>,
     pub(crate) log: LogReader,
     pub(crate) writer: Writer,
     pub(crate) scope: ScopeId,
@@ -73,7 +76,7 @@ enum Wake {
 
 /// Runs one handler until `stop`.
 pub(crate) async fn run<K>(
-    ctx: Ctx,
+    ctx: Ctx<K>,
     handler: Arc<dyn EventHandler<K>>,
     opts: HandlerOptions,
     mut stop: watch::Receiver<bool>,
@@ -216,14 +219,19 @@ pub(crate) async fn track_lag(
     }
 }
 
-async fn persist(ctx: &Ctx, name: &str, cursor: Seq) {
+async fn persist<K>(ctx: &Ctx<K>, name: &str, cursor: Seq) {
     if let Err(e) = ctx.writer.set_cursor(ctx.scope, name.to_owned(), cursor).await {
         (ctx.report)(format!("{name}: cannot persist its cursor: {e}"));
     }
 }
 
 /// Calls the handler, catching panics; returns whether it succeeded.
-async fn call<K: Send + Sync + 'static>(ctx: &Ctx, handler: &dyn EventHandler<K>, label: &str, ev: Event<K>) -> bool {
+async fn call<K: Send + Sync + 'static>(
+    ctx: &Ctx<K>,
+    handler: &dyn EventHandler<K>,
+    label: &str,
+    ev: Event<K>,
+) -> bool {
     let fut = match std::panic::catch_unwind(AssertUnwindSafe(|| handler.handle(ev))) {
         Ok(f) => f,
         Err(p) => {
@@ -251,11 +259,11 @@ fn panic_text(p: &Box<dyn std::any::Any + Send>) -> String {
         .unwrap_or_else(|| "unknown panic".to_owned())
 }
 
-async fn deliver<K>(ctx: &Ctx, handler: &dyn EventHandler<K>, label: &str, rec: LogRecord)
+async fn deliver<K>(ctx: &Ctx<K>, handler: &dyn EventHandler<K>, label: &str, rec: LogRecord)
 where
     K: DeserializeOwned + Send + Sync + 'static,
 {
-    let decode_or_report = |bytes: &[u8]| match decode::<K>(bytes) {
+    let decode_or_report = |side: Side, bytes: &bytes::Bytes| match ctx.decoded.get(rec.seq, side, bytes) {
         Ok(k) => Some(k),
         Err(e) => {
             (ctx.report)(format!("{label}: {} at seq {}: does not decode: {e}", rec.key, rec.seq));
@@ -263,23 +271,27 @@ where
         }
     };
     let ev = match rec.kind {
-        DeltaKind::Added | DeltaKind::Replaced => match rec.object.as_deref().and_then(decode_or_report) {
-            Some(object) => Event::Add {
-                object,
-                initial: ctx.initial_list.borrow().contains(rec.seq, &rec.rv),
-            },
-            None => return,
-        },
+        DeltaKind::Added | DeltaKind::Replaced => {
+            match rec.object.as_ref().and_then(|b| decode_or_report(Side::New, b)) {
+                Some(object) => Event::Add {
+                    object,
+                    initial: ctx.initial_list.borrow().contains(rec.seq, &rec.rv),
+                },
+                None => return,
+            }
+        }
         DeltaKind::Updated => {
-            let (Some(new_bytes), old_bytes) = (rec.object.as_deref(), rec.old.as_deref()) else {
+            let (Some(new_bytes), old_bytes) = (rec.object.as_ref(), rec.old.as_ref()) else {
                 return;
             };
             // Same bytes (same RV): nothing changed for the handler.
             if old_bytes == Some(new_bytes) {
                 return;
             }
-            let Some(new) = decode_or_report(new_bytes) else { return };
-            let old = match old_bytes.and_then(decode_or_report) {
+            let Some(new) = decode_or_report(Side::New, new_bytes) else {
+                return;
+            };
+            let old = match old_bytes.and_then(|b| decode_or_report(Side::Old, b)) {
                 Some(o) => o,
                 // The previous state left the retained log: old = new is the best we have.
                 None => new.clone(),
@@ -291,8 +303,12 @@ where
             }
         }
         DeltaKind::Deleted => {
-            let bytes = rec.object.as_deref().or(rec.old.as_deref());
-            match bytes.and_then(decode_or_report) {
+            let state = match (rec.object.as_ref(), rec.old.as_ref()) {
+                (Some(b), _) => Some((Side::New, b)),
+                (None, Some(b)) => Some((Side::Old, b)),
+                (None, None) => None,
+            };
+            match state.and_then(|(side, b)| decode_or_report(side, b)) {
                 Some(object) => Event::Delete {
                     object,
                     final_state_unknown: rec.final_state_unknown,
@@ -308,7 +324,7 @@ where
 /// Synthetic adds of everything in the store, read from one consistent view in pages. Returns
 /// the log position of that view, or `None` when stopped.
 async fn initial_adds<K>(
-    ctx: &Ctx,
+    ctx: &Ctx<K>,
     handler: &dyn EventHandler<K>,
     label: &str,
     stop: &mut watch::Receiver<bool>,
@@ -363,7 +379,7 @@ where
 
 /// A resync: `Update { old = new }` for every object, read from one consistent view in pages
 /// (like [`initial_adds`]: a large store is never loaded at once). Stops early on `stop`.
-async fn resync<K>(ctx: &Ctx, handler: &dyn EventHandler<K>, label: &str, stop: &watch::Receiver<bool>)
+async fn resync<K>(ctx: &Ctx<K>, handler: &dyn EventHandler<K>, label: &str, stop: &watch::Receiver<bool>)
 where
     K: DeserializeOwned + Send + Sync + 'static,
 {

@@ -34,6 +34,7 @@
 //! ```
 
 mod adaptor;
+mod decoded;
 mod dispatch;
 mod error;
 mod factory;
@@ -83,6 +84,8 @@ struct Inner {
     resync: Option<Duration>,
     errors: Arc<Mutex<Vec<String>>>,
     handlers: Mutex<Vec<Slot>>,
+    /// Log entries decoded once for all handlers, per type.
+    decoded: decoded::DecodedByType,
     resource: String,
 }
 
@@ -104,7 +107,7 @@ pub struct Informer<K> {
 
 impl<K> Informer<K> {
     /// A view typed by `K` of an informer's shared state (the factory shares one scope across
-    /// types; objects are decoded per handler).
+    /// types; each log entry is decoded once per type, for all handlers).
     fn from_inner(inner: Arc<Inner>) -> Self {
         Self { inner, _k: PhantomData }
     }
@@ -292,6 +295,7 @@ where
                 resync: self.resync,
                 errors,
                 handlers: Mutex::new(Vec::new()),
+                decoded: decoded::DecodedByType::default(),
                 resource,
             }),
             _k: PhantomData,
@@ -398,6 +402,7 @@ where
         let errors = self.inner.errors.clone();
         let ctx = dispatch::Ctx {
             store: self.inner.store.clone(),
+            decoded: self.inner.decoded.of::<K>(),
             log: self.inner.log.clone(),
             writer: self.inner.writer.clone(),
             scope: self.inner.scope,

@@ -13,12 +13,10 @@ use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
 
 use bytes::Bytes;
-use serde::Deserialize;
-use serde_json::value::RawValue;
 
 use super::{MalformedPolicy, ReplayError};
-use crate::object::{RawObject, ResourceVersion};
-use crate::source::{decode_watch_line, ApiStatus, ListPage, WatchEvent};
+use crate::object::ResourceVersion;
+use crate::source::{decode_recorded_bytes, ApiStatus, DecodeError, ListPage, WatchEvent};
 
 /// The name of the optional top-level field carrying the receive time (unix milliseconds).
 pub const RECEIVED_AT: &str = "receivedAt";
@@ -38,39 +36,13 @@ pub struct RecordedEvent {
     pub received_at_ms: Option<u64>,
 }
 
-#[derive(Deserialize)]
-struct Envelope<'a> {
-    #[serde(rename = "type", borrow)]
-    kind: &'a str,
-    #[serde(borrow)]
-    object: Option<&'a RawValue>,
-    #[serde(rename = "receivedAt")]
-    received_at: Option<u64>,
-}
-
-/// Decodes one recording line. ADDED/MODIFIED/DELETED are decoded here in one pass (envelope,
-/// then the object's metadata); every other type goes through
-/// [`decode_watch_line`], so bookmarks, `ERROR` events and unknown types behave exactly as on
-/// a live watch.
+/// Decodes one recording line with the live source's decoder ([`decode_watch_line`]'s), so a
+/// recording decodes exactly as the watch it came from; only `receivedAt` is extra.
 fn decode_line(line: &[u8]) -> Result<(WatchEvent, Option<u64>), LineError> {
-    let env: Envelope<'_> =
-        serde_json::from_slice(line).map_err(|e| LineError::Malformed(format!("not a watch event: {e}")))?;
-    let received = env.received_at;
-    let object = |kind: &str| -> Result<RawObject, LineError> {
-        let raw = env
-            .object
-            .ok_or_else(|| LineError::Malformed(format!("{kind} event without an object")))?;
-        RawObject::from_json(Bytes::copy_from_slice(raw.get().as_bytes()))
-            .map_err(|e| LineError::Malformed(format!("{kind} event: {e}")))
-    };
-    let ev = match env.kind {
-        "ADDED" => WatchEvent::Added(object("ADDED")?),
-        "MODIFIED" => WatchEvent::Modified(object("MODIFIED")?),
-        "DELETED" => WatchEvent::Deleted(object("DELETED")?),
-        "BOOKMARK" | "ERROR" => decode_watch_line(line).map_err(LineError::Malformed)?,
-        other => return Err(LineError::UnknownType(other.to_owned())),
-    };
-    Ok((ev, received))
+    decode_recorded_bytes(&Bytes::copy_from_slice(line)).map_err(|e| match e {
+        DecodeError::UnknownType(kind) => LineError::UnknownType(kind),
+        other => LineError::Malformed(other.to_string()),
+    })
 }
 
 enum LineError {
@@ -460,6 +432,7 @@ pub fn event_rv(event: &WatchEvent) -> Option<&ResourceVersion> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::object::RawObject;
 
     #[test]
     fn encode_then_decode_keeps_the_object_bytes() {

@@ -2,7 +2,7 @@
 //! storage, fault injection and request counters. It imports nothing from the client side.
 //!
 //! The server speaks the list/watch protocol the way a kube-apiserver does (checked against the
-//! responses recorded from kube-apiserver v1.20.2 in `k8s-wire/`): one global revision counter,
+//! responses recorded from kube-apiserver v1.20.2 in `tests/data/k8s-wire/`): one global revision counter,
 //! an event history with a compaction window, paginated LIST with continue tokens, WATCH from a
 //! revision or with synthetic ADDED events, bookmarks, streaming lists (`sendInitialEvents`),
 //! 410 Expired / 504 ResourceVersionTooLarge, label and field selectors, and writes (POST, PUT,

@@ -243,7 +243,7 @@ impl KubeSource {
         decode_list_bytes(&body).map_err(|detail| SourceError::Decode {
             resource: self.name(),
             line: None,
-            detail,
+            detail: detail.to_string(),
         })
     }
 
@@ -344,7 +344,7 @@ impl LineReader {
                 line: Some(line),
             }),
             Err(d) if truncated => Err(self.malformed(format!("truncated stream: {d}"))),
-            Err(d) => Err(self.malformed(d)),
+            Err(d) => Err(self.malformed(d.to_string())),
         }
     }
 

@@ -13,7 +13,8 @@ use std::time::Duration;
 
 use futures::stream::BoxStream;
 
-pub use decode::{decode_list, decode_watch_line};
+pub(crate) use decode::decode_recorded_bytes;
+pub use decode::{decode_list, decode_watch_line, DecodeError};
 pub use kube_source::KubeSource;
 
 use crate::object::{RawObject, ResourceVersion, ScopeSpec};

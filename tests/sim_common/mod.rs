@@ -164,7 +164,7 @@ pub fn assert_same_shape(what: &str, a: &Value, b: &Value) {
 }
 
 pub fn wire(name: &str) -> String {
-    let p = format!("{}/../shared/k8s-wire/{name}", env!("CARGO_MANIFEST_DIR"));
+    let p = format!("{}/tests/data/k8s-wire/{name}", env!("CARGO_MANIFEST_DIR"));
     std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("read {p}: {e}"))
 }
 
