@@ -25,11 +25,14 @@ pub(crate) enum Side {
     Old,
 }
 
+/// Decoded states by log entry, each with the bytes it was decoded from.
+type Entries<K> = BTreeMap<(Seq, Side), (Bytes, Arc<K>)>;
+
 /// The decoded states of the most recent log entries, for one type `K`.
 pub(crate) struct Decoded<K> {
     /// The bytes are kept (a reference, not a copy) to check a hit: a seq names one log entry
     /// for the life of a database, but a database reset for a new cluster starts seqs again.
-    entries: Mutex<BTreeMap<(Seq, Side), (Bytes, Arc<K>)>>,
+    entries: Mutex<Entries<K>>,
 }
 
 impl<K: DeserializeOwned> Decoded<K> {
@@ -61,7 +64,7 @@ impl<K: DeserializeOwned> Decoded<K> {
         Ok(k)
     }
 
-    fn lock(&self) -> MutexGuard<'_, BTreeMap<(Seq, Side), (Bytes, Arc<K>)>> {
+    fn lock(&self) -> MutexGuard<'_, Entries<K>> {
         self.entries.lock().unwrap_or_else(PoisonError::into_inner)
     }
 }
