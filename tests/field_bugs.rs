@@ -3,23 +3,17 @@
 
 mod common;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use common::fake::{status, Fake, Fault};
+use common::reflector::{open, stored, Running};
 use durable_informer::object::{RawObject, ScopeSpec};
-use durable_informer::reflector::{BackoffConfig, Reflector, ReflectorConfig, ReflectorError, ReflectorStatus};
+use durable_informer::reflector::{BackoffConfig, ReflectorConfig};
 use durable_informer::source::{ListPage, ListRequest, Source, SourceError, WatchEvent, WatchRequest, WatchStream};
-use durable_informer::store::{DeltaKind, DurableStore, ScopeId, Seq, StoreConfig};
+use durable_informer::store::{DeltaKind, DurableStore, ScopeId, Seq};
 use futures::StreamExt;
-use tokio::sync::watch;
-
-struct Running {
-    stop: watch::Sender<bool>,
-    task: tokio::task::JoinHandle<Result<(), ReflectorError>>,
-    status: watch::Receiver<ReflectorStatus>,
-}
 
 fn config() -> ReflectorConfig {
     ReflectorConfig {
@@ -34,48 +28,8 @@ fn config() -> ReflectorConfig {
     }
 }
 
-fn open(dir: &tempfile::TempDir) -> (DurableStore, ScopeId) {
-    let db = DurableStore::open(StoreConfig::new(dir.path().join("db.redb"))).unwrap();
-    let scope = db
-        .writer()
-        .register_scope_blocking(&ScopeSpec::new("", "v1", "configmaps"))
-        .unwrap();
-    (db, scope)
-}
-
 fn start<S: Source + Clone>(source: &S, db: &DurableStore, scope: ScopeId) -> Running {
-    let r = Reflector::new(source.clone(), db.writer(), db.store(scope), config());
-    let status = r.status();
-    let (stop, rx) = watch::channel(false);
-    let task = tokio::spawn(r.run(rx));
-    Running { stop, task, status }
-}
-
-impl Running {
-    async fn synced(&mut self) {
-        tokio::time::timeout(Duration::from_secs(10), self.status.wait_for(|s| s.synced))
-            .await
-            .expect("not synced within 10 s")
-            .unwrap();
-    }
-
-    async fn stop(self) {
-        self.stop.send(true).unwrap();
-        tokio::time::timeout(Duration::from_secs(10), self.task)
-            .await
-            .unwrap()
-            .unwrap()
-            .unwrap();
-    }
-}
-
-fn stored(db: &DurableStore, scope: ScopeId) -> BTreeMap<String, u64> {
-    db.store(scope)
-        .list()
-        .unwrap()
-        .into_iter()
-        .map(|o| (o.key.to_string(), o.meta.resource_version.as_u64().unwrap()))
-        .collect()
+    common::reflector::start(source.clone(), db, scope, config())
 }
 
 fn persisted_rv(db: &DurableStore, scope: ScopeId) -> u64 {

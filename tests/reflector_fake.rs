@@ -3,25 +3,14 @@
 
 mod common;
 
-use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use common::fake::{status, Fake, Fault};
+use common::reflector::{open, stored, Running};
 use durable_informer::object::ScopeSpec;
-use durable_informer::reflector::{
-    BackoffConfig, OversizePolicy, Phase, Reflector, ReflectorConfig, ReflectorError, ReflectorStatus, Transform,
-    TransformFn,
-};
-use durable_informer::store::{DeltaKind, DurableStore, ScopeId, Seq, StoreConfig};
-use tokio::sync::watch;
-
-struct Running {
-    stop: watch::Sender<bool>,
-    task: tokio::task::JoinHandle<Result<(), ReflectorError>>,
-    status: watch::Receiver<ReflectorStatus>,
-    errors: Arc<Mutex<Vec<String>>>,
-}
+use durable_informer::reflector::{BackoffConfig, OversizePolicy, Phase, ReflectorConfig, Transform, TransformFn};
+use durable_informer::store::{DeltaKind, DurableStore, ScopeId, Seq};
 
 fn config() -> ReflectorConfig {
     ReflectorConfig {
@@ -35,57 +24,8 @@ fn config() -> ReflectorConfig {
     }
 }
 
-fn open(dir: &tempfile::TempDir) -> (DurableStore, ScopeId) {
-    let db = DurableStore::open(StoreConfig::new(dir.path().join("db.redb"))).unwrap();
-    let scope = db
-        .writer()
-        .register_scope_blocking(&ScopeSpec::new("", "v1", "configmaps"))
-        .unwrap();
-    (db, scope)
-}
-
 fn start(fake: &Fake, db: &DurableStore, scope: ScopeId, config: ReflectorConfig) -> Running {
-    let errors = Arc::new(Mutex::new(Vec::new()));
-    let e2 = errors.clone();
-    let r = Reflector::new(fake.clone(), db.writer(), db.store(scope), config)
-        .on_error(Arc::new(move |e| e2.lock().unwrap().push(e.to_string())));
-    let status = r.status();
-    let (stop, rx) = watch::channel(false);
-    let task = tokio::spawn(r.run(rx));
-    Running {
-        stop,
-        task,
-        status,
-        errors,
-    }
-}
-
-impl Running {
-    async fn synced(&mut self) {
-        tokio::time::timeout(Duration::from_secs(10), self.status.wait_for(|s| s.synced))
-            .await
-            .expect("not synced within 10 s")
-            .unwrap();
-    }
-
-    async fn stop(self) -> Vec<String> {
-        self.stop.send(true).unwrap();
-        tokio::time::timeout(Duration::from_secs(10), self.task)
-            .await
-            .unwrap()
-            .unwrap()
-            .unwrap();
-        self.errors.lock().unwrap().clone()
-    }
-}
-
-fn stored(db: &DurableStore, scope: ScopeId) -> BTreeMap<String, u64> {
-    db.store(scope)
-        .list()
-        .unwrap()
-        .into_iter()
-        .map(|o| (o.key.to_string(), o.meta.resource_version.as_u64().unwrap()))
-        .collect()
+    common::reflector::start(fake.clone(), db, scope, config)
 }
 
 /// Opens a fresh store, starts a reflector on it and waits until it reports synced.

@@ -2,26 +2,20 @@
 //! lists, watches, restarts, relists and every fault the sim can inject. The store must equal
 //! the server afterwards, and the server's counters show which requests were made.
 
+mod common;
+
 use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use common::reflector::{open, Running};
 use durable_informer::object::ScopeSpec;
-use durable_informer::reflector::{BackoffConfig, Reflector, ReflectorConfig, ReflectorError, ReflectorStatus};
+use durable_informer::reflector::{BackoffConfig, ReflectorConfig};
 use durable_informer::sim::{Failure, FaultTarget, Sim, SimConfig};
 use durable_informer::source::KubeSource;
 use durable_informer::store::{DeltaKind, DurableStore, ScopeId, Seq, StoreConfig};
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, ListParams};
 use serde_json::json;
-use tokio::sync::watch;
-
-struct Running {
-    stop: watch::Sender<bool>,
-    task: tokio::task::JoinHandle<Result<(), ReflectorError>>,
-    status: watch::Receiver<ReflectorStatus>,
-    errors: Arc<Mutex<Vec<String>>>,
-}
 
 fn config() -> ReflectorConfig {
     ReflectorConfig {
@@ -61,15 +55,6 @@ async fn start_sim(config: SimConfig, objects: usize) -> Sim {
     .unwrap()
 }
 
-fn open(dir: &tempfile::TempDir) -> (DurableStore, ScopeId) {
-    let db = DurableStore::open(StoreConfig::new(dir.path().join("db.redb"))).unwrap();
-    let scope = db
-        .writer()
-        .register_scope_blocking(&ScopeSpec::new("", "v1", "configmaps"))
-        .unwrap();
-    (db, scope)
-}
-
 fn start(sim: &Sim, db: &DurableStore, scope: ScopeId, config: ReflectorConfig) -> Running {
     start_with(sim.client().unwrap(), sim, db, scope, config)
 }
@@ -87,37 +72,7 @@ fn start_with(client: kube::Client, sim: &Sim, db: &DurableStore, scope: ScopeId
 }
 
 fn start_source(source: KubeSource, db: &DurableStore, scope: ScopeId, config: ReflectorConfig) -> Running {
-    let errors = Arc::new(Mutex::new(Vec::new()));
-    let e2 = errors.clone();
-    let r = Reflector::new(source, db.writer(), db.store(scope), config)
-        .on_error(Arc::new(move |e| e2.lock().unwrap().push(e.to_string())));
-    let status = r.status();
-    let (stop, rx) = watch::channel(false);
-    let task = tokio::spawn(r.run(rx));
-    Running {
-        stop,
-        task,
-        status,
-        errors,
-    }
-}
-
-impl Running {
-    async fn synced(&mut self) {
-        tokio::time::timeout(Duration::from_secs(20), self.status.wait_for(|s| s.synced))
-            .await
-            .expect("not synced")
-            .unwrap();
-    }
-    async fn stop(self) -> Vec<String> {
-        self.stop.send(true).unwrap();
-        tokio::time::timeout(Duration::from_secs(20), self.task)
-            .await
-            .unwrap()
-            .unwrap()
-            .unwrap();
-        self.errors.lock().unwrap().clone()
-    }
+    common::reflector::start(source, db, scope, config)
 }
 
 async fn server_state(sim: &Sim) -> BTreeMap<String, String> {

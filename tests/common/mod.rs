@@ -1,3 +1,4 @@
 pub mod alone;
 pub mod fake;
+pub mod reflector;
 pub mod tables;
