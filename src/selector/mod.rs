@@ -93,3 +93,14 @@ pub enum SelectorError {
 
 /// Result of selector parsing.
 pub type Result<T, E = SelectorError> = std::result::Result<T, E>;
+
+/// Writes requirements comma-separated: the canonical form of both selector kinds.
+fn write_joined<T: std::fmt::Display>(f: &mut std::fmt::Formatter<'_>, items: &[T]) -> std::fmt::Result {
+    for (i, item) in items.iter().enumerate() {
+        if i > 0 {
+            f.write_str(",")?;
+        }
+        write!(f, "{item}")?;
+    }
+    Ok(())
+}
