@@ -1,0 +1,114 @@
+//! Per-scope compression dictionaries: trained, stored with the group, published on commit.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use redb::{ReadableTable, WriteTransaction};
+
+use super::super::codec::Compression;
+use super::super::dict::{self, EncDict};
+use super::super::schema::{ScopeId, DICTS};
+use super::{Step, WriterThread};
+
+/// A scope's compression dictionary on the writer.
+#[derive(Default)]
+pub(super) struct ScopeDicts {
+    /// Whether the newest committed dictionary was looked up.
+    pub(super) loaded: bool,
+    /// The dictionary new blobs are compressed with.
+    pub(super) current: Option<Arc<EncDict>>,
+    /// Objects kept to train the first dictionary on (`Bytes` clones: no copy).
+    pub(super) samples: Vec<Bytes>,
+}
+
+impl WriterThread {
+    /// Dictionaries trained in a group that did not commit were never stored: drop them, so
+    /// their ids are handed out again and never cached for two different dictionaries.
+    pub(super) fn forget_pending_dicts(&self) {
+        let mut dicts = self.dicts.borrow_mut();
+        for scope in self.pending_dicts.borrow_mut().drain(..) {
+            dicts.remove(&scope);
+        }
+    }
+
+    /// The dictionary new blobs of `scope` are compressed with: the newest committed one, or
+    /// one trained now (and stored in this transaction) once `objects` bring enough samples.
+    /// Also returns how many leading `objects` come before it: when this batch completes the
+    /// samples, the object that completes them and every later one use the new dictionary,
+    /// the earlier ones do not. Where a dictionary starts thus depends only on the order of
+    /// objects, never on where batches happen to begin, so replays give identical bytes.
+    pub(super) fn scope_dict(
+        &self,
+        txn: &WriteTransaction,
+        scope: ScopeId,
+        objects: &[&Bytes],
+    ) -> Step<(Option<Arc<EncDict>>, usize)> {
+        let Compression::ZstdDict(level) = self.compression else {
+            return Ok((None, 0));
+        };
+        let mut all = self.dicts.borrow_mut();
+        let state = all.entry(scope.0).or_default();
+        if !state.loaded {
+            let table = txn.open_table(DICTS).map_err(|e| self.st(e))?;
+            let newest = table
+                .range((scope.0, 0)..=(scope.0, u32::MAX))
+                .map_err(|e| self.st(e))?
+                .next_back()
+                .transpose()
+                .map_err(|e| self.st(e))?;
+            if let Some((k, v)) = newest {
+                let d = Arc::new(EncDict::new(scope.0, k.value().1, v.value(), level));
+                // Read from the file: committed, so callers may compress with it.
+                self.publish(scope.0, d.clone());
+                state.current = Some(d);
+            }
+            state.loaded = true;
+        }
+        let mut before = 0;
+        if state.current.is_none() {
+            before = objects.len();
+            for (i, b) in objects.iter().enumerate() {
+                if state.samples.len() >= dict::TRAIN_SAMPLES {
+                    break;
+                }
+                if !b.is_empty() {
+                    state.samples.push((*b).clone());
+                    before = i;
+                }
+            }
+            if state.samples.len() >= dict::TRAIN_SAMPLES {
+                let samples = std::mem::take(&mut state.samples);
+                if let Some(raw) = dict::train(&samples) {
+                    let mut table = txn.open_table(DICTS).map_err(|e| self.st(e))?;
+                    let id = table
+                        .range((scope.0, 0)..=(scope.0, u32::MAX))
+                        .map_err(|e| self.st(e))?
+                        .next_back()
+                        .transpose()
+                        .map_err(|e| self.st(e))?
+                        .map_or(1, |(k, _)| k.value().1 + 1);
+                    table.insert((scope.0, id), raw.as_slice()).map_err(|e| self.st(e))?;
+                    state.current = Some(Arc::new(EncDict::new(scope.0, id, &raw, level)));
+                    self.pending_dicts.borrow_mut().push(scope.0);
+                    tracing::debug!(%scope, id, bytes = raw.len(), "trained a zstd dictionary");
+                }
+            }
+            if state.current.is_none() {
+                before = objects.len();
+            }
+        }
+        Ok((state.current.clone(), before))
+    }
+
+    pub(super) fn publish(&self, scope: u32, dict: Arc<EncDict>) {
+        self.published
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .insert(scope, dict);
+    }
+
+    /// The dictionary `scope_dict` last settled on (call that first in the command).
+    pub(super) fn scope_dict_cached(&self, scope: ScopeId) -> Option<Arc<EncDict>> {
+        self.dicts.borrow().get(&scope.0).and_then(|s| s.current.clone())
+    }
+}

@@ -1,0 +1,379 @@
+//! The writer: one OS thread that owns every write transaction.
+//!
+//! Commands arrive over a crossbeam channel. The thread takes what is queued (bounded by count
+//! and bytes: group commit), applies it in one transaction, commits, and only then acknowledges
+//! each sender and publishes the committed log position. A command that is refused (say, an RV
+//! regression) is refused before it writes anything, so the others in the group still commit;
+//! a storage error aborts the whole group and every sender hears of it.
+//!
+//! Files: this one holds the [`Writer`] handle and its commands; `batch` what callers send and
+//! get back; `thread` the loop and group commit; `apply` a batch's objects, log and index rows;
+//! `relist` staging and the relist diff; `scopes` scope records, cursors and the cluster
+//! identity; `dicts` compression dictionaries; `backfill`, `retention` and `background` the
+//! bounded work between groups.
+
+mod apply;
+mod backfill;
+mod background;
+mod batch;
+mod dicts;
+mod relist;
+mod retention;
+mod scopes;
+mod thread;
+
+pub(crate) use backfill::RESUME_SCAN;
+pub use batch::{Batch, Committed, CompactReport, Delta, RelistSummary};
+pub(crate) use batch::{Packed, PublishedDicts};
+
+use std::cell::{Cell, RefCell};
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+
+use crossbeam_channel::Sender;
+use redb::ReadableTable;
+use tokio::sync::{oneshot, watch};
+
+use bytes::Bytes;
+
+use super::codec::DeltaKind;
+use super::dict;
+use super::schema::{IndexName, ScopeId, Seq, LOG, META, META_LAST_SEQ};
+use super::{Shared, StoreConfig, StoreError};
+use crate::object::{RawObject, ResourceVersion};
+use apply::Tables;
+use dicts::ScopeDicts;
+use retention::Compaction;
+use thread::{Deferred, Failure, Garbage, Step, WriterThread};
+
+type Ack<T> = oneshot::Sender<Result<T, StoreError>>;
+
+/// Running index backfills and the callers waiting for each.
+type Backfills = BTreeMap<(ScopeId, IndexName), Vec<Ack<()>>>;
+
+enum Command {
+    RegisterScope(String, Ack<ScopeId>),
+    Apply(Batch, Ack<Committed>),
+    Stage(ScopeId, Vec<RawObject>, Ack<()>),
+    FinishRelist(ScopeId, ResourceVersion, String, Ack<RelistSummary>),
+    AbortRelist(ScopeId, Ack<()>),
+    EnsureIndex(ScopeId, IndexName, Ack<()>),
+    SetCursor(ScopeId, String, Seq, Ack<()>),
+    DeleteCursor(ScopeId, String, Ack<()>),
+    Compact(Option<u64>, Ack<CompactReport>),
+    Settle(Ack<()>),
+    /// Commits durably (making earlier relaxed commits durable too).
+    Flush(Ack<()>),
+    Identity(String, bool, Ack<bool>),
+    ResetScope(ScopeId, Ack<()>),
+    Shutdown,
+}
+
+impl Command {
+    fn weight(&self) -> (usize, usize) {
+        match self {
+            Command::Apply(b, _) => (b.deltas.len().max(1), b.bytes()),
+            Command::Stage(_, objs, _) => (objs.len().max(1), objs.iter().map(|o| o.bytes.len()).sum()),
+            _ => (1, 0),
+        }
+    }
+}
+
+/// The handle through which every write goes. Cheap to clone; usable from async code (the
+/// `async` methods) and from plain threads (the `_blocking` methods, which must not be called
+/// from inside an async task: they block the thread until the commit).
+#[derive(Clone)]
+pub struct Writer {
+    tx: Sender<Command>,
+    committed: watch::Receiver<Seq>,
+    dicts: PublishedDicts,
+}
+
+impl std::fmt::Debug for Writer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Writer")
+            .field("committed", &*self.committed.borrow())
+            .finish()
+    }
+}
+
+macro_rules! request {
+    ($name:ident, $blocking:ident, ($($arg:ident: $ty:ty),*) -> $out:ty, $variant:ident, $doc:literal) => {
+        #[doc = $doc]
+        pub async fn $name(&self, $($arg: $ty),*) -> Result<$out, StoreError> {
+            let (ack, rx) = oneshot::channel();
+            self.send(Command::$variant($($arg.into()),*, ack))?;
+            rx.await.map_err(|_| StoreError::WriterGone)?
+        }
+
+        #[doc = $doc]
+        ///
+        /// Blocks the calling thread until the commit; never call it from an async task.
+        pub fn $blocking(&self, $($arg: $ty),*) -> Result<$out, StoreError> {
+            let (ack, rx) = oneshot::channel();
+            self.send(Command::$variant($($arg.into()),*, ack))?;
+            futures::executor::block_on(rx).map_err(|_| StoreError::WriterGone)?
+        }
+    };
+}
+
+impl Writer {
+    fn send(&self, cmd: Command) -> Result<(), StoreError> {
+        self.tx.send(cmd).map_err(|_| StoreError::WriterGone)
+    }
+
+    /// Registers a scope, or finds the one with the same spec.
+    pub async fn register_scope(&self, spec: &super::ScopeSpec) -> Result<ScopeId, StoreError> {
+        let (ack, rx) = oneshot::channel();
+        self.send(Command::RegisterScope(spec.canonical(), ack))?;
+        rx.await.map_err(|_| StoreError::WriterGone)?
+    }
+
+    /// Registers a scope, or finds the one with the same spec. Blocking.
+    pub fn register_scope_blocking(&self, spec: &super::ScopeSpec) -> Result<ScopeId, StoreError> {
+        let (ack, rx) = oneshot::channel();
+        self.send(Command::RegisterScope(spec.canonical(), ack))?;
+        futures::executor::block_on(rx).map_err(|_| StoreError::WriterGone)?
+    }
+
+    /// Queues a batch now and returns a receiver for its commit, so a caller can keep reading
+    /// while earlier batches commit (pipelining). The batch is durable once the receiver yields
+    /// `Ok`.
+    ///
+    /// Once the scope has a committed dictionary, the objects are compressed here, on the
+    /// caller's thread, so the writer thread spends its time on redb work.
+    pub fn submit(&self, batch: Batch) -> Result<oneshot::Receiver<Result<Committed, StoreError>>, StoreError> {
+        let batch = self.precompress(batch);
+        let (ack, rx) = oneshot::channel();
+        self.send(Command::Apply(batch, ack))?;
+        Ok(rx)
+    }
+
+    fn precompress(&self, mut batch: Batch) -> Batch {
+        if batch.packed.is_some() || batch.deltas.is_empty() {
+            return batch;
+        }
+        let dict = self
+            .dicts
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .get(&batch.scope.0)
+            .cloned();
+        let Some(dict) = dict else { return batch };
+        let blobs: Result<Vec<Bytes>, _> = batch
+            .deltas
+            .iter()
+            .filter(|d| d.kind != DeltaKind::Sync)
+            .map(|d| dict::pack_with(&dict, &d.object.bytes))
+            .collect();
+        // On an error the writer compresses them itself, and reports it.
+        if let Ok(blobs) = blobs {
+            batch.packed = Some(Packed { dict, blobs });
+        }
+        batch
+    }
+
+    /// Queues one page of a relist now (see [`Writer::stage_relist`]) and returns a receiver
+    /// for its commit, for callers that pipeline pages like [`Writer::submit`].
+    pub fn submit_stage(
+        &self,
+        scope: ScopeId,
+        objects: Vec<RawObject>,
+    ) -> Result<oneshot::Receiver<Result<(), StoreError>>, StoreError> {
+        let (ack, rx) = oneshot::channel();
+        self.send(Command::Stage(scope, objects, ack))?;
+        Ok(rx)
+    }
+
+    /// Applies a batch in the next group commit and returns once it is durable.
+    pub async fn apply(&self, batch: Batch) -> Result<Committed, StoreError> {
+        self.submit(batch)?.await.map_err(|_| StoreError::WriterGone)?
+    }
+
+    /// Applies a batch in the next group commit and returns once it is durable.
+    ///
+    /// Blocks the calling thread until the commit; never call it from an async task.
+    pub fn apply_blocking(&self, batch: Batch) -> Result<Committed, StoreError> {
+        futures::executor::block_on(self.submit(batch)?).map_err(|_| StoreError::WriterGone)?
+    }
+
+    request!(stage_relist, stage_relist_blocking, (scope: ScopeId, objects: Vec<RawObject>) -> (), Stage,
+        "Stages one page of a relist. Readers keep seeing the old state until `finish_relist`.");
+    request!(abort_relist, abort_relist_blocking, (scope: ScopeId) -> (), AbortRelist,
+        "Drops what was staged for a relist (for example when the list restarts).");
+    request!(ensure_index, ensure_index_blocking, (scope: ScopeId, name: IndexName) -> (), EnsureIndex,
+        "Records an index registered with `DurableStore::register_index` on the scope and backfills its rows for the objects already stored; returns once the index answers queries.\n\n\
+        The backfill runs in transactions of at most 1,000 objects, between the batches of every scope, so ingest goes on meanwhile. \
+        Until it finished, queries of the index return `StoreError::IndexNotReady` (never a partial answer). \
+        Its progress is persisted: after a crash, calling this again (with the index registered) resumes where it stopped.\n\n\
+        ```no_run\n\
+        use durable_informer::object::ScopeSpec;\n\
+        use durable_informer::store::{DurableStore, Indexer, StoreConfig, LABELS};\n\
+        # fn main() -> Result<(), Box<dyn std::error::Error>> {\n\
+        let db = DurableStore::open(StoreConfig::new(\"/tmp/cache.redb\"))?;\n\
+        let scope = db.writer().register_scope_blocking(&ScopeSpec::new(\"\", \"v1\", \"pods\"))?;\n\
+        db.register_index(scope, Indexer::labels());\n\
+        db.writer().ensure_index_blocking(scope, LABELS.into())?;\n\
+        let web = db.store(scope).by_index(LABELS, \"app=web\")?;\n\
+        # let _ = web; Ok(()) }\n\
+        ```");
+    request!(set_cursor, set_cursor_blocking, (scope: ScopeId, name: String, seq: Seq) -> (), SetCursor,
+        "Persists the cursor of the durable consumer `name` of `scope`: every entry up to `seq` was handled. Consumers of different scopes may share a name.");
+    request!(delete_cursor, delete_cursor_blocking, (scope: ScopeId, name: String) -> (), DeleteCursor,
+        "Removes the cursor of the durable consumer `name` of `scope`, so it no longer holds back compaction.");
+    request!(compact, compact_blocking, (keep_entries: Option<u64>) -> CompactReport, Compact,
+        "Removes log entries below every durable cursor that are beyond `keep_entries` (default: the configured `retention_entries`) or older than the configured `retention_age`; returns once done.\n\n\
+        It runs in transactions of at most 4,096 entries between incoming batches. The writer applies the configured retention on its own too; this is for applying it now or with another count (the CLI `compact`).\n\n\
+        ```no_run\n\
+        use durable_informer::store::{DurableStore, StoreConfig};\n\
+        # fn main() -> Result<(), Box<dyn std::error::Error>> {\n\
+        let db = DurableStore::open(StoreConfig::new(\"/tmp/cache.redb\"))?;\n\
+        let report = db.writer().compact_blocking(Some(1000))?;\n\
+        println!(\"removed {}, first retained {}\", report.removed, report.first_retained);\n\
+        # Ok(()) }\n\
+        ```");
+    request!(reset_scope, reset_scope_blocking, (scope: ScopeId) -> (), ResetScope,
+        "Forgets a scope's objects, indexes and RV (its log entries stay, for cursors).");
+
+    /// Diffs the staged relist against the stored objects and swaps it in, in one transaction:
+    /// new → Added, changed RV → Updated, not listed → Deleted (final state unknown), same RV →
+    /// nothing. Sets the scope RV to `rv` (which may be lower than before: a relist is the only
+    /// way an RV moves backwards).
+    pub async fn finish_relist(
+        &self,
+        scope: ScopeId,
+        rv: ResourceVersion,
+        reason: &str,
+    ) -> Result<RelistSummary, StoreError> {
+        let (ack, rx) = oneshot::channel();
+        self.send(Command::FinishRelist(scope, rv, reason.to_owned(), ack))?;
+        rx.await.map_err(|_| StoreError::WriterGone)?
+    }
+
+    /// Blocking form of [`finish_relist`](Self::finish_relist).
+    pub fn finish_relist_blocking(
+        &self,
+        scope: ScopeId,
+        rv: ResourceVersion,
+        reason: &str,
+    ) -> Result<RelistSummary, StoreError> {
+        let (ack, rx) = oneshot::channel();
+        self.send(Command::FinishRelist(scope, rv, reason.to_owned(), ack))?;
+        futures::executor::block_on(rx).map_err(|_| StoreError::WriterGone)?
+    }
+
+    /// Records the cluster identity, or checks it against the stored one. With `reset`, a
+    /// different identity wipes every scope instead of failing. Returns `true` when the
+    /// database was wiped.
+    pub async fn cluster_identity(&self, identity: &str, reset: bool) -> Result<bool, StoreError> {
+        let (ack, rx) = oneshot::channel();
+        self.send(Command::Identity(identity.to_owned(), reset, ack))?;
+        rx.await.map_err(|_| StoreError::WriterGone)?
+    }
+
+    /// Blocking form of [`cluster_identity`](Self::cluster_identity).
+    pub fn cluster_identity_blocking(&self, identity: &str, reset: bool) -> Result<bool, StoreError> {
+        let (ack, rx) = oneshot::channel();
+        self.send(Command::Identity(identity.to_owned(), reset, ack))?;
+        futures::executor::block_on(rx).map_err(|_| StoreError::WriterGone)?
+    }
+
+    /// Plans automatic retention with the store clock's current time and returns once its
+    /// compaction steps ran (or a durable cursor stopped them). For tests that check what
+    /// automatic retention did; the writer does the same on its own after commits.
+    #[doc(hidden)]
+    pub fn settle_blocking(&self) -> Result<(), StoreError> {
+        let (ack, rx) = oneshot::channel();
+        self.send(Command::Settle(ack))?;
+        futures::executor::block_on(rx).map_err(|_| StoreError::WriterGone)?
+    }
+
+    /// Makes everything committed so far durable (one durable commit; relaxed batches before
+    /// it were committed without waiting for the disk).
+    pub async fn flush(&self) -> Result<(), StoreError> {
+        let (ack, rx) = oneshot::channel();
+        self.send(Command::Flush(ack))?;
+        rx.await.map_err(|_| StoreError::WriterGone)?
+    }
+
+    /// The last committed log seq, updated after every commit.
+    #[must_use]
+    pub fn committed(&self) -> watch::Receiver<Seq> {
+        self.committed.clone()
+    }
+
+    pub(crate) fn shutdown(&self) {
+        let _ = self.tx.send(Command::Shutdown);
+    }
+}
+
+/// Starts the writer thread.
+pub(crate) fn spawn(
+    shared: Arc<Shared>,
+    config: &StoreConfig,
+) -> Result<(Writer, std::thread::JoinHandle<()>), StoreError> {
+    let last = last_seq_read(&shared)?;
+    let (tx, rx) = crossbeam_channel::unbounded();
+    let (seq_tx, seq_rx) = watch::channel(last);
+    let published = PublishedDicts::default();
+    let (reap_tx, reap_rx) = crossbeam_channel::bounded::<Vec<Garbage>>(16);
+    // Ends when the writer thread drops its sender.
+    let reaper = std::thread::Builder::new()
+        .name("durable-informer-free".into())
+        .spawn(move || reap_rx.iter().for_each(drop))
+        .ok()
+        .map(|_| reap_tx);
+    let state = WriterThread {
+        published: published.clone(),
+        garbage: RefCell::new(Vec::new()),
+        reaper,
+        next_seq: Cell::new(last.0 + 1),
+        shared,
+        rx,
+        seq_tx,
+        durable: config.durable,
+        max_deltas: config.max_batch_deltas,
+        max_bytes: config.max_batch_bytes,
+        compression: config.compression,
+        retention_entries: config.retention_entries,
+        retention_age: config.retention_age,
+        compact_step: config.compact_step,
+        backfill_step: config.backfill_step,
+        compaction: RefCell::new(Compaction::default()),
+        backfills: RefCell::new(BTreeMap::new()),
+        backfill_turn: Cell::new(false),
+        dicts: RefCell::new(HashMap::new()),
+        pending_dicts: RefCell::new(Vec::new()),
+        poisoned: Cell::new(false),
+        size_observed: Cell::new(None),
+    };
+    state.observe_size(true);
+    let thread = std::thread::Builder::new()
+        .name("durable-informer-writer".into())
+        .spawn(move || state.run())
+        .map_err(|source| StoreError::Io {
+            path: "writer thread".into(),
+            source,
+        })?;
+    Ok((
+        Writer {
+            tx,
+            committed: seq_rx,
+            dicts: published,
+        },
+        thread,
+    ))
+}
+
+fn last_seq_read(shared: &Shared) -> Result<Seq, StoreError> {
+    use redb::ReadableDatabase;
+    let txn = shared.db()?.begin_read().map_err(|e| shared.storage(e))?;
+    let log = txn.open_table(LOG).map_err(|e| shared.storage(e))?;
+    let in_log = log.last().map_err(|e| shared.storage(e))?.map_or(0, |(k, _)| k.value());
+    let meta = txn.open_table(META).map_err(|e| shared.storage(e))?;
+    let saved = match meta.get(META_LAST_SEQ).map_err(|e| shared.storage(e))? {
+        Some(v) => <[u8; 8]>::try_from(v.value()).map(u64::from_be_bytes).unwrap_or(0),
+        None => 0,
+    };
+    Ok(Seq(in_log.max(saved)))
+}

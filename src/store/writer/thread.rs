@@ -1,0 +1,439 @@
+//! The writer thread: the loop that takes commands, commits them in groups and answers.
+
+use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use crossbeam_channel::{Receiver, RecvTimeoutError, TryRecvError};
+use redb::WriteTransaction;
+use tokio::sync::{oneshot, watch};
+
+use super::super::codec::Compression;
+use super::super::schema::{IndexName, ScopeId, Seq, META, META_LAST_SEQ};
+use super::super::{Shared, StoreError};
+use super::retention::{Compaction, Goal};
+use super::{
+    last_seq_read, Ack, Backfills, Command, Committed, CompactReport, Delta, PublishedDicts, RelistSummary, ScopeDicts,
+};
+
+/// First and longest wait between the writer's own attempts to reopen a poisoned database.
+const RETRY_FIRST: std::time::Duration = std::time::Duration::from_millis(10);
+const RETRY_MAX: std::time::Duration = std::time::Duration::from_secs(1);
+
+pub(super) struct WriterThread {
+    /// Next log seq to hand out; reset to its value at the start of a group that rolls back.
+    pub(super) next_seq: Cell<u64>,
+    pub(super) shared: Arc<Shared>,
+    pub(super) rx: Receiver<Command>,
+    pub(super) seq_tx: watch::Sender<Seq>,
+    pub(super) durable: bool,
+    pub(super) max_deltas: usize,
+    pub(super) max_bytes: usize,
+    pub(super) compression: Compression,
+    pub(super) retention_entries: Option<u64>,
+    pub(super) retention_age: Option<std::time::Duration>,
+    /// Most log entries one compaction transaction removes.
+    pub(super) compact_step: usize,
+    /// Most objects one backfill transaction indexes.
+    pub(super) backfill_step: usize,
+    /// Compaction still to do (automatic retention and explicit `compact` calls).
+    pub(super) compaction: RefCell<Compaction>,
+    /// Backfills this writer runs, with the callers waiting for each. An index in here has its
+    /// function registered, so every write since maintained its rows.
+    pub(super) backfills: RefCell<Backfills>,
+    /// Whether the next idle step goes to a backfill (compaction and backfills take turns).
+    pub(super) backfill_turn: Cell<bool>,
+    /// Per-scope dictionary state for [`Compression::ZstdDict`].
+    pub(super) dicts: RefCell<HashMap<u32, ScopeDicts>>,
+    /// Scopes whose dictionary was trained in the open group: forgotten if it rolls back,
+    /// published once it commits.
+    pub(super) pending_dicts: RefCell<Vec<u32>>,
+    /// Committed dictionaries, for [`Writer::submit`] to compress with.
+    pub(super) published: PublishedDicts,
+    /// What the open group's batches held, freed by the `reaper` thread after the group: the
+    /// objects were allocated on other threads, and freeing thousands of small allocations
+    /// from another thread's arena cost the writer about a fifth of its time (`perf`, replay).
+    pub(super) garbage: RefCell<Vec<Garbage>>,
+    /// Frees garbage; `None` (or full) frees it here.
+    pub(super) reaper: Option<crossbeam_channel::Sender<Vec<Garbage>>>,
+    /// An I/O error happened: redb refuses every later operation ("Previous I/O error
+    /// occurred") until the database is reopened, which the next group does first.
+    pub(super) poisoned: Cell<bool>,
+    /// When the file size was last published to the `database_bytes` metric.
+    pub(super) size_observed: Cell<Option<std::time::Instant>>,
+}
+
+/// A batch's deltas and compressed blobs, kept until its group is done.
+pub(super) type Garbage = (Vec<Delta>, Vec<(Bytes, Compression)>);
+
+/// Hands the group's garbage to the reaper when the group ends, however it ends.
+pub(super) struct Reap<'w>(&'w WriterThread);
+
+impl Drop for Reap<'_> {
+    fn drop(&mut self) {
+        let garbage = std::mem::take(&mut *self.0.garbage.borrow_mut());
+        if garbage.is_empty() {
+            return;
+        }
+        if let Some(reaper) = &self.0.reaper {
+            // Full or gone: drop it here instead.
+            let _ = reaper.try_send(garbage);
+        }
+    }
+}
+
+/// A command's reply, held until the transaction commits.
+pub(super) enum Reply {
+    Scope(Ack<ScopeId>, Result<ScopeId, StoreError>),
+    Committed(Ack<Committed>, Result<u64, StoreError>),
+    Unit(Ack<()>, Result<(), StoreError>),
+    Relist(Ack<RelistSummary>, Result<RelistSummary, StoreError>),
+    Compact(Ack<CompactReport>, Result<CompactReport, StoreError>),
+    Bool(Ack<bool>, Result<bool, StoreError>),
+    /// Work that goes on in bounded transactions after this commit; acknowledged when it is done.
+    Deferred(Deferred),
+}
+
+/// A command whose work outlives its group commit.
+pub(super) enum Deferred {
+    Compact(Ack<CompactReport>, Goal),
+    Settle(Ack<()>),
+    Backfill(Ack<()>, ScopeId, IndexName),
+}
+
+/// Why a command did not apply: `Refused` wrote nothing, so the group goes on; `Fatal` may have
+/// written part of the command, so the whole group is rolled back.
+pub(super) enum Failure {
+    Refused(StoreError),
+    Fatal(StoreError),
+}
+
+impl From<StoreError> for Failure {
+    fn from(e: StoreError) -> Self {
+        Failure::Fatal(e)
+    }
+}
+
+pub(super) type Step<T> = Result<T, Failure>;
+
+impl WriterThread {
+    pub(super) fn run(self) {
+        let mut stop = false;
+        // While poisoned (an I/O error, and the reopen failed or has not run yet), the writer
+        // retries the reopen on its own: readers get `Closed` until it succeeds, and they must
+        // not wait for someone to write first.
+        let mut retry = RETRY_FIRST;
+        while !stop {
+            let first = if self.poisoned.get() {
+                match self.rx.recv_timeout(retry) {
+                    Ok(cmd) => cmd,
+                    Err(RecvTimeoutError::Timeout) => {
+                        match self.recover() {
+                            Ok(()) => retry = RETRY_FIRST,
+                            Err(e) => {
+                                tracing::debug!(error = %e, "reopening the database after an I/O error failed");
+                                retry = (retry * 2).min(RETRY_MAX);
+                            }
+                        }
+                        continue;
+                    }
+                    Err(RecvTimeoutError::Disconnected) => break,
+                }
+            } else if self.has_background_work() {
+                // Background work (compaction, backfill) runs while nothing is queued.
+                retry = RETRY_FIRST;
+                match self.rx.try_recv() {
+                    Ok(cmd) => cmd,
+                    Err(TryRecvError::Empty) => {
+                        self.background_step();
+                        continue;
+                    }
+                    Err(TryRecvError::Disconnected) => break,
+                }
+            } else if let Some(poll) = self.idle_poll() {
+                // Entries age while nothing is written: look at them now and then.
+                retry = RETRY_FIRST;
+                match self.rx.recv_timeout(poll) {
+                    Ok(cmd) => cmd,
+                    Err(RecvTimeoutError::Timeout) => {
+                        self.plan_retention();
+                        continue;
+                    }
+                    Err(RecvTimeoutError::Disconnected) => break,
+                }
+            } else {
+                retry = RETRY_FIRST;
+                let Ok(cmd) = self.rx.recv() else { break };
+                cmd
+            };
+            let mut group = vec![first];
+            let (mut n, mut bytes) = group[0].weight();
+            while n < self.max_deltas && bytes < self.max_bytes {
+                match self.rx.try_recv() {
+                    Ok(cmd) => {
+                        let (dn, db) = cmd.weight();
+                        n += dn;
+                        bytes += db;
+                        group.push(cmd);
+                    }
+                    Err(_) => break,
+                }
+            }
+            if let Some(pos) = group.iter().position(|c| matches!(c, Command::Shutdown)) {
+                // Everything queued before the shutdown is still committed.
+                group.truncate(pos);
+                stop = true;
+            }
+            if !group.is_empty() {
+                let appended = self.commit_group(group);
+                self.after_group(appended);
+            }
+        }
+        self.abandon_background_work();
+    }
+
+    /// After an I/O error: reopen the database (through the same backend wrapper) and restart
+    /// the log seq from what is durable in the file: a commit whose final sync failed may or
+    /// may not have reached the disk, so the file, not the writer's counter, says which it was.
+    pub(super) fn recover(&self) -> Result<(), StoreError> {
+        self.shared.reopen()?;
+        let last = last_seq_read(&self.shared)?;
+        self.next_seq.set(last.0 + 1);
+        // Dictionaries are looked up again from what the file holds.
+        self.dicts.borrow_mut().clear();
+        self.pending_dicts.borrow_mut().clear();
+        self.published
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clear();
+        self.poisoned.set(false);
+        self.seq_tx.send_if_modified(|seq| {
+            let changed = *seq != last;
+            *seq = last;
+            changed
+        });
+        tracing::info!(last_seq = last.0, "database reopened after an I/O error");
+        Ok(())
+    }
+
+    /// Remembers that `e` needs a reopen before the next group (redb latches I/O errors).
+    pub(super) fn note(&self, e: &StoreError) {
+        if let StoreError::Storage { source, .. } = e {
+            if matches!(source, redb::Error::Io(_) | redb::Error::PreviousIo) {
+                self.poisoned.set(true);
+            }
+        }
+    }
+
+    /// Applies and commits one group; returns how many log entries it appended.
+    pub(super) fn commit_group(&self, group: Vec<Command>) -> u64 {
+        let _span = tracing::debug_span!("commit", commands = group.len()).entered();
+        let _reap = Reap(self);
+        if self.poisoned.get() {
+            if let Err(e) = self.recover() {
+                tracing::warn!(error = %e, "reopening the database after an I/O error failed");
+                fail_all(group, &e);
+                return 0;
+            }
+        }
+        let db = match self.shared.db() {
+            Ok(db) => db,
+            Err(e) => {
+                fail_all(group, &e);
+                return 0;
+            }
+        };
+        let mut txn = match db.begin_write() {
+            Ok(t) => t,
+            Err(e) => {
+                let e = self.shared.storage(e);
+                self.note(&e);
+                fail_all(group, &e);
+                return 0;
+            }
+        };
+        // A group of relaxed batches only commits without an fsync; anything else in the group
+        // (a flush, a cursor, a durable batch) makes the whole group, and every relaxed commit
+        // before it, durable.
+        let relaxed = group.iter().all(|c| matches!(c, Command::Apply(b, _) if b.relaxed));
+        if !self.durable || relaxed {
+            let _ = txn.set_durability(redb::Durability::None);
+        }
+        let start_seq = self.next_seq.get();
+        let mut replies = Vec::with_capacity(group.len());
+        let mut fatal = None;
+        let mut pending = group.into_iter();
+        for cmd in pending.by_ref() {
+            match self.apply(&txn, cmd) {
+                Ok(reply) => replies.push(reply),
+                Err((reply, e)) => {
+                    replies.push(reply);
+                    fatal = Some(e);
+                    break;
+                }
+            }
+        }
+        let rest: Vec<Command> = pending.collect();
+        if let Some(e) = fatal {
+            drop(txn);
+            self.forget_pending_dicts();
+            self.next_seq.set(start_seq);
+            tracing::warn!(error = %e, "group commit rolled back");
+            self.note(&e);
+            fail_replies(replies, &e);
+            fail_all(rest, &e);
+            return 0;
+        }
+        let last = Seq(self.next_seq.get() - 1);
+        let saved = save_last_seq(&self.shared, &txn, last.0).and_then(|()| self.date_commit(&txn, start_seq, last.0));
+        if let Err(e) = saved {
+            self.note(&e);
+            self.forget_pending_dicts();
+            self.next_seq.set(start_seq);
+            fail_replies(replies, &e);
+            return 0;
+        }
+        if let Err(e) = txn.commit() {
+            let e = self.shared.storage(e);
+            tracing::warn!(error = %e, "commit failed");
+            self.note(&e);
+            self.forget_pending_dicts();
+            self.next_seq.set(start_seq);
+            fail_replies(replies, &e);
+            return 0;
+        }
+        for scope in self.pending_dicts.borrow_mut().drain(..) {
+            if let Some(d) = self.scope_dict_cached(ScopeId(scope)) {
+                self.publish(scope, d);
+            }
+        }
+        self.seq_tx.send_replace(last);
+        for r in replies {
+            match r {
+                Reply::Deferred(d) => self.defer(d),
+                r => send_reply(r, last),
+            }
+        }
+        (last.0 + 1).saturating_sub(start_seq)
+    }
+
+    /// Applies one command. `Err` carries the reply and the error that aborts the group.
+    #[allow(clippy::result_large_err)] // private, returned once per command, never propagated
+    pub(super) fn apply(&self, txn: &WriteTransaction, cmd: Command) -> Result<Reply, (Reply, StoreError)> {
+        macro_rules! run {
+            ($variant:ident, $ack:expr, $call:expr) => {
+                match $call {
+                    Ok(v) => Ok(Reply::$variant($ack, Ok(v))),
+                    Err(Failure::Refused(e)) => Ok(Reply::$variant($ack, Err(e))),
+                    Err(Failure::Fatal(e)) => {
+                        let aborted = e.to_aborted();
+                        Err((Reply::$variant($ack, Err(e)), aborted))
+                    }
+                }
+            };
+        }
+        match cmd {
+            Command::RegisterScope(spec, ack) => run!(Scope, ack, self.register_scope(txn, &spec)),
+            Command::Apply(batch, ack) => run!(Committed, ack, self.apply_batch(txn, batch)),
+            Command::Stage(scope, objs, ack) => run!(Unit, ack, self.stage(txn, scope, objs)),
+            Command::FinishRelist(scope, rv, reason, ack) => {
+                run!(Relist, ack, self.finish_relist(txn, scope, rv, &reason))
+            }
+            Command::AbortRelist(scope, ack) => run!(Unit, ack, self.clear_staged(txn, scope)),
+            Command::EnsureIndex(scope, name, ack) => match self.ensure_index(txn, scope, &name) {
+                Ok(true) => Ok(Reply::Unit(ack, Ok(()))),
+                Ok(false) => Ok(Reply::Deferred(Deferred::Backfill(ack, scope, name))),
+                Err(Failure::Refused(e)) => Ok(Reply::Unit(ack, Err(e))),
+                Err(Failure::Fatal(e)) => {
+                    let aborted = e.to_aborted();
+                    Err((Reply::Unit(ack, Err(e)), aborted))
+                }
+            },
+            Command::SetCursor(scope, name, seq, ack) => run!(Unit, ack, self.set_cursor(txn, scope, &name, seq)),
+            Command::DeleteCursor(scope, name, ack) => run!(Unit, ack, self.delete_cursor(txn, scope, &name)),
+            Command::Compact(keep, ack) => match self.compact_goal(txn, keep) {
+                Ok(goal) => Ok(Reply::Deferred(Deferred::Compact(ack, goal))),
+                Err(Failure::Refused(e)) => Ok(Reply::Compact(ack, Err(e))),
+                Err(Failure::Fatal(e)) => {
+                    let aborted = e.to_aborted();
+                    Err((Reply::Compact(ack, Err(e)), aborted))
+                }
+            },
+            Command::Settle(ack) => Ok(Reply::Deferred(Deferred::Settle(ack))),
+            Command::Flush(ack) => Ok(Reply::Unit(ack, Ok(()))),
+            Command::Identity(id, reset, ack) => run!(Bool, ack, self.identity(txn, &id, reset)),
+            Command::ResetScope(scope, ack) => run!(Unit, ack, self.reset_scope(txn, scope)),
+            Command::Shutdown => Ok(Reply::Unit(oneshot::channel().0, Ok(()))),
+        }
+    }
+
+    pub(super) fn st<E: Into<redb::Error>>(&self, e: E) -> StoreError {
+        self.shared.storage(e)
+    }
+}
+
+/// Persists the last seq handed out, so seqs stay increasing after the log is emptied.
+pub(super) fn save_last_seq(shared: &Shared, txn: &WriteTransaction, last: u64) -> Result<(), StoreError> {
+    let mut meta = txn.open_table(META).map_err(|e| shared.storage(e))?;
+    meta.insert(META_LAST_SEQ, last.to_be_bytes().as_slice())
+        .map_err(|e| shared.storage(e))?;
+    Ok(())
+}
+
+pub(super) fn send_reply(reply: Reply, last: Seq) {
+    match reply {
+        Reply::Scope(a, r) => drop(a.send(r)),
+        Reply::Committed(a, r) => drop(a.send(r.map(|entries| Committed { seq: last, entries }))),
+        Reply::Unit(a, r) => drop(a.send(r)),
+        Reply::Relist(a, r) => drop(a.send(r)),
+        Reply::Compact(a, r) => drop(a.send(r)),
+        Reply::Bool(a, r) => drop(a.send(r)),
+        // Handled by the writer before replies are sent.
+        Reply::Deferred(d) => d.fail(&StoreError::Aborted("deferred work was dropped".into())),
+    }
+}
+
+pub(super) fn fail_replies(replies: Vec<Reply>, e: &StoreError) {
+    for r in replies {
+        match r {
+            Reply::Scope(a, _) => drop(a.send(Err(e.to_aborted()))),
+            Reply::Committed(a, _) => drop(a.send(Err(e.to_aborted()))),
+            Reply::Unit(a, _) => drop(a.send(Err(e.to_aborted()))),
+            Reply::Relist(a, _) => drop(a.send(Err(e.to_aborted()))),
+            Reply::Compact(a, _) => drop(a.send(Err(e.to_aborted()))),
+            Reply::Bool(a, _) => drop(a.send(Err(e.to_aborted()))),
+            Reply::Deferred(d) => d.fail(e),
+        }
+    }
+}
+
+pub(super) fn fail_all(cmds: Vec<Command>, e: &StoreError) {
+    for c in cmds {
+        let err = e.to_aborted();
+        match c {
+            Command::RegisterScope(_, a) => drop(a.send(Err(err))),
+            Command::Apply(_, a) => drop(a.send(Err(err))),
+            Command::Stage(_, _, a)
+            | Command::AbortRelist(_, a)
+            | Command::EnsureIndex(_, _, a)
+            | Command::SetCursor(_, _, _, a)
+            | Command::DeleteCursor(_, _, a)
+            | Command::ResetScope(_, a) => drop(a.send(Err(err))),
+            Command::FinishRelist(_, _, _, a) => drop(a.send(Err(err))),
+            Command::Compact(_, a) => drop(a.send(Err(err))),
+            Command::Settle(a) | Command::Flush(a) => drop(a.send(Err(err))),
+            Command::Identity(_, _, a) => drop(a.send(Err(err))),
+            Command::Shutdown => {}
+        }
+    }
+}
+
+impl Deferred {
+    pub(super) fn fail(self, e: &StoreError) {
+        match self {
+            Deferred::Compact(a, _) => drop(a.send(Err(e.to_aborted()))),
+            Deferred::Settle(a) | Deferred::Backfill(a, _, _) => drop(a.send(Err(e.to_aborted()))),
+        }
+    }
+}
