@@ -70,6 +70,9 @@ async fn initial_list_is_paginated_then_watched_and_managed_fields_are_dropped()
     }
     let dir = tempfile::tempdir().unwrap();
     let (db, scope, r) = running(&fake, &dir, config()).await;
+    // The sync point is the commit that completed the list: the five listed objects.
+    assert_eq!(r.status.borrow().synced_seq, Some(Seq(5)));
+    assert_eq!(last_seq(&db), Seq(5));
     fake.upsert("c9", "new");
     fake.delete("c0");
     converge(&db, scope, &fake).await;
@@ -141,6 +144,8 @@ async fn restart_resumes_from_the_persisted_rv_without_a_list_and_delivers_exact
     r.synced().await;
     converge(&db, scope, &fake).await;
     assert!(r.status.borrow().restored);
+    // Synced once the three missed changes were committed, at the last of them.
+    assert_eq!(r.status.borrow().synced_seq, Some(Seq(before_restart.0 + 3)));
     let after: Vec<String> = fake.requests_without_timeouts()[requests_before..].to_vec();
     assert_eq!(
         after[..2],

@@ -343,11 +343,13 @@ where
         let inner = self.inner.clone();
         let mut status = self.inner.status.clone();
         tokio::spawn(async move {
-            let rv = match status.wait_for(|s| s.synced).await {
-                Ok(s) => s.committed_rv.clone(),
+            let (rv, seq) = match status.wait_for(|s| s.synced).await {
+                Ok(s) => (s.committed_rv.clone(), s.synced_seq),
                 Err(_) => return,
             };
-            let seq = *inner.writer.committed().borrow();
+            // The reflector sets both together; the writer's position is a safe bound otherwise.
+            debug_assert!(seq.is_some(), "synced without a sync point");
+            let seq = seq.unwrap_or_else(|| *inner.writer.committed().borrow());
             inner.initial_list.send_modify(|l| l.until = Some((seq, rv)));
             inner.sync_seq.send_replace(Some(seq));
         });

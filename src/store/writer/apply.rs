@@ -341,6 +341,7 @@ impl<'t> Tables<'t> {
 impl Drop for Tables<'_> {
     fn drop(&mut self) {
         // Seqs are never reused, even when compaction empties the log (invariant 4).
+        debug_assert!(self.next_seq >= self.seq_cell.get(), "log seqs moved back");
         self.seq_cell.set(self.next_seq);
     }
 }

@@ -1,0 +1,58 @@
+//! The reflector's settings.
+
+use std::time::Duration;
+
+use super::transform::Transform;
+use super::BackoffConfig;
+
+/// Reflector settings. `Default` gives client-go's behaviour.
+#[derive(Debug, Clone)]
+pub struct ReflectorConfig {
+    /// LIST page size (default 500).
+    pub page_size: u32,
+    /// Try a streaming list (`sendInitialEvents`) first, falling back to a paginated LIST on
+    /// 422 or any error (default true).
+    pub streaming_list: bool,
+    /// `timeoutSeconds` of each watch, picked at random in this range (default 5–10 minutes).
+    pub watch_timeout: (Duration, Duration),
+    /// A watch that delivers nothing (not even a bookmark) for longer than its timeout plus this
+    /// is considered stalled and reopened (default 30 s).
+    pub stall_grace: Duration,
+    /// Backoff after errors.
+    pub backoff: BackoffConfig,
+    /// Transforms before persisting.
+    pub transform: Transform,
+    /// Most deltas per batch handed to the writer (default 1000).
+    pub max_batch: usize,
+    /// Wipe the database instead of failing when it belongs to another cluster (default false).
+    pub reset_on_cluster_change: bool,
+    /// After a resume, the scope counts as synced when its committed RV reaches the server's
+    /// RV (read by the one-object probe), or at the first bookmark — or, with this set, once the
+    /// resumed watch has delivered its backlog and stayed quiet this long (default 2 s). The
+    /// server sends every event after the resumed RV as soon as the watch opens, so a quiet
+    /// watch means nothing was missed; without it a scope whose objects did not change waits for
+    /// the next bookmark (about a minute on a real server). `None` disables it.
+    ///
+    /// This rule is ours, not the API server's: it assumes the server delivers the backlog
+    /// promptly. A server whose watch cache lags (kubernetes#107133) may stay quiet longer and
+    /// then send old changes, so `synced` can come early; nothing is lost (those events are
+    /// applied when they arrive), only the signal is optimistic. Use `None` for the strict rule
+    /// (the probe RV or a bookmark).
+    pub resume_quiet_period: Option<Duration>,
+}
+
+impl Default for ReflectorConfig {
+    fn default() -> Self {
+        Self {
+            page_size: 500,
+            streaming_list: true,
+            watch_timeout: (Duration::from_secs(300), Duration::from_secs(600)),
+            stall_grace: Duration::from_secs(30),
+            backoff: BackoffConfig::default(),
+            transform: Transform::default(),
+            max_batch: 1000,
+            reset_on_cluster_change: false,
+            resume_quiet_period: Some(Duration::from_secs(2)),
+        }
+    }
+}

@@ -1,0 +1,59 @@
+//! The reflector's errors.
+
+use std::sync::Arc;
+
+use super::transform::TransformError;
+use crate::source::SourceError;
+use crate::store::StoreError;
+
+/// Errors of the reflector. Each names the resource, the RV and what the server said.
+#[derive(Debug, Clone, thiserror::Error)]
+#[non_exhaustive]
+pub enum ReflectorError {
+    /// Talking to the server failed.
+    #[error("{source} (resourceVersion {rv:?}{})", continue_token.as_ref().map(|t| format!(", continue {t:?}")).unwrap_or_default())]
+    Source {
+        /// The failure.
+        #[source]
+        source: SourceError,
+        /// The RV the request was made from (for a LIST page after the first, the list's RV;
+        /// `""` is a consistent read of the current state).
+        rv: String,
+        /// The continue token of a LIST page after the first.
+        continue_token: Option<String>,
+    },
+    /// The store refused or failed a write.
+    #[error("{resource}: store: {source}")]
+    Store {
+        /// The resource.
+        resource: String,
+        /// What the store said (shared: the error is cloned into the status and every report).
+        #[source]
+        source: Arc<StoreError>,
+    },
+    /// A paginated LIST kept expiring (410 on its continue token) and was given up.
+    #[error("{resource}: list restarted {restarts} times; the last: {source}")]
+    ListRestarts {
+        /// The resource.
+        resource: String,
+        /// How many times the list started over.
+        restarts: u32,
+        /// The last page's failure.
+        #[source]
+        source: SourceError,
+    },
+    /// An object was not stored (a stored older version of it is deleted).
+    #[error("{resource}: {source} (resourceVersion {rv:?})")]
+    Transform {
+        /// The resource.
+        resource: String,
+        /// Why.
+        #[source]
+        source: TransformError,
+        /// The object's RV.
+        rv: String,
+    },
+    /// The database belongs to another cluster (fatal: the reflector stops).
+    #[error(transparent)]
+    ClusterMismatch(Arc<StoreError>),
+}
