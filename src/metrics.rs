@@ -151,19 +151,3 @@ pub fn encode() -> String {
     let _ = prometheus_client::encoding::text::encode(&mut out, &global().registry);
     out
 }
-
-/// Classifies a relist reason for the `reason` label.
-#[must_use]
-pub fn reason_class(reason: &str) -> &'static str {
-    if reason.starts_with("initial") {
-        "initial"
-    } else if reason.contains("410") {
-        "gone"
-    } else if reason.contains("504") {
-        "too_large_rv"
-    } else if reason.contains("ahead of the server") {
-        "rv_regression"
-    } else {
-        "other"
-    }
-}

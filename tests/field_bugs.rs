@@ -10,7 +10,7 @@ use std::time::Duration;
 use common::fake::{status, Fake, Fault};
 use common::reflector::{open, stored, Running};
 use durable_informer::object::{RawObject, ScopeSpec};
-use durable_informer::reflector::{BackoffConfig, ReflectorConfig};
+use durable_informer::reflector::{BackoffConfig, ListReason, ReflectorConfig};
 use durable_informer::source::{ListPage, ListRequest, Source, SourceError, WatchEvent, WatchRequest, WatchStream};
 use durable_informer::store::{DeltaKind, DurableStore, ScopeId, Seq};
 use futures::StreamExt;
@@ -165,8 +165,11 @@ async fn k8s_107457_rv_regression_after_restore_relists_and_ends_equal_to_the_se
     let mut r = start(&fake, &db, scope);
     r.synced().await;
     converge(&db, scope, &fake).await;
-    let reason = r.status.borrow().last_list_reason.clone().unwrap_or_default();
-    assert!(reason.contains("ahead of the server"), "relist reason: {reason}");
+    let reason = r.status.borrow().last_list_reason.clone();
+    assert!(
+        matches!(reason, Some(ListReason::AheadOfServer { .. })),
+        "relist reason: {reason:?}"
+    );
     assert_eq!(stored(&db, scope), fake.objects());
     assert!(db.store(scope).get(&"ns/lost-1".parse().unwrap()).unwrap().is_none());
     assert_eq!(db.check().unwrap().problems, Vec::<String>::new());

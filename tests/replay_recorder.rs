@@ -96,7 +96,7 @@ impl Source for Scripted {
 
     async fn watch_raw(&self, req: WatchRequest) -> Result<RawWatchStream, SourceError> {
         // Only the first watch (from the list's RV) gets the lines.
-        let lines = if req.resource_version == "10" {
+        let lines = if req.resource_version.as_str() == "10" {
             self.lines.clone()
         } else {
             Vec::new()

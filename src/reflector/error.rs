@@ -3,6 +3,7 @@
 use std::sync::Arc;
 
 use super::transform::TransformError;
+use crate::object::ResourceVersion;
 use crate::source::SourceError;
 use crate::store::StoreError;
 
@@ -11,14 +12,14 @@ use crate::store::StoreError;
 #[non_exhaustive]
 pub enum ReflectorError {
     /// Talking to the server failed.
-    #[error("{source} (resourceVersion {rv:?}{})", continue_token.as_ref().map(|t| format!(", continue {t:?}")).unwrap_or_default())]
+    #[error("{source} (resourceVersion \"{rv}\"{})", continue_token.as_ref().map(|t| format!(", continue {t:?}")).unwrap_or_default())]
     Source {
         /// The failure.
         #[source]
         source: SourceError,
         /// The RV the request was made from (for a LIST page after the first, the list's RV;
         /// `""` is a consistent read of the current state).
-        rv: String,
+        rv: ResourceVersion,
         /// The continue token of a LIST page after the first.
         continue_token: Option<String>,
     },
@@ -43,7 +44,7 @@ pub enum ReflectorError {
         source: SourceError,
     },
     /// An object was not stored (a stored older version of it is deleted).
-    #[error("{resource}: {source} (resourceVersion {rv:?})")]
+    #[error("{resource}: {source} (resourceVersion \"{rv}\")")]
     Transform {
         /// The resource.
         resource: String,
@@ -51,7 +52,7 @@ pub enum ReflectorError {
         #[source]
         source: TransformError,
         /// The object's RV.
-        rv: String,
+        rv: ResourceVersion,
     },
     /// The database belongs to another cluster (fatal: the reflector stops).
     #[error(transparent)]

@@ -9,10 +9,10 @@ use tokio::sync::watch;
 use tracing::Instrument;
 
 use super::watching::MAX_INFLIGHT;
-use super::{Reflector, ReflectorError};
+use super::{ListReason, Reflector, ReflectorError};
 use crate::metrics;
 use crate::object::{RawObject, ResourceVersion};
-use crate::source::{ListRequest, Source, SourceError, WatchEvent, WatchRequest};
+use crate::source::{DecodeError, ListRequest, Source, SourceError, WatchEvent, WatchRequest};
 use crate::store::{DeltaKind, Seq, StoreError};
 
 impl<S: Source> Reflector<S> {
@@ -20,22 +20,22 @@ impl<S: Source> Reflector<S> {
     /// completed it, or `None` when stopped.
     pub(super) async fn list_all(
         &mut self,
-        reason: &str,
+        reason: &ListReason,
         stop: &mut watch::Receiver<bool>,
     ) -> Result<Option<(ResourceVersion, Seq)>, (ReflectorError, Option<Duration>)> {
         let record = self.store.record().map_err(|e| (self.store_err(e), None))?;
         let first = record.rv.is_none() && !record.synced;
         // A 410 is routine; a persisted RV the server cannot serve (restored etcd) is not.
-        if first || reason.starts_with("410") {
-            tracing::info!(scope = %self.scope(), reason, "listing");
+        if first || reason.is_routine() {
+            tracing::info!(scope = %self.scope(), %reason, "listing");
         } else {
-            tracing::warn!(scope = %self.scope(), reason, "relisting");
+            tracing::warn!(scope = %self.scope(), %reason, "relisting");
         }
         metrics::global()
             .lists
             .get_or_create(&metrics::ReasonLabels {
                 resource: self.source.resource(),
-                reason: metrics::reason_class(reason).to_owned(),
+                reason: reason.class().to_owned(),
             })
             .inc();
         self.status.send_modify(|s| {
@@ -43,7 +43,7 @@ impl<S: Source> Reflector<S> {
             if !first || s.lists > 1 {
                 s.relists += 1;
             }
-            s.last_list_reason = Some(reason.to_owned());
+            s.last_list_reason = Some(reason.clone());
         });
         // Rows staged by a relist that never finished (a crash, or a stop mid-list) would count
         // as listed at this relist's finish and bring back objects deleted since.
@@ -85,7 +85,7 @@ impl<S: Source> Reflector<S> {
                     } else {
                         let summary = self
                             .writer
-                            .finish_relist(self.scope(), rv.clone(), reason)
+                            .finish_relist(self.scope(), rv.clone(), &reason.to_string())
                             .await
                             .map_err(|e| (self.store_err(e), None))?;
                         tracing::info!(scope = %self.scope(), added = summary.added, updated = summary.updated,
@@ -185,7 +185,7 @@ impl<S: Source> Reflector<S> {
     pub(super) async fn paginated_list(&mut self, direct: bool) -> Result<Option<ResourceVersion>, ListFailure> {
         let mut token = None;
         // The list's RV, from its first page; later pages are served at it.
-        let mut list_rv = String::new();
+        let mut list_rv = ResourceVersion::default();
         // Pages commit while the next one is fetched; all must have committed before the list
         // counts as done.
         let mut pipe = PagePipe::default();
@@ -209,7 +209,7 @@ impl<S: Source> Reflector<S> {
                 }
             };
             let rv = page.resource_version.clone();
-            list_rv.clone_from(&rv.0);
+            list_rv.clone_from(&rv);
             self.put_page(&mut pipe, direct, page.items)
                 .await
                 .map_err(|e| put_failed(self, e))?;
@@ -240,7 +240,7 @@ impl<S: Source> Reflector<S> {
         stop: &mut watch::Receiver<bool>,
     ) -> Result<Option<ResourceVersion>, (ReflectorError, Option<Duration>)> {
         let req = WatchRequest {
-            resource_version: String::new(),
+            resource_version: ResourceVersion::default(),
             timeout_secs: self.watch_timeout_secs(),
             bookmarks: true,
             send_initial_events: true,
@@ -250,7 +250,7 @@ impl<S: Source> Reflector<S> {
             (
                 ReflectorError::Source {
                     source: e,
-                    rv: String::new(),
+                    rv: ResourceVersion::default(),
                     continue_token: None,
                 },
                 hint,
@@ -294,11 +294,11 @@ impl<S: Source> Reflector<S> {
                 Some(Err(e)) => return Err(src_err(e)),
                 None => {
                     // A server that ignores sendInitialEvents sends no end bookmark.
-                    return Err(src_err(SourceError::Decode {
-                        resource: self.source.resource(),
-                        line: None,
-                        detail: "streaming list ended without the initial-events-end bookmark".into(),
-                    }));
+                    return Err(src_err(SourceError::decode(
+                        self.source.resource(),
+                        None,
+                        DecodeError::NoInitialEventsEnd,
+                    )));
                 }
             }
         }

@@ -33,7 +33,7 @@ use tokio::sync::watch;
 pub use backoff::BackoffConfig;
 pub use config::ReflectorConfig;
 pub use error::ReflectorError;
-pub use status::{ErrorHook, Phase, ReflectorStatus};
+pub use status::{ErrorHook, ListReason, Phase, ReflectorStatus};
 pub use transform::{strip_managed_fields, tombstone, OversizePolicy, Transform, TransformError, TransformFn};
 use watching::{WatchEnd, Watched};
 
@@ -63,7 +63,7 @@ enum State {
     /// Restored from disk: probe the server's RV, then watch from the persisted one.
     Resume(ResourceVersion),
     /// List everything (the reason is logged, counted and kept in the status).
-    List(String),
+    List(ListReason),
     /// Watch from `from`. `sync_target` is the server RV a resume must reach before the scope
     /// reports synced (`None` once synced by a list).
     Watch {
@@ -184,7 +184,7 @@ impl<S: Source> Reflector<S> {
                 });
                 State::Resume(rv)
             }
-            _ => State::List("initial list".to_owned()),
+            _ => State::List(ListReason::Initial),
         };
         loop {
             if *stop.borrow() {
@@ -206,9 +206,10 @@ impl<S: Source> Reflector<S> {
                     Ok(server_rv) if server_rv.is_older_than(&rv) => {
                         // etcd restored from an older backup (kubernetes#107457): a watch
                         // from our RV would be silently empty.
-                        Some(State::List(format!(
-                            "persisted resourceVersion {rv} is ahead of the server's {server_rv} (cluster restored from a backup?)"
-                        )))
+                        Some(State::List(ListReason::AheadOfServer {
+                            persisted: rv,
+                            server: server_rv,
+                        }))
                     }
                     Ok(server_rv) => {
                         let sync_target = Some(server_rv);
@@ -220,7 +221,7 @@ impl<S: Source> Reflector<S> {
                         let hint = e.status().and_then(|s| s.retry_after);
                         self.report(&ReflectorError::Source {
                             source: e,
-                            rv: String::new(),
+                            rv: ResourceVersion::default(),
                             continue_token: None,
                         });
                         let delay = self.backoff.delay(hint);
@@ -257,10 +258,8 @@ impl<S: Source> Reflector<S> {
                 match end {
                     WatchEnd::Stop => None,
                     WatchEnd::Ended => Some(watch(persisted)),
-                    WatchEnd::Gone(msg) => Some(State::List(format!("410 Gone: {msg}"))),
-                    WatchEnd::TooLarge(msg) => Some(State::List(format!(
-                        "504 too large resourceVersion {persisted} (cluster rebuilt or restored?): {msg}"
-                    ))),
+                    WatchEnd::Gone(message) => Some(State::List(ListReason::Gone(message))),
+                    WatchEnd::TooLarge(message) => Some(State::List(ListReason::TooLargeRv { persisted, message })),
                     WatchEnd::Retry(hint) => {
                         let delay = self.backoff.delay(hint);
                         self.sleep(delay, stop).await.then(|| watch(persisted))
@@ -278,7 +277,7 @@ impl<S: Source> Reflector<S> {
                     let hint = e.status().and_then(|s| s.retry_after);
                     self.report(&ReflectorError::Source {
                         source: e,
-                        rv: String::new(),
+                        rv: ResourceVersion::default(),
                         continue_token: None,
                     });
                     let delay = self.backoff.delay(hint);
@@ -380,7 +379,7 @@ impl<S: Source> Reflector<S> {
             Ok(o) => o,
             Err(e) => {
                 let rv = crate::object::extract_meta(&original)
-                    .map(|m| m.resource_version.0)
+                    .map(|m| m.resource_version)
                     .unwrap_or_default();
                 let err = ReflectorError::Transform {
                     resource: self.source.resource(),

@@ -1,5 +1,6 @@
 //! What the reflector reports about itself.
 
+use std::fmt;
 use std::sync::Arc;
 
 use super::ReflectorError;
@@ -43,7 +44,7 @@ pub struct ReflectorStatus {
     /// Relists (after the first list) and why the last one ran.
     pub relists: u64,
     /// Why the last list ran.
-    pub last_list_reason: Option<String>,
+    pub last_list_reason: Option<ListReason>,
     /// Watches opened.
     pub watches: u64,
     /// Events persisted.
@@ -55,3 +56,73 @@ pub struct ReflectorStatus {
 /// A callback for every error the reflector meets (it also logs them and keeps the last one in
 /// its status).
 pub type ErrorHook = Arc<dyn Fn(&ReflectorError) + Send + Sync>;
+
+/// Why the reflector listed.
+///
+/// ```
+/// use durable_informer::reflector::ListReason;
+///
+/// let r = ListReason::Gone("too old resource version: 5 (90)".into());
+/// assert_eq!(r.class(), "gone");
+/// assert!(r.to_string().starts_with("410 Gone"));
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ListReason {
+    /// The scope held no synced state.
+    Initial,
+    /// The watch expired (410 Gone); the server's message.
+    Gone(String),
+    /// The server refused the persisted RV as newer than anything it has (504): a cluster
+    /// rebuilt or restored.
+    TooLargeRv {
+        /// The persisted RV the watch asked for.
+        persisted: ResourceVersion,
+        /// The server's message.
+        message: String,
+    },
+    /// The persisted RV is ahead of the server's (etcd restored from an older backup).
+    AheadOfServer {
+        /// The persisted RV.
+        persisted: ResourceVersion,
+        /// The server's current RV.
+        server: ResourceVersion,
+    },
+}
+
+impl ListReason {
+    /// The value of the `reason` metric label: `initial`, `gone`, `too_large_rv` or
+    /// `rv_regression`.
+    #[must_use]
+    pub fn class(&self) -> &'static str {
+        match self {
+            ListReason::Initial => "initial",
+            ListReason::Gone(_) => "gone",
+            ListReason::TooLargeRv { .. } => "too_large_rv",
+            ListReason::AheadOfServer { .. } => "rv_regression",
+        }
+    }
+
+    /// Routine (the first list, or a watch that expired) rather than a sign of trouble.
+    #[must_use]
+    pub fn is_routine(&self) -> bool {
+        matches!(self, ListReason::Initial | ListReason::Gone(_))
+    }
+}
+
+impl fmt::Display for ListReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ListReason::Initial => f.write_str("initial list"),
+            ListReason::Gone(message) => write!(f, "410 Gone: {message}"),
+            ListReason::TooLargeRv { persisted, message } => write!(
+                f,
+                "504 too large resourceVersion {persisted} (cluster rebuilt or restored?): {message}"
+            ),
+            ListReason::AheadOfServer { persisted, server } => write!(
+                f,
+                "persisted resourceVersion {persisted} is ahead of the server's {server} (cluster restored from a backup?)"
+            ),
+        }
+    }
+}

@@ -68,7 +68,7 @@ impl<S: Source> Reflector<S> {
     ) -> WatchEnd {
         let timeout_secs = self.watch_timeout_secs();
         let req = WatchRequest {
-            resource_version: rv.0.clone(),
+            resource_version: rv.clone(),
             timeout_secs,
             bookmarks: true,
             send_initial_events: false,
@@ -185,7 +185,7 @@ impl<S: Source> Reflector<S> {
                                             resource: self.source.resource(),
                                             detail: format!("watch stalled: nothing received for {idle:?}"),
                                         },
-                                        rv: rv.0.clone(),
+                                        rv: rv.clone(),
                                         continue_token: None,
                                     });
                                     end = Some(WatchEnd::Retry(None));
@@ -357,7 +357,7 @@ impl<S: Source> Reflector<S> {
         if !matches!(end, WatchEnd::Gone(_)) {
             self.report(&ReflectorError::Source {
                 source: e,
-                rv: rv.0.clone(),
+                rv: rv.clone(),
                 continue_token: None,
             });
         } else {

@@ -342,7 +342,7 @@ impl<S: Source> Recorder<S> {
             files.report.watches += 1;
             let opened = tokio::select! {
                 s = self.source.watch_raw(WatchRequest {
-                    resource_version: rv.0.clone(),
+                    resource_version: rv.clone(),
                     timeout_secs: self.config.watch_timeout_secs.max(1),
                     bookmarks: true,
                     send_initial_events: false,

@@ -19,7 +19,9 @@ use super::format::{event_rv, type_meta_of, RecordedEvent, RecordingReader};
 use super::{scope_of, MalformedPolicy, ReplayError, RvRegressionPolicy};
 use crate::object::{RawObject, ResourceVersion, ScopeSpec};
 use crate::reflector::{Phase, Reflector, ReflectorConfig, ReflectorError, ReflectorStatus, Transform};
-use crate::source::{ApiStatus, ListPage, ListRequest, Source, SourceError, WatchEvent, WatchRequest, WatchStream};
+use crate::source::{
+    ApiStatus, DecodeError, ListPage, ListRequest, Source, SourceError, WatchEvent, WatchRequest, WatchStream,
+};
 use crate::store::DurableStore;
 
 /// How fast a replay goes.
@@ -175,7 +177,8 @@ enum Feed {
 struct ProgressState {
     done: bool,
     report: ReplayReport,
-    error: Option<ReplayError>,
+    /// Shared with the [`SourceError`] the reflector got.
+    error: Option<Arc<ReplayError>>,
     error_text: Option<String>,
 }
 
@@ -191,9 +194,11 @@ impl Progress {
 
     fn take_error(&self) -> Option<ReplayError> {
         let mut s = self.lock();
-        match s.error.take() {
-            Some(e) => Some(e),
-            None => s.error_text.clone().map(ReplayError::Failed),
+        // The typed error when nobody else holds it (the reflector drops its copy when it
+        // stops); its text otherwise, and for every later call.
+        match s.error.take().map(Arc::try_unwrap) {
+            Some(Ok(e)) => Some(e),
+            _ => s.error_text.clone().map(ReplayError::Failed),
         }
     }
 }
@@ -245,19 +250,16 @@ impl Consumer {
                 None
             }
             Err(e) => {
-                let (line, detail) = match &e {
+                let line = match &e {
                     ReplayError::Malformed { line, .. }
                     | ReplayError::UnknownEventType { line, .. }
-                    | ReplayError::RvRegression { line, .. } => (Some(*line), e.to_string()),
-                    _ => (None, e.to_string()),
+                    | ReplayError::RvRegression { line, .. } => Some(*line),
+                    _ => None,
                 };
-                s.error_text = Some(detail.clone());
-                s.error = Some(e);
-                Some(SourceError::Decode {
-                    resource: "recording".into(),
-                    line,
-                    detail,
-                })
+                s.error_text = Some(e.to_string());
+                let e = Arc::new(e);
+                s.error = Some(e.clone());
+                Some(SourceError::decode("recording", line, DecodeError::Recording(e)))
             }
         };
         drop(s);

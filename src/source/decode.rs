@@ -2,6 +2,7 @@
 //! object's metadata. Object bytes are kept as they arrived.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use bytes::Bytes;
 use serde::Deserialize;
@@ -56,6 +57,25 @@ pub enum DecodeError {
         #[source]
         source: ObjectError,
     },
+    /// A response body that should be one object is not one.
+    #[error("{0}")]
+    NotAnObject(#[source] ObjectError),
+    /// The stream ended inside a line: the last line has no newline and does not decode.
+    #[error("truncated stream: {0}")]
+    Truncated(#[source] Box<DecodeError>),
+    /// A watch line longer than the reader accepts (it would otherwise buffer without bound).
+    #[error("watch line longer than {limit} bytes")]
+    LineTooLong {
+        /// The most bytes a line may have.
+        limit: usize,
+    },
+    /// A streaming list ended without the `k8s.io/initial-events-end` bookmark (a server that
+    /// ignores `sendInitialEvents`).
+    #[error("streaming list ended without the initial-events-end bookmark")]
+    NoInitialEventsEnd,
+    /// A source of recorded traffic refused a line (the recording's own error, kept whole).
+    #[error("{0}")]
+    Recording(#[source] Arc<dyn std::error::Error + Send + Sync>),
 }
 
 #[derive(Deserialize)]

@@ -1,6 +1,7 @@
 //! The live source: LIST and WATCH through `kube::Client` (kubeconfig, in-cluster config, auth,
 //! TLS and request building are kube's), with the response body read here as raw bytes.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
@@ -11,7 +12,9 @@ use kube::Client;
 use tracing::Instrument;
 
 use super::decode::{decode_list_bytes, decode_status, decode_watch_bytes};
-use super::{ListPage, ListRequest, RawWatchEvent, RawWatchStream, Source, SourceError, WatchRequest, WatchStream};
+use super::{
+    DecodeError, ListPage, ListRequest, RawWatchEvent, RawWatchStream, Source, SourceError, WatchRequest, WatchStream,
+};
 
 /// Longest watch line accepted (one object); longer lines are reported as malformed.
 const MAX_LINE: usize = 64 << 20;
@@ -172,10 +175,9 @@ impl KubeSource {
     }
 
     fn build_error(&self, e: kube::core::request::Error) -> SourceError {
-        SourceError::Decode {
+        SourceError::Request {
             resource: self.name(),
-            line: None,
-            detail: format!("cannot build request: {e}"),
+            source: Arc::new(e),
         }
     }
 }
@@ -227,8 +229,8 @@ impl KubeSource {
             ..Default::default()
         };
         if let Some(rv) = &req.resource_version {
-            lp.resource_version = Some(rv.clone());
-            if req.not_older_than && rv != "0" {
+            lp.resource_version = Some(rv.0.clone());
+            if req.not_older_than && rv.0 != "0" {
                 lp.version_match = Some(kube::api::VersionMatch::NotOlderThan);
             }
         }
@@ -240,11 +242,7 @@ impl KubeSource {
             .await
             .map_err(|e| self.transport(e))?
             .to_bytes();
-        decode_list_bytes(&body).map_err(|detail| SourceError::Decode {
-            resource: self.name(),
-            line: None,
-            detail: detail.to_string(),
-        })
+        decode_list_bytes(&body).map_err(|e| SourceError::decode(self.name(), None, e))
     }
 
     async fn open_watch(&self, req: WatchRequest) -> Result<RawWatchStream, SourceError> {
@@ -257,7 +255,7 @@ impl KubeSource {
         };
         let http_req = self
             .request()
-            .watch(&wp, &req.resource_version)
+            .watch(&wp, &req.resource_version.0)
             .map_err(|e| self.build_error(e))?;
         tracing::debug!(resource = %self.name(), rv = %req.resource_version, "watch");
         let res = self.send(http_req).await?;
@@ -281,11 +279,8 @@ impl KubeSource {
                     .await
                     .map_err(|e| self.transport(e))?
                     .to_bytes();
-                let meta = crate::object::extract_meta(&body).map_err(|e| SourceError::Decode {
-                    resource: "namespaces".into(),
-                    line: None,
-                    detail: e.to_string(),
-                })?;
+                let meta = crate::object::extract_meta(&body)
+                    .map_err(|e| SourceError::decode("namespaces", None, DecodeError::NotAnObject(e)))?;
                 Ok(Some(format!("{}@{}", meta.uid.unwrap_or_default(), self.server)))
             }
             // Without access to kube-system the server URL alone identifies the cluster.
@@ -329,12 +324,8 @@ impl LineReader {
         .boxed()
     }
 
-    fn malformed(&self, detail: String) -> SourceError {
-        SourceError::Decode {
-            resource: self.resource.clone(),
-            line: Some(self.line_no),
-            detail,
-        }
+    fn malformed(&self, e: DecodeError) -> SourceError {
+        SourceError::decode(self.resource.clone(), Some(self.line_no), e)
     }
 
     fn decode(&self, line: Bytes, truncated: bool) -> Result<RawWatchEvent, SourceError> {
@@ -343,8 +334,8 @@ impl LineReader {
                 event,
                 line: Some(line),
             }),
-            Err(d) if truncated => Err(self.malformed(format!("truncated stream: {d}"))),
-            Err(d) => Err(self.malformed(d.to_string())),
+            Err(e) if truncated => Err(self.malformed(DecodeError::Truncated(Box::new(e)))),
+            Err(e) => Err(self.malformed(e)),
         }
     }
 
@@ -376,7 +367,7 @@ impl LineReader {
             if self.buf.len() > MAX_LINE {
                 self.done = true;
                 self.buf.clear();
-                return Some(Err(self.malformed(format!("watch line longer than {MAX_LINE} bytes"))));
+                return Some(Err(self.malformed(DecodeError::LineTooLong { limit: MAX_LINE })));
             }
             match self.body.next().await {
                 None => self.done = true,
@@ -452,8 +443,8 @@ mod tests {
         assert_eq!(names(&items)[0], "a");
         match &items[1] {
             Err(SourceError::Decode {
-                line: Some(3), detail, ..
-            }) => assert!(detail.contains("truncated stream"), "{detail}"),
+                line: Some(3), source, ..
+            }) => assert!(matches!(**source, DecodeError::Truncated(_)), "{source}"),
             other => panic!("expected a truncated-stream error, got {other:?}"),
         }
         assert_eq!(items.len(), 2);
@@ -495,7 +486,7 @@ mod tests {
         let items = read(chunks);
         assert_eq!(items.len(), 1);
         assert!(
-            matches!(&items[0], Err(SourceError::Decode { detail, .. }) if detail.contains("longer than")),
+            matches!(&items[0], Err(SourceError::Decode { source, .. }) if matches!(**source, DecodeError::LineTooLong { .. })),
             "{:?}",
             items[0]
         );

@@ -9,6 +9,7 @@ mod kube_source;
 
 use std::fmt;
 use std::future::Future;
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures::stream::BoxStream;
@@ -76,18 +77,38 @@ pub enum SourceError {
         detail: String,
     },
     /// A response or watch line does not decode.
-    #[error("{resource}: malformed response{}: {detail}", line.map(|l| format!(" at line {l}")).unwrap_or_default())]
+    #[error("{resource}: malformed response{}: {source}", line.map(|l| format!(" at line {l}")).unwrap_or_default())]
     Decode {
         /// The resource.
         resource: String,
         /// Line number within the watch stream, when known.
         line: Option<u64>,
-        /// What is wrong.
-        detail: String,
+        /// What is wrong (shared: source errors are cloned into statuses and reports).
+        #[source]
+        source: Arc<DecodeError>,
+    },
+    /// A request could not be built (a parameter the client library refuses).
+    #[error("{resource}: cannot build request: {source}")]
+    Request {
+        /// The resource.
+        resource: String,
+        /// The client library's error.
+        #[source]
+        source: Arc<dyn std::error::Error + Send + Sync>,
     },
 }
 
 impl SourceError {
+    /// A [`SourceError::Decode`] of `resource` (at watch `line`, when known).
+    #[must_use]
+    pub fn decode(resource: impl Into<String>, line: Option<u64>, source: DecodeError) -> Self {
+        SourceError::Decode {
+            resource: resource.into(),
+            line,
+            source: Arc::new(source),
+        }
+    }
+
     /// The API status, when the server sent one.
     #[must_use]
     pub fn status(&self) -> Option<&ApiStatus> {
@@ -102,7 +123,7 @@ impl SourceError {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ListRequest {
     /// `resourceVersion` (`None` = unset: a consistent read).
-    pub resource_version: Option<String>,
+    pub resource_version: Option<ResourceVersion>,
     /// `resourceVersionMatch=NotOlderThan` when true and an RV is set.
     pub not_older_than: bool,
     /// `limit`.
@@ -128,7 +149,7 @@ pub struct ListPage {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct WatchRequest {
     /// Watch events after this RV (`""` = synthetic adds of the current state first).
-    pub resource_version: String,
+    pub resource_version: ResourceVersion,
     /// `timeoutSeconds`.
     pub timeout_secs: u32,
     /// `allowWatchBookmarks`.

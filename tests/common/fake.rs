@@ -11,7 +11,7 @@ use std::time::Instant;
 
 use durable_informer::object::{RawObject, ResourceVersion};
 use durable_informer::source::{
-    ApiStatus, ListPage, ListRequest, Source, SourceError, WatchEvent, WatchRequest, WatchStream,
+    ApiStatus, DecodeError, ListPage, ListRequest, Source, SourceError, WatchEvent, WatchRequest, WatchStream,
 };
 use futures::StreamExt;
 use tokio::sync::mpsc;
@@ -256,7 +256,7 @@ impl Source for Fake {
             Instant::now(),
             format!(
                 "list rv={} limit={} continue={}",
-                req.resource_version.as_deref().unwrap_or(""),
+                req.resource_version.as_ref().map_or("", |rv| rv.as_str()),
                 req.limit.map(|l| l.to_string()).unwrap_or_default(),
                 req.continue_token.as_deref().unwrap_or("")
             ),
@@ -350,7 +350,7 @@ impl Source for Fake {
                 initial_events_end: true,
             }));
         } else {
-            let from: u64 = req.resource_version.parse().unwrap_or(0);
+            let from: u64 = req.resource_version.as_u64().unwrap_or(0);
             if from > s.rv {
                 // A future RV: silence, like a real server.
             } else if from < s.compacted {
@@ -399,11 +399,11 @@ impl Source for Fake {
                 Fault::WatchError { after, status } => (after, vec![Ok(WatchEvent::Error(status))]),
                 Fault::WatchMalformed { after } => (
                     after,
-                    vec![Err(SourceError::Decode {
-                        resource: "configmaps".into(),
-                        line: Some(after as u64 + 1),
-                        detail: "not a watch event".into(),
-                    })],
+                    vec![Err(SourceError::decode(
+                        "configmaps",
+                        Some(after as u64 + 1),
+                        DecodeError::UnknownType("NOT-A-WATCH-EVENT".into()),
+                    ))],
                 ),
                 Fault::WatchDrop { after } => (after, vec![]),
                 _ => unreachable!(),
