@@ -16,7 +16,7 @@ use super::decoded::{Decoded, Side};
 use super::handler::{Event, EventHandler, HandlerOptions};
 use crate::object::{ObjectKey, ResourceVersion};
 use crate::reflector::ReflectorStatus;
-use crate::store::{DeltaKind, LogReader, LogRecord, ScopeId, Seq, Store, Writer};
+use crate::store::{CursorName, DeltaKind, LogReader, LogRecord, ScopeId, Seq, Store, Writer};
 
 /// How many log entries one read takes.
 const BATCH: usize = 256;
@@ -85,9 +85,12 @@ pub(crate) async fn run<K>(
 ) where
     K: DeserializeOwned + Send + Sync + 'static,
 {
-    let label = opts.name.clone().unwrap_or_else(|| "volatile handler".to_owned());
+    let label = opts
+        .name
+        .as_ref()
+        .map_or_else(|| "volatile handler".to_owned(), ToString::to_string);
     let stored = match &opts.name {
-        Some(name) => match ctx.log.cursor(ctx.scope, name) {
+        Some(name) => match ctx.log.cursor(ctx.scope, name.clone()) {
             Ok(c) => c,
             Err(e) => {
                 (ctx.report)(format!("{label}: cannot read its cursor: {e}"));
@@ -219,8 +222,8 @@ pub(crate) async fn track_lag(
     }
 }
 
-async fn persist<K>(ctx: &Ctx<K>, name: &str, cursor: Seq) {
-    if let Err(e) = ctx.writer.set_cursor(ctx.scope, name.to_owned(), cursor).await {
+async fn persist<K>(ctx: &Ctx<K>, name: &CursorName, cursor: Seq) {
+    if let Err(e) = ctx.writer.set_cursor(ctx.scope, name.clone(), cursor).await {
         (ctx.report)(format!("{name}: cannot persist its cursor: {e}"));
     }
 }

@@ -9,6 +9,8 @@ use futures::future::BoxFuture;
 use futures::FutureExt;
 use tokio::sync::watch;
 
+use crate::store::CursorName;
+
 /// One event delivered to a handler.
 #[derive(Debug)]
 pub enum Event<K> {
@@ -279,7 +281,7 @@ impl<K: Send + Sync + 'static, H: EventHandler<K>> EventHandler<K> for Filtering
 /// How a handler is registered.
 #[derive(Debug, Clone, Default)]
 pub struct HandlerOptions {
-    pub(crate) name: Option<String>,
+    pub(crate) name: Option<CursorName>,
     pub(crate) resync: Option<Duration>,
 }
 
@@ -303,9 +305,9 @@ impl HandlerOptions {
     /// cursor is persisted after each batch was handled, so a crash can redeliver the events of
     /// the batch in progress; nothing is lost.
     #[must_use]
-    pub fn durable(name: &str) -> Self {
+    pub fn durable(name: impl Into<CursorName>) -> Self {
         Self {
-            name: Some(name.to_owned()),
+            name: Some(name.into()),
             resync: None,
         }
     }

@@ -421,7 +421,10 @@ where
         };
         let lag_labels = crate::metrics::HandlerLabels {
             resource: self.inner.resource.clone(),
-            handler: options.name.clone().unwrap_or_else(|| "volatile".to_owned()),
+            handler: options
+                .name
+                .as_ref()
+                .map_or_else(|| "volatile".to_owned(), ToString::to_string),
         };
         let (cursor_tx, cursor) = watch::channel(Seq(0));
         let (done_tx, done) = watch::channel(false);

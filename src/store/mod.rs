@@ -53,7 +53,7 @@ pub use codec::{CodecError, Compression, DeltaKind, ScopeRecord};
 pub use error::StoreError;
 pub use index::{IndexFunc, Indexer, LABELS, NAMESPACE};
 pub use read::{IndexStatus, LogReader, LogRecord, Snapshot, Store, StoredObject};
-pub use schema::{IndexName, IndexValue, ScopeId, Seq};
+pub use schema::{CursorName, IndexName, IndexValue, ScopeId, Seq};
 pub use typed::TypedCache;
 pub use writer::{Batch, Committed, CompactReport, Delta, RelistSummary, Writer};
 

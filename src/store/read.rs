@@ -15,8 +15,8 @@ use super::codec::{self, DataRef, DeltaKind, ObjectHeader, PrevRef, ScopeRecord}
 use super::dict::LoadDict;
 use super::index::NAMESPACE;
 use super::schema::{
-    keys, IndexName, IndexValue, ScopeId, Seq, CURSORS, DICTS, INDEX, INDEX_BACKFILL, LOG, META, META_LAST_SEQ,
-    OBJECTS, SCOPES,
+    keys, CursorName, IndexName, IndexValue, ScopeId, Seq, CURSORS, DICTS, INDEX, INDEX_BACKFILL, LOG, META,
+    META_LAST_SEQ, OBJECTS, SCOPES,
 };
 use super::{Shared, StoreError};
 use crate::object::{ObjectError, ObjectKey, ObjectMeta, ResourceVersion};
@@ -644,12 +644,13 @@ impl LogReader {
     }
 
     /// The cursor of the durable consumer `name` of `scope`.
-    pub fn cursor(&self, scope: ScopeId, name: &str) -> Result<Option<Seq>, StoreError> {
+    pub fn cursor(&self, scope: ScopeId, name: impl Into<CursorName>) -> Result<Option<Seq>, StoreError> {
+        let name = name.into();
         let s = &self.shared;
         let txn = s.db()?.begin_read().map_err(|e| s.storage(e))?;
         let cursors = txn.open_table(CURSORS).map_err(|e| s.storage(e))?;
         Ok(cursors
-            .get((scope.0, name))
+            .get((scope.0, name.as_str()))
             .map_err(|e| s.storage(e))?
             .map(|v| Seq(v.value())))
     }

@@ -114,6 +114,44 @@ impl From<&str> for IndexName {
     }
 }
 
+/// The name of a durable consumer's cursor into the log (a durable handler's name). Consumers
+/// of different scopes may share a name.
+///
+/// ```
+/// use durable_informer::store::CursorName;
+///
+/// let name: CursorName = "audit".into();
+/// assert_eq!(name.to_string(), "audit");
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize)]
+pub struct CursorName(pub String);
+
+impl CursorName {
+    /// The name as text.
+    #[must_use]
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for CursorName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl From<&str> for CursorName {
+    fn from(s: &str) -> Self {
+        Self(s.to_owned())
+    }
+}
+
+impl From<String> for CursorName {
+    fn from(s: String) -> Self {
+        Self(s)
+    }
+}
+
 /// A value an object is indexed under.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize)]
 pub struct IndexValue(pub String);

@@ -38,7 +38,7 @@ use bytes::Bytes;
 
 use super::codec::DeltaKind;
 use super::dict;
-use super::schema::{IndexName, ScopeId, Seq, LOG, META, META_LAST_SEQ};
+use super::schema::{CursorName, IndexName, ScopeId, Seq, LOG, META, META_LAST_SEQ};
 use super::{Shared, StoreConfig, StoreError};
 use crate::object::{RawObject, ResourceVersion};
 use apply::Tables;
@@ -58,8 +58,8 @@ enum Command {
     FinishRelist(ScopeId, ResourceVersion, String, Ack<RelistSummary>),
     AbortRelist(ScopeId, Ack<()>),
     EnsureIndex(ScopeId, IndexName, Ack<()>),
-    SetCursor(ScopeId, String, Seq, Ack<()>),
-    DeleteCursor(ScopeId, String, Ack<()>),
+    SetCursor(ScopeId, CursorName, Seq, Ack<()>),
+    DeleteCursor(ScopeId, CursorName, Ack<()>),
     Compact(Option<u64>, Ack<CompactReport>),
     Settle(Ack<()>),
     /// Commits durably (making earlier relaxed commits durable too).
@@ -217,9 +217,9 @@ impl Writer {
         let web = db.store(scope).by_index(LABELS, \"app=web\")?;\n\
         # let _ = web; Ok(()) }\n\
         ```");
-    request!(set_cursor, set_cursor_blocking, (scope: ScopeId, name: String, seq: Seq) -> (), SetCursor,
+    request!(set_cursor, set_cursor_blocking, (scope: ScopeId, name: CursorName, seq: Seq) -> (), SetCursor,
         "Persists the cursor of the durable consumer `name` of `scope`: every entry up to `seq` was handled. Consumers of different scopes may share a name.");
-    request!(delete_cursor, delete_cursor_blocking, (scope: ScopeId, name: String) -> (), DeleteCursor,
+    request!(delete_cursor, delete_cursor_blocking, (scope: ScopeId, name: CursorName) -> (), DeleteCursor,
         "Removes the cursor of the durable consumer `name` of `scope`, so it no longer holds back compaction.");
     request!(compact, compact_blocking, (keep_entries: Option<u64>) -> CompactReport, Compact,
         "Removes log entries below every durable cursor that are beyond `keep_entries` (default: the configured `retention_entries`) or older than the configured `retention_age`; returns once done.\n\n\

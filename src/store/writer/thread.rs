@@ -350,8 +350,10 @@ impl WriterThread {
                     Err((Reply::Unit(ack, Err(e)), aborted))
                 }
             },
-            Command::SetCursor(scope, name, seq, ack) => run!(Unit, ack, self.set_cursor(txn, scope, &name, seq)),
-            Command::DeleteCursor(scope, name, ack) => run!(Unit, ack, self.delete_cursor(txn, scope, &name)),
+            Command::SetCursor(scope, name, seq, ack) => {
+                run!(Unit, ack, self.set_cursor(txn, scope, name.as_str(), seq))
+            }
+            Command::DeleteCursor(scope, name, ack) => run!(Unit, ack, self.delete_cursor(txn, scope, name.as_str())),
             Command::Compact(keep, ack) => match self.compact_goal(txn, keep) {
                 Ok(goal) => Ok(Reply::Deferred(Deferred::Compact(ack, goal))),
                 Err(Failure::Refused(e)) => Ok(Reply::Compact(ack, Err(e))),
