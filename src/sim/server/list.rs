@@ -1,0 +1,300 @@
+//! LIST: selectors, resourceVersion semantics, pagination and continue tokens.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::StatusCode;
+use serde_json::{json, Value};
+
+use super::super::store::{ApiError, Obj};
+use super::super::util::{b64_decode, b64_encode};
+use super::super::{ResourceDef, Shared};
+use super::response::{full_response, status_response, status_response_meta};
+use super::{Query, Resp, Target};
+use crate::selector::{FieldSelector, LabelSelector};
+
+pub(super) struct Selectors {
+    labels: LabelSelector,
+    fields: FieldSelector,
+}
+
+impl Selectors {
+    pub(super) fn parse(def: &ResourceDef, q: &Query) -> Result<Self, ApiError> {
+        let labels = LabelSelector::parse(q.str("labelSelector")).map_err(|e| ApiError::bad_request(e.to_string()))?;
+        let fields = FieldSelector::parse(q.str("fieldSelector")).map_err(|e| ApiError::bad_request(e.to_string()))?;
+        for r in fields.requirements() {
+            let f = r.field();
+            if f != "metadata.name" && f != "metadata.namespace" && !def.extra_fields().contains(&f) {
+                return Err(ApiError::bad_request(format!("field label not supported: {f}")));
+            }
+        }
+        Ok(Self { labels, fields })
+    }
+    pub(super) fn is_empty(&self) -> bool {
+        self.labels.is_empty() && self.fields.is_empty()
+    }
+    pub(super) fn matches(&self, o: &Obj) -> bool {
+        o.matches(&self.labels, &self.fields)
+    }
+}
+
+pub(super) fn parse_rv(s: &str) -> Result<u64, ApiError> {
+    s.parse::<u64>().map_err(|_| {
+        ApiError::bad_request(format!(
+            "resourceVersion: Invalid value: {s:?}: must be a non-negative integer"
+        ))
+    })
+}
+
+pub(super) fn invalid_list_options(causes: &[(&str, &str)]) -> ApiError {
+    let msgs: Vec<String> = causes.iter().map(|(f, m)| format!("{f}: {m}")).collect();
+    let mut e = ApiError::new(
+        422,
+        "Invalid",
+        format!("ListOptions.meta.k8s.io \"\" is invalid: [{}]", msgs.join(", ")),
+    );
+    let causes: Vec<Value> = causes
+        .iter()
+        .map(|(f, m)| json!({"reason": "FieldValueForbidden", "message": m, "field": f}))
+        .collect();
+    e.details = Some(json!({"group": "meta.k8s.io", "kind": "ListOptions", "causes": causes}));
+    e
+}
+
+/// Wait until the server reaches `rv`; false after `wait`.
+pub(super) async fn wait_for_rv(shared: &Shared, rv: u64, wait: Duration) -> bool {
+    let mut rx = shared.rv_tx.subscribe();
+    let reached = matches!(tokio::time::timeout(wait, rx.wait_for(|&v| v >= rv)).await, Ok(Ok(_)));
+    reached
+}
+
+pub(super) fn too_large(requested: u64, current: u64) -> ApiError {
+    let mut e = ApiError::new(
+        504,
+        "Timeout",
+        format!("Timeout: Too large resource version: {requested}, current: {current}"),
+    );
+    e.details = Some(json!({
+        "causes": [{"reason": "ResourceVersionTooLarge", "message": "Too large resource version"}],
+        "retryAfterSeconds": 1
+    }));
+    e
+}
+
+#[derive(serde::Serialize, serde::Deserialize)]
+pub(crate) struct ContinueToken {
+    v: String,
+    pub(crate) rv: i64,
+    pub(crate) start: String,
+}
+
+pub(crate) fn encode_continue(rv: i64, start: &str) -> String {
+    let t = ContinueToken {
+        v: "meta.k8s.io/v1".into(),
+        rv,
+        start: start.into(),
+    };
+    b64_encode(&serde_json::to_vec(&t).unwrap_or_default())
+}
+
+pub(crate) fn decode_continue(s: &str) -> Result<ContinueToken, ApiError> {
+    let bad = |why: &str| ApiError::bad_request(format!("continue key is not valid: {why}"));
+    let raw = b64_decode(s).ok_or_else(|| bad("illegal base64 data"))?;
+    let t: ContinueToken = serde_json::from_slice(&raw).map_err(|e| bad(&e.to_string()))?;
+    if t.v != "meta.k8s.io/v1" {
+        return Err(bad("incorrect encoded start resourceVersion (version meta.k8s.io/v1)"));
+    }
+    if t.start.is_empty() || t.start.starts_with('/') || t.start.split('/').any(|p| p == "..") {
+        return Err(bad("path traversal attempt detected"));
+    }
+    if t.rv < -1 || t.rv == 0 {
+        return Err(bad("incorrect encoded start resourceVersion"));
+    }
+    Ok(t)
+}
+
+pub(super) async fn list(shared: &Arc<Shared>, t: &Target, q: &Query) -> Resp {
+    match list_inner(shared, t, q).await {
+        Ok(r) => r,
+        Err(e) => status_response(shared, &e),
+    }
+}
+
+pub(super) async fn list_inner(shared: &Arc<Shared>, t: &Target, q: &Query) -> Result<Resp, ApiError> {
+    let sel = Selectors::parse(&t.def, q)?;
+    let limit = match q.get("limit").filter(|s| !s.is_empty()) {
+        None => None,
+        Some(s) => match s.parse::<i64>() {
+            Ok(n) if n > 0 => Some(usize::try_from(n).unwrap_or(usize::MAX)),
+            Ok(_) => None,
+            Err(_) => {
+                return Err(ApiError::bad_request(format!(
+                    "limit: Invalid value: {s:?}: must be an integer"
+                )))
+            }
+        },
+    };
+    let rv = q.str("resourceVersion");
+    let rvm = q.str("resourceVersionMatch");
+    let cont = q.str("continue");
+    if !rvm.is_empty() {
+        if rvm != "Exact" && rvm != "NotOlderThan" {
+            return Err(invalid_list_options(&[(
+                "resourceVersionMatch",
+                "Unsupported value: supported values: \"Exact\", \"NotOlderThan\"",
+            )]));
+        }
+        if rv.is_empty() {
+            return Err(invalid_list_options(&[(
+                "resourceVersionMatch",
+                "Forbidden: resourceVersionMatch is forbidden unless resourceVersion is provided",
+            )]));
+        }
+        if rvm == "Exact" && rv == "0" {
+            return Err(invalid_list_options(&[(
+                "resourceVersionMatch",
+                "Forbidden: resourceVersionMatch \"exact\" is forbidden for resourceVersion \"0\"",
+            )]));
+        }
+    }
+    if !cont.is_empty() && !rv.is_empty() && rv != "0" {
+        return Err(ApiError::bad_request(
+            "specifying resource version is not allowed when using continue",
+        ));
+    }
+    let prefix = match (&t.ns, t.def.namespaced) {
+        (Some(ns), true) => format!("{ns}/"),
+        _ => String::new(),
+    };
+    // (at: None = current revision, whether to paginate, start key relative to prefix)
+    let mut at: Option<u64> = None;
+    let mut paginate = limit.is_some();
+    let mut start = String::new();
+    let mut token_rv: Option<i64> = None;
+    if !cont.is_empty() {
+        let tok = decode_continue(cont)?;
+        start = tok.start;
+        token_rv = Some(tok.rv);
+        if tok.rv > 0 {
+            at = Some(u64::try_from(tok.rv).unwrap_or(0));
+        }
+    } else if rv == "0" {
+        paginate = false;
+    } else if !rv.is_empty() {
+        let n = parse_rv(rv)?;
+        if !wait_for_rv(shared, n, shared.config.too_large_rv_wait).await {
+            let cur = shared.lock().rv;
+            if n > cur {
+                return Err(too_large(n, cur));
+            }
+        }
+        let exact = rvm == "Exact" || (rvm.is_empty() && limit.is_some());
+        if exact {
+            at = Some(n);
+        }
+    }
+
+    let mut st = shared.lock();
+    st.maintain();
+    if let Some(a) = at {
+        if a < st.compact_rv || a > st.rv {
+            if token_rv.is_some() {
+                let mut e = ApiError::new(410, "Expired", "The provided continue parameter is too old to display a consistent list result. You can start a new list without the continue parameter, or use the continue token in this response to retrieve the remainder of the results. Continuing with the provided token results in an inconsistent list - objects that were created, modified, or deleted between the time the first chunk was returned and now may show up in the list.");
+                e.details = None;
+                drop(st);
+                let meta = json!({"continue": encode_continue(-1, &start)});
+                return Ok(status_response_meta(shared, &e, meta));
+            }
+            return Err(ApiError::new(
+                410,
+                "Expired",
+                "The resourceVersion for the provided list is too old.",
+            ));
+        }
+    }
+    let list_rv = at.unwrap_or(st.rv);
+    let from = format!("{prefix}{start}");
+    let mut items: Vec<Arc<Obj>> = Vec::new();
+    let mut cont_out = None;
+    let mut remaining = None;
+    let mut memo_next = None;
+    {
+        let mut it = st.snapshot_iter(t.res, list_rv, &prefix, &from);
+        let max = if paginate {
+            limit.unwrap_or(usize::MAX)
+        } else {
+            usize::MAX
+        };
+        for o in it.by_ref() {
+            if sel.matches(&o) {
+                items.push(o);
+                if items.len() >= max {
+                    break;
+                }
+            }
+        }
+        if paginate && items.len() >= max {
+            if sel.is_empty() {
+                let memo = (t.res, list_rv, prefix.clone(), from.clone());
+                let n = match st.remaining_at(&memo) {
+                    Some(from_here) => from_here.saturating_sub(items.len()),
+                    None => it.count(),
+                };
+                if let Some(last) = items.last() {
+                    memo_next = Some(((t.res, list_rv, prefix.clone(), format!("{}\u{0}", last.key)), n));
+                }
+                if n > 0 {
+                    remaining = Some(n);
+                }
+            } else if it.next().is_some() {
+                remaining = Some(0);
+            }
+            if remaining.is_some() {
+                if let Some(last) = items.last() {
+                    let rel = last.key.strip_prefix(prefix.as_str()).unwrap_or(&last.key);
+                    let tok_rv = if token_rv == Some(-1) {
+                        -1
+                    } else {
+                        i64::try_from(list_rv).unwrap_or(-1)
+                    };
+                    cont_out = Some(encode_continue(tok_rv, &format!("{rel}\u{0}")));
+                }
+            }
+        }
+    }
+    if let Some((key, n)) = memo_next {
+        st.remember_remaining(key, n);
+    }
+    drop(st);
+    shared
+        .counters
+        .list_objects
+        .fetch_add(items.len() as u64, Ordering::Relaxed);
+
+    let mut out = Vec::with_capacity(items.iter().map(|o| o.full.len()).sum::<usize>() + 256);
+    out.extend_from_slice(
+        format!(
+            r#"{{"kind":{},"apiVersion":{},"metadata":{{"resourceVersion":"{list_rv}""#,
+            json!(format!("{}List", t.def.kind)),
+            json!(t.def.api_version())
+        )
+        .as_bytes(),
+    );
+    if let Some(c) = &cont_out {
+        out.extend_from_slice(format!(r#","continue":"{c}""#).as_bytes());
+        if let Some(n) = remaining.filter(|_| sel.is_empty()) {
+            out.extend_from_slice(format!(r#","remainingItemCount":{n}"#).as_bytes());
+        }
+    }
+    out.extend_from_slice(br#"},"items":["#);
+    for (i, o) in items.iter().enumerate() {
+        if i > 0 {
+            out.push(b',');
+        }
+        o.write_item(&mut out);
+    }
+    out.extend_from_slice(b"]}\n");
+    Ok(full_response(StatusCode::OK, Bytes::from(out)))
+}
