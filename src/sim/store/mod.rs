@@ -11,137 +11,17 @@ use std::ops::Bound;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
-use serde_json::{json, Map, Value};
+use serde_json::{json, Value};
 
 use super::util;
 use super::ResourceDef;
-use crate::selector::{FieldSelector, LabelSelector};
 
-/// One stored object version: its serialized JSON plus the small index a server needs.
-#[derive(Debug)]
-pub(crate) struct Obj {
-    /// Storage key: `namespace/name` for namespaced resources, `name` otherwise (etcd's order).
-    pub key: String,
-    pub ns: String,
-    pub name: String,
-    pub rv: u64,
-    pub labels: BTreeMap<String, String>,
-    /// Selectable fields besides `metadata.name`/`metadata.namespace`.
-    pub fields: Vec<(&'static str, String)>,
-    /// The object with `kind` and `apiVersion` first: `{"kind":…,"apiVersion":…,<rest>`.
-    pub full: Bytes,
-    /// Length of the `{"kind":…,"apiVersion":…,` prefix; `{` + `full[prefix_len..]` is the
-    /// object as a LIST item (the API server leaves kind/apiVersion out of list items).
-    pub prefix_len: usize,
-}
+mod error;
+mod object;
 
-impl Obj {
-    /// The object as a LIST item (without `kind`/`apiVersion`), appended to `out`.
-    pub fn write_item(&self, out: &mut Vec<u8>) {
-        out.push(b'{');
-        out.extend_from_slice(&self.full[self.prefix_len..]);
-    }
-
-    /// The parsed object.
-    pub fn value(&self) -> Value {
-        serde_json::from_slice(&self.full).unwrap_or(Value::Null)
-    }
-
-    /// The value of a selectable field (`None` if the resource does not have it).
-    pub fn field(&self, path: &str) -> Option<String> {
-        match path {
-            "metadata.name" => Some(self.name.clone()),
-            "metadata.namespace" => Some(self.ns.clone()),
-            _ => self.fields.iter().find(|(p, _)| *p == path).map(|(_, v)| v.clone()),
-        }
-    }
-
-    /// Whether both selectors match.
-    pub fn matches(&self, labels: &LabelSelector, fields: &FieldSelector) -> bool {
-        labels.matches(&self.labels) && fields.matches(|p| self.field(p))
-    }
-}
-
-/// What happened to an object.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum EventKind {
-    Added,
-    Modified,
-    Deleted,
-}
-
-impl EventKind {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            EventKind::Added => "ADDED",
-            EventKind::Modified => "MODIFIED",
-            EventKind::Deleted => "DELETED",
-        }
-    }
-}
-
-/// One entry of the history.
-#[derive(Debug)]
-pub(crate) struct Event {
-    pub rv: u64,
-    pub res: usize,
-    pub kind: EventKind,
-    /// The new state; for a delete, the last state stamped with the deletion's RV.
-    pub obj: Arc<Obj>,
-    /// The state before (None for an add).
-    pub prev: Option<Arc<Obj>>,
-    pub at: Instant,
-}
-
-/// An error shaped like an API server `Status`.
-#[derive(Debug, Clone)]
-pub(crate) struct ApiError {
-    pub code: u16,
-    pub reason: &'static str,
-    pub message: String,
-    pub details: Option<Value>,
-}
-
-impl ApiError {
-    pub fn new(code: u16, reason: &'static str, message: impl Into<String>) -> Self {
-        Self {
-            code,
-            reason,
-            message: message.into(),
-            details: None,
-        }
-    }
-    pub fn bad_request(message: impl Into<String>) -> Self {
-        Self::new(400, "BadRequest", message)
-    }
-    fn not_found(def: &ResourceDef, name: &str) -> Self {
-        let mut e = Self::new(
-            404,
-            "NotFound",
-            format!("{} \"{name}\" not found", def.resource_group()),
-        );
-        e.details = Some(json!({"name": name, "group": def.group, "kind": def.plural}));
-        e
-    }
-    fn conflict(def: &ResourceDef, name: &str) -> Self {
-        let mut e = Self::new(
-            409,
-            "Conflict",
-            format!(
-                "Operation cannot be fulfilled on {} \"{name}\": the object has been modified; please apply your changes to the latest version and try again",
-                def.resource_group()
-            ),
-        );
-        e.details = Some(json!({"name": name, "group": def.group, "kind": def.plural}));
-        e
-    }
-    fn invalid(def: &ResourceDef, name: &str, message: &str) -> Self {
-        let mut e = Self::new(422, "Invalid", format!("{} \"{name}\" is invalid: {message}", def.kind));
-        e.details = Some(json!({"name": name, "group": def.group, "kind": def.kind}));
-        e
-    }
-}
+pub(crate) use error::ApiError;
+pub(crate) use object::{build_obj, key_of, merge_patch, Event, EventKind, Obj};
+use object::{check_name, meta_mut, random_suffix, resolve_ns};
 
 /// Limits of the history (the compaction window).
 #[derive(Debug, Clone, Copy)]
@@ -196,15 +76,6 @@ impl State {
             self.remaining_memo.pop_front();
         }
         self.remaining_memo.push_back((key, n));
-    }
-}
-
-/// The storage key of an object.
-pub(crate) fn key_of(def: &ResourceDef, ns: &str, name: &str) -> String {
-    if def.namespaced {
-        format!("{ns}/{name}")
-    } else {
-        name.to_string()
     }
 }
 
@@ -597,128 +468,4 @@ where
             }
         }
     }
-}
-
-fn random_suffix() -> String {
-    const CH: &[u8] = b"bcdfghjklmnpqrstvwxz2456789";
-    (0..5)
-        .map(|_| char::from(CH[rand::random_range(0..CH.len())]))
-        .collect()
-}
-
-fn meta_mut(v: &mut Value) -> Result<&mut Map<String, Value>, ApiError> {
-    let obj = v
-        .as_object_mut()
-        .ok_or_else(|| ApiError::bad_request("the body must be a JSON object"))?;
-    let meta = obj.entry("metadata").or_insert_with(|| json!({}));
-    if !meta.is_object() {
-        return Err(ApiError::bad_request("metadata must be an object"));
-    }
-    meta.as_object_mut()
-        .ok_or_else(|| ApiError::bad_request("metadata must be an object"))
-}
-
-fn resolve_ns(def: &ResourceDef, path_ns: Option<&str>, meta: &Map<String, Value>) -> Result<String, ApiError> {
-    if !def.namespaced {
-        return Ok(String::new());
-    }
-    let body_ns = meta.get("namespace").and_then(Value::as_str).filter(|s| !s.is_empty());
-    match (path_ns, body_ns) {
-        (Some(p), Some(b)) if p != b => Err(ApiError::bad_request(
-            "the namespace of the provided object does not match the namespace sent on the request",
-        )),
-        (Some(p), _) => Ok(p.to_string()),
-        (None, Some(b)) => Ok(b.to_string()),
-        (None, None) => Ok("default".to_string()),
-    }
-}
-
-fn check_name(def: &ResourceDef, name: &str) -> Result<(), ApiError> {
-    let ok = name.len() <= 253
-        && !name.is_empty()
-        && name
-            .chars()
-            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '.')
-        && name.chars().next().is_some_and(|c| c.is_ascii_alphanumeric())
-        && name.chars().last().is_some_and(|c| c.is_ascii_alphanumeric());
-    if ok {
-        Ok(())
-    } else {
-        Err(ApiError::invalid(
-            def,
-            name,
-            &format!("metadata.name: Invalid value: \"{name}\": a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', and must start and end with an alphanumeric character"),
-        ))
-    }
-}
-
-/// RFC 7386 JSON merge patch.
-pub(crate) fn merge_patch(target: &mut Value, patch: &Value) {
-    let Some(p) = patch.as_object() else {
-        *target = patch.clone();
-        return;
-    };
-    if !target.is_object() {
-        *target = json!({});
-    }
-    if let Some(t) = target.as_object_mut() {
-        for (k, v) in p {
-            if v.is_null() {
-                t.remove(k);
-            } else {
-                merge_patch(t.entry(k.clone()).or_insert(Value::Null), v);
-            }
-        }
-    }
-}
-
-/// Serialize an object (kind/apiVersion first) and extract its index.
-pub(crate) fn build_obj(def: &ResourceDef, key: String, mut v: Value) -> Result<Obj, ApiError> {
-    let obj = v
-        .as_object_mut()
-        .ok_or_else(|| ApiError::bad_request("the body must be a JSON object"))?;
-    obj.remove("kind");
-    obj.remove("apiVersion");
-    let meta = obj.get("metadata").cloned().unwrap_or_else(|| json!({}));
-    let s = |p: &str| meta.get(p).and_then(Value::as_str).unwrap_or("").to_string();
-    let rv = s("resourceVersion").parse().unwrap_or(0);
-    let labels = meta
-        .get("labels")
-        .and_then(Value::as_object)
-        .map(|m| {
-            m.iter()
-                .map(|(k, v)| (k.clone(), v.as_str().unwrap_or("").to_string()))
-                .collect()
-        })
-        .unwrap_or_default();
-    let mut fields = Vec::new();
-    for path in def.extra_fields() {
-        let ptr = format!("/{}", path.replace('.', "/"));
-        let val = v.pointer(&ptr).map(|x| match x {
-            Value::String(s) => s.clone(),
-            Value::Null => String::new(),
-            other => other.to_string(),
-        });
-        fields.push((*path, val.unwrap_or_default()));
-    }
-    let rest = serde_json::to_vec(&v).map_err(|e| ApiError::bad_request(e.to_string()))?;
-    let prefix = format!(
-        r#"{{"kind":{},"apiVersion":{},"#,
-        json!(def.kind),
-        json!(def.api_version())
-    );
-    let mut full = Vec::with_capacity(prefix.len() + rest.len());
-    full.extend_from_slice(prefix.as_bytes());
-    // `rest` is `{…}` with at least `metadata` inside.
-    full.extend_from_slice(rest.get(1..).unwrap_or(b"}"));
-    Ok(Obj {
-        key,
-        ns: s("namespace"),
-        name: s("name"),
-        rv,
-        labels,
-        fields,
-        full: Bytes::from(full),
-        prefix_len: prefix.len(),
-    })
 }
