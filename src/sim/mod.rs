@@ -43,20 +43,25 @@
 //! labels, resourceVersion, selectable fields). The history shares object versions with the
 //! current state; superseded versions stay alive until the compaction window drops them.
 
+mod config;
+mod counters;
 mod faults;
+mod resource;
 mod server;
 mod store;
 mod util;
 pub mod workload;
 
 use std::path::Path;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Duration;
 
 use serde_json::Value;
 
+pub use config::SimConfig;
+pub(crate) use counters::AtomicCounters;
+pub use counters::Counters;
 pub use faults::{Failure, FaultTarget, Faults};
+pub use resource::ResourceDef;
 pub use store::Backup;
 
 use store::{State, Window};
@@ -101,298 +106,6 @@ impl From<store::ApiError> for SimError {
 
 /// Result with [`SimError`].
 pub type Result<T, E = SimError> = std::result::Result<T, E>;
-
-/// A resource the server serves: group/version/kind and its plural name.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ResourceDef {
-    /// API group (`""` for core).
-    pub group: String,
-    /// API version, e.g. `v1`.
-    pub version: String,
-    /// Kind, e.g. `Pod`.
-    pub kind: String,
-    /// Plural resource name, e.g. `pods`.
-    pub plural: String,
-    /// Whether objects live in namespaces.
-    pub namespaced: bool,
-    /// Whether `/status` is a subresource (then the main resource ignores `.status` changes).
-    pub status_subresource: bool,
-    /// Short names for discovery (`kubectl get cm`).
-    pub short_names: Vec<String>,
-}
-
-impl ResourceDef {
-    /// A namespaced custom resource stored as JSON, with a status subresource.
-    pub fn custom(group: &str, version: &str, kind: &str, plural: &str) -> Self {
-        Self {
-            group: group.into(),
-            version: version.into(),
-            kind: kind.into(),
-            plural: plural.into(),
-            namespaced: true,
-            status_subresource: true,
-            short_names: Vec::new(),
-        }
-    }
-
-    /// Make it cluster-scoped.
-    #[must_use]
-    pub fn cluster_scoped(mut self) -> Self {
-        self.namespaced = false;
-        self
-    }
-
-    fn builtin(group: &str, kind: &str, plural: &str, namespaced: bool, status: bool, short: &[&str]) -> Self {
-        Self {
-            group: group.into(),
-            version: "v1".into(),
-            kind: kind.into(),
-            plural: plural.into(),
-            namespaced,
-            status_subresource: status,
-            short_names: short.iter().map(|s| (*s).to_string()).collect(),
-        }
-    }
-
-    /// The built-in resources: core/v1 pods, configmaps, secrets, namespaces, nodes and
-    /// apps/v1 deployments.
-    pub fn builtins() -> Vec<Self> {
-        vec![
-            Self::builtin("", "Pod", "pods", true, true, &["po"]),
-            Self::builtin("", "ConfigMap", "configmaps", true, false, &["cm"]),
-            Self::builtin("", "Secret", "secrets", true, false, &[]),
-            Self::builtin("", "Namespace", "namespaces", false, true, &["ns"]),
-            Self::builtin("", "Node", "nodes", false, true, &["no"]),
-            Self::builtin("apps", "Deployment", "deployments", true, true, &["deploy"]),
-        ]
-    }
-
-    /// `group/version`, or `version` for the core group.
-    pub fn api_version(&self) -> String {
-        if self.group.is_empty() {
-            self.version.clone()
-        } else {
-            format!("{}/{}", self.group, self.version)
-        }
-    }
-
-    /// `plural` or `plural.group`, as used in API server messages.
-    pub(crate) fn resource_group(&self) -> String {
-        if self.group.is_empty() {
-            self.plural.clone()
-        } else {
-            format!("{}.{}", self.plural, self.group)
-        }
-    }
-
-    fn has_generation(&self) -> bool {
-        !self.group.is_empty()
-    }
-
-    fn is_core(&self, plural: &str) -> bool {
-        self.group.is_empty() && self.plural == plural
-    }
-
-    /// Field paths selectable besides `metadata.name` and `metadata.namespace`.
-    pub(crate) fn extra_fields(&self) -> &'static [&'static str] {
-        if self.is_core("pods") {
-            &[
-                "status.phase",
-                "spec.nodeName",
-                "spec.restartPolicy",
-                "spec.schedulerName",
-                "spec.serviceAccountName",
-                "status.podIP",
-                "status.nominatedNodeName",
-            ]
-        } else if self.is_core("secrets") {
-            &["type"]
-        } else if self.is_core("namespaces") {
-            &["status.phase"]
-        } else if self.is_core("nodes") {
-            &["spec.unschedulable"]
-        } else {
-            &[]
-        }
-    }
-}
-
-/// Configuration of the simulated server. `Default` gives API-server-like timings; tests
-/// shorten them with the builder methods.
-#[derive(Debug, Clone)]
-pub struct SimConfig {
-    pub(crate) history_max_events: usize,
-    pub(crate) history_max_age: Duration,
-    pub(crate) bookmark_interval: Duration,
-    pub(crate) bookmark_before_timeout: Duration,
-    pub(crate) default_watch_timeout: Duration,
-    pub(crate) too_large_rv_wait: Duration,
-    pub(crate) old_server: bool,
-    pub(crate) watch_cache: bool,
-    pub(crate) resources: Vec<ResourceDef>,
-    pub(crate) seed_namespaces: bool,
-    pub(crate) port: u16,
-}
-
-impl Default for SimConfig {
-    fn default() -> Self {
-        Self {
-            history_max_events: 200_000,
-            history_max_age: Duration::from_secs(300),
-            bookmark_interval: Duration::from_secs(60),
-            bookmark_before_timeout: Duration::from_secs(2),
-            default_watch_timeout: Duration::from_secs(1800),
-            too_large_rv_wait: Duration::from_secs(3),
-            old_server: false,
-            watch_cache: true,
-            resources: ResourceDef::builtins(),
-            seed_namespaces: true,
-            port: 0,
-        }
-    }
-}
-
-impl SimConfig {
-    /// Keep at most `n` events in the history (older ones are compacted away).
-    #[must_use]
-    pub fn history_max_events(mut self, n: usize) -> Self {
-        self.history_max_events = n;
-        self
-    }
-    /// Compact events older than `age`.
-    #[must_use]
-    pub fn history_max_age(mut self, age: Duration) -> Self {
-        self.history_max_age = age;
-        self
-    }
-    /// Interval of periodic bookmarks on watches that allow them (real server: ~1 min).
-    #[must_use]
-    pub fn bookmark_interval(mut self, d: Duration) -> Self {
-        self.bookmark_interval = d;
-        self
-    }
-    /// How long before `timeoutSeconds` ends a watch the last bookmark is sent.
-    #[must_use]
-    pub fn bookmark_before_timeout(mut self, d: Duration) -> Self {
-        self.bookmark_before_timeout = d;
-        self
-    }
-    /// Watch duration when the request has no `timeoutSeconds` (real server: 30–60 min).
-    #[must_use]
-    pub fn default_watch_timeout(mut self, d: Duration) -> Self {
-        self.default_watch_timeout = d;
-        self
-    }
-    /// How long a LIST for a not-yet-reached revision waits before answering 504 (real: ~3 s).
-    #[must_use]
-    pub fn too_large_rv_wait(mut self, d: Duration) -> Self {
-        self.too_large_rv_wait = d;
-        self
-    }
-    /// Behave like a server that predates streaming lists: a WATCH with
-    /// `resourceVersionMatch` is refused with 422 Invalid (as recorded from v1.20.2).
-    #[must_use]
-    pub fn old_server(mut self, yes: bool) -> Self {
-        self.old_server = yes;
-        self
-    }
-    /// With `false`, behave like a server with the watch cache off: no bookmarks, and a watch
-    /// from a compacted revision reports etcd's message.
-    #[must_use]
-    pub fn watch_cache(mut self, yes: bool) -> Self {
-        self.watch_cache = yes;
-        self
-    }
-    /// Register a custom resource (stored as JSON, listed in discovery).
-    #[must_use]
-    pub fn with_resource(mut self, def: ResourceDef) -> Self {
-        self.resources.push(def);
-        self
-    }
-    /// Listens on this port of 127.0.0.1 (default 0: any free port).
-    #[must_use]
-    pub fn port(mut self, port: u16) -> Self {
-        self.port = port;
-        self
-    }
-
-    /// Creates the `default`, `kube-system` and `kube-public` namespaces at start (default true).
-    #[must_use]
-    pub fn seed_namespaces(mut self, yes: bool) -> Self {
-        self.seed_namespaces = yes;
-        self
-    }
-}
-
-/// A snapshot of the request counters.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct Counters {
-    /// LIST requests answered (any status).
-    pub list_requests: u64,
-    /// Objects returned by LIST requests.
-    pub list_objects: u64,
-    /// WATCH requests received (any status).
-    pub watch_requests: u64,
-    /// ADDED/MODIFIED/DELETED/ERROR events written to watch streams.
-    pub watch_events: u64,
-    /// BOOKMARK events written to watch streams.
-    pub bookmarks: u64,
-    /// GET requests for single objects.
-    pub get_requests: u64,
-    /// POST/PUT/PATCH/DELETE requests.
-    pub write_requests: u64,
-    /// Response body bytes written (LIST, WATCH, GET, writes, errors).
-    pub bytes_served: u64,
-    /// Requests that carried an `Authorization: Bearer …` header. The server authenticates
-    /// nobody and never keeps the token; this lets tests prove a client sent one.
-    pub bearer_requests: u64,
-}
-
-#[derive(Debug, Default)]
-pub(crate) struct AtomicCounters {
-    pub list_requests: AtomicU64,
-    pub list_objects: AtomicU64,
-    pub watch_requests: AtomicU64,
-    pub watch_events: AtomicU64,
-    pub bookmarks: AtomicU64,
-    pub get_requests: AtomicU64,
-    pub write_requests: AtomicU64,
-    pub bytes_served: AtomicU64,
-    pub bearer_requests: AtomicU64,
-}
-
-impl AtomicCounters {
-    fn snapshot(&self) -> Counters {
-        let l = |a: &AtomicU64| a.load(Ordering::Relaxed);
-        Counters {
-            list_requests: l(&self.list_requests),
-            list_objects: l(&self.list_objects),
-            watch_requests: l(&self.watch_requests),
-            watch_events: l(&self.watch_events),
-            bookmarks: l(&self.bookmarks),
-            get_requests: l(&self.get_requests),
-            write_requests: l(&self.write_requests),
-            bytes_served: l(&self.bytes_served),
-            bearer_requests: l(&self.bearer_requests),
-        }
-    }
-    fn reset(&self) {
-        for a in [
-            &self.list_requests,
-            &self.list_objects,
-            &self.watch_requests,
-            &self.watch_events,
-            &self.bookmarks,
-            &self.get_requests,
-            &self.write_requests,
-            &self.bytes_served,
-            &self.bearer_requests,
-        ] {
-            a.store(0, Ordering::Relaxed);
-        }
-    }
-}
 
 /// State shared by the handle and the server tasks.
 #[derive(Debug)]
