@@ -215,6 +215,44 @@ pub enum ReplayError {
     },
 }
 
+impl ReplayError {
+    /// A copy of the errors a recording's reader raises (the others hold errors that cannot be
+    /// cloned); an I/O error keeps its kind and message.
+    pub(crate) fn duplicate(&self) -> Option<Self> {
+        Some(match self {
+            ReplayError::Io { path, line, source } => ReplayError::Io {
+                path: path.clone(),
+                line: *line,
+                source: std::io::Error::new(source.kind(), source.to_string()),
+            },
+            ReplayError::Malformed { path, line, detail } => ReplayError::Malformed {
+                path: path.clone(),
+                line: *line,
+                detail: detail.clone(),
+            },
+            ReplayError::UnknownEventType { path, line, kind } => ReplayError::UnknownEventType {
+                path: path.clone(),
+                line: *line,
+                kind: kind.clone(),
+            },
+            ReplayError::RvRegression {
+                path,
+                line,
+                previous,
+                found,
+            } => ReplayError::RvRegression {
+                path: path.clone(),
+                line: *line,
+                previous: previous.clone(),
+                found: found.clone(),
+            },
+            ReplayError::NoScope { path } => ReplayError::NoScope { path: path.clone() },
+            ReplayError::Failed(m) => ReplayError::Failed(m.clone()),
+            _ => return None,
+        })
+    }
+}
+
 impl From<crate::reflector::ReflectorError> for ReplayError {
     fn from(e: crate::reflector::ReflectorError) -> Self {
         ReplayError::Reflector(Box::new(e))

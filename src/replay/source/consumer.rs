@@ -16,8 +16,7 @@ use super::options::ReplayReport;
 pub(super) struct ProgressState {
     pub(super) done: bool,
     pub(super) report: ReplayReport,
-    /// Shared with the [`SourceError`] the reflector got.
-    pub(super) error: Option<Arc<ReplayError>>,
+    pub(super) error: Option<ReplayError>,
     pub(super) error_text: Option<String>,
 }
 
@@ -33,11 +32,9 @@ impl Progress {
 
     pub(super) fn take_error(&self) -> Option<ReplayError> {
         let mut s = self.lock();
-        // The typed error when nobody else holds it (the reflector drops its copy when it
-        // stops); its text otherwise, and for every later call.
-        match s.error.take().map(Arc::try_unwrap) {
-            Some(Ok(e)) => Some(e),
-            _ => s.error_text.clone().map(ReplayError::Failed),
+        match s.error.take() {
+            Some(e) => Some(e),
+            None => s.error_text.clone().map(ReplayError::Failed),
         }
     }
 }
@@ -96,9 +93,14 @@ impl Consumer {
                     _ => None,
                 };
                 s.error_text = Some(e.to_string());
-                let e = Arc::new(e);
-                s.error = Some(e.clone());
-                Some(SourceError::decode("recording", line, DecodeError::Recording(e)))
+                // The reflector gets a copy; the replay's caller the error itself.
+                let copy = e.duplicate().unwrap_or_else(|| ReplayError::Failed(e.to_string()));
+                s.error = Some(e);
+                Some(SourceError::decode(
+                    "recording",
+                    line,
+                    DecodeError::Recording(Arc::new(copy)),
+                ))
             }
         };
         drop(s);
