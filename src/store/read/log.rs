@@ -1,0 +1,209 @@
+//! [`LogReader`]: reading the delta log and durable consumers' cursors.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use redb::{ReadTransaction, ReadableDatabase, ReadableTable};
+
+use super::super::codec::{self, DeltaKind, PrevRef};
+use super::super::dict::LoadDict;
+use super::super::schema::{CursorName, ScopeId, Seq, CURSORS, LOG};
+use super::super::{Shared, StoreError};
+use crate::object::{ObjectKey, ResourceVersion};
+
+use super::{saved_last_seq, txn_loader};
+
+/// One entry of the delta log, with the bytes a handler needs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LogRecord {
+    /// Its seq.
+    pub seq: Seq,
+    /// Its scope.
+    pub scope: ScopeId,
+    /// What happened (`Added`, `Updated`, `Deleted` or `Sync`).
+    pub kind: DeltaKind,
+    /// The object's key.
+    pub key: ObjectKey,
+    /// The RV of this version (of the deletion, for deletes with a known final state).
+    pub rv: ResourceVersion,
+    /// The new state (for deletes: the final state, when known).
+    pub object: Option<Bytes>,
+    /// The previous state (updates and deletes), while it is retained.
+    pub old: Option<Bytes>,
+    /// A delete found by a relist: `object` is `None` and `old` is the last known state.
+    pub final_state_unknown: bool,
+}
+
+/// A reader of the delta log.
+#[derive(Clone)]
+pub struct LogReader {
+    shared: Arc<Shared>,
+}
+
+impl std::fmt::Debug for LogReader {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LogReader").finish_non_exhaustive()
+    }
+}
+
+impl LogReader {
+    pub(crate) fn new(shared: Arc<Shared>) -> Self {
+        Self { shared }
+    }
+
+    /// Up to `limit` entries with seq greater than `after`, in order; only those of `scope` when
+    /// given.
+    pub fn read_after(&self, after: Seq, limit: usize, scope: Option<ScopeId>) -> Result<Vec<LogRecord>, StoreError> {
+        let s = &self.shared;
+        let txn = s.db()?.begin_read().map_err(|e| s.storage(e))?;
+        let log = txn.open_table(LOG).map_err(|e| s.storage(e))?;
+        let load = txn_loader(s, &txn);
+        let mut out = Vec::new();
+        for row in log.range(after.0.saturating_add(1)..).map_err(|e| s.storage(e))? {
+            if out.len() >= limit {
+                break;
+            }
+            let (k, v) = row.map_err(|e| s.storage(e))?;
+            if let Some(r) = decode_record(s, &log, k.value(), v.value(), scope, &load)? {
+                out.push(r);
+            }
+        }
+        Ok(out)
+    }
+
+    /// Like [`read_after`](Self::read_after) for one scope, and also says how far it looked:
+    /// a consumer of one scope advances its cursor past other scopes' entries too.
+    pub fn read_scope_after(
+        &self,
+        after: Seq,
+        limit: usize,
+        scope: ScopeId,
+    ) -> Result<(Vec<LogRecord>, Seq), StoreError> {
+        let s = &self.shared;
+        let txn = s.db()?.begin_read().map_err(|e| s.storage(e))?;
+        self.scope_after_in(&txn, after, limit, scope)
+    }
+
+    fn scope_after_in(
+        &self,
+        txn: &ReadTransaction,
+        after: Seq,
+        limit: usize,
+        scope: ScopeId,
+    ) -> Result<(Vec<LogRecord>, Seq), StoreError> {
+        let s = &self.shared;
+        let log = txn.open_table(LOG).map_err(|e| s.storage(e))?;
+        let load = txn_loader(s, txn);
+        let mut scanned = after;
+        let mut out = Vec::new();
+        for row in log.range(after.0.saturating_add(1)..).map_err(|e| s.storage(e))? {
+            if out.len() >= limit {
+                break;
+            }
+            let (k, v) = row.map_err(|e| s.storage(e))?;
+            scanned = Seq(k.value());
+            if let Some(r) = decode_record(s, &log, k.value(), v.value(), Some(scope), &load)? {
+                out.push(r);
+            }
+        }
+        Ok((out, scanned))
+    }
+
+    /// Like [`read_scope_after`](Self::read_scope_after), but fails with
+    /// [`StoreError::LogCompacted`] when entries right after `after` were already compacted, so
+    /// a consumer never skips them silently. The check and the read share one view.
+    pub fn read_scope_after_contiguous(
+        &self,
+        after: Seq,
+        limit: usize,
+        scope: ScopeId,
+    ) -> Result<(Vec<LogRecord>, Seq), StoreError> {
+        let s = &self.shared;
+        let txn = s.db()?.begin_read().map_err(|e| s.storage(e))?;
+        let log = txn.open_table(LOG).map_err(|e| s.storage(e))?;
+        // Seqs are dense and never reused (invariant 4), so a first entry beyond `after + 1`
+        // (or an empty log whose last handed-out seq is beyond `after`) means compaction.
+        let first = match log.first().map_err(|e| s.storage(e))? {
+            Some((k, _)) => k.value(),
+            None => saved_last_seq(s, &txn)?.saturating_add(1),
+        };
+        if first > after.0.saturating_add(1) {
+            return Err(StoreError::LogCompacted {
+                after: after.0,
+                first_retained: first,
+            });
+        }
+        drop(log);
+        self.scope_after_in(&txn, after, limit, scope)
+    }
+
+    /// The first and last seq in the log (`None` when empty).
+    pub fn bounds(&self) -> Result<Option<(Seq, Seq)>, StoreError> {
+        let s = &self.shared;
+        let txn = s.db()?.begin_read().map_err(|e| s.storage(e))?;
+        let log = txn.open_table(LOG).map_err(|e| s.storage(e))?;
+        let first = log.first().map_err(|e| s.storage(e))?.map(|(k, _)| k.value());
+        let last = log.last().map_err(|e| s.storage(e))?.map(|(k, _)| k.value());
+        Ok(first.zip(last).map(|(a, b)| (Seq(a), Seq(b))))
+    }
+
+    /// The cursor of the durable consumer `name` of `scope`.
+    pub fn cursor(&self, scope: ScopeId, name: impl Into<CursorName>) -> Result<Option<Seq>, StoreError> {
+        let name = name.into();
+        let s = &self.shared;
+        let txn = s.db()?.begin_read().map_err(|e| s.storage(e))?;
+        let cursors = txn.open_table(CURSORS).map_err(|e| s.storage(e))?;
+        Ok(cursors
+            .get((scope.0, name.as_str()))
+            .map_err(|e| s.storage(e))?
+            .map(|v| Seq(v.value())))
+    }
+}
+
+/// Decodes one log row into a record with the bytes a handler needs (`None` when it belongs to
+/// another scope than `scope`).
+fn decode_record<T: ReadableTable<u64, &'static [u8]>>(
+    s: &Shared,
+    log: &T,
+    seq: u64,
+    value: &[u8],
+    scope: Option<ScopeId>,
+    load: LoadDict<'_>,
+) -> Result<Option<LogRecord>, StoreError> {
+    let unpack = |c, b: &[u8]| s.dicts.unpack(c, b, load);
+    let (h, data, prev_inline) = codec::decode_log(value)?;
+    if scope.is_some_and(|sc| sc.0 != h.scope) {
+        return Ok(None);
+    }
+    let object = if h.has_data {
+        Some(unpack(h.compression, data)?)
+    } else {
+        None
+    };
+    let old = match h.prev {
+        PrevRef::None => None,
+        PrevRef::Inline(c) => Some(unpack(c, prev_inline)?),
+        PrevRef::Log(p) => match log.get(p).map_err(|e| s.storage(e))? {
+            Some(row) => {
+                let (ph, pdata, _) = codec::decode_log(row.value())?;
+                ph.has_data.then(|| unpack(ph.compression, pdata)).transpose()?
+            }
+            None => None,
+        },
+    };
+    let (object, old) = match h.kind {
+        // A sync carries no bytes: its state is the previous (= current) one.
+        DeltaKind::Sync => (old.clone(), old),
+        _ => (object, old),
+    };
+    Ok(Some(LogRecord {
+        seq: Seq(seq),
+        scope: ScopeId(h.scope),
+        kind: h.kind,
+        key: h.key,
+        rv: h.rv,
+        object,
+        old,
+        final_state_unknown: h.final_state_unknown,
+    }))
+}
