@@ -24,29 +24,24 @@ pub trait RateLimiter<T>: Send + Sync {
     fn num_requeues(&self, item: &T) -> u32;
 }
 
-impl<T, R: RateLimiter<T> + ?Sized> RateLimiter<T> for Box<R> {
-    fn when(&self, item: &T) -> Duration {
-        (**self).when(item)
-    }
-    fn forget(&self, item: &T) {
-        (**self).forget(item);
-    }
-    fn num_requeues(&self, item: &T) -> u32 {
-        (**self).num_requeues(item)
-    }
+/// A boxed or shared limiter is a limiter.
+macro_rules! forward_rate_limiter {
+    ($($ptr:ident),*) => {$(
+        impl<T, R: RateLimiter<T> + ?Sized> RateLimiter<T> for $ptr<R> {
+            fn when(&self, item: &T) -> Duration {
+                (**self).when(item)
+            }
+            fn forget(&self, item: &T) {
+                (**self).forget(item);
+            }
+            fn num_requeues(&self, item: &T) -> u32 {
+                (**self).num_requeues(item)
+            }
+        }
+    )*};
 }
 
-impl<T, R: RateLimiter<T> + ?Sized> RateLimiter<T> for Arc<R> {
-    fn when(&self, item: &T) -> Duration {
-        (**self).when(item)
-    }
-    fn forget(&self, item: &T) {
-        (**self).forget(item);
-    }
-    fn num_requeues(&self, item: &T) -> u32 {
-        (**self).num_requeues(item)
-    }
-}
+forward_rate_limiter!(Box, Arc);
 
 /// Per-item exponential backoff: `base * 2^failures`, capped at `max`.
 ///

@@ -158,6 +158,19 @@ impl<S: Source> Reflector<S> {
         }
     }
 
+    /// Reports a failed request that was not about an RV (a probe, the identity) and waits
+    /// the backoff, or the server's Retry-After; false on stop.
+    async fn back_off(&mut self, e: SourceError, stop: &mut watch::Receiver<bool>) -> bool {
+        let hint = e.status().and_then(|s| s.retry_after);
+        self.report(&ReflectorError::Source {
+            source: e,
+            rv: ResourceVersion::default(),
+            continue_token: None,
+        });
+        let delay = self.backoff.delay(hint);
+        self.sleep(delay, stop).await
+    }
+
     /// Runs until `stop` turns true (or is dropped), or a fatal error. Cancelling the future is
     /// also safe: every commit is atomic, and an unacknowledged batch is at most redelivered.
     pub async fn run(mut self, mut stop: watch::Receiver<bool>) -> Result<(), ReflectorError> {
@@ -217,16 +230,7 @@ impl<S: Source> Reflector<S> {
                         self.mark_synced_if_caught_up(&rv, &sync_target, false, seq);
                         Some(State::Watch { from: rv, sync_target })
                     }
-                    Err(e) => {
-                        let hint = e.status().and_then(|s| s.retry_after);
-                        self.report(&ReflectorError::Source {
-                            source: e,
-                            rv: ResourceVersion::default(),
-                            continue_token: None,
-                        });
-                        let delay = self.backoff.delay(hint);
-                        self.sleep(delay, stop).await.then_some(State::Resume(rv))
-                    }
+                    Err(e) => self.back_off(e, stop).await.then_some(State::Resume(rv)),
                 }
             }
             State::List(reason) => {
@@ -274,14 +278,7 @@ impl<S: Source> Reflector<S> {
             match self.source.cluster_identity().await {
                 Ok(id) => break id,
                 Err(e) => {
-                    let hint = e.status().and_then(|s| s.retry_after);
-                    self.report(&ReflectorError::Source {
-                        source: e,
-                        rv: ResourceVersion::default(),
-                        continue_token: None,
-                    });
-                    let delay = self.backoff.delay(hint);
-                    if !self.sleep(delay, stop).await {
+                    if !self.back_off(e, stop).await {
                         return Ok(());
                     }
                 }

@@ -139,8 +139,12 @@ impl RecordingReader {
         let mut pending: VecDeque<PathBuf> = paths.into_iter().collect();
         let first = pending.pop_front().ok_or(ReplayError::NoInput)?;
         let (input, compressed) = open_input(&first)?;
-        Ok(Self {
-            input: Some((first, input)),
+        Ok(Self::reading(first, input, compressed, pending))
+    }
+
+    fn reading(name: PathBuf, input: Box<dyn BufRead + Send>, compressed: bool, pending: VecDeque<PathBuf>) -> Self {
+        Self {
+            input: Some((name, input)),
             pending,
             line: 0,
             buf: Vec::with_capacity(4096),
@@ -149,24 +153,14 @@ impl RecordingReader {
             truncated: false,
             compressed,
             offset: 0,
-        })
+        }
     }
 
     /// Reads from any reader (plain or zstd); `name` is used in messages.
     pub fn from_reader(name: impl Into<PathBuf>, reader: impl Read + Send + 'static) -> Result<Self, ReplayError> {
         let name = name.into();
         let (input, compressed) = wrap_input(&name, Box::new(reader))?;
-        Ok(Self {
-            input: Some((name, input)),
-            pending: VecDeque::new(),
-            line: 0,
-            buf: Vec::with_capacity(4096),
-            on_malformed: MalformedPolicy::Fail,
-            skipped: 0,
-            truncated: false,
-            compressed,
-            offset: 0,
-        })
+        Ok(Self::reading(name, input, compressed, VecDeque::new()))
     }
 
     /// What to do with a line that does not decode (default [`MalformedPolicy::Fail`]).

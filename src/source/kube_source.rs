@@ -11,6 +11,8 @@ use kube::core::{ApiResource, DynamicObject, Request, Resource};
 use kube::Client;
 use tracing::Instrument;
 
+use crate::object::ScopeSpec;
+
 use super::decode::{decode_list_bytes, decode_status, decode_watch_bytes};
 use super::{
     DecodeError, ListPage, ListRequest, RawWatchEvent, RawWatchStream, Source, SourceError, WatchRequest, WatchStream,
@@ -32,9 +34,8 @@ pub struct KubeSource {
     client: Client,
     server: String,
     resource: ApiResource,
-    namespace: Option<String>,
-    label_selector: Option<String>,
-    field_selector: Option<String>,
+    /// The resource again, with the namespace and selectors (the builders are `ScopeSpec`'s).
+    scope: ScopeSpec,
 }
 
 impl std::fmt::Debug for KubeSource {
@@ -43,7 +44,7 @@ impl std::fmt::Debug for KubeSource {
         f.debug_struct("KubeSource")
             .field("server", &self.server)
             .field("resource", &self.resource.plural)
-            .field("namespace", &self.namespace)
+            .field("namespace", &self.scope.namespace)
             .finish_non_exhaustive()
     }
 }
@@ -62,13 +63,12 @@ impl KubeSource {
     /// ```
     #[must_use]
     pub fn new(client: Client, server: &str, resource: ApiResource) -> Self {
+        let scope = ScopeSpec::new(&resource.group, &resource.version, &resource.plural);
         Self {
             client,
             server: server.trim_end_matches('/').to_owned(),
             resource,
-            namespace: None,
-            label_selector: None,
-            field_selector: None,
+            scope,
         }
     }
 
@@ -81,21 +81,21 @@ impl KubeSource {
     /// Watches one namespace only.
     #[must_use]
     pub fn namespace(mut self, ns: &str) -> Self {
-        self.namespace = Some(ns.to_owned());
+        self.scope = self.scope.namespace(ns);
         self
     }
 
     /// Adds a label selector.
     #[must_use]
     pub fn labels(mut self, selector: &str) -> Self {
-        self.label_selector = Some(selector.to_owned()).filter(|s| !s.is_empty());
+        self.scope = self.scope.labels(selector);
         self
     }
 
     /// Adds a field selector.
     #[must_use]
     pub fn fields(mut self, selector: &str) -> Self {
-        self.field_selector = Some(selector.to_owned()).filter(|s| !s.is_empty());
+        self.scope = self.scope.fields(selector);
         self
     }
 
@@ -108,23 +108,23 @@ impl KubeSource {
     /// The namespace, if one.
     #[must_use]
     pub fn namespace_name(&self) -> Option<&str> {
-        self.namespace.as_deref()
+        self.scope.namespace.as_deref()
     }
 
     /// The label selector, if any.
     #[must_use]
     pub fn label_selector(&self) -> Option<&str> {
-        self.label_selector.as_deref()
+        self.scope.label_selector.as_deref()
     }
 
     /// The field selector, if any.
     #[must_use]
     pub fn field_selector(&self) -> Option<&str> {
-        self.field_selector.as_deref()
+        self.scope.field_selector.as_deref()
     }
 
     fn request(&self) -> Request {
-        Request::new(DynamicObject::url_path(&self.resource, self.namespace.as_deref()))
+        Request::new(DynamicObject::url_path(&self.resource, self.scope.namespace.as_deref()))
     }
 
     fn name(&self) -> String {
@@ -143,6 +143,16 @@ impl KubeSource {
     }
 
     /// Sends a request; an HTTP error status becomes [`SourceError::Api`] with `Retry-After`.
+    /// A whole (non-streaming) response body.
+    async fn body(&self, res: http::Response<kube::client::Body>) -> Result<Bytes, SourceError> {
+        Ok(res
+            .into_body()
+            .collect()
+            .await
+            .map_err(|e| self.transport(e))?
+            .to_bytes())
+    }
+
     async fn send(&self, req: http::Request<Vec<u8>>) -> Result<http::Response<kube::client::Body>, SourceError> {
         let res = self
             .client
@@ -207,23 +217,16 @@ impl Source for KubeSource {
         self.name()
     }
 
-    fn scope(&self) -> crate::object::ScopeSpec {
-        crate::object::ScopeSpec {
-            group: self.resource.group.clone(),
-            version: self.resource.version.clone(),
-            resource: self.resource.plural.clone(),
-            namespace: self.namespace.clone(),
-            label_selector: self.label_selector.clone(),
-            field_selector: self.field_selector.clone(),
-        }
+    fn scope(&self) -> ScopeSpec {
+        self.scope.clone()
     }
 }
 
 impl KubeSource {
     async fn list_page(&self, req: ListRequest) -> Result<ListPage, SourceError> {
         let mut lp = kube::api::ListParams {
-            label_selector: self.label_selector.clone(),
-            field_selector: self.field_selector.clone(),
+            label_selector: self.scope.label_selector.clone(),
+            field_selector: self.scope.field_selector.clone(),
             limit: req.limit,
             continue_token: req.continue_token.clone(),
             ..Default::default()
@@ -235,20 +238,14 @@ impl KubeSource {
             }
         }
         let http_req = self.request().list(&lp).map_err(|e| self.build_error(e))?;
-        let res = self.send(http_req).await?;
-        let body = res
-            .into_body()
-            .collect()
-            .await
-            .map_err(|e| self.transport(e))?
-            .to_bytes();
+        let body = self.body(self.send(http_req).await?).await?;
         decode_list_bytes(&body).map_err(|e| SourceError::decode(self.name(), None, e))
     }
 
     async fn open_watch(&self, req: WatchRequest) -> Result<RawWatchStream, SourceError> {
         let wp = kube::api::WatchParams {
-            label_selector: self.label_selector.clone(),
-            field_selector: self.field_selector.clone(),
+            label_selector: self.scope.label_selector.clone(),
+            field_selector: self.scope.field_selector.clone(),
             timeout: Some(req.timeout_secs),
             bookmarks: req.bookmarks || req.send_initial_events,
             send_initial_events: req.send_initial_events,
@@ -273,12 +270,7 @@ impl KubeSource {
             .map_err(|e| self.build_error(e))?;
         match self.send(req).await {
             Ok(res) => {
-                let body = res
-                    .into_body()
-                    .collect()
-                    .await
-                    .map_err(|e| self.transport(e))?
-                    .to_bytes();
+                let body = self.body(res).await?;
                 let meta = crate::object::extract_meta(&body)
                     .map_err(|e| SourceError::decode("namespaces", None, DecodeError::NotAnObject(e)))?;
                 Ok(Some(format!("{}@{}", meta.uid.unwrap_or_default(), self.server)))

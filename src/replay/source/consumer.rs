@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use tokio::sync::{mpsc, watch};
 
 use super::super::ReplayError;
-use crate::object::ResourceVersion;
+use crate::object::{RawObject, ResourceVersion};
 use crate::source::{DecodeError, SourceError};
 
 use super::feed::{Feed, FeedSummary};
@@ -68,6 +68,18 @@ impl Consumer {
     }
 
     /// Records the end of the feed; returns the error to hand to the reflector, if any.
+    /// Counts an object of the initial list.
+    pub(super) fn initial_object(&mut self, o: RawObject) -> RawObject {
+        self.initial += 1;
+        o
+    }
+
+    /// The initial list ended at `rv`.
+    pub(super) fn end_initial(&mut self, rv: &ResourceVersion) {
+        self.initial_done = true;
+        self.last_rv = rv.clone();
+    }
+
     pub(super) fn finish(&mut self, result: Result<FeedSummary, ReplayError>) -> Option<SourceError> {
         self.finished = true;
         let mut s = self.progress.lock();

@@ -177,13 +177,9 @@ impl Source for ReplaySource {
         let mut items = Vec::new();
         loop {
             match c.next().await {
-                Feed::Initial(o) => {
-                    c.initial += 1;
-                    items.push(o);
-                }
+                Feed::Initial(o) => items.push(c.initial_object(o)),
                 Feed::InitialEnd(rv) => {
-                    c.initial_done = true;
-                    c.last_rv = rv.clone();
+                    c.end_initial(&rv);
                     return Ok(ListPage {
                         items,
                         resource_version: rv,
@@ -235,13 +231,9 @@ impl Source for ReplaySource {
                     return None;
                 }
                 let item = match c.next().await {
-                    Feed::Initial(o) => {
-                        c.initial += 1;
-                        Ok(WatchEvent::Added(o))
-                    }
+                    Feed::Initial(o) => Ok(WatchEvent::Added(c.initial_object(o))),
                     Feed::InitialEnd(rv) => {
-                        c.initial_done = true;
-                        c.last_rv = rv.clone();
+                        c.end_initial(&rv);
                         Ok(WatchEvent::Bookmark {
                             resource_version: rv,
                             initial_events_end: true,
@@ -268,13 +260,9 @@ impl Source for ReplaySource {
                     return pending_forever().await;
                 }
                 let item = match c.next().await {
-                    Feed::Initial(o) => {
-                        c.initial += 1;
-                        Ok(WatchEvent::Added(o))
-                    }
+                    Feed::Initial(o) => Ok(WatchEvent::Added(c.initial_object(o))),
                     Feed::InitialEnd(rv) => {
-                        c.initial_done = true;
-                        c.last_rv = rv;
+                        c.end_initial(&rv);
                         continue;
                     }
                     Feed::Event(ev) => {

@@ -247,12 +247,7 @@ impl State {
         mut v: Value,
         status_only: bool,
     ) -> Result<Arc<Obj>, ApiError> {
-        let def = self.def(res)?;
-        let ns_s = if def.namespaced { ns.unwrap_or("default") } else { "" };
-        let key = key_of(&def, ns_s, name);
-        let Some(old) = self.objects[res].get(&key).cloned() else {
-            return Err(ApiError::not_found(&def, name));
-        };
+        let (def, key, old) = self.stored(res, ns, name)?;
         let meta = meta_mut(&mut v)?;
         if let Some(body_name) = meta.get("name").and_then(Value::as_str) {
             if body_name != name {
@@ -293,12 +288,7 @@ impl State {
         patch: &Value,
         status_only: bool,
     ) -> Result<Arc<Obj>, ApiError> {
-        let def = self.def(res)?;
-        let ns_s = if def.namespaced { ns.unwrap_or("default") } else { "" };
-        let key = key_of(&def, ns_s, name);
-        let Some(old) = self.objects[res].get(&key).cloned() else {
-            return Err(ApiError::not_found(&def, name));
-        };
+        let (def, key, old) = self.stored(res, ns, name)?;
         if let Some(want) = patch.pointer("/metadata/resourceVersion").and_then(Value::as_str) {
             if want != old.rv.to_string() {
                 return Err(ApiError::conflict(&def, name));
@@ -361,12 +351,8 @@ impl State {
 
     /// Delete an object; returns its last state stamped with the deletion's RV.
     pub fn delete(&mut self, res: usize, ns: Option<&str>, name: &str) -> Result<Arc<Obj>, ApiError> {
-        let def = self.def(res)?;
-        let ns_s = if def.namespaced { ns.unwrap_or("default") } else { "" };
-        let key = key_of(&def, ns_s, name);
-        let Some(old) = self.objects[res].remove(&key) else {
-            return Err(ApiError::not_found(&def, name));
-        };
+        let (def, key, old) = self.stored(res, ns, name)?;
+        self.objects[res].remove(&key);
         let rv = self.rv + 1;
         let mut v = old.value();
         let meta = meta_mut(&mut v)?;
@@ -383,12 +369,24 @@ impl State {
     }
 
     pub fn get(&self, res: usize, ns: Option<&str>, name: &str) -> Result<Arc<Obj>, ApiError> {
+        self.stored(res, ns, name).map(|(_, _, obj)| obj)
+    }
+
+    /// The resource, storage key and current state of an object (404 when absent). A
+    /// namespaced object without a namespace is looked up in `default`, as the server does.
+    fn stored(
+        &self,
+        res: usize,
+        ns: Option<&str>,
+        name: &str,
+    ) -> Result<(Arc<ResourceDef>, String, Arc<Obj>), ApiError> {
         let def = self.def(res)?;
         let ns_s = if def.namespaced { ns.unwrap_or("default") } else { "" };
-        self.objects[res]
-            .get(&key_of(&def, ns_s, name))
-            .cloned()
-            .ok_or_else(|| ApiError::not_found(&def, name))
+        let key = key_of(&def, ns_s, name);
+        match self.objects[res].get(&key).cloned() {
+            Some(obj) => Ok((def, key, obj)),
+            None => Err(ApiError::not_found(&def, name)),
+        }
     }
 
     pub fn def(&self, res: usize) -> Result<Arc<ResourceDef>, ApiError> {

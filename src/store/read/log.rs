@@ -51,24 +51,15 @@ impl LogReader {
         Self { shared }
     }
 
+    fn begin(&self) -> Result<ReadTransaction, StoreError> {
+        let s = &self.shared;
+        s.db()?.begin_read().map_err(|e| s.storage(e))
+    }
+
     /// Up to `limit` entries with seq greater than `after`, in order; only those of `scope` when
     /// given.
     pub fn read_after(&self, after: Seq, limit: usize, scope: Option<ScopeId>) -> Result<Vec<LogRecord>, StoreError> {
-        let s = &self.shared;
-        let txn = s.db()?.begin_read().map_err(|e| s.storage(e))?;
-        let log = txn.open_table(LOG).map_err(|e| s.storage(e))?;
-        let load = txn_loader(s, &txn);
-        let mut out = Vec::new();
-        for row in log.range(after.0.saturating_add(1)..).map_err(|e| s.storage(e))? {
-            if out.len() >= limit {
-                break;
-            }
-            let (k, v) = row.map_err(|e| s.storage(e))?;
-            if let Some(r) = decode_record(s, &log, k.value(), v.value(), scope, &load)? {
-                out.push(r);
-            }
-        }
-        Ok(out)
+        Ok(self.scan_after(&self.begin()?, after, limit, scope)?.0)
     }
 
     /// Like [`read_after`](Self::read_after) for one scope, and also says how far it looked:
@@ -79,17 +70,17 @@ impl LogReader {
         limit: usize,
         scope: ScopeId,
     ) -> Result<(Vec<LogRecord>, Seq), StoreError> {
-        let s = &self.shared;
-        let txn = s.db()?.begin_read().map_err(|e| s.storage(e))?;
-        self.scope_after_in(&txn, after, limit, scope)
+        self.scan_after(&self.begin()?, after, limit, Some(scope))
     }
 
-    fn scope_after_in(
+    /// Up to `limit` entries after `after` (of `scope` only, when given), and the last seq
+    /// looked at.
+    fn scan_after(
         &self,
         txn: &ReadTransaction,
         after: Seq,
         limit: usize,
-        scope: ScopeId,
+        scope: Option<ScopeId>,
     ) -> Result<(Vec<LogRecord>, Seq), StoreError> {
         let s = &self.shared;
         let log = txn.open_table(LOG).map_err(|e| s.storage(e))?;
@@ -102,7 +93,7 @@ impl LogReader {
             }
             let (k, v) = row.map_err(|e| s.storage(e))?;
             scanned = Seq(k.value());
-            if let Some(r) = decode_record(s, &log, k.value(), v.value(), Some(scope), &load)? {
+            if let Some(r) = decode_record(s, &log, k.value(), v.value(), scope, &load)? {
                 out.push(r);
             }
         }
@@ -119,7 +110,7 @@ impl LogReader {
         scope: ScopeId,
     ) -> Result<(Vec<LogRecord>, Seq), StoreError> {
         let s = &self.shared;
-        let txn = s.db()?.begin_read().map_err(|e| s.storage(e))?;
+        let txn = self.begin()?;
         let log = txn.open_table(LOG).map_err(|e| s.storage(e))?;
         // Seqs are dense and never reused (invariant 4), so a first entry beyond `after + 1`
         // (or an empty log whose last handed-out seq is beyond `after`) means compaction.
@@ -134,13 +125,13 @@ impl LogReader {
             });
         }
         drop(log);
-        self.scope_after_in(&txn, after, limit, scope)
+        self.scan_after(&txn, after, limit, Some(scope))
     }
 
     /// The first and last seq in the log (`None` when empty).
     pub fn bounds(&self) -> Result<Option<(Seq, Seq)>, StoreError> {
         let s = &self.shared;
-        let txn = s.db()?.begin_read().map_err(|e| s.storage(e))?;
+        let txn = self.begin()?;
         let log = txn.open_table(LOG).map_err(|e| s.storage(e))?;
         let first = log.first().map_err(|e| s.storage(e))?.map(|(k, _)| k.value());
         let last = log.last().map_err(|e| s.storage(e))?.map(|(k, _)| k.value());
@@ -151,7 +142,7 @@ impl LogReader {
     pub fn cursor(&self, scope: ScopeId, name: impl Into<CursorName>) -> Result<Option<Seq>, StoreError> {
         let name = name.into();
         let s = &self.shared;
-        let txn = s.db()?.begin_read().map_err(|e| s.storage(e))?;
+        let txn = self.begin()?;
         let cursors = txn.open_table(CURSORS).map_err(|e| s.storage(e))?;
         Ok(cursors
             .get((scope.0, name.as_str()))

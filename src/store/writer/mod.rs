@@ -235,32 +235,8 @@ impl Writer {
     request!(reset_scope, reset_scope_blocking, (scope: ScopeId) -> (), ResetScope,
         "Forgets a scope's objects, indexes and RV (its log entries stay, for cursors).");
 
-    /// Diffs the staged relist against the stored objects and swaps it in, in one transaction:
-    /// new → Added, changed RV → Updated, not listed → Deleted (final state unknown), same RV →
-    /// nothing. Sets the scope RV to `rv` (which may be lower than before: a relist is the only
-    /// way an RV moves backwards).
-    pub async fn finish_relist(
-        &self,
-        scope: ScopeId,
-        rv: ResourceVersion,
-        reason: &str,
-    ) -> Result<RelistSummary, StoreError> {
-        let (ack, rx) = oneshot::channel();
-        self.send(Command::FinishRelist(scope, rv, reason.to_owned(), ack))?;
-        rx.await.map_err(|_| StoreError::WriterGone)?
-    }
-
-    /// Blocking form of [`finish_relist`](Self::finish_relist).
-    pub fn finish_relist_blocking(
-        &self,
-        scope: ScopeId,
-        rv: ResourceVersion,
-        reason: &str,
-    ) -> Result<RelistSummary, StoreError> {
-        let (ack, rx) = oneshot::channel();
-        self.send(Command::FinishRelist(scope, rv, reason.to_owned(), ack))?;
-        futures::executor::block_on(rx).map_err(|_| StoreError::WriterGone)?
-    }
+    request!(finish_relist, finish_relist_blocking, (scope: ScopeId, rv: ResourceVersion, reason: &str) -> RelistSummary, FinishRelist,
+        "Diffs the staged relist against the stored objects and swaps it in, in one transaction: new → Added, changed RV → Updated, not listed → Deleted (final state unknown), same RV → nothing. Sets the scope RV to `rv` (which may be lower than before: a relist is the only way an RV moves backwards).");
 
     /// Records the cluster identity, or checks it against the stored one. With `reset`, a
     /// different identity wipes every scope instead of failing. Returns `true` when the
