@@ -162,6 +162,15 @@ async fn handlers_of_one_informer_share_each_decoded_event() {
     assert_eq!(first.len(), 2, "{first:?}");
     assert_eq!(first, second, "both handlers got the very same old and new objects");
     assert_eq!(first[0].0, "update a 1->2");
+    // The lister serves the handlers' object for the key's current state: no third decode.
+    let listed = inf.lister().namespace("ns").get("a").unwrap().expect("stored");
+    assert_eq!(
+        Arc::as_ptr(&listed) as usize,
+        first[1].2,
+        "the lister got the handlers' Arc"
+    );
+    let cached = inf.lister().with_cache(4).namespace("ns").get("a").unwrap().unwrap();
+    assert!(Arc::ptr_eq(&cached, &listed), "a caching lister starts from it too");
     inf.shutdown().await.unwrap();
 }
 

@@ -16,7 +16,7 @@ use super::decoded::{Decoded, Side};
 use super::handler::{Event, EventHandler, HandlerOptions};
 use crate::object::{ObjectKey, ResourceVersion};
 use crate::reflector::ReflectorStatus;
-use crate::store::{CursorName, DeltaKind, LogReader, LogRecord, ScopeId, Seq, Store, Writer};
+use crate::store::{CursorName, DeltaKind, LogReader, LogRecord, ScopeId, Seq, Store, StoredObject, Writer};
 
 /// How many log entries one read takes.
 const BATCH: usize = 256;
@@ -64,8 +64,12 @@ impl InitialList {
     }
 }
 
-fn decode<K: DeserializeOwned>(bytes: &[u8]) -> Result<Arc<K>, String> {
-    serde_json::from_slice(bytes).map(Arc::new).map_err(|e| e.to_string())
+/// A stored object, as the handlers decoded it when it is their newest state of its key.
+fn decode_stored<K: DeserializeOwned>(ctx: &Ctx<K>, o: &StoredObject) -> Result<Arc<K>, serde_json::Error> {
+    match ctx.decoded.latest(&o.key, &o.bytes) {
+        Some(k) => Ok(k),
+        None => serde_json::from_slice(&o.bytes).map(Arc::new),
+    }
 }
 
 enum Wake {
@@ -266,7 +270,14 @@ async fn deliver<K>(ctx: &Ctx<K>, handler: &dyn EventHandler<K>, label: &str, re
 where
     K: DeserializeOwned + Send + Sync + 'static,
 {
-    let decode_or_report = |side: Side, bytes: &bytes::Bytes| match ctx.decoded.get(rec.seq, side, bytes) {
+    // The new state of an add or update is the object's current state (for listers too).
+    let current = matches!(rec.kind, DeltaKind::Added | DeltaKind::Replaced | DeltaKind::Updated).then_some(&rec.key);
+    let decode_or_report = |side: Side, bytes: &bytes::Bytes| match ctx.decoded.get(
+        rec.seq,
+        side,
+        bytes,
+        current.filter(|_| side == Side::New),
+    ) {
         Ok(k) => Some(k),
         Err(e) => {
             (ctx.report)(format!("{label}: {} at seq {}: does not decode: {e}", rec.key, rec.seq));
@@ -370,7 +381,7 @@ where
         }
         after = page.last().map(|o| o.key.clone());
         for o in page {
-            match decode::<K>(&o.bytes) {
+            match decode_stored(ctx, &o) {
                 Ok(object) => {
                     call(ctx, handler, label, Event::Add { object, initial: true }).await;
                 }
@@ -411,7 +422,7 @@ where
         let Some(last) = page.last() else { return };
         after = Some(last.key.clone());
         for o in page {
-            match decode::<K>(&o.bytes) {
+            match decode_stored(ctx, &o) {
                 Ok(object) => {
                     let ev = Event::Update {
                         old: object.clone(),

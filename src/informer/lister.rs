@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use serde::de::DeserializeOwned;
 
+use super::decoded::Decoded;
 use crate::object::{ObjectError, ObjectKey, ObjectMeta};
 use crate::selector::LabelSelector;
 use crate::store::{Store, StoreError, TypedCache};
@@ -27,6 +28,9 @@ fn decode<K: DeserializeOwned>(bytes: &[u8]) -> Result<Arc<K>, StoreError> {
 pub struct Lister<K> {
     store: Store,
     cache: Option<Arc<TypedCache<K>>>,
+    /// The objects the informer's handlers decoded: a recently changed object is served from
+    /// there (after a byte comparison) instead of being decoded again.
+    decoded: Option<Arc<Decoded<K>>>,
     _k: PhantomData<fn() -> K>,
 }
 
@@ -35,16 +39,18 @@ impl<K> Clone for Lister<K> {
         Self {
             store: self.store.clone(),
             cache: self.cache.clone(),
+            decoded: self.decoded.clone(),
             _k: PhantomData,
         }
     }
 }
 
 impl<K: DeserializeOwned> Lister<K> {
-    pub(crate) fn new(store: Store) -> Self {
+    pub(crate) fn new(store: Store, decoded: Option<Arc<Decoded<K>>>) -> Self {
         Self {
             store,
             cache: None,
+            decoded,
             _k: PhantomData,
         }
     }
@@ -65,9 +71,16 @@ impl<K: DeserializeOwned> Lister<K> {
         meta: &ObjectMeta,
         bytes: &mut dyn FnMut() -> Result<bytes::Bytes, StoreError>,
     ) -> Result<Arc<K>, StoreError> {
+        let mut fresh = || {
+            let b = bytes()?;
+            match self.decoded.as_ref().and_then(|d| d.latest(key, &b)) {
+                Some(k) => Ok(k),
+                None => decode(&b),
+            }
+        };
         match &self.cache {
-            Some(c) => c.get_or_decode(key, &meta.resource_version, bytes),
-            None => decode(&bytes()?),
+            Some(c) => c.get_or_else(key, &meta.resource_version, fresh),
+            None => fresh(),
         }
     }
 

@@ -495,7 +495,7 @@ where
     /// A typed lister.
     #[must_use]
     pub fn lister(&self) -> Lister<K> {
-        Lister::new(self.inner.store.clone())
+        Lister::new(self.inner.store.clone(), Some(self.inner.decoded.of::<K>()))
     }
 
     /// True once the store holds a complete, current view.

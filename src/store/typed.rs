@@ -51,13 +51,27 @@ impl<K: DeserializeOwned> TypedCache<K> {
         rv: &ResourceVersion,
         bytes: impl FnOnce() -> Result<bytes::Bytes, StoreError>,
     ) -> Result<Arc<K>, StoreError> {
+        self.get_or_else(key, rv, || {
+            let b = bytes()?;
+            Ok(Arc::new(
+                serde_json::from_slice(&b).map_err(|e| StoreError::from(ObjectError::Json(e)))?,
+            ))
+        })
+    }
+
+    /// The cached object for (key, RV), or the one `make` returns (then cached).
+    pub(crate) fn get_or_else(
+        &self,
+        key: &ObjectKey,
+        rv: &ResourceVersion,
+        make: impl FnOnce() -> Result<Arc<K>, StoreError>,
+    ) -> Result<Arc<K>, StoreError> {
         let id = (key.clone(), rv.clone());
         if let Some(k) = self.lock().0.get(&id) {
             return Ok(k.clone());
         }
-        // Decode outside the lock: it is the expensive part.
-        let k: Arc<K> =
-            Arc::new(serde_json::from_slice(&bytes()?).map_err(|e| StoreError::from(ObjectError::Json(e)))?);
+        // Outside the lock: decoding is the expensive part.
+        let k = make()?;
         let mut g = self.lock();
         let (map, order) = &mut *g;
         if map.insert(id.clone(), k.clone()).is_none() {
