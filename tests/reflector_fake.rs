@@ -150,9 +150,10 @@ async fn restart_resumes_from_the_persisted_rv_without_a_list_and_delivers_exact
     assert_eq!(r.status.borrow().synced_seq, Some(Seq(before_restart.0 + 3)));
     let after: Vec<String> = fake.requests_without_timeouts()[requests_before..].to_vec();
     assert_eq!(
-        after[..2],
+        after[..3],
         [
             "list rv= limit=1 continue=".to_string(),
+            "list rv=0 revision-only".to_string(),
             format!("watch rv={persisted}")
         ]
     );

@@ -167,7 +167,11 @@ async fn restart_makes_no_full_list_and_delivers_exactly_the_missed_changes() {
     r.synced().await;
     let after = sim.counters();
     converge(&db, scope, &sim).await;
-    assert_eq!(after.list_requests - before.list_requests, 1, "only the RV probe");
+    assert_eq!(
+        after.list_requests - before.list_requests,
+        2,
+        "only the RV probe and the watch cache's revision"
+    );
     assert!(
         after.list_objects - before.list_objects <= 1,
         "the probe returns at most one object"
@@ -325,8 +329,8 @@ async fn a_malformed_watch_line_is_reported_with_its_line_and_the_watch_resumes_
     converge(&db, scope, &sim).await;
     assert_eq!(
         after.list_requests - before.list_requests,
-        1,
-        "only the probe: no relist"
+        2,
+        "only the two probes: no relist"
     );
     assert!(
         after.watch_requests - before.watch_requests >= 2,
@@ -583,4 +587,119 @@ async fn a_namespaced_label_selected_source_converges_to_the_servers_filtered_li
     wait(want).await;
     r.stop().await;
     assert!(db.check().unwrap().is_ok());
+}
+
+/// Another resource changing all the time, as Leases do in every real cluster: the global
+/// revision runs ahead while nothing happens to ConfigMaps.
+struct Churn {
+    stop: tokio::sync::watch::Sender<bool>,
+    task: tokio::task::JoinHandle<u64>,
+}
+
+impl Churn {
+    fn start(sim: &Sim) -> Self {
+        use k8s_openapi::api::coordination::v1::Lease;
+        use kube::api::{Patch, PatchParams};
+        sim.create(
+            "leases",
+            Some("kube-node-lease"),
+            json!({"metadata": {"name": "holder", "namespace": "kube-node-lease"}, "spec": {"leaseDurationSeconds": 40}}),
+        )
+        .unwrap();
+        let api: Api<Lease> = Api::namespaced(sim.client().unwrap(), "kube-node-lease");
+        let (stop, mut stopped) = tokio::sync::watch::channel(false);
+        let task = tokio::spawn(async move {
+            let mut writes = 0;
+            while !*stopped.borrow() {
+                writes += 1;
+                let patch = json!({"spec": {"leaseDurationSeconds": 40 + writes % 2}});
+                api.patch("holder", &PatchParams::default(), &Patch::Merge(&patch))
+                    .await
+                    .unwrap();
+                tokio::select! {
+                    () = tokio::time::sleep(Duration::from_millis(2)) => {}
+                    _ = stopped.changed() => {}
+                }
+            }
+            writes
+        });
+        Self { stop, task }
+    }
+
+    async fn stop(self) -> u64 {
+        self.stop.send_replace(true);
+        self.task.await.unwrap()
+    }
+}
+
+/// The log entries of `scope` up to the sync point the reflector reported.
+fn synced_entries(db: &DurableStore, scope: ScopeId, r: &Running, after: Seq) -> Vec<(DeltaKind, String, bool)> {
+    let until = r.status.borrow().synced_seq.expect("a sync point");
+    db.log()
+        .read_after(after, usize::MAX, Some(scope))
+        .unwrap()
+        .into_iter()
+        .filter(|e| e.seq <= until)
+        .map(|e| (e.kind, e.key.to_string(), e.final_state_unknown))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resume_while_other_resources_change_syncs_without_a_quiet_wait() {
+    let sim = start_sim(SimConfig::default(), 20).await;
+    let dir = tempfile::tempdir().unwrap();
+    let (db, scope) = open(&dir);
+    let mut r = start(&sim, &db, scope, config());
+    r.synced().await;
+    converge(&db, scope, &sim).await;
+    r.stop().await;
+    let churn = Churn::start(&sim);
+    // Strict: no quiet period. The server's RV runs ahead with every Lease write and no
+    // ConfigMap event or bookmark reaches it; the watch cache's revision is what counts.
+    let strict = ReflectorConfig {
+        resume_quiet_period: None,
+        ..config()
+    };
+    let mut r = start(&sim, &db, scope, strict);
+    r.synced().await;
+    let writes = churn.stop().await;
+    assert!(writes > 0, "the Lease kept changing");
+    assert!(r.status.borrow().restored);
+    assert_eq!(stored(&db, scope), server_state(&sim).await);
+    r.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resume_never_reports_synced_before_the_caches_delayed_backlog_is_applied() {
+    let sim = start_sim(SimConfig::default(), 20).await;
+    let dir = tempfile::tempdir().unwrap();
+    let (db, scope) = open(&dir);
+    let mut r = start(&sim, &db, scope, config());
+    r.synced().await;
+    converge(&db, scope, &sim).await;
+    r.stop().await;
+    let mark = last_seq(&db);
+    let churn = Churn::start(&sim);
+    // While down: three ConfigMap changes, then only Leases.
+    cm(&sim, "a", "cm-000", "changed");
+    sim.delete("configmaps", Some("b"), "cm-003").unwrap();
+    cm(&sim, "b", "zz-new", "1");
+    // The server is slow to replay what its watch cache holds: a rule that guesses from a
+    // quiet stream (or from anything but the cache's revision) reports synced too early.
+    sim.faults().delay_watch_replay(Some(Duration::from_millis(700)));
+    let mut r = start(&sim, &db, scope, config());
+    r.synced().await;
+    churn.stop().await;
+    sim.faults().clear();
+    assert_eq!(
+        synced_entries(&db, scope, &r, mark),
+        [
+            (DeltaKind::Updated, "a/cm-000".to_string(), false),
+            (DeltaKind::Deleted, "b/cm-003".to_string(), false),
+            (DeltaKind::Added, "b/zz-new".to_string(), false)
+        ],
+        "everything the server held before the restart is inside the sync point"
+    );
+    converge(&db, scope, &sim).await;
+    r.stop().await;
 }

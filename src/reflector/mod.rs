@@ -64,12 +64,30 @@ enum State {
     Resume(ResourceVersion),
     /// List everything (the reason is logged, counted and kept in the status).
     List(ListReason),
-    /// Watch from `from`. `sync_target` is the server RV a resume must reach before the scope
+    /// Watch from `from`. `sync_target` is the RV a resume must reach before the scope
     /// reports synced (`None` once synced by a list).
     Watch {
         from: ResourceVersion,
-        sync_target: Option<ResourceVersion>,
+        sync_target: Option<SyncTarget>,
     },
+}
+
+/// What a resumed watch must reach before the scope reports synced.
+#[derive(Debug, Clone)]
+pub(crate) struct SyncTarget {
+    /// The RV.
+    rv: ResourceVersion,
+    /// The watch cache's own revision of this resource: reaching it is exact, so no quiet
+    /// period applies. Otherwise it is the cluster-wide RV, which a busy cluster moves past
+    /// anything this resource's watch delivers.
+    exact: bool,
+}
+
+impl SyncTarget {
+    /// Whether the quiet period may stand in for reaching the target.
+    pub(crate) fn allows_quiet(&self) -> bool {
+        !self.exact
+    }
 }
 
 impl<S: Source> Reflector<S> {
@@ -225,7 +243,7 @@ impl<S: Source> Reflector<S> {
                         }))
                     }
                     Ok(server_rv) => {
-                        let sync_target = Some(server_rv);
+                        let sync_target = Some(self.sync_target(server_rv).await);
                         let seq = *self.writer.committed().borrow();
                         self.mark_synced_if_caught_up(&rv, &sync_target, false, seq);
                         Some(State::Watch { from: rv, sync_target })
@@ -309,6 +327,45 @@ impl<S: Source> Reflector<S> {
         }
     }
 
+    /// What a resume must have applied before it reports synced: the watch cache's revision of
+    /// this resource (an RV=0 LIST that matches no object), or `server_rv` when the server
+    /// does not say.
+    ///
+    /// The resumed watch is served from that same cache, which sends every event it holds
+    /// after our RV as soon as the watch opens; once the committed RV reaches the cache's
+    /// revision, everything the server held for this resource when we asked is applied. The
+    /// cluster-wide `server_rv` is no target on a busy cluster: other resources move it, and
+    /// no event of this resource may ever reach it. Where the cache lags etcd, the view is
+    /// as fresh as client-go's initial list, which reads the same cache (`resourceVersion=0`).
+    async fn sync_target(&self, server_rv: ResourceVersion) -> SyncTarget {
+        metrics::global().list_requests.get_or_create(&self.labels()).inc();
+        let req = ListRequest {
+            resource_version: Some("0".into()),
+            revision_only: true,
+            ..ListRequest::default()
+        };
+        match self.source.list(req).await {
+            Ok(page) if page.resource_version.as_u64().is_some() => SyncTarget {
+                rv: page.resource_version,
+                exact: true,
+            },
+            Ok(page) => {
+                tracing::debug!(scope = %self.scope(), rv = %page.resource_version, "revision probe: no integer RV");
+                SyncTarget {
+                    rv: server_rv,
+                    exact: false,
+                }
+            }
+            Err(e) => {
+                tracing::debug!(scope = %self.scope(), error = %e, "revision probe failed; waiting for the server's RV");
+                SyncTarget {
+                    rv: server_rv,
+                    exact: false,
+                }
+            }
+        }
+    }
+
     /// The server's current RV, from a one-object LIST.
     async fn probe(&self) -> Result<ResourceVersion, SourceError> {
         metrics::global().list_requests.get_or_create(&self.labels()).inc();
@@ -327,13 +384,13 @@ impl<S: Source> Reflector<S> {
     fn mark_synced_if_caught_up(
         &self,
         committed: &ResourceVersion,
-        target: &Option<ResourceVersion>,
+        target: &Option<SyncTarget>,
         progressed: bool,
         seq: Seq,
     ) {
         let caught_up = match target {
             None => false,
-            Some(t) => match (committed.as_u64(), t.as_u64()) {
+            Some(t) => match (committed.as_u64(), t.rv.as_u64()) {
                 (Some(c), Some(t)) => c >= t,
                 // Not comparable: the first event or bookmark after the probe.
                 _ => progressed,

@@ -9,7 +9,7 @@ use rand::Rng;
 use tokio::sync::{oneshot, watch};
 use tracing::Instrument;
 
-use super::{Reflector, ReflectorError};
+use super::{Reflector, ReflectorError, SyncTarget};
 use crate::metrics;
 use crate::object::{RawObject, ResourceVersion};
 use crate::source::{Source, SourceError, WatchEvent, WatchRequest};
@@ -63,7 +63,7 @@ impl<S: Source> Reflector<S> {
     pub(super) async fn watch_once(
         &mut self,
         rv: ResourceVersion,
-        sync_target: &Option<ResourceVersion>,
+        sync_target: &Option<SyncTarget>,
         stop: &mut watch::Receiver<bool>,
     ) -> WatchEnd {
         let timeout_secs = self.watch_timeout_secs();
@@ -169,7 +169,8 @@ impl<S: Source> Reflector<S> {
                         // Idle (nothing pending, nothing in flight). After a resume, a watch
                         // that stays quiet this long has nothing to catch up on: the server
                         // sends everything after our RV as soon as the watch opens.
-                        let waiting = sync_target.is_some() && !self.status.borrow().synced;
+                        let waiting =
+                            sync_target.as_ref().is_some_and(SyncTarget::allows_quiet) && !self.status.borrow().synced;
                         let quiet = async {
                             match self.config.resume_quiet_period {
                                 Some(d) if waiting => tokio::time::sleep(d).await,
@@ -303,7 +304,7 @@ impl<S: Source> Reflector<S> {
     pub(super) async fn settle(
         &self,
         inflight: &mut Inflight,
-        sync_target: &Option<ResourceVersion>,
+        sync_target: &Option<SyncTarget>,
         keep: usize,
     ) -> Result<(), WatchEnd> {
         while inflight.len() > keep {
@@ -320,7 +321,7 @@ impl<S: Source> Reflector<S> {
         &self,
         inflight: &mut Inflight,
         result: Result<Result<Committed, StoreError>, oneshot::error::RecvError>,
-        sync_target: &Option<ResourceVersion>,
+        sync_target: &Option<SyncTarget>,
     ) -> Result<(), WatchEnd> {
         let Some((_, brv, n, sent)) = inflight.pop_front() else {
             return Ok(());

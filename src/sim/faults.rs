@@ -36,6 +36,7 @@ pub(crate) struct FaultState {
     pub cut_watches: u32,
     pub garble_watch: Option<u64>,
     pub too_large_watches: bool,
+    pub delay_replay: Option<Duration>,
 }
 
 /// Fault-injection switches of a running [`Sim`](super::Sim).
@@ -88,6 +89,14 @@ impl Faults {
     /// some API server versions do, instead of staying silent.
     pub fn too_large_watches(&self, on: bool) {
         self.lock().too_large_watches = on;
+    }
+
+    /// While `Some(d)`, every WATCH from a resourceVersion waits `d` after its response
+    /// headers before it sends anything: the replay of the events the watch cache holds after
+    /// that resourceVersion comes late (a busy or lagging server), and so does everything
+    /// after it.
+    pub fn delay_watch_replay(&self, d: Option<Duration>) {
+        self.lock().delay_replay = d;
     }
 
     /// Turn every fault off.

@@ -52,8 +52,8 @@ impl ResourceDef {
         }
     }
 
-    /// The built-in resources: core/v1 pods, configmaps, secrets, namespaces, nodes and
-    /// apps/v1 deployments.
+    /// The built-in resources: core/v1 pods, configmaps, secrets, namespaces, nodes, apps/v1
+    /// deployments and coordination.k8s.io/v1 leases.
     pub fn builtins() -> Vec<Self> {
         vec![
             Self::builtin("", "Pod", "pods", true, true, &["po"]),
@@ -62,6 +62,7 @@ impl ResourceDef {
             Self::builtin("", "Namespace", "namespaces", false, true, &["ns"]),
             Self::builtin("", "Node", "nodes", false, true, &["no"]),
             Self::builtin("apps", "Deployment", "deployments", true, true, &["deploy"]),
+            Self::builtin("coordination.k8s.io", "Lease", "leases", true, false, &[]),
         ]
     }
 

@@ -224,9 +224,14 @@ impl Source for KubeSource {
 
 impl KubeSource {
     async fn list_page(&self, req: ListRequest) -> Result<ListPage, SourceError> {
+        let (label_selector, field_selector) = if req.revision_only {
+            (None, Some(super::REVISION_PROBE_SELECTOR.to_owned()))
+        } else {
+            (self.scope.label_selector.clone(), self.scope.field_selector.clone())
+        };
         let mut lp = kube::api::ListParams {
-            label_selector: self.scope.label_selector.clone(),
-            field_selector: self.scope.field_selector.clone(),
+            label_selector,
+            field_selector,
             limit: req.limit,
             continue_token: req.continue_token.clone(),
             ..Default::default()

@@ -130,7 +130,17 @@ pub struct ListRequest {
     pub limit: Option<u32>,
     /// `continue` token.
     pub continue_token: Option<String>,
+    /// Only the list's resourceVersion is wanted, no object: with `resource_version` `"0"` the
+    /// server answers from its watch cache, so the RV is the cache's revision of this resource
+    /// (what a watch has to deliver), not the cluster-wide one. A source sends a field
+    /// selector no object can match ([`REVISION_PROBE_SELECTOR`]) and ignores the scope's
+    /// selectors; a source that has no cache answers its current revision.
+    pub revision_only: bool,
 }
+
+/// The field selector of a [`ListRequest::revision_only`] request: `_` is not allowed in an
+/// object name, so nothing matches and the response carries only the resourceVersion.
+pub const REVISION_PROBE_SELECTOR: &str = "metadata.name=_revision_probe_";
 
 /// One page of a LIST.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -252,6 +252,17 @@ impl Fake {
 
 impl Source for Fake {
     async fn list(&self, req: ListRequest) -> Result<ListPage, SourceError> {
+        if req.revision_only {
+            // One resource only: its watch-cache revision is the current one.
+            let mut s = self.state.lock().unwrap();
+            s.requests.push((Instant::now(), "list rv=0 revision-only".into()));
+            return Ok(ListPage {
+                items: Vec::new(),
+                resource_version: s.rv.to_string().into(),
+                continue_token: None,
+                remaining: None,
+            });
+        }
         self.state.lock().unwrap().requests.push((
             Instant::now(),
             format!(

@@ -164,7 +164,7 @@ impl Source for ReplaySource {
     async fn list(&self, req: ListRequest) -> Result<ListPage, SourceError> {
         let mut g = Guard::take(&self.shared)?;
         let c = g.c();
-        if c.initial_done || c.finished {
+        if c.initial_done || c.finished || req.revision_only {
             // The probe of a resume (or a relist): the recording's current RV, no objects.
             return Ok(ListPage {
                 items: Vec::new(),

@@ -214,7 +214,14 @@ pub(super) async fn list_inner(shared: &Arc<Shared>, t: &Target, q: &Query) -> R
             ));
         }
     }
-    let list_rv = at.unwrap_or(st.rv);
+    // An RV=0 list is served from the watch cache, at the cacher's revision (which lags the
+    // global one while only other resources change); any other list reads "etcd".
+    let cached = rv == "0" && cont.is_empty() && shared.config.watch_cache;
+    let list_rv = match at {
+        Some(a) => a,
+        None if cached => st.cache_rv.get(t.res).copied().unwrap_or(st.rv),
+        None => st.rv,
+    };
     let from = format!("{prefix}{start}");
     let mut items: Vec<Arc<Obj>> = Vec::new();
     let mut cont_out = None;

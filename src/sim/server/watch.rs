@@ -41,6 +41,7 @@ pub(super) struct WatchPlan {
     stall: bool,
     cut: bool,
     garble: Option<u64>,
+    delay_replay: Option<Duration>,
 }
 
 pub(super) async fn watch(shared: &Arc<Shared>, t: &Target, q: &Query) -> Resp {
@@ -159,6 +160,7 @@ pub(super) fn plan_watch(shared: &Shared, t: &Target, q: &Query) -> Result<Watch
     let stall = faults.take_counter(|f| &mut f.stall_watches);
     let cut = faults.take_counter(|f| &mut f.cut_watches);
     let garble = faults.lock().garble_watch.take();
+    let delay_replay = faults.lock().delay_replay.filter(|_| matches!(start, Start::From(_)));
     Ok(WatchPlan {
         res: t.res,
         def: t.def.clone(),
@@ -172,6 +174,7 @@ pub(super) fn plan_watch(shared: &Shared, t: &Target, q: &Query) -> Result<Watch
         stall,
         cut,
         garble,
+        delay_replay,
     })
 }
 
@@ -335,6 +338,12 @@ pub(super) async fn run_watch(
     };
     let prefix = plan.ns.as_ref().map(|ns| format!("{ns}/")).unwrap_or_default();
 
+    if let Some(d) = plan.delay_replay {
+        tokio::select! {
+            () = tx.closed() => return,
+            () = tokio::time::sleep(d) => {}
+        }
+    }
     // Position: every event with rv <= pos has been considered.
     let mut pos = match plan.start {
         Start::From(n) => n,
@@ -376,6 +385,11 @@ pub(super) async fn run_watch(
     let last_bookmark = deadline.checked_sub(shared.config.bookmark_before_timeout);
     let mut final_bookmark = last_bookmark.filter(|t| plan.bookmarks && *t > Instant::now());
     let mut caught_up = false;
+    // A bookmark carries the cacher's revision of this resource, and only when it is past
+    // where the watch started: the cacher drops every event, bookmarks included, at or below
+    // the watch's resourceVersion.
+    let start_rv = pos;
+    let mut cache_rv = pos;
     loop {
         // Drain the history after `pos`.
         let drained = {
@@ -400,6 +414,9 @@ pub(super) async fn run_watch(
                     pos = st.rv;
                 }
                 caught_up = pos <= st.rv;
+                if !more {
+                    cache_rv = st.cache_rv.get(plan.res).copied().unwrap_or(pos).min(pos);
+                }
                 Ok((batch, more))
             }
         };
@@ -440,8 +457,8 @@ pub(super) async fn run_watch(
                     final_bookmark = None;
                 }
                 next_bookmark = now + interval;
-                if caught_up {
-                    sink.buf.extend_from_slice(&bookmark_line(&plan.def, pos, false));
+                if caught_up && cache_rv > start_rv {
+                    sink.buf.extend_from_slice(&bookmark_line(&plan.def, cache_rv, false));
                     shared.counters.bookmarks.fetch_add(1, Ordering::Relaxed);
                     if !sink.flush().await {
                         return;

@@ -59,6 +59,12 @@ pub(crate) struct State {
     /// Exact because a list at one RV reads one snapshot; cleared by [`State::restore`], after
     /// which an RV can name another state.
     pub remaining_memo: VecDeque<(RemainingKey, usize)>,
+    /// Each resource's watch-cache revision: what a real API server's cacher for that
+    /// resource has processed. It moves with the resource's own events only (the cacher
+    /// watches its resource's etcd prefix; etcd's progress notifications come every ten
+    /// minutes by default), so while other resources change it stays behind `rv`. An RV=0
+    /// LIST and every bookmark carry it.
+    pub cache_rv: Vec<u64>,
 }
 
 /// Key of [`State::remaining_memo`].
@@ -90,6 +96,7 @@ impl State {
             history: VecDeque::new(),
             window,
             remaining_memo: VecDeque::new(),
+            cache_rv: vec![1; n],
         }
     }
 
@@ -112,6 +119,8 @@ impl State {
         }
         self.resources.push(Arc::new(def));
         self.objects.push(BTreeMap::new());
+        // A new cacher starts from a list at the current revision.
+        self.cache_rv.push(self.rv);
         self.resources.len() - 1
     }
 
@@ -164,9 +173,14 @@ impl State {
         self.rv = b.rv;
         self.reset_history();
         self.remaining_memo.clear();
+        // The cachers start again from a list of the restored state.
+        self.cache_rv.iter_mut().for_each(|c| *c = b.rv);
     }
 
     fn push_event(&mut self, res: usize, kind: EventKind, obj: Arc<Obj>, prev: Option<Arc<Obj>>) {
+        if let Some(c) = self.cache_rv.get_mut(res) {
+            *c = obj.rv;
+        }
         self.history.push_back(Event {
             rv: obj.rv,
             res,
