@@ -293,9 +293,10 @@ fn informer_requests(env: &EnvTest, skip: usize) -> Vec<(String, String)> {
         .collect()
 }
 
-/// True for a LIST that reads the whole collection (anything but the one-object RV probe).
+/// True for a LIST that reads the whole collection (anything but the one-object RV probe and
+/// the watch-cache revision probe, which matches no object).
 fn is_full_list((verb, uri): &(String, String)) -> bool {
-    verb == "list" && !uri.split(['?', '&']).any(|p| p == "limit=1")
+    verb == "list" && !uri.split(['?', '&']).any(|p| p == "limit=1") && !uri.contains("_revision_probe_")
 }
 
 /// The RV of a one-object LIST: the server's current resourceVersion.
@@ -658,4 +659,127 @@ async fn another_clusters_database_is_refused_with_both_identities() {
     informer.shutdown().await.unwrap();
     drop(informer);
     tokio::task::spawn_blocking(move || db.close()).await.unwrap().unwrap();
+}
+
+/// A Lease in another namespace renewed `per_second` times a second by the admin, as node and
+/// leader-election Leases are in every cluster: the global resourceVersion keeps moving while
+/// nothing happens to ConfigMaps.
+struct LeaseChurn {
+    stop: tokio::sync::watch::Sender<bool>,
+    task: tokio::task::JoinHandle<u64>,
+}
+
+impl LeaseChurn {
+    async fn start(client: &kube::Client, per_second: u64) -> Self {
+        use k8s_openapi::api::coordination::v1::Lease;
+        create_namespace(client, "churn").await;
+        let api: Api<Lease> = Api::namespaced(client.clone(), "churn");
+        let lease: Lease = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "holder", "namespace": "churn"},
+            "spec": {"holderIdentity": "someone", "leaseDurationSeconds": 15}
+        }))
+        .unwrap();
+        api.create(&PostParams::default(), &lease).await.unwrap();
+        let (stop, mut stopped) = tokio::sync::watch::channel(false);
+        let task = tokio::spawn(async move {
+            let mut renewals = 0;
+            while !*stopped.borrow() {
+                renewals += 1;
+                let patch = serde_json::json!({"spec": {"leaseTransitions": renewals}});
+                api.patch("holder", &PatchParams::default(), &Patch::Merge(&patch))
+                    .await
+                    .unwrap();
+                tokio::select! {
+                    () = tokio::time::sleep(Duration::from_millis(1000 / per_second)) => {}
+                    _ = stopped.changed() => {}
+                }
+            }
+            renewals
+        });
+        Self { stop, task }
+    }
+
+    async fn stop(self) -> u64 {
+        self.stop.send_replace(true);
+        self.task.await.unwrap()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs envtest: scripts/envtest-install"]
+async fn a_restart_while_other_resources_change_syncs_on_the_caches_revision_losing_nothing() {
+    let env = EnvTest::start().await;
+    let client = env.client().await;
+    create_namespace(&client, NS).await;
+    for i in 0..4 {
+        create_cm(&client, &format!("cm-{i}"), "v").await;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("db.redb");
+    let seen = Seen::default();
+    // Strict: no quiet period, so only the sync target can report synced. With the
+    // cluster-wide RV as the target this restart would wait for a bookmark the server sends
+    // minutes later (2 s before the watch's timeout), and fail the 60 s wait.
+    let strict = ReflectorConfig {
+        resume_quiet_period: None,
+        ..config()
+    };
+    let r = start(&env, &db, strict.clone(), &seen).await;
+    r.synced().await;
+    converged(&r, &client).await;
+    r.stop().await;
+
+    let churn = LeaseChurn::start(&client, 20).await;
+    // While down: ConfigMap changes, then Lease renewals only.
+    create_cm(&client, "cm-new", "n").await;
+    patch_cm(&client, "cm-0", "changed").await;
+    delete_cm(&client, "cm-1").await;
+    let want = server::<ConfigMap>(&client).await;
+    let global_before = server_rv(&client).await;
+    eventually("the Lease renewals to move the global RV", 10, async || {
+        (server_rv(&client).await > global_before + 5).then_some(())
+    })
+    .await;
+    let audit_mark = env.audit_events().len();
+
+    let r = start(&env, &db, strict, &seen).await;
+    r.synced().await;
+    // The sync point holds every change made while down: what the store held when it said
+    // synced equals the server's ConfigMaps (which did not change since).
+    let scope = r.cms.scope();
+    let until = r.cms.status().borrow().synced_seq.expect("a sync point");
+    let mut at_sync: BTreeMap<String, String> = BTreeMap::new();
+    let snapshot_keys: Vec<String> =
+        r.db.log()
+            .read_after(durable_informer::store::Seq(0), usize::MAX, Some(scope))
+            .unwrap()
+            .into_iter()
+            .filter(|e| e.seq <= until)
+            .map(|e| {
+                let key = e.key.to_string();
+                if e.kind == durable_informer::store::DeltaKind::Deleted {
+                    at_sync.remove(&key);
+                } else {
+                    at_sync.insert(key.clone(), e.rv.0.clone());
+                }
+                key
+            })
+            .collect();
+    assert!(!snapshot_keys.is_empty());
+    let at_sync: BTreeMap<String, String> = at_sync.into_iter().filter(|(k, _)| k.starts_with(NS)).collect();
+    let want: BTreeMap<String, String> = want.into_iter().filter(|(k, _)| k.starts_with(NS)).collect();
+    assert_eq!(at_sync, want, "the state at the sync point is the server's");
+    let renewals = churn.stop().await;
+    assert!(renewals > 5, "the Lease was renewed while the informer restarted");
+    assert_eq!(r.cms.status().borrow().lists, 0);
+    r.stop().await;
+    let requests = informer_requests(&env, audit_mark);
+    let full: Vec<_> = requests.iter().filter(|r| is_full_list(r)).collect();
+    assert!(full.is_empty(), "full LISTs after the restart: {full:?}");
+    assert!(
+        requests
+            .iter()
+            .any(|(v, uri)| v == "list" && uri.contains("_revision_probe_")),
+        "the watch cache's revision was asked: {requests:?}"
+    );
 }
