@@ -293,6 +293,16 @@ fn metrics(s: &SystemRep) -> Vec<Metric> {
             l.restart.served.objects() as f64,
         );
         m("2 restart", "MB served", mb(l.restart.served.bytes));
+        m(
+            "2b restart, other resources churning",
+            "time to synced (s)",
+            l.restart_busy.secs,
+        );
+        m(
+            "2b restart, other resources churning",
+            "objects listed (LIST + initial events)",
+            l.restart_busy.served.objects() as f64,
+        );
     }
     m(
         "2 restart",

@@ -354,10 +354,59 @@ pub struct Lifecycle {
     pub cold: Phase,
     /// 2. restart to synced (no changes while down).
     pub restart: Phase,
+    /// 2b. the same while another resource (a Lease) changes 200 times a second, as node and
+    /// leader Leases do in every cluster: the global resourceVersion runs ahead of the Pods'.
+    pub restart_busy: Phase,
     /// 4. relist after compaction with `changed` objects changed while down.
     pub relist: Phase,
     /// Objects changed while down in 4.
     pub changed: u64,
+}
+
+/// A Lease renewed every 5 ms through the API until stopped.
+pub struct LeaseChurn {
+    stop: tokio::sync::watch::Sender<bool>,
+    task: tokio::task::JoinHandle<Res<u64>>,
+}
+
+impl LeaseChurn {
+    /// Creates the Lease (once per server) and starts renewing it.
+    pub async fn start(sim: &Sim) -> Res<Self> {
+        use k8s_openapi::api::coordination::v1::Lease;
+        use kube::api::{Patch, PatchParams};
+        let api: Api<Lease> = Api::namespaced(sim.client()?, "kube-node-lease");
+        if sim.get("leases", Some("kube-node-lease"), "churn").is_err() {
+            sim.create(
+                "leases",
+                Some("kube-node-lease"),
+                serde_json::json!({"metadata": {"name": "churn", "namespace": "kube-node-lease"}}),
+            )?;
+        }
+        let (stop, mut stopped) = tokio::sync::watch::channel(false);
+        let task = tokio::spawn(async move {
+            let mut renewals = 0u64;
+            while !*stopped.borrow() {
+                renewals += 1;
+                let patch = serde_json::json!({"spec": {"leaseTransitions": renewals}});
+                api.patch("churn", &PatchParams::default(), &Patch::Merge(&patch))
+                    .await?;
+                tokio::select! {
+                    () = tokio::time::sleep(Duration::from_millis(5)) => {}
+                    _ = stopped.changed() => {}
+                }
+            }
+            Ok(renewals)
+        });
+        // Let the global revision run ahead before the measured start.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        Ok(Self { stop, task })
+    }
+
+    /// Stops renewing; returns how many renewals were made.
+    pub async fn stop(self) -> Res<u64> {
+        self.stop.send_replace(true);
+        self.task.await?
+    }
 }
 
 /// Changes 1% of the objects (at least one): updates of existing Pods' labels or status.
@@ -402,6 +451,20 @@ pub async fn ours_lifecycle(sim: &Sim, n: usize, dir: &Path, rep: u64) -> Res<Li
     out.restart.objects = ours.object_count()?;
     ours.stop().await?;
 
+    // 2b. restart, nothing changed, other resources churning
+    let churn = LeaseChurn::start(sim).await?;
+    let before = sim.counters();
+    let t = Instant::now();
+    let ours = ours_start(sim, &path).await?;
+    ours.synced().await?;
+    out.restart_busy.secs = t.elapsed().as_secs_f64();
+    out.restart_busy.served = Served::between(&before, &sim.counters());
+    churn.stop().await?;
+    ours.handler_caught_up().await?;
+    out.restart_busy.events = ours.events.load(Ordering::Relaxed);
+    out.restart_busy.objects = ours.object_count()?;
+    ours.stop().await?;
+
     // 4. 1% changed while down, history compacted: 410 → relist as a diff
     out.changed = tokio::task::block_in_place(|| change_one_percent(sim, n, 7 + 1_000 * rep))?;
     sim.compact();
@@ -422,15 +485,23 @@ pub async fn ours_lifecycle(sim: &Sim, n: usize, dir: &Path, rep: u64) -> Res<Li
 /// nothing to resume from), and after compaction the same.
 pub async fn theirs_lifecycle(sim: &Sim, n: usize, rep: u64) -> Res<Lifecycle> {
     let mut out = Lifecycle::default();
-    for step in 0..3 {
-        if step == 2 {
+    for step in 0..4 {
+        if step == 3 {
             out.changed = tokio::task::block_in_place(|| change_one_percent(sim, n, 8 + 1_000 * rep))?;
             sim.compact();
         }
+        let churn = if step == 2 {
+            Some(LeaseChurn::start(sim).await?)
+        } else {
+            None
+        };
         let before = sim.counters();
         let t = Instant::now();
         let mut theirs = theirs_start(sim)?;
         theirs.synced().await?;
+        if let Some(c) = churn {
+            c.stop().await?;
+        }
         let ph = Phase {
             secs: t.elapsed().as_secs_f64(),
             served: Served::between(&before, &sim.counters()),
@@ -441,6 +512,7 @@ pub async fn theirs_lifecycle(sim: &Sim, n: usize, rep: u64) -> Res<Lifecycle> {
         match step {
             0 => out.cold = ph,
             1 => out.restart = ph,
+            2 => out.restart_busy = ph,
             _ => out.relist = ph,
         }
     }

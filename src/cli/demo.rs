@@ -358,7 +358,7 @@ pub async fn run(size: Size, db: Option<PathBuf>, output: Output) -> CliResult {
         resume, readable, objects_at_open, restored
     ))?;
     say(format!(
-        "                               LIST requests: {} (the one-object RV probe, {} object), full LISTs: {}",
+        "                               LIST requests: {} (the RV probe and the watch cache's revision, {} object), full LISTs: {}",
         c1.list_requests - c0.list_requests,
         c1.list_objects - c0.list_objects,
         u64::from(c1.list_objects - c0.list_objects > 1)

@@ -26,18 +26,21 @@ pub struct ReflectorConfig {
     pub max_batch: usize,
     /// Wipe the database instead of failing when it belongs to another cluster (default false).
     pub reset_on_cluster_change: bool,
-    /// After a resume, the scope counts as synced when its committed RV reaches the server's
-    /// RV (read by the one-object probe), or at the first bookmark — or, with this set, once the
-    /// resumed watch has delivered its backlog and stayed quiet this long (default 2 s). The
-    /// server sends every event after the resumed RV as soon as the watch opens, so a quiet
-    /// watch means nothing was missed; without it a scope whose objects did not change waits for
-    /// the next bookmark (about a minute on a real server). `None` disables it.
+    /// A fallback for servers that do not tell their watch cache's revision.
+    ///
+    /// After a resume the scope counts as synced when its committed RV reaches the watch
+    /// cache's revision of the resource (an RV=0 LIST that matches no object): exact, and no
+    /// quiet period applies. A server that gives no such revision (watch cache off, non-integer
+    /// RVs) leaves the cluster-wide RV of the one-object probe as the target, which an event
+    /// or bookmark must reach — or, with this set, the resumed watch delivering its backlog and
+    /// staying quiet this long (default 2 s). On a busy cluster the cluster-wide RV moves with
+    /// other resources, so without this such a server would make a resume wait for a bookmark
+    /// (minutes on a real server). `None` disables it.
     ///
     /// This rule is ours, not the API server's: it assumes the server delivers the backlog
     /// promptly. A server whose watch cache lags (kubernetes#107133) may stay quiet longer and
     /// then send old changes, so `synced` can come early; nothing is lost (those events are
-    /// applied when they arrive), only the signal is optimistic. Use `None` for the strict rule
-    /// (the probe RV or a bookmark).
+    /// applied when they arrive), only the signal is optimistic.
     pub resume_quiet_period: Option<Duration>,
 }
 

@@ -1,0 +1,230 @@
+//! Restart → synced against a real kube-apiserver v1.20.2 + etcd (the envtest build) while
+//! another resource changes, against kube-runtime's full relist of the same ConfigMaps, in one
+//! run (issue #25).
+//!
+//! `cargo bench --bench envtest_restart` (needs `scripts/envtest-install`; without the binaries
+//! it says so and exits 0). `ENVTEST_RESTART_N` sets the number of ConfigMaps (default 20,000),
+//! `ENVTEST_RESTART_REPS` the repetitions (default 7), `ENVTEST_RESTART_LEASE_HZ` how often the
+//! Lease in another namespace is renewed (default 20/s; 0 turns the churn off).
+//!
+//! Each repetition of ours opens the database the first sync left, builds the informer, starts
+//! it and waits for `wait_for_sync` (in this process: the figure holds the open, the two
+//! probes, the resumed watch and the sync decision, not a process start). Each repetition of
+//! theirs runs `reflector(watcher(Api::<ConfigMap>::all))` until `InitDone`. The Lease keeps
+//! changing through every repetition of both. Prints medians and the ratio, and writes
+//! `target/bench-results/envtest_restart.json`.
+
+#[path = "../tests/envtest/mod.rs"]
+mod envtest;
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use durable_informer::informer::Informer;
+use durable_informer::source::KubeSource;
+use durable_informer::store::{DurableStore, StoreConfig};
+use futures::StreamExt;
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace};
+use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::runtime::{reflector, watcher};
+
+type Res<T> = Result<T, Box<dyn std::error::Error + Send + Sync>>;
+
+const NS: &str = "bench";
+
+fn env_u64(name: &str, default: u64) -> Res<u64> {
+    match std::env::var(name) {
+        Ok(v) => Ok(v.parse()?),
+        Err(_) => Ok(default),
+    }
+}
+
+/// Whether the envtest binaries are installed (the module's `find` panics otherwise).
+fn installed() -> bool {
+    let dir = std::env::var_os("DURABLE_INFORMER_ENVTEST_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(std::env::var_os("HOME").unwrap_or_else(|| "/root".into()))
+                .join(".cache/durable-informer-envtest")
+        })
+        .join("bin");
+    let has = |var: &str, name: &str| {
+        std::env::var_os(var)
+            .map_or_else(|| dir.join(name), PathBuf::from)
+            .exists()
+    };
+    has("KUBE_APISERVER", "kube-apiserver") && has("ETCD", "etcd") && has("ETCDCTL", "etcdctl")
+}
+
+fn median(v: &[f64]) -> f64 {
+    let mut s = v.to_vec();
+    s.sort_by(f64::total_cmp);
+    s[s.len() / 2]
+}
+
+async fn create_configmaps(client: &kube::Client, n: u64) -> Res<()> {
+    let ns: Api<Namespace> = Api::all(client.clone());
+    let namespace: Namespace = serde_json::from_value(serde_json::json!({"metadata": {"name": NS}}))?;
+    ns.create(&PostParams::default(), &namespace).await?;
+    let api: Api<ConfigMap> = Api::namespaced(client.clone(), NS);
+    let results: Vec<Res<()>> = futures::stream::iter(0..n)
+        .map(|i| {
+            let api = api.clone();
+            async move {
+                let cm: ConfigMap = serde_json::from_value(serde_json::json!({
+                    "metadata": {"name": format!("cm-{i:06}"), "labels": {"app": format!("a{}", i % 10)}},
+                    "data": {"value": "x".repeat(200)}
+                }))?;
+                api.create(&PostParams::default(), &cm).await?;
+                Ok(())
+            }
+        })
+        .buffer_unordered(32)
+        .collect()
+        .await;
+    results.into_iter().collect()
+}
+
+/// A Lease in another namespace renewed `hz` times a second until stopped.
+async fn lease_churn(
+    client: kube::Client,
+    hz: u64,
+) -> Res<(tokio::sync::watch::Sender<bool>, tokio::task::JoinHandle<Res<u64>>)> {
+    let ns: Api<Namespace> = Api::all(client.clone());
+    let namespace: Namespace = serde_json::from_value(serde_json::json!({"metadata": {"name": "churn"}}))?;
+    ns.create(&PostParams::default(), &namespace).await?;
+    let api: Api<Lease> = Api::namespaced(client, "churn");
+    let lease: Lease = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "holder"}, "spec": {"holderIdentity": "someone", "leaseDurationSeconds": 15}
+    }))?;
+    api.create(&PostParams::default(), &lease).await?;
+    let (stop, mut stopped) = tokio::sync::watch::channel(false);
+    let task = tokio::spawn(async move {
+        let mut renewals = 0u64;
+        while hz > 0 && !*stopped.borrow() {
+            renewals += 1;
+            let patch = serde_json::json!({"spec": {"leaseTransitions": renewals}});
+            api.patch("holder", &PatchParams::default(), &Patch::Merge(&patch))
+                .await?;
+            tokio::select! {
+                () = tokio::time::sleep(Duration::from_millis(1000 / hz)) => {}
+                _ = stopped.changed() => {}
+            }
+        }
+        Ok(renewals)
+    });
+    Ok((stop, task))
+}
+
+async fn open(path: &Path) -> Res<DurableStore> {
+    let p = path.to_owned();
+    Ok(tokio::task::spawn_blocking(move || DurableStore::open(StoreConfig::new(p))).await??)
+}
+
+/// Opens the database, builds and starts the informer, waits for sync; returns the time and
+/// the reflector's LIST count.
+async fn ours_once(env: &envtest::EnvTest, path: &Path) -> Res<(f64, u64, bool)> {
+    let client = env.client().await;
+    let t = Instant::now();
+    let db = open(path).await?;
+    let informer = Informer::<ConfigMap>::builder(&db, KubeSource::typed::<ConfigMap>(client, &env.url()))
+        .build()
+        .await?;
+    informer.start();
+    tokio::time::timeout(Duration::from_secs(120), informer.wait_for_sync()).await?;
+    let secs = t.elapsed().as_secs_f64();
+    let status = informer.status().borrow().clone();
+    informer.shutdown().await?;
+    drop(informer);
+    tokio::task::spawn_blocking(move || db.close()).await??;
+    Ok((secs, status.lists, status.restored))
+}
+
+/// kube-runtime's reflector from nothing until `InitDone`; returns the time and the objects.
+async fn theirs_once(env: &envtest::EnvTest) -> Res<(f64, usize)> {
+    let api: Api<ConfigMap> = Api::all(env.client().await);
+    let t = Instant::now();
+    let (store, writer) = reflector::store::<ConfigMap>();
+    let stream = reflector::reflector(writer, watcher(api, watcher::Config::default()));
+    let mut stream = std::pin::pin!(stream);
+    while let Some(ev) = stream.next().await {
+        if let watcher::Event::InitDone = ev? {
+            break;
+        }
+    }
+    Ok((t.elapsed().as_secs_f64(), store.state().len()))
+}
+
+async fn run() -> Res<()> {
+    let n = env_u64("ENVTEST_RESTART_N", 20_000)?;
+    let reps = env_u64("ENVTEST_RESTART_REPS", 7)?.max(1);
+    let hz = env_u64("ENVTEST_RESTART_LEASE_HZ", 20)?;
+    let env = envtest::EnvTest::start().await;
+    let client = env.client().await;
+    let t = Instant::now();
+    create_configmaps(&client, n).await?;
+    eprintln!("{n} ConfigMaps created in {:.1?}", t.elapsed());
+    let dir = tempfile::tempdir()?;
+    let path = dir.path().join("restart.redb");
+    let (first, lists, _) = ours_once(&env, &path).await?;
+    eprintln!("ours: first sync {first:.2} s ({lists} list)");
+    let (stop, churn) = lease_churn(client.clone(), hz).await?;
+    // Let the Lease renewals move the cluster-wide RV past the ConfigMaps' before measuring.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let (mut ours, mut theirs) = (Vec::new(), Vec::new());
+    for rep in 1..=reps {
+        let (secs, lists, restored) = ours_once(&env, &path).await?;
+        if lists != 0 || !restored {
+            return Err(format!("repetition {rep}: ours listed ({lists}) or was not restored").into());
+        }
+        let (their_secs, objects) = theirs_once(&env).await?;
+        eprintln!(
+            "repetition {rep}/{reps}: ours {:.1} ms, kube-runtime {:.1} ms ({objects} objects)",
+            secs * 1e3,
+            their_secs * 1e3
+        );
+        ours.push(secs);
+        theirs.push(their_secs);
+    }
+    stop.send_replace(true);
+    let renewals = churn.await??;
+    let (o, th) = (median(&ours), median(&theirs));
+    let range = |v: &[f64]| {
+        let (lo, hi) = v.iter().fold((f64::MAX, f64::MIN), |(a, b), x| (a.min(*x), b.max(*x)));
+        format!("{:.1}–{:.1}", lo * 1e3, hi * 1e3)
+    };
+    println!("restart → synced, {n} ConfigMaps, kube-apiserver v1.20.2, a Lease renewed {hz}/s ({renewals} renewals), {reps} repetitions");
+    println!("| system | median (ms) | min–max (ms) |");
+    println!("|---|---|---|");
+    println!("| durable-informer (resume) | {:.1} | {} |", o * 1e3, range(&ours));
+    println!("| kube-runtime (full relist) | {:.1} | {} |", th * 1e3, range(&theirs));
+    println!("ratio ours / theirs: {:.3}", o / th);
+    let out = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/bench-results");
+    std::fs::create_dir_all(&out)?;
+    std::fs::write(
+        out.join("envtest_restart.json"),
+        serde_json::to_vec_pretty(&serde_json::json!({
+            "configmaps": n, "leaseRenewalsPerSecond": hz, "renewals": renewals,
+            "oursSeconds": ours, "theirsSeconds": theirs,
+            "oursMedian": o, "theirsMedian": th, "ratio": o / th,
+        }))?,
+    )?;
+    Ok(())
+}
+
+fn main() -> Res<()> {
+    // `cargo test --benches` and `cargo bench -- --list` run this with arguments: do nothing.
+    if std::env::args().any(|a| a == "--list" || a == "--test") {
+        return Ok(());
+    }
+    if !installed() {
+        println!("envtest_restart: skipped (no envtest binaries: run scripts/envtest-install)");
+        return Ok(());
+    }
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?
+        .block_on(run())
+}
