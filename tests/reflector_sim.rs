@@ -703,3 +703,48 @@ async fn a_resume_never_reports_synced_before_the_caches_delayed_backlog_is_appl
     converge(&db, scope, &sim).await;
     r.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_scoped_resume_while_other_resources_change_syncs_without_a_quiet_wait() {
+    use k8s_openapi::api::core::v1::Node;
+    let sim = start_sim(SimConfig::default(), 0).await;
+    for i in 0..5 {
+        sim.create("nodes", None, json!({"metadata": {"name": format!("node-{i}")}}))
+            .unwrap();
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let db = DurableStore::open(StoreConfig::new(dir.path().join("db.redb"))).unwrap();
+    let scope = db
+        .writer()
+        .register_scope_blocking(&ScopeSpec::new("", "v1", "nodes"))
+        .unwrap();
+    let source = || KubeSource::typed::<Node>(sim.client().unwrap(), &sim.url());
+    let mut r = start_source(source(), &db, scope, config());
+    r.synced().await;
+    r.stop().await;
+    let churn = Churn::start(&sim);
+    sim.create("nodes", None, json!({"metadata": {"name": "node-new"}}))
+        .unwrap();
+    let strict = ReflectorConfig {
+        resume_quiet_period: None,
+        ..config()
+    };
+    let mut r = start_source(source(), &db, scope, strict);
+    r.synced().await;
+    churn.stop().await;
+    let until = r.status.borrow().synced_seq.expect("a sync point");
+    let names: Vec<String> = db
+        .log()
+        .read_after(Seq(0), usize::MAX, Some(scope))
+        .unwrap()
+        .into_iter()
+        .filter(|e| e.seq <= until)
+        .map(|e| e.key.to_string())
+        .collect();
+    assert!(names.contains(&"node-new".to_string()), "{names:?}");
+    assert!(
+        r.errors.lock().unwrap().is_empty(),
+        "the namespaced probe's 404 is no error"
+    );
+    r.stop().await;
+}

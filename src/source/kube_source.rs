@@ -36,6 +36,8 @@ pub struct KubeSource {
     resource: ApiResource,
     /// The resource again, with the namespace and selectors (the builders are `ScopeSpec`'s).
     scope: ScopeSpec,
+    /// The resource has no namespaced path (learnt from a 404 of the revision probe).
+    cluster_scoped: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl std::fmt::Debug for KubeSource {
@@ -69,6 +71,7 @@ impl KubeSource {
             server: server.trim_end_matches('/').to_owned(),
             resource,
             scope,
+            cluster_scoped: Arc::default(),
         }
     }
 
@@ -242,9 +245,40 @@ impl KubeSource {
                 lp.version_match = Some(kube::api::VersionMatch::NotOlderThan);
             }
         }
+        if req.revision_only {
+            return self.revision_probe(&lp).await;
+        }
         let http_req = self.request().list(&lp).map_err(|e| self.build_error(e))?;
+        self.list_at(http_req).await
+    }
+
+    async fn list_at(&self, http_req: http::Request<Vec<u8>>) -> Result<ListPage, SourceError> {
         let body = self.body(self.send(http_req).await?).await?;
         decode_list_bytes(&body).map_err(|e| SourceError::decode(self.name(), None, e))
+    }
+
+    /// The revision probe on a namespaced path (the scope's namespace, else `default`): with a
+    /// namespace and a single name, the API server reads one key of its watch cache instead
+    /// of filtering the whole collection. A cluster-scoped resource has no such path (404):
+    /// the collection's path is used from then on.
+    async fn revision_probe(&self, lp: &kube::api::ListParams) -> Result<ListPage, SourceError> {
+        use std::sync::atomic::Ordering;
+        if !self.cluster_scoped.load(Ordering::Relaxed) {
+            let ns = self.scope.namespace.as_deref().unwrap_or("default");
+            let req = Request::new(DynamicObject::url_path(&self.resource, Some(ns)))
+                .list(lp)
+                .map_err(|e| self.build_error(e))?;
+            match self.list_at(req).await {
+                Err(SourceError::Api { status, .. }) if status.code == 404 => {
+                    self.cluster_scoped.store(true, Ordering::Relaxed);
+                }
+                other => return other,
+            }
+        }
+        let req = Request::new(DynamicObject::url_path(&self.resource, None))
+            .list(lp)
+            .map_err(|e| self.build_error(e))?;
+        self.list_at(req).await
     }
 
     async fn open_watch(&self, req: WatchRequest) -> Result<RawWatchStream, SourceError> {

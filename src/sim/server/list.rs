@@ -8,12 +8,12 @@ use bytes::Bytes;
 use http::StatusCode;
 use serde_json::{json, Value};
 
-use super::super::store::{ApiError, Obj};
+use super::super::store::{key_of, ApiError, Obj};
 use super::super::util::{b64_decode, b64_encode};
 use super::super::{ResourceDef, Shared};
 use super::response::{full_response, status_response, status_response_meta};
 use super::{Query, Resp, Target};
-use crate::selector::{FieldSelector, LabelSelector};
+use crate::selector::{FieldOp, FieldSelector, LabelSelector};
 
 pub(super) struct Selectors {
     labels: LabelSelector,
@@ -31,6 +31,20 @@ impl Selectors {
             }
         }
         Ok(Self { labels, fields })
+    }
+    /// The one name the selectors allow, when they are exactly `metadata.name=NAME` (the
+    /// registry then reads that single key instead of filtering the collection, as a real API
+    /// server does when the path names the namespace or the resource is cluster-scoped).
+    pub(super) fn single_name(&self) -> Option<&str> {
+        match self.fields.requirements() {
+            [r] if self.labels.is_empty()
+                && r.field() == "metadata.name"
+                && matches!(r.op(), FieldOp::Equals | FieldOp::DoubleEquals) =>
+            {
+                Some(r.value())
+            }
+            _ => None,
+        }
     }
     pub(super) fn is_empty(&self) -> bool {
         self.labels.is_empty() && self.fields.is_empty()
@@ -227,7 +241,14 @@ pub(super) async fn list_inner(shared: &Arc<Shared>, t: &Target, q: &Query) -> R
     let mut cont_out = None;
     let mut remaining = None;
     let mut memo_next = None;
-    {
+    let single = sel
+        .single_name()
+        .filter(|_| at.is_none() && cont.is_empty() && (t.ns.is_some() || !t.def.namespaced));
+    if let Some(name) = single {
+        // One key of the current state (an RV=0 list answers from the cache, at its revision).
+        let ns = t.ns.as_deref().unwrap_or("");
+        items.extend(st.objects[t.res].get(&key_of(&t.def, ns, name)).cloned());
+    } else {
         let mut it = st.snapshot_iter(t.res, list_rv, &prefix, &from);
         let max = if paginate {
             limit.unwrap_or(usize::MAX)
