@@ -12,7 +12,8 @@
 //! * [`reflector`]: the list/watch/resume/relist state machine that connects a source to the
 //!   store;
 //! * [`informer`]: informers, handlers, the dispatcher, listers and the factory; [`queue`]: the
-//!   client-go style rate-limited workqueue; [`controller`]: the reconcile loop on both;
+//!   client-go style rate-limited workqueue; [`leader`]: leader election over a Lease;
+//!   [`controller`]: the reconcile loop on them;
 //! * top — [`replay`]: recording, offline replay, export and time travel; [`sim`]: a simulated
 //!   Kubernetes API server for tests, benches and the demo; the `durable-informer` binary.
 //!
@@ -30,6 +31,7 @@ pub mod reflector;
 
 pub mod controller;
 pub mod informer;
+pub mod leader;
 pub mod queue;
 
 pub mod replay;

@@ -150,6 +150,7 @@ pub struct Controller<K> {
     workers: usize,
     queue: WorkQueue<ObjectKey>,
     on_error: Option<ErrorCallback>,
+    leading: Option<watch::Receiver<bool>>,
 }
 
 fn enqueue_handler<O, F>(queue: WorkQueue<ObjectKey>, map: F) -> impl crate::informer::EventHandler<O>
@@ -192,6 +193,7 @@ where
                 .rate_limiter(default_controller_rate_limiter())
                 .build(),
             on_error: None,
+            leading: None,
         }
     }
 
@@ -235,6 +237,41 @@ where
     #[must_use]
     pub fn on_error(mut self, f: impl Fn(&ObjectKey, &str) + Send + Sync + 'static) -> Self {
         self.on_error = Some(Arc::new(f));
+        self
+    }
+
+    /// Reconciles only while `leading` is true, as one replica of several (from
+    /// [`LeaderElector::leadership`](crate::leader::LeaderElector::leadership)).
+    ///
+    /// A follower keeps its informers running and synced and its queue filled (a warm
+    /// standby) but reconciles nothing. On winning it enqueues every key of the primary
+    /// informer (what the previous leader did is unknown) and starts its workers at once; on
+    /// losing, its workers take no new key, and `run` waits for the reconciles in flight.
+    /// The elector turns leadership off `lease_duration - renew_deadline` (5 s by default)
+    /// before another replica may take the Lease: a reconcile that can run longer than that
+    /// should check [`LeaderElector::leadership`](crate::leader::LeaderElector::leadership)
+    /// itself.
+    ///
+    /// ```no_run
+    /// # use std::sync::Arc;
+    /// # use durable_informer::controller::{Action, Controller};
+    /// # use durable_informer::leader::{KubeLeaseLock, LeaderElectionConfig, LeaderElector};
+    /// # use durable_informer::object::ObjectKey;
+    /// # async fn f(client: kube::Client, pods: durable_informer::informer::Informer<k8s_openapi::api::core::v1::Pod>) {
+    /// # async fn reconcile(_k: ObjectKey, _c: Arc<()>) -> Result<Action, String> { Ok(Action::await_change()) }
+    /// let elector = LeaderElector::new(
+    ///     KubeLeaseLock::new(client, "default", "my-controller", "replica-a"),
+    ///     LeaderElectionConfig::default(),
+    /// );
+    /// let controller = Controller::new(pods).leader_election(elector.leadership());
+    /// let (stop_tx, stop) = tokio::sync::watch::channel(false);
+    /// let elector_task = tokio::spawn(elector.run(stop.clone()));
+    /// controller.run(reconcile, Arc::new(()), stop).await;
+    /// # let _ = (stop_tx, elector_task); }
+    /// ```
+    #[must_use]
+    pub fn leader_election(mut self, leading: watch::Receiver<bool>) -> Self {
+        self.leading = Some(leading);
         self
     }
 
@@ -294,19 +331,95 @@ where
             }
             return;
         }
-        tracing::info!(workers = self.workers, "caches synced; starting workers");
         let workers = Workers {
             queue: queue.clone(),
             reconcile: Arc::new(reconcile),
             ctx,
             on_error: self.on_error.clone(),
         };
-        let handles = workers.spawn(self.workers);
-        let _ = stop.wait_for(|s| *s).await;
+        let handles = match self.leading {
+            None => {
+                tracing::info!(workers = self.workers, "caches synced; starting workers");
+                let handles = workers.spawn(self.workers, None);
+                let _ = stop.wait_for(|s| *s).await;
+                handles
+            }
+            Some(leading) => lead_while(&primary, &workers, self.workers, leading, &mut stop).await,
+        };
         for r in regs {
             r.remove().await;
         }
         drain(&queue, handles).await;
+    }
+}
+
+/// Waits until `leading` is true; false once its elector is gone (a dropped sender keeps its
+/// last value, which must not count as leadership).
+async fn until_leading(leading: &mut watch::Receiver<bool>) -> bool {
+    loop {
+        if leading.has_changed().is_err() {
+            return false;
+        }
+        if *leading.borrow_and_update() {
+            return true;
+        }
+        if leading.changed().await.is_err() {
+            return false;
+        }
+    }
+}
+
+/// Runs the workers only while `leading` is true, until `stop`; returns the workers still
+/// running then (none when stopped as a follower).
+async fn lead_while<K, Ctx, F, Fut, E>(
+    primary: &Informer<K>,
+    workers: &Workers<Ctx, F>,
+    n: usize,
+    mut leading: watch::Receiver<bool>,
+    stop: &mut watch::Receiver<bool>,
+) -> Vec<JoinHandle<()>>
+where
+    K: DeserializeOwned + Send + Sync + 'static,
+    Ctx: Send + Sync + 'static,
+    F: Fn(ObjectKey, Arc<Ctx>) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Result<Action, E>> + Send + 'static,
+    E: std::fmt::Display + Send + 'static,
+{
+    loop {
+        tracing::info!("caches synced; waiting for leadership");
+        let won = tokio::select! {
+            won = until_leading(&mut leading) => won,
+            _ = stop.wait_for(|s| *s) => return Vec::new(),
+        };
+        if !won {
+            // The elector is gone: this replica can never lead again.
+            let _ = stop.wait_for(|s| *s).await;
+            return Vec::new();
+        }
+        // What the previous leader reconciled is unknown: every key once more.
+        let store = primary.store();
+        match tokio::task::spawn_blocking(move || store.list_keys()).await {
+            Ok(Ok(keys)) => keys.into_iter().for_each(|k| workers.queue.add(k)),
+            Ok(Err(e)) => tracing::warn!(error = %e, "listing the keys to reconcile after winning failed"),
+            Err(e) => tracing::warn!(error = %e, "listing the keys to reconcile after winning failed"),
+        }
+        tracing::info!(workers = n, "leading; starting workers");
+        let handles = workers.spawn(n, Some(leading.clone()));
+        // Decided first: a `watch::Ref` must not live across the awaits below.
+        let lost = tokio::select! {
+            // Lost, or the elector is gone (then leadership cannot be vouched for either).
+            r = leading.wait_for(|l| !*l) => { drop(r); true }
+            _ = stop.wait_for(|s| *s) => false,
+        };
+        if !lost {
+            return handles;
+        }
+        tracing::warn!("leadership lost; stopping workers");
+        for h in handles {
+            if let Err(e) = h.await {
+                tracing::error!(error = %e, "controller worker failed");
+            }
+        }
     }
 }
 
@@ -336,13 +449,25 @@ where
     Fut: Future<Output = Result<Action, E>> + Send + 'static,
     E: std::fmt::Display + Send + 'static,
 {
-    /// Spawns `n` worker tasks; each ends when the queue is shut down and empty.
-    fn spawn(&self, n: usize) -> Vec<JoinHandle<()>> {
+    /// Spawns `n` worker tasks; each ends when the queue is shut down and empty, or, with
+    /// `leading`, once it turns false (after the reconcile in flight).
+    fn spawn(&self, n: usize, leading: Option<watch::Receiver<bool>>) -> Vec<JoinHandle<()>> {
         (0..n)
             .map(|_| {
                 let w = self.clone();
+                let mut leading = leading.clone();
                 tokio::spawn(async move {
-                    while let Some(key) = w.queue.get().await {
+                    loop {
+                        let next = match &mut leading {
+                            // `get` is cancel safe: losing leadership takes no key.
+                            Some(l) => tokio::select! {
+                                biased;
+                                _ = l.wait_for(|l| !*l) => None,
+                                key = w.queue.get() => key,
+                            },
+                            None => w.queue.get().await,
+                        };
+                        let Some(key) = next else { break };
                         // `done` always, even if the error callback panics: otherwise the key is
                         // never handed out again and a drain waits for it forever.
                         let _done = DoneOnDrop(&w.queue, &key);
@@ -494,7 +619,7 @@ mod tests {
                 Action::await_change()
             })
         });
-        let handles = w.spawn(1);
+        let handles = w.spawn(1, None);
         w.queue.add(key("a"));
         tokio::time::sleep(Duration::from_secs(9)).await;
         assert_eq!(log.times("a").len(), 1, "not before the delay");
@@ -522,7 +647,7 @@ mod tests {
                 Ok(Action::await_change())
             }
         });
-        let handles = w.spawn(2);
+        let handles = w.spawn(2, None);
         w.queue.add(key("a"));
         tokio::time::sleep(MS * 2).await;
         w.queue.add(key("b"));
@@ -575,7 +700,7 @@ mod tests {
                 Ok(Action::await_change())
             }
         });
-        let handles = w.spawn(4);
+        let handles = w.spawn(4, None);
         for round in 0..3 {
             // Every key again while the previous round may still be in flight.
             for i in 0..20 {
@@ -606,7 +731,7 @@ mod tests {
                 Ok(Action::requeue(Duration::from_secs(1)))
             }
         });
-        let handles = w.spawn(1);
+        let handles = w.spawn(1, None);
         w.queue.add(key("a"));
         w.queue.add(key("b"));
         tokio::time::sleep(Duration::from_secs(1)).await;
@@ -635,7 +760,7 @@ mod tests {
             Ok(Action::await_change())
         });
         // One worker: if the panic killed it, nothing after it would be reconciled.
-        let handles = w.spawn(1);
+        let handles = w.spawn(1, None);
         w.queue.add(key("a"));
         w.queue.add(key("b"));
         tokio::time::sleep(Duration::from_secs(1)).await;
@@ -668,7 +793,7 @@ mod tests {
             assert_ne!(n, 1, "before the future");
             async { Ok(Action::await_change()) }
         });
-        let handles = w.spawn(1);
+        let handles = w.spawn(1, None);
         w.queue.add(key("a"));
         tokio::time::sleep(Duration::from_secs(1)).await;
         assert_eq!(*lock(&calls), 2);

@@ -1,0 +1,127 @@
+//! [`LeaseLock`] over a `coordination.k8s.io/v1` Lease through `kube::Client`.
+
+use std::time::Duration;
+
+use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
+use kube::api::{Api, PostParams};
+
+use super::{LeaderError, LeaseLock, LeaseRecord};
+
+/// A Lease in a namespace, written as `identity`.
+#[derive(Clone)]
+pub struct KubeLeaseLock {
+    api: Api<Lease>,
+    namespace: String,
+    name: String,
+    identity: String,
+}
+
+impl std::fmt::Debug for KubeLeaseLock {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // The client holds credentials: never print it.
+        f.debug_struct("KubeLeaseLock")
+            .field("lease", &self.describe())
+            .field("identity", &self.identity)
+            .finish_non_exhaustive()
+    }
+}
+
+impl KubeLeaseLock {
+    /// The Lease `namespace/name`, held as `identity` (unique per replica: the Pod name, say).
+    ///
+    /// ```no_run
+    /// # fn f(client: kube::Client) {
+    /// use durable_informer::leader::KubeLeaseLock;
+    /// let lock = KubeLeaseLock::new(client, "kube-system", "my-controller", "pod-7d9f");
+    /// # }
+    /// ```
+    #[must_use]
+    pub fn new(client: kube::Client, namespace: &str, name: &str, identity: &str) -> Self {
+        Self {
+            api: Api::namespaced(client, namespace),
+            namespace: namespace.to_owned(),
+            name: name.to_owned(),
+            identity: identity.to_owned(),
+        }
+    }
+
+    fn api_error(&self, e: kube::Error) -> LeaderError {
+        match &e {
+            kube::Error::Api(s) if s.code == 409 && s.reason == "AlreadyExists" => {
+                LeaderError::AlreadyExists { lease: self.describe() }
+            }
+            kube::Error::Api(s) if s.code == 409 => LeaderError::Conflict { lease: self.describe() },
+            _ => LeaderError::Api {
+                lease: self.describe(),
+                source: e,
+            },
+        }
+    }
+
+    fn to_lease(&self, r: &LeaseRecord) -> Lease {
+        Lease {
+            metadata: ObjectMeta {
+                name: Some(self.name.clone()),
+                namespace: Some(self.namespace.clone()),
+                resource_version: r.resource_version.clone(),
+                ..ObjectMeta::default()
+            },
+            spec: Some(LeaseSpec {
+                holder_identity: r.holder.clone(),
+                lease_duration_seconds: Some(i32::try_from(r.lease_duration.as_secs().max(1)).unwrap_or(i32::MAX)),
+                acquire_time: r.acquire_time.map(MicroTime),
+                renew_time: r.renew_time.map(MicroTime),
+                lease_transitions: Some(r.transitions),
+                ..LeaseSpec::default()
+            }),
+        }
+    }
+}
+
+fn from_lease(l: Lease) -> LeaseRecord {
+    let spec = l.spec.unwrap_or_default();
+    LeaseRecord {
+        holder: spec.holder_identity.filter(|h| !h.is_empty()),
+        lease_duration: Duration::from_secs(spec.lease_duration_seconds.map_or(0, |s| u64::try_from(s).unwrap_or(0))),
+        acquire_time: spec.acquire_time.map(|t| t.0),
+        renew_time: spec.renew_time.map(|t| t.0),
+        transitions: spec.lease_transitions.unwrap_or(0),
+        resource_version: l.metadata.resource_version,
+    }
+}
+
+impl LeaseLock for KubeLeaseLock {
+    async fn get(&self) -> Result<Option<LeaseRecord>, LeaderError> {
+        let lease = self.api.get_opt(&self.name).await.map_err(|e| self.api_error(e))?;
+        Ok(lease.map(from_lease))
+    }
+
+    async fn create(&self, record: &LeaseRecord) -> Result<LeaseRecord, LeaderError> {
+        let mut lease = self.to_lease(record);
+        lease.metadata.resource_version = None;
+        let created = self
+            .api
+            .create(&PostParams::default(), &lease)
+            .await
+            .map_err(|e| self.api_error(e))?;
+        Ok(from_lease(created))
+    }
+
+    async fn update(&self, record: &LeaseRecord) -> Result<LeaseRecord, LeaderError> {
+        let replaced = self
+            .api
+            .replace(&self.name, &PostParams::default(), &self.to_lease(record))
+            .await
+            .map_err(|e| self.api_error(e))?;
+        Ok(from_lease(replaced))
+    }
+
+    fn identity(&self) -> &str {
+        &self.identity
+    }
+
+    fn describe(&self) -> String {
+        format!("{}/{}", self.namespace, self.name)
+    }
+}
