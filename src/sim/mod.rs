@@ -8,6 +8,15 @@
 //! 410 Expired / 504 ResourceVersionTooLarge, label and field selectors, and writes (POST, PUT,
 //! merge PATCH, DELETE, `/status`). Real clients (`kube::Client`, `kubectl`) talk to it.
 //!
+//! Like a real watch cache, each resource has its own revision: that of its last event, which
+//! other resources do not move (a real cacher watches its resource's etcd prefix, and etcd's
+//! progress notifications come every ten minutes by default). An RV=0 LIST answers at that
+//! revision, and a bookmark carries it, only once it is past the watch's resourceVersion,
+//! periodically (`bookmark_interval`) and once before the watch's timeout
+//! (`bookmark_before_timeout`). A `metadata.name=` field selector on a namespaced path reads one
+//! key, as the registry does. [`Faults::delay_watch_replay`] delays what a watch sends after
+//! its resourceVersion, for tests that must not report synced before it arrives.
+//!
 //! It runs on its own small Tokio runtime, so it can be started from synchronous code, from any
 //! async test (even one with paused time), and it shuts down when the [`Sim`] handle is dropped.
 //!
