@@ -22,9 +22,14 @@ async fn compare_scenarios_at_200() {
     assert_eq!(ours.cold.served.objects(), n, "cold sync served each object once");
     assert_eq!(ours.restart.objects, n);
     assert_eq!(
-        ours.restart.served.list_requests, 1,
-        "restart: only the one-object RV probe"
+        ours.restart.served.list_requests, 2,
+        "restart: only the one-object RV probe and the watch cache's revision"
     );
+    // 2b: the same while a Lease keeps changing.
+    assert_eq!(ours.restart_busy.objects, n);
+    assert_eq!(ours.restart_busy.served.list_requests, 2);
+    assert!(ours.restart_busy.served.objects() <= 1);
+    assert_eq!(ours.restart_busy.events, 0, "the Lease changes are no Pod events");
     assert!(
         ours.restart.served.objects() <= 1,
         "restart listed {:?}",
@@ -46,6 +51,7 @@ async fn compare_scenarios_at_200() {
         theirs.restart.served.list_objects >= n,
         "kube-runtime relists from scratch"
     );
+    assert!(theirs.restart_busy.served.list_objects >= n);
     assert!(theirs.relist.events >= n, "kube-runtime re-applies everything");
 
     let ladder = scenarios::Ladder {

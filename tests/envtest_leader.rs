@@ -106,7 +106,10 @@ async fn two_electors_on_a_real_apiserver_one_leader_hand_over_and_takeover() {
     other.task.abort();
     let killed = tokio::time::Instant::now();
     let c = replica(&env, "c").await;
-    eventually("a takeover after expiry", 15, async || (*c.leading.borrow()).then_some(())).await;
+    eventually("a takeover after expiry", 15, async || {
+        (*c.leading.borrow()).then_some(())
+    })
+    .await;
     assert!(
         killed.elapsed() >= Duration::from_secs(2),
         "taken only after the lease duration: {:?}",
