@@ -14,19 +14,21 @@
 //! changing through every repetition of both. Prints medians and the ratio, and writes
 //! `target/bench-results/envtest_restart.json`.
 
+#[path = "../tests/common/churn.rs"]
+mod churn;
 #[path = "../tests/envtest/mod.rs"]
 mod envtest;
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use churn::LeaseChurn;
 use durable_informer::informer::Informer;
 use durable_informer::source::KubeSource;
 use durable_informer::store::{DurableStore, StoreConfig};
 use futures::StreamExt;
-use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace};
-use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::api::{Api, PostParams};
 use kube::runtime::{reflector, watcher};
 
 type Res<T> = Result<T, Box<dyn std::error::Error + Send + Sync>>;
@@ -38,23 +40,6 @@ fn env_u64(name: &str, default: u64) -> Res<u64> {
         Ok(v) => Ok(v.parse()?),
         Err(_) => Ok(default),
     }
-}
-
-/// Whether the envtest binaries are installed (the module's `find` panics otherwise).
-fn installed() -> bool {
-    let dir = std::env::var_os("DURABLE_INFORMER_ENVTEST_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(std::env::var_os("HOME").unwrap_or_else(|| "/root".into()))
-                .join(".cache/durable-informer-envtest")
-        })
-        .join("bin");
-    let has = |var: &str, name: &str| {
-        std::env::var_os(var)
-            .map_or_else(|| dir.join(name), PathBuf::from)
-            .exists()
-    };
-    has("KUBE_APISERVER", "kube-apiserver") && has("ETCD", "etcd") && has("ETCDCTL", "etcdctl")
 }
 
 fn median(v: &[f64]) -> f64 {
@@ -84,37 +69,6 @@ async fn create_configmaps(client: &kube::Client, n: u64) -> Res<()> {
         .collect()
         .await;
     results.into_iter().collect()
-}
-
-/// A Lease in another namespace renewed `hz` times a second until stopped.
-async fn lease_churn(
-    client: kube::Client,
-    hz: u64,
-) -> Res<(tokio::sync::watch::Sender<bool>, tokio::task::JoinHandle<Res<u64>>)> {
-    let ns: Api<Namespace> = Api::all(client.clone());
-    let namespace: Namespace = serde_json::from_value(serde_json::json!({"metadata": {"name": "churn"}}))?;
-    ns.create(&PostParams::default(), &namespace).await?;
-    let api: Api<Lease> = Api::namespaced(client, "churn");
-    let lease: Lease = serde_json::from_value(serde_json::json!({
-        "metadata": {"name": "holder"}, "spec": {"holderIdentity": "someone", "leaseDurationSeconds": 15}
-    }))?;
-    api.create(&PostParams::default(), &lease).await?;
-    let (stop, mut stopped) = tokio::sync::watch::channel(false);
-    let task = tokio::spawn(async move {
-        let mut renewals = 0u64;
-        while hz > 0 && !*stopped.borrow() {
-            renewals += 1;
-            let patch = serde_json::json!({"spec": {"leaseTransitions": renewals}});
-            api.patch("holder", &PatchParams::default(), &Patch::Merge(&patch))
-                .await?;
-            tokio::select! {
-                () = tokio::time::sleep(Duration::from_millis(1000 / hz)) => {}
-                _ = stopped.changed() => {}
-            }
-        }
-        Ok(renewals)
-    });
-    Ok((stop, task))
 }
 
 async fn open(path: &Path) -> Res<DurableStore> {
@@ -169,7 +123,13 @@ async fn run() -> Res<()> {
     let path = dir.path().join("restart.redb");
     let (first, lists, _) = ours_once(&env, &path).await?;
     eprintln!("ours: first sync {first:.2} s ({lists} list)");
-    let (stop, churn) = lease_churn(client.clone(), hz).await?;
+    let ns: Api<Namespace> = Api::all(client.clone());
+    let namespace: Namespace = serde_json::from_value(serde_json::json!({"metadata": {"name": "churn"}}))?;
+    ns.create(&PostParams::default(), &namespace).await?;
+    let churn = match 1000u64.checked_div(hz) {
+        Some(ms) => Some(LeaseChurn::start(client.clone(), "churn", Duration::from_millis(ms)).await?),
+        None => None,
+    };
     // Let the Lease renewals move the cluster-wide RV past the ConfigMaps' before measuring.
     tokio::time::sleep(Duration::from_millis(500)).await;
     let (mut ours, mut theirs) = (Vec::new(), Vec::new());
@@ -187,8 +147,10 @@ async fn run() -> Res<()> {
         ours.push(secs);
         theirs.push(their_secs);
     }
-    stop.send_replace(true);
-    let renewals = churn.await??;
+    let renewals = match churn {
+        Some(c) => c.stop().await?,
+        None => 0,
+    };
     let (o, th) = (median(&ours), median(&theirs));
     let range = |v: &[f64]| {
         let (lo, hi) = v.iter().fold((f64::MAX, f64::MIN), |(a, b), x| (a.min(*x), b.max(*x)));
@@ -218,7 +180,7 @@ fn main() -> Res<()> {
     if std::env::args().any(|a| a == "--list" || a == "--test") {
         return Ok(());
     }
-    if !installed() {
+    if !envtest::Binaries::installed() {
         println!("envtest_restart: skipped (no envtest binaries: run scripts/envtest-install)");
         return Ok(());
     }

@@ -5,6 +5,8 @@
 //! Ignored by default: run `scripts/envtest-install` once, then
 //! `cargo test --all-features --test 'envtest_*' -- --ignored`.
 
+#[path = "common/churn.rs"]
+mod churn;
 mod envtest;
 
 use std::collections::BTreeMap;
@@ -12,6 +14,7 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use churn::LeaseChurn;
 use durable_informer::informer::{handler_fn, Event, HandlerOptions, Informer};
 use durable_informer::reflector::{BackoffConfig, ListReason, ReflectorConfig};
 use durable_informer::source::KubeSource;
@@ -661,50 +664,6 @@ async fn another_clusters_database_is_refused_with_both_identities() {
     tokio::task::spawn_blocking(move || db.close()).await.unwrap().unwrap();
 }
 
-/// A Lease in another namespace renewed `per_second` times a second by the admin, as node and
-/// leader-election Leases are in every cluster: the global resourceVersion keeps moving while
-/// nothing happens to ConfigMaps.
-struct LeaseChurn {
-    stop: tokio::sync::watch::Sender<bool>,
-    task: tokio::task::JoinHandle<u64>,
-}
-
-impl LeaseChurn {
-    async fn start(client: &kube::Client, per_second: u64) -> Self {
-        use k8s_openapi::api::coordination::v1::Lease;
-        create_namespace(client, "churn").await;
-        let api: Api<Lease> = Api::namespaced(client.clone(), "churn");
-        let lease: Lease = serde_json::from_value(serde_json::json!({
-            "metadata": {"name": "holder", "namespace": "churn"},
-            "spec": {"holderIdentity": "someone", "leaseDurationSeconds": 15}
-        }))
-        .unwrap();
-        api.create(&PostParams::default(), &lease).await.unwrap();
-        let (stop, mut stopped) = tokio::sync::watch::channel(false);
-        let task = tokio::spawn(async move {
-            let mut renewals = 0;
-            while !*stopped.borrow() {
-                renewals += 1;
-                let patch = serde_json::json!({"spec": {"leaseTransitions": renewals}});
-                api.patch("holder", &PatchParams::default(), &Patch::Merge(&patch))
-                    .await
-                    .unwrap();
-                tokio::select! {
-                    () = tokio::time::sleep(Duration::from_millis(1000 / per_second)) => {}
-                    _ = stopped.changed() => {}
-                }
-            }
-            renewals
-        });
-        Self { stop, task }
-    }
-
-    async fn stop(self) -> u64 {
-        self.stop.send_replace(true);
-        self.task.await.unwrap()
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs envtest: scripts/envtest-install"]
 async fn a_restart_while_other_resources_change_syncs_on_the_caches_revision_losing_nothing() {
@@ -729,7 +688,10 @@ async fn a_restart_while_other_resources_change_syncs_on_the_caches_revision_los
     converged(&r, &client).await;
     r.stop().await;
 
-    let churn = LeaseChurn::start(&client, 20).await;
+    create_namespace(&client, "churn").await;
+    let churn = LeaseChurn::start(client.clone(), "churn", Duration::from_millis(50))
+        .await
+        .unwrap();
     // While down: ConfigMap changes, then Lease renewals only.
     create_cm(&client, "cm-new", "n").await;
     patch_cm(&client, "cm-0", "changed").await;
@@ -769,7 +731,7 @@ async fn a_restart_while_other_resources_change_syncs_on_the_caches_revision_los
     let at_sync: BTreeMap<String, String> = at_sync.into_iter().filter(|(k, _)| k.starts_with(NS)).collect();
     let want: BTreeMap<String, String> = want.into_iter().filter(|(k, _)| k.starts_with(NS)).collect();
     assert_eq!(at_sync, want, "the state at the sync point is the server's");
-    let renewals = churn.stop().await;
+    let renewals = churn.stop().await.unwrap();
     assert!(renewals > 5, "the Lease was renewed while the informer restarted");
     assert_eq!(r.cms.status().borrow().lists, 0);
     r.stop().await;

@@ -19,6 +19,18 @@ struct Server {
     writes: u64,
 }
 
+impl Server {
+    /// Writes `record` as the Lease's next version.
+    fn store(&mut self, record: &LeaseRecord) -> LeaseRecord {
+        self.rv += 1;
+        self.writes += 1;
+        let mut r = record.clone();
+        r.resource_version = Some(self.rv.to_string());
+        self.lease = Some(r.clone());
+        r
+    }
+}
+
 #[derive(Clone)]
 struct FakeLock {
     server: Arc<Mutex<Server>>,
@@ -57,12 +69,7 @@ impl LeaseLock for FakeLock {
                 lease: "test/lease".into(),
             });
         }
-        s.rv += 1;
-        s.writes += 1;
-        let mut r = record.clone();
-        r.resource_version = Some(s.rv.to_string());
-        s.lease = Some(r.clone());
-        Ok(r)
+        Ok(s.store(record))
     }
 
     async fn update(&self, record: &LeaseRecord) -> Result<LeaseRecord, LeaderError> {
@@ -74,12 +81,7 @@ impl LeaseLock for FakeLock {
                 lease: "test/lease".into(),
             });
         }
-        s.rv += 1;
-        s.writes += 1;
-        let mut r = record.clone();
-        r.resource_version = Some(s.rv.to_string());
-        s.lease = Some(r.clone());
-        Ok(r)
+        Ok(s.store(record))
     }
 
     fn identity(&self) -> &str {

@@ -7,6 +7,7 @@ mod common;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use common::churn::LeaseChurn;
 use common::reflector::{open, Running};
 use durable_informer::object::ScopeSpec;
 use durable_informer::reflector::{BackoffConfig, ListReason, ReflectorConfig};
@@ -112,6 +113,17 @@ async fn converge(db: &DurableStore, scope: ScopeId, sim: &Sim) {
     assert_eq!(stored(db, scope), want, "store never converged");
 }
 
+/// A first sync into a fresh database, converged and stopped: what a restart resumes from.
+async fn synced_and_stopped(sim: &Sim) -> (tempfile::TempDir, DurableStore, ScopeId) {
+    let dir = tempfile::tempdir().unwrap();
+    let (db, scope) = open(&dir);
+    let mut r = start(sim, &db, scope, config());
+    r.synced().await;
+    converge(&db, scope, sim).await;
+    r.stop().await;
+    (dir, db, scope)
+}
+
 fn cm(sim: &Sim, ns: &str, name: &str, v: &str) {
     let obj = json!({"metadata": {"name": name, "namespace": ns}, "data": {"v": v}});
     if sim.get("configmaps", Some(ns), name).is_ok() {
@@ -152,12 +164,7 @@ async fn multi_page_list_then_watch_equals_the_server() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn restart_makes_no_full_list_and_delivers_exactly_the_missed_changes() {
     let sim = start_sim(SimConfig::default(), 20).await;
-    let dir = tempfile::tempdir().unwrap();
-    let (db, scope) = open(&dir);
-    let mut r = start(&sim, &db, scope, config());
-    r.synced().await;
-    converge(&db, scope, &sim).await;
-    r.stop().await;
+    let (_dir, db, scope) = synced_and_stopped(&sim).await;
     let mark = last_seq(&db);
     cm(&sim, "a", "cm-000", "changed");
     sim.delete("configmaps", Some("b"), "cm-003").unwrap();
@@ -190,12 +197,7 @@ async fn restart_makes_no_full_list_and_delivers_exactly_the_missed_changes() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn compaction_while_down_relists_once_and_reports_only_differences() {
     let sim = start_sim(SimConfig::default(), 20).await;
-    let dir = tempfile::tempdir().unwrap();
-    let (db, scope) = open(&dir);
-    let mut r = start(&sim, &db, scope, config());
-    r.synced().await;
-    converge(&db, scope, &sim).await;
-    r.stop().await;
+    let (_dir, db, scope) = synced_and_stopped(&sim).await;
     let mark = last_seq(&db);
     sim.delete("configmaps", Some("a"), "cm-000").unwrap();
     cm(&sim, "b", "cm-001", "changed");
@@ -303,12 +305,7 @@ async fn an_expired_continue_token_restarts_the_list_and_deletes_made_meanwhile_
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_malformed_watch_line_is_reported_with_its_line_and_the_watch_resumes_losing_nothing() {
     let sim = start_sim(SimConfig::default(), 10).await;
-    let dir = tempfile::tempdir().unwrap();
-    let (db, scope) = open(&dir);
-    let mut r = start(&sim, &db, scope, config());
-    r.synced().await;
-    converge(&db, scope, &sim).await;
-    r.stop().await;
+    let (_dir, db, scope) = synced_and_stopped(&sim).await;
     let mark = last_seq(&db);
     // Changes while down reach the resumed watch at once, one per line; its third line is cut.
     for i in 0..5 {
@@ -589,47 +586,11 @@ async fn a_namespaced_label_selected_source_converges_to_the_servers_filtered_li
     assert!(db.check().unwrap().is_ok());
 }
 
-/// Another resource changing all the time, as Leases do in every real cluster: the global
-/// revision runs ahead while nothing happens to ConfigMaps.
-struct Churn {
-    stop: tokio::sync::watch::Sender<bool>,
-    task: tokio::task::JoinHandle<u64>,
-}
-
-impl Churn {
-    fn start(sim: &Sim) -> Self {
-        use k8s_openapi::api::coordination::v1::Lease;
-        use kube::api::{Patch, PatchParams};
-        sim.create(
-            "leases",
-            Some("kube-node-lease"),
-            json!({"metadata": {"name": "holder", "namespace": "kube-node-lease"}, "spec": {"leaseDurationSeconds": 40}}),
-        )
-        .unwrap();
-        let api: Api<Lease> = Api::namespaced(sim.client().unwrap(), "kube-node-lease");
-        let (stop, mut stopped) = tokio::sync::watch::channel(false);
-        let task = tokio::spawn(async move {
-            let mut writes = 0;
-            while !*stopped.borrow() {
-                writes += 1;
-                let patch = json!({"spec": {"leaseDurationSeconds": 40 + writes % 2}});
-                api.patch("holder", &PatchParams::default(), &Patch::Merge(&patch))
-                    .await
-                    .unwrap();
-                tokio::select! {
-                    () = tokio::time::sleep(Duration::from_millis(2)) => {}
-                    _ = stopped.changed() => {}
-                }
-            }
-            writes
-        });
-        Self { stop, task }
-    }
-
-    async fn stop(self) -> u64 {
-        self.stop.send_replace(true);
-        self.task.await.unwrap()
-    }
+/// A Lease renewed every 2 ms: the global revision runs ahead while ConfigMaps stay quiet.
+async fn churn(sim: &Sim) -> LeaseChurn {
+    LeaseChurn::start(sim.client().unwrap(), "kube-node-lease", Duration::from_millis(2))
+        .await
+        .unwrap()
 }
 
 /// The log entries of `scope` up to the sync point the reflector reported.
@@ -647,13 +608,8 @@ fn synced_entries(db: &DurableStore, scope: ScopeId, r: &Running, after: Seq) ->
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_resume_while_other_resources_change_syncs_without_a_quiet_wait() {
     let sim = start_sim(SimConfig::default(), 20).await;
-    let dir = tempfile::tempdir().unwrap();
-    let (db, scope) = open(&dir);
-    let mut r = start(&sim, &db, scope, config());
-    r.synced().await;
-    converge(&db, scope, &sim).await;
-    r.stop().await;
-    let churn = Churn::start(&sim);
+    let (_dir, db, scope) = synced_and_stopped(&sim).await;
+    let churn = churn(&sim).await;
     // Strict: no quiet period. The server's RV runs ahead with every Lease write and no
     // ConfigMap event or bookmark reaches it; the watch cache's revision is what counts.
     let strict = ReflectorConfig {
@@ -662,7 +618,7 @@ async fn a_resume_while_other_resources_change_syncs_without_a_quiet_wait() {
     };
     let mut r = start(&sim, &db, scope, strict);
     r.synced().await;
-    let writes = churn.stop().await;
+    let writes = churn.stop().await.unwrap();
     assert!(writes > 0, "the Lease kept changing");
     assert!(r.status.borrow().restored);
     assert_eq!(stored(&db, scope), server_state(&sim).await);
@@ -672,14 +628,9 @@ async fn a_resume_while_other_resources_change_syncs_without_a_quiet_wait() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_resume_never_reports_synced_before_the_caches_delayed_backlog_is_applied() {
     let sim = start_sim(SimConfig::default(), 20).await;
-    let dir = tempfile::tempdir().unwrap();
-    let (db, scope) = open(&dir);
-    let mut r = start(&sim, &db, scope, config());
-    r.synced().await;
-    converge(&db, scope, &sim).await;
-    r.stop().await;
+    let (_dir, db, scope) = synced_and_stopped(&sim).await;
     let mark = last_seq(&db);
-    let churn = Churn::start(&sim);
+    let churn = churn(&sim).await;
     // While down: three ConfigMap changes, then only Leases.
     cm(&sim, "a", "cm-000", "changed");
     sim.delete("configmaps", Some("b"), "cm-003").unwrap();
@@ -689,7 +640,7 @@ async fn a_resume_never_reports_synced_before_the_caches_delayed_backlog_is_appl
     sim.faults().delay_watch_replay(Some(Duration::from_millis(700)));
     let mut r = start(&sim, &db, scope, config());
     r.synced().await;
-    churn.stop().await;
+    churn.stop().await.unwrap();
     sim.faults().clear();
     assert_eq!(
         synced_entries(&db, scope, &r, mark),
@@ -722,7 +673,7 @@ async fn a_cluster_scoped_resume_while_other_resources_change_syncs_without_a_qu
     let mut r = start_source(source(), &db, scope, config());
     r.synced().await;
     r.stop().await;
-    let churn = Churn::start(&sim);
+    let churn = churn(&sim).await;
     sim.create("nodes", None, json!({"metadata": {"name": "node-new"}}))
         .unwrap();
     let strict = ReflectorConfig {
@@ -731,7 +682,7 @@ async fn a_cluster_scoped_resume_while_other_resources_change_syncs_without_a_qu
     };
     let mut r = start_source(source(), &db, scope, strict);
     r.synced().await;
-    churn.stop().await;
+    churn.stop().await.unwrap();
     let until = r.status.borrow().synced_seq.expect("a sync point");
     let names: Vec<String> = db
         .log()

@@ -10,6 +10,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+#[path = "../../tests/common/churn.rs"]
+mod churn;
+use churn::LeaseChurn;
 use durable_informer::informer::{handler_fn, Event, HandlerOptions, Informer, Registration};
 use durable_informer::selector::LabelSelector;
 use durable_informer::sim::workload::{Churn, WorkloadGen};
@@ -363,50 +366,11 @@ pub struct Lifecycle {
     pub changed: u64,
 }
 
-/// A Lease renewed every 5 ms through the API until stopped.
-pub struct LeaseChurn {
-    stop: tokio::sync::watch::Sender<bool>,
-    task: tokio::task::JoinHandle<Res<u64>>,
-}
-
-impl LeaseChurn {
-    /// Creates the Lease (once per server) and starts renewing it.
-    pub async fn start(sim: &Sim) -> Res<Self> {
-        use k8s_openapi::api::coordination::v1::Lease;
-        use kube::api::{Patch, PatchParams};
-        let api: Api<Lease> = Api::namespaced(sim.client()?, "kube-node-lease");
-        if sim.get("leases", Some("kube-node-lease"), "churn").is_err() {
-            sim.create(
-                "leases",
-                Some("kube-node-lease"),
-                serde_json::json!({"metadata": {"name": "churn", "namespace": "kube-node-lease"}}),
-            )?;
-        }
-        let (stop, mut stopped) = tokio::sync::watch::channel(false);
-        let task = tokio::spawn(async move {
-            let mut renewals = 0u64;
-            while !*stopped.borrow() {
-                renewals += 1;
-                let patch = serde_json::json!({"spec": {"leaseTransitions": renewals}});
-                api.patch("churn", &PatchParams::default(), &Patch::Merge(&patch))
-                    .await?;
-                tokio::select! {
-                    () = tokio::time::sleep(Duration::from_millis(5)) => {}
-                    _ = stopped.changed() => {}
-                }
-            }
-            Ok(renewals)
-        });
-        // Let the global revision run ahead before the measured start.
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        Ok(Self { stop, task })
-    }
-
-    /// Stops renewing; returns how many renewals were made.
-    pub async fn stop(self) -> Res<u64> {
-        self.stop.send_replace(true);
-        self.task.await?
-    }
+/// A Lease renewed every 5 ms through the API, after the global revision ran ahead a little.
+async fn lease_churn(sim: &Sim) -> Res<LeaseChurn> {
+    let churn = LeaseChurn::start(sim.client()?, "kube-node-lease", Duration::from_millis(5)).await?;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    Ok(churn)
 }
 
 /// Changes 1% of the objects (at least one): updates of existing Pods' labels or status.
@@ -452,7 +416,7 @@ pub async fn ours_lifecycle(sim: &Sim, n: usize, dir: &Path, rep: u64) -> Res<Li
     ours.stop().await?;
 
     // 2b. restart, nothing changed, other resources churning
-    let churn = LeaseChurn::start(sim).await?;
+    let churn = lease_churn(sim).await?;
     let before = sim.counters();
     let t = Instant::now();
     let ours = ours_start(sim, &path).await?;
@@ -490,11 +454,7 @@ pub async fn theirs_lifecycle(sim: &Sim, n: usize, rep: u64) -> Res<Lifecycle> {
             out.changed = tokio::task::block_in_place(|| change_one_percent(sim, n, 8 + 1_000 * rep))?;
             sim.compact();
         }
-        let churn = if step == 2 {
-            Some(LeaseChurn::start(sim).await?)
-        } else {
-            None
-        };
+        let churn = if step == 2 { Some(lease_churn(sim).await?) } else { None };
         let before = sim.counters();
         let t = Instant::now();
         let mut theirs = theirs_start(sim)?;

@@ -1,4 +1,5 @@
 pub mod alone;
+pub mod churn;
 pub mod fake;
 pub mod reflector;
 pub mod tables;

@@ -53,8 +53,8 @@ pub struct Binaries {
 }
 
 impl Binaries {
-    /// From the environment or the default cache directory; panics with how to install.
-    pub fn find() -> Self {
+    /// Where the binaries are expected: the environment, or the default cache directory.
+    fn expected() -> (PathBuf, Self) {
         let dir = std::env::var_os("DURABLE_INFORMER_ENVTEST_DIR")
             .map(PathBuf::from)
             .unwrap_or_else(|| {
@@ -62,23 +62,33 @@ impl Binaries {
                     .join(".cache/durable-informer-envtest")
             })
             .join("bin");
-        let find = |var: &str, name: &str| {
-            let p = std::env::var_os(var)
-                .map(PathBuf::from)
-                .unwrap_or_else(|| dir.join(name));
+        let at = |var: &str, name: &str| std::env::var_os(var).map_or_else(|| dir.join(name), PathBuf::from);
+        let bins = Self {
+            kube_apiserver: at("KUBE_APISERVER", "kube-apiserver"),
+            etcd: at("ETCD", "etcd"),
+            etcdctl: at("ETCDCTL", "etcdctl"),
+        };
+        (dir, bins)
+    }
+
+    /// Whether every binary is installed (benches skip themselves when not).
+    pub fn installed() -> bool {
+        let (_, b) = Self::expected();
+        [&b.kube_apiserver, &b.etcd, &b.etcdctl].iter().all(|p| p.exists())
+    }
+
+    /// From the environment or the default cache directory; panics with how to install.
+    pub fn find() -> Self {
+        let (dir, bins) = Self::expected();
+        for p in [&bins.kube_apiserver, &bins.etcd, &bins.etcdctl] {
             assert!(
                 p.exists(),
-                "{} not found ({var} or {}): run scripts/envtest-install first",
+                "{} not found (or in {}): run scripts/envtest-install first",
                 p.display(),
                 dir.display()
             );
-            p
-        };
-        Self {
-            kube_apiserver: find("KUBE_APISERVER", "kube-apiserver"),
-            etcd: find("ETCD", "etcd"),
-            etcdctl: find("ETCDCTL", "etcdctl"),
         }
+        bins
     }
 }
 
