@@ -4,7 +4,7 @@
 //! event woke it gets the handler's `Arc<K>` instead of decoding it again.
 
 use std::any::{Any, TypeId};
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use bytes::Bytes;
@@ -36,6 +36,10 @@ type Latest<K> = HashMap<ObjectKey, (Seq, Bytes, Arc<K>)>;
 struct State<K> {
     entries: Entries<K>,
     latest: Latest<K>,
+    /// `latest`'s insertions in order (a key updated since appears again, later), so that
+    /// eviction drops one old object per new one: dropping thousands of decoded objects at
+    /// once stalled the dispatcher for tens of milliseconds (p99 of `benches/compare`).
+    order: VecDeque<(Seq, ObjectKey)>,
 }
 
 /// The decoded states of the most recent log entries, for one type `K`.
@@ -52,6 +56,7 @@ impl<K: DeserializeOwned> Decoded<K> {
             state: Mutex::new(State {
                 entries: BTreeMap::new(),
                 latest: HashMap::new(),
+                order: VecDeque::new(),
             }),
         }
     }
@@ -101,18 +106,21 @@ impl<K: DeserializeOwned> Decoded<K> {
     fn remember(&self, key: &ObjectKey, seq: Seq, bytes: &Bytes, k: &Arc<K>) {
         let mut st = self.lock();
         match st.latest.get_mut(key) {
-            Some(slot) if slot.0 >= seq => {}
+            Some(slot) if slot.0 >= seq => return,
             Some(slot) => *slot = (seq, bytes.clone(), k.clone()),
             None => {
                 st.latest.insert(key.clone(), (seq, bytes.clone(), k.clone()));
             }
         }
-        if st.latest.len() > 2 * WINDOW {
-            // Keep the keys of the window's entries only (amortised: this runs once per WINDOW
-            // new keys).
-            let oldest = st.entries.first_key_value().map_or(seq, |((s, _), _)| *s);
-            st.latest.retain(|_, (s, _, _)| *s >= oldest);
+        st.order.push_back((seq, key.clone()));
+        // At most WINDOW keys, evicted oldest first, one or two per call.
+        while st.latest.len() > WINDOW || st.order.len() > 2 * WINDOW {
+            let Some((s, k)) = st.order.pop_front() else { break };
+            if st.latest.get(&k).is_some_and(|(at, _, _)| *at == s) {
+                st.latest.remove(&k);
+            }
         }
+        debug_assert!(st.latest.len() <= WINDOW);
     }
 
     /// The object a handler decoded from exactly `bytes` as the newest state of `key`, if any.
@@ -226,7 +234,8 @@ mod tests {
             let key = ObjectKey::namespaced("ns", format!("o{i}"));
             d.get(Seq(i), Side::New, &b(r#"{"v":1}"#), Some(&key)).unwrap();
         }
-        assert!(d.lock().latest.len() <= 2 * WINDOW + 1);
+        assert!(d.lock().latest.len() <= WINDOW);
+        assert!(d.lock().order.len() <= 2 * WINDOW);
         let newest = ObjectKey::namespaced("ns", format!("o{}", 4 * WINDOW as u64 - 1));
         assert!(d.latest(&newest, &b(r#"{"v":1}"#)).is_some());
     }
