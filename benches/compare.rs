@@ -1,7 +1,7 @@
 //! durable-informer against kube-runtime's reflector, on the same simulated API server, over
 //! real HTTP, in one run (issue #9).
 //!
-//! `cargo bench --bench compare` (plain `main`, `harness = false`). Sizes: N = 10,000
+//! `cargo bench --features sim --bench compare` (plain `main`, `harness = false`). Sizes: N = 10,000
 //! generated ~4 KB Pods; `BENCH_LARGE=1` adds 100,000; `BENCH_N=1000,10000,…` replaces the list;
 //! `-- --quick` or `BENCH_QUICK=1` runs N = 200 and 1,000 with a short ladder as a smoke run.
 //! `BENCH_REPS` repetitions (3 by default, 1 in quick mode); in each repetition every scenario
@@ -816,7 +816,7 @@ fn command() -> Value {
             .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
     };
     json!({
-        "command": format!("{prefix}cargo bench --bench compare{suffix}"),
+        "command": format!("{prefix}cargo bench --features sim --bench compare{suffix}"),
         "argv": std::env::args().collect::<Vec<_>>(),
         "env": env,
         "git_commit": git(&["rev-parse", "HEAD"]),

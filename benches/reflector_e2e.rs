@@ -2,7 +2,7 @@
 //! loopback) → `Reflector` → durable store, with ~4 KB Pods from `WorkloadGen`. This is the
 //! path the 50,000 Pod events/s aim names; the `store` bench measures the store alone.
 //!
-//! `cargo bench --bench reflector_e2e` (plain `main`, `harness = false`); `-- --quick` or
+//! `cargo bench --features sim --bench reflector_e2e` (plain `main`, `harness = false`); `-- --quick` or
 //! `BENCH_QUICK=1` uses 10,000 Pods instead of 100,000 (`BENCH_N` sets any count). Prints
 //! events/s for:
 //!

@@ -1,6 +1,6 @@
 //! How fast the simulated API server streams watch events to one watcher over loopback.
 //!
-//! `cargo bench --bench sim_watch` (plain `main`, `harness = false`). Prints events/s and MB/s
+//! `cargo bench --features sim --bench sim_watch` (plain `main`, `harness = false`). Prints events/s and MB/s
 //! for: a watch replaying history (ConfigMaps, then ~4 KB Pods) and a live watch while a
 //! writer creates objects as fast as it can. The goal is >= 100,000 events/s, so the sim is
 //! never the bottleneck of the informer benchmarks.

@@ -13,8 +13,8 @@
 //! same informer (same scope in the database, one watch, one copy of the Pods).
 //!
 //! ```text
-//! cargo run --example controller_manager                         # against the built-in simulated cluster
-//! cargo run --example controller_manager -- --kubeconfig ~/.kube/config --db kcm.redb
+//! cargo run --features sim --example controller_manager                         # against the built-in simulated cluster
+//! cargo run --features sim --example controller_manager -- --kubeconfig ~/.kube/config --db kcm.redb
 //! ```
 
 #![allow(dead_code)] // shared with tests/example_controller_manager.rs, which uses other parts of it

@@ -6,8 +6,8 @@
 //! changed while it was away, not a fresh add of every Deployment.
 //!
 //! ```text
-//! cargo run --example deployment_lister                         # against the built-in simulated cluster
-//! cargo run --example deployment_lister -- --kubeconfig ~/.kube/config --db deployments.redb
+//! cargo run --features sim --example deployment_lister                         # against the built-in simulated cluster
+//! cargo run --features sim --example deployment_lister -- --kubeconfig ~/.kube/config --db deployments.redb
 //! ```
 
 #![allow(dead_code)] // shared with tests/example_deployment_lister.rs, which uses other parts of it

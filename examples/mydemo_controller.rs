@@ -5,8 +5,8 @@
 //! logs "deleted" instead of failing.
 //!
 //! ```text
-//! cargo run --example mydemo_controller                         # against the built-in simulated cluster
-//! cargo run --example mydemo_controller -- --kubeconfig ~/.kube/config --db mydemo.redb
+//! cargo run --features sim --example mydemo_controller                         # against the built-in simulated cluster
+//! cargo run --features sim --example mydemo_controller -- --kubeconfig ~/.kube/config --db mydemo.redb
 //! ```
 //! Against a real cluster, the `mydemos.crddemo.k8s.io` CRD must be installed.
 

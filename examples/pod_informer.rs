@@ -4,8 +4,8 @@
 //! function decodes only that field of the stored JSON.
 //!
 //! ```text
-//! cargo run --example pod_informer                         # against the built-in simulated cluster
-//! cargo run --example pod_informer -- --kubeconfig ~/.kube/config --db pods.redb
+//! cargo run --features sim --example pod_informer                         # against the built-in simulated cluster
+//! cargo run --features sim --example pod_informer -- --kubeconfig ~/.kube/config --db pods.redb
 //! ```
 //! Against the simulated cluster it generates Pods over three namespaces and four nodes, makes
 //! some Succeeded or Failed, prints the Pods per node, then finishes one more Pod and shows it

@@ -5,8 +5,8 @@
 //! `status.availableReplicas` back to the Foo.
 //!
 //! ```text
-//! cargo run --example sample_controller                         # against the built-in simulated cluster
-//! cargo run --example sample_controller -- --kubeconfig ~/.kube/config --db foo.redb
+//! cargo run --features sim --example sample_controller                         # against the built-in simulated cluster
+//! cargo run --features sim --example sample_controller -- --kubeconfig ~/.kube/config --db foo.redb
 //! ```
 //! Against a real cluster, the Foo CRD must be installed (see Kubernetes' sample-controller).
 

@@ -1,5 +1,5 @@
 //! Run the simulated API server with a generated workload, write a kubeconfig, and keep
-//! serving until Ctrl-C: `cargo run --example sim_serve -- [pods] [kubeconfig-path]`.
+//! serving until Ctrl-C: `cargo run --features sim --example sim_serve -- [pods] [kubeconfig-path]`.
 //! Then: `KUBECONFIG=/tmp/sim.kubeconfig kubectl get pods -A`.
 
 use durable_informer::sim::workload::{Churn, WorkloadGen};
