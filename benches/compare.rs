@@ -362,6 +362,14 @@ fn metrics(s: &SystemRep) -> Vec<Metric> {
         m("6 reads", "objects in the namespace", r.list_ns_len as f64);
         m("6 reads", "select app=web (µs)", r.by_label_us);
         m("6 reads", "objects selected", r.by_label_len as f64);
+        if let Some(c) = &r.cold {
+            m("6 reads", "hot tier off: get by key (µs)", c.get_us);
+            m("6 reads", "hot tier off: list one namespace (µs)", c.list_ns_us);
+            m("6 reads", "hot tier off: select app=web (µs)", c.by_label_us);
+        }
+        if let Some(mib) = r.hot_tier_mib {
+            m("6 reads", "hot tier held, as charged (MiB)", mib);
+        }
     }
     v
 }

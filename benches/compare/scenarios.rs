@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 #[path = "../../tests/common/churn.rs"]
 mod churn;
 use churn::LeaseChurn;
-use durable_informer::informer::{handler_fn, Event, HandlerOptions, Informer, Registration};
+use durable_informer::informer::{handler_fn, Event, HandlerOptions, Informer, Lister, Registration};
 use durable_informer::selector::LabelSelector;
 use durable_informer::sim::workload::{Churn, WorkloadGen};
 use durable_informer::sim::{Counters, Sim, SimConfig};
@@ -188,9 +188,19 @@ pub struct Ours {
 
 /// Opens (or reopens) the database at `path`, builds the informer with the label index,
 /// registers the counting handler and starts it. Does not wait for sync.
+/// Our store's configuration: the defaults, with `BENCH_HOT_TIER_BYTES` as the hot tier's
+/// budget when set (0 runs every scenario with the tier off, for an A/B of its cost).
+pub fn store_config(path: PathBuf) -> StoreConfig {
+    let config = StoreConfig::new(path);
+    match std::env::var("BENCH_HOT_TIER_BYTES").ok().and_then(|v| v.parse().ok()) {
+        Some(bytes) => config.hot_tier_bytes(bytes),
+        None => config,
+    }
+}
+
 pub async fn ours_start(sim: &Sim, path: &Path) -> Res<Ours> {
     let p = path.to_path_buf();
-    let db = tokio::task::spawn_blocking(move || DurableStore::open(StoreConfig::new(p))).await??;
+    let db = tokio::task::spawn_blocking(move || DurableStore::open(store_config(p))).await??;
     let source = KubeSource::typed::<Pod>(sim.client()?, &sim.url());
     let informer = Informer::<Pod>::builder(&db, source)
         .indexer(Indexer::labels())
@@ -800,6 +810,18 @@ pub struct Reads {
     pub list_ns_len: u64,
     /// Objects returned by the label select.
     pub by_label_len: u64,
+    /// Ours only: the same reads with the hot tier off (from redb).
+    pub cold: Option<ColdReads>,
+    /// Ours only: what the hot tier holds after the reads (MiB charged, objects with JSON).
+    pub hot_tier_mib: Option<f64>,
+}
+
+/// Ours' reads with the hot tier off, in microseconds per operation.
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct ColdReads {
+    pub get_us: f64,
+    pub list_ns_us: f64,
+    pub by_label_us: f64,
 }
 
 /// Time budget of one read measurement: it stops after `iters` operations or this long,
@@ -823,43 +845,76 @@ fn time_per_op(iters: usize, mut f: impl FnMut(usize) -> Res<u64>) -> Res<(f64, 
     Ok((t.elapsed().as_secs_f64() * 1e6 / done.max(1) as f64, last))
 }
 
-/// Reads through our lister (gets, namespace lists) and the label index.
-pub async fn ours_reads(sim: &Sim, n: usize, gets: usize, lists: usize, dir: &Path) -> Res<Reads> {
-    let ours = ours_start(sim, &dir.join("compare.redb")).await?;
-    ours.caught_up(sim).await?;
+/// Timed reads through one lister: get by key, list a namespace, the label index.
+fn lister_reads(lister: &Lister<Pod>, n: usize, gets: usize, lists: usize) -> Res<(ColdReads, u64, u64)> {
     let ns = namespaces(n);
-    let lister = ours.informer.lister();
-    let store = ours.informer.store();
-    let (get_us, _) = tokio::task::block_in_place(|| {
-        time_per_op(gets, |i| {
-            let (namespace, name) = pod_ref(&ns, i.wrapping_mul(7919) % n);
-            let p = lister.namespace(namespace).get(&name)?;
-            Ok(u64::from(p.is_some()))
-        })
+    let (get_us, _) = time_per_op(gets, |i| {
+        let (namespace, name) = pod_ref(&ns, i.wrapping_mul(7919) % n);
+        let p = lister.namespace(namespace).get(&name)?;
+        Ok(u64::from(p.is_some()))
     })?;
     let all = LabelSelector::everything();
-    let (list_ns_us, list_ns_len) = tokio::task::block_in_place(|| {
-        time_per_op(lists, |i| {
-            Ok(lister.namespace(&ns[i % ns.len()]).list(&all)?.len() as u64)
-        })
+    let (list_ns_us, list_ns_len) = time_per_op(lists, |i| {
+        Ok(lister.namespace(&ns[i % ns.len()]).list(&all)?.len() as u64)
     })?;
-    let (by_label_us, by_label_len) = tokio::task::block_in_place(|| {
-        time_per_op(lists, |_| {
-            let v: Vec<Pod> = store
-                .by_index("labels", "app=web")?
-                .iter()
-                .map(|o| o.decode::<Pod>())
-                .collect::<Result<_, _>>()?;
-            Ok(v.len() as u64)
-        })
-    })?;
-    ours.stop().await?;
-    Ok(Reads {
-        get_us,
-        list_ns_us,
-        by_label_us,
+    let (by_label_us, by_label_len) = time_per_op(lists, |_| Ok(lister.by_index("labels", "app=web")?.len() as u64))?;
+    Ok((
+        ColdReads {
+            get_us,
+            list_ns_us,
+            by_label_us,
+        },
         list_ns_len,
         by_label_len,
+    ))
+}
+
+/// Reads through our lister (gets, namespace lists, the label index): with the default hot
+/// tier after a cold sync (every object read once first, as kube-runtime decoded each during
+/// its sync), then from redb alone (the database reopened with the tier off).
+pub async fn ours_reads(sim: &Sim, n: usize, gets: usize, lists: usize, dir: &Path) -> Res<Reads> {
+    let path = dir.join("compare.redb");
+    let ours = ours_start(sim, &path).await?;
+    ours.caught_up(sim).await?;
+    let lister = ours.informer.lister();
+    let store = ours.informer.store();
+    let t = Instant::now();
+    // (No tier when BENCH_HOT_TIER_BYTES=0.)
+    while store.hot_tier_stats().is_some_and(|s| !s.loaded) {
+        if t.elapsed() > TIMEOUT {
+            return Err("the hot tier did not load".into());
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let (hot, list_ns_len, by_label_len) = tokio::task::block_in_place(|| {
+        lister.list(&LabelSelector::everything())?;
+        lister_reads(&lister, n, gets, lists)
+    })?;
+    let hot_tier_mib = store
+        .hot_tier_stats()
+        .map(|s| s.charged_bytes as f64 / f64::from(1 << 20));
+    drop((lister, store));
+    ours.stop().await?;
+    let p = path.clone();
+    let db = tokio::task::spawn_blocking(move || DurableStore::open(StoreConfig::new(p).hot_tier_bytes(0))).await??;
+    let source = KubeSource::typed::<Pod>(sim.client()?, &sim.url());
+    // Not started: its store answers from what the database holds.
+    let informer = Informer::<Pod>::builder(&db, source)
+        .indexer(Indexer::labels())
+        .build()
+        .await?;
+    let lister = informer.lister();
+    let (cold, _, _) = tokio::task::block_in_place(|| lister_reads(&lister, n, gets, lists))?;
+    drop((lister, informer));
+    tokio::task::spawn_blocking(move || db.close()).await??;
+    Ok(Reads {
+        get_us: hot.get_us,
+        list_ns_us: hot.list_ns_us,
+        by_label_us: hot.by_label_us,
+        list_ns_len,
+        by_label_len,
+        cold: Some(cold),
+        hot_tier_mib,
     })
 }
 
@@ -898,6 +953,8 @@ pub async fn theirs_reads(sim: &Sim, n: usize, gets: usize, lists: usize) -> Res
         by_label_us,
         list_ns_len,
         by_label_len,
+        cold: None,
+        hot_tier_mib: None,
     })
 }
 
@@ -936,7 +993,7 @@ pub async fn memory_child(system: &str, url: &str, n: u64, db: &Path, restart: b
                 let _ = std::fs::remove_file(db);
             }
             let p = db.to_path_buf();
-            let store = tokio::task::spawn_blocking(move || DurableStore::open(StoreConfig::new(p))).await??;
+            let store = tokio::task::spawn_blocking(move || DurableStore::open(store_config(p))).await??;
             let informer = Informer::<Pod>::builder(&store, KubeSource::typed::<Pod>(client, url))
                 .indexer(Indexer::labels())
                 .build()

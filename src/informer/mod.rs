@@ -192,10 +192,20 @@ pub struct InformerBuilder<'a, K, S> {
     config: ReflectorConfig,
     resync: Option<Duration>,
     allow_secrets: bool,
+    hot_tier: Option<usize>,
     _k: PhantomData<fn() -> K>,
 }
 
 impl<K, S: Source> InformerBuilder<'_, K, S> {
+    /// The byte budget of this informer's hot tier (default: the database's
+    /// [`StoreConfig::hot_tier_bytes`](crate::store::StoreConfig::hot_tier_bytes), 512 MiB);
+    /// 0 turns it off, and listers then read redb. The first informer of a scope sets it.
+    #[must_use]
+    pub fn hot_tier_bytes(mut self, bytes: usize) -> Self {
+        self.hot_tier = Some(bytes);
+        self
+    }
+
     /// Allows caching Secrets. They are then stored on disk, in the database file (created
     /// 0600): protect it like the Secrets themselves. Without this, an informer of core/v1
     /// `secrets` is refused.
@@ -260,6 +270,10 @@ where
             self.db.register_index(scope, ix);
             writer.ensure_index(scope, name).await?;
         }
+        let hot = self.hot_tier.unwrap_or_else(|| self.db.hot_tier_bytes());
+        if hot > 0 {
+            writer.enable_hot_tier(scope, hot).await?;
+        }
         let store = self.db.store(scope);
         let resource = self.source.resource();
         let record = store.record()?;
@@ -316,6 +330,7 @@ where
             config: ReflectorConfig::default(),
             resync: None,
             allow_secrets: false,
+            hot_tier: None,
             _k: PhantomData,
         }
     }

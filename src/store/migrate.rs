@@ -112,6 +112,7 @@ mod tests {
             indexes: Default::default(),
             dicts: Default::default(),
             config,
+            hot: Default::default(),
         }
     }
 

@@ -34,6 +34,7 @@ mod check;
 mod codec;
 mod dict;
 mod error;
+mod hot;
 mod index;
 mod migrate;
 mod read;
@@ -51,6 +52,8 @@ use std::time::Duration;
 pub use check::CheckReport;
 pub use codec::{CodecError, Compression, DeltaKind, ScopeRecord};
 pub use error::StoreError;
+pub use hot::HotTierStats;
+pub(crate) use hot::{HotEntry, HotTier, HotView};
 pub use index::{IndexFunc, Indexer, LABELS, NAMESPACE};
 pub use read::{IndexStatus, LogReader, LogRecord, Snapshot, Store, StoredObject};
 pub use schema::{CursorName, IndexName, IndexValue, ScopeId, Seq};
@@ -80,7 +83,11 @@ pub struct StoreConfig {
     pub(crate) clock: Option<WrapClock>,
     pub(crate) compact_step: usize,
     pub(crate) backfill_step: usize,
+    pub(crate) hot_tier_bytes: usize,
 }
+
+/// Default byte budget of an informer's hot tier: 512 MiB (about 40,000 objects of 4 KB).
+pub const DEFAULT_HOT_TIER_BYTES: usize = 512 << 20;
 
 /// Most log entries one compaction transaction removes (automatic or explicit).
 pub const COMPACT_STEP: usize = 4096;
@@ -139,7 +146,21 @@ impl StoreConfig {
             clock: None,
             compact_step: COMPACT_STEP,
             backfill_step: BACKFILL_STEP,
+            hot_tier_bytes: DEFAULT_HOT_TIER_BYTES,
         }
+    }
+
+    /// The default byte budget of each informer's hot tier (default
+    /// [`DEFAULT_HOT_TIER_BYTES`]; 0 turns hot tiers off). The tier mirrors the scope's keys,
+    /// metadata and index postings in memory, and the JSON and decoded objects of the most
+    /// recently written or read objects within this budget (each object's JSON charged three
+    /// times, for the JSON and its decoded form), so listers answer without touching redb.
+    /// [`InformerBuilder::hot_tier_bytes`](crate::informer::InformerBuilder::hot_tier_bytes)
+    /// sets it per informer.
+    #[must_use]
+    pub fn hot_tier_bytes(mut self, bytes: usize) -> Self {
+        self.hot_tier_bytes = bytes;
+        self
     }
 
     /// Whether commits are fsynced before they are acknowledged (default true). Without it a
@@ -394,6 +415,8 @@ pub(crate) struct Shared {
     pub(crate) dicts: dict::DictCache,
     /// How the database was opened: the writer reopens it the same way after an I/O error.
     config: StoreConfig,
+    /// The hot tiers of the scopes that have one (kept by the writer thread).
+    pub(crate) hot: std::sync::RwLock<std::collections::HashMap<ScopeId, Arc<hot::HotTier>>>,
 }
 
 impl Shared {
@@ -481,6 +504,7 @@ impl DurableStore {
             indexes: IndexRegistry::default(),
             dicts: dict::DictCache::default(),
             config: config.clone(),
+            hot: std::sync::RwLock::default(),
         });
         migrate::run(&shared)?;
         let (writer, thread) = writer::spawn(shared.clone(), &config)?;
@@ -501,6 +525,12 @@ impl DurableStore {
     #[must_use]
     pub fn store(&self, scope: ScopeId) -> Store {
         Store::new(self.shared.clone(), scope)
+    }
+
+    /// The default hot tier budget of this database's informers ([`StoreConfig::hot_tier_bytes`]).
+    #[must_use]
+    pub fn hot_tier_bytes(&self) -> usize {
+        self.shared.config.hot_tier_bytes
     }
 
     /// A reader of the delta log.

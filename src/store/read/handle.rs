@@ -7,6 +7,7 @@ use redb::ReadableDatabase;
 use serde::de::DeserializeOwned;
 
 use super::super::codec::ScopeRecord;
+use super::super::hot::HotTier;
 use super::super::schema::ScopeId;
 use super::super::{Shared, StoreError};
 use crate::object::{ObjectKey, ObjectMeta, ResourceVersion};
@@ -18,6 +19,8 @@ use super::{IndexStatus, Snapshot, StoredObject};
 pub struct Store {
     shared: Arc<Shared>,
     scope: ScopeId,
+    /// The scope's hot tier once seen (a tier, once given, stays for the store's life).
+    hot: Arc<std::sync::OnceLock<Arc<HotTier>>>,
 }
 
 impl std::fmt::Debug for Store {
@@ -30,7 +33,41 @@ impl std::fmt::Debug for Store {
 
 impl Store {
     pub(crate) fn new(shared: Arc<Shared>, scope: ScopeId) -> Self {
-        Self { shared, scope }
+        Self {
+            shared,
+            scope,
+            hot: Arc::default(),
+        }
+    }
+
+    /// The scope's hot tier, if it has one (loaded or not).
+    pub(crate) fn hot(&self) -> Option<Arc<HotTier>> {
+        if let Some(t) = self.hot.get() {
+            return Some(t.clone());
+        }
+        let tier = self
+            .shared
+            .hot
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .get(&self.scope)
+            .cloned()?;
+        Some(self.hot.get_or_init(|| tier).clone())
+    }
+
+    /// What the scope's hot tier holds, if it has one (see
+    /// [`StoreConfig::hot_tier_bytes`](crate::store::StoreConfig::hot_tier_bytes)).
+    ///
+    /// ```no_run
+    /// # fn f(store: durable_informer::store::Store) {
+    /// if let Some(stats) = store.hot_tier_stats() {
+    ///     println!("{} objects, {} with their JSON in memory", stats.objects, stats.with_json);
+    /// }
+    /// # }
+    /// ```
+    #[must_use]
+    pub fn hot_tier_stats(&self) -> Option<super::super::HotTierStats> {
+        self.hot().map(|t| t.stats())
     }
 
     /// The scope this handle reads.

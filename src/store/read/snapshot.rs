@@ -38,6 +38,27 @@ pub struct Snapshot {
 }
 
 impl Snapshot {
+    /// A view over an open read transaction.
+    pub(crate) fn from_txn(shared: Arc<Shared>, txn: ReadTransaction, scope: ScopeId) -> Self {
+        Self { shared, txn, scope }
+    }
+
+    /// Every (value, key) row of one index, in order.
+    pub(crate) fn index_rows(&self, name: &IndexName) -> Result<Vec<(IndexValue, ObjectKey)>, StoreError> {
+        let s = &self.shared;
+        let table = self.txn.open_table(INDEX).map_err(|e| s.storage(e))?;
+        let (start, end) = keys::index_range(self.scope, name);
+        let mut out = Vec::new();
+        for row in table
+            .range::<&[u8]>(start.as_slice()..end.as_slice())
+            .map_err(|e| s.storage(e))?
+        {
+            let (k, _) = row.map_err(|e| s.storage(e))?;
+            out.push(keys::decode_index(k.value(), self.scope, name)?);
+        }
+        Ok(out)
+    }
+
     fn objects_in(&self, start: &[u8], end: &[u8]) -> Result<Vec<StoredObject>, StoreError> {
         self.objects_in_limited(start, end, usize::MAX)
     }

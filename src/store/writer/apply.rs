@@ -8,6 +8,7 @@ use redb::{ReadableTable, WriteTransaction};
 
 use super::super::codec::{self, Compression, DataRef, DeltaKind, LogHeader, PrevRef, ScopeRecord};
 use super::super::dict;
+use super::super::hot::HotOp;
 use super::super::index::Indexer;
 use super::super::schema::{keys, IndexName, ScopeId, INDEX, INDEX_REV, LOG, OBJECTS};
 use super::super::StoreError;
@@ -183,6 +184,7 @@ impl WriterThread {
                 for ix in indexers {
                     self.set_index_values(t, scope, &ix.name, &key, &[])?;
                 }
+                self.journal_hot(scope, || HotOp::Remove(key.clone()));
                 record.object_count = record.object_count.saturating_sub(1);
                 Ok(true)
             }
@@ -233,10 +235,22 @@ impl WriterThread {
                 t.objects
                     .insert(okey.as_slice(), row.as_slice())
                     .map_err(|e| self.st(e))?;
+                let hot = self.is_hot(scope);
+                let mut hot_values = Vec::new();
                 for ix in indexers {
                     let values = ix.values(&obj.meta, &obj.bytes);
                     self.set_index_values(t, scope, &ix.name, &key, &values)?;
+                    if hot {
+                        hot_values.push((ix.name.clone(), values));
+                    }
                 }
+                self.journal_hot(scope, || HotOp::Put {
+                    meta: Box::new(obj.meta.clone()),
+                    // A copy: the received bytes may be a slice of a larger buffer (a watch
+                    // line, a list page) that the tier would otherwise keep alive.
+                    bytes: Bytes::copy_from_slice(&obj.bytes),
+                    values: hot_values,
+                });
                 if existing.is_none() {
                     record.object_count += 1;
                 }

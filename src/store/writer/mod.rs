@@ -66,6 +66,8 @@ enum Command {
     Flush(Ack<()>),
     Identity(String, bool, Ack<bool>),
     ResetScope(ScopeId, Ack<()>),
+    /// Gives a scope a hot tier with this byte budget (after the group commits).
+    HotTier(ScopeId, usize, Ack<()>),
     Shutdown,
 }
 
@@ -272,6 +274,15 @@ impl Writer {
         rx.await.map_err(|_| StoreError::WriterGone)?
     }
 
+    /// Gives `scope` a hot tier (an in-memory mirror read by its listers) holding up to
+    /// `budget` bytes of JSON; it loads in the background, and reads use the database until
+    /// then. A scope that has one keeps the first budget.
+    pub async fn enable_hot_tier(&self, scope: ScopeId, budget: usize) -> Result<(), StoreError> {
+        let (ack, rx) = oneshot::channel();
+        self.send(Command::HotTier(scope, budget, ack))?;
+        rx.await.map_err(|_| StoreError::WriterGone)?
+    }
+
     /// The last committed log seq, updated after every commit.
     #[must_use]
     pub fn committed(&self) -> watch::Receiver<Seq> {
@@ -320,6 +331,8 @@ pub(crate) fn spawn(
         backfill_turn: Cell::new(false),
         dicts: RefCell::new(HashMap::new()),
         pending_dicts: RefCell::new(Vec::new()),
+        hot: RefCell::new(HashMap::new()),
+        hot_ops: RefCell::new(Vec::new()),
         poisoned: Cell::new(false),
         size_observed: Cell::new(None),
     };

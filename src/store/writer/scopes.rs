@@ -3,6 +3,7 @@
 use redb::{ReadableTable, WriteTransaction};
 
 use super::super::codec::{self, ScopeRecord};
+use super::super::hot::HotOp;
 use super::super::schema::{
     keys, ScopeId, Seq, CURSORS, INDEX, INDEX_REV, META, META_CLUSTER_IDENTITY, OBJECTS, RELIST, SCOPES, SCOPE_NAMES,
 };
@@ -107,6 +108,7 @@ impl WriterThread {
         index
             .retain_in::<&[u8], _>(range, |_, _| false)
             .map_err(|e| self.st(e))?;
+        self.journal_hot(scope, || HotOp::Clear);
         record.rv = None;
         record.synced = false;
         record.object_count = 0;

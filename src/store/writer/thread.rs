@@ -10,6 +10,8 @@ use redb::WriteTransaction;
 use tokio::sync::{oneshot, watch};
 
 use super::super::codec::Compression;
+use super::super::hot::{HotOp, HotTier};
+use super::super::read::Snapshot;
 use super::super::schema::{IndexName, ScopeId, Seq, META, META_LAST_SEQ};
 use super::super::{Shared, StoreError};
 use super::retention::{Compaction, Goal};
@@ -49,6 +51,10 @@ pub(super) struct WriterThread {
     /// Scopes whose dictionary was trained in the open group: forgotten if it rolls back,
     /// published once it commits.
     pub(super) pending_dicts: RefCell<Vec<u32>>,
+    /// The scopes with a hot tier, and the open group's changes to them (applied after the
+    /// commit, dropped on a rollback).
+    pub(super) hot: RefCell<HashMap<u32, Arc<HotTier>>>,
+    pub(super) hot_ops: RefCell<Vec<(u32, HotOp)>>,
     /// Committed dictionaries, for [`Writer::submit`] to compress with.
     pub(super) published: PublishedDicts,
     /// What the open group's batches held, freed by the `reaper` thread after the group: the
@@ -91,6 +97,8 @@ pub(super) enum Reply {
     Relist(Ack<RelistSummary>, Result<RelistSummary, StoreError>),
     Compact(Ack<CompactReport>, Result<CompactReport, StoreError>),
     Bool(Ack<bool>, Result<bool, StoreError>),
+    /// A hot tier to start once the group committed.
+    Hot(Ack<()>, ScopeId, usize),
     /// Work that goes on in bounded transactions after this commit; acknowledged when it is done.
     Deferred(Deferred),
 }
@@ -208,6 +216,12 @@ impl WriterThread {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .clear();
         self.poisoned.set(false);
+        // Relaxed commits lost with the error may be in the tiers: load them again.
+        self.hot_ops.borrow_mut().clear();
+        let tiers: Vec<(u32, Arc<HotTier>)> = self.hot.borrow().iter().map(|(s, t)| (*s, t.clone())).collect();
+        for (scope, tier) in tiers {
+            self.load_hot(ScopeId(scope), &tier);
+        }
         self.seq_tx.send_if_modified(|seq| {
             let changed = *seq != last;
             *seq = last;
@@ -277,7 +291,7 @@ impl WriterThread {
         let rest: Vec<Command> = pending.collect();
         if let Some(e) = fatal {
             drop(txn);
-            self.forget_pending_dicts();
+            self.forget_group();
             self.next_seq.set(start_seq);
             tracing::warn!(error = %e, "group commit rolled back");
             self.note(&e);
@@ -289,7 +303,7 @@ impl WriterThread {
         let saved = save_last_seq(&self.shared, &txn, last.0).and_then(|()| self.date_commit(&txn, start_seq, last.0));
         if let Err(e) = saved {
             self.note(&e);
-            self.forget_pending_dicts();
+            self.forget_group();
             self.next_seq.set(start_seq);
             fail_replies(replies, &e);
             return 0;
@@ -298,7 +312,7 @@ impl WriterThread {
             let e = self.shared.storage(e);
             tracing::warn!(error = %e, "commit failed");
             self.note(&e);
-            self.forget_pending_dicts();
+            self.forget_group();
             self.next_seq.set(start_seq);
             fail_replies(replies, &e);
             return 0;
@@ -308,10 +322,15 @@ impl WriterThread {
                 self.publish(scope, d);
             }
         }
+        self.publish_hot(last);
         self.seq_tx.send_replace(last);
         for r in replies {
             match r {
                 Reply::Deferred(d) => self.defer(d),
+                Reply::Hot(ack, scope, budget) => {
+                    self.enable_hot(scope, budget);
+                    let _ = ack.send(Ok(()));
+                }
                 r => send_reply(r, last),
             }
         }
@@ -366,7 +385,91 @@ impl WriterThread {
             Command::Flush(ack) => Ok(Reply::Unit(ack, Ok(()))),
             Command::Identity(id, reset, ack) => run!(Bool, ack, self.identity(txn, &id, reset)),
             Command::ResetScope(scope, ack) => run!(Unit, ack, self.reset_scope(txn, scope)),
+            Command::HotTier(scope, budget, ack) => Ok(Reply::Hot(ack, scope, budget)),
             Command::Shutdown => Ok(Reply::Unit(oneshot::channel().0, Ok(()))),
+        }
+    }
+
+    /// Forgets what the open group prepared, after it rolled back.
+    fn forget_group(&self) {
+        self.forget_pending_dicts();
+        self.hot_ops.borrow_mut().clear();
+    }
+
+    /// Journals a change to a scope's objects for its hot tier, if it has one.
+    pub(super) fn journal_hot(&self, scope: ScopeId, op: impl FnOnce() -> HotOp) {
+        if self.hot.borrow().contains_key(&scope.0) {
+            self.hot_ops.borrow_mut().push((scope.0, op()));
+        }
+    }
+
+    /// Whether `scope` has a hot tier (so its changes are journaled).
+    pub(super) fn is_hot(&self, scope: ScopeId) -> bool {
+        self.hot.borrow().contains_key(&scope.0)
+    }
+
+    /// Applies the committed group's changes to the hot tiers, before `last` is published.
+    fn publish_hot(&self, last: Seq) {
+        let hot = self.hot.borrow();
+        if hot.is_empty() {
+            return;
+        }
+        let mut by_scope: HashMap<u32, Vec<HotOp>> = HashMap::new();
+        for (scope, op) in self.hot_ops.borrow_mut().drain(..) {
+            by_scope.entry(scope).or_default().push(op);
+        }
+        for (scope, tier) in hot.iter() {
+            tier.apply(by_scope.remove(scope).unwrap_or_default(), last);
+        }
+    }
+
+    /// Gives `scope` a hot tier (between groups), loaded in the background.
+    fn enable_hot(&self, scope: ScopeId, budget: usize) {
+        if budget == 0 || self.hot.borrow().contains_key(&scope.0) {
+            return;
+        }
+        let tier = Arc::new(HotTier::new(scope, budget));
+        self.hot.borrow_mut().insert(scope.0, tier.clone());
+        self.shared
+            .hot
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .insert(scope, tier.clone());
+        self.load_hot(scope, &tier);
+    }
+
+    /// Loads `tier` from a snapshot of the database as it is now (between groups), on a
+    /// thread of its own; the writer journals the groups after it meanwhile.
+    fn load_hot(&self, scope: ScopeId, tier: &Arc<HotTier>) {
+        use redb::ReadableDatabase;
+        let load = tier.begin_load();
+        let txn = self
+            .shared
+            .db()
+            .and_then(|db| db.begin_read().map_err(|e| self.shared.storage(e)));
+        let indexes = self
+            .shared
+            .indexes
+            .for_scope(scope)
+            .into_iter()
+            .map(|ix| ix.name)
+            .collect::<Vec<_>>();
+        let shared = self.shared.clone();
+        let tier2 = tier.clone();
+        let spawned = std::thread::Builder::new()
+            .name("durable-informer-hot".into())
+            .spawn(move || match txn {
+                Ok(txn) => tier2.load(load, &Snapshot::from_txn(shared, txn, scope), &indexes),
+                Err(e) => tier2.fail(load, &e),
+            });
+        if let Err(e) = spawned {
+            tier.fail(
+                load,
+                &StoreError::Io {
+                    path: "hot tier loader thread".into(),
+                    source: e,
+                },
+            );
         }
     }
 
@@ -391,6 +494,7 @@ pub(super) fn send_reply(reply: Reply, last: Seq) {
         Reply::Relist(a, r) => drop(a.send(r)),
         Reply::Compact(a, r) => drop(a.send(r)),
         Reply::Bool(a, r) => drop(a.send(r)),
+        Reply::Hot(a, _, _) => drop(a.send(Err(StoreError::Aborted("hot tier request was dropped".into())))),
         // Handled by the writer before replies are sent.
         Reply::Deferred(d) => d.fail(&StoreError::Aborted("deferred work was dropped".into())),
     }
@@ -405,6 +509,7 @@ pub(super) fn fail_replies(replies: Vec<Reply>, e: &StoreError) {
             Reply::Relist(a, _) => drop(a.send(Err(e.to_aborted()))),
             Reply::Compact(a, _) => drop(a.send(Err(e.to_aborted()))),
             Reply::Bool(a, _) => drop(a.send(Err(e.to_aborted()))),
+            Reply::Hot(a, _, _) => drop(a.send(Err(e.to_aborted()))),
             Reply::Deferred(d) => d.fail(e),
         }
     }
@@ -421,7 +526,8 @@ pub(super) fn fail_all(cmds: Vec<Command>, e: &StoreError) {
             | Command::EnsureIndex(_, _, a)
             | Command::SetCursor(_, _, _, a)
             | Command::DeleteCursor(_, _, a)
-            | Command::ResetScope(_, a) => drop(a.send(Err(err))),
+            | Command::ResetScope(_, a)
+            | Command::HotTier(_, _, a) => drop(a.send(Err(err))),
             Command::FinishRelist(_, _, _, a) => drop(a.send(Err(err))),
             Command::Compact(_, a) => drop(a.send(Err(err))),
             Command::Settle(a) | Command::Flush(a) => drop(a.send(Err(err))),
