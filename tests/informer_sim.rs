@@ -608,3 +608,79 @@ async fn a_dynamic_object_informer_lists_and_delivers_like_a_typed_one() {
     );
     informer.shutdown().await.unwrap();
 }
+
+/// Deliver before the fsync: with a durable commit an hour away, a volatile handler and the
+/// lister see a change at once, a durable handler only once it is on disk.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_durable_handler_receives_only_what_is_on_disk() {
+    let sim = sim().await;
+    let dir = tempfile::tempdir().unwrap();
+    let db =
+        DurableStore::open(StoreConfig::new(dir.path().join("db.redb")).fsync_delay(Some(Duration::from_secs(3600))))
+            .unwrap();
+    let source = durable_informer::source::KubeSource::typed::<Pod>(sim.client().unwrap(), &sim.url());
+    let informer = durable_informer::informer::Informer::<Pod>::builder(&db, source)
+        .build()
+        .await
+        .unwrap();
+    let volatile: Arc<Mutex<Vec<(Seen, bool)>>> = Arc::default();
+    let durable: Arc<Mutex<Vec<(Seen, bool)>>> = Arc::default();
+    let _v = informer.add_event_handler(recorder(volatile.clone()), HandlerOptions::volatile());
+    let _d = informer.add_event_handler(recorder(durable.clone()), HandlerOptions::durable("on-disk"));
+    informer.start();
+    tokio::time::timeout(Duration::from_secs(20), informer.wait_for_sync())
+        .await
+        .unwrap();
+    eventually("both handlers got the initial adds", || {
+        volatile.lock().unwrap().len() == 60 && durable.lock().unwrap().len() == 60
+    })
+    .await;
+    let pod = informer
+        .lister()
+        .list(&durable_informer::selector::LabelSelector::everything())
+        .unwrap()
+        .remove(0);
+    let (ns, name) = (
+        pod.metadata.namespace.clone().unwrap(),
+        pod.metadata.name.clone().unwrap(),
+    );
+    sim.patch(
+        "pods",
+        Some(&ns),
+        &name,
+        &serde_json::json!({"metadata": {"labels": {"changed": "yes"}}}),
+    )
+    .unwrap();
+    eventually("the volatile handler got the update", || {
+        volatile.lock().unwrap().len() == 61
+    })
+    .await;
+    let seen = informer.lister().namespace(&ns).get(&name).unwrap().unwrap();
+    assert_eq!(
+        seen.metadata
+            .labels
+            .as_ref()
+            .and_then(|l| l.get("changed"))
+            .map(String::as_str),
+        Some("yes"),
+        "the lister has it"
+    );
+    let writer = db.writer();
+    assert!(
+        *writer.durable().borrow() < *writer.committed().borrow(),
+        "not on disk yet"
+    );
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(
+        durable.lock().unwrap().len(),
+        60,
+        "the durable handler waits for the disk"
+    );
+    writer.flush().await.unwrap();
+    assert_eq!(*writer.durable().borrow(), *writer.committed().borrow());
+    eventually("the durable handler got it once on disk", || {
+        durable.lock().unwrap().len() == 61
+    })
+    .await;
+    informer.shutdown().await.unwrap();
+}

@@ -806,3 +806,70 @@ fn informer_survives_storage_faults() {
     drop(informer);
     check_clean(&db);
 }
+
+/// Batches with a deferred fsync are acknowledged before the disk has them. When the durable
+/// commit that follows fails, some of them may be lost, but only whole and only from the end:
+/// the store is at some committed state, the durable seq never passed what the file holds, and
+/// a batch that requires a lost one is refused (a reflector then re-watches from the file).
+#[test]
+fn a_failed_deferred_fsync_loses_only_whole_trailing_batches_and_refuses_their_successors() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let faults = Arc::new(Faults::default());
+    let db = DurableStore::open(
+        config(&dir.path().join("db.redb"), &faults).fsync_delay(Some(std::time::Duration::from_secs(3600))),
+    )
+    .expect("open");
+    let w = db.writer();
+    let scope = w
+        .register_scope_blocking(&ScopeSpec::new("", "v1", "configmaps"))
+        .expect("scope");
+    for rv in 1..=5 {
+        apply_one(&db, scope, rv).expect("durable base");
+    }
+    let base_seq = *w.durable().borrow();
+    assert_eq!(base_seq, *w.committed().borrow(), "plain batches are fsynced at once");
+    let mut prev = 5u64;
+    for rv in 10..15u64 {
+        w.apply_blocking(
+            Batch::new(scope)
+                .delta(DeltaKind::Added, object(&format!("obj-{rv}"), rv, 500))
+                .rv(rv.to_string())
+                .requires(prev.to_string())
+                .deferred_fsync(),
+        )
+        .expect("a deferred batch is acknowledged once committed");
+        prev = rv;
+    }
+    assert_eq!(*w.durable().borrow(), base_seq, "deferred batches are not on disk yet");
+    assert!(*w.committed().borrow() > base_seq);
+    faults.fail_syncs.store(1, Ordering::SeqCst);
+    let flushed = w.flush_blocking();
+    assert!(flushed.is_err(), "the durable commit failed: {flushed:?}");
+    assert!(faults.report("a_failed_deferred_fsync") > 0);
+    // The fault is gone; the next durable commit reopens the file first.
+    w.flush_blocking().expect("flush after the fault");
+    assert_eq!(*w.durable().borrow(), *w.committed().borrow());
+    let (objs, rv) = state(&db, scope);
+    let rv: u64 = rv.expect("an RV").parse().expect("numeric");
+    // Whatever survived is the base plus the deferred batches up to `rv`, RV and data together.
+    let mut want: Vec<String> = (1..=5).map(|i| format!("obj-{i}")).collect();
+    want.extend((10..=rv).map(|i| format!("obj-{i}")));
+    want.sort();
+    assert_eq!(objs.keys().cloned().collect::<Vec<_>>(), want, "rv {rv}");
+    assert!(rv == 5 || (10..15).contains(&rv), "rv {rv}");
+    check_clean(&db);
+    // The successor of the last deferred batch commits only if that batch survived.
+    let next = w.apply_blocking(
+        Batch::new(scope)
+            .delta(DeltaKind::Added, object("obj-20", 20, 500))
+            .rv("20")
+            .requires("14")
+            .deferred_fsync(),
+    );
+    match (rv, next) {
+        (14, Ok(_)) => {}
+        (14, Err(e)) => panic!("the predecessor is there: {e}"),
+        (_, Ok(_)) => panic!("committed after a lost predecessor (rv {rv})"),
+        (_, Err(e)) => assert!(matches!(e, StoreError::PredecessorMissing { .. }), "{e}"),
+    }
+}

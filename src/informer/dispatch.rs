@@ -116,7 +116,14 @@ pub(crate) async fn run<K>(
         }
     }
     position.send_replace(cursor);
-    let mut committed = ctx.writer.committed();
+    // A durable handler reads only what is on disk, so a crash never takes back an event it
+    // acknowledged; a volatile one reads every commit.
+    let durable = opts.name.is_some();
+    let mut committed = if durable {
+        ctx.writer.durable()
+    } else {
+        ctx.writer.committed()
+    };
     let mut status = ctx.status.clone();
     let mut sync_seq = ctx.sync_seq.clone();
     let period = opts.resync.unwrap_or(Duration::MAX);
@@ -129,8 +136,18 @@ pub(crate) async fn run<K>(
         }
         let log = ctx.log.clone();
         let scope = ctx.scope;
+        let head = *committed.borrow_and_update();
+        if head < cursor {
+            // Commits that never reached the disk were rolled back after a failed fsync; their
+            // seqs are handed out again for what the reflector fetches anew: read them. (A
+            // durable handler is never past the durable seq, unless persisting its cursor after
+            // initial adds failed: it then gets those entries again, at least once.)
+            cursor = head;
+            position.send_replace(cursor);
+        }
+        let bound = durable.then_some(head);
         let read = tokio::task::spawn_blocking(move || log.read_scope_after_contiguous(cursor, BATCH, scope)).await;
-        let (records, scanned) = match read {
+        let (mut records, mut scanned) = match read {
             Ok(Ok(r)) => r,
             Ok(Err(e @ crate::store::StoreError::LogCompacted { .. })) => {
                 // Only possible without a durable cursor (compaction stops below those): what
@@ -156,6 +173,11 @@ pub(crate) async fn run<K>(
             }
             Err(_) => return,
         };
+        if let Some(bound) = bound {
+            // Entries committed but not yet on disk wait for the durable commit.
+            records.retain(|r| r.seq <= bound);
+            scanned = scanned.min(bound).max(cursor);
+        }
         if records.is_empty() {
             if scanned > cursor {
                 cursor = scanned;

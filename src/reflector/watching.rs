@@ -109,7 +109,7 @@ impl<S: Source> Reflector<S> {
         let mut end = None;
         // The highest RV this watch has reached; batches never offer less.
         let mut high = rv.clone();
-        let mut batch = self.new_batch().requires(reached.clone());
+        let mut batch = self.new_batch().deferred_fsync().requires(reached.clone());
         let mut events = 0u64;
         // Group commit from this side: a batch is sent when the writer has nothing of ours in
         // flight (or it is full); events received meanwhile join the next one. Batches thus
@@ -119,7 +119,7 @@ impl<S: Source> Reflector<S> {
             let pending = batch.rv.is_some() || !batch.deltas.is_empty();
             let full = batch.deltas.len() >= self.config.max_batch;
             if pending && (inflight.is_empty() || full) && inflight.len() < MAX_INFLIGHT {
-                let sent = std::mem::replace(&mut batch, self.new_batch());
+                let sent = std::mem::replace(&mut batch, self.new_batch().deferred_fsync());
                 if let Err(e) = self.send_batch(
                     sent,
                     &rv,

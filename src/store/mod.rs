@@ -28,7 +28,10 @@
 //! so after any crash the database equals the state at some committed RV. A commit is
 //! acknowledged only after redb returned from a durable commit (unless
 //! [`StoreConfig::durable`] was turned off, which trades the last commits before a power loss for
-//! speed; a process crash alone loses nothing even then, as redb writes through the page cache).
+//! speed; a process crash alone loses nothing even then, as redb writes through the page cache),
+//! or the batch was sent with [`Batch::deferred_fsync`]: then it is acknowledged once committed,
+//! and [`Writer::durable`] says when a durable commit (within [`StoreConfig::fsync_delay`])
+//! has it on disk.
 
 mod check;
 mod codec;
@@ -84,7 +87,11 @@ pub struct StoreConfig {
     pub(crate) compact_step: usize,
     pub(crate) backfill_step: usize,
     pub(crate) hot_tier_bytes: usize,
+    pub(crate) fsync_delay: Option<Duration>,
 }
+
+/// Default [`StoreConfig::fsync_delay`]: 10 ms.
+pub const DEFAULT_FSYNC_DELAY: Duration = Duration::from_millis(10);
 
 /// Default byte budget of an informer's hot tier: 512 MiB (about 40,000 objects of 4 KB).
 pub const DEFAULT_HOT_TIER_BYTES: usize = 512 << 20;
@@ -147,7 +154,24 @@ impl StoreConfig {
             compact_step: COMPACT_STEP,
             backfill_step: BACKFILL_STEP,
             hot_tier_bytes: DEFAULT_HOT_TIER_BYTES,
+            fsync_delay: Some(DEFAULT_FSYNC_DELAY),
         }
+    }
+
+    /// How long a watch batch may be committed, and delivered to volatile handlers, listers
+    /// and the hot tier, before a durable commit (fsync) follows (default
+    /// [`DEFAULT_FSYNC_DELAY`]; `None`: every watch batch is fsynced before anything sees it).
+    ///
+    /// Durable handlers only ever receive events that are on disk
+    /// ([`Writer::durable`]), and the persisted resourceVersion moves with the data, so a crash
+    /// in between loses only what the restart fetches again from the server (the watch resumes
+    /// from the last durable resourceVersion and redelivers, at least once). A failed fsync
+    /// rolls the commits back the same way: the reflector's next batch is refused and it
+    /// re-watches from what is persisted.
+    #[must_use]
+    pub fn fsync_delay(mut self, delay: Option<Duration>) -> Self {
+        self.fsync_delay = delay;
+        self
     }
 
     /// The default byte budget of each informer's hot tier (default

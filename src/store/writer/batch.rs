@@ -42,6 +42,9 @@ pub struct Batch {
     /// Commit without waiting for the disk (see [`Writer::flush`]): for a bulk load whose
     /// caller makes the end durable itself and redoes the whole load after a crash.
     pub(crate) relaxed: bool,
+    /// Commit without waiting for the disk, with a durable commit following within the
+    /// store's [`StoreConfig::fsync_delay`](crate::store::StoreConfig::fsync_delay).
+    pub(crate) defer_fsync: bool,
 }
 
 /// Objects of a batch compressed before it reached the writer thread, with the committed
@@ -80,7 +83,26 @@ impl Batch {
             requires_rv: None,
             packed: None,
             relaxed: false,
+            defer_fsync: false,
         }
+    }
+
+    /// Lets the writer acknowledge this batch once committed, before the disk has it (when the
+    /// store has an [`fsync_delay`](crate::store::StoreConfig::fsync_delay)): a durable commit
+    /// follows within that delay ([`Writer::durable`](crate::store::Writer::durable) tells when).
+    /// A crash, or a failed fsync, before then loses the batch, so the caller must be able to
+    /// redo it: reflectors re-watch from the persisted resourceVersion, and each batch
+    /// [`requires`](Self::requires) its predecessor, so none commits after a lost one.
+    ///
+    /// ```
+    /// use durable_informer::store::{Batch, ScopeId};
+    /// let batch = Batch::new(ScopeId(1)).rv("7").deferred_fsync();
+    /// # let _ = batch;
+    /// ```
+    #[must_use]
+    pub fn deferred_fsync(mut self) -> Self {
+        self.defer_fsync = true;
+        self
     }
 
     /// Applies only if the scope's persisted RV is at least `rv` (see [`Batch::requires_rv`]).

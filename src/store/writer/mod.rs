@@ -88,6 +88,7 @@ impl Command {
 pub struct Writer {
     tx: Sender<Command>,
     committed: watch::Receiver<Seq>,
+    durable: watch::Receiver<Seq>,
     dicts: PublishedDicts,
 }
 
@@ -274,6 +275,13 @@ impl Writer {
         rx.await.map_err(|_| StoreError::WriterGone)?
     }
 
+    /// [`flush`](Self::flush), blocking the calling thread; never call it from an async task.
+    pub fn flush_blocking(&self) -> Result<(), StoreError> {
+        let (ack, rx) = oneshot::channel();
+        self.send(Command::Flush(ack))?;
+        futures::executor::block_on(rx).map_err(|_| StoreError::WriterGone)?
+    }
+
     /// Gives `scope` a hot tier (an in-memory mirror read by its listers) holding up to
     /// `budget` bytes of JSON; it loads in the background, and reads use the database until
     /// then. A scope that has one keeps the first budget.
@@ -281,6 +289,15 @@ impl Writer {
         let (ack, rx) = oneshot::channel();
         self.send(Command::HotTier(scope, budget, ack))?;
         rx.await.map_err(|_| StoreError::WriterGone)?
+    }
+
+    /// The last log seq known to be on disk: equal to [`committed`](Self::committed) except
+    /// while batches sent with [`Batch::deferred_fsync`] wait for their durable commit (at most
+    /// the store's [`fsync_delay`](super::StoreConfig::fsync_delay)). Durable handlers read the
+    /// log up to here only.
+    #[must_use]
+    pub fn durable(&self) -> watch::Receiver<Seq> {
+        self.durable.clone()
     }
 
     /// The last committed log seq, updated after every commit.
@@ -302,6 +319,7 @@ pub(crate) fn spawn(
     let last = last_seq_read(&shared)?;
     let (tx, rx) = crossbeam_channel::unbounded();
     let (seq_tx, seq_rx) = watch::channel(last);
+    let (durable_tx, durable_rx) = watch::channel(last);
     let published = PublishedDicts::default();
     let (reap_tx, reap_rx) = crossbeam_channel::bounded::<Vec<Garbage>>(16);
     // Ends when the writer thread drops its sender.
@@ -318,6 +336,9 @@ pub(crate) fn spawn(
         shared,
         rx,
         seq_tx,
+        durable_tx,
+        fsync_delay: config.fsync_delay,
+        fsync_due: Cell::new(None),
         durable: config.durable,
         max_deltas: config.max_batch_deltas,
         max_bytes: config.max_batch_bytes,
@@ -348,6 +369,7 @@ pub(crate) fn spawn(
         Writer {
             tx,
             committed: seq_rx,
+            durable: durable_rx,
             dicts: published,
         },
         thread,

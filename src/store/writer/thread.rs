@@ -29,6 +29,12 @@ pub(super) struct WriterThread {
     pub(super) shared: Arc<Shared>,
     pub(super) rx: Receiver<Command>,
     pub(super) seq_tx: watch::Sender<Seq>,
+    /// The last seq on disk (see [`Writer::durable`](super::Writer::durable)).
+    pub(super) durable_tx: watch::Sender<Seq>,
+    /// How long deferred batches may wait for their durable commit; `None`: they do not.
+    pub(super) fsync_delay: Option<std::time::Duration>,
+    /// When the durable commit of the deferred batches committed so far is due.
+    pub(super) fsync_due: Cell<Option<std::time::Instant>>,
     pub(super) durable: bool,
     pub(super) max_deltas: usize,
     pub(super) max_bytes: usize,
@@ -133,6 +139,15 @@ impl WriterThread {
         // not wait for someone to write first.
         let mut retry = RETRY_FIRST;
         while !stop {
+            // Deferred batches wait at most `fsync_delay` for their durable commit.
+            let due_in = self
+                .fsync_due
+                .get()
+                .map(|due| due.saturating_duration_since(std::time::Instant::now()));
+            if due_in == Some(std::time::Duration::ZERO) && !self.poisoned.get() {
+                self.flush_deferred();
+                continue;
+            }
             let first = if self.poisoned.get() {
                 match self.rx.recv_timeout(retry) {
                     Ok(cmd) => cmd,
@@ -162,12 +177,19 @@ impl WriterThread {
             } else if let Some(poll) = self.idle_poll() {
                 // Entries age while nothing is written: look at them now and then.
                 retry = RETRY_FIRST;
-                match self.rx.recv_timeout(poll) {
+                match self.rx.recv_timeout(due_in.map_or(poll, |d| d.min(poll))) {
                     Ok(cmd) => cmd,
                     Err(RecvTimeoutError::Timeout) => {
                         self.plan_retention();
                         continue;
                     }
+                    Err(RecvTimeoutError::Disconnected) => break,
+                }
+            } else if let Some(due_in) = due_in {
+                retry = RETRY_FIRST;
+                match self.rx.recv_timeout(due_in) {
+                    Ok(cmd) => cmd,
+                    Err(RecvTimeoutError::Timeout) => continue,
                     Err(RecvTimeoutError::Disconnected) => break,
                 }
             } else {
@@ -198,7 +220,20 @@ impl WriterThread {
                 self.after_group(appended);
             }
         }
+        if self.fsync_due.get().is_some() && !self.poisoned.get() {
+            self.flush_deferred();
+        }
         self.abandon_background_work();
+    }
+
+    /// The durable commit that deferred batches wait for (an empty durable group).
+    fn flush_deferred(&self) {
+        let (ack, _) = oneshot::channel();
+        self.commit_group(vec![Command::Flush(ack)]);
+        if self.poisoned.get() {
+            // Failed: `recover` drops the deferred commits with the rest.
+            self.fsync_due.set(None);
+        }
     }
 
     /// After an I/O error: reopen the database (through the same backend wrapper) and restart
@@ -223,6 +258,14 @@ impl WriterThread {
             self.load_hot(ScopeId(scope), &tier);
         }
         self.seq_tx.send_if_modified(|seq| {
+            let changed = *seq != last;
+            *seq = last;
+            changed
+        });
+        // Commits not yet on disk are gone (the reflector's next batch, which requires them,
+        // is refused, and it re-watches from what the file holds).
+        self.fsync_due.set(None);
+        self.durable_tx.send_if_modified(|seq| {
             let changed = *seq != last;
             *seq = last;
             changed
@@ -270,7 +313,11 @@ impl WriterThread {
         // A group of relaxed batches only commits without an fsync; anything else in the group
         // (a flush, a cursor, a durable batch) makes the whole group, and every relaxed commit
         // before it, durable.
-        let relaxed = group.iter().all(|c| matches!(c, Command::Apply(b, _) if b.relaxed));
+        let deferrable = self.fsync_delay.is_some();
+        let relaxed = group
+            .iter()
+            .all(|c| matches!(c, Command::Apply(b, _) if b.relaxed || (b.defer_fsync && deferrable)));
+        let deferred = relaxed && group.iter().any(|c| matches!(c, Command::Apply(b, _) if b.defer_fsync));
         if !self.durable || relaxed {
             let _ = txn.set_durability(redb::Durability::None);
         }
@@ -324,6 +371,14 @@ impl WriterThread {
         }
         self.publish_hot(last);
         self.seq_tx.send_replace(last);
+        if !relaxed || !self.durable {
+            // On disk (or the store does not fsync at all): so is everything before it.
+            self.fsync_due.set(None);
+            self.durable_tx.send_replace(last);
+        } else if deferred && self.fsync_due.get().is_none() {
+            let delay = self.fsync_delay.unwrap_or_default();
+            self.fsync_due.set(Some(std::time::Instant::now() + delay));
+        }
         for r in replies {
             match r {
                 Reply::Deferred(d) => self.defer(d),
