@@ -16,7 +16,7 @@ use churn::LeaseChurn;
 use durable_informer::informer::{handler_fn, Event, HandlerOptions, Informer, Lister, Registration};
 use durable_informer::selector::LabelSelector;
 use durable_informer::sim::workload::{Churn, WorkloadGen};
-use durable_informer::sim::{Counters, Sim, SimConfig};
+use durable_informer::sim::{Counters, Prebuilt, Sim, SimConfig};
 use durable_informer::source::KubeSource;
 use durable_informer::store::{DurableStore, Indexer, StoreConfig};
 use futures::StreamExt;
@@ -586,8 +586,22 @@ struct Produced {
 /// Writes label patches to the generated Pods at `rate` per second for `dur`, on the calling
 /// thread (run it under `block_in_place`), recording the start time of each write per RV and
 /// sampling the lag against `applied`. `seq` numbers the patches across calls.
+/// One pre-built template per generated Pod, with the `latency` label as the hole: the
+/// producer's writes then parse no JSON (`Sim::write_prebuilt`).
+fn templates(sim: &Sim, n: usize) -> Res<Vec<Prebuilt>> {
+    let ns = namespaces(n);
+    (0..n)
+        .map(|i| {
+            let (namespace, name) = pod_ref(&ns, i);
+            Ok(sim.prebuild("pods", Some(namespace), &name, "latency")?)
+        })
+        .collect()
+}
+
+#[allow(clippy::too_many_arguments)] // private; one call per ladder step
 fn produce(
     sim: &Sim,
+    pre: &[Prebuilt],
     n: usize,
     rate: u64,
     dur: Duration,
@@ -595,7 +609,6 @@ fn produce(
     seq: &mut u64,
     applied: &AtomicU64,
 ) -> Res<Produced> {
-    let ns = namespaces(n);
     let mut sent = HashMap::with_capacity(((rate as f64 * dur.as_secs_f64() * 1.1) as usize).min(1 << 20));
     let mut lag = Vec::new();
     let mut last_rv = sim.current_rv();
@@ -618,18 +631,8 @@ fn produce(
         if written < due {
             let i = *seq;
             *seq += 1;
-            let (namespace, name) = pod_ref(&ns, (i as usize).wrapping_mul(7919) % n);
             let t = Instant::now();
-            let v = sim.patch(
-                "pods",
-                Some(namespace),
-                &name,
-                &serde_json::json!({"metadata": {"labels": {"latency": i.to_string()}}}),
-            )?;
-            let rv: u64 = v["metadata"]["resourceVersion"]
-                .as_str()
-                .and_then(|s| s.parse().ok())
-                .ok_or("patched Pod without a numeric resourceVersion")?;
+            let rv = sim.write_prebuilt(&pre[(i as usize).wrapping_mul(7919) % n], &i.to_string())?;
             sent.insert(rv, t);
             last_rv = last_rv.max(rv);
             written += 1;
@@ -654,7 +657,8 @@ fn produce(
 pub fn producer_ceiling(sim: &Sim, n: usize, dur: Duration) -> Res<f64> {
     let applied = AtomicU64::new(0);
     let mut seq = u64::MAX / 2; // other label values than the ladder's
-    let run = produce(sim, n, 100_000_000, dur, dur, &mut seq, &applied)?;
+    let pre = templates(sim, n)?;
+    let run = produce(sim, &pre, n, 100_000_000, dur, dur, &mut seq, &applied)?;
     sim.compact();
     Ok(run.written as f64 / run.secs)
 }
@@ -701,6 +705,7 @@ async fn ladder(sim: &Sim, n: usize, cfg: &Ladder, probe: &Probe) -> Res<Steady>
         ..Steady::default()
     };
     let mut seq: u64 = 0;
+    let pre = tokio::task::block_in_place(|| templates(sim, n))?;
     for &rate in &cfg.rates {
         if rate > cfg.always_up_to {
             if let Some(last) = out.steps.last() {
@@ -716,8 +721,9 @@ async fn ladder(sim: &Sim, n: usize, cfg: &Ladder, probe: &Probe) -> Res<Steady>
         }
         probe.seen.lock().expect("probe lock").clear();
         let applied = probe.max_rv.clone();
-        let run =
-            tokio::task::block_in_place(|| produce(sim, n, rate, cfg.step, cfg.sample_every, &mut seq, &applied))?;
+        let run = tokio::task::block_in_place(|| {
+            produce(sim, &pre, n, rate, cfg.step, cfg.sample_every, &mut seq, &applied)
+        })?;
         let t = Instant::now();
         let drained = wait_rv(|| probe.applied(), run.last_rv, cfg.drain_timeout)
             .await

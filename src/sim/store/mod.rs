@@ -18,10 +18,12 @@ use super::ResourceDef;
 
 mod error;
 mod object;
+mod prebuilt;
 
 pub(crate) use error::ApiError;
 pub(crate) use object::{build_obj, key_of, merge_patch, Event, EventKind, Obj};
 use object::{check_name, meta_mut, random_suffix, resolve_ns};
+pub use prebuilt::Prebuilt;
 
 /// Limits of the history (the compaction window).
 #[derive(Debug, Clone, Copy)]
