@@ -684,3 +684,35 @@ async fn a_durable_handler_receives_only_what_is_on_disk() {
     .await;
     informer.shutdown().await.unwrap();
 }
+
+/// Every request names this crate in its `User-Agent`, after the controller's own agent when
+/// one is set, so the API server's audit log and Priority and Fairness can tell them apart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_carry_the_user_agent() {
+    let sim = sim().await;
+    let dir = tempfile::tempdir().unwrap();
+    let db = DurableStore::open(StoreConfig::new(dir.path().join("db.redb"))).unwrap();
+    let source = durable_informer::source::KubeSource::typed::<Pod>(sim.client().unwrap(), &sim.url())
+        .user_agent("my-controller/1.2");
+    let informer = durable_informer::informer::Informer::<Pod>::builder(&db, source)
+        .build()
+        .await
+        .unwrap();
+    informer.start();
+    tokio::time::timeout(Duration::from_secs(20), informer.wait_for_sync())
+        .await
+        .unwrap();
+    informer.shutdown().await.unwrap();
+    let ours = format!("my-controller/1.2 {}", durable_informer::source::USER_AGENT);
+    let seen = sim.user_agents();
+    assert!(seen.contains(&ours), "{seen:?}");
+    assert!(
+        durable_informer::source::USER_AGENT.starts_with("durable-informer/"),
+        "{}",
+        durable_informer::source::USER_AGENT
+    );
+    assert!(
+        !seen.iter().any(|a| a.contains("my-controller") && a != &ours),
+        "one agent for every request of the source: {seen:?}"
+    );
+}

@@ -190,10 +190,18 @@ pub struct Ours {
 /// registers the counting handler and starts it. Does not wait for sync.
 /// Our store's configuration: the defaults, with `BENCH_HOT_TIER_BYTES` as the hot tier's
 /// budget when set (0 runs every scenario with the tier off, for an A/B of its cost).
+/// `BENCH_FSYNC_DELAY_MS` likewise sets `fsync_delay` (`off`: every watch batch fsynced first).
 pub fn store_config(path: PathBuf) -> StoreConfig {
-    let config = StoreConfig::new(path);
-    match std::env::var("BENCH_HOT_TIER_BYTES").ok().and_then(|v| v.parse().ok()) {
-        Some(bytes) => config.hot_tier_bytes(bytes),
+    let mut config = StoreConfig::new(path);
+    if let Some(bytes) = std::env::var("BENCH_HOT_TIER_BYTES").ok().and_then(|v| v.parse().ok()) {
+        config = config.hot_tier_bytes(bytes);
+    }
+    match std::env::var("BENCH_FSYNC_DELAY_MS").ok().as_deref() {
+        Some("off") => config.fsync_delay(None),
+        Some(ms) => match ms.parse() {
+            Ok(ms) => config.fsync_delay(Some(Duration::from_millis(ms))),
+            Err(_) => config,
+        },
         None => config,
     }
 }

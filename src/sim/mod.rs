@@ -127,7 +127,12 @@ pub(crate) struct Shared {
     pub counters: AtomicCounters,
     pub faults: Faults,
     pub config: SimConfig,
+    /// The distinct `User-Agent`s of requests (the first [`MAX_USER_AGENTS`]).
+    pub user_agents: Mutex<std::collections::BTreeSet<String>>,
 }
+
+/// How many distinct `User-Agent`s the sim remembers.
+pub(crate) const MAX_USER_AGENTS: usize = 64;
 
 impl Shared {
     pub fn lock(&self) -> MutexGuard<'_, State> {
@@ -166,6 +171,7 @@ impl Sim {
             rv_tx,
             epoch_tx,
             counters: AtomicCounters::default(),
+            user_agents: Mutex::default(),
             faults: Faults::default(),
             config,
         });
@@ -315,6 +321,17 @@ impl Sim {
     /// in the object since [`prebuild`](Self::prebuild) is overwritten by the template.
     pub fn write_prebuilt(&self, object: &Prebuilt, value: &str) -> Result<u64> {
         self.write(|st| Ok(st.write_prebuilt(object, value)?))
+    }
+
+    /// The distinct `User-Agent` headers of the requests so far (the first 64), in order.
+    pub fn user_agents(&self) -> Vec<String> {
+        self.shared
+            .user_agents
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .iter()
+            .cloned()
+            .collect()
     }
 
     /// Delete an object; returns its final state (with the deletion's resourceVersion).

@@ -16,7 +16,7 @@ use futures::stream::BoxStream;
 
 pub(crate) use decode::decode_recorded_bytes;
 pub use decode::{decode_list, decode_watch_line, DecodeError};
-pub use kube_source::KubeSource;
+pub use kube_source::{KubeSource, USER_AGENT};
 
 use crate::object::{RawObject, ResourceVersion, ScopeSpec};
 

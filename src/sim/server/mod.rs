@@ -102,6 +102,15 @@ async fn handle(shared: Arc<Shared>, req: Request<Incoming>) -> Resp {
     if bearer {
         shared.counters.bearer_requests.fetch_add(1, Ordering::Relaxed);
     }
+    if let Some(agent) = req.headers().get(header::USER_AGENT).and_then(|v| v.to_str().ok()) {
+        let mut seen = shared
+            .user_agents
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if seen.len() < super::MAX_USER_AGENTS && !seen.contains(agent) {
+            seen.insert(agent.to_owned());
+        }
+    }
     let method = req.method().clone();
     let path = req.uri().path().to_string();
     let query = Query(parse_query(req.uri().query()));
