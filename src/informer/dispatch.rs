@@ -119,6 +119,8 @@ pub(crate) async fn run<K>(
     // A durable handler reads only what is on disk, so a crash never takes back an event it
     // acknowledged; a volatile one reads every commit.
     let durable = opts.name.is_some();
+    let mut rollbacks = ctx.writer.rollbacks();
+    let mut seen_rollbacks = rollbacks.borrow().0;
     let mut committed = if durable {
         ctx.writer.durable()
     } else {
@@ -137,13 +139,17 @@ pub(crate) async fn run<K>(
         let log = ctx.log.clone();
         let scope = ctx.scope;
         let head = *committed.borrow_and_update();
-        if head < cursor {
+        let (n, at) = *rollbacks.borrow_and_update();
+        if n != seen_rollbacks {
             // Commits that never reached the disk were rolled back after a failed fsync; their
             // seqs are handed out again for what the reflector fetches anew: read them. (A
-            // durable handler is never past the durable seq, unless persisting its cursor after
-            // initial adds failed: it then gets those entries again, at least once.)
-            cursor = head;
-            position.send_replace(cursor);
+            // durable handler is never past the file's last seq.) `committed` alone cannot tell:
+            // the log may show a commit a moment before its seq is published.
+            seen_rollbacks = n;
+            if at < cursor {
+                cursor = at;
+                position.send_replace(cursor);
+            }
         }
         let bound = durable.then_some(head);
         let read = tokio::task::spawn_blocking(move || log.read_scope_after_contiguous(cursor, BATCH, scope)).await;

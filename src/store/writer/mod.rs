@@ -89,6 +89,7 @@ pub struct Writer {
     tx: Sender<Command>,
     committed: watch::Receiver<Seq>,
     durable: watch::Receiver<Seq>,
+    rollbacks: watch::Receiver<(u64, Seq)>,
     dicts: PublishedDicts,
 }
 
@@ -300,6 +301,13 @@ impl Writer {
         self.durable.clone()
     }
 
+    /// How many times commits not yet on disk were rolled back (after a failed fsync), and
+    /// the last seq the file held then: seqs after it are handed out again.
+    #[must_use]
+    pub(crate) fn rollbacks(&self) -> watch::Receiver<(u64, Seq)> {
+        self.rollbacks.clone()
+    }
+
     /// The last committed log seq, updated after every commit.
     #[must_use]
     pub fn committed(&self) -> watch::Receiver<Seq> {
@@ -320,6 +328,7 @@ pub(crate) fn spawn(
     let (tx, rx) = crossbeam_channel::unbounded();
     let (seq_tx, seq_rx) = watch::channel(last);
     let (durable_tx, durable_rx) = watch::channel(last);
+    let (rollback_tx, rollback_rx) = watch::channel((0, last));
     let published = PublishedDicts::default();
     let (reap_tx, reap_rx) = crossbeam_channel::bounded::<Vec<Garbage>>(16);
     // Ends when the writer thread drops its sender.
@@ -337,6 +346,7 @@ pub(crate) fn spawn(
         rx,
         seq_tx,
         durable_tx,
+        rollback_tx,
         fsync_delay: config.fsync_delay,
         fsync_due: Cell::new(None),
         durable: config.durable,
@@ -370,6 +380,7 @@ pub(crate) fn spawn(
             tx,
             committed: seq_rx,
             durable: durable_rx,
+            rollbacks: rollback_rx,
             dicts: published,
         },
         thread,

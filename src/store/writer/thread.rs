@@ -31,6 +31,8 @@ pub(super) struct WriterThread {
     pub(super) seq_tx: watch::Sender<Seq>,
     /// The last seq on disk (see [`Writer::durable`](super::Writer::durable)).
     pub(super) durable_tx: watch::Sender<Seq>,
+    /// Rollbacks of commits that never reached the disk: (count, the file's last seq).
+    pub(super) rollback_tx: watch::Sender<(u64, Seq)>,
     /// How long deferred batches may wait for their durable commit; `None`: they do not.
     pub(super) fsync_delay: Option<std::time::Duration>,
     /// When the durable commit of the deferred batches committed so far is due.
@@ -257,11 +259,18 @@ impl WriterThread {
         for (scope, tier) in tiers {
             self.load_hot(ScopeId(scope), &tier);
         }
+        let rolled_back = *self.seq_tx.borrow() > last;
         self.seq_tx.send_if_modified(|seq| {
             let changed = *seq != last;
             *seq = last;
             changed
         });
+        if rolled_back {
+            self.rollback_tx.send_modify(|(n, at)| {
+                *n += 1;
+                *at = last;
+            });
+        }
         // Commits not yet on disk are gone (the reflector's next batch, which requires them,
         // is refused, and it re-watches from what the file holds).
         self.fsync_due.set(None);
