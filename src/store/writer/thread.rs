@@ -326,7 +326,12 @@ impl WriterThread {
         let relaxed = group
             .iter()
             .all(|c| matches!(c, Command::Apply(b, _) if b.relaxed || (b.defer_fsync && deferrable)));
-        let deferred = relaxed && group.iter().any(|c| matches!(c, Command::Apply(b, _) if b.defer_fsync));
+        // A bulk load's relaxed batches make their end durable themselves: only deferred ones
+        // schedule the durable commit.
+        let deferred = relaxed
+            && group
+                .iter()
+                .any(|c| matches!(c, Command::Apply(b, _) if b.defer_fsync && !b.relaxed));
         if !self.durable || relaxed {
             let _ = txn.set_durability(redb::Durability::None);
         }
