@@ -430,7 +430,7 @@ mod tests {
         // The lister itself answers the new state.
         let got = lister.namespace("a").get("o1").unwrap().unwrap();
         assert_eq!(got["data"]["rv"], 3);
-        // Reading it brought its JSON into the tier, within the budget? No: the budget is 1.
+        // A budget of one byte holds no JSON, even of an object just read.
         assert_eq!(store.hot_tier_stats().unwrap().with_json, 0);
     }
 

@@ -26,12 +26,12 @@
 //!
 //! Invariant 1: log entries, object rows, index rows and a scope's RV change in one transaction,
 //! so after any crash the database equals the state at some committed RV. A commit is
-//! acknowledged only after redb returned from a durable commit (unless
-//! [`StoreConfig::durable`] was turned off, which trades the last commits before a power loss for
-//! speed; a process crash alone loses nothing even then, as redb writes through the page cache),
-//! or the batch was sent with [`Batch::deferred_fsync`]: then it is acknowledged once committed,
-//! and [`Writer::durable`] says when a durable commit (within [`StoreConfig::fsync_delay`])
-//! has it on disk.
+//! acknowledged only after redb returned from a durable commit, unless
+//! [`StoreConfig::durable`] was turned off or the batch was sent with
+//! [`Batch::deferred_fsync`]: then it is acknowledged once committed, and a crash can take the
+//! database back to the last durable commit (redb persists a non-durable commit only with the
+//! next durable one; [`Writer::durable`] says which seq that is, and for deferred batches a
+//! durable commit follows within [`StoreConfig::fsync_delay`]).
 
 mod check;
 mod codec;
