@@ -191,7 +191,8 @@ impl StoreConfig {
     }
 
     /// Whether commits are fsynced before they are acknowledged (default true). Without it a
-    /// power loss can lose the last acknowledged commits (the database stays consistent).
+    /// crash can lose the acknowledged commits since the last durable one (redb persists them
+    /// only with a durable commit); the database stays consistent.
     #[must_use]
     pub fn durable(mut self, durable: bool) -> Self {
         self.durable = durable;
