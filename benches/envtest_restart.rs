@@ -86,7 +86,7 @@ async fn ours_once(env: &envtest::EnvTest, path: &Path) -> Res<(f64, u64, bool)>
         .build()
         .await?;
     informer.start();
-    tokio::time::timeout(Duration::from_secs(120), informer.wait_for_sync()).await?;
+    tokio::time::timeout(Duration::from_secs(120), informer.wait_for_sync()).await??;
     let secs = t.elapsed().as_secs_f64();
     let status = informer.status().borrow().clone();
     informer.shutdown().await?;

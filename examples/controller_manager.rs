@@ -25,7 +25,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use durable_informer::controller::{Action, Controller};
+use durable_informer::controller::{default_error_policy, Action, Controller};
 use durable_informer::informer::{InformerFactory, Lister};
 use durable_informer::object::ObjectKey;
 use durable_informer::selector::LabelSelector;
@@ -238,11 +238,23 @@ pub async fn run(
             .collect()
     };
     let replica_counter = Controller::new(deployments)
+        .name("replica-counter")
         .watches(pods_for_counter, owners_of_pod)
-        .run(count_replicas, ctx.clone(), stop.clone());
-    let pod_gc = Controller::new(pods_for_gc).run(collect_pod, ctx.clone(), stop.clone());
-    let hasher = Controller::new(configmaps).run(hash_configmap, ctx.clone(), stop);
-    tokio::join!(replica_counter, pod_gc, hasher);
+        .run(count_replicas, default_error_policy, ctx.clone(), stop.clone());
+    let pod_gc =
+        Controller::new(pods_for_gc)
+            .name("pod-gc")
+            .run(collect_pod, default_error_policy, ctx.clone(), stop.clone());
+    let hasher = Controller::new(configmaps).name("configmap-hasher").run(
+        hash_configmap,
+        default_error_policy,
+        ctx.clone(),
+        stop,
+    );
+    let (a, b, c) = tokio::join!(replica_counter, pod_gc, hasher);
+    for summary in [a?, b?, c?] {
+        tracing::info!(?summary, "controller stopped");
+    }
     factory.shutdown().await?;
     Ok(())
 }

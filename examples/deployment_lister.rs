@@ -17,7 +17,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use durable_informer::informer::{HandlerFuncs, HandlerOptions, Informer, Lister};
+use durable_informer::informer::{HandlerFuncs, HandlerOptions, Informer, InformerError, Lister};
 use durable_informer::source::KubeSource;
 use durable_informer::store::{DurableStore, StoreConfig, StoreError};
 use k8s_openapi::api::apps::v1::Deployment;
@@ -102,7 +102,7 @@ pub async fn run(
     let registration = informer.add_event_handler(handler, HandlerOptions::durable("deployment-printer"));
     informer.start();
     let stopped = tokio::select! {
-        () = async { informer.wait_for_sync().await; registration.wait_for_sync().await } => false,
+        synced = async { informer.wait_for_sync().await?; registration.wait_for_sync().await; Ok::<_, InformerError>(()) } => { synced?; false }
         _ = stop.wait_for(|s| *s) => true,
     };
     if !stopped {

@@ -17,7 +17,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use durable_informer::controller::{Action, Controller};
+use durable_informer::controller::{default_error_policy, Action, Controller};
 use durable_informer::informer::{HandlerFuncs, HandlerOptions, Informer, Lister};
 use durable_informer::object::ObjectKey;
 use durable_informer::source::KubeSource;
@@ -174,7 +174,10 @@ pub async fn run(
     });
     let logger = mydemos.add_event_handler(event_logger(&ctx), HandlerOptions::volatile());
     let _ = started.send(ctx.clone());
-    Controller::new(mydemos.clone()).run(reconcile, ctx, stop).await;
+    Controller::new(mydemos.clone())
+        .name("mydemo")
+        .run(reconcile, default_error_policy, ctx, stop)
+        .await?;
     logger.remove().await;
     mydemos.shutdown().await?;
     drop(mydemos);

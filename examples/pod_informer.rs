@@ -128,7 +128,7 @@ pub async fn run(
     );
     informer.start();
     let stopped = tokio::select! {
-        () = informer.wait_for_sync() => false,
+        synced = informer.wait_for_sync() => { synced?; false }
         _ = stop.wait_for(|s| *s) => true,
     };
     if !stopped {

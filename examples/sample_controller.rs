@@ -174,6 +174,15 @@ fn new_deployment(foo: &Foo) -> Deployment {
 }
 
 /// The reconcile function of sample-controller's `syncHandler`.
+/// Records the failure, then retries through the rate limiter (client-go's policy).
+pub fn error_policy(key: &ObjectKey, error: &String, ctx: Arc<Ctx>) -> Action {
+    ctx.errors
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .push(format!("{key}: {error}"));
+    Action::requeue_rate_limited()
+}
+
 pub async fn reconcile(key: ObjectKey, ctx: Arc<Ctx>) -> Result<Action, String> {
     let ns = key.namespace.clone().unwrap_or_default();
     let Some(foo) = ctx.foos.namespace(&ns).get(&key.name).map_err(|e| e.to_string())? else {
@@ -287,20 +296,15 @@ pub async fn run(
         errors: Mutex::new(Vec::new()),
     });
     let _ = started.send(ctx.clone());
-    let errors = ctx.clone();
-    // `run` starts both informers.
-    Controller::new(foos.clone())
-        .owns(deployments.clone(), "Foo")
+    // `run` starts both informers; Deployments whose controlling owner is a Foo (group
+    // samplecontroller.k8s.io, from the type) reconcile that Foo.
+    let summary = Controller::new(foos.clone())
+        .name("sample-controller")
+        .owns(deployments.clone())
         .workers(2)
-        .on_error(move |key, e| {
-            errors
-                .errors
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner)
-                .push(format!("{key}: {e}"));
-        })
-        .run(reconcile, ctx, stop)
-        .await;
+        .run(reconcile, error_policy, ctx, stop)
+        .await?;
+    println!("reconciled {} times, {} failed", summary.reconciled, summary.failed);
     foos.shutdown().await?;
     deployments.shutdown().await?;
     drop((foos, deployments));

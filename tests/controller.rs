@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use common::fake::Fake;
-use durable_informer::controller::{Action, Controller};
+use durable_informer::controller::{default_error_policy, Action, Controller};
 use durable_informer::informer::{Informer, Lister};
 use durable_informer::object::ObjectKey;
 use durable_informer::store::{DurableStore, StoreConfig};
@@ -96,6 +96,7 @@ async fn run_starts_a_watched_informer_that_was_never_started_and_reconciles_its
     let (stop_tx, stop) = watch::channel(false);
     let run = tokio::spawn(Controller::new(primary).watches(secondary.clone(), primary_of).run(
         reconcile,
+        default_error_policy,
         ctx.clone(),
         stop,
     ));
@@ -119,7 +120,8 @@ async fn run_starts_a_watched_informer_that_was_never_started_and_reconciles_its
     tokio::time::timeout(Duration::from_secs(10), run)
         .await
         .expect("run returns after stop")
-        .unwrap();
+        .unwrap()
+        .expect("the caches synced");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -131,7 +133,7 @@ async fn an_informer_started_before_run_is_not_started_again() {
     let (_db1, primary) = informer(&dir, "primary.redb", &primaries).await;
     let (_db2, secondary) = informer(&dir, "secondary.redb", &secondaries).await;
     secondary.start();
-    secondary.wait_for_sync().await;
+    secondary.wait_for_sync().await.expect("cache synced");
     let ctx = Arc::new(Ctx {
         children: secondary.lister(),
         calls: Mutex::default(),
@@ -140,6 +142,7 @@ async fn an_informer_started_before_run_is_not_started_again() {
     let (stop_tx, stop) = watch::channel(false);
     let run = tokio::spawn(Controller::new(primary).watches(secondary.clone(), primary_of).run(
         reconcile,
+        default_error_policy,
         ctx.clone(),
         stop,
     ));
@@ -156,7 +159,8 @@ async fn an_informer_started_before_run_is_not_started_again() {
     tokio::time::timeout(Duration::from_secs(10), run)
         .await
         .expect("run returns after stop")
-        .unwrap();
+        .unwrap()
+        .expect("the caches synced");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -172,25 +176,133 @@ async fn a_panicking_reconcile_is_retried_and_run_still_stops() {
         errors: Mutex::default(),
     });
     let (stop_tx, stop) = watch::channel(false);
-    let errors = ctx.clone();
-    let run = tokio::spawn(
-        Controller::new(primary)
-            .on_error(move |k, e| errors.errors.lock().unwrap().push(format!("{k}: {e}")))
-            .run(reconcile, ctx.clone(), stop),
-    );
+    let policy_ctx = ctx.clone();
+    let run = tokio::spawn(Controller::new(primary).run(
+        reconcile,
+        move |k: &ObjectKey, e: &String, _ctx| {
+            policy_ctx.errors.lock().unwrap().push(format!("{k}: {e}"));
+            Action::requeue_rate_limited()
+        },
+        ctx.clone(),
+        stop,
+    ));
     eventually("fragile retried", || ctx.calls_of("fragile").len() >= 2).await;
     eventually("sturdy reconciled", || ctx.calls_of("sturdy").len() == 1).await;
     let errors = ctx.errors.lock().unwrap().clone();
-    assert_eq!(errors.len(), 1, "{errors:?}");
-    assert!(errors[0].starts_with("ns/fragile: reconcile panicked"), "{errors:?}");
+    assert!(errors.is_empty(), "a panic is not an Err of the reconcile: {errors:?}");
 
     // Still serving: a change is reconciled after the panic.
     fake.upsert("fragile", "2");
     eventually("fragile after a change", || ctx.calls_of("fragile").len() >= 3).await;
 
     stop_tx.send(true).unwrap();
-    tokio::time::timeout(Duration::from_secs(10), run)
+    let summary = tokio::time::timeout(Duration::from_secs(10), run)
         .await
         .expect("run returns after stop")
-        .unwrap();
+        .unwrap()
+        .expect("the caches synced");
+    assert_eq!(summary.panicked, 1, "{summary:?}");
+    assert_eq!(summary.failed, 0, "{summary:?}");
+    assert_eq!(summary.reconciled, 3, "{summary:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_error_policy_decides_the_retry_of_a_failed_reconcile() {
+    let fake = Fake::new();
+    fake.upsert("flaky", "");
+    let dir = tempfile::tempdir().unwrap();
+    let (_db, primary) = informer(&dir, "db.redb", &fake).await;
+    let calls = Arc::new(Mutex::new(Vec::<std::time::Instant>::new()));
+    let seen = Arc::new(Mutex::new(Vec::<String>::new()));
+    let (stop_tx, stop) = watch::channel(false);
+    let c = calls.clone();
+    let s = seen.clone();
+    let run = tokio::spawn(Controller::new(primary).name("flaky-controller").run(
+        move |_key: ObjectKey, _ctx: Arc<()>| {
+            let c = c.clone();
+            async move {
+                let n = {
+                    let mut calls = c.lock().unwrap();
+                    calls.push(std::time::Instant::now());
+                    calls.len()
+                };
+                // A typed error: the policy receives it as it was returned.
+                if n == 1 {
+                    Err(std::io::Error::other("first attempt fails"))
+                } else {
+                    Ok(Action::await_change())
+                }
+            }
+        },
+        move |key: &ObjectKey, e: &std::io::Error, _ctx: Arc<()>| {
+            s.lock().unwrap().push(format!("{key}: {e} ({:?})", e.kind()));
+            Action::requeue(Duration::from_millis(300))
+        },
+        Arc::new(()),
+        stop,
+    ));
+    eventually("the retry", || calls.lock().unwrap().len() == 2).await;
+    let gap = {
+        let calls = calls.lock().unwrap();
+        calls[1] - calls[0]
+    };
+    // The policy's 300 ms, not the rate limiter's 5 ms.
+    assert!(gap >= Duration::from_millis(300), "{gap:?}");
+    assert_eq!(*seen.lock().unwrap(), ["ns/flaky: first attempt fails (Other)"]);
+    let text = durable_informer::metrics::encode();
+    assert!(
+        text.contains(r#"durable_informer_reconcile_total{controller="flaky-controller",result="error"} 1"#),
+        "{text}"
+    );
+    assert!(
+        text.contains(r#"workqueue_adds_total{name="flaky-controller"}"#),
+        "{text}"
+    );
+    stop_tx.send(true).unwrap();
+    let summary = tokio::time::timeout(Duration::from_secs(10), run)
+        .await
+        .expect("run returns after stop")
+        .unwrap()
+        .expect("the caches synced");
+    assert_eq!((summary.reconciled, summary.failed), (1, 1));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn run_fails_without_reconciling_when_a_cache_never_syncs() {
+    let fake = Fake::new();
+    fake.upsert("a", "");
+    let dir = tempfile::tempdir().unwrap();
+    // The database belongs to another cluster: the reflector stops before any sync.
+    {
+        let (db, inf) = informer(&dir, "db.redb", &fake).await;
+        inf.start();
+        inf.wait_for_sync().await.expect("cache synced");
+        inf.shutdown().await.unwrap();
+        drop(inf);
+        db.close().unwrap();
+    }
+    fake.set_identity("another-uid@another");
+    let (_db, primary) = informer(&dir, "db.redb", &fake).await;
+    let reconciled = Arc::new(Mutex::new(0_u32));
+    let r = reconciled.clone();
+    let (_stop_tx, stop) = watch::channel(false);
+    let result = tokio::time::timeout(
+        Duration::from_secs(20),
+        Controller::new(primary.clone()).run(
+            move |_key: ObjectKey, _ctx: Arc<()>| {
+                *r.lock().unwrap() += 1;
+                async { Ok::<_, String>(Action::await_change()) }
+            },
+            default_error_policy,
+            Arc::new(()),
+            stop,
+        ),
+    )
+    .await
+    .expect("run returns instead of waiting for ever");
+    let err = result.expect_err("a cache that cannot sync is an error");
+    assert!(err.to_string().contains("another"), "{err}");
+    assert_eq!(*reconciled.lock().unwrap(), 0);
+    let synced = primary.wait_for_sync().await;
+    assert!(synced.is_err(), "wait_for_sync reports it too");
 }

@@ -106,8 +106,8 @@ async fn start(env: &EnvTest, path: &Path, config: ReflectorConfig, seen: &Seen)
 impl Running {
     async fn synced(&self) {
         let both = async {
-            self.pods.wait_for_sync().await;
-            self.cms.wait_for_sync().await;
+            self.pods.wait_for_sync().await.expect("cache synced");
+            self.cms.wait_for_sync().await.expect("cache synced");
         };
         if tokio::time::timeout(Duration::from_secs(60), both).await.is_err() {
             panic!(
@@ -651,7 +651,8 @@ async fn another_clusters_database_is_refused_with_both_identities() {
     informer.start();
     tokio::time::timeout(Duration::from_secs(60), informer.wait_for_sync())
         .await
-        .unwrap();
+        .unwrap()
+        .expect("cache synced");
     let want = server::<ConfigMap>(&cb).await;
     eventually("the store to equal B's LIST", 30, async || {
         (stored(&informer) == want).then_some(())

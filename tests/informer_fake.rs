@@ -100,7 +100,7 @@ async fn a_handler_receives_exactly_the_servers_event_sequence() {
     let seen = Seen::default();
     let reg = inf.add_event_handler(recorder(&seen), HandlerOptions::volatile());
     inf.start();
-    inf.wait_for_sync().await;
+    inf.wait_for_sync().await.expect("cache synced");
     reg.wait_for_sync().await;
     fake.upsert("a", "2");
     fake.upsert("c", "1");
@@ -146,7 +146,7 @@ async fn handlers_of_one_informer_share_each_decoded_event() {
         inf.add_event_handler(pointers(&second), HandlerOptions::volatile()),
     ];
     inf.start();
-    inf.wait_for_sync().await;
+    inf.wait_for_sync().await.expect("cache synced");
     for r in &regs {
         r.wait_for_sync().await;
     }
@@ -186,7 +186,7 @@ async fn a_durable_handler_gets_what_was_committed_while_it_was_away() {
         let seen = Seen::default();
         inf.add_event_handler(recorder(&seen), HandlerOptions::durable("audit"));
         inf.start();
-        inf.wait_for_sync().await;
+        inf.wait_for_sync().await.expect("cache synced");
         fake.upsert("b", "1");
         assert_eq!(wait_len(&seen, 2).await, ["add a 1 (initial)", "add b 1"]);
         inf.shutdown().await.unwrap();
@@ -201,7 +201,7 @@ async fn a_durable_handler_gets_what_was_committed_while_it_was_away() {
     let seen = Seen::default();
     inf.add_event_handler(recorder(&seen), HandlerOptions::durable("audit"));
     inf.start();
-    inf.wait_for_sync().await;
+    inf.wait_for_sync().await.expect("cache synced");
     // No initial adds for a durable handler with a cursor: exactly the missed changes.
     assert_eq!(wait_len(&seen, 2).await, ["update a 1->2", "delete b"]);
     tokio::time::sleep(Duration::from_millis(50)).await;
@@ -220,7 +220,7 @@ async fn late_volatile_handlers_get_the_whole_store_and_removed_ones_get_nothing
     let db = DurableStore::open(StoreConfig::new(dir.path().join("db.redb"))).unwrap();
     let inf = informer(&db, &fake).await;
     inf.start();
-    inf.wait_for_sync().await;
+    inf.wait_for_sync().await.expect("cache synced");
     let late = Seen::default();
     let reg = inf.add_event_handler(recorder(&late), HandlerOptions::volatile());
     reg.wait_for_sync().await;
@@ -249,7 +249,7 @@ async fn filtering_handlers_turn_updates_into_adds_and_deletes() {
     let filter = |c: &ConfigMap| c.data.as_ref().and_then(|d| d.get("v")).is_some_and(|v| v == "keep");
     inf.add_event_handler(Filtering::new(filter, recorder(&seen)), HandlerOptions::volatile());
     inf.start();
-    inf.wait_for_sync().await;
+    inf.wait_for_sync().await.expect("cache synced");
     fake.upsert("a", "drop");
     fake.upsert("a", "keep");
     fake.upsert("b", "drop");
@@ -306,7 +306,7 @@ async fn resync_redelivers_every_object_at_its_period() {
     let db = DurableStore::open(StoreConfig::new(dir.path().join("db.redb"))).unwrap();
     let inf = informer(&db, &fake).await;
     inf.start();
-    inf.wait_for_sync().await;
+    inf.wait_for_sync().await.expect("cache synced");
     let seen = Seen::default();
     inf.add_event_handler(
         recorder(&seen),
@@ -335,7 +335,7 @@ async fn listers_select_by_labels_and_namespace() {
     let db = DurableStore::open(StoreConfig::new(dir.path().join("db.redb"))).unwrap();
     let inf = informer(&db, &fake).await;
     inf.start();
-    inf.wait_for_sync().await;
+    inf.wait_for_sync().await.expect("cache synced");
     let lister = inf.lister();
     assert_eq!(lister.list(&Default::default()).unwrap().len(), 2);
     assert_eq!(lister.namespace("ns").list(&"!app".parse().unwrap()).unwrap().len(), 2);
@@ -397,7 +397,7 @@ async fn the_watcher_adaptor_feeds_a_kube_runtime_reflector() {
     let db = DurableStore::open(StoreConfig::new(dir.path().join("db.redb"))).unwrap();
     let inf = informer(&db, &fake).await;
     inf.start();
-    inf.wait_for_sync().await;
+    inf.wait_for_sync().await.expect("cache synced");
     let (reader, writer) = kube::runtime::reflector::store::<ConfigMap>();
     let stream = kube::runtime::reflector(writer, watcher_stream(&inf));
     let mut stream = Box::pin(stream);
@@ -417,6 +417,67 @@ async fn the_watcher_adaptor_feeds_a_kube_runtime_reflector() {
         }
     }
     assert_eq!(names, ["b", "c"]);
+    inf.shutdown().await.unwrap();
+}
+
+/// Decodes only ConfigMaps whose every value is "1".
+#[derive(Clone, Debug, serde::Deserialize)]
+struct OnlyOnes {
+    metadata: kube::core::ObjectMeta,
+    #[allow(dead_code)]
+    data: std::collections::BTreeMap<String, One>,
+}
+
+#[derive(Clone, Debug, serde::Deserialize)]
+enum One {
+    #[serde(rename = "1")]
+    One,
+}
+
+/// The next item of a watcher stream, described.
+async fn next_item<S>(stream: &mut S) -> String
+where
+    S: futures::Stream<Item = Result<kube::runtime::watcher::Event<OnlyOnes>, kube::runtime::watcher::Error>> + Unpin,
+{
+    use kube::runtime::watcher::Event as W;
+    let item = tokio::time::timeout(Duration::from_secs(10), stream.next()).await;
+    match item.expect("an item in time").expect("the stream goes on") {
+        Ok(W::Init) => "init".to_owned(),
+        Ok(W::InitDone) => "done".to_owned(),
+        Ok(W::InitApply(o)) => format!("init-apply {}", o.metadata.name.unwrap()),
+        Ok(W::Apply(o)) => format!("apply {}", o.metadata.name.unwrap()),
+        Ok(W::Delete(o)) => format!("delete {}", o.metadata.name.unwrap()),
+        Err(e) => {
+            assert!(e.to_string().contains("unknown variant"), "{e}");
+            "error".to_owned()
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_watcher_adaptor_yields_an_error_for_an_object_that_does_not_decode() {
+    let fake = Fake::new();
+    fake.upsert("a", "1");
+    fake.upsert("b", "not one");
+    let dir = tempfile::tempdir().unwrap();
+    let db = DurableStore::open(StoreConfig::new(dir.path().join("db.redb"))).unwrap();
+    let inf = Informer::<OnlyOnes>::builder(&db, fake.clone())
+        .reflector_config(cfg())
+        .build()
+        .await
+        .unwrap();
+    inf.start();
+    inf.wait_for_sync().await.expect("cache synced");
+    let mut stream = Box::pin(watcher_stream(&inf));
+    let mut initial = Vec::new();
+    for _ in 0..4 {
+        initial.push(next_item(&mut stream).await);
+    }
+    assert_eq!(initial, ["init", "init-apply a", "error", "done"]);
+    fake.upsert("c", "2");
+    assert_eq!(next_item(&mut stream).await, "error");
+    fake.upsert("d", "1");
+    assert_eq!(next_item(&mut stream).await, "apply d");
     inf.shutdown().await.unwrap();
 }
 
@@ -493,7 +554,7 @@ async fn a_volatile_handler_behind_the_retention_restarts_from_the_current_state
         HandlerOptions::volatile(),
     );
     inf.start();
-    inf.wait_for_sync().await;
+    inf.wait_for_sync().await.expect("cache synced");
     wait_len(&seen, 1).await;
     fake.upsert("a", "2"); // the handler blocks on this one
     for _ in 0..500 {
@@ -651,8 +712,8 @@ async fn durable_handlers_of_two_scopes_with_one_name_keep_their_own_cursors() {
     inf_b.add_event_handler(recorder(&seen_b), HandlerOptions::durable("audit"));
     inf_a.start();
     inf_b.start();
-    inf_a.wait_for_sync().await;
-    inf_b.wait_for_sync().await;
+    inf_a.wait_for_sync().await.expect("cache synced");
+    inf_b.wait_for_sync().await.expect("cache synced");
     // A gets exactly what it had not handled; B nothing until a new event.
     assert_eq!(wait_len(&seen_a, 2).await, ["add a3 1", "update a1 1->2"]);
     b.fake.upsert("b4", "1");
@@ -683,7 +744,7 @@ async fn adds_of_the_initial_list_are_flagged_initial() {
         inf.add_event_handler(recorder(&early), HandlerOptions::volatile());
         inf.add_event_handler(recorder(&durable), HandlerOptions::durable("d"));
         inf.start();
-        inf.wait_for_sync().await;
+        inf.wait_for_sync().await.expect("cache synced");
         fake.upsert("c", "1");
         let want = ["add a 1 (initial)", "add b 1 (initial)", "add c 1"];
         assert_eq!(wait_len(&early, 3).await, want);
@@ -707,7 +768,7 @@ async fn adds_of_the_initial_list_are_flagged_initial() {
     inf.add_event_handler(recorder(&early), HandlerOptions::volatile());
     inf.add_event_handler(recorder(&durable), HandlerOptions::durable("d"));
     inf.start();
-    inf.wait_for_sync().await;
+    inf.wait_for_sync().await.expect("cache synced");
     assert_eq!(wait_len(&durable, 1).await, ["add e 1"]);
     let mut got = wait_len(&early, 5).await;
     // The restored store as synthetic adds (initial), then the resume's add of `e` (not).
@@ -755,7 +816,7 @@ async fn resync_fires_at_its_period_on_virtual_time() {
         .await
         .unwrap();
     inf.start();
-    inf.wait_for_sync().await;
+    inf.wait_for_sync().await.expect("cache synced");
     let (inherits, own) = (Seen::default(), Seen::default());
     let r1 = inf.add_event_handler(recorder(&inherits), HandlerOptions::volatile());
     let r2 = inf.add_event_handler(
@@ -801,7 +862,7 @@ async fn a_delete_found_by_a_relist_has_an_unknown_final_state() {
         let seen = Seen::default();
         inf.add_event_handler(recorder(&seen), HandlerOptions::durable("audit"));
         inf.start();
-        inf.wait_for_sync().await;
+        inf.wait_for_sync().await.expect("cache synced");
         assert_eq!(wait_len(&seen, 2).await, ["add a 1 (initial)", "add b 1 (initial)"]);
         inf.shutdown().await.unwrap();
         db.close().unwrap();
@@ -835,7 +896,7 @@ async fn an_update_with_an_unchanged_resource_version_is_not_delivered() {
     let seen = Seen::default();
     let reg = inf.add_event_handler(recorder(&seen), HandlerOptions::volatile());
     inf.start();
-    inf.wait_for_sync().await;
+    inf.wait_for_sync().await.expect("cache synced");
     reg.wait_for_sync().await;
     fake.resend("a");
     fake.upsert("a", "2");
@@ -870,7 +931,7 @@ async fn a_resync_larger_than_a_page_delivers_each_object_once() {
         .await
         .unwrap();
     inf.start();
-    inf.wait_for_sync().await;
+    inf.wait_for_sync().await.expect("cache synced");
     let seen = Seen::default();
     let reg = inf.add_event_handler(
         recorder(&seen),

@@ -58,7 +58,7 @@ async fn an_informer_reports_events_lists_commits_lag_and_database_size() {
         HandlerOptions::durable("stuck"),
     );
     inf.start();
-    inf.wait_for_sync().await;
+    inf.wait_for_sync().await.expect("cache synced");
     for i in 0..5 {
         fake.upsert(&format!("n{i}"), "1");
     }

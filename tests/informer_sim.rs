@@ -72,7 +72,8 @@ async fn the_factory_shares_scopes_syncs_three_types_and_shuts_down_cleanly() {
     factory.start();
     tokio::time::timeout(Duration::from_secs(20), factory.wait_for_cache_sync())
         .await
-        .unwrap();
+        .unwrap()
+        .expect("cache synced");
     tokio::time::sleep(Duration::from_millis(200)).await;
     let c = sim.counters();
     assert_eq!(c.get_requests, 1, "{c:?}");
@@ -85,7 +86,8 @@ async fn the_factory_shares_scopes_syncs_three_types_and_shuts_down_cleanly() {
     factory.start();
     tokio::time::timeout(Duration::from_secs(20), factory.wait_for_cache_sync())
         .await
-        .unwrap();
+        .unwrap()
+        .expect("cache synced");
     assert!(pods.has_synced() && configmaps.has_synced() && deployments.has_synced());
 
     // Listers answer like the server for the same selector; each selector picks some pods but
@@ -216,7 +218,7 @@ async fn a_kube_runtime_controller_reconciles_through_the_adaptor() {
     );
     let configmaps = factory.informer::<ConfigMap>(None).await.unwrap();
     factory.start();
-    configmaps.wait_for_sync().await;
+    configmaps.wait_for_sync().await.expect("cache synced");
 
     let (reader, writer) = reflector::store::<ConfigMap>();
     let stream = reflector(writer, watcher_stream(&configmaps)).applied_objects();
@@ -300,7 +302,8 @@ async fn a_typed_and_a_dynamic_informer_of_one_scope_share_one_reflector() {
     factory.start();
     tokio::time::timeout(Duration::from_secs(20), factory.wait_for_cache_sync())
         .await
-        .unwrap();
+        .unwrap()
+        .expect("cache synced");
     assert!(typed.has_synced() && dynamic.has_synced());
     assert_eq!(
         names(
@@ -443,7 +446,8 @@ async fn each_handler_receives_the_sims_event_sequence() {
     factory.start();
     tokio::time::timeout(Duration::from_secs(60), factory.wait_for_cache_sync())
         .await
-        .unwrap();
+        .unwrap()
+        .expect("cache synced");
 
     // Nothing changes before the churn: each scope's initial list is what the server lists now.
     let client = sim.client().unwrap();
@@ -560,7 +564,8 @@ async fn a_dynamic_object_informer_lists_and_delivers_like_a_typed_one() {
     informer.start();
     tokio::time::timeout(Duration::from_secs(20), informer.wait_for_sync())
         .await
-        .unwrap();
+        .unwrap()
+        .expect("cache synced");
 
     let api = Api::<Deployment>::namespaced(sim.client().unwrap(), "ns-1");
     let listed = api.list(&ListParams::default()).await.unwrap();
@@ -630,7 +635,8 @@ async fn a_durable_handler_receives_only_what_is_on_disk() {
     informer.start();
     tokio::time::timeout(Duration::from_secs(20), informer.wait_for_sync())
         .await
-        .unwrap();
+        .unwrap()
+        .expect("cache synced");
     eventually("both handlers got the initial adds", || {
         volatile.lock().unwrap().len() == 60 && durable.lock().unwrap().len() == 60
     })
@@ -701,7 +707,8 @@ async fn requests_carry_the_user_agent() {
     informer.start();
     tokio::time::timeout(Duration::from_secs(20), informer.wait_for_sync())
         .await
-        .unwrap();
+        .unwrap()
+        .expect("cache synced");
     informer.shutdown().await.unwrap();
     let ours = format!("my-controller/1.2 {}", durable_informer::source::USER_AGENT);
     let seen = sim.user_agents();

@@ -155,8 +155,13 @@ async fn a_controller_reconciles_only_while_it_leads_and_catches_up_on_winning()
     };
     let (stop_tx, stop) = watch::channel(false);
     let controller = Controller::new(informer.clone()).leader_election(leading);
-    let run = tokio::spawn(controller.run(reconcile, Arc::new(()), stop));
-    informer.wait_for_sync().await;
+    let run = tokio::spawn(controller.run(
+        reconcile,
+        durable_informer::controller::default_error_policy,
+        Arc::new(()),
+        stop,
+    ));
+    informer.wait_for_sync().await.expect("cache synced");
     // A warm follower: synced and queued, reconciling nothing.
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(
@@ -199,6 +204,6 @@ async fn a_controller_reconciles_only_while_it_leads_and_catches_up_on_winning()
     lead.send_replace(true);
     wait_for(all).await;
     stop_tx.send(true).unwrap();
-    run.await.unwrap();
+    run.await.unwrap().expect("caches synced");
     informer.shutdown().await.unwrap();
 }

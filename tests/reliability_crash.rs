@@ -115,9 +115,9 @@ fn child(db: &str, url: &str, audit: &str, paged: bool) -> ! {
             HandlerOptions::durable("audit"),
         );
         informer.start();
-        while tokio::time::timeout(Duration::from_secs(2), informer.wait_for_sync())
+        while let Err(_elapsed) = tokio::time::timeout(Duration::from_secs(2), informer.wait_for_sync())
             .await
-            .is_err()
+            .map(|synced| synced.expect("cache synced"))
         {
             eprintln!(
                 "not synced yet: {:?} {:?}",

@@ -667,7 +667,8 @@ fn informer_survives_storage_faults() {
         informer.start();
         tokio::time::timeout(Duration::from_secs(30), informer.wait_for_sync())
             .await
-            .expect("synced");
+            .expect("synced")
+            .expect("cache synced");
         informer
     });
     let lo = sim.current_rv();

@@ -86,7 +86,8 @@ async fn a_bearer_token_never_appears_in_logs_or_errors() {
     informer.start();
     tokio::time::timeout(Duration::from_secs(20), informer.wait_for_sync())
         .await
-        .unwrap();
+        .unwrap()
+        .expect("cache synced");
     informer.shutdown().await.unwrap();
 
     let logs = String::from_utf8(capture.0.lock().unwrap().clone()).unwrap();

@@ -104,7 +104,7 @@ async fn run_informer(db: &DurableStore, fake: &Fake, seen: &Seen) -> Informer<C
         HandlerOptions::durable("audit"),
     );
     inf.start();
-    inf.wait_for_sync().await;
+    inf.wait_for_sync().await.expect("cache synced");
     inf
 }
 

@@ -241,7 +241,7 @@ pub async fn ours_start(sim: &Sim, path: &Path) -> Res<Ours> {
 impl Ours {
     /// Waits until synced.
     pub async fn synced(&self) -> Res<()> {
-        tokio::time::timeout(TIMEOUT, self.informer.wait_for_sync()).await?;
+        tokio::time::timeout(TIMEOUT, self.informer.wait_for_sync()).await??;
         Ok(())
     }
 
@@ -1013,7 +1013,7 @@ pub async fn memory_child(system: &str, url: &str, n: u64, db: &Path, restart: b
                 .build()
                 .await?;
             informer.start();
-            tokio::time::timeout(TIMEOUT, informer.wait_for_sync()).await?;
+            tokio::time::timeout(TIMEOUT, informer.wait_for_sync()).await??;
             let secs = t.elapsed().as_secs_f64();
             let len = informer.store().snapshot()?.len()?;
             if len != n {

@@ -8,24 +8,43 @@
 //!
 //! ```no_run
 //! use std::sync::Arc;
-//! use durable_informer::controller::{Action, Controller};
-//! use durable_informer::informer::Informer;
+//! use std::time::Duration;
+//! use durable_informer::controller::{predicates, Action, Controller};
+//! use durable_informer::informer::{Informer, Lister};
 //! use durable_informer::object::ObjectKey;
 //! use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet};
 //!
-//! # async fn f(deployments: Informer<Deployment>, replicasets: Informer<ReplicaSet>) {
-//! struct Ctx;
-//! async fn reconcile(key: ObjectKey, _ctx: Arc<Ctx>) -> Result<Action, String> {
-//!     println!("reconcile {key}");
-//!     Ok(Action::await_change())
+//! # async fn f(deployments: Informer<Deployment>, replicasets: Informer<ReplicaSet>) -> Result<(), Box<dyn std::error::Error>> {
+//! struct Ctx {
+//!     deployments: Lister<Deployment>,
 //! }
+//! #[derive(Debug, thiserror::Error)]
+//! #[error("cache: {0}")]
+//! struct Error(#[from] durable_informer::store::StoreError);
+//!
+//! async fn reconcile(key: ObjectKey, ctx: Arc<Ctx>) -> Result<Action, Error> {
+//!     let Some(d) = ctx.deployments.get_by_key(&key)? else {
+//!         return Ok(Action::await_change()); // deleted
+//!     };
+//!     println!("reconcile {key} at generation {:?}", d.metadata.generation);
+//!     Ok(Action::requeue(Duration::from_secs(300)))
+//! }
+//! fn error_policy(key: &ObjectKey, error: &Error, _ctx: Arc<Ctx>) -> Action {
+//!     eprintln!("{key}: {error}");
+//!     Action::requeue(Duration::from_secs(5))
+//! }
+//!
+//! let ctx = Arc::new(Ctx { deployments: deployments.lister() });
 //! let (stop_tx, stop) = tokio::sync::watch::channel(false);
-//! Controller::new(deployments)
-//!     .owns(replicasets, "Deployment")
+//! let summary = Controller::new(deployments)
+//!     .name("deployments")
+//!     .owns(replicasets) // ReplicaSets whose controller is an apps/Deployment
+//!     .with_predicate(predicates::generation())
 //!     .workers(2)
-//!     .run(reconcile, Arc::new(Ctx), stop)
-//!     .await;
-//! # let _ = stop_tx; }
+//!     .run(reconcile, error_policy, ctx, stop)
+//!     .await?;
+//! println!("{summary:?}");
+//! # let _ = stop_tx; Ok(()) }
 //! ```
 //!
 //! `run` starts the informers it was given that are not started yet (starting is idempotent, so
@@ -69,6 +88,7 @@
 use std::any::Any;
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -79,14 +99,23 @@ use serde::de::DeserializeOwned;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-use crate::informer::{handler_fn, Event, HandlerOptions, Informer, Registration};
+use crate::informer::{handler_fn, Event, HandlerOptions, Informer, InformerError, Registration};
 use crate::object::ObjectKey;
 use crate::queue::{default_controller_rate_limiter, WorkQueue};
 
-/// What to do after a successful reconcile.
+/// What to do next with a key: the result of a reconcile, and of the error policy after a
+/// failed one (kube-runtime's `Action`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Action {
-    requeue_after: Option<Duration>,
+    next: Next,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+enum Next {
+    #[default]
+    AwaitChange,
+    After(Duration),
+    RateLimited,
 }
 
 impl Action {
@@ -94,21 +123,71 @@ impl Action {
     #[must_use]
     pub fn requeue(delay: Duration) -> Self {
         Self {
-            requeue_after: Some(delay),
+            next: Next::After(delay),
         }
     }
 
     /// Reconcile again only when something changes.
     #[must_use]
     pub fn await_change() -> Self {
-        Self { requeue_after: None }
+        Self {
+            next: Next::AwaitChange,
+        }
     }
 
-    /// The requeue delay, if any.
+    /// Reconcile again after the controller's rate limiter's delay for this key (client-go's
+    /// `AddRateLimited`: per-key exponential backoff, 5 ms doubling to 1000 s, and an overall
+    /// 10 qps): what [`default_error_policy`] answers.
+    #[must_use]
+    pub fn requeue_rate_limited() -> Self {
+        Self {
+            next: Next::RateLimited,
+        }
+    }
+
+    /// The requeue delay, if a fixed one.
     #[must_use]
     pub fn requeue_after(&self) -> Option<Duration> {
-        self.requeue_after
+        match self.next {
+            Next::After(d) => Some(d),
+            Next::AwaitChange | Next::RateLimited => None,
+        }
     }
+}
+
+/// The error policy client-go's controllers follow: every failure is retried through the rate
+/// limiter ([`Action::requeue_rate_limited`]).
+///
+/// ```
+/// use durable_informer::controller::{default_error_policy, Action};
+/// use durable_informer::object::ObjectKey;
+/// let a = default_error_policy(&ObjectKey::cluster("x"), &"boom", std::sync::Arc::new(()));
+/// assert_eq!(a, Action::requeue_rate_limited());
+/// ```
+pub fn default_error_policy<E, Ctx>(_key: &ObjectKey, _error: &E, _ctx: Arc<Ctx>) -> Action {
+    Action::requeue_rate_limited()
+}
+
+/// What [`Controller::run`] did, once it returns.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub struct RunSummary {
+    /// Reconciles that returned `Ok`.
+    pub reconciled: u64,
+    /// Reconciles that returned `Err` (each then went through the error policy).
+    pub failed: u64,
+    /// Reconciles that panicked (each requeued through the rate limiter).
+    pub panicked: u64,
+}
+
+/// Why [`Controller::run`] could not run.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ControllerError {
+    /// An informer stopped before its cache synced: no worker was started, as client-go's
+    /// controllers refuse to run on a cache that `WaitForCacheSync` did not confirm.
+    #[error("caches did not sync: {0}")]
+    CacheSync(#[source] crate::informer::InformerError),
 }
 
 /// The key of an object, `namespace/name` or `name`.
@@ -122,15 +201,61 @@ pub fn key_of<K: Resource>(obj: &K) -> Option<ObjectKey> {
     })
 }
 
-/// Keys of the owners of `obj` whose kind is `owner_kind` (same namespace, as owner references
-/// are namespace-local); the controlling owner only when `controller_only`.
+/// Keys of the owners of `obj` whose kind is `owner_kind`, of any API group (same namespace,
+/// as owner references are namespace-local); the controlling owner only when
+/// `controller_only`. [`owner_keys_of`] also checks the group.
 #[must_use]
 pub fn owner_keys<K: Resource>(obj: &K, owner_kind: &str, controller_only: bool) -> Vec<ObjectKey> {
-    let meta = obj.meta();
+    owners(obj.meta(), None, owner_kind, controller_only)
+}
+
+/// Keys of the owners of `obj` of type `O` (its API group and kind, any version: an owner
+/// reference may name an older version of the owner's API), the controlling owner only when
+/// `controller_only`.
+///
+/// ```
+/// use durable_informer::controller::owner_keys_of;
+/// use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet};
+/// use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+///
+/// let owned = |api_version: &str| ReplicaSet {
+///     metadata: ObjectMeta {
+///         namespace: Some("prod".into()),
+///         owner_references: Some(vec![OwnerReference {
+///             api_version: api_version.into(),
+///             kind: "Deployment".into(),
+///             name: "web".into(),
+///             controller: Some(true),
+///             ..Default::default()
+///         }]),
+///         ..Default::default()
+///     },
+///     ..Default::default()
+/// };
+/// assert_eq!(owner_keys_of::<Deployment, _>(&owned("apps/v1"), true)[0].to_string(), "prod/web");
+/// // Another group's Deployment is not ours.
+/// assert!(owner_keys_of::<Deployment, _>(&owned("example.com/v1"), true).is_empty());
+/// ```
+#[must_use]
+pub fn owner_keys_of<O, K>(obj: &K, controller_only: bool) -> Vec<ObjectKey>
+where
+    O: Resource,
+    O::DynamicType: Default,
+    K: Resource,
+{
+    let dt = O::DynamicType::default();
+    owners(obj.meta(), Some(&O::group(&dt)), &O::kind(&dt), controller_only)
+}
+
+fn owners(meta: &kube::core::ObjectMeta, group: Option<&str>, kind: &str, controller_only: bool) -> Vec<ObjectKey> {
     meta.owner_references
         .iter()
         .flatten()
-        .filter(|o| o.kind == owner_kind && (!controller_only || o.controller == Some(true)))
+        .filter(|o| {
+            // `apiVersion` is `group/version`, or `version` alone for the core group.
+            let ref_group = o.api_version.rsplit_once('/').map_or("", |(g, _)| g);
+            o.kind == kind && group.is_none_or(|g| g == ref_group) && (!controller_only || o.controller == Some(true))
+        })
         .map(|o| ObjectKey {
             namespace: meta.namespace.clone(),
             name: o.name.clone(),
@@ -138,18 +263,78 @@ pub fn owner_keys<K: Resource>(obj: &K, owner_kind: &str, controller_only: bool)
         .collect()
 }
 
-/// Called with the key and the error of a failed reconcile.
-type ErrorCallback = Arc<dyn Fn(&ObjectKey, &str) + Send + Sync>;
+/// A value computed from an object's metadata; an update whose old and new values are equal
+/// is not enqueued (kube-runtime's predicates). `None` lets the event through.
+pub type Predicate = Arc<dyn Fn(&kube::core::ObjectMeta) -> Option<u64> + Send + Sync>;
 
-type Trigger = Box<dyn FnOnce(WorkQueue<ObjectKey>) -> (Registration, BoxFuture<'static, ()>) + Send>;
+/// Predicates over the stored metadata, for [`Controller::with_predicate`] (kube-runtime's
+/// `predicates`): the controller decodes only `metadata` of each event, never the object.
+pub mod predicates {
+    use std::hash::{Hash, Hasher};
+    use std::sync::Arc;
+
+    use super::Predicate;
+
+    fn hash(v: &impl Hash) -> u64 {
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        v.hash(&mut h);
+        h.finish()
+    }
+
+    /// `metadata.generation`: changes of the spec only (status writes leave it alone); objects
+    /// without a generation always pass.
+    #[must_use]
+    pub fn generation() -> Predicate {
+        Arc::new(|m| m.generation.map(|g| hash(&g)))
+    }
+
+    /// `metadata.labels`.
+    #[must_use]
+    pub fn labels() -> Predicate {
+        Arc::new(|m| Some(hash(&m.labels)))
+    }
+
+    /// `metadata.annotations`.
+    #[must_use]
+    pub fn annotations() -> Predicate {
+        Arc::new(|m| Some(hash(&m.annotations)))
+    }
+
+    /// `metadata.finalizers`.
+    #[must_use]
+    pub fn finalizers() -> Predicate {
+        Arc::new(|m| Some(hash(&m.finalizers)))
+    }
+}
+
+/// Only the metadata of an object: what the controller's own handlers decode (serde skips
+/// the rest of the JSON without building it).
+#[derive(Debug, Clone, serde::Deserialize)]
+pub(crate) struct MetaOnly {
+    #[serde(default)]
+    metadata: kube::core::ObjectMeta,
+}
+
+impl MetaOnly {
+    fn key(&self) -> Option<ObjectKey> {
+        Some(ObjectKey {
+            namespace: self.metadata.namespace.clone(),
+            name: self.metadata.name.clone()?,
+        })
+    }
+}
+
+type Trigger =
+    Box<dyn FnOnce(WorkQueue<ObjectKey>) -> (Registration, BoxFuture<'static, Result<(), InformerError>>) + Send>;
 
 /// Runs a reconcile function over the keys of a primary informer and of related objects.
 pub struct Controller<K> {
     primary: Informer<K>,
     triggers: Vec<Trigger>,
     workers: usize,
+    name: String,
     queue: WorkQueue<ObjectKey>,
-    on_error: Option<ErrorCallback>,
+    predicates: Vec<Predicate>,
     leading: Option<watch::Receiver<bool>>,
 }
 
@@ -158,9 +343,22 @@ where
     O: Send + Sync + 'static,
     F: Fn(&O) -> Vec<ObjectKey> + Send + Sync + 'static,
 {
+    enqueue_filtered(queue, map, |_: &O, _: &O| true)
+}
+
+/// Enqueues the keys `map` gives for each event; an update only when `changed(old, new)`.
+fn enqueue_filtered<O, F, C>(queue: WorkQueue<ObjectKey>, map: F, changed: C) -> impl crate::informer::EventHandler<O>
+where
+    O: Send + Sync + 'static,
+    F: Fn(&O) -> Vec<ObjectKey> + Send + Sync + 'static,
+    C: Fn(&O, &O) -> bool + Send + Sync + 'static,
+{
     handler_fn(move |ev: Event<O>| -> Result<(), std::convert::Infallible> {
         match &ev {
             Event::Update { old, new, .. } => {
+                if !changed(old, new) {
+                    return Ok(());
+                }
                 // Both: an owner reference may have moved from one owner to another.
                 for k in map(old).into_iter().chain(map(new)) {
                     queue.add(k);
@@ -176,35 +374,91 @@ where
     })
 }
 
+/// Whether an update passes the predicates: none given, or one whose value changed or is `None`.
+fn passes(predicates: &[Predicate], old: &kube::core::ObjectMeta, new: &kube::core::ObjectMeta) -> bool {
+    predicates.is_empty()
+        || predicates.iter().any(|p| match (p(old), p(new)) {
+            (Some(a), Some(b)) => a != b,
+            _ => true,
+        })
+}
+
+fn controller_queue(name: &str) -> WorkQueue<ObjectKey> {
+    WorkQueue::builder()
+        .name(name)
+        .rate_limiter(default_controller_rate_limiter())
+        .build()
+}
+
 impl<K> Controller<K>
 where
     K: Resource + DeserializeOwned + Send + Sync + 'static,
 {
     /// A controller for the objects of `primary`, with client-go's default rate limiter
-    /// (per-item exponential 5 ms–1000 s, overall 10 qps / burst 100).
+    /// (per-item exponential 5 ms–1000 s, overall 10 qps / burst 100), named `controller`
+    /// (see [`name`](Self::name)).
     #[must_use]
     pub fn new(primary: Informer<K>) -> Self {
         Self {
             primary,
             triggers: Vec::new(),
             workers: 1,
-            queue: WorkQueue::builder()
-                .name("controller")
-                .rate_limiter(default_controller_rate_limiter())
-                .build(),
-            on_error: None,
+            name: "controller".to_owned(),
+            queue: controller_queue("controller"),
+            predicates: Vec::new(),
             leading: None,
         }
     }
 
-    /// Also reconciles the owner (of kind `owner_kind`) of every changed object of `informer`.
+    /// The controller's name: the `name` label of its workqueue metrics and the `controller`
+    /// label of its reconcile metrics (see [`metrics`](crate::metrics)). Call it before
+    /// [`queue`](Self::queue): it gives the controller a new, empty queue.
     #[must_use]
-    pub fn owns<C>(self, informer: Informer<C>, owner_kind: &str) -> Self
+    pub fn name(mut self, name: &str) -> Self {
+        name.clone_into(&mut self.name);
+        self.queue = controller_queue(name);
+        self
+    }
+
+    /// Also reconciles the controlling owner of every changed object of `informer` whose owner
+    /// reference names `K` (its API group and kind, from the type): a Deployment controller
+    /// `owns` its ReplicaSets. Only the events' metadata is decoded.
+    #[must_use]
+    pub fn owns<C>(mut self, informer: Informer<C>) -> Self
     where
-        C: Resource + DeserializeOwned + Send + Sync + 'static,
+        K::DynamicType: Default,
+        C: Send + Sync + 'static,
     {
-        let kind = owner_kind.to_owned();
-        self.watches(informer, move |c: &C| owner_keys(c, &kind, true))
+        let dt = K::DynamicType::default();
+        let (group, kind) = (K::group(&dt).into_owned(), K::kind(&dt).into_owned());
+        let meta = informer.retyped::<MetaOnly>();
+        self.triggers.push(Box::new(move |queue| {
+            let map = move |m: &MetaOnly| owners(&m.metadata, Some(&group), &kind, true);
+            let reg = meta.add_event_handler(enqueue_handler(queue, map), HandlerOptions::volatile());
+            meta.start();
+            let wait = async move { meta.wait_for_sync().await };
+            (reg, Box::pin(wait))
+        }));
+        self
+    }
+
+    /// Reconciles a primary object's update only when one of `predicate`'s values changed
+    /// (kube-runtime's `predicate_filter`); adds and deletes always. Given several times,
+    /// a change of any one lets the update through. Evaluated on the stored metadata only.
+    ///
+    /// ```no_run
+    /// # use durable_informer::controller::{predicates, Controller};
+    /// # fn f(deployments: durable_informer::informer::Informer<k8s_openapi::api::apps::v1::Deployment>) {
+    /// // Spec changes and relabelling, not status writes.
+    /// let c = Controller::new(deployments)
+    ///     .with_predicate(predicates::generation())
+    ///     .with_predicate(predicates::labels());
+    /// # let _ = c; }
+    /// ```
+    #[must_use]
+    pub fn with_predicate(mut self, predicate: Predicate) -> Self {
+        self.predicates.push(predicate);
+        self
     }
 
     /// Also reconciles the keys `map` gives for every changed object of `informer`.
@@ -233,13 +487,6 @@ where
         self
     }
 
-    /// Called for every failed reconcile (after it was requeued).
-    #[must_use]
-    pub fn on_error(mut self, f: impl Fn(&ObjectKey, &str) + Send + Sync + 'static) -> Self {
-        self.on_error = Some(Arc::new(f));
-        self
-    }
-
     /// Reconciles only while `leading` is true, as one replica of several (from
     /// [`LeaderElector::leadership`](crate::leader::LeaderElector::leadership)).
     ///
@@ -257,7 +504,8 @@ where
     /// # use durable_informer::controller::{Action, Controller};
     /// # use durable_informer::leader::{KubeLeaseLock, LeaderElectionConfig, LeaderElector};
     /// # use durable_informer::object::ObjectKey;
-    /// # async fn f(client: kube::Client, pods: durable_informer::informer::Informer<k8s_openapi::api::core::v1::Pod>) {
+    /// # async fn f(client: kube::Client, pods: durable_informer::informer::Informer<k8s_openapi::api::core::v1::Pod>) -> Result<(), Box<dyn std::error::Error>> {
+    /// # use durable_informer::controller::default_error_policy;
     /// # async fn reconcile(_k: ObjectKey, _c: Arc<()>) -> Result<Action, String> { Ok(Action::await_change()) }
     /// let elector = LeaderElector::new(
     ///     KubeLeaseLock::new(client, "default", "my-controller", "replica-a"),
@@ -266,8 +514,8 @@ where
     /// let controller = Controller::new(pods).leader_election(elector.leadership());
     /// let (stop_tx, stop) = tokio::sync::watch::channel(false);
     /// let elector_task = tokio::spawn(elector.run(stop.clone()));
-    /// controller.run(reconcile, Arc::new(()), stop).await;
-    /// # let _ = (stop_tx, elector_task); }
+    /// controller.run(reconcile, default_error_policy, Arc::new(()), stop).await?;
+    /// # let _ = (stop_tx, elector_task); Ok(()) }
     /// ```
     #[must_use]
     pub fn leader_election(mut self, leading: watch::Receiver<bool>) -> Self {
@@ -286,23 +534,42 @@ where
     /// enqueued, keys already queued are still reconciled, and `run` returns once every
     /// reconcile in flight has finished (delayed requeues are dropped).
     ///
-    /// A reconcile that panics is handled like one that fails: the panic is logged with the key,
-    /// passed to [`on_error`](Self::on_error) and the key is requeued through the rate limiter.
-    /// The worker lives on. As with any caught panic, state the reconcile shared through `ctx`
-    /// may be left half-updated.
-    pub async fn run<Ctx, F, Fut, E>(self, reconcile: F, ctx: Arc<Ctx>, mut stop: watch::Receiver<bool>)
+    /// After a failed reconcile, `error_policy` decides what comes next (kube-runtime's
+    /// `error_policy`; [`default_error_policy`] is client-go's rate-limited retry). A reconcile
+    /// that panics is logged with the key and requeued through the rate limiter; the worker
+    /// lives on. As with any caught panic, state the reconcile shared through `ctx` may be
+    /// left half-updated.
+    ///
+    /// # Errors
+    ///
+    /// [`ControllerError::CacheSync`] when an informer stops before its cache synced: then no
+    /// reconcile ran.
+    pub async fn run<Ctx, F, Fut, E, P>(
+        self,
+        reconcile: F,
+        error_policy: P,
+        ctx: Arc<Ctx>,
+        mut stop: watch::Receiver<bool>,
+    ) -> Result<RunSummary, ControllerError>
     where
         Ctx: Send + Sync + 'static,
         F: Fn(ObjectKey, Arc<Ctx>) -> Fut + Send + Sync + 'static,
         Fut: Future<Output = Result<Action, E>> + Send + 'static,
         E: std::fmt::Display + Send + 'static,
+        P: Fn(&ObjectKey, &E, Arc<Ctx>) -> Action + Send + Sync + 'static,
     {
         let queue = self.queue.clone();
         let mut regs = Vec::new();
-        let mut waits: Vec<BoxFuture<'static, ()>> = Vec::new();
+        let mut waits: Vec<BoxFuture<'static, Result<(), InformerError>>> = Vec::new();
         let primary = self.primary.clone();
-        regs.push(primary.add_event_handler(
-            enqueue_handler(queue.clone(), |k: &K| key_of(k).into_iter().collect()),
+        let meta = primary.retyped::<MetaOnly>();
+        let predicates = self.predicates;
+        regs.push(meta.add_event_handler(
+            enqueue_filtered(
+                queue.clone(),
+                |m: &MetaOnly| m.key().into_iter().collect(),
+                move |old: &MetaOnly, new: &MetaOnly| passes(&predicates, &old.metadata, &new.metadata),
+            ),
             HandlerOptions::volatile(),
         ));
         primary.start();
@@ -313,29 +580,37 @@ where
         }
         // Wait for every cache before the first reconcile (WaitForCacheSync).
         let all_synced = async {
-            primary.wait_for_sync().await;
+            primary.wait_for_sync().await?;
             for w in waits {
-                w.await;
+                w.await?;
             }
             for r in &regs {
                 r.wait_for_sync().await;
             }
+            Ok::<_, InformerError>(())
         };
-        let stopped = tokio::select! {
-            () = all_synced => false,
-            r = stop.wait_for(|s| *s) => r.is_ok(),
+        let synced = tokio::select! {
+            r = all_synced => Some(r),
+            r = stop.wait_for(|s| *s) => { drop(r); None },
         };
-        if stopped {
-            for r in regs {
-                r.remove().await;
+        match synced {
+            Some(Ok(())) => {}
+            stopped_or_failed => {
+                for r in regs {
+                    r.remove().await;
+                }
+                return match stopped_or_failed {
+                    Some(Err(e)) => Err(ControllerError::CacheSync(e)),
+                    _ => Ok(RunSummary::default()),
+                };
             }
-            return;
         }
         let workers = Workers {
             queue: queue.clone(),
             reconcile: Arc::new(reconcile),
+            error_policy: Arc::new(error_policy),
             ctx,
-            on_error: self.on_error.clone(),
+            counts: Arc::new(Counts::new(&self.name)),
         };
         let handles = match self.leading {
             None => {
@@ -350,6 +625,7 @@ where
             r.remove().await;
         }
         drain(&queue, handles).await;
+        Ok(workers.counts.summary())
     }
 }
 
@@ -371,19 +647,15 @@ async fn until_leading(leading: &mut watch::Receiver<bool>) -> bool {
 
 /// Runs the workers only while `leading` is true, until `stop`; returns the workers still
 /// running then (none when stopped as a follower).
-async fn lead_while<K, Ctx, F, Fut, E>(
+async fn lead_while<K, W: Spawn>(
     primary: &Informer<K>,
-    workers: &Workers<Ctx, F>,
+    workers: &W,
     n: usize,
     mut leading: watch::Receiver<bool>,
     stop: &mut watch::Receiver<bool>,
 ) -> Vec<JoinHandle<()>>
 where
     K: DeserializeOwned + Send + Sync + 'static,
-    Ctx: Send + Sync + 'static,
-    F: Fn(ObjectKey, Arc<Ctx>) -> Fut + Send + Sync + 'static,
-    Fut: Future<Output = Result<Action, E>> + Send + 'static,
-    E: std::fmt::Display + Send + 'static,
 {
     loop {
         tracing::info!("caches synced; waiting for leadership");
@@ -399,7 +671,7 @@ where
         // What the previous leader reconciled is unknown: every key once more.
         let store = primary.store();
         match tokio::task::spawn_blocking(move || store.list_keys()).await {
-            Ok(Ok(keys)) => keys.into_iter().for_each(|k| workers.queue.add(k)),
+            Ok(Ok(keys)) => keys.into_iter().for_each(|k| workers.queue().add(k)),
             Ok(Err(e)) => tracing::warn!(error = %e, "listing the keys to reconcile after winning failed"),
             Err(e) => tracing::warn!(error = %e, "listing the keys to reconcile after winning failed"),
         }
@@ -423,32 +695,83 @@ where
     }
 }
 
-/// What every worker of one controller shares.
-struct Workers<Ctx, F> {
-    queue: WorkQueue<ObjectKey>,
-    reconcile: Arc<F>,
-    ctx: Arc<Ctx>,
-    on_error: Option<ErrorCallback>,
+/// Outcome counters of one run, and the process-wide reconcile metrics of this controller.
+struct Counts {
+    reconciled: AtomicU64,
+    failed: AtomicU64,
+    panicked: AtomicU64,
+    name: String,
 }
 
-impl<Ctx, F> Clone for Workers<Ctx, F> {
-    fn clone(&self) -> Self {
+impl Counts {
+    fn new(name: &str) -> Self {
         Self {
-            queue: self.queue.clone(),
-            reconcile: self.reconcile.clone(),
-            ctx: self.ctx.clone(),
-            on_error: self.on_error.clone(),
+            reconciled: AtomicU64::new(0),
+            failed: AtomicU64::new(0),
+            panicked: AtomicU64::new(0),
+            name: name.to_owned(),
+        }
+    }
+
+    fn record(&self, result: crate::metrics::ReconcileResult, took: Duration) {
+        use crate::metrics::ReconcileResult as R;
+        let counter = match result {
+            R::Success | R::Requeue | R::RequeueAfter => &self.reconciled,
+            R::Error => &self.failed,
+            R::Panic => &self.panicked,
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+        crate::metrics::global().observe_reconcile(&self.name, result, took);
+    }
+
+    fn summary(&self) -> RunSummary {
+        RunSummary {
+            reconciled: self.reconciled.load(Ordering::Relaxed),
+            failed: self.failed.load(Ordering::Relaxed),
+            panicked: self.panicked.load(Ordering::Relaxed),
         }
     }
 }
 
-impl<Ctx, F, Fut, E> Workers<Ctx, F>
+/// What every worker of one controller shares.
+struct Workers<Ctx, F, P> {
+    queue: WorkQueue<ObjectKey>,
+    reconcile: Arc<F>,
+    error_policy: Arc<P>,
+    ctx: Arc<Ctx>,
+    counts: Arc<Counts>,
+}
+
+impl<Ctx, F, P> Clone for Workers<Ctx, F, P> {
+    fn clone(&self) -> Self {
+        Self {
+            queue: self.queue.clone(),
+            reconcile: self.reconcile.clone(),
+            error_policy: self.error_policy.clone(),
+            ctx: self.ctx.clone(),
+            counts: self.counts.clone(),
+        }
+    }
+}
+
+/// Starting workers, whatever the reconcile's types (so [`lead_while`] needs none of them).
+trait Spawn {
+    fn queue(&self) -> &WorkQueue<ObjectKey>;
+    fn spawn(&self, n: usize, leading: Option<watch::Receiver<bool>>) -> Vec<JoinHandle<()>>;
+}
+
+impl<Ctx, F, Fut, E, P> Spawn for Workers<Ctx, F, P>
 where
     Ctx: Send + Sync + 'static,
     F: Fn(ObjectKey, Arc<Ctx>) -> Fut + Send + Sync + 'static,
     Fut: Future<Output = Result<Action, E>> + Send + 'static,
     E: std::fmt::Display + Send + 'static,
+    P: Fn(&ObjectKey, &E, Arc<Ctx>) -> Action + Send + Sync + 'static,
 {
+    fn queue(&self) -> &WorkQueue<ObjectKey> {
+        &self.queue
+    }
+
     /// Spawns `n` worker tasks; each ends when the queue is shut down and empty, or, with
     /// `leading`, once it turns false (after the reconcile in flight).
     fn spawn(&self, n: usize, leading: Option<watch::Receiver<bool>>) -> Vec<JoinHandle<()>> {
@@ -468,7 +791,7 @@ where
                             None => w.queue.get().await,
                         };
                         let Some(key) = next else { break };
-                        // `done` always, even if the error callback panics: otherwise the key is
+                        // `done` always, even if the error policy panics: otherwise the key is
                         // never handed out again and a drain waits for it forever.
                         let _done = DoneOnDrop(&w.queue, &key);
                         w.process(&key).await;
@@ -477,30 +800,61 @@ where
             })
             .collect()
     }
+}
 
+impl<Ctx, F, Fut, E, P> Workers<Ctx, F, P>
+where
+    Ctx: Send + Sync + 'static,
+    F: Fn(ObjectKey, Arc<Ctx>) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Result<Action, E>> + Send + 'static,
+    E: std::fmt::Display + Send + 'static,
+    P: Fn(&ObjectKey, &E, Arc<Ctx>) -> Action + Send + Sync + 'static,
+{
     /// Reconciles `key` once and schedules what comes next.
     async fn process(&self, key: &ObjectKey) {
+        use crate::metrics::ReconcileResult as R;
         let (reconcile, ctx) = (self.reconcile.clone(), self.ctx.clone());
         let k = key.clone();
+        let started = std::time::Instant::now();
         // Inside the async block, so that a panic in the call itself is caught too.
         let result = AssertUnwindSafe(async move { reconcile(k, ctx).await })
             .catch_unwind()
             .await;
-        let msg = match result {
+        let took = started.elapsed();
+        match result {
             Ok(Ok(action)) => {
-                self.queue.forget(key);
-                if let Some(d) = action.requeue_after {
-                    self.queue.add_after(key.clone(), d);
-                }
-                return;
+                let outcome = match action.next {
+                    Next::AwaitChange => R::Success,
+                    Next::After(_) => R::RequeueAfter,
+                    Next::RateLimited => R::Requeue,
+                };
+                self.counts.record(outcome, took);
+                self.schedule(key, action, true);
             }
-            Ok(Err(e)) => e.to_string(),
-            Err(panic) => format!("reconcile panicked: {}", panic_message(panic.as_ref())),
-        };
-        tracing::warn!(%key, error = %msg, requeues = self.queue.num_requeues(key), "reconcile failed");
-        self.queue.add_rate_limited(key.clone());
-        if let Some(f) = &self.on_error {
-            f(key, &msg);
+            Ok(Err(e)) => {
+                self.counts.record(R::Error, took);
+                tracing::warn!(%key, error = %e, requeues = self.queue.num_requeues(key), "reconcile failed");
+                let action = (self.error_policy)(key, &e, self.ctx.clone());
+                self.schedule(key, action, false);
+            }
+            Err(panic) => {
+                self.counts.record(R::Panic, took);
+                let msg = panic_message(panic.as_ref());
+                tracing::error!(%key, panic = msg, "reconcile panicked");
+                self.queue.add_rate_limited(key.clone());
+            }
+        }
+    }
+
+    /// Schedules `key` as `action` says; a success also resets its rate-limit history.
+    fn schedule(&self, key: &ObjectKey, action: Action, success: bool) {
+        if success && action.next != Next::RateLimited {
+            self.queue.forget(key);
+        }
+        match action.next {
+            Next::AwaitChange => {}
+            Next::After(d) => self.queue.add_after(key.clone(), d),
+            Next::RateLimited => self.queue.add_rate_limited(key.clone()),
         }
     }
 }
@@ -582,21 +936,26 @@ mod tests {
 
     /// Workers over a fresh controller queue (client-go's default limiter), reporting errors to
     /// the log.
-    fn workers<F, Fut>(log: &Arc<Log>, reconcile: F) -> Workers<Log, F>
+    #[allow(clippy::type_complexity)]
+    fn workers<F, Fut>(
+        log: &Arc<Log>,
+        reconcile: F,
+    ) -> Workers<Log, F, impl Fn(&ObjectKey, &String, Arc<Log>) -> Action + Send + Sync + 'static>
     where
         F: Fn(ObjectKey, Arc<Log>) -> Fut + Send + Sync + 'static,
         Fut: Future<Output = Result<Action, String>> + Send + 'static,
     {
-        let errors = log.clone();
         Workers {
             queue: WorkQueue::builder()
                 .rate_limiter(default_controller_rate_limiter())
                 .build(),
             reconcile: Arc::new(reconcile),
+            error_policy: Arc::new(|k: &ObjectKey, e: &String, log: Arc<Log>| {
+                lock(&log.errors).push((k.name.clone(), e.clone()));
+                default_error_policy(k, e, log)
+            }),
             ctx: log.clone(),
-            on_error: Some(Arc::new(move |k: &ObjectKey, e: &str| {
-                lock(&errors.errors).push((k.name.clone(), e.to_owned()));
-            })),
+            counts: Arc::new(Counts::new("test")),
         }
     }
 
@@ -768,12 +1127,17 @@ mod tests {
         assert_eq!(log.gaps("a"), [MS * 5], "through the rate limiter");
         assert_eq!(log.times("b").len(), 1);
         assert_eq!(w.queue.num_requeues(&key("a")), 0, "the retry succeeded");
-        let errors = lock(&log.errors).clone();
-        assert_eq!(errors.len(), 1);
-        assert_eq!(errors[0].0, "a");
         assert!(
-            errors[0].1.contains("panicked") && errors[0].1.contains("first reconcile of a"),
-            "{errors:?}"
+            lock(&log.errors).is_empty(),
+            "a panic is not an error of the reconcile's type"
+        );
+        assert_eq!(
+            w.counts.summary(),
+            RunSummary {
+                reconciled: 2,
+                failed: 0,
+                panicked: 1
+            }
         );
         let stopped = tokio::time::timeout(Duration::from_secs(60), drain(&w.queue, handles)).await;
         assert!(stopped.is_ok(), "shutdown completes");
@@ -797,7 +1161,59 @@ mod tests {
         w.queue.add(key("a"));
         tokio::time::sleep(Duration::from_secs(1)).await;
         assert_eq!(*lock(&calls), 2);
-        assert_eq!(lock(&log.errors).len(), 1);
+        assert_eq!(w.counts.summary().panicked, 1);
         drain(&w.queue, handles).await;
+    }
+
+    fn meta(generation: Option<i64>, label: &str, rv: &str) -> kube::core::ObjectMeta {
+        kube::core::ObjectMeta {
+            generation,
+            labels: Some([("app".to_owned(), label.to_owned())].into()),
+            resource_version: Some(rv.to_owned()),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn predicates_let_through_only_the_updates_they_watch() {
+        let generation = [predicates::generation()];
+        // A status write: new RV, same generation.
+        assert!(!passes(&generation, &meta(Some(1), "a", "1"), &meta(Some(1), "a", "2")));
+        assert!(passes(&generation, &meta(Some(1), "a", "1"), &meta(Some(2), "a", "2")));
+        // No generation (a ConfigMap): always through, as kube-runtime.
+        assert!(passes(&generation, &meta(None, "a", "1"), &meta(None, "a", "2")));
+        // Relabelling passes only with the labels predicate too.
+        assert!(!passes(&generation, &meta(Some(1), "a", "1"), &meta(Some(1), "b", "2")));
+        let both = [predicates::generation(), predicates::labels()];
+        assert!(passes(&both, &meta(Some(1), "a", "1"), &meta(Some(1), "b", "2")));
+        assert!(!passes(&both, &meta(Some(1), "a", "1"), &meta(Some(1), "a", "2")));
+        // No predicate: every update.
+        assert!(passes(&[], &meta(Some(1), "a", "1"), &meta(Some(1), "a", "2")));
+    }
+
+    #[test]
+    fn owner_references_match_group_and_kind() {
+        let with_owner = |api_version: &str, kind: &str, controller: bool| kube::core::ObjectMeta {
+            namespace: Some("ns".into()),
+            owner_references: Some(vec![k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference {
+                api_version: api_version.into(),
+                kind: kind.into(),
+                name: "owner".into(),
+                controller: Some(controller),
+                ..Default::default()
+            }]),
+            ..Default::default()
+        };
+        let found = |m: &kube::core::ObjectMeta, group: &str| owners(m, Some(group), "Deployment", true).len();
+        assert_eq!(found(&with_owner("apps/v1", "Deployment", true), "apps"), 1);
+        assert_eq!(found(&with_owner("apps/v1beta1", "Deployment", true), "apps"), 1);
+        assert_eq!(found(&with_owner("other.io/v1", "Deployment", true), "apps"), 0);
+        assert_eq!(found(&with_owner("apps/v1", "StatefulSet", true), "apps"), 0);
+        assert_eq!(found(&with_owner("apps/v1", "Deployment", false), "apps"), 0);
+        // The core group is the empty string: `v1` alone.
+        assert_eq!(
+            owners(&with_owner("v1", "Service", true), Some(""), "Service", true).len(),
+            1
+        );
     }
 }

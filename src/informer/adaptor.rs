@@ -25,12 +25,19 @@ struct State<K> {
     scope: ScopeId,
     committed: tokio::sync::watch::Receiver<Seq>,
     phase: Phase,
-    queue: VecDeque<watcher::Event<K>>,
+    queue: VecDeque<Result<watcher::Event<K>, watcher::Error>>,
+}
+
+/// Decodes a stored object; one that does not decode as `K` is an error item of the stream
+/// (kube's own watcher does the same), never silently left out.
+fn decode<K: DeserializeOwned>(bytes: &[u8]) -> Result<K, watcher::Error> {
+    serde_json::from_slice(bytes).map_err(|e| watcher::Error::WatchFailed(kube::Error::SerdeError(e)))
 }
 
 /// The informer's store as an initial list (`Init`, `InitApply`…, `InitDone`) followed by its
 /// live changes (`Apply`, `Delete`), read from the durable log. Relists that find deletes
-/// produce `Delete` with the last known state.
+/// produce `Delete` with the last known state. A stored object that does not decode as `K`
+/// (a CRD's schema changed, say) is an `Err` item in its place; the stream goes on.
 ///
 /// Feed it to `kube::runtime::reflector` and `Controller::for_stream` (kube's
 /// `unstable-runtime` feature, which this crate enables):
@@ -50,16 +57,16 @@ struct State<K> {
 ///     Ok(Action::await_change())
 /// }
 ///
-/// # async fn f(informer: Informer<ConfigMap>) {
+/// # async fn f(informer: Informer<ConfigMap>) -> Result<(), durable_informer::informer::InformerError> {
 /// informer.start();
-/// informer.wait_for_sync().await;
+/// informer.wait_for_sync().await?;
 /// let (reader, writer) = reflector::store();
 /// let stream = reflector(writer, watcher_stream(&informer)).applied_objects();
 /// Controller::for_stream(stream, reader)
 ///     .run(reconcile, |_, _, _| Action::requeue(Duration::from_secs(5)), Arc::new(()))
 ///     .for_each(|_| async {})
 ///     .await;
-/// # }
+/// # Ok(()) }
 /// ```
 pub fn watcher_stream<K>(informer: &Informer<K>) -> impl Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send
 where
@@ -76,7 +83,7 @@ where
     futures::stream::unfold(state, |mut st| async move {
         loop {
             if let Some(ev) = st.queue.pop_front() {
-                return Some((Ok(ev), st));
+                return Some((ev, st));
             }
             match std::mem::replace(&mut st.phase, Phase::Start) {
                 Phase::Start => {
@@ -89,7 +96,7 @@ where
                             continue;
                         }
                     };
-                    st.queue.push_back(watcher::Event::Init);
+                    st.queue.push_back(Ok(watcher::Event::Init));
                     st.phase = Phase::Initial(None, pos);
                 }
                 Phase::Initial(after, pos) => {
@@ -107,15 +114,13 @@ where
                         continue;
                     };
                     if page.is_empty() {
-                        st.queue.push_back(watcher::Event::InitDone);
+                        st.queue.push_back(Ok(watcher::Event::InitDone));
                         st.phase = Phase::Live(pos);
                         continue;
                     }
                     let last = page.last().map(|o| o.key.clone());
                     for o in page {
-                        if let Ok(k) = serde_json::from_slice::<K>(&o.bytes) {
-                            st.queue.push_back(watcher::Event::InitApply(k));
-                        }
+                        st.queue.push_back(decode::<K>(&o.bytes).map(watcher::Event::InitApply));
                     }
                     st.phase = Phase::Initial(last, pos);
                 }
@@ -149,15 +154,12 @@ where
                     }
                     for r in records {
                         let ev = match r.kind {
-                            DeltaKind::Added | DeltaKind::Updated | DeltaKind::Replaced => r
-                                .object
-                                .and_then(|b| serde_json::from_slice::<K>(&b).ok())
-                                .map(watcher::Event::Apply),
-                            DeltaKind::Deleted => r
-                                .object
-                                .or(r.old)
-                                .and_then(|b| serde_json::from_slice::<K>(&b).ok())
-                                .map(watcher::Event::Delete),
+                            DeltaKind::Added | DeltaKind::Updated | DeltaKind::Replaced => {
+                                r.object.map(|b| decode::<K>(&b).map(watcher::Event::Apply))
+                            }
+                            DeltaKind::Deleted => {
+                                r.object.or(r.old).map(|b| decode::<K>(&b).map(watcher::Event::Delete))
+                            }
                             DeltaKind::Sync => None,
                         };
                         st.queue.extend(ev);

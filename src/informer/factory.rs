@@ -12,7 +12,7 @@ use crate::source::{KubeSource, Source};
 use crate::store::{DurableStore, Indexer, StoreError};
 
 type Starter = Box<dyn Fn() + Send + Sync>;
-type Waiter = Box<dyn Fn() -> futures::future::BoxFuture<'static, ()> + Send + Sync>;
+type Waiter = Box<dyn Fn() -> futures::future::BoxFuture<'static, Result<(), InformerError>> + Send + Sync>;
 type Stopper = Box<dyn Fn() -> futures::future::BoxFuture<'static, Result<(), ReflectorError>> + Send + Sync>;
 
 struct Entry {
@@ -37,7 +37,7 @@ struct Entry {
 /// let pods = factory.informer::<Pod>(None).await?;
 /// let deployments = factory.informer::<Deployment>(Some("default")).await?;
 /// factory.start();
-/// factory.wait_for_cache_sync().await;
+/// factory.wait_for_cache_sync().await?;
 /// factory.shutdown().await?;
 /// # let _ = (pods, deployments); Ok(()) }
 /// ```
@@ -156,11 +156,13 @@ impl InformerFactory {
         }
     }
 
-    /// Waits until every informer has synced.
-    pub async fn wait_for_cache_sync(&self) {
+    /// Waits until every informer has synced; fails with the first informer that stopped
+    /// before syncing ([`InformerError::NotSynced`]).
+    pub async fn wait_for_cache_sync(&self) -> Result<(), InformerError> {
         for e in self.entries() {
-            (e.wait)().await;
+            (e.wait)().await?;
         }
+        Ok(())
     }
 
     /// Stops every watch, drains the handlers (they receive everything committed), then

@@ -224,6 +224,63 @@ impl<K: DeserializeOwned + Send + Sync + 'static> Lister<K> {
         self.get_key(&ObjectKey::cluster(name))
     }
 
+    /// One object by its key (`namespace/name`, or `name` for a cluster-scoped one), as a
+    /// controller's reconcile receives it.
+    ///
+    /// ```no_run
+    /// # fn f(lister: durable_informer::informer::Lister<k8s_openapi::api::core::v1::Pod>) -> Result<(), Box<dyn std::error::Error>> {
+    /// use durable_informer::object::ObjectKey;
+    /// let pod = lister.get_by_key(&ObjectKey::namespaced("prod", "web-0"))?;
+    /// # let _ = pod; Ok(()) }
+    /// ```
+    pub fn get_by_key(&self, key: &ObjectKey) -> Result<Option<Arc<K>>, StoreError> {
+        self.get_key(key)
+    }
+
+    /// One object by kube-runtime's [`ObjectRef`](kube::runtime::reflector::ObjectRef) (as
+    /// `kube::runtime::reflector::Store::get` takes it); its namespace and name select the
+    /// object, its group and kind are those of this lister's type.
+    ///
+    /// ```no_run
+    /// # fn f(lister: durable_informer::informer::Lister<k8s_openapi::api::core::v1::Pod>) -> Result<(), Box<dyn std::error::Error>> {
+    /// use kube::runtime::reflector::ObjectRef;
+    /// use k8s_openapi::api::core::v1::Pod;
+    /// let pod = lister.get_ref(&ObjectRef::<Pod>::new("web-0").within("prod"))?;
+    /// # let _ = pod; Ok(()) }
+    /// ```
+    pub fn get_ref(&self, obj: &kube::runtime::reflector::ObjectRef<K>) -> Result<Option<Arc<K>>, StoreError>
+    where
+        K: kube::Resource,
+    {
+        let key = match &obj.namespace {
+            Some(ns) => ObjectKey::namespaced(ns, &obj.name),
+            None => ObjectKey::cluster(&obj.name),
+        };
+        self.get_key(&key)
+    }
+
+    /// Every object, in key order (kube-runtime's `Store::state`).
+    ///
+    /// ```no_run
+    /// # fn f(lister: durable_informer::informer::Lister<k8s_openapi::api::core::v1::Pod>) -> Result<(), Box<dyn std::error::Error>> {
+    /// let all = lister.state()?;
+    /// # let _ = all; Ok(()) }
+    /// ```
+    pub fn state(&self) -> Result<Vec<Arc<K>>, StoreError> {
+        self.select(None, &LabelSelector::default())
+    }
+
+    /// The first object, in key order, for which `pred` is true (kube-runtime's `Store::find`).
+    ///
+    /// ```no_run
+    /// # fn f(lister: durable_informer::informer::Lister<k8s_openapi::api::core::v1::Pod>) -> Result<(), Box<dyn std::error::Error>> {
+    /// let pending = lister.find(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Pending"))?;
+    /// # let _ = pending; Ok(()) }
+    /// ```
+    pub fn find(&self, mut pred: impl FnMut(&K) -> bool) -> Result<Option<Arc<K>>, StoreError> {
+        Ok(self.state()?.into_iter().find(|k| pred(k)))
+    }
+
     /// The objects of one namespace.
     #[must_use]
     pub fn namespace(&self, namespace: &str) -> NamespaceLister<K> {

@@ -28,7 +28,7 @@
 //!     HandlerOptions::durable("printer"),
 //! );
 //! informer.start();
-//! informer.wait_for_sync().await;
+//! informer.wait_for_sync().await?;
 //! let pods = informer.lister().namespace("default").list(&Default::default())?;
 //! # let _ = pods; Ok(()) }
 //! ```
@@ -111,6 +111,12 @@ impl<K> Informer<K> {
     fn from_inner(inner: Arc<Inner>) -> Self {
         Self { inner, _k: PhantomData }
     }
+
+    /// The same informer decoding its objects as `T` (the controller's handlers decode only
+    /// metadata).
+    pub(crate) fn retyped<T>(&self) -> Informer<T> {
+        Informer::from_inner(self.inner.clone())
+    }
 }
 
 impl<K> Clone for Informer<K> {
@@ -179,7 +185,7 @@ impl<K> Clone for Informer<K> {
 ///     HandlerOptions::durable("printer"),
 /// );
 /// informer.start();
-/// informer.wait_for_sync().await;
+/// informer.wait_for_sync().await?;
 /// let on_node = informer.indexer().by_index("node", "node-1")?;
 /// # let _ = on_node; Ok(()) }
 /// ```
@@ -519,10 +525,24 @@ where
         self.inner.status.borrow().synced
     }
 
-    /// Waits until [`has_synced`](Self::has_synced).
-    pub async fn wait_for_sync(&self) {
+    /// Waits until [`has_synced`](Self::has_synced) (client-go's `WaitForCacheSync`), or fails
+    /// with [`InformerError::NotSynced`] when the reflector stops first, so nothing runs on
+    /// a cache that will never be complete. Waits for ever on an informer never started.
+    pub async fn wait_for_sync(&self) -> Result<(), InformerError> {
         let mut rx = self.inner.status.clone();
-        let _ = rx.wait_for(|s| s.synced).await;
+        let synced = rx
+            .wait_for(|s| s.synced || s.phase == crate::reflector::Phase::Stopped)
+            .await
+            .map(|s| s.synced)
+            // The reflector is gone (its task ended): its last status says whether it synced.
+            .unwrap_or_else(|_| self.inner.status.borrow().synced);
+        if synced {
+            return Ok(());
+        }
+        Err(InformerError::NotSynced {
+            resource: self.inner.resource.clone(),
+            last_error: self.inner.status.borrow().last_error.clone(),
+        })
     }
 
     /// The last durably committed resourceVersion.

@@ -324,7 +324,9 @@ impl<T> fmt::Debug for WorkQueueBuilder<T> {
 }
 
 impl<T: Clone + Eq + Hash + Send + Sync + 'static> WorkQueueBuilder<T> {
-    /// Names the queue; the name is reported in [`QueueMetrics::name`].
+    /// Names the queue; the name is reported in [`QueueMetrics::name`], and a named queue's
+    /// metrics are exported under client-go's `workqueue_*` names with the label `name`
+    /// (see [`metrics::register`](crate::metrics::register)).
     pub fn name(mut self, name: impl Into<String>) -> Self {
         self.name = Some(name.into());
         self
@@ -341,7 +343,8 @@ impl<T: Clone + Eq + Hash + Send + Sync + 'static> WorkQueueBuilder<T> {
         let rate_limiter = self
             .rate_limiter
             .unwrap_or_else(|| Box::new(default_controller_rate_limiter()));
-        WorkQueue {
+        let named = self.name.is_some();
+        let queue = WorkQueue {
             shared: Arc::new(Shared {
                 name: self.name,
                 state: Mutex::new(State::new()),
@@ -349,7 +352,15 @@ impl<T: Clone + Eq + Hash + Send + Sync + 'static> WorkQueueBuilder<T> {
                 condvar: Condvar::new(),
                 rate_limiter,
             }),
+        };
+        if named {
+            // Exported under client-go's `workqueue_*` names while the queue lives.
+            let weak = Arc::downgrade(&queue.shared);
+            crate::metrics::global().add_queue(Box::new(move || {
+                weak.upgrade().map(|shared| WorkQueue::from_shared(shared).metrics())
+            }));
         }
+        queue
     }
 }
 

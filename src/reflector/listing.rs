@@ -35,7 +35,7 @@ impl<S: Source> Reflector<S> {
             .lists
             .get_or_create(&metrics::ReasonLabels {
                 resource: self.source.resource(),
-                reason: reason.class().to_owned(),
+                reason: metrics::ListReasonLabel::from(reason),
             })
             .inc();
         self.status.send_modify(|s| {

@@ -51,6 +51,7 @@
 //! # Ok::<(), durable_informer::selector::SelectorError>(())
 //! ```
 
+mod convert;
 mod field;
 mod label;
 
