@@ -723,3 +723,88 @@ async fn requests_carry_the_user_agent() {
         "one agent for every request of the source: {seen:?}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_informer_from_a_kube_api_reads_its_namespace_and_shares_the_cluster_identity_with_a_url_source() {
+    use durable_informer::informer::Informer;
+    use durable_informer::source::KubeSource;
+
+    let sim = sim().await;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("api.redb");
+    let ns = Api::<ConfigMap>::all(sim.client().unwrap())
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .find_map(|c| c.metadata.namespace)
+        .expect("a namespaced ConfigMap");
+    let want: Vec<String> = names(
+        Api::<ConfigMap>::namespaced(sim.client().unwrap(), &ns)
+            .list(&ListParams::default())
+            .await
+            .unwrap()
+            .items,
+    );
+    {
+        let db = DurableStore::open(StoreConfig::new(&path)).unwrap();
+        // No server URL anywhere: the type and the namespace come from the Api.
+        let informer = Informer::from_api(&db, Api::<ConfigMap>::namespaced(sim.client().unwrap(), &ns))
+            .build()
+            .await
+            .unwrap();
+        informer.start();
+        tokio::time::timeout(Duration::from_secs(20), informer.wait_for_sync())
+            .await
+            .unwrap()
+            .expect("cache synced");
+        let got = names(
+            informer
+                .lister()
+                .state()
+                .unwrap()
+                .into_iter()
+                .map(|c| c.as_ref().clone()),
+        );
+        assert_eq!(got, want, "exactly the Api's namespace");
+        let first = &want[0];
+        let name = first.split_once('/').unwrap().1;
+        let by_ref = informer
+            .lister()
+            .get_ref(&kube::runtime::reflector::ObjectRef::<ConfigMap>::new(name).within(&ns))
+            .unwrap();
+        assert_eq!(by_ref.and_then(|c| c.metadata.name.clone()).as_deref(), Some(name));
+        let found = informer
+            .lister()
+            .find(|c| c.metadata.name.as_deref() == Some(name))
+            .unwrap();
+        assert_eq!(found.and_then(|c| c.metadata.namespace.clone()), Some(ns.clone()));
+        assert!(informer.lister().find(|_| false).unwrap().is_none());
+        let by_key = informer
+            .lister()
+            .get_by_key(&durable_informer::object::ObjectKey::namespaced(&ns, name))
+            .unwrap();
+        assert!(by_key.is_some());
+        informer.shutdown().await.unwrap();
+        drop(informer);
+        tokio::task::spawn_blocking(move || db.close()).await.unwrap().unwrap();
+    }
+    // The same database through a URL-based source: one cluster (same kube-system UID), so
+    // it resumes instead of being refused as another cluster's.
+    let db = DurableStore::open(StoreConfig::new(&path)).unwrap();
+    let informer = Informer::<ConfigMap>::builder(
+        &db,
+        KubeSource::typed::<ConfigMap>(sim.client().unwrap(), &sim.url()).namespace(&ns),
+    )
+    .build()
+    .await
+    .unwrap();
+    assert!(informer.is_restored());
+    informer.start();
+    tokio::time::timeout(Duration::from_secs(20), informer.wait_for_sync())
+        .await
+        .unwrap()
+        .expect("the same cluster: resumed, not refused");
+    informer.shutdown().await.unwrap();
+}

@@ -254,6 +254,30 @@ impl<K, S: Source> InformerBuilder<'_, K, S> {
     }
 }
 
+impl<K> InformerBuilder<'_, K, crate::source::KubeSource> {
+    /// Watches only objects matching a label selector (kubectl's syntax).
+    #[must_use]
+    pub fn labels(mut self, selector: &str) -> Self {
+        self.source = self.source.labels(selector);
+        self
+    }
+
+    /// Watches only objects matching a field selector.
+    #[must_use]
+    pub fn fields(mut self, selector: &str) -> Self {
+        self.source = self.source.fields(selector);
+        self
+    }
+
+    /// Puts your controller's agent first in the `User-Agent` of every request (see
+    /// [`KubeSource::user_agent`](crate::source::KubeSource::user_agent)).
+    #[must_use]
+    pub fn user_agent(mut self, agent: &str) -> Self {
+        self.source = self.source.user_agent(agent);
+        self
+    }
+}
+
 impl<K, S> InformerBuilder<'_, K, S>
 where
     K: DeserializeOwned + Send + Sync + 'static,
@@ -327,7 +351,46 @@ impl<K> Informer<K>
 where
     K: DeserializeOwned + Send + Sync + 'static,
 {
-    /// An informer builder over `source`, stored in `db`.
+    /// An informer of what `api` reads (its type, and its namespace for `Api::namespaced`),
+    /// stored in `db`: the kube-rs way, with the resource taken from `K` itself so the type
+    /// and the resource cannot disagree. The cluster is identified by its `kube-system` UID
+    /// (see [`KubeSource::from_api`](crate::source::KubeSource::from_api)).
+    ///
+    /// ```no_run
+    /// # async fn f() -> Result<(), Box<dyn std::error::Error>> {
+    /// use durable_informer::informer::Informer;
+    /// use durable_informer::store::{DurableStore, StoreConfig};
+    /// use k8s_openapi::api::core::v1::Pod;
+    /// use kube::{Api, Client};
+    ///
+    /// let client = Client::try_default().await?;
+    /// let db = DurableStore::open(StoreConfig::new("pods.redb"))?;
+    /// let pods = Informer::from_api(&db, Api::<Pod>::namespaced(client, "prod"))
+    ///     .labels("app=web")
+    ///     .build()
+    ///     .await?;
+    /// # let _ = pods; Ok(()) }
+    /// ```
+    ///
+    /// An `Api` of another type does not compile:
+    ///
+    /// ```compile_fail
+    /// # fn f(db: &durable_informer::store::DurableStore, client: kube::Client) {
+    /// use durable_informer::informer::Informer;
+    /// use k8s_openapi::api::{apps::v1::Deployment, core::v1::Pod};
+    /// let wrong = Informer::<Deployment>::from_api(db, kube::Api::<Pod>::all(client));
+    /// # }
+    /// ```
+    pub fn from_api(db: &DurableStore, api: kube::Api<K>) -> InformerBuilder<'_, K, crate::source::KubeSource>
+    where
+        K: kube::Resource<DynamicType = ()>,
+    {
+        Self::builder(db, crate::source::KubeSource::from_api(api))
+    }
+
+    /// An informer builder over `source`, stored in `db`. For a typed `K`, prefer
+    /// [`from_api`](Self::from_api), which takes the resource from the type; a
+    /// [`KubeSource`](crate::source::KubeSource) built by hand must name `K`'s resource.
     pub fn builder<S: Source>(db: &DurableStore, source: S) -> InformerBuilder<'_, K, S> {
         InformerBuilder {
             db,

@@ -25,7 +25,11 @@ const MAX_LINE: usize = 64 << 20;
 ///
 /// Its cluster identity is `<kube-system namespace UID>@<server URL>`. When the client may
 /// not read that namespace (403) or it does not exist (404), the identity falls back to
-/// `@<server URL>`: the URL is then all that tells clusters apart. The two forms differ, so a
+/// `@<server URL>`: the URL is then all that tells clusters apart. A source built from a
+/// client alone ([`from_api`](Self::from_api), [`for_client`](Self::for_client)) knows no URL:
+/// it identifies the cluster by the UID alone (`<uid>@`) and needs read access to
+/// `kube-system`. Two identities with the same non-empty UID name one cluster, whatever the
+/// URLs (one cluster behind two addresses). The UID and URL-only forms differ, so a
 /// database written with one and opened with the other is refused as another cluster's (for
 /// example after losing RBAC on `kube-system`); restore the access, or open it with
 /// `reset_on_cluster_change` to start afresh.
@@ -106,6 +110,44 @@ impl KubeSource {
     #[must_use]
     pub fn typed<K: Resource<DynamicType = ()>>(client: Client, server: &str) -> Self {
         Self::new(client, server, ApiResource::erase::<K>(&()))
+    }
+
+    /// A source for `K` through `client`, without a server URL (kube-rs' `Api::all`): the
+    /// cluster is identified by its `kube-system` UID alone (see the type's docs).
+    ///
+    /// ```no_run
+    /// # async fn f() -> Result<(), Box<dyn std::error::Error>> {
+    /// use durable_informer::source::KubeSource;
+    /// use k8s_openapi::api::core::v1::Pod;
+    /// let client = kube::Client::try_default().await?;
+    /// let pods = KubeSource::for_client::<Pod>(client);
+    /// # let _ = pods; Ok(()) }
+    /// ```
+    #[must_use]
+    pub fn for_client<K: Resource<DynamicType = ()>>(client: Client) -> Self {
+        Self::new(client, "", ApiResource::erase::<K>(&()))
+    }
+
+    /// A source for what `api` reads: its resource type and, for `Api::namespaced`, its
+    /// namespace. The cluster is identified by its `kube-system` UID alone.
+    ///
+    /// ```no_run
+    /// # async fn f() -> Result<(), Box<dyn std::error::Error>> {
+    /// use durable_informer::source::KubeSource;
+    /// use k8s_openapi::api::core::v1::Pod;
+    /// let client = kube::Client::try_default().await?;
+    /// let pods = KubeSource::from_api(kube::Api::<Pod>::namespaced(client, "prod"));
+    /// assert_eq!(pods.namespace_name(), Some("prod"));
+    /// # Ok(()) }
+    /// ```
+    #[must_use]
+    pub fn from_api<K: Resource<DynamicType = ()>>(api: kube::Api<K>) -> Self {
+        let namespace = api.namespace().map(str::to_owned);
+        let source = Self::for_client::<K>(api.into_client());
+        match namespace {
+            Some(ns) => source.namespace(&ns),
+            None => source,
+        }
     }
 
     /// Watches one namespace only.
@@ -343,6 +385,22 @@ impl KubeSource {
                 let meta = crate::object::extract_meta(&body)
                     .map_err(|e| SourceError::decode("namespaces", None, DecodeError::NotAnObject(e)))?;
                 Ok(Some(format!("{}@{}", meta.uid.unwrap_or_default(), self.server)))
+            }
+            // Without a URL nothing else tells clusters apart: refuse rather than risk mixing
+            // two clusters' objects in one database.
+            Err(SourceError::Api { status, .. })
+                if (status.code == 404 || status.code == 403) && self.server.is_empty() =>
+            {
+                Err(SourceError::Api {
+                    status: super::ApiStatus {
+                        message: format!(
+                            "cannot identify the cluster: reading the kube-system namespace failed ({} {}), and a source built from a client alone has no server URL to fall back on; grant `get` on namespaces/kube-system or build the source with KubeSource::new(client, server_url, ..)",
+                            status.code, status.message
+                        ),
+                        ..status
+                    },
+                    resource: "namespaces".to_owned(),
+                })
             }
             // Without access to kube-system the server URL alone identifies the cluster.
             Err(SourceError::Api { status, .. }) if status.code == 404 || status.code == 403 => {

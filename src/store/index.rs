@@ -64,6 +64,34 @@ impl Indexer {
         }
     }
 
+    /// A custom index over the typed object (client-go's `IndexFunc` on a typed object): the
+    /// writer decodes each stored object as `K` for it, so prefer [`new`](Self::new) when the
+    /// metadata is enough. An object that does not decode as `K` is indexed under no value.
+    ///
+    /// ```
+    /// use durable_informer::object::extract_meta;
+    /// use durable_informer::store::Indexer;
+    /// use k8s_openapi::api::core::v1::Pod;
+    ///
+    /// let by_node = Indexer::typed::<Pod>("node", |pod| {
+    ///     pod.spec.as_ref().and_then(|s| s.node_name.clone()).into_iter().collect()
+    /// });
+    /// let json = br#"{"metadata":{"name":"web-0","namespace":"prod","resourceVersion":"1"},"spec":{"containers":[],"nodeName":"n1"}}"#;
+    /// let meta = extract_meta(json)?;
+    /// assert_eq!(by_node.values(&meta, json), ["n1"]);
+    /// assert!(by_node.values(&meta, br#"{"spec":"not a pod spec"}"#).is_empty());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn typed<K: serde::de::DeserializeOwned>(
+        name: &str,
+        func: impl Fn(&K) -> Vec<String> + Send + Sync + 'static,
+    ) -> Self {
+        Self::new(name, move |_meta, json| match serde_json::from_slice::<K>(json) {
+            Ok(k) => func(&k),
+            Err(_) => Vec::new(),
+        })
+    }
+
     /// The sorted, deduplicated values for one object.
     #[must_use]
     pub fn values(&self, meta: &ObjectMeta, json: &[u8]) -> Vec<String> {

@@ -62,7 +62,7 @@ impl WriterThread {
             v.map(|v| String::from_utf8_lossy(v.value()).into_owned())
         };
         match stored {
-            Some(s) if s == identity => return Ok(false),
+            Some(s) if same_cluster(&s, identity) => return Ok(false),
             Some(s) if !reset => {
                 return Err(Failure::Refused(StoreError::ClusterMismatch {
                     stored: s,
@@ -113,5 +113,38 @@ impl WriterThread {
         record.synced = false;
         record.object_count = 0;
         self.save_scope(txn, scope, &record)
+    }
+}
+
+/// Whether two cluster identities (`<kube-system UID>@<server URL>`, see `KubeSource`) name one
+/// cluster: equal strings, or the same non-empty UID whatever the URLs (a source built from a
+/// client alone knows no URL; one cluster may sit behind two addresses).
+fn same_cluster(stored: &str, found: &str) -> bool {
+    if stored == found {
+        return true;
+    }
+    let uid = |id: &'_ str| id.split_once('@').map(|(uid, _)| uid.to_owned());
+    match (uid(stored), uid(found)) {
+        (Some(a), Some(b)) => !a.is_empty() && a == b,
+        _ => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::same_cluster;
+
+    #[test]
+    fn one_uid_is_one_cluster_whatever_the_url() {
+        assert!(same_cluster("u1@https://a", "u1@https://a"));
+        assert!(same_cluster("u1@https://a", "u1@"));
+        assert!(same_cluster("u1@", "u1@https://b"));
+        assert!(!same_cluster("u1@https://a", "u2@https://a"));
+        // URL-only identities (no access to kube-system) must match exactly.
+        assert!(!same_cluster("@https://a", "@https://b"));
+        assert!(!same_cluster("@https://a", "u1@https://a"));
+        assert!(same_cluster("@https://a", "@https://a"));
+        // Identities of other sources (replay, tests) compare as strings.
+        assert!(!same_cluster("replay", "other"));
     }
 }
