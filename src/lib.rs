@@ -42,3 +42,8 @@ pub mod error;
 
 pub use error::{Error, Result};
 pub use object::{ObjectKey, ResourceVersion};
+
+/// The README's examples, compiled (and the runnable ones run) as doc tests.
+#[cfg(all(doctest, feature = "sim"))]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;
