@@ -293,6 +293,18 @@ async fn a_panicking_handler_is_reported_and_does_not_stop_the_others() {
             .any(|e| e.contains("panicked") && e.contains("boom in handler")),
         "{errors:?}"
     );
+    // The same, typed: which handler, and the panic's own message.
+    let issues = inf.issues();
+    assert!(
+        issues.iter().any(|i| matches!(
+            i,
+            durable_informer::informer::InformerIssue::Handler {
+                problem: durable_informer::informer::HandlerProblem::Panicked(msg),
+                ..
+            } if msg.contains("boom in handler")
+        )),
+        "{issues:?}"
+    );
     assert!(errors.iter().any(|e| e.contains("refused")), "{errors:?}");
     inf.shutdown().await.unwrap();
 }

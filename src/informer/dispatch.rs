@@ -13,6 +13,7 @@ use tokio::sync::watch;
 use tracing::Instrument;
 
 use super::decoded::{Decoded, Side};
+use super::error::{HandlerProblem, InformerIssue};
 use super::handler::{Event, EventHandler, HandlerOptions};
 use crate::object::{ObjectKey, ResourceVersion};
 use crate::reflector::ReflectorStatus;
@@ -21,7 +22,26 @@ use crate::store::{CursorName, DeltaKind, LogReader, LogRecord, ScopeId, Seq, St
 /// How many log entries one read takes.
 const BATCH: usize = 256;
 
-pub(crate) type Report = Arc<dyn Fn(String) + Send + Sync>;
+pub(crate) type Report = Arc<dyn Fn(InformerIssue) + Send + Sync>;
+
+/// A handler's issue.
+fn issue(label: &str, problem: HandlerProblem) -> InformerIssue {
+    InformerIssue::Handler {
+        handler: label.to_owned(),
+        problem,
+    }
+}
+
+/// A store error met while serving a handler.
+fn store_issue(label: &str, context: &'static str, e: crate::store::StoreError) -> InformerIssue {
+    issue(
+        label,
+        HandlerProblem::Store {
+            context,
+            error: Arc::new(e),
+        },
+    )
+}
 
 pub(crate) struct Ctx<K> {
     pub(crate) store: Store,
@@ -97,7 +117,7 @@ pub(crate) async fn run<K>(
         Some(name) => match ctx.log.cursor(ctx.scope, name.clone()) {
             Ok(c) => c,
             Err(e) => {
-                (ctx.report)(format!("{label}: cannot read its cursor: {e}"));
+                (ctx.report)(store_issue(&label, "cannot read its cursor: ", e));
                 return;
             }
         },
@@ -159,7 +179,7 @@ pub(crate) async fn run<K>(
                 // Only possible without a durable cursor (compaction stops below those): what
                 // was skipped is unknown, so start again from the current state, as after a
                 // relist. Deletes inside the gap are not delivered.
-                (ctx.report)(format!("{label}: {e}"));
+                (ctx.report)(store_issue(&label, "", e));
                 match initial_adds(&ctx, &*handler, &label, &mut stop).await {
                     Some(c) => {
                         cursor = c;
@@ -173,7 +193,7 @@ pub(crate) async fn run<K>(
                 continue;
             }
             Ok(Err(e)) => {
-                (ctx.report)(format!("{label}: reading the log: {e}"));
+                (ctx.report)(store_issue(&label, "reading the log: ", e));
                 tokio::time::sleep(Duration::from_millis(200)).await;
                 continue;
             }
@@ -256,7 +276,7 @@ pub(crate) async fn track_lag(
 
 async fn persist<K>(ctx: &Ctx<K>, name: &CursorName, cursor: Seq) {
     if let Err(e) = ctx.writer.set_cursor(ctx.scope, name.clone(), cursor).await {
-        (ctx.report)(format!("{name}: cannot persist its cursor: {e}"));
+        (ctx.report)(store_issue(&name.0, "cannot persist its cursor: ", e));
     }
 }
 
@@ -270,18 +290,18 @@ async fn call<K: Send + Sync + 'static>(
     let fut = match std::panic::catch_unwind(AssertUnwindSafe(|| handler.handle(ev))) {
         Ok(f) => f,
         Err(p) => {
-            (ctx.report)(format!("{label} panicked: {}", panic_text(&p)));
+            (ctx.report)(issue(label, HandlerProblem::Panicked(panic_text(&p))));
             return false;
         }
     };
     match AssertUnwindSafe(fut).catch_unwind().await {
         Ok(Ok(())) => true,
         Ok(Err(e)) => {
-            (ctx.report)(format!("{label} failed: {e}"));
+            (ctx.report)(issue(label, HandlerProblem::Failed(e.to_string())));
             false
         }
         Err(p) => {
-            (ctx.report)(format!("{label} panicked: {}", panic_text(&p)));
+            (ctx.report)(issue(label, HandlerProblem::Panicked(panic_text(&p))));
             false
         }
     }
@@ -308,7 +328,14 @@ where
     ) {
         Ok(k) => Some(k),
         Err(e) => {
-            (ctx.report)(format!("{label}: {} at seq {}: does not decode: {e}", rec.key, rec.seq));
+            (ctx.report)(issue(
+                label,
+                HandlerProblem::Undecodable {
+                    key: rec.key.clone(),
+                    seq: Some(rec.seq),
+                    message: e.to_string(),
+                },
+            ));
             None
         }
     };
@@ -377,14 +404,14 @@ where
     let snapshot = match ctx.store.snapshot() {
         Ok(s) => Arc::new(s),
         Err(e) => {
-            (ctx.report)(format!("{label}: {e}"));
+            (ctx.report)(store_issue(label, "", e));
             return None;
         }
     };
     let position = match snapshot.position() {
         Ok(p) => p,
         Err(e) => {
-            (ctx.report)(format!("{label}: {e}"));
+            (ctx.report)(store_issue(label, "", e));
             return None;
         }
     };
@@ -399,7 +426,7 @@ where
         let page = match page {
             Ok(Ok(p)) => p,
             Ok(Err(e)) => {
-                (ctx.report)(format!("{label}: {e}"));
+                (ctx.report)(store_issue(label, "", e));
                 return None;
             }
             Err(_) => return None,
@@ -413,7 +440,14 @@ where
                 Ok(object) => {
                     call(ctx, handler, label, Event::Add { object, initial: true }).await;
                 }
-                Err(e) => (ctx.report)(format!("{label}: {} does not decode: {e}", o.key)),
+                Err(e) => (ctx.report)(issue(
+                    label,
+                    HandlerProblem::Undecodable {
+                        key: o.key.clone(),
+                        seq: None,
+                        message: e.to_string(),
+                    },
+                )),
             }
         }
     }
@@ -428,7 +462,7 @@ where
     let snapshot = match ctx.store.snapshot() {
         Ok(s) => Arc::new(s),
         Err(e) => {
-            (ctx.report)(format!("{label}: resync could not read the store: {e}"));
+            (ctx.report)(store_issue(label, "resync could not read the store: ", e));
             return;
         }
     };
@@ -442,7 +476,7 @@ where
         let page = match tokio::task::spawn_blocking(move || snap.list_after(from.as_ref(), BATCH)).await {
             Ok(Ok(p)) => p,
             Ok(Err(e)) => {
-                (ctx.report)(format!("{label}: resync could not read the store: {e}"));
+                (ctx.report)(store_issue(label, "resync could not read the store: ", e));
                 return;
             }
             Err(_) => return,
@@ -459,7 +493,14 @@ where
                     };
                     call(ctx, handler, label, ev).await;
                 }
-                Err(e) => (ctx.report)(format!("{label}: {} does not decode: {e}", o.key)),
+                Err(e) => (ctx.report)(issue(
+                    label,
+                    HandlerProblem::Undecodable {
+                        key: o.key.clone(),
+                        seq: None,
+                        message: e.to_string(),
+                    },
+                )),
             }
         }
     }

@@ -29,3 +29,52 @@ pub enum InformerError {
     #[error("closing the database: {0}")]
     Join(#[source] tokio::task::JoinError),
 }
+
+/// Something that went wrong while an informer ran: what [`Informer::issues`](super::Informer::issues)
+/// keeps (the last 100). The informer goes on after each (the reflector retries; a handler
+/// gets the next event) unless the reflector met a fatal error.
+#[derive(Debug, Clone, thiserror::Error)]
+#[non_exhaustive]
+pub enum InformerIssue {
+    /// The reflector met an error.
+    #[error(transparent)]
+    Reflector(#[from] ReflectorError),
+    /// A handler failed, panicked, or could not be given an event.
+    #[error("{handler}{problem}")]
+    Handler {
+        /// The handler's cursor name, or `volatile handler`.
+        handler: String,
+        /// What happened.
+        problem: HandlerProblem,
+    },
+}
+
+/// What went wrong for one handler.
+#[derive(Debug, Clone, thiserror::Error)]
+#[non_exhaustive]
+pub enum HandlerProblem {
+    /// The handler returned an error.
+    #[error(" failed: {0}")]
+    Failed(String),
+    /// The handler panicked (the panic's message).
+    #[error(" panicked: {0}")]
+    Panicked(String),
+    /// A stored object does not decode as the handler's type; the event was skipped.
+    #[error(": {key}{}: does not decode: {message}", seq.map(|s| format!(" at seq {}", s.0)).unwrap_or_default())]
+    Undecodable {
+        /// The object.
+        key: crate::object::ObjectKey,
+        /// Its log position, for a logged change (none for the synthetic adds of a store scan).
+        seq: Option<crate::store::Seq>,
+        /// The decoder's message.
+        message: String,
+    },
+    /// Reading the log, the store or the cursor failed, or persisting the cursor did.
+    #[error(": {context}{error}")]
+    Store {
+        /// What the dispatcher was doing (`reading the log: `), or empty.
+        context: &'static str,
+        /// The store's error.
+        error: std::sync::Arc<StoreError>,
+    },
+}

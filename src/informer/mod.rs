@@ -51,7 +51,7 @@ use serde::de::DeserializeOwned;
 use tokio::sync::watch;
 
 pub use adaptor::watcher_stream;
-pub use error::InformerError;
+pub use error::{HandlerProblem, InformerError, InformerIssue};
 pub use factory::InformerFactory;
 pub use handler::{
     async_handler_fn, handler_fn, Event, EventHandler, Filtering, HandlerError, HandlerFuncs, HandlerOptions,
@@ -63,6 +63,14 @@ use crate::object::ResourceVersion;
 use crate::reflector::{Reflector, ReflectorConfig, ReflectorError, ReflectorStatus, Transform};
 use crate::source::Source;
 use crate::store::{DurableStore, Indexer, LogReader, ScopeId, Seq, Store, Writer};
+
+/// Keeps `issue` among the last 100.
+fn keep_issue(issues: &Mutex<Vec<InformerIssue>>, issue: InformerIssue) {
+    let mut v = issues.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    v.push(issue);
+    let excess = v.len().saturating_sub(100);
+    v.drain(..excess);
+}
 
 /// How long [`Informer::shutdown`] waits for each handler to catch up.
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
@@ -82,7 +90,7 @@ struct Inner {
     initial_list: watch::Sender<dispatch::InitialList>,
     restored: bool,
     resync: Option<Duration>,
-    errors: Arc<Mutex<Vec<String>>>,
+    errors: Arc<Mutex<Vec<InformerIssue>>>,
     handlers: Mutex<Vec<Slot>>,
     /// Log entries decoded once for all handlers, per type.
     decoded: decoded::DecodedByType,
@@ -308,15 +316,10 @@ where
         let resource = self.source.resource();
         let record = store.record()?;
         let restored = record.synced && record.rv.is_some();
-        let errors: Arc<Mutex<Vec<String>>> = Arc::default();
+        let errors: Arc<Mutex<Vec<InformerIssue>>> = Arc::default();
         let e2 = errors.clone();
         let reflector = Reflector::new(self.source, writer.clone(), store.clone(), self.config).on_error(Arc::new(
-            move |e: &ReflectorError| {
-                let mut v = e2.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-                v.push(e.to_string());
-                let excess = v.len().saturating_sub(100);
-                v.drain(..excess);
-            },
+            move |e: &ReflectorError| keep_issue(&e2, InformerIssue::Reflector(e.clone())),
         ));
         let status = reflector.status();
         let run: RunFn = Box::new(move |stop| reflector.run(stop).boxed());
@@ -495,12 +498,9 @@ where
             status: self.inner.status.clone(),
             sync_seq: self.inner.sync_seq.subscribe(),
             initial_list: self.inner.initial_list.subscribe(),
-            report: Arc::new(move |msg: String| {
-                tracing::warn!(%msg, "handler");
-                let mut v = errors.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-                v.push(msg);
-                let excess = v.len().saturating_sub(100);
-                v.drain(..excess);
+            report: Arc::new(move |issue: InformerIssue| {
+                tracing::warn!(%issue, "handler");
+                keep_issue(&errors, issue);
             }),
         };
         let lag_labels = crate::metrics::HandlerLabels {
@@ -631,14 +631,20 @@ where
         self.inner.status.clone()
     }
 
-    /// The last errors reported by the reflector and the handlers (at most 100).
+    /// The last issues met by the reflector and the handlers (at most 100), oldest first.
     #[must_use]
-    pub fn errors(&self) -> Vec<String> {
+    pub fn issues(&self) -> Vec<InformerIssue> {
         self.inner
             .errors
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .clone()
+    }
+
+    /// [`issues`](Self::issues) as text, for logs.
+    #[must_use]
+    pub fn errors(&self) -> Vec<String> {
+        self.issues().iter().map(ToString::to_string).collect()
     }
 
     /// The scope in the database.
