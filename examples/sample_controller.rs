@@ -27,6 +27,8 @@ use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec};
 use k8s_openapi::api::core::v1::{Container, PodSpec, PodTemplateSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, OwnerReference};
 use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::Resource as _;
 use serde::{Deserialize, Serialize};
 
 /// The `Foo` custom resource.
@@ -96,8 +98,10 @@ pub struct Ctx {
     pub client: kube::Client,
     pub foos: Lister<Foo>,
     pub deployments: Lister<Deployment>,
-    /// Events recorded (`reason: message`), also posted as core/v1 Events where possible.
+    /// Events recorded (`reason: message`), also published as `events.k8s.io/v1` Events.
     pub events: Mutex<Vec<String>>,
+    /// kube-runtime's event recorder: each Event names the Foo it is about (`regarding`).
+    pub recorder: Recorder,
     /// Failed reconciles (`key: error`), each requeued through the rate limiter.
     pub errors: Mutex<Vec<String>>,
 }
@@ -110,22 +114,21 @@ async fn record_event(ctx: &Ctx, foo: &Foo, kind: &str, reason: &str, message: &
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner)
         .push(format!("{reason}: {message}"));
-    let ns = foo.metadata.namespace.clone().unwrap_or_default();
-    let ev = k8s_openapi::api::core::v1::Event {
-        metadata: ObjectMeta {
-            generate_name: Some(format!("{}-", foo.metadata.name.clone().unwrap_or_default())),
-            namespace: Some(ns.clone()),
-            ..ObjectMeta::default()
+    let ev = Event {
+        type_: if kind == "Warning" {
+            EventType::Warning
+        } else {
+            EventType::Normal
         },
-        type_: Some(kind.into()),
-        reason: Some(reason.into()),
-        message: Some(message.into()),
-        ..Default::default()
+        reason: reason.into(),
+        note: Some(message.into()),
+        action: "Reconciling".into(),
+        secondary: None,
     };
-    // Best effort: a cluster without an events API still gets the log line above.
-    let _ = Api::<k8s_openapi::api::core::v1::Event>::namespaced(ctx.client.clone(), &ns)
-        .create(&PostParams::default(), &ev)
-        .await;
+    // Best effort: a cluster without the events API still gets the log line above.
+    if let Err(e) = ctx.recorder.publish(&ev, &foo.object_ref(&())).await {
+        println!("event not published: {e}");
+    }
 }
 
 fn new_deployment(foo: &Foo) -> Deployment {
@@ -288,8 +291,16 @@ pub async fn run(
     let deployments = Informer::<Deployment>::builder(&db, KubeSource::typed::<Deployment>(client.clone(), server))
         .build()
         .await?;
+    let recorder = Recorder::new(
+        client.clone(),
+        Reporter {
+            controller: "sample-controller".into(),
+            instance: None,
+        },
+    );
     let ctx = Arc::new(Ctx {
         client,
+        recorder,
         foos: foos.lister(),
         deployments: deployments.lister(),
         events: Mutex::new(Vec::new()),
@@ -346,7 +357,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
                     "Foo",
                     "foos",
                 ))
-                .with_resource(ResourceDef::custom("", "v1", "Event", "events")),
+                .with_resource(ResourceDef::custom("events.k8s.io", "v1", "Event", "events")),
         )
     })
     .await??;

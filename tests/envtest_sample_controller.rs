@@ -193,7 +193,7 @@ async fn sample_controller_converges_against_a_real_apiserver() {
         let list = events.list(&Default::default()).await.ok()?;
         list.items
             .iter()
-            .any(|e| e.reason.as_deref() == Some("Synced"))
+            .any(|e| e.reason.as_deref() == Some("Synced") && e.involved_object.name.as_deref() == Some("web"))
             .then_some(())
     })
     .await;

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use durable_informer::sim::{ResourceDef, Sim, SimConfig};
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::Event;
+use k8s_openapi::api::events::v1::Event;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use sample::{Ctx, Foo, FooSpec};
 
@@ -81,7 +81,7 @@ async fn sample_controller_converges_refuses_foreign_deployments_and_resumes_wit
                     "Foo",
                     "foos",
                 ))
-                .with_resource(ResourceDef::custom("", "v1", "Event", "events")),
+                .with_resource(ResourceDef::custom("events.k8s.io", "v1", "Event", "events")),
         )
         .unwrap()
     })
@@ -169,11 +169,22 @@ async fn sample_controller_converges_refuses_foreign_deployments_and_resumes_wit
         let list = events.list(&Default::default()).await.ok()?;
         list.items.into_iter().find(|e| {
             e.reason.as_deref() == Some("ErrResourceExists")
-                && e.message.as_deref().is_some_and(|m| m.contains("\"foreign\""))
+                && e.note.as_deref().is_some_and(|m| m.contains("\"foreign\""))
         })
     })
     .await;
     assert_eq!(event.type_.as_deref(), Some("Warning"));
+    // kube-runtime's recorder: the Event names the Foo it is about, as a real server requires.
+    let regarding = event.regarding.expect("regarding");
+    assert_eq!(
+        (
+            regarding.kind.as_deref(),
+            regarding.name.as_deref(),
+            regarding.namespace.as_deref()
+        ),
+        (Some("Foo"), Some("thief"), Some("default"))
+    );
+    assert_eq!(event.reporting_controller.as_deref(), Some("sample-controller"));
     let ctx = r.ctx.clone();
     eventually("the error retried", async || {
         let errors = ctx.errors.lock().unwrap();
