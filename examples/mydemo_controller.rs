@@ -22,57 +22,29 @@ use durable_informer::informer::{HandlerFuncs, HandlerOptions, Informer, Lister}
 use durable_informer::object::ObjectKey;
 use durable_informer::source::KubeSource;
 use durable_informer::store::{DurableStore, StoreConfig};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use kube::CustomResource;
 use serde::{Deserialize, Serialize};
 
-/// The `Mydemo` custom resource.
-#[derive(Clone, Debug, Default, Serialize, Deserialize)]
-pub struct Mydemo {
-    pub metadata: ObjectMeta,
-    pub spec: MydemoSpec,
-}
-
-#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+/// The spec of the `Mydemo` custom resource (`crddemo.k8s.io/v1`); kube's `CustomResource`
+/// derive writes the `Mydemo` type and its `kube::Resource`.
+#[derive(CustomResource, Clone, Debug, Default, Serialize, Deserialize)]
+#[kube(
+    group = "crddemo.k8s.io",
+    version = "v1",
+    kind = "Mydemo",
+    namespaced,
+    schema = "disabled"
+)]
 pub struct MydemoSpec {
     pub ip: String,
     pub port: i32,
 }
 
-// kube's `derive` feature is off in this crate: the `Resource` implementation is written out.
-impl kube::Resource for Mydemo {
-    type DynamicType = ();
-    type Scope = kube::core::NamespaceResourceScope;
-    fn kind(_: &()) -> std::borrow::Cow<'_, str> {
-        "Mydemo".into()
-    }
-    fn group(_: &()) -> std::borrow::Cow<'_, str> {
-        "crddemo.k8s.io".into()
-    }
-    fn version(_: &()) -> std::borrow::Cow<'_, str> {
-        "v1".into()
-    }
-    fn plural(_: &()) -> std::borrow::Cow<'_, str> {
-        "mydemos".into()
-    }
-    fn meta(&self) -> &ObjectMeta {
-        &self.metadata
-    }
-    fn meta_mut(&mut self) -> &mut ObjectMeta {
-        &mut self.metadata
-    }
-}
-
 /// A `Mydemo` with `spec.ip` and `spec.port`, in the default namespace.
 #[must_use]
 pub fn mydemo(name: &str, ip: &str, port: i32) -> Mydemo {
-    Mydemo {
-        metadata: ObjectMeta {
-            name: Some(name.into()),
-            ..ObjectMeta::default()
-        },
-        spec: MydemoSpec { ip: ip.into(), port },
-    }
+    Mydemo::new(name, MydemoSpec { ip: ip.into(), port })
 }
 
 /// What the handler and the reconciler did, line by line (for the demo output and the tests).

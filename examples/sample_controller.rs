@@ -28,36 +28,21 @@ use k8s_openapi::api::core::v1::{Container, PodSpec, PodTemplateSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, OwnerReference};
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
-use kube::Resource as _;
+use kube::{CustomResource, Resource as _};
 use serde::{Deserialize, Serialize};
 
-/// The `Foo` custom resource.
-#[derive(Clone, Debug, Default, Deserialize)]
-pub struct Foo {
-    pub metadata: ObjectMeta,
-    pub spec: FooSpec,
-    #[serde(default)]
-    pub status: Option<FooStatus>,
-}
-
-// By hand so `apiVersion` and `kind` are always written: a real API server refuses objects
-// without them (the simulated one is more lenient).
-impl Serialize for Foo {
-    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        use serde::ser::SerializeStruct;
-        let mut st = s.serialize_struct("Foo", 5)?;
-        st.serialize_field("apiVersion", "samplecontroller.k8s.io/v1alpha1")?;
-        st.serialize_field("kind", "Foo")?;
-        st.serialize_field("metadata", &self.metadata)?;
-        st.serialize_field("spec", &self.spec)?;
-        if let Some(status) = &self.status {
-            st.serialize_field("status", status)?;
-        }
-        st.end()
-    }
-}
-
-#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+/// The spec of the `Foo` custom resource (`samplecontroller.k8s.io/v1alpha1`); kube's
+/// `CustomResource` derive writes the `Foo` type itself (metadata, spec, status, `apiVersion`
+/// and `kind` on every write, and its `kube::Resource`).
+#[derive(CustomResource, Clone, Debug, Default, Serialize, Deserialize)]
+#[kube(
+    group = "samplecontroller.k8s.io",
+    version = "v1alpha1",
+    kind = "Foo",
+    namespaced,
+    status = "FooStatus",
+    schema = "disabled"
+)]
 #[serde(rename_all = "camelCase")]
 pub struct FooSpec {
     pub deployment_name: String,
@@ -68,29 +53,6 @@ pub struct FooSpec {
 #[serde(rename_all = "camelCase")]
 pub struct FooStatus {
     pub available_replicas: i32,
-}
-
-impl kube::Resource for Foo {
-    type DynamicType = ();
-    type Scope = kube::core::NamespaceResourceScope;
-    fn kind(_: &()) -> std::borrow::Cow<'_, str> {
-        "Foo".into()
-    }
-    fn group(_: &()) -> std::borrow::Cow<'_, str> {
-        "samplecontroller.k8s.io".into()
-    }
-    fn version(_: &()) -> std::borrow::Cow<'_, str> {
-        "v1alpha1".into()
-    }
-    fn plural(_: &()) -> std::borrow::Cow<'_, str> {
-        "foos".into()
-    }
-    fn meta(&self) -> &ObjectMeta {
-        &self.metadata
-    }
-    fn meta_mut(&mut self) -> &mut ObjectMeta {
-        &mut self.metadata
-    }
 }
 
 /// What the reconciler needs, and what it did (for tests and the demo output).
