@@ -1023,8 +1023,20 @@ fn yaml_quotes_strings_that_would_read_back_as_other_types() {
     let dir = tempfile::tempdir().unwrap();
     let db = fixture_db(dir.path());
     let text = ok(&db, &["get", "cm", "tricky", "-n", "prod", "-o", "yaml"]);
-    // Quoted, so that YAML readers see strings (a bool, a hex int, null…).
-    for (key, value) in [("a", "True"), ("b", "0x1F"), ("d", "null"), ("e", "~"), ("g", "010"), ("h", "1e3"), ("i", "")] {
+    // Quoted, so that YAML readers see strings and not a bool, a hex int, null, a date… — the
+    // YAML 1.1 readers (kubectl's Go yaml.v2, PyYAML) too, which take `yes` and `on` for bools.
+    for (key, value) in [
+        ("a", "True"),
+        ("b", "0x1F"),
+        ("c", "2026-01-01"),
+        ("d", "null"),
+        ("e", "~"),
+        ("f", "yes"),
+        ("g", "010"),
+        ("h", "1e3"),
+        ("i", ""),
+        ("j", "on"),
+    ] {
         assert!(
             text.contains(&format!("  {key}: '{value}'\n")) || text.contains(&format!("  {key}: \"{value}\"\n")),
             "{key}: {value} not quoted in\n{text}"

@@ -98,10 +98,103 @@ pub fn print_data(format: &Format, v: &Value, pretty: bool) -> CliResult {
     }
 }
 
-/// YAML through a maintained serializer: strings that would read back as another type
-/// (`True`, `0x1F`, `~`, `null`, `1e3`, `010`) come out quoted.
+/// YAML through a maintained serializer. It quotes the strings a YAML 1.2 reader would take
+/// for another type (`True`, `0x1F`, `~`, `null`, `1e3`, `010`); the strings only a YAML 1.1
+/// reader would (`yes`, `on`, `n`, `2026-01-01`, `1:20`: Go's yaml.v2 behind kubectl, PyYAML)
+/// it prints plain, so those go through it as placeholders and come out single-quoted.
 pub fn yaml(v: &Value) -> CliResult<String> {
-    serde_norway::to_string(v).map_err(|e| CliError::runtime(format!("cannot write YAML: {e}")))
+    let text = v.to_string();
+    // A marker the document does not contain, so a placeholder cannot meet real text.
+    let mut nonce = String::from("qdiq");
+    while text.contains(&nonce) {
+        nonce.push('q');
+    }
+    let mut quoted = Vec::new();
+    let masked = mask_yaml11(v, &nonce, &mut quoted);
+    let out = serde_norway::to_string(&masked).map_err(|e| CliError::runtime(format!("cannot write YAML: {e}")))?;
+    if quoted.is_empty() {
+        return Ok(out);
+    }
+    // Placeholders are `{nonce}{index}{nonce}`, emitted plain by the serializer.
+    let mut result = String::with_capacity(out.len());
+    let mut rest = out.as_str();
+    while let Some(at) = rest.find(&nonce) {
+        result.push_str(&rest[..at]);
+        let after = &rest[at + nonce.len()..];
+        let digits = after.chars().take_while(char::is_ascii_digit).count();
+        let index = after[..digits].parse::<usize>().ok();
+        match (index.and_then(|i| quoted.get(i)), after[digits..].strip_prefix(nonce.as_str())) {
+            (Some(original), Some(tail)) => {
+                result.push('\'');
+                result.push_str(&original.replace('\'', "''"));
+                result.push('\'');
+                rest = tail;
+            }
+            _ => {
+                result.push_str(&nonce);
+                rest = after;
+            }
+        }
+    }
+    result.push_str(rest);
+    Ok(result)
+}
+
+/// `v` with every string a YAML 1.1 reader would resolve to a non-string replaced by a
+/// placeholder (the originals go to `quoted`, by index).
+fn mask_yaml11(v: &Value, nonce: &str, quoted: &mut Vec<String>) -> Value {
+    let mut mask = |s: &str| -> String {
+        if yaml11_not_a_string(s) {
+            quoted.push(s.to_owned());
+            format!("{nonce}{}{nonce}", quoted.len() - 1)
+        } else {
+            s.to_owned()
+        }
+    };
+    match v {
+        Value::String(s) => Value::String(mask(s)),
+        Value::Array(a) => Value::Array(a.iter().map(|x| mask_yaml11(x, nonce, quoted)).collect()),
+        Value::Object(o) => {
+            let mut out = serde_json::Map::new();
+            for (k, x) in o {
+                let key = if yaml11_not_a_string(k) {
+                    quoted.push(k.clone());
+                    format!("{nonce}{}{nonce}", quoted.len() - 1)
+                } else {
+                    k.clone()
+                };
+                out.insert(key, mask_yaml11(x, nonce, quoted));
+            }
+            Value::Object(out)
+        }
+        other => other.clone(),
+    }
+}
+
+/// Whether a plain scalar `s` is a bool, timestamp, base-60 or underscored number, merge key
+/// or value key under YAML 1.1's implicit types (the cases YAML 1.2 dropped).
+fn yaml11_not_a_string(s: &str) -> bool {
+    const BOOLS: &[&str] = &[
+        "y", "Y", "yes", "Yes", "YES", "n", "N", "no", "No", "NO", "on", "On", "ON", "off", "Off", "OFF",
+    ];
+    if BOOLS.contains(&s) || s == "<<" || s == "=" {
+        return true;
+    }
+    let b = s.as_bytes();
+    // Timestamps: `2026-01-01`, `2026-1-1T10:00:00Z`…
+    if b.len() >= 8 && b[..4].iter().all(u8::is_ascii_digit) && b[4] == b'-' && b[5].is_ascii_digit() {
+        return true;
+    }
+    let unsigned = s.strip_prefix(['-', '+']).unwrap_or(s);
+    // Binary `0b101`, base 60 `1:20`, `1:20.5`, and `1_000` / `1_000.5`.
+    if let Some(bits) = unsigned.strip_prefix("0b") {
+        return !bits.is_empty() && bits.bytes().all(|c| matches!(c, b'0' | b'1' | b'_'));
+    }
+    let numeric = !unsigned.is_empty()
+        && unsigned.as_bytes()[0].is_ascii_digit()
+        && unsigned.bytes().all(|c| c.is_ascii_digit() || matches!(c, b'_' | b':' | b'.'))
+        && unsigned.bytes().filter(|c| *c == b'.').count() <= 1;
+    numeric && (unsigned.contains(':') || unsigned.contains('_'))
 }
 
 /// One piece of a kubectl JSONPath template.
@@ -416,5 +509,17 @@ mod tests {
         assert!(parse_template("{range .items[*]}").is_err());
         assert!(parse_template("{.a").is_err());
         assert!(parse_template("{end}").is_err());
+    }
+
+    #[test]
+    fn yaml_quotes_what_yaml_1_1_reads_as_another_type() {
+        let v = json!({"yes": ["yes", "on", "N", "2026-01-01", "1:20", "1_000", "0b11", "it's", "web-1", "10.0.0.1"]});
+        let text = yaml(&v).unwrap();
+        assert_eq!(
+            text,
+            "'yes':\n- 'yes'\n- 'on'\n- 'N'\n- '2026-01-01'\n- '1:20'\n- '1_000'\n- '0b11'\n- it's\n- web-1\n- 10.0.0.1\n"
+        );
+        let back: Value = serde_norway::from_str(&text).unwrap();
+        assert_eq!(back, v);
     }
 }
