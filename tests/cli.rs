@@ -881,7 +881,10 @@ fn fixture_db(dir: &std::path::Path) -> std::path::PathBuf {
         for mut o in objects {
             rv += 1;
             o["metadata"]["resourceVersion"] = json!(rv.to_string());
-            batch = batch.delta(DeltaKind::Added, RawObject::from_json(o.to_string().into_bytes()).unwrap());
+            batch = batch.delta(
+                DeltaKind::Added,
+                RawObject::from_json(o.to_string().into_bytes()).unwrap(),
+            );
         }
         w.apply_blocking(batch.rv(rv.to_string()).synced()).unwrap();
     };
@@ -941,20 +944,45 @@ fn resource_and_name_are_positional_and_short_names_and_kinds_resolve_offline() 
     ] {
         assert_eq!(ok(&db, args), "pod/web-0\n", "{args:?}");
     }
-    for r in ["deployments.apps", "deploy", "Deployment", "deployments.v1.apps", "deployments"] {
-        assert_eq!(ok(&db, &["get", r, "web", "-o", "name"]), "deployment.apps/web\n", "{r}");
+    for r in [
+        "deployments.apps",
+        "deploy",
+        "Deployment",
+        "deployments.v1.apps",
+        "deployments",
+    ] {
+        assert_eq!(
+            ok(&db, &["get", r, "web", "-o", "name"]),
+            "deployment.apps/web\n",
+            "{r}"
+        );
     }
     assert_eq!(ok(&db, &["get", "ns", "-o", "name"]), "namespace/prod\n");
     assert_eq!(ok(&db, &["get", "cm", "-o", "name"]), "configmap/tricky\n");
     // A name in several namespaces needs -n; a resource the database lacks is exit 5.
     fails_with_one_line(bin().args(["get", "pods", "same", "--db"]).arg(&db), 2, "pass -n");
-    assert_eq!(ok(&db, &["get", "pods", "same", "-n", "dev", "-o", "name"]), "pod/same\n");
-    fails_with_one_line(bin().args(["get", "widgets", "--db"]).arg(&db), 5, "no scope for resource");
+    assert_eq!(
+        ok(&db, &["get", "pods", "same", "-n", "dev", "-o", "name"]),
+        "pod/same\n"
+    );
+    fails_with_one_line(
+        bin().args(["get", "widgets", "--db"]).arg(&db),
+        5,
+        "no scope for resource",
+    );
     fails_with_one_line(bin().args(["get", "pods.v2.", "--db"]).arg(&db), 5, "pods.v2.");
-    fails_with_one_line(bin().args(["get", "pods", "nope", "-n", "prod", "--db"]).arg(&db), 1, "not found");
+    fails_with_one_line(
+        bin().args(["get", "pods", "nope", "-n", "prod", "--db"]).arg(&db),
+        1,
+        "not found",
+    );
     fails_with_one_line(bin().args(["get", "--db"]).arg(&db), 2, "name a resource");
     // Both forms at once is a usage error (clap's message with the usage).
-    let out = bin().args(["list", "pods", "-r", "pods", "--db"]).arg(&db).output().unwrap();
+    let out = bin()
+        .args(["list", "pods", "-r", "pods", "--db"])
+        .arg(&db)
+        .output()
+        .unwrap();
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("cannot be used with"));
 }
@@ -972,15 +1000,28 @@ fn get_without_a_name_lists_with_namespaces_labels_and_field_selectors() {
         names(&["get", "pods", "-o", "name"]),
         ["pod/db-0", "pod/same", "pod/same", "pod/web-0", "pod/web-1"]
     );
-    assert_eq!(names(&["get", "pods", "-A", "-l", "app=web", "-o", "name"]), ["pod/web-0", "pod/web-1"]);
-    assert_eq!(names(&["get", "pods", "-n", "dev", "-o", "name"]), ["pod/same", "pod/web-1"]);
+    assert_eq!(
+        names(&["get", "pods", "-A", "-l", "app=web", "-o", "name"]),
+        ["pod/web-0", "pod/web-1"]
+    );
+    assert_eq!(
+        names(&["get", "pods", "-n", "dev", "-o", "name"]),
+        ["pod/same", "pod/web-1"]
+    );
     for cmd in ["get", "list"] {
         assert_eq!(
             names(&[cmd, "pods", "--field-selector", "metadata.name=web-1", "-o", "name"]),
             ["pod/web-1"]
         );
         assert_eq!(
-            names(&[cmd, "pods", "--field-selector", "metadata.namespace!=prod,metadata.name!=same", "-o", "name"]),
+            names(&[
+                cmd,
+                "pods",
+                "--field-selector",
+                "metadata.namespace!=prod,metadata.name!=same",
+                "-o",
+                "name"
+            ]),
             ["pod/web-1"]
         );
         assert_eq!(
@@ -989,7 +1030,9 @@ fn get_without_a_name_lists_with_namespaces_labels_and_field_selectors() {
         );
     }
     fails_with_one_line(
-        bin().args(["get", "pods", "--field-selector", "metadata.name", "--db"]).arg(&db),
+        bin()
+            .args(["get", "pods", "--field-selector", "metadata.name", "--db"])
+            .arg(&db),
         2,
         "bad field selector",
     );
@@ -1005,13 +1048,18 @@ fn get_without_a_name_lists_with_namespaces_labels_and_field_selectors() {
 fn json_and_yaml_print_one_object_or_a_kubectl_list() {
     let dir = tempfile::tempdir().unwrap();
     let db = fixture_db(dir.path());
-    let one: serde_json::Value = serde_json::from_str(&ok(&db, &["get", "pods", "web-0", "-n", "prod", "-o", "json"])).unwrap();
+    let one: serde_json::Value =
+        serde_json::from_str(&ok(&db, &["get", "pods", "web-0", "-n", "prod", "-o", "json"])).unwrap();
     assert_eq!(one["kind"], "Pod");
     assert_eq!(one["metadata"]["name"], "web-0");
     let list: serde_json::Value = serde_json::from_str(&ok(&db, &["get", "pods", "-n", "prod", "-o", "json"])).unwrap();
-    assert_eq!((list["apiVersion"].as_str(), list["kind"].as_str()), (Some("v1"), Some("List")));
+    assert_eq!(
+        (list["apiVersion"].as_str(), list["kind"].as_str()),
+        (Some("v1"), Some("List"))
+    );
     assert_eq!(list["items"].as_array().unwrap().len(), 3, "{list}");
-    let yaml: serde_json::Value = serde_norway::from_str(&ok(&db, &["get", "pods", "-n", "prod", "-o", "yaml"])).unwrap();
+    let yaml: serde_json::Value =
+        serde_norway::from_str(&ok(&db, &["get", "pods", "-n", "prod", "-o", "yaml"])).unwrap();
     assert_eq!(yaml, list);
     let yaml: serde_json::Value =
         serde_norway::from_str(&ok(&db, &["get", "pods", "web-0", "-n", "prod", "-o", "yaml"])).unwrap();
@@ -1057,29 +1105,67 @@ fn jsonpath_templates_follow_kubectls_syntax() {
     let dir = tempfile::tempdir().unwrap();
     let db = fixture_db(dir.path());
     assert_eq!(
-        ok(&db, &["get", "pods", "web-0", "-n", "prod", "-o", "jsonpath={.metadata.name}"]),
+        ok(
+            &db,
+            &["get", "pods", "web-0", "-n", "prod", "-o", "jsonpath={.metadata.name}"]
+        ),
         "web-0"
     );
     assert_eq!(
-        ok(&db, &["get", "pods", "-n", "dev", "-o", "jsonpath={.items[*].metadata.name}"]),
+        ok(
+            &db,
+            &["get", "pods", "-n", "dev", "-o", "jsonpath={.items[*].metadata.name}"]
+        ),
         "same web-1"
     );
     assert_eq!(
         ok(
             &db,
-            &["get", "pods", "-n", "dev", "-o", r#"jsonpath={range .items[*]}{.metadata.name} on {.spec.nodeName}{"\n"}{end}"#]
+            &[
+                "get",
+                "pods",
+                "-n",
+                "dev",
+                "-o",
+                r#"jsonpath={range .items[*]}{.metadata.name} on {.spec.nodeName}{"\n"}{end}"#
+            ]
         ),
         "same on node-1\nweb-1 on node-1\n"
     );
     assert_eq!(
-        ok(&db, &["get", "pods", "web-0", "-n", "prod", "-o", "jsonpath=name: {.metadata.name}, app: {.metadata.labels.app}"]),
+        ok(
+            &db,
+            &[
+                "get",
+                "pods",
+                "web-0",
+                "-n",
+                "prod",
+                "-o",
+                "jsonpath=name: {.metadata.name}, app: {.metadata.labels.app}"
+            ]
+        ),
         "name: web-0, app: web"
     );
     assert_eq!(
-        ok(&db, &["get", "pods", "-A", "-o", r#"jsonpath={.items[?(@.status.phase=="Pending")].metadata.name}"#]),
+        ok(
+            &db,
+            &[
+                "get",
+                "pods",
+                "-A",
+                "-o",
+                r#"jsonpath={.items[?(@.status.phase=="Pending")].metadata.name}"#
+            ]
+        ),
         "db-0"
     );
-    for bad in ["jsonpath={range .items[*]}{.x}", "jsonpath={.metadata.name", "jsonpath", "jsonpath={end}"] {
+    for bad in [
+        "jsonpath={range .items[*]}{.x}",
+        "jsonpath={.metadata.name",
+        "jsonpath",
+        "jsonpath={end}",
+    ] {
         fails_with_one_line(bin().args(["get", "pods", "-o", bad, "--db"]).arg(&db), 2, "jsonpath");
     }
 }
@@ -1090,17 +1176,42 @@ fn custom_columns_no_headers_show_labels_and_wide() {
     let db = fixture_db(dir.path());
     let out = ok(
         &db,
-        &["get", "pods", "-n", "dev", "-o", "custom-columns=NAME:.metadata.name,NS:.metadata.namespace,X:.nope"],
+        &[
+            "get",
+            "pods",
+            "-n",
+            "dev",
+            "-o",
+            "custom-columns=NAME:.metadata.name,NS:.metadata.namespace,X:.nope",
+        ],
     );
     let rows: Vec<Vec<&str>> = out.lines().map(|l| l.split_whitespace().collect()).collect();
-    assert_eq!(rows, [["NAME", "NS", "X"], ["same", "dev", "<none>"], ["web-1", "dev", "<none>"]], "{out}");
+    assert_eq!(
+        rows,
+        [
+            ["NAME", "NS", "X"],
+            ["same", "dev", "<none>"],
+            ["web-1", "dev", "<none>"]
+        ],
+        "{out}"
+    );
     let out = ok(
         &db,
-        &["get", "pods", "-n", "dev", "--no-headers", "-o", "custom-columns=NAME:{.metadata.name}"],
+        &[
+            "get",
+            "pods",
+            "-n",
+            "dev",
+            "--no-headers",
+            "-o",
+            "custom-columns=NAME:{.metadata.name}",
+        ],
     );
     assert_eq!(out, "same\nweb-1\n");
     fails_with_one_line(
-        bin().args(["get", "pods", "-o", "custom-columns=NAME", "--db"]).arg(&db),
+        bin()
+            .args(["get", "pods", "-o", "custom-columns=NAME", "--db"])
+            .arg(&db),
         2,
         "HEADER:PATH",
     );
@@ -1109,7 +1220,10 @@ fn custom_columns_no_headers_show_labels_and_wide() {
     assert!(!out.contains("NAME"), "{out}");
     let out = ok(&db, &["get", "pods", "web-0", "-n", "prod", "--show-labels"]);
     let mut lines = out.lines();
-    assert_eq!(lines.next().unwrap().split_whitespace().collect::<Vec<_>>(), ["NAME", "AGE", "LABELS"]);
+    assert_eq!(
+        lines.next().unwrap().split_whitespace().collect::<Vec<_>>(),
+        ["NAME", "AGE", "LABELS"]
+    );
     assert!(lines.next().unwrap().ends_with("app=web"), "{out}");
     let out = ok(&db, &["get", "pods", "-n", "prod", "-o", "wide"]);
     assert!(out.lines().next().unwrap().contains("RESOURCE-VERSION"), "{out}");
@@ -1140,17 +1254,37 @@ fn age_column_uses_kubectls_short_form() {
 fn an_output_format_a_command_cannot_print_is_an_error() {
     let dir = tempfile::tempdir().unwrap();
     let db = fixture_db(dir.path());
-    fails_with_one_line(bin().args(["stats", "-o", "wide", "--db"]).arg(&db), 2, "`stats` cannot print it");
-    fails_with_one_line(bin().args(["check", "-o", "name", "--db"]).arg(&db), 2, "table, json or yaml");
     fails_with_one_line(
-        bin().args(["history", "pods", "web-0", "-n", "prod", "-o", "wide", "--db"]).arg(&db),
+        bin().args(["stats", "-o", "wide", "--db"]).arg(&db),
+        2,
+        "`stats` cannot print it",
+    );
+    fails_with_one_line(
+        bin().args(["check", "-o", "name", "--db"]).arg(&db),
+        2,
+        "table, json or yaml",
+    );
+    fails_with_one_line(
+        bin()
+            .args(["history", "pods", "web-0", "-n", "prod", "-o", "wide", "--db"])
+            .arg(&db),
         2,
         "-o wide",
     );
-    fails_with_one_line(bin().args(["get", "pods", "-o", "xml", "--db"]).arg(&db), 2, "unknown output format");
-    fails_with_one_line(bin().args(["demo", "-o", "yaml", "--size", "small"]), 2, "`demo` cannot print it");
     fails_with_one_line(
-        bin().args(["watch", "pods", "-o", "wide", "--server", "http://127.0.0.1:1", "--db"]).arg(&db),
+        bin().args(["get", "pods", "-o", "xml", "--db"]).arg(&db),
+        2,
+        "unknown output format",
+    );
+    fails_with_one_line(
+        bin().args(["demo", "-o", "yaml", "--size", "small"]),
+        2,
+        "`demo` cannot print it",
+    );
+    fails_with_one_line(
+        bin()
+            .args(["watch", "pods", "-o", "wide", "--server", "http://127.0.0.1:1", "--db"])
+            .arg(&db),
         2,
         "`watch` cannot print it",
     );
@@ -1158,7 +1292,10 @@ fn an_output_format_a_command_cannot_print_is_an_error() {
     let stats: serde_json::Value = serde_norway::from_str(&ok(&db, &["stats", "-o", "yaml"])).unwrap();
     assert_eq!(stats["scopes"].as_array().unwrap().len(), 4, "{stats}");
     let history = ok(&db, &["history", "pods", "web-0", "-n", "prod", "-o", "yaml"]);
-    assert!(history.starts_with("---\n") && history.contains("type: ADDED"), "{history}");
+    assert!(
+        history.starts_with("---\n") && history.contains("type: ADDED"),
+        "{history}"
+    );
 }
 
 #[test]
@@ -1188,15 +1325,31 @@ fn older_flag_forms_keep_working() {
     // `get -r R NAMESPACE/NAME` still prints JSON by default.
     let one: serde_json::Value = serde_json::from_str(&ok(&db, &["get", "-r", "pods", "prod/web-0"])).unwrap();
     assert_eq!(one["metadata"]["name"], "web-0");
-    assert_eq!(ok(&db, &["get", "-r", "po", "web-0", "-n", "prod", "-o", "name"]), "pod/web-0\n");
-    assert_eq!(ok(&db, &["list", "-r", "pods", "-n", "dev", "--no-headers"]).lines().count(), 2);
-    assert_eq!(ok(&db, &["list", "--resource", "pods", "-n", "dev", "-o", "name"]).lines().count(), 2);
+    assert_eq!(
+        ok(&db, &["get", "-r", "po", "web-0", "-n", "prod", "-o", "name"]),
+        "pod/web-0\n"
+    );
+    assert_eq!(
+        ok(&db, &["list", "-r", "pods", "-n", "dev", "--no-headers"])
+            .lines()
+            .count(),
+        2
+    );
+    assert_eq!(
+        ok(&db, &["list", "--resource", "pods", "-n", "dev", "-o", "name"])
+            .lines()
+            .count(),
+        2
+    );
     assert!(ok(&db, &["history", "-r", "pods", "prod/web-0"]).contains("Added"));
     assert!(ok(&db, &["history", "pods", "web-0", "-n", "prod"]).contains("Added"));
     let out = dir.path().join("export.jsonl");
     ok(&db, &["export", "deploy", "--out", out.to_str().unwrap()]);
     assert!(std::fs::read_to_string(&out).unwrap().contains("\"Deployment\""));
-    ok(&db, &["export", "-r", "deployments.apps", "--out", out.to_str().unwrap()]);
+    ok(
+        &db,
+        &["export", "-r", "deployments.apps", "--out", out.to_str().unwrap()],
+    );
     assert!(std::fs::read_to_string(&out).unwrap().contains("\"Deployment\""));
 }
 
@@ -1224,10 +1377,20 @@ fn live_commands_take_the_contexts_namespace_and_server_keeps_its_credentials() 
         .arg("--db")
         .arg(dir.path().join("ctx.redb"));
     let (stdout, _) = run_then_signal(cmd, Signal::SIGTERM, || {});
-    assert_eq!(names(&stdout), ["configmap/db-1"], "the context's namespace only: {stdout}");
-    assert!(sim.counters().bearer_requests > before, "--server dropped the kubeconfig's token");
+    assert_eq!(
+        names(&stdout),
+        ["configmap/db-1"],
+        "the context's namespace only: {stdout}"
+    );
+    assert!(
+        sim.counters().bearer_requests > before,
+        "--server dropped the kubeconfig's token"
+    );
     // -A, and the older -r form (which kept watching all namespaces), see every namespace.
-    for (i, args) in [&["watch", "configmaps", "-A"][..], &["watch", "-r", "configmaps"]].into_iter().enumerate() {
+    for (i, args) in [&["watch", "configmaps", "-A"][..], &["watch", "-r", "configmaps"]]
+        .into_iter()
+        .enumerate()
+    {
         let mut cmd = bin();
         cmd.args(args)
             .args(["-o", "name", "--server", &sim.url(), "--kubeconfig"])
@@ -1243,10 +1406,20 @@ fn live_commands_take_the_contexts_namespace_and_server_keeps_its_credentials() 
     }
     // -n wins over the context.
     let mut cmd = bin();
-    cmd.args(["watch", "ConfigMap", "-n", "default", "-o", "name", "--server", &sim.url(), "--kubeconfig"])
-        .arg(&kubeconfig)
-        .arg("--db")
-        .arg(dir.path().join("n.redb"));
+    cmd.args([
+        "watch",
+        "ConfigMap",
+        "-n",
+        "default",
+        "-o",
+        "name",
+        "--server",
+        &sim.url(),
+        "--kubeconfig",
+    ])
+    .arg(&kubeconfig)
+    .arg("--db")
+    .arg(dir.path().join("n.redb"));
     let (stdout, _) = run_then_signal(cmd, Signal::SIGTERM, || {});
     assert_eq!(names(&stdout), ["configmap/web-1", "configmap/web-2"], "{stdout}");
 }

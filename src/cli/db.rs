@@ -104,7 +104,11 @@ pub fn find_scope(db: &DurableStore, resource: &str, namespace: Option<&str>) ->
             format!(
                 "{}: no scope for resource {resource:?} in this database (it holds: {})",
                 db.path().display(),
-                if held.is_empty() { "nothing".into() } else { held.join(", ") }
+                if held.is_empty() {
+                    "nothing".into()
+                } else {
+                    held.join(", ")
+                }
             ),
         ));
     }
@@ -324,7 +328,10 @@ pub fn get(
                 })
             };
             match &format {
-                Format::Json => outln!("{}", serde_json::to_string_pretty(&doc).unwrap_or_else(|_| doc.to_string()))?,
+                Format::Json => outln!(
+                    "{}",
+                    serde_json::to_string_pretty(&doc).unwrap_or_else(|_| doc.to_string())
+                )?,
                 Format::Yaml => outp!("{}", output::yaml(&doc)?)?,
                 Format::JsonPath(t) => outp!("{}", output::render_template(t, &doc))?,
                 _ => {}
@@ -435,11 +442,9 @@ pub fn history(
             break;
         }
         cursor = scanned;
-        entries.extend(
-            batch
-                .into_iter()
-                .filter(|r| r.key.name == name && namespace.as_ref().is_none_or(|ns| r.key.namespace.as_ref() == Some(ns))),
-        );
+        entries.extend(batch.into_iter().filter(|r| {
+            r.key.name == name && namespace.as_ref().is_none_or(|ns| r.key.namespace.as_ref() == Some(ns))
+        }));
     }
     let mut namespaces: Vec<String> = entries.iter().filter_map(|e| e.key.namespace.clone()).collect();
     namespaces.sort();

@@ -16,8 +16,8 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, ListParams};
 use serde_json::json;
 
-use super::progress::bar;
 use super::output::Format;
+use super::progress::bar;
 use super::{CliError, CliResult, Size};
 
 #[derive(Default)]

@@ -594,7 +594,15 @@ async fn run(command: Command) -> CliResult {
             db,
         } => {
             let args: Vec<String> = resource.into_iter().collect();
-            db::get(&db, resource_flag.as_deref(), &args, &query, index.as_deref(), &print, "list")
+            db::get(
+                &db,
+                resource_flag.as_deref(),
+                &args,
+                &query,
+                index.as_deref(),
+                &print,
+                "list",
+            )
         }
         Command::History {
             args,

@@ -123,7 +123,10 @@ pub fn yaml(v: &Value) -> CliResult<String> {
         let after = &rest[at + nonce.len()..];
         let digits = after.chars().take_while(char::is_ascii_digit).count();
         let index = after[..digits].parse::<usize>().ok();
-        match (index.and_then(|i| quoted.get(i)), after[digits..].strip_prefix(nonce.as_str())) {
+        match (
+            index.and_then(|i| quoted.get(i)),
+            after[digits..].strip_prefix(nonce.as_str()),
+        ) {
             (Some(original), Some(tail)) => {
                 result.push('\'');
                 result.push_str(&original.replace('\'', "''"));
@@ -192,7 +195,9 @@ fn yaml11_not_a_string(s: &str) -> bool {
     }
     let numeric = !unsigned.is_empty()
         && unsigned.as_bytes()[0].is_ascii_digit()
-        && unsigned.bytes().all(|c| c.is_ascii_digit() || matches!(c, b'_' | b':' | b'.'))
+        && unsigned
+            .bytes()
+            .all(|c| c.is_ascii_digit() || matches!(c, b'_' | b':' | b'.'))
         && unsigned.bytes().filter(|c| *c == b'.').count() <= 1;
     numeric && (unsigned.contains(':') || unsigned.contains('_'))
 }
@@ -346,10 +351,7 @@ pub fn parse_columns(spec: &str) -> CliResult<Vec<(String, String)>> {
             ));
         };
         let path = path.trim();
-        let path = path
-            .strip_prefix('{')
-            .and_then(|p| p.strip_suffix('}'))
-            .unwrap_or(path);
+        let path = path.strip_prefix('{').and_then(|p| p.strip_suffix('}')).unwrap_or(path);
         if header.is_empty() || path.is_empty() {
             return Err(CliError::new(
                 2,

@@ -14,8 +14,8 @@ use serde_json::json;
 
 use super::db::{find_scope, open, split_resource};
 use super::live::{client, resolve, scoped_source, signals};
-use super::progress::spinner;
 use super::output::{print_data, Format};
+use super::progress::spinner;
 use super::{CliError, CliResult, ClusterArgs, ScopeArgs};
 
 fn replay_err(e: impl std::fmt::Display) -> CliError {

@@ -44,18 +44,38 @@ const BUILT_IN: &[(&[&str], &str, &str, &str)] = &[
     (&["ing"], "ingresses", "networking.k8s.io", "Ingress"),
     (&["netpol"], "networkpolicies", "networking.k8s.io", "NetworkPolicy"),
     (&[], "ingressclasses", "networking.k8s.io", "IngressClass"),
-    (&["hpa"], "horizontalpodautoscalers", "autoscaling", "HorizontalPodAutoscaler"),
+    (
+        &["hpa"],
+        "horizontalpodautoscalers",
+        "autoscaling",
+        "HorizontalPodAutoscaler",
+    ),
     (&["pdb"], "poddisruptionbudgets", "policy", "PodDisruptionBudget"),
     (&["sc"], "storageclasses", "storage.k8s.io", "StorageClass"),
-    (&["crd", "crds"], "customresourcedefinitions", "apiextensions.k8s.io", "CustomResourceDefinition"),
+    (
+        &["crd", "crds"],
+        "customresourcedefinitions",
+        "apiextensions.k8s.io",
+        "CustomResourceDefinition",
+    ),
     (&["pc"], "priorityclasses", "scheduling.k8s.io", "PriorityClass"),
-    (&["csr"], "certificatesigningrequests", "certificates.k8s.io", "CertificateSigningRequest"),
+    (
+        &["csr"],
+        "certificatesigningrequests",
+        "certificates.k8s.io",
+        "CertificateSigningRequest",
+    ),
     (&[], "leases", "coordination.k8s.io", "Lease"),
     (&[], "endpointslices", "discovery.k8s.io", "EndpointSlice"),
     (&[], "roles", "rbac.authorization.k8s.io", "Role"),
     (&[], "rolebindings", "rbac.authorization.k8s.io", "RoleBinding"),
     (&[], "clusterroles", "rbac.authorization.k8s.io", "ClusterRole"),
-    (&[], "clusterrolebindings", "rbac.authorization.k8s.io", "ClusterRoleBinding"),
+    (
+        &[],
+        "clusterrolebindings",
+        "rbac.authorization.k8s.io",
+        "ClusterRoleBinding",
+    ),
 ];
 
 /// Whether `s` looks like an API version (`v1`, `v1beta1`, `v2alpha3`).
