@@ -889,9 +889,14 @@ fn fixture_db(dir: &std::path::Path) -> std::path::PathBuf {
         w.apply_blocking(batch.rv(rv.to_string()).synced()).unwrap();
     };
     let pod = |ns: &str, name: &str, app: &str, phase: &str, age: i64| {
+        let running = phase == "Running";
         json!({"apiVersion": "v1", "kind": "Pod",
                "metadata": {"name": name, "namespace": ns, "labels": {"app": app}, "creationTimestamp": ago(age)},
-               "spec": {"nodeName": "node-1"}, "status": {"phase": phase}})
+               "spec": {"nodeName": "node-1", "containers": [{"name": "app"}, {"name": "sidecar"}]},
+               "status": {"phase": phase, "podIP": if running { "10.0.0.7" } else { "" },
+                          "containerStatuses": [
+                              {"name": "app", "ready": running, "restartCount": 2},
+                              {"name": "sidecar", "ready": false, "restartCount": 1}]}})
     };
     fill(
         ScopeSpec::new("", "v1", "pods"),
@@ -906,7 +911,9 @@ fn fixture_db(dir: &std::path::Path) -> std::path::PathBuf {
     fill(
         ScopeSpec::new("apps", "v1", "deployments"),
         vec![json!({"apiVersion": "apps/v1", "kind": "Deployment",
-                    "metadata": {"name": "web", "namespace": "prod", "creationTimestamp": ago(40)}})],
+                    "metadata": {"name": "web", "namespace": "prod", "creationTimestamp": ago(40)},
+                    "spec": {"replicas": 3},
+                    "status": {"readyReplicas": 2, "updatedReplicas": 3, "availableReplicas": 2}})],
     );
     fill(
         ScopeSpec::new("", "v1", "namespaces"),
@@ -920,6 +927,23 @@ fn fixture_db(dir: &std::path::Path) -> std::path::PathBuf {
                              "f": "yes", "g": "010", "h": "1e3", "i": "", "j": "on", "k": "multi\nline"}})],
     );
     path
+}
+
+/// A table's rows as header → cell maps (cells here hold no spaces).
+fn table(stdout: &str) -> Vec<std::collections::BTreeMap<String, String>> {
+    let mut lines = stdout.lines();
+    let header: Vec<&str> = lines.next().unwrap_or_default().split_whitespace().collect();
+    lines
+        .map(|l| {
+            let cells: Vec<&str> = l.split_whitespace().collect();
+            assert_eq!(cells.len(), header.len(), "{stdout}");
+            header
+                .iter()
+                .zip(cells)
+                .map(|(h, c)| (h.to_string(), c.to_owned()))
+                .collect()
+        })
+        .collect()
 }
 
 /// Runs an offline command on `db`; it must succeed. Returns stdout.
@@ -1039,9 +1063,47 @@ fn get_without_a_name_lists_with_namespaces_labels_and_field_selectors() {
     // -A shows a NAMESPACE column, -n does not (as kubectl).
     let all = ok(&db, &["get", "pods"]);
     assert!(all.starts_with("NAMESPACE"), "{all}");
-    let one = ok(&db, &["get", "pods", "-n", "prod"]);
+    let one = ok(&db, &["get", "cm", "-n", "prod"]);
     let header: Vec<&str> = one.lines().next().unwrap().split_whitespace().collect();
     assert_eq!(header, ["NAME", "AGE"], "{one}");
+    // Nothing found: no header, kubectl's note on stderr.
+    let out = bin()
+        .args(["get", "pods", "-n", "nowhere", "--db"])
+        .arg(&db)
+        .output()
+        .unwrap();
+    assert!(out.status.success() && out.stdout.is_empty());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("No resources found in nowhere namespace"));
+}
+
+#[test]
+fn pods_and_deployments_get_kubectls_columns() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = fixture_db(dir.path());
+    let out = ok(&db, &["get", "pods", "-n", "prod"]);
+    let header: Vec<&str> = out.lines().next().unwrap().split_whitespace().collect();
+    assert_eq!(header, ["NAME", "READY", "STATUS", "RESTARTS", "AGE"], "{out}");
+    let rows = table(&out);
+    let web = rows.iter().find(|r| r["NAME"] == "web-0").unwrap();
+    assert_eq!(
+        (web["READY"].as_str(), web["STATUS"].as_str(), web["RESTARTS"].as_str()),
+        ("1/2", "Running", "3")
+    );
+    let db0 = rows.iter().find(|r| r["NAME"] == "db-0").unwrap();
+    assert_eq!((db0["READY"].as_str(), db0["STATUS"].as_str()), ("0/2", "Pending"));
+    let rows = table(&ok(&db, &["get", "pods", "-n", "prod", "-o", "wide"]));
+    let web = rows.iter().find(|r| r["NAME"] == "web-0").unwrap();
+    assert_eq!((web["IP"].as_str(), web["NODE"].as_str()), ("10.0.0.7", "node-1"));
+    assert_eq!(rows.iter().find(|r| r["NAME"] == "db-0").unwrap()["IP"], "<none>");
+    let rows = table(&ok(&db, &["get", "deploy", "-n", "prod"]));
+    assert_eq!(
+        (
+            rows[0]["READY"].as_str(),
+            rows[0]["UP-TO-DATE"].as_str(),
+            rows[0]["AVAILABLE"].as_str()
+        ),
+        ("2/3", "3", "2")
+    );
 }
 
 #[test]
@@ -1219,12 +1281,11 @@ fn custom_columns_no_headers_show_labels_and_wide() {
     assert_eq!(out.lines().count(), 3, "{out}");
     assert!(!out.contains("NAME"), "{out}");
     let out = ok(&db, &["get", "pods", "web-0", "-n", "prod", "--show-labels"]);
-    let mut lines = out.lines();
-    assert_eq!(
-        lines.next().unwrap().split_whitespace().collect::<Vec<_>>(),
-        ["NAME", "AGE", "LABELS"]
-    );
-    assert!(lines.next().unwrap().ends_with("app=web"), "{out}");
+    let header: Vec<&str> = out.lines().next().unwrap().split_whitespace().collect();
+    assert_eq!(header.last(), Some(&"LABELS"), "{out}");
+    assert_eq!(table(&out)[0]["LABELS"], "app=web", "{out}");
+    let out = ok(&db, &["get", "cm", "--show-labels"]);
+    assert_eq!(table(&out)[0]["LABELS"], "<none>", "{out}");
     let out = ok(&db, &["get", "pods", "-n", "prod", "-o", "wide"]);
     assert!(out.lines().next().unwrap().contains("RESOURCE-VERSION"), "{out}");
     assert!(!out.contains("LABELS"), "{out}");
@@ -1234,17 +1295,13 @@ fn custom_columns_no_headers_show_labels_and_wide() {
 fn age_column_uses_kubectls_short_form() {
     let dir = tempfile::tempdir().unwrap();
     let db = fixture_db(dir.path());
-    let out = ok(&db, &["get", "pods", "-A", "--no-headers", "-o", "wide"]);
-    let age = |name: &str| -> String {
-        let row = out.lines().find(|l| l.split_whitespace().nth(1) == Some(name)).unwrap();
-        row.split_whitespace().nth(2).unwrap().to_owned()
-    };
-    assert_eq!(age("web-0"), "10m", "{out}");
-    assert_eq!(age("db-0"), "2d", "{out}");
-    assert_eq!(age("web-1"), "3y10d", "{out}");
-    let deploy = ok(&db, &["get", "deploy", "web", "--no-headers"]);
-    let deploy_age = deploy.split_whitespace().nth(2).unwrap();
-    assert!(["40s", "41s", "42s"].contains(&deploy_age), "{deploy}");
+    let rows = table(&ok(&db, &["get", "pods", "-A"]));
+    let age = |name: &str| -> String { rows.iter().find(|r| r["NAME"] == name).unwrap()["AGE"].clone() };
+    assert_eq!(age("web-0"), "10m", "{rows:?}");
+    assert_eq!(age("db-0"), "2d", "{rows:?}");
+    assert_eq!(age("web-1"), "3y10d", "{rows:?}");
+    let deploy = table(&ok(&db, &["get", "deploy", "web"]));
+    assert!(["40s", "41s", "42s"].contains(&deploy[0]["AGE"].as_str()), "{deploy:?}");
     // No creationTimestamp: unknown, as kubectl.
     let ns = ok(&db, &["get", "namespaces"]);
     assert!(ns.lines().nth(1).unwrap().ends_with("<unknown>"), "{ns}");

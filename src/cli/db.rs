@@ -7,6 +7,7 @@ use durable_informer::selector::{FieldSelector, LabelSelector};
 use durable_informer::store::{DeltaKind, DurableStore, ScopeId, ScopeRecord, Seq, Store, StoreConfig, StoredObject};
 use serde_json::{json, Value};
 
+use super::columns;
 use super::output::{self, age, print_data, print_table, Format};
 use super::progress::spinner;
 use super::resource::{builtin_kind, builtin_lookup, name_prefix, Wanted};
@@ -357,17 +358,29 @@ pub fn get(
             print_table(&rows)?;
         }
         Format::Table | Format::Wide => {
+            if objects.is_empty() {
+                // As kubectl: no header for nothing, and the note on stderr.
+                errln!(
+                    "No resources found{}.",
+                    namespace.map(|n| format!(" in {n} namespace")).unwrap_or_default()
+                );
+                return Ok(());
+            }
             let wide = format == Format::Wide;
             // As kubectl with -A: a NAMESPACE column when more than one namespace can show.
             let show_ns = namespace.is_none() && objects.iter().any(|o| o.meta.namespace.is_some());
+            let (before_age, after_age) = columns::headers(&plural, &group);
             let mut rows = Vec::new();
             if !print.no_headers {
                 let mut header: Vec<&str> = Vec::new();
                 if show_ns {
                     header.push("NAMESPACE");
                 }
-                header.extend(["NAME", "AGE"]);
+                header.push("NAME");
+                header.extend(before_age);
+                header.push("AGE");
                 if wide {
+                    header.extend(after_age);
                     header.extend(["RESOURCE-VERSION", "OWNER"]);
                 }
                 if print.show_labels {
@@ -376,13 +389,16 @@ pub fn get(
                 rows.push(header.into_iter().map(String::from).collect());
             }
             for (o, v) in objects.iter().zip(&values) {
+                let (before, after) = columns::cells(&plural, &group, v);
                 let mut row = Vec::new();
                 if show_ns {
                     row.push(o.meta.namespace.clone().unwrap_or_default());
                 }
                 row.push(o.meta.name.clone());
+                row.extend(before);
                 row.push(age(v["metadata"]["creationTimestamp"].as_str()));
                 if wide {
+                    row.extend(after);
                     row.push(o.meta.resource_version.0.clone());
                     row.push(
                         o.meta
@@ -400,9 +416,6 @@ pub fn get(
                     });
                 }
                 rows.push(row);
-            }
-            if rows.is_empty() && !print.no_headers {
-                errln!("No resources found");
             }
             print_table(&rows)?;
         }

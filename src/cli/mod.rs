@@ -26,6 +26,7 @@ macro_rules! errln {
     }};
 }
 
+mod columns;
 mod db;
 mod demo;
 mod live;
