@@ -919,6 +919,12 @@ fn fixture_db(dir: &std::path::Path) -> std::path::PathBuf {
         ScopeSpec::new("", "v1", "namespaces"),
         vec![json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "prod"}})],
     );
+    // A custom resource whose kind no rule derives from its plural.
+    fill(
+        ScopeSpec::new("example.com", "v1alpha1", "gizmoes"),
+        vec![json!({"apiVersion": "example.com/v1alpha1", "kind": "Thingamajig",
+                    "metadata": {"name": "g1", "namespace": "prod"}})],
+    );
     fill(
         ScopeSpec::new("", "v1", "configmaps"),
         vec![json!({"apiVersion": "v1", "kind": "ConfigMap",
@@ -983,12 +989,28 @@ fn resource_and_name_are_positional_and_short_names_and_kinds_resolve_offline() 
     }
     assert_eq!(ok(&db, &["get", "ns", "-o", "name"]), "namespace/prod\n");
     assert_eq!(ok(&db, &["get", "cm", "-o", "name"]), "configmap/tricky\n");
+    // A custom resource's kind is read from a stored object; its group can be named.
+    for r in [
+        "Thingamajig",
+        "thingamajig",
+        "gizmoes",
+        "gizmo",
+        "gizmoes.example.com",
+        "gizmoes.v1alpha1.example.com",
+    ] {
+        assert_eq!(
+            ok(&db, &["get", r, "-o", "name"]),
+            "thingamajig.example.com/g1\n",
+            "{r}"
+        );
+    }
     // A name in several namespaces needs -n; a resource the database lacks is exit 5.
     fails_with_one_line(bin().args(["get", "pods", "same", "--db"]).arg(&db), 2, "pass -n");
     assert_eq!(
         ok(&db, &["get", "pods", "same", "-n", "dev", "-o", "name"]),
         "pod/same\n"
     );
+    fails_with_one_line(bin().args(["history", "pods", "same", "--db"]).arg(&db), 2, "pass -n");
     fails_with_one_line(
         bin().args(["get", "widgets", "--db"]).arg(&db),
         5,
@@ -1347,7 +1369,7 @@ fn an_output_format_a_command_cannot_print_is_an_error() {
     );
     // What a report command can print, it prints.
     let stats: serde_json::Value = serde_norway::from_str(&ok(&db, &["stats", "-o", "yaml"])).unwrap();
-    assert_eq!(stats["scopes"].as_array().unwrap().len(), 4, "{stats}");
+    assert_eq!(stats["scopes"].as_array().unwrap().len(), 5, "{stats}");
     let history = ok(&db, &["history", "pods", "web-0", "-n", "prod", "-o", "yaml"]);
     assert!(
         history.starts_with("---\n") && history.contains("type: ADDED"),
@@ -1461,6 +1483,28 @@ fn live_commands_take_the_contexts_namespace_and_server_keeps_its_credentials() 
             "{args:?}: {stdout}"
         );
     }
+    // record takes the same scope: the context's namespace.
+    let rec = dir.path().join("ctx.jsonl");
+    let out = bin()
+        .args([
+            "record",
+            "cm",
+            "--duration",
+            "1",
+            "-o",
+            "json",
+            "--server",
+            &sim.url(),
+            "--kubeconfig",
+        ])
+        .arg(&kubeconfig)
+        .arg("--out")
+        .arg(&rec)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = std::fs::read_to_string(&rec).unwrap();
+    assert!(text.contains("\"db-1\"") && !text.contains("\"web-1\""), "{text}");
     // -n wins over the context.
     let mut cmd = bin();
     cmd.args([
