@@ -855,3 +855,672 @@ fn record_replay_export_round_trip_and_kubectl_output_replays() {
         "bad.jsonl:2: malformed",
     );
 }
+
+// ---- kubectl conventions (issue #24) -------------------------------------------------------
+
+/// An RFC 3339 time `seconds_ago` before now.
+fn ago(seconds_ago: i64) -> String {
+    let now = k8s_openapi::jiff::Timestamp::now();
+    k8s_openapi::jiff::Timestamp::from_second(now.as_second() - seconds_ago)
+        .unwrap()
+        .to_string()
+}
+
+/// A database written through the library: Pods in `prod` and `dev`, a Deployment, a
+/// cluster-scoped Namespace and a ConfigMap whose values look like other YAML types.
+fn fixture_db(dir: &std::path::Path) -> std::path::PathBuf {
+    use durable_informer::object::{RawObject, ScopeSpec};
+    use durable_informer::store::{Batch, DeltaKind, DurableStore, StoreConfig};
+    let path = dir.join("fixture.redb");
+    let db = DurableStore::open(StoreConfig::new(&path)).unwrap();
+    let w = db.writer();
+    let mut rv = 10;
+    let mut fill = |spec: ScopeSpec, objects: Vec<serde_json::Value>| {
+        let scope = w.register_scope_blocking(&spec).unwrap();
+        let mut batch = Batch::new(scope);
+        for mut o in objects {
+            rv += 1;
+            o["metadata"]["resourceVersion"] = json!(rv.to_string());
+            batch = batch.delta(
+                DeltaKind::Added,
+                RawObject::from_json(o.to_string().into_bytes()).unwrap(),
+            );
+        }
+        w.apply_blocking(batch.rv(rv.to_string()).synced()).unwrap();
+    };
+    let pod = |ns: &str, name: &str, app: &str, phase: &str, age: i64| {
+        let running = phase == "Running";
+        json!({"apiVersion": "v1", "kind": "Pod",
+               "metadata": {"name": name, "namespace": ns, "labels": {"app": app}, "creationTimestamp": ago(age)},
+               "spec": {"nodeName": "node-1", "containers": [{"name": "app"}, {"name": "sidecar"}]},
+               "status": {"phase": phase, "podIP": if running { "10.0.0.7" } else { "" },
+                          "containerStatuses": [
+                              {"name": "app", "ready": running, "restartCount": 2},
+                              {"name": "sidecar", "ready": false, "restartCount": 1}]}})
+    };
+    fill(
+        ScopeSpec::new("", "v1", "pods"),
+        vec![
+            pod("prod", "web-0", "web", "Running", 630),
+            pod("prod", "db-0", "db", "Pending", 2 * 86400 + 60),
+            pod("dev", "web-1", "web", "Running", (3 * 365 + 10) * 86400 + 60),
+            pod("prod", "same", "x", "Running", 5),
+            pod("dev", "same", "x", "Running", 5),
+        ],
+    );
+    fill(
+        ScopeSpec::new("apps", "v1", "deployments"),
+        vec![json!({"apiVersion": "apps/v1", "kind": "Deployment",
+                    "metadata": {"name": "web", "namespace": "prod", "creationTimestamp": ago(40)},
+                    "spec": {"replicas": 3},
+                    "status": {"readyReplicas": 2, "updatedReplicas": 3, "availableReplicas": 2}})],
+    );
+    fill(
+        ScopeSpec::new("", "v1", "namespaces"),
+        vec![json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "prod"}})],
+    );
+    // A custom resource whose kind no rule derives from its plural.
+    fill(
+        ScopeSpec::new("example.com", "v1alpha1", "gizmoes"),
+        vec![json!({"apiVersion": "example.com/v1alpha1", "kind": "Thingamajig",
+                    "metadata": {"name": "g1", "namespace": "prod"}})],
+    );
+    fill(
+        ScopeSpec::new("", "v1", "configmaps"),
+        vec![json!({"apiVersion": "v1", "kind": "ConfigMap",
+                    "metadata": {"name": "tricky", "namespace": "prod"},
+                    "data": {"a": "True", "b": "0x1F", "c": "2026-01-01", "d": "null", "e": "~",
+                             "f": "yes", "g": "010", "h": "1e3", "i": "", "j": "on", "k": "multi\nline"}})],
+    );
+    path
+}
+
+/// A table's rows as header → cell maps (cells here hold no spaces).
+fn table(stdout: &str) -> Vec<std::collections::BTreeMap<String, String>> {
+    let mut lines = stdout.lines();
+    let header: Vec<&str> = lines.next().unwrap_or_default().split_whitespace().collect();
+    lines
+        .map(|l| {
+            let cells: Vec<&str> = l.split_whitespace().collect();
+            assert_eq!(cells.len(), header.len(), "{stdout}");
+            header
+                .iter()
+                .zip(cells)
+                .map(|(h, c)| (h.to_string(), c.to_owned()))
+                .collect()
+        })
+        .collect()
+}
+
+/// Runs an offline command on `db`; it must succeed. Returns stdout.
+fn ok(db: &std::path::Path, args: &[&str]) -> String {
+    let out = bin().args(args).arg("--db").arg(db).output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{args:?}: {stderr}");
+    String::from_utf8(out.stdout).unwrap()
+}
+
+#[test]
+fn resource_and_name_are_positional_and_short_names_and_kinds_resolve_offline() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = fixture_db(dir.path());
+    for args in [
+        &["get", "pods", "web-0", "-n", "prod", "-o", "name"][..],
+        &["get", "po", "web-0", "-n", "prod", "-o", "name"],
+        &["get", "pod", "web-0", "-o", "name"],
+        &["get", "Pod", "web-0", "-o", "name"],
+        &["get", "pods.v1.", "web-0", "-o", "name"],
+        &["get", "pod/web-0", "-o", "name"],
+    ] {
+        assert_eq!(ok(&db, args), "pod/web-0\n", "{args:?}");
+    }
+    for r in [
+        "deployments.apps",
+        "deploy",
+        "Deployment",
+        "deployments.v1.apps",
+        "deployments",
+    ] {
+        assert_eq!(
+            ok(&db, &["get", r, "web", "-o", "name"]),
+            "deployment.apps/web\n",
+            "{r}"
+        );
+    }
+    assert_eq!(ok(&db, &["get", "ns", "-o", "name"]), "namespace/prod\n");
+    assert_eq!(ok(&db, &["get", "cm", "-o", "name"]), "configmap/tricky\n");
+    // A custom resource's kind is read from a stored object; its group can be named.
+    for r in [
+        "Thingamajig",
+        "thingamajig",
+        "gizmoes",
+        "gizmo",
+        "gizmoes.example.com",
+        "gizmoes.v1alpha1.example.com",
+    ] {
+        assert_eq!(
+            ok(&db, &["get", r, "-o", "name"]),
+            "thingamajig.example.com/g1\n",
+            "{r}"
+        );
+    }
+    // A name in several namespaces needs -n; a resource the database lacks is exit 5.
+    fails_with_one_line(bin().args(["get", "pods", "same", "--db"]).arg(&db), 2, "pass -n");
+    assert_eq!(
+        ok(&db, &["get", "pods", "same", "-n", "dev", "-o", "name"]),
+        "pod/same\n"
+    );
+    fails_with_one_line(bin().args(["history", "pods", "same", "--db"]).arg(&db), 2, "pass -n");
+    fails_with_one_line(
+        bin().args(["get", "widgets", "--db"]).arg(&db),
+        5,
+        "no scope for resource",
+    );
+    fails_with_one_line(bin().args(["get", "pods.v2.", "--db"]).arg(&db), 5, "pods.v2.");
+    fails_with_one_line(
+        bin().args(["get", "pods", "nope", "-n", "prod", "--db"]).arg(&db),
+        1,
+        "not found",
+    );
+    fails_with_one_line(bin().args(["get", "--db"]).arg(&db), 2, "name a resource");
+    // Both forms at once is a usage error (clap's message with the usage).
+    let out = bin()
+        .args(["list", "pods", "-r", "pods", "--db"])
+        .arg(&db)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("cannot be used with"));
+}
+
+#[test]
+fn get_without_a_name_lists_with_namespaces_labels_and_field_selectors() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = fixture_db(dir.path());
+    let names = |args: &[&str]| -> Vec<String> {
+        let mut v: Vec<String> = ok(&db, args).lines().map(str::to_owned).collect();
+        v.sort();
+        v
+    };
+    assert_eq!(
+        names(&["get", "pods", "-o", "name"]),
+        ["pod/db-0", "pod/same", "pod/same", "pod/web-0", "pod/web-1"]
+    );
+    assert_eq!(
+        names(&["get", "pods", "-A", "-l", "app=web", "-o", "name"]),
+        ["pod/web-0", "pod/web-1"]
+    );
+    assert_eq!(
+        names(&["get", "pods", "-n", "dev", "-o", "name"]),
+        ["pod/same", "pod/web-1"]
+    );
+    for cmd in ["get", "list"] {
+        assert_eq!(
+            names(&[cmd, "pods", "--field-selector", "metadata.name=web-1", "-o", "name"]),
+            ["pod/web-1"]
+        );
+        assert_eq!(
+            names(&[
+                cmd,
+                "pods",
+                "--field-selector",
+                "metadata.namespace!=prod,metadata.name!=same",
+                "-o",
+                "name"
+            ]),
+            ["pod/web-1"]
+        );
+        assert_eq!(
+            names(&[cmd, "pods", "--field-selector", "status.phase=Pending", "-o", "name"]),
+            ["pod/db-0"]
+        );
+    }
+    fails_with_one_line(
+        bin()
+            .args(["get", "pods", "--field-selector", "metadata.name", "--db"])
+            .arg(&db),
+        2,
+        "bad field selector",
+    );
+    // -A shows a NAMESPACE column, -n does not (as kubectl).
+    let all = ok(&db, &["get", "pods"]);
+    assert!(all.starts_with("NAMESPACE"), "{all}");
+    let one = ok(&db, &["get", "cm", "-n", "prod"]);
+    let header: Vec<&str> = one.lines().next().unwrap().split_whitespace().collect();
+    assert_eq!(header, ["NAME", "AGE"], "{one}");
+    // Nothing found: no header, kubectl's note on stderr.
+    let out = bin()
+        .args(["get", "pods", "-n", "nowhere", "--db"])
+        .arg(&db)
+        .output()
+        .unwrap();
+    assert!(out.status.success() && out.stdout.is_empty());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("No resources found in nowhere namespace"));
+}
+
+#[test]
+fn pods_and_deployments_get_kubectls_columns() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = fixture_db(dir.path());
+    let out = ok(&db, &["get", "pods", "-n", "prod"]);
+    let header: Vec<&str> = out.lines().next().unwrap().split_whitespace().collect();
+    assert_eq!(header, ["NAME", "READY", "STATUS", "RESTARTS", "AGE"], "{out}");
+    let rows = table(&out);
+    let web = rows.iter().find(|r| r["NAME"] == "web-0").unwrap();
+    assert_eq!(
+        (web["READY"].as_str(), web["STATUS"].as_str(), web["RESTARTS"].as_str()),
+        ("1/2", "Running", "3")
+    );
+    let db0 = rows.iter().find(|r| r["NAME"] == "db-0").unwrap();
+    assert_eq!((db0["READY"].as_str(), db0["STATUS"].as_str()), ("0/2", "Pending"));
+    let rows = table(&ok(&db, &["get", "pods", "-n", "prod", "-o", "wide"]));
+    let web = rows.iter().find(|r| r["NAME"] == "web-0").unwrap();
+    assert_eq!((web["IP"].as_str(), web["NODE"].as_str()), ("10.0.0.7", "node-1"));
+    assert_eq!(rows.iter().find(|r| r["NAME"] == "db-0").unwrap()["IP"], "<none>");
+    let rows = table(&ok(&db, &["get", "deploy", "-n", "prod"]));
+    assert_eq!(
+        (
+            rows[0]["READY"].as_str(),
+            rows[0]["UP-TO-DATE"].as_str(),
+            rows[0]["AVAILABLE"].as_str()
+        ),
+        ("2/3", "3", "2")
+    );
+}
+
+#[test]
+fn json_and_yaml_print_one_object_or_a_kubectl_list() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = fixture_db(dir.path());
+    let one: serde_json::Value =
+        serde_json::from_str(&ok(&db, &["get", "pods", "web-0", "-n", "prod", "-o", "json"])).unwrap();
+    assert_eq!(one["kind"], "Pod");
+    assert_eq!(one["metadata"]["name"], "web-0");
+    let list: serde_json::Value = serde_json::from_str(&ok(&db, &["get", "pods", "-n", "prod", "-o", "json"])).unwrap();
+    assert_eq!(
+        (list["apiVersion"].as_str(), list["kind"].as_str()),
+        (Some("v1"), Some("List"))
+    );
+    assert_eq!(list["items"].as_array().unwrap().len(), 3, "{list}");
+    let yaml: serde_json::Value =
+        serde_norway::from_str(&ok(&db, &["get", "pods", "-n", "prod", "-o", "yaml"])).unwrap();
+    assert_eq!(yaml, list);
+    let yaml: serde_json::Value =
+        serde_norway::from_str(&ok(&db, &["get", "pods", "web-0", "-n", "prod", "-o", "yaml"])).unwrap();
+    assert_eq!(yaml, one);
+}
+
+#[test]
+fn yaml_quotes_strings_that_would_read_back_as_other_types() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = fixture_db(dir.path());
+    let text = ok(&db, &["get", "cm", "tricky", "-n", "prod", "-o", "yaml"]);
+    // Quoted, so that YAML readers see strings and not a bool, a hex int, null, a date… — the
+    // YAML 1.1 readers (kubectl's Go yaml.v2, PyYAML) too, which take `yes` and `on` for bools.
+    for (key, value) in [
+        ("a", "True"),
+        ("b", "0x1F"),
+        ("c", "2026-01-01"),
+        ("d", "null"),
+        ("e", "~"),
+        ("f", "yes"),
+        ("g", "010"),
+        ("h", "1e3"),
+        ("i", ""),
+        ("j", "on"),
+    ] {
+        assert!(
+            text.contains(&format!("  {key}: '{value}'\n")) || text.contains(&format!("  {key}: \"{value}\"\n")),
+            "{key}: {value} not quoted in\n{text}"
+        );
+    }
+    // Every value reads back as the same string.
+    let back: serde_json::Value = serde_norway::from_str(&text).unwrap();
+    let json: serde_json::Value =
+        serde_json::from_str(&ok(&db, &["get", "cm", "tricky", "-n", "prod", "-o", "json"])).unwrap();
+    assert_eq!(back["data"], json["data"], "{text}");
+    for (k, v) in json["data"].as_object().unwrap() {
+        assert!(v.is_string() && back["data"][k] == *v, "{k}: {text}");
+    }
+}
+
+#[test]
+fn jsonpath_templates_follow_kubectls_syntax() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = fixture_db(dir.path());
+    assert_eq!(
+        ok(
+            &db,
+            &["get", "pods", "web-0", "-n", "prod", "-o", "jsonpath={.metadata.name}"]
+        ),
+        "web-0"
+    );
+    assert_eq!(
+        ok(
+            &db,
+            &["get", "pods", "-n", "dev", "-o", "jsonpath={.items[*].metadata.name}"]
+        ),
+        "same web-1"
+    );
+    assert_eq!(
+        ok(
+            &db,
+            &[
+                "get",
+                "pods",
+                "-n",
+                "dev",
+                "-o",
+                r#"jsonpath={range .items[*]}{.metadata.name} on {.spec.nodeName}{"\n"}{end}"#
+            ]
+        ),
+        "same on node-1\nweb-1 on node-1\n"
+    );
+    assert_eq!(
+        ok(
+            &db,
+            &[
+                "get",
+                "pods",
+                "web-0",
+                "-n",
+                "prod",
+                "-o",
+                "jsonpath=name: {.metadata.name}, app: {.metadata.labels.app}"
+            ]
+        ),
+        "name: web-0, app: web"
+    );
+    assert_eq!(
+        ok(
+            &db,
+            &[
+                "get",
+                "pods",
+                "-A",
+                "-o",
+                r#"jsonpath={.items[?(@.status.phase=="Pending")].metadata.name}"#
+            ]
+        ),
+        "db-0"
+    );
+    for bad in [
+        "jsonpath={range .items[*]}{.x}",
+        "jsonpath={.metadata.name",
+        "jsonpath",
+        "jsonpath={end}",
+    ] {
+        fails_with_one_line(bin().args(["get", "pods", "-o", bad, "--db"]).arg(&db), 2, "jsonpath");
+    }
+}
+
+#[test]
+fn custom_columns_no_headers_show_labels_and_wide() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = fixture_db(dir.path());
+    let out = ok(
+        &db,
+        &[
+            "get",
+            "pods",
+            "-n",
+            "dev",
+            "-o",
+            "custom-columns=NAME:.metadata.name,NS:.metadata.namespace,X:.nope",
+        ],
+    );
+    let rows: Vec<Vec<&str>> = out.lines().map(|l| l.split_whitespace().collect()).collect();
+    assert_eq!(
+        rows,
+        [
+            ["NAME", "NS", "X"],
+            ["same", "dev", "<none>"],
+            ["web-1", "dev", "<none>"]
+        ],
+        "{out}"
+    );
+    let out = ok(
+        &db,
+        &[
+            "get",
+            "pods",
+            "-n",
+            "dev",
+            "--no-headers",
+            "-o",
+            "custom-columns=NAME:{.metadata.name}",
+        ],
+    );
+    assert_eq!(out, "same\nweb-1\n");
+    fails_with_one_line(
+        bin()
+            .args(["get", "pods", "-o", "custom-columns=NAME", "--db"])
+            .arg(&db),
+        2,
+        "HEADER:PATH",
+    );
+    let out = ok(&db, &["get", "pods", "-n", "prod", "--no-headers"]);
+    assert_eq!(out.lines().count(), 3, "{out}");
+    assert!(!out.contains("NAME"), "{out}");
+    let out = ok(&db, &["get", "pods", "web-0", "-n", "prod", "--show-labels"]);
+    let header: Vec<&str> = out.lines().next().unwrap().split_whitespace().collect();
+    assert_eq!(header.last(), Some(&"LABELS"), "{out}");
+    assert_eq!(table(&out)[0]["LABELS"], "app=web", "{out}");
+    let out = ok(&db, &["get", "cm", "--show-labels"]);
+    assert_eq!(table(&out)[0]["LABELS"], "<none>", "{out}");
+    let out = ok(&db, &["get", "pods", "-n", "prod", "-o", "wide"]);
+    assert!(out.lines().next().unwrap().contains("RESOURCE-VERSION"), "{out}");
+    assert!(!out.contains("LABELS"), "{out}");
+}
+
+#[test]
+fn age_column_uses_kubectls_short_form() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = fixture_db(dir.path());
+    let rows = table(&ok(&db, &["get", "pods", "-A"]));
+    let age = |name: &str| -> String { rows.iter().find(|r| r["NAME"] == name).unwrap()["AGE"].clone() };
+    assert_eq!(age("web-0"), "10m", "{rows:?}");
+    assert_eq!(age("db-0"), "2d", "{rows:?}");
+    assert_eq!(age("web-1"), "3y10d", "{rows:?}");
+    let deploy = table(&ok(&db, &["get", "deploy", "web"]));
+    assert!(["40s", "41s", "42s"].contains(&deploy[0]["AGE"].as_str()), "{deploy:?}");
+    // No creationTimestamp: unknown, as kubectl.
+    let ns = ok(&db, &["get", "namespaces"]);
+    assert!(ns.lines().nth(1).unwrap().ends_with("<unknown>"), "{ns}");
+}
+
+#[test]
+fn an_output_format_a_command_cannot_print_is_an_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = fixture_db(dir.path());
+    fails_with_one_line(
+        bin().args(["stats", "-o", "wide", "--db"]).arg(&db),
+        2,
+        "`stats` cannot print it",
+    );
+    fails_with_one_line(
+        bin().args(["check", "-o", "name", "--db"]).arg(&db),
+        2,
+        "table, json or yaml",
+    );
+    fails_with_one_line(
+        bin()
+            .args(["history", "pods", "web-0", "-n", "prod", "-o", "wide", "--db"])
+            .arg(&db),
+        2,
+        "-o wide",
+    );
+    fails_with_one_line(
+        bin().args(["get", "pods", "-o", "xml", "--db"]).arg(&db),
+        2,
+        "unknown output format",
+    );
+    fails_with_one_line(
+        bin().args(["demo", "-o", "yaml", "--size", "small"]),
+        2,
+        "`demo` cannot print it",
+    );
+    fails_with_one_line(
+        bin()
+            .args(["watch", "pods", "-o", "wide", "--server", "http://127.0.0.1:1", "--db"])
+            .arg(&db),
+        2,
+        "`watch` cannot print it",
+    );
+    // What a report command can print, it prints.
+    let stats: serde_json::Value = serde_norway::from_str(&ok(&db, &["stats", "-o", "yaml"])).unwrap();
+    assert_eq!(stats["scopes"].as_array().unwrap().len(), 5, "{stats}");
+    let history = ok(&db, &["history", "pods", "web-0", "-n", "prod", "-o", "yaml"]);
+    assert!(
+        history.starts_with("---\n") && history.contains("type: ADDED"),
+        "{history}"
+    );
+}
+
+#[test]
+fn completion_scripts_are_generated_for_bash_zsh_and_fish() {
+    for shell in ["bash", "zsh", "fish"] {
+        let out = bin().args(["completion", shell]).output().unwrap();
+        assert!(out.status.success(), "{shell}");
+        let script = String::from_utf8(out.stdout).unwrap();
+        assert!(script.contains("durable-informer"), "{shell}: {script}");
+        assert!(script.contains("watch") && script.contains("get"), "{shell}");
+        if shell == "bash" {
+            let dir = tempfile::tempdir().unwrap();
+            let file = dir.path().join("completion.bash");
+            std::fs::write(&file, &script).unwrap();
+            let check = Command::new("bash").arg("-n").arg(&file).output().unwrap();
+            assert!(check.status.success(), "{}", String::from_utf8_lossy(&check.stderr));
+        }
+    }
+    let out = bin().args(["completion", "tcsh"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+}
+
+#[test]
+fn older_flag_forms_keep_working() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = fixture_db(dir.path());
+    // `get -r R NAMESPACE/NAME` still prints JSON by default.
+    let one: serde_json::Value = serde_json::from_str(&ok(&db, &["get", "-r", "pods", "prod/web-0"])).unwrap();
+    assert_eq!(one["metadata"]["name"], "web-0");
+    assert_eq!(
+        ok(&db, &["get", "-r", "po", "web-0", "-n", "prod", "-o", "name"]),
+        "pod/web-0\n"
+    );
+    assert_eq!(
+        ok(&db, &["list", "-r", "pods", "-n", "dev", "--no-headers"])
+            .lines()
+            .count(),
+        2
+    );
+    assert_eq!(
+        ok(&db, &["list", "--resource", "pods", "-n", "dev", "-o", "name"])
+            .lines()
+            .count(),
+        2
+    );
+    assert!(ok(&db, &["history", "-r", "pods", "prod/web-0"]).contains("Added"));
+    assert!(ok(&db, &["history", "pods", "web-0", "-n", "prod"]).contains("Added"));
+    let out = dir.path().join("export.jsonl");
+    ok(&db, &["export", "deploy", "--out", out.to_str().unwrap()]);
+    assert!(std::fs::read_to_string(&out).unwrap().contains("\"Deployment\""));
+    ok(
+        &db,
+        &["export", "-r", "deployments.apps", "--out", out.to_str().unwrap()],
+    );
+    assert!(std::fs::read_to_string(&out).unwrap().contains("\"Deployment\""));
+}
+
+#[test]
+fn live_commands_take_the_contexts_namespace_and_server_keeps_its_credentials() {
+    let sim = sim();
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = dir.path().join("kubeconfig");
+    // A context with a namespace and a token, pointing nowhere useful: --server must keep the
+    // token and the namespace while replacing the URL.
+    std::fs::write(
+        &kubeconfig,
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    server: http://127.0.0.1:1\ncontexts:\n- name: c\n  context:\n    cluster: c\n    user: u\n    namespace: other\ncurrent-context: c\nusers:\n- name: u\n  user:\n    token: sekret\n",
+    )
+    .unwrap();
+    let names = |stdout: &str| -> Vec<String> {
+        let mut v: Vec<String> = stdout.lines().map(str::to_owned).collect();
+        v.sort();
+        v
+    };
+    let before = sim.counters().bearer_requests;
+    let mut cmd = bin();
+    cmd.args(["watch", "cm", "-o", "name", "--server", &sim.url(), "--kubeconfig"])
+        .arg(&kubeconfig)
+        .arg("--db")
+        .arg(dir.path().join("ctx.redb"));
+    let (stdout, _) = run_then_signal(cmd, Signal::SIGTERM, || {});
+    assert_eq!(
+        names(&stdout),
+        ["configmap/db-1"],
+        "the context's namespace only: {stdout}"
+    );
+    assert!(
+        sim.counters().bearer_requests > before,
+        "--server dropped the kubeconfig's token"
+    );
+    // -A, and the older -r form (which kept watching all namespaces), see every namespace.
+    for (i, args) in [&["watch", "configmaps", "-A"][..], &["watch", "-r", "configmaps"]]
+        .into_iter()
+        .enumerate()
+    {
+        let mut cmd = bin();
+        cmd.args(args)
+            .args(["-o", "name", "--server", &sim.url(), "--kubeconfig"])
+            .arg(&kubeconfig)
+            .arg("--db")
+            .arg(dir.path().join(format!("all-{i}.redb")));
+        let (stdout, _) = run_then_signal(cmd, Signal::SIGTERM, || {});
+        assert_eq!(
+            names(&stdout),
+            ["configmap/db-1", "configmap/web-1", "configmap/web-2"],
+            "{args:?}: {stdout}"
+        );
+    }
+    // record takes the same scope: the context's namespace.
+    let rec = dir.path().join("ctx.jsonl");
+    let out = bin()
+        .args([
+            "record",
+            "cm",
+            "--duration",
+            "1",
+            "-o",
+            "json",
+            "--server",
+            &sim.url(),
+            "--kubeconfig",
+        ])
+        .arg(&kubeconfig)
+        .arg("--out")
+        .arg(&rec)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = std::fs::read_to_string(&rec).unwrap();
+    assert!(text.contains("\"db-1\"") && !text.contains("\"web-1\""), "{text}");
+    // -n wins over the context.
+    let mut cmd = bin();
+    cmd.args([
+        "watch",
+        "ConfigMap",
+        "-n",
+        "default",
+        "-o",
+        "name",
+        "--server",
+        &sim.url(),
+        "--kubeconfig",
+    ])
+    .arg(&kubeconfig)
+    .arg("--db")
+    .arg(dir.path().join("n.redb"));
+    let (stdout, _) = run_then_signal(cmd, Signal::SIGTERM, || {});
+    assert_eq!(names(&stdout), ["configmap/web-1", "configmap/web-2"], "{stdout}");
+}

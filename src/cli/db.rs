@@ -3,12 +3,15 @@
 use std::path::Path;
 
 use durable_informer::object::ObjectKey;
-use durable_informer::selector::LabelSelector;
+use durable_informer::selector::{FieldSelector, LabelSelector};
 use durable_informer::store::{DeltaKind, DurableStore, ScopeId, ScopeRecord, Seq, Store, StoreConfig, StoredObject};
 use serde_json::{json, Value};
 
+use super::columns;
+use super::output::{self, age, print_data, print_table, Format};
 use super::progress::spinner;
-use super::{CliError, CliResult, Output};
+use super::resource::{builtin_kind, builtin_lookup, name_prefix, Wanted};
+use super::{CliError, CliResult, PrintArgs, QueryArgs};
 
 pub fn open(path: &Path) -> CliResult<DurableStore> {
     if !path.exists() {
@@ -23,12 +26,14 @@ pub fn open(path: &Path) -> CliResult<DurableStore> {
     Ok(DurableStore::open(StoreConfig::new(path))?)
 }
 
-/// Splits `plural[.group]`.
+/// Splits `plural[.group]` (kubectl's `plural.version.group` too: the version is dropped).
 pub fn split_resource(resource: &str) -> (String, String) {
-    match resource.split_once('.') {
-        Some((plural, group)) => (plural.to_owned(), group.to_owned()),
-        None => (resource.to_owned(), String::new()),
+    let w = Wanted::parse(resource);
+    // A short name or kind of a standard resource names its plural and group.
+    if let Some((plural, group)) = builtin_lookup(&w) {
+        return (plural.to_owned(), group.to_owned());
     }
+    (w.name, w.group.unwrap_or_default())
 }
 
 /// The parts of a canonical scope spec: (group, version, resource, namespace, labels, fields).
@@ -53,26 +58,81 @@ pub fn parse_spec(spec: &str) -> (String, String, String, String, String, String
     (group, version, resource, ns, labels, fields)
 }
 
-/// The scope of `resource` in the database (preferring the one for `namespace`, then the
-/// all-namespaces one).
+/// The `kind` of a scope's objects, from one stored object (cheap: the first key only).
+fn stored_kind(db: &DurableStore, scope: ScopeId) -> Option<String> {
+    let first = db.store(scope).snapshot().ok()?.list_after(None, 1).ok()?;
+    let v: Value = serde_json::from_slice(&first.first()?.bytes).ok()?;
+    v["kind"].as_str().map(str::to_owned)
+}
+
+/// The scope of `resource` (any of kubectl's spellings) in the database, preferring the one
+/// for `namespace`, then the all-namespaces one.
 pub fn find_scope(db: &DurableStore, resource: &str, namespace: Option<&str>) -> CliResult<(ScopeId, ScopeRecord)> {
-    let (plural, group) = split_resource(resource);
+    let wanted = Wanted::parse(resource);
     let scopes = db.scopes()?;
-    let mut candidates: Vec<(ScopeId, ScopeRecord)> = scopes
-        .into_iter()
-        .filter(|(_, r)| {
-            let (g, _, res, _, _, _) = parse_spec(&r.spec);
-            g == group && res == plural
-        })
-        .collect();
+    let matching = |kinds: bool| -> Vec<(ScopeId, ScopeRecord)> {
+        scopes
+            .iter()
+            .filter(|(id, r)| {
+                let (g, v, res, _, _, _) = parse_spec(&r.spec);
+                let kind = if kinds { stored_kind(db, *id) } else { None };
+                wanted.matches(&res, &g, &v, kind.as_deref())
+            })
+            .cloned()
+            .collect()
+    };
+    let mut candidates = matching(false);
     if candidates.is_empty() {
+        // A kind no rule knows (a custom resource's): ask the stored objects.
+        candidates = matching(true);
+    }
+    if candidates.is_empty() {
+        let mut held: Vec<String> = scopes
+            .iter()
+            .map(|(_, r)| {
+                let (g, _, res, _, _, _) = parse_spec(&r.spec);
+                if g.is_empty() {
+                    res
+                } else {
+                    format!("{res}.{g}")
+                }
+            })
+            .collect();
+        held.sort();
+        held.dedup();
         return Err(CliError::new(
             5,
             format!(
-                "{}: no scope for resource {resource:?} in this database (see `durable-informer stats`)",
-                db.path().display()
+                "{}: no scope for resource {resource:?} in this database (it holds: {})",
+                db.path().display(),
+                if held.is_empty() {
+                    "nothing".into()
+                } else {
+                    held.join(", ")
+                }
             ),
         ));
+    }
+    if wanted.group.is_none() {
+        // `events` is core and events.k8s.io: the core one, as kubectl; other clashes are asked.
+        let mut groups: Vec<String> = candidates.iter().map(|(_, r)| parse_spec(&r.spec).0).collect();
+        groups.sort();
+        groups.dedup();
+        if groups.len() > 1 {
+            if groups.iter().any(String::is_empty) {
+                candidates.retain(|(_, r)| parse_spec(&r.spec).0.is_empty());
+            } else {
+                return Err(CliError::new(
+                    2,
+                    format!(
+                        "{resource:?} is in several groups ({}): name one, e.g. {}.{}",
+                        groups.join(", "),
+                        wanted.name,
+                        groups[0]
+                    ),
+                ));
+            }
+        }
     }
     candidates.sort_by_key(|(_, r)| {
         let (_, _, _, ns, labels, fields) = parse_spec(&r.spec);
@@ -86,183 +146,274 @@ pub fn find_scope(db: &DurableStore, resource: &str, namespace: Option<&str>) ->
     Ok(candidates.remove(0))
 }
 
-fn pretty(v: &Value) -> String {
-    serde_json::to_string_pretty(v).unwrap_or_else(|_| v.to_string())
-}
-
 fn to_value(o: &StoredObject) -> Value {
     serde_json::from_slice(&o.bytes).unwrap_or(Value::Null)
 }
 
-/// A small YAML emitter for JSON values (block style, strings quoted when needed).
-pub fn yaml(v: &Value) -> String {
-    fn scalar(v: &Value) -> String {
-        match v {
-            Value::Null => "null".into(),
-            Value::Bool(b) => b.to_string(),
-            Value::Number(n) => n.to_string(),
-            Value::String(s) => {
-                let plain = !s.is_empty()
-                    && s.chars().all(|c| c.is_ascii_alphanumeric() || "-_./".contains(c))
-                    && !matches!(s.as_str(), "true" | "false" | "null" | "yes" | "no" | "on" | "off")
-                    && s.parse::<f64>().is_err();
-                if plain {
-                    s.clone()
-                } else {
-                    serde_json::to_string(s).unwrap_or_default()
-                }
-            }
-            Value::Array(a) if a.is_empty() => "[]".into(),
-            Value::Object(o) if o.is_empty() => "{}".into(),
-            _ => String::new(),
-        }
+/// The value at a dotted path of an object, as a field selector compares it.
+fn field_of(v: &Value, path: &str) -> Option<String> {
+    let mut cur = v;
+    for part in path.split('.') {
+        cur = cur.get(part)?;
     }
-    fn is_block(v: &Value) -> bool {
-        matches!(v, Value::Array(a) if !a.is_empty()) || matches!(v, Value::Object(o) if !o.is_empty())
+    match cur {
+        Value::String(s) => Some(s.clone()),
+        Value::Bool(b) => Some(b.to_string()),
+        Value::Number(n) => Some(n.to_string()),
+        _ => None,
     }
-    fn emit(v: &Value, indent: usize, out: &mut String) {
-        let pad = " ".repeat(indent);
-        match v {
-            Value::Object(o) if !o.is_empty() => {
-                for (k, val) in o {
-                    let key = scalar(&Value::String(k.clone()));
-                    if is_block(val) {
-                        out.push_str(&format!("{pad}{key}:\n"));
-                        emit(val, indent + 2, out);
-                    } else {
-                        out.push_str(&format!("{pad}{key}: {}\n", scalar(val)));
-                    }
-                }
-            }
-            Value::Array(a) if !a.is_empty() => {
-                for item in a {
-                    if is_block(item) {
-                        let mut inner = String::new();
-                        emit(item, indent + 2, &mut inner);
-                        let trimmed = inner.trim_start_matches(' ');
-                        out.push_str(&format!("{pad}- {trimmed}"));
-                    } else {
-                        out.push_str(&format!("{pad}- {}\n", scalar(item)));
-                    }
-                }
-            }
-            other => out.push_str(&format!("{pad}{}\n", scalar(other))),
-        }
-    }
-    let mut out = String::new();
-    emit(v, 0, &mut out);
-    out
 }
 
-pub fn get(path: &Path, resource: &str, key: &str, output: Output) -> CliResult {
-    let db = open(path)?;
-    let key: ObjectKey = key
-        .parse()
-        .map_err(|e| CliError::new(2, format!("bad key {key:?}: {e}")))?;
-    let (scope, _) = find_scope(&db, resource, key.namespace.as_deref())?;
-    let Some(obj) = db.store(scope).get(&key)? else {
-        return Err(CliError::runtime(format!(
-            "{resource} {key} not found in {}",
-            path.display()
-        )));
+/// What `get`/`list` were asked for: the resource, the names (none: a list), and whether the
+/// older `-r` form was used.
+fn targets(resource_flag: Option<&str>, args: &[String], command: &str) -> CliResult<(String, Vec<String>, bool)> {
+    if let Some(r) = resource_flag {
+        return Ok((r.to_owned(), args.to_vec(), true));
+    }
+    let Some(first) = args.first() else {
+        return Err(CliError::new(
+            2,
+            format!("name a resource: `durable-informer {command} pods [NAME] --db FILE`"),
+        ));
     };
-    match output {
-        Output::Yaml => outp!("{}", yaml(&to_value(&obj)))?,
-        _ => outln!("{}", pretty(&to_value(&obj)))?,
+    if first.contains('/') {
+        // kubectl's TYPE/NAME form: every argument has it, with one type.
+        let mut resource: Option<&str> = None;
+        let mut names = Vec::new();
+        for a in args {
+            let Some((t, n)) = a.split_once('/') else {
+                return Err(CliError::new(
+                    2,
+                    format!("{a:?}: with TYPE/NAME every argument is TYPE/NAME"),
+                ));
+            };
+            if resource.is_some_and(|r| r != t) || t.is_empty() || n.is_empty() {
+                return Err(CliError::new(
+                    2,
+                    format!("{a:?}: one resource type at a time (TYPE/NAME …)"),
+                ));
+            }
+            resource = Some(t);
+            names.push(n.to_owned());
+        }
+        return Ok((resource.unwrap_or_default().to_owned(), names, false));
     }
-    Ok(())
+    Ok((first.clone(), args[1..].to_vec(), false))
 }
 
-fn age(meta_created: Option<&str>) -> String {
-    meta_created.map(str::to_owned).unwrap_or_else(|| "-".into())
+/// The key of `name` in a scope: `NAMESPACE/NAME` as given, in `-n`, cluster-scoped, or the
+/// one namespace holding that name.
+fn find_key(store: &Store, name: &str, namespace: Option<&str>) -> CliResult<Option<ObjectKey>> {
+    if name.contains('/') {
+        let key = name
+            .parse::<ObjectKey>()
+            .map_err(|e| CliError::new(2, format!("bad name {name:?}: {e}")))?;
+        return Ok(Some(key));
+    }
+    if let Some(ns) = namespace {
+        return Ok(Some(ObjectKey::namespaced(ns, name)));
+    }
+    let cluster = ObjectKey::cluster(name);
+    if store.get(&cluster)?.is_some() {
+        return Ok(Some(cluster));
+    }
+    let found: Vec<ObjectKey> = store.list_keys()?.into_iter().filter(|k| k.name == name).collect();
+    match found.len() {
+        0 => Ok(None),
+        1 => Ok(found.into_iter().next()),
+        _ => Err(CliError::new(
+            2,
+            format!(
+                "{name:?} is in several namespaces ({}): pass -n",
+                found
+                    .iter()
+                    .filter_map(|k| k.namespace.clone())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        )),
+    }
 }
 
-pub fn list(
+/// All the formats of `get`/`list`.
+const OBJECT_FORMATS: &[&str] = &["table", "wide", "name", "json", "yaml", "jsonpath", "custom-columns"];
+
+/// `get` and `list`: named objects, or a list filtered by namespace, selectors and an index.
+pub fn get(
     path: &Path,
-    resource: &str,
-    namespace: Option<&str>,
-    selector: Option<&str>,
+    resource_flag: Option<&str>,
+    args: &[String],
+    query: &QueryArgs,
     index: Option<&str>,
-    output: Output,
+    print: &PrintArgs,
+    command: &str,
 ) -> CliResult {
-    let db = open(path)?;
-    let (scope, record) = find_scope(&db, resource, namespace)?;
-    let store: Store = db.store(scope);
-    let selector: LabelSelector = match selector {
+    let (resource, names, old_form) = targets(resource_flag, args, command)?;
+    if command == "list" && !names.is_empty() {
+        return Err(CliError::new(
+            2,
+            format!("list takes no names; `durable-informer get {resource} NAME` prints one"),
+        ));
+    }
+    // The older `get -r R KEY` printed JSON; scripts keep getting it.
+    let default = if old_form && !names.is_empty() {
+        Format::Json
+    } else {
+        Format::Table
+    };
+    let format = Format::parse(print.output.as_deref(), command, OBJECT_FORMATS, default)?;
+    let labels: LabelSelector = match &query.selector {
         Some(s) => s
             .parse()
             .map_err(|e| CliError::new(2, format!("bad label selector {s:?}: {e}")))?,
         None => LabelSelector::default(),
     };
-    let objects = match (index, namespace) {
-        (Some(ix), _) => {
-            let (name, value) = ix
-                .split_once('=')
-                .ok_or_else(|| CliError::new(2, format!("--index takes NAME=VALUE, got {ix:?}")))?;
-            store.by_index(name, value)?
-        }
-        (None, Some(ns)) => store.list_namespace(ns)?,
-        (None, None) => store.list()?,
+    let fields = match &query.field_selector {
+        Some(s) => FieldSelector::parse(s).map_err(|e| CliError::new(2, format!("bad field selector {s:?}: {e}")))?,
+        None => FieldSelector::everything(),
     };
-    let objects: Vec<StoredObject> = objects
-        .into_iter()
-        .filter(|o| namespace.is_none_or(|ns| o.meta.namespace.as_deref() == Some(ns)))
-        .filter(|o| selector.matches(&o.meta.labels))
-        .collect();
-    match output {
-        Output::Json | Output::Yaml => {
-            let list = json!({
-                "apiVersion": "v1",
-                "kind": "List",
-                "metadata": {"resourceVersion": record.rv.map(|r| r.0).unwrap_or_default()},
-                "items": objects.iter().map(to_value).collect::<Vec<_>>(),
-            });
-            if output == Output::Json {
-                outln!("{}", pretty(&list))?;
+    let namespace = query.namespace.as_deref();
+    let db = open(path)?;
+    let (scope, record) = find_scope(&db, &resource, namespace)?;
+    let store: Store = db.store(scope);
+    let single = names.len() == 1;
+    let objects: Vec<StoredObject> = if names.is_empty() {
+        let objects = match (index, namespace) {
+            (Some(ix), _) => {
+                let (name, value) = ix
+                    .split_once('=')
+                    .ok_or_else(|| CliError::new(2, format!("--index takes NAME=VALUE, got {ix:?}")))?;
+                store.by_index(name, value)?
+            }
+            (None, Some(ns)) => store.list_namespace(ns)?,
+            (None, None) => store.list()?,
+        };
+        objects
+            .into_iter()
+            .filter(|o| namespace.is_none_or(|ns| o.meta.namespace.as_deref() == Some(ns)))
+            .filter(|o| labels.matches(&o.meta.labels))
+            .filter(|o| fields.is_empty() || fields.matches(|p| field_of(&to_value(o), p)))
+            .collect()
+    } else {
+        let mut found = Vec::new();
+        for name in &names {
+            let obj = match find_key(&store, name, namespace)? {
+                Some(key) => store.get(&key)?,
+                None => None,
+            };
+            let Some(obj) = obj else {
+                let plural = parse_spec(&record.spec).2;
+                return Err(CliError::runtime(format!(
+                    "{plural} {name:?} not found{} in {}",
+                    namespace.map(|n| format!(" in namespace {n}")).unwrap_or_default(),
+                    path.display()
+                )));
+            };
+            found.push(obj);
+        }
+        found
+    };
+    let (group, _, plural, _, _, _) = parse_spec(&record.spec);
+    let values: Vec<Value> = objects.iter().map(to_value).collect();
+    match &format {
+        Format::Json | Format::Yaml | Format::JsonPath(_) => {
+            // One object prints as itself, several as kubectl's `List`.
+            let doc = if single {
+                values.into_iter().next().unwrap_or(Value::Null)
             } else {
-                outp!("{}", yaml(&list))?;
+                json!({
+                    "apiVersion": "v1",
+                    "kind": "List",
+                    "metadata": {"resourceVersion": record.rv.map(|r| r.0).unwrap_or_default()},
+                    "items": values,
+                })
+            };
+            match &format {
+                Format::Json => outln!(
+                    "{}",
+                    serde_json::to_string_pretty(&doc).unwrap_or_else(|_| doc.to_string())
+                )?,
+                Format::Yaml => outp!("{}", output::yaml(&doc)?)?,
+                Format::JsonPath(t) => outp!("{}", output::render_template(t, &doc))?,
+                _ => {}
             }
         }
-        Output::Table | Output::Wide => {
-            let wide = output == Output::Wide;
-            let mut rows = vec![if wide {
-                vec!["NAMESPACE", "NAME", "RESOURCE-VERSION", "CREATED", "LABELS", "OWNER"]
-                    .into_iter()
-                    .map(String::from)
-                    .collect::<Vec<_>>()
-            } else {
-                vec![
-                    "NAMESPACE".into(),
-                    "NAME".into(),
-                    "RESOURCE-VERSION".into(),
-                    "CREATED".into(),
-                ]
-            }];
-            for o in &objects {
-                let v = to_value(o);
-                let created = v["metadata"]["creationTimestamp"].as_str().map(str::to_owned);
-                let mut row = vec![
-                    o.meta.namespace.clone().unwrap_or_default(),
-                    o.meta.name.clone(),
-                    o.meta.resource_version.0.clone(),
-                    age(created.as_deref()),
-                ];
+        Format::Name => {
+            for (o, v) in objects.iter().zip(&values) {
+                let kind = v["kind"]
+                    .as_str()
+                    .or_else(|| builtin_kind(&plural, &group))
+                    .unwrap_or(plural.as_str());
+                outln!("{}/{}", name_prefix(kind, &group), o.meta.name)?;
+            }
+        }
+        Format::CustomColumns(columns) => {
+            let mut rows = Vec::new();
+            if !print.no_headers {
+                rows.push(columns.iter().map(|(h, _)| h.clone()).collect());
+            }
+            for v in &values {
+                rows.push(columns.iter().map(|(_, q)| output::column_cell(q, v)).collect());
+            }
+            print_table(&rows)?;
+        }
+        Format::Table | Format::Wide => {
+            if objects.is_empty() {
+                // As kubectl: no header for nothing, and the note on stderr.
+                errln!(
+                    "No resources found{}.",
+                    namespace.map(|n| format!(" in {n} namespace")).unwrap_or_default()
+                );
+                return Ok(());
+            }
+            let wide = format == Format::Wide;
+            // As kubectl with -A: a NAMESPACE column when more than one namespace can show.
+            let show_ns = namespace.is_none() && objects.iter().any(|o| o.meta.namespace.is_some());
+            let (before_age, after_age) = columns::headers(&plural, &group);
+            let mut rows = Vec::new();
+            if !print.no_headers {
+                let mut header: Vec<&str> = Vec::new();
+                if show_ns {
+                    header.push("NAMESPACE");
+                }
+                header.push("NAME");
+                header.extend(before_age);
+                header.push("AGE");
                 if wide {
-                    row.push(
-                        o.meta
-                            .labels
-                            .iter()
-                            .map(|(k, v)| format!("{k}={v}"))
-                            .collect::<Vec<_>>()
-                            .join(","),
-                    );
+                    header.extend(after_age);
+                    header.extend(["RESOURCE-VERSION", "OWNER"]);
+                }
+                if print.show_labels {
+                    header.push("LABELS");
+                }
+                rows.push(header.into_iter().map(String::from).collect());
+            }
+            for (o, v) in objects.iter().zip(&values) {
+                let (before, after) = columns::cells(&plural, &group, v);
+                let mut row = Vec::new();
+                if show_ns {
+                    row.push(o.meta.namespace.clone().unwrap_or_default());
+                }
+                row.push(o.meta.name.clone());
+                row.extend(before);
+                row.push(age(v["metadata"]["creationTimestamp"].as_str()));
+                if wide {
+                    row.extend(after);
+                    row.push(o.meta.resource_version.0.clone());
                     row.push(
                         o.meta
                             .owner_references
                             .first()
-                            .map(|r| format!("{}/{}", r.kind, r.name))
-                            .unwrap_or_default(),
+                            .map_or_else(|| "<none>".into(), |r| format!("{}/{}", r.kind, r.name)),
                     );
+                }
+                if print.show_labels {
+                    let labels: Vec<String> = o.meta.labels.iter().map(|(k, v)| format!("{k}={v}")).collect();
+                    row.push(if labels.is_empty() {
+                        "<none>".into()
+                    } else {
+                        labels.join(",")
+                    });
                 }
                 rows.push(row);
             }
@@ -272,40 +423,29 @@ pub fn list(
     Ok(())
 }
 
-pub fn print_table(rows: &[Vec<String>]) -> CliResult {
-    let cols = rows.iter().map(Vec::len).max().unwrap_or(0);
-    let widths: Vec<usize> = (0..cols)
-        .map(|c| {
-            rows.iter()
-                .filter_map(|r| r.get(c))
-                .map(|s| s.chars().count())
-                .max()
-                .unwrap_or(0)
-        })
-        .collect();
-    for r in rows {
-        let line: Vec<String> = r
-            .iter()
-            .enumerate()
-            .map(|(i, s)| {
-                if i + 1 == r.len() {
-                    s.clone()
-                } else {
-                    format!("{s:<w$}", w = widths[i])
-                }
-            })
-            .collect();
-        outln!("{}", line.join("   ").trim_end())?;
-    }
-    Ok(())
-}
-
-pub fn history(path: &Path, resource: &str, key: &str, output: Output) -> CliResult {
+/// `history RESOURCE NAME` (or the older `-r R KEY`): the retained log entries of one object.
+pub fn history(
+    path: &Path,
+    resource_flag: Option<&str>,
+    args: &[String],
+    namespace: Option<&str>,
+    output: &Format,
+) -> CliResult {
+    let (resource, names, _) = targets(resource_flag, args, "history")?;
+    let [name] = names.as_slice() else {
+        return Err(CliError::new(
+            2,
+            format!("history takes one name: `durable-informer history {resource} NAME [-n NS] --db FILE`"),
+        ));
+    };
+    // The object may be gone from the store (deleted): the log is searched by name, in the
+    // namespace when one is known.
+    let (namespace, name) = match name.split_once('/') {
+        Some((ns, n)) => (Some(ns.to_owned()), n.to_owned()),
+        None => (namespace.map(str::to_owned), name.clone()),
+    };
     let db = open(path)?;
-    let key: ObjectKey = key
-        .parse()
-        .map_err(|e| CliError::new(2, format!("bad key {key:?}: {e}")))?;
-    let (scope, _) = find_scope(&db, resource, key.namespace.as_deref())?;
+    let (scope, _) = find_scope(&db, &resource, namespace.as_deref())?;
     let log = db.log();
     let mut cursor = Seq(0);
     let mut entries = Vec::new();
@@ -315,11 +455,22 @@ pub fn history(path: &Path, resource: &str, key: &str, output: Output) -> CliRes
             break;
         }
         cursor = scanned;
-        entries.extend(batch.into_iter().filter(|r| r.key == key));
+        entries.extend(batch.into_iter().filter(|r| {
+            r.key.name == name && namespace.as_ref().is_none_or(|ns| r.key.namespace.as_ref() == Some(ns))
+        }));
+    }
+    let mut namespaces: Vec<String> = entries.iter().filter_map(|e| e.key.namespace.clone()).collect();
+    namespaces.sort();
+    namespaces.dedup();
+    if namespaces.len() > 1 {
+        return Err(CliError::new(
+            2,
+            format!("{name:?} is in several namespaces ({}): pass -n", namespaces.join(", ")),
+        ));
     }
     let first = log.bounds()?.map(|(f, _)| f.0).unwrap_or(0);
     match output {
-        Output::Json | Output::Yaml => {
+        Format::Json | Format::Yaml => {
             for e in &entries {
                 let kind = match e.kind {
                     DeltaKind::Added => "ADDED",
@@ -332,10 +483,13 @@ pub fn history(path: &Path, resource: &str, key: &str, output: Output) -> CliRes
                     .or(e.old.as_deref())
                     .and_then(|b| serde_json::from_slice(b).ok())
                     .unwrap_or(Value::Null);
-                outln!(
-                    "{}",
-                    json!({"seq": e.seq.0, "type": kind, "resourceVersion": e.rv.0, "object": object})
-                )?;
+                let event = json!({"seq": e.seq.0, "type": kind, "resourceVersion": e.rv.0, "object": object});
+                if *output == Format::Yaml {
+                    // One YAML document an event, as a stream.
+                    outp!("---\n{}", output::yaml(&event)?)?;
+                } else {
+                    outln!("{event}")?;
+                }
             }
         }
         _ => {
@@ -364,13 +518,13 @@ pub fn history(path: &Path, resource: &str, key: &str, output: Output) -> CliRes
     Ok(())
 }
 
-pub fn stats(path: &Path, output: Output) -> CliResult {
+pub fn stats(path: &Path, output: &Format) -> CliResult {
     let db = open(path)?;
     let size = std::fs::metadata(path).map(|m| m.len()).unwrap_or(0);
     let bounds = db.log().bounds()?;
     let scopes = db.scopes()?;
     let identity = db.cluster_identity()?;
-    if output == Output::Json {
+    if *output != Format::Table {
         let v = json!({
             "database": path.display().to_string(),
             "bytes": size,
@@ -388,8 +542,7 @@ pub fn stats(path: &Path, output: Output) -> CliResult {
                 "lastRelistAt": r.last_relist_at_ms.map(time_ms),
             })).collect::<Vec<_>>(),
         });
-        outln!("{}", pretty(&v))?;
-        return Ok(());
+        return print_data(output, &v, true);
     }
     outln!("database      {} ({} bytes)", path.display(), size)?;
     outln!("cluster       {}", identity.unwrap_or_else(|| "-".into()))?;
@@ -451,21 +604,19 @@ fn time_ms(ms: u64) -> String {
         .map_or_else(|| format!("{ms}ms"), |t| t.to_string())
 }
 
-pub fn check(path: &Path, output: Output) -> CliResult {
+pub fn check(path: &Path, output: &Format) -> CliResult {
     let db = open(path)?;
     let report = db.check()?;
-    if output == Output::Json {
-        outln!(
-            "{}",
-            pretty(&json!({
-                "ok": report.is_ok(),
-                "scopes": report.scopes,
-                "objects": report.objects,
-                "logEntries": report.log_entries,
-                "indexRows": report.index_rows,
-                "problems": report.problems,
-            }))
-        )?;
+    if *output != Format::Table {
+        let v = json!({
+            "ok": report.is_ok(),
+            "scopes": report.scopes,
+            "objects": report.objects,
+            "logEntries": report.log_entries,
+            "indexRows": report.index_rows,
+            "problems": report.problems,
+        });
+        print_data(output, &v, true)?;
     } else {
         outln!(
             "checked {} scopes, {} objects, {} log entries, {} index rows",
@@ -491,7 +642,7 @@ pub fn check(path: &Path, output: Output) -> CliResult {
     }
 }
 
-pub fn compact(path: &Path, keep: Option<u64>, output: Output) -> CliResult {
+pub fn compact(path: &Path, keep: Option<u64>, output: &Format) -> CliResult {
     let db = open(path)?;
     let before = std::fs::metadata(path).map(|m| m.len()).unwrap_or(0);
     let pb = spinner(&format!("compacting {}", path.display()));
@@ -500,18 +651,16 @@ pub fn compact(path: &Path, keep: Option<u64>, output: Output) -> CliResult {
     let compacted = db.close_and_compact()?;
     pb.finish_and_clear();
     let after = std::fs::metadata(path).map(|m| m.len()).unwrap_or(0);
-    if output == Output::Json {
-        return outln!(
-            "{}",
-            json!({
-                "removedEntries": report.removed,
-                "inlinedObjects": report.inlined,
-                "firstRetainedSeq": report.first_retained.0,
-                "bytesBefore": before,
-                "bytesAfter": after,
-                "fileCompacted": compacted,
-            })
-        );
+    if *output != Format::Table {
+        let v = json!({
+            "removedEntries": report.removed,
+            "inlinedObjects": report.inlined,
+            "firstRetainedSeq": report.first_retained.0,
+            "bytesBefore": before,
+            "bytesAfter": after,
+            "fileCompacted": compacted,
+        });
+        return print_data(output, &v, false);
     }
     outln!(
         "log: removed {} entries ({} objects kept their bytes), first retained seq {}; file: {} -> {} bytes{}",

@@ -16,8 +16,9 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, ListParams};
 use serde_json::json;
 
+use super::output::Format;
 use super::progress::bar;
-use super::{CliError, CliResult, Output, Size};
+use super::{CliError, CliResult, Size};
 
 #[derive(Default)]
 struct Tally {
@@ -227,9 +228,9 @@ fn diff(old: &BTreeMap<String, String>, new: &BTreeMap<String, String>) -> (u64,
 }
 
 #[allow(clippy::too_many_lines)] // one story, told top to bottom
-pub async fn run(size: Size, db: Option<PathBuf>, output: Output) -> CliResult {
+pub async fn run(size: Size, db: Option<PathBuf>, output: &Format) -> CliResult {
     let plan = plan(size);
-    let human = output != Output::Json;
+    let human = *output != Format::Json;
     let say = |s: String| -> CliResult {
         if human {
             outln!("{s}")?;

@@ -26,11 +26,14 @@ macro_rules! errln {
     }};
 }
 
+mod columns;
 mod db;
 mod demo;
 mod live;
+mod output;
 mod progress;
 mod record;
+mod resource;
 mod sim;
 
 use std::fmt;
@@ -53,19 +56,6 @@ pub struct Cli {
     pub command: Command,
 }
 
-/// Output formats.
-#[derive(Copy, Clone, Debug, PartialEq, Eq, ValueEnum)]
-pub enum Output {
-    /// Human-readable table.
-    Table,
-    /// JSON.
-    Json,
-    /// YAML (list only).
-    Yaml,
-    /// Table with more columns (list only).
-    Wide,
-}
-
 /// Demo cluster sizes.
 #[derive(Copy, Clone, Debug, PartialEq, Eq, ValueEnum)]
 pub enum Size {
@@ -86,7 +76,8 @@ pub struct ClusterArgs {
     /// kubeconfig context.
     #[arg(long)]
     pub context: Option<String>,
-    /// API server URL, overriding the kubeconfig's (no credentials: for the simulated server).
+    /// API server URL, overriding the kubeconfig's; the kubeconfig's credentials and namespace
+    /// are kept (as kubectl's --server). With no kubeconfig at all: no credentials.
     #[arg(long)]
     pub server: Option<String>,
 }
@@ -94,13 +85,17 @@ pub struct ClusterArgs {
 /// What a live command watches.
 #[derive(clap::Args, Debug, Clone)]
 pub struct ScopeArgs {
-    /// Resource: `pods`, `deployments.apps`, any `plural[.group]`.
-    #[arg(long, short = 'r')]
-    pub resource: String,
-    /// Namespace.
+    /// Resource as kubectl names it: `pods`, `pod`, `po`, `Pod`, `deployments.apps`,
+    /// `pods.v1.`.
+    #[arg(value_name = "RESOURCE", required_unless_present = "resource_flag")]
+    pub resource: Option<String>,
+    /// The resource as a flag (the older form; without -n/-A it keeps watching all namespaces).
+    #[arg(long = "resource", short = 'r', value_name = "RESOURCE", conflicts_with = "resource")]
+    pub resource_flag: Option<String>,
+    /// Namespace (default: the kubeconfig context's, as kubectl).
     #[arg(long, short = 'n', conflicts_with = "all_namespaces")]
     pub namespace: Option<String>,
-    /// All namespaces (the default when no namespace is given).
+    /// All namespaces.
     #[arg(long, short = 'A')]
     pub all_namespaces: bool,
     /// Label selector.
@@ -109,6 +104,62 @@ pub struct ScopeArgs {
     /// Field selector.
     #[arg(long)]
     pub field_selector: Option<String>,
+}
+
+impl ScopeArgs {
+    /// The resource, however it was given.
+    pub fn resource(&self) -> &str {
+        self.resource
+            .as_deref()
+            .or(self.resource_flag.as_deref())
+            .unwrap_or_default()
+    }
+
+    /// The namespace to watch: `-n`, none for `-A`, else the context's — except in the older
+    /// `-r` form, which watched all namespaces by default and keeps doing so (a database filled
+    /// that way resumes instead of starting a new scope).
+    pub fn effective_namespace(&self, context_namespace: &str) -> Option<String> {
+        if let Some(ns) = &self.namespace {
+            return Some(ns.clone());
+        }
+        if self.all_namespaces || self.resource.is_none() {
+            return None;
+        }
+        Some(context_namespace.to_owned())
+    }
+}
+
+/// Which stored objects an offline command reads.
+#[derive(clap::Args, Debug, Clone)]
+pub struct QueryArgs {
+    /// Namespace (default: all; the database has no kubeconfig context).
+    #[arg(long, short = 'n', conflicts_with = "all_namespaces")]
+    pub namespace: Option<String>,
+    /// All namespaces (the default offline; accepted as in kubectl).
+    #[arg(long, short = 'A')]
+    pub all_namespaces: bool,
+    /// Label selector.
+    #[arg(long, short = 'l')]
+    pub selector: Option<String>,
+    /// Field selector: `metadata.name`, `metadata.namespace` or any dotted path of the object
+    /// (`status.phase=Running,spec.nodeName!=n1`).
+    #[arg(long)]
+    pub field_selector: Option<String>,
+}
+
+/// How objects are printed.
+#[derive(clap::Args, Debug, Clone)]
+pub struct PrintArgs {
+    /// Output format: table, wide, name, json, yaml, jsonpath=TEMPLATE,
+    /// custom-columns=HEADER:PATH,…
+    #[arg(long, short = 'o')]
+    pub output: Option<String>,
+    /// Print tables and custom columns without the header row.
+    #[arg(long)]
+    pub no_headers: bool,
+    /// Add a LABELS column to tables.
+    #[arg(long)]
+    pub show_labels: bool,
 }
 
 /// Subcommands.
@@ -123,9 +174,9 @@ pub enum Command {
         /// Database file (default: a temporary one).
         #[arg(long)]
         db: Option<PathBuf>,
-        /// Output format of the summary.
-        #[arg(long, short = 'o', value_enum, default_value = "table")]
-        output: Output,
+        /// Output format of the summary: table or json.
+        #[arg(long, short = 'o')]
+        output: Option<String>,
     },
     /// Run a persistent informer and print its events; resumes on restart.
     Watch {
@@ -136,9 +187,9 @@ pub enum Command {
         /// Database file.
         #[arg(long)]
         db: PathBuf,
-        /// Output format (table or json lines).
-        #[arg(long, short = 'o', value_enum, default_value = "table")]
-        output: Output,
+        /// Output format: table, name, json (one event a line) or yaml (one document an event).
+        #[arg(long, short = 'o')]
+        output: Option<String>,
         /// Wipe the database if it belongs to another cluster instead of failing.
         #[arg(long)]
         reset_on_cluster_change: bool,
@@ -158,9 +209,9 @@ pub enum Command {
         /// Stop after this many seconds (default: until SIGINT/SIGTERM).
         #[arg(long)]
         duration: Option<u64>,
-        /// Output format of the summary.
-        #[arg(long, short = 'o', value_enum, default_value = "table")]
-        output: Output,
+        /// Output format of the summary: table, json or yaml.
+        #[arg(long, short = 'o')]
+        output: Option<String>,
     },
     /// Replay a recording (or `kubectl get --raw '…?watch=1'` output) into a database, offline.
     Replay {
@@ -170,8 +221,9 @@ pub enum Command {
         /// Database file (a fresh scope is filled).
         #[arg(long)]
         db: PathBuf,
-        /// Resource `plural[.group]` (default: from the objects' apiVersion/kind, which must
-        /// match; the version comes from the objects, `v1` when they carry none).
+        /// Resource (`configmaps`, `cm`, `deployments.apps`; default: from the objects'
+        /// apiVersion/kind, which must match; the version comes from the objects, `v1` when
+        /// they carry none).
         #[arg(long, short = 'r')]
         resource: Option<String>,
         /// `max` or a real-time factor (2 = twice as fast).
@@ -187,94 +239,101 @@ pub enum Command {
         /// Skip malformed lines instead of failing.
         #[arg(long)]
         skip_malformed: bool,
-        /// Output format of the report.
-        #[arg(long, short = 'o', value_enum, default_value = "table")]
-        output: Output,
+        /// Output format of the report: table, json or yaml.
+        #[arg(long, short = 'o')]
+        output: Option<String>,
     },
     /// Write a database's log back out as a recording.
     Export {
+        /// Resource (default: every scope).
+        #[arg(value_name = "RESOURCE")]
+        resource: Option<String>,
+        /// The resource as a flag (the older form).
+        #[arg(long = "resource", short = 'r', value_name = "RESOURCE", conflicts_with = "resource")]
+        resource_flag: Option<String>,
         /// Database file.
         #[arg(long)]
         db: PathBuf,
-        /// Resource (default: every scope).
-        #[arg(long, short = 'r')]
-        resource: Option<String>,
         /// Recording file (`.zst` to compress).
         #[arg(long)]
         out: PathBuf,
-        /// Output format of the summary.
-        #[arg(long, short = 'o', value_enum, default_value = "table")]
-        output: Output,
+        /// Output format of the summary: table, json or yaml.
+        #[arg(long, short = 'o')]
+        output: Option<String>,
     },
-    /// Print one stored object.
+    /// Print stored objects: `get pods`, `get pods web-0 -n prod`, `get pod/web-0`.
     Get {
+        /// `RESOURCE [NAME…]` or `RESOURCE/NAME…`; with -r, only the names (`NAME` or the older
+        /// `NAMESPACE/NAME`). Without a name, a list.
+        #[arg(value_name = "RESOURCE [NAME]")]
+        args: Vec<String>,
+        /// The resource as a flag (the older form; a named object then prints as JSON unless
+        /// -o says otherwise).
+        #[arg(long = "resource", short = 'r', value_name = "RESOURCE")]
+        resource: Option<String>,
+        #[command(flatten)]
+        query: QueryArgs,
+        #[command(flatten)]
+        print: PrintArgs,
         /// Database file.
         #[arg(long)]
         db: PathBuf,
-        /// Resource (`pods`, `deployments.apps`).
-        #[arg(long, short = 'r')]
-        resource: String,
-        /// Key: `namespace/name` or `name`.
-        key: String,
-        /// Output format.
-        #[arg(long, short = 'o', value_enum, default_value = "json")]
-        output: Output,
     },
-    /// List stored objects.
+    /// List stored objects (as `get RESOURCE` without names).
     List {
-        /// Database file.
-        #[arg(long)]
-        db: PathBuf,
         /// Resource.
-        #[arg(long, short = 'r')]
-        resource: String,
-        /// Namespace.
-        #[arg(long, short = 'n', conflicts_with = "all_namespaces")]
-        namespace: Option<String>,
-        /// All namespaces (default).
-        #[arg(long, short = 'A')]
-        all_namespaces: bool,
-        /// Label selector.
-        #[arg(long, short = 'l')]
-        selector: Option<String>,
+        #[arg(value_name = "RESOURCE", required_unless_present = "resource_flag")]
+        resource: Option<String>,
+        /// The resource as a flag (the older form).
+        #[arg(long = "resource", short = 'r', value_name = "RESOURCE", conflicts_with = "resource")]
+        resource_flag: Option<String>,
+        #[command(flatten)]
+        query: QueryArgs,
         /// Index lookup `NAME=VALUE` (for the label index: `labels=app=web`).
         #[arg(long)]
         index: Option<String>,
-        /// Output format.
-        #[arg(long, short = 'o', value_enum, default_value = "table")]
-        output: Output,
-    },
-    /// The retained history of one key.
-    History {
+        #[command(flatten)]
+        print: PrintArgs,
         /// Database file.
         #[arg(long)]
         db: PathBuf,
-        /// Resource.
-        #[arg(long, short = 'r')]
-        resource: String,
-        /// Key: `namespace/name` or `name`.
-        key: String,
-        /// Output format.
-        #[arg(long, short = 'o', value_enum, default_value = "table")]
-        output: Output,
+    },
+    /// The retained history of one object: `history pods web-0 -n prod`.
+    History {
+        /// `RESOURCE NAME` or `RESOURCE/NAME`; with -r, only the name (`NAME` or the older
+        /// `NAMESPACE/NAME`).
+        #[arg(value_name = "RESOURCE NAME", required = true)]
+        args: Vec<String>,
+        /// The resource as a flag (the older form).
+        #[arg(long = "resource", short = 'r', value_name = "RESOURCE")]
+        resource: Option<String>,
+        /// Namespace.
+        #[arg(long, short = 'n')]
+        namespace: Option<String>,
+        /// Output format: table, json (one event a line) or yaml (one document an event).
+        #[arg(long, short = 'o')]
+        output: Option<String>,
+        /// Database file.
+        #[arg(long)]
+        db: PathBuf,
     },
     /// Scopes, objects, RVs, log and database size, last relist and why.
     Stats {
         /// Database file.
         #[arg(long)]
         db: PathBuf,
-        /// Output format.
-        #[arg(long, short = 'o', value_enum, default_value = "table")]
-        output: Output,
+        /// Output format: table, json or yaml.
+        #[arg(long, short = 'o')]
+        output: Option<String>,
     },
     /// Verify the database's invariants; exit 0 only when they hold.
     Check {
         /// Database file.
         #[arg(long)]
         db: PathBuf,
-        /// Output format.
-        #[arg(long, short = 'o', value_enum, default_value = "table")]
-        output: Output,
+        /// Output format: table, json or yaml.
+        #[arg(long, short = 'o')]
+        output: Option<String>,
     },
     /// Apply log retention, then compact the file.
     Compact {
@@ -284,14 +343,20 @@ pub enum Command {
         /// Keep at most this many log entries (default: the store's retention).
         #[arg(long)]
         keep: Option<u64>,
-        /// Output format of the summary.
-        #[arg(long, short = 'o', value_enum, default_value = "table")]
-        output: Output,
+        /// Output format of the summary: table, json or yaml.
+        #[arg(long, short = 'o')]
+        output: Option<String>,
     },
     /// The simulated API server.
     Sim {
         #[command(subcommand)]
         command: SimCommand,
+    },
+    /// Print a shell completion script: `source <(durable-informer completion bash)`.
+    Completion {
+        /// Shell.
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
     },
 }
 
@@ -448,15 +513,28 @@ pub fn main() -> i32 {
 }
 
 async fn run(command: Command) -> CliResult {
+    use output::{Format, REPORT};
+    let report = |raw: Option<&str>, command: &str| Format::parse(raw, command, REPORT, Format::Table);
     match command {
-        Command::Demo { size, db, output } => demo::run(size, db, output).await,
+        Command::Demo { size, db, output } => {
+            let output = Format::parse(output.as_deref(), "demo", &["table", "json"], Format::Table)?;
+            demo::run(size, db, &output).await
+        }
         Command::Watch {
             scope,
             cluster,
             db,
             output,
             reset_on_cluster_change,
-        } => live::watch(scope, cluster, db, output, reset_on_cluster_change).await,
+        } => {
+            let output = Format::parse(
+                output.as_deref(),
+                "watch",
+                &["table", "name", "json", "yaml"],
+                Format::Table,
+            )?;
+            live::watch(scope, cluster, db, output, reset_on_cluster_change).await
+        }
         Command::Record {
             scope,
             cluster,
@@ -464,7 +542,10 @@ async fn run(command: Command) -> CliResult {
             rotate_bytes,
             duration,
             output,
-        } => record::record(scope, cluster, out, rotate_bytes, duration, output).await,
+        } => {
+            let output = report(output.as_deref(), "record")?;
+            record::record(scope, cluster, out, rotate_bytes, duration, &output).await
+        }
         Command::Replay {
             files,
             db,
@@ -475,6 +556,7 @@ async fn run(command: Command) -> CliResult {
             skip_malformed,
             output,
         } => {
+            let output = report(output.as_deref(), "replay")?;
             record::replay(
                 files,
                 db,
@@ -483,47 +565,59 @@ async fn run(command: Command) -> CliResult {
                 until_rv,
                 until_time,
                 skip_malformed,
-                output,
+                &output,
             )
             .await
         }
         Command::Export {
-            db,
             resource,
+            resource_flag,
+            db,
             out,
             output,
-        } => record::export(&db, resource.as_deref(), &out, output),
+        } => {
+            let output = report(output.as_deref(), "export")?;
+            record::export(&db, resource.or(resource_flag).as_deref(), &out, &output)
+        }
         Command::Get {
-            db,
+            args,
             resource,
-            key,
-            output,
-        } => db::get(&db, &resource, &key, output),
-        Command::List {
+            query,
+            print,
             db,
+        } => db::get(&db, resource.as_deref(), &args, &query, None, &print, "get"),
+        Command::List {
+            resource,
+            resource_flag,
+            query,
+            index,
+            print,
+            db,
+        } => {
+            let args: Vec<String> = resource.into_iter().collect();
+            db::get(
+                &db,
+                resource_flag.as_deref(),
+                &args,
+                &query,
+                index.as_deref(),
+                &print,
+                "list",
+            )
+        }
+        Command::History {
+            args,
             resource,
             namespace,
-            all_namespaces: _,
-            selector,
-            index,
             output,
-        } => db::list(
-            &db,
-            &resource,
-            namespace.as_deref(),
-            selector.as_deref(),
-            index.as_deref(),
-            output,
-        ),
-        Command::History {
             db,
-            resource,
-            key,
-            output,
-        } => db::history(&db, &resource, &key, output),
-        Command::Stats { db, output } => db::stats(&db, output),
-        Command::Check { db, output } => db::check(&db, output),
-        Command::Compact { db, keep, output } => db::compact(&db, keep, output),
+        } => {
+            let output = report(output.as_deref(), "history")?;
+            db::history(&db, resource.as_deref(), &args, namespace.as_deref(), &output)
+        }
+        Command::Stats { db, output } => db::stats(&db, &report(output.as_deref(), "stats")?),
+        Command::Check { db, output } => db::check(&db, &report(output.as_deref(), "check")?),
+        Command::Compact { db, keep, output } => db::compact(&db, keep, &report(output.as_deref(), "compact")?),
         Command::Sim { command } => match command {
             SimCommand::Serve {
                 port,
@@ -531,5 +625,11 @@ async fn run(command: Command) -> CliResult {
                 size,
             } => sim::serve(port, kubeconfig_out, size).await,
         },
+        Command::Completion { shell } => {
+            use clap::CommandFactory;
+            let mut script = Vec::new();
+            clap_complete::generate(shell, &mut Cli::command(), "durable-informer", &mut script);
+            outp!("{}", String::from_utf8_lossy(&script))
+        }
     }
 }

@@ -14,8 +14,9 @@ use serde_json::json;
 
 use super::db::{find_scope, open, split_resource};
 use super::live::{client, resolve, scoped_source, signals};
+use super::output::{print_data, Format};
 use super::progress::spinner;
-use super::{CliError, CliResult, ClusterArgs, Output, ScopeArgs};
+use super::{CliError, CliResult, ClusterArgs, ScopeArgs};
 
 fn replay_err(e: impl std::fmt::Display) -> CliError {
     CliError::runtime(e)
@@ -27,12 +28,12 @@ pub async fn record(
     out: PathBuf,
     rotate: Option<u64>,
     duration: Option<u64>,
-    output: Output,
+    output: &Format,
 ) -> CliResult {
     let stop_signal = signals();
-    let (client, server) = client(&cluster).await?;
-    let (ar, namespaced) = resolve(&client, &server, &scope.resource).await?;
-    let source = scoped_source(client, &server, ar, namespaced, &scope);
+    let (client, server, context_ns) = client(&cluster).await?;
+    let (ar, namespaced) = resolve(&client, &server, scope.resource()).await?;
+    let source = scoped_source(client, &server, ar, namespaced, &scope, &context_ns);
     let mut config = RecorderConfig::new(&out);
     if let Some(b) = rotate {
         config = config.rotate_bytes(b);
@@ -68,17 +69,15 @@ pub async fn record(
     pb.finish_and_clear();
     let report = report?;
     let files: Vec<String> = report.files.iter().map(|p| p.display().to_string()).collect();
-    if output == Output::Json {
-        return outln!(
-            "{}",
-            json!({
-                "files": files,
-                "lines": report.lines,
-                "bytes": report.bytes,
-                "lastResourceVersion": report.last_rv.0,
-                "watches": report.watches,
-            })
-        );
+    if *output != Format::Table {
+        let v = json!({
+            "files": files,
+            "lines": report.lines,
+            "bytes": report.bytes,
+            "lastResourceVersion": report.last_rv.0,
+            "watches": report.watches,
+        });
+        return print_data(output, &v, false);
     }
     outln!(
         "recorded {} lines ({} bytes) up to resourceVersion {} into {}",
@@ -98,7 +97,7 @@ pub async fn replay(
     until_rv: Option<String>,
     until_time: Option<u64>,
     skip_malformed: bool,
-    output: Output,
+    output: &Format,
 ) -> CliResult {
     let mut options = ReplayOptions::default();
     options = options.speed(match speed {
@@ -145,9 +144,8 @@ pub async fn replay(
     pb.finish_and_clear();
     let report = report?;
     match output {
-        Output::Json => outln!(
-            "{}",
-            json!({
+        Format::Json | Format::Yaml => {
+            let v = json!({
                 "initialObjects": report.initial_objects,
                 "events": report.events,
                 "lastResourceVersion": report.last_rv.0,
@@ -155,8 +153,9 @@ pub async fn replay(
                 "rvRegressions": report.rv_regressions,
                 "truncatedTail": report.truncated_tail,
                 "stoppedEarly": report.stopped_early,
-            })
-        )?,
+            });
+            print_data(output, &v, false)?;
+        }
         _ => {
             outln!(
                 "replayed {} initial objects and {} events up to resourceVersion {}",
@@ -227,7 +226,7 @@ fn replay_scope(files: &[PathBuf], resource: &str, skip_malformed: bool) -> CliR
     Ok(ScopeSpec::new(&group, &found.version, &plural))
 }
 
-pub fn export(db: &Path, resource: Option<&str>, out: &Path, output: Output) -> CliResult {
+pub fn export(db: &Path, resource: Option<&str>, out: &Path, output: &Format) -> CliResult {
     let store = open(db)?;
     let scope = match resource {
         Some(r) => Some(find_scope(&store, r, None)?.0),
@@ -237,17 +236,15 @@ pub fn export(db: &Path, resource: Option<&str>, out: &Path, output: Output) -> 
     let report = export_log_file(&store, scope, out).map_err(replay_err);
     pb.finish_and_clear();
     let report = report?;
-    if output == Output::Json {
-        return outln!(
-            "{}",
-            json!({
-                "file": out.display().to_string(),
-                "lines": report.lines,
-                "syncsLeftOut": report.syncs,
-                "unknownFinalState": report.unknown_final_state,
-                "lastSeq": report.last_seq.0,
-            })
-        );
+    if *output != Format::Table {
+        let v = json!({
+            "file": out.display().to_string(),
+            "lines": report.lines,
+            "syncsLeftOut": report.syncs,
+            "unknownFinalState": report.unknown_final_state,
+            "lastSeq": report.last_seq.0,
+        });
+        return print_data(output, &v, false);
     }
     outln!(
         "exported {} lines (the log up to seq {}) to {}",
