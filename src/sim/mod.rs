@@ -55,6 +55,7 @@
 mod config;
 mod counters;
 mod faults;
+mod pb;
 mod resource;
 mod server;
 mod store;
