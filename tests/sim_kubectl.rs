@@ -257,7 +257,9 @@ fn generators_and_apply(sim: &Sim, k: &Kubectl, dir: &Path) {
     let v = k.version;
     // The generators: current kubectl sends these bodies in protobuf.
     assert!(k.ok(&["create", "namespace", "x"], None).contains("namespace/x created"), "{v}");
-    let watch = k.watch(&["-n", "x", "configmaps,deployments", "-o", "json", "--output-watch-events"]);
+    // (one watch per resource: kubectl watches a single resource type at a time)
+    let cm_watch = k.watch(&["-n", "x", "configmaps", "-o", "json", "--output-watch-events"]);
+    let deploy_watch = k.watch(&["-n", "x", "deployments", "-o", "json", "--output-watch-events"]);
     std::thread::sleep(Duration::from_millis(500));
     assert!(
         k.ok(&["-n", "x", "create", "configmap", "c", "--from-literal=a=1"], None).contains("configmap/c created"),
@@ -275,8 +277,19 @@ fn generators_and_apply(sim: &Sim, k: &Kubectl, dir: &Path) {
         "{v}"
     );
     k.ok(&["-n", "x", "create", "job", "once", "--image=busybox", "--", "date"], None);
-    k.ok(&["-n", "x", "create", "cronjob", "tick", "--image=busybox", "--schedule=*/5 * * * *", "--", "date"], None);
-    assert_eq!(sim.get("cronjobs", Some("x"), "tick").expect("cronjob")["spec"]["schedule"], "*/5 * * * *", "{v}");
+    let cronjob = ["-n", "x", "create", "cronjob", "tick", "--image=busybox", "--schedule=*/5 * * * *", "--", "date"];
+    let old_kubectl = v.contains("v1.20.");
+    if old_kubectl {
+        // kubectl v1.20 creates batch/v1beta1 CronJobs, which a v1.25+ server (as the sim
+        // says it is) no longer serves: the server's 404, as from a real one.
+        let out = k.run(&cronjob, None);
+        assert!(!out.status.success(), "{v}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains("could not find the requested resource"), "{v}: {err}");
+    } else {
+        k.ok(&cronjob, None);
+        assert_eq!(sim.get("cronjobs", Some("x"), "tick").expect("cronjob")["spec"]["schedule"], "*/5 * * * *", "{v}");
+    }
     assert!(
         k.ok(&["-n", "x", "create", "deployment", "web", "--image=nginx:1", "--replicas=2"], None)
             .contains("deployment.apps/web created"),
@@ -287,6 +300,9 @@ fn generators_and_apply(sim: &Sim, k: &Kubectl, dir: &Path) {
     assert_eq!(web["spec"]["template"]["spec"]["containers"][0]["image"], "nginx:1", "{v}");
     let listed = k.ok(&["-n", "x", "get", "configmaps,secrets,serviceaccounts,jobs,cronjobs,deployments", "-o", "name"], None);
     for name in ["configmap/c", "secret/s", "serviceaccount/robot", "job.batch/once", "cronjob.batch/tick", "deployment.apps/web"] {
+        if old_kubectl && name.starts_with("cronjob") {
+            continue;
+        }
         assert!(listed.lines().any(|l| l == name), "{v}: {name} missing in {listed}");
     }
 
@@ -350,7 +366,7 @@ fn generators_and_apply(sim: &Sim, k: &Kubectl, dir: &Path) {
     let out = k.run(&["-n", "x", "rollout", "status", "deployment/web", "--timeout=2s"], None);
     assert!(!out.status.success(), "{v}: rollout status cannot succeed without a controller");
     let said = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-    assert!(said.contains("Waiting for deployment \"web\" rollout"), "{v}: {said}");
+    assert!(said.contains("Waiting for deployment"), "{v}: {said}");
     assert!(said.contains("timed out"), "{v}: {said}");
     // ... and finishes once something (here the test, as a controller would) reports it done
     let generation = web["metadata"]["generation"].clone();
@@ -370,11 +386,12 @@ fn generators_and_apply(sim: &Sim, k: &Kubectl, dir: &Path) {
     k.ok(&["-n", "x", "delete", "deployment", "web"], None);
     assert!(sim.get("deployments", Some("x"), "web").is_err(), "{v}");
     std::thread::sleep(Duration::from_millis(500));
-    let (seen, err) = stop(watch);
+    let (seen, err) = stop(cm_watch);
     let cm_events = events_of(&seen, "c");
     assert_eq!(cm_events.first().map(String::as_str), Some("ADDED"), "{v}: {seen} {err}");
     assert!(cm_events.contains(&"MODIFIED".to_string()), "{v}: {cm_events:?} {err}");
     assert_eq!(cm_events.last().map(String::as_str), Some("DELETED"), "{v}: {cm_events:?} {err}");
+    let (seen, err) = stop(deploy_watch);
     let web_events = events_of(&seen, "web");
     assert_eq!(web_events.first().map(String::as_str), Some("ADDED"), "{v}: {seen} {err}");
     assert_eq!(web_events.last().map(String::as_str), Some("DELETED"), "{v}: {web_events:?} {err}");

@@ -1,77 +1,102 @@
 //! The simulated server reads Kubernetes protobuf bodies (`application/vnd.kubernetes.protobuf`,
 //! the `k8s\0` envelope around `runtime.Unknown`), as current kubectl sends them from its
 //! `create` generators, and answers protobuf when the client asks for it first (`Accept`),
-//! JSON otherwise. Bodies are built here with the typed messages of `k8s-rs-pb`, independently
-//! of the server's reflective conversion.
+//! JSON otherwise. Bodies are built and answers read here with the typed messages of `k8s-pb`
+//! (prost), independently of the server's reflective conversion.
 
 mod sim_common;
 
 use std::time::Duration;
 
 use durable_informer::sim::{ResourceDef, Sim, SimConfig};
-use k8s_rs_pb::api::apps::v1::Deployment;
-use k8s_rs_pb::api::autoscaling::v1::Scale;
-use k8s_rs_pb::api::batch::v1::Job;
-use k8s_rs_pb::api::core::v1::{ConfigMap, Container, Namespace, Secret, ServiceAccount};
-use k8s_rs_pb::api::rbac::v1::{PolicyRule, Role};
-use k8s_rs_pb::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use k8s_rs_pb::apimachinery::pkg::runtime::{TypeMeta, Unknown};
-use protobuf::{Message, MessageField};
+use k8s_pb::api::apps::v1::{Deployment, DeploymentSpec};
+use k8s_pb::api::autoscaling::v1::Scale;
+use k8s_pb::api::batch::v1::{Job, JobSpec};
+use k8s_pb::api::core::v1::{
+    ConfigMap, Container, Namespace, NamespaceStatus, PodSpec, PodTemplateSpec, Secret, ServiceAccount,
+};
+use k8s_pb::api::rbac::v1::{PolicyRule, Role};
+use k8s_pb::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, Time};
+use k8s_pb::apimachinery::pkg::runtime::{TypeMeta, Unknown};
+use prost::Message;
 use serde_json::{json, Value};
 use sim_common::*;
 
 const PB: &str = "application/vnd.kubernetes.protobuf";
 const T: Duration = Duration::from_secs(10);
 
-fn meta(name: &str) -> MessageField<ObjectMeta> {
-    let mut m = ObjectMeta::new();
-    m.name = Some(name.into());
-    // What Go's encoder writes for unset non-pointer fields.
-    m.generateName = Some(String::new());
-    m.namespace = Some(String::new());
-    m.uid = Some(String::new());
-    m.resourceVersion = Some(String::new());
-    m.generation = Some(0);
-    m.labels.insert("app".into(), name.into());
-    MessageField::some(m)
+/// Metadata as Go's encoder writes it: unset non-pointer fields present but empty.
+fn meta(name: &str) -> Option<ObjectMeta> {
+    Some(ObjectMeta {
+        name: Some(name.into()),
+        generate_name: Some(String::new()),
+        namespace: Some(String::new()),
+        self_link: Some(String::new()),
+        uid: Some(String::new()),
+        resource_version: Some(String::new()),
+        generation: Some(0),
+        creation_timestamp: Some(Time::default()),
+        labels: [("app".to_string(), name.to_string())].into(),
+        ..ObjectMeta::default()
+    })
 }
 
-fn envelope(api_version: &str, kind: &str, msg: &dyn protobuf::MessageDyn) -> Vec<u8> {
-    let mut tm = TypeMeta::new();
-    tm.apiVersion = Some(api_version.into());
-    tm.kind = Some(kind.into());
-    let mut u = Unknown::new();
-    u.typeMeta = MessageField::some(tm);
-    u.raw = Some(msg.write_to_bytes_dyn().expect("encode"));
-    u.contentEncoding = Some(String::new());
-    u.contentType = Some(String::new());
+fn envelope(api_version: &str, kind: &str, msg: &impl Message) -> Vec<u8> {
+    let u = Unknown {
+        type_meta: Some(TypeMeta {
+            api_version: Some(api_version.into()),
+            kind: Some(kind.into()),
+        }),
+        raw: Some(msg.encode_to_vec()),
+        content_encoding: Some(String::new()),
+        content_type: Some(String::new()),
+    };
     let mut out = b"k8s\0".to_vec();
-    out.extend(u.write_to_bytes().expect("encode envelope"));
+    out.extend(u.encode_to_vec());
     out
 }
 
 /// The typed message inside a protobuf answer.
-fn unwrap_envelope<M: Message>(r: &RawResponse, kind: &str) -> M {
+fn unwrap_envelope<M: Message + Default>(r: &RawResponse, kind: &str) -> M {
     assert_eq!(r.headers.get("content-type").map(String::as_str), Some(PB), "{r:?}");
     let rest = r.body.strip_prefix(b"k8s\0").expect("magic prefix");
-    let u = Unknown::parse_from_bytes(rest).expect("envelope decodes");
-    assert_eq!(u.typeMeta.kind(), kind);
-    M::parse_from_bytes(u.raw()).expect("message decodes")
+    let u = Unknown::decode(rest).expect("envelope decodes");
+    assert_eq!(u.type_meta.and_then(|t| t.kind).as_deref(), Some(kind));
+    M::decode(u.raw.unwrap_or_default().as_slice()).expect("message decodes")
+}
+
+fn container(name: &str, image: &str) -> Container {
+    Container {
+        name: Some(name.into()),
+        image: Some(image.into()),
+        ..Container::default()
+    }
 }
 
 fn deployment(name: &str, image: &str) -> Deployment {
-    let mut d = Deployment::new();
-    d.metadata = meta(name);
-    let spec = d.spec.mut_or_insert_default();
-    spec.replicas = Some(2);
-    spec.selector.mut_or_insert_default().matchLabels.insert("app".into(), name.into());
-    let tpl = spec.template.mut_or_insert_default();
-    tpl.metadata = meta(name);
-    let mut c = Container::new();
-    c.name = Some("main".into());
-    c.image = Some(image.into());
-    tpl.spec.mut_or_insert_default().containers.push(c);
-    d
+    Deployment {
+        metadata: meta(name),
+        spec: Some(DeploymentSpec {
+            replicas: Some(2),
+            selector: Some(LabelSelector {
+                match_labels: [("app".to_string(), name.to_string())].into(),
+                ..LabelSelector::default()
+            }),
+            template: Some(PodTemplateSpec {
+                metadata: meta(name),
+                spec: Some(PodSpec {
+                    containers: vec![container("main", image)],
+                    ..PodSpec::default()
+                }),
+            }),
+            ..DeploymentSpec::default()
+        }),
+        status: None,
+    }
+}
+
+fn meta_of<'a>(m: &'a Option<ObjectMeta>) -> &'a ObjectMeta {
+    m.as_ref().expect("metadata")
 }
 
 async fn post_pb(sim: &Sim, path: &str, body: &[u8]) -> RawResponse {
@@ -82,9 +107,14 @@ async fn post_pb(sim: &Sim, path: &str, body: &[u8]) -> RawResponse {
 async fn protobuf_creates_of_the_kinds_kubectl_generates_store_their_objects() {
     let sim = Sim::start(SimConfig::default()).expect("start");
 
-    let mut ns = Namespace::new();
-    ns.metadata = meta("team-a");
-    ns.status.mut_or_insert_default().phase = Some(String::new());
+    let ns = Namespace {
+        metadata: meta("team-a"),
+        spec: Some(Default::default()),
+        status: Some(NamespaceStatus {
+            phase: Some(String::new()),
+            ..NamespaceStatus::default()
+        }),
+    };
     let r = post_pb(&sim, "/api/v1/namespaces", &envelope("v1", "Namespace", &ns)).await;
     assert_eq!(r.status, 201, "{}", String::from_utf8_lossy(&r.body));
     let created = r.json();
@@ -95,10 +125,12 @@ async fn protobuf_creates_of_the_kinds_kubectl_generates_store_their_objects() {
     assert!(created["metadata"].get("generation").is_none(), "{created}");
     assert_eq!(created["status"]["phase"], "Active");
 
-    let mut cm = ConfigMap::new();
-    cm.metadata = meta("c");
-    cm.data.insert("a".into(), "1".into());
-    cm.binaryData.insert("b".into(), vec![0, 1, 2]);
+    let cm = ConfigMap {
+        metadata: meta("c"),
+        data: [("a".to_string(), "1".to_string())].into(),
+        binary_data: [("b".to_string(), vec![0, 1, 2])].into(),
+        immutable: None,
+    };
     let r = post_pb(&sim, "/api/v1/namespaces/team-a/configmaps", &envelope("v1", "ConfigMap", &cm)).await;
     assert_eq!(r.status, 201, "{}", String::from_utf8_lossy(&r.body));
     let stored = sim.get("configmaps", Some("team-a"), "c").expect("stored");
@@ -106,19 +138,23 @@ async fn protobuf_creates_of_the_kinds_kubectl_generates_store_their_objects() {
     assert_eq!(stored["binaryData"], json!({"b": "AAEC"}));
     assert_eq!(stored["metadata"]["labels"], json!({"app": "c"}));
 
-    let mut secret = Secret::new();
-    secret.metadata = meta("s");
-    secret.data.insert("password".into(), b"hunter2".to_vec());
-    secret.type_ = Some("Opaque".into());
+    let secret = Secret {
+        metadata: meta("s"),
+        data: [("password".to_string(), b"hunter2".to_vec())].into(),
+        r#type: Some("Opaque".into()),
+        ..Secret::default()
+    };
     let r = post_pb(&sim, "/api/v1/namespaces/team-a/secrets", &envelope("v1", "Secret", &secret)).await;
     assert_eq!(r.status, 201, "{}", String::from_utf8_lossy(&r.body));
     let stored = sim.get("secrets", Some("team-a"), "s").expect("stored");
     assert_eq!(stored["data"]["password"], "aHVudGVyMg==");
     assert_eq!(stored["type"], "Opaque");
 
-    let mut sa = ServiceAccount::new();
-    sa.metadata = meta("robot");
-    sa.automountServiceAccountToken = Some(false);
+    let sa = ServiceAccount {
+        metadata: meta("robot"),
+        automount_service_account_token: Some(false),
+        ..ServiceAccount::default()
+    };
     let r = post_pb(
         &sim,
         "/api/v1/namespaces/team-a/serviceaccounts",
@@ -143,16 +179,24 @@ async fn protobuf_creates_of_the_kinds_kubectl_generates_store_their_objects() {
     assert_eq!(stored["spec"]["template"]["spec"]["containers"][0]["image"], "nginx:1");
     assert_eq!(stored["metadata"]["generation"], 1);
 
-    let mut job = Job::new();
-    job.metadata = meta("once");
-    let tpl = job.spec.mut_or_insert_default().template.mut_or_insert_default();
-    let mut c = Container::new();
-    c.name = Some("run".into());
-    c.image = Some("busybox".into());
-    c.command = vec!["date".into()];
-    let pod = tpl.spec.mut_or_insert_default();
-    pod.containers.push(c);
-    pod.restartPolicy = Some("Never".into());
+    let job = Job {
+        metadata: meta("once"),
+        spec: Some(JobSpec {
+            template: Some(PodTemplateSpec {
+                metadata: meta("once"),
+                spec: Some(PodSpec {
+                    containers: vec![Container {
+                        command: vec!["date".into()],
+                        ..container("run", "busybox")
+                    }],
+                    restart_policy: Some("Never".into()),
+                    ..PodSpec::default()
+                }),
+            }),
+            ..JobSpec::default()
+        }),
+        status: None,
+    };
     let r = post_pb(&sim, "/apis/batch/v1/namespaces/team-a/jobs", &envelope("batch/v1", "Job", &job)).await;
     assert_eq!(r.status, 201, "{}", String::from_utf8_lossy(&r.body));
     assert_eq!(
@@ -160,13 +204,15 @@ async fn protobuf_creates_of_the_kinds_kubectl_generates_store_their_objects() {
         json!(["date"])
     );
 
-    let mut role = Role::new();
-    role.metadata = meta("reader");
-    let mut rule = PolicyRule::new();
-    rule.verbs = vec!["get".into(), "list".into()];
-    rule.apiGroups = vec![String::new()];
-    rule.resources = vec!["pods".into()];
-    role.rules.push(rule);
+    let role = Role {
+        metadata: meta("reader"),
+        rules: vec![PolicyRule {
+            verbs: vec!["get".into(), "list".into()],
+            api_groups: vec![String::new()],
+            resources: vec!["pods".into()],
+            ..PolicyRule::default()
+        }],
+    };
     let r = post_pb(
         &sim,
         "/apis/rbac.authorization.k8s.io/v1/namespaces/team-a/roles",
@@ -182,8 +228,10 @@ async fn protobuf_creates_of_the_kinds_kubectl_generates_store_their_objects() {
 #[tokio::test]
 async fn malformed_or_mismatched_protobuf_bodies_are_400_statuses() {
     let sim = Sim::start(SimConfig::default()).expect("start");
-    let mut cm = ConfigMap::new();
-    cm.metadata = meta("c");
+    let cm = ConfigMap {
+        metadata: meta("c"),
+        ..ConfigMap::default()
+    };
     let good = envelope("v1", "ConfigMap", &cm);
     let path = "/api/v1/namespaces/default/configmaps";
     let mut garbage_inside = b"k8s\0".to_vec();
@@ -194,7 +242,7 @@ async fn malformed_or_mismatched_protobuf_bodies_are_400_statuses() {
         ("no magic prefix", good[4..].to_vec()),
         ("garbage after the prefix", garbage_inside),
         ("truncated", truncated),
-        ("a Secret posted to configmaps", envelope("v1", "Secret", &Secret::new())),
+        ("a Secret posted to configmaps", envelope("v1", "Secret", &Secret::default())),
         ("an unknown kind", envelope("example.com/v1", "Thing", &cm)),
     ];
     for (what, body) in cases {
@@ -238,11 +286,15 @@ async fn answers_protobuf_only_when_the_client_asks_for_it_first() {
         let r = request_accept(sim.addr(), "GET", path, accept, None, T).await;
         assert_eq!(r.status, 200);
         let cm: ConfigMap = unwrap_envelope(&r, "ConfigMap");
-        assert_eq!(cm.metadata.name(), "c");
+        let m = meta_of(&cm.metadata);
+        assert_eq!(m.name.as_deref(), Some("c"));
         assert_eq!(cm.data.get("k").map(String::as_str), Some("v"));
-        assert_eq!(cm.metadata.labels.get("x").map(String::as_str), Some("y"));
-        assert!(cm.metadata.creationTimestamp.seconds() > 0, "timestamps are encoded as Time");
-        assert!(!cm.metadata.resourceVersion().is_empty());
+        assert_eq!(m.labels.get("x").map(String::as_str), Some("y"));
+        assert!(
+            m.creation_timestamp.as_ref().and_then(|t| t.seconds).unwrap_or(0) > 1_600_000_000,
+            "timestamps are encoded as Time: {m:?}"
+        );
+        assert!(m.resource_version.as_deref().is_some_and(|rv| !rv.is_empty()));
     }
     // JSON first, or JSON only, or anything: JSON.
     for accept in ["application/json", "application/json,application/vnd.kubernetes.protobuf", "*/*", ""] {
@@ -256,9 +308,11 @@ async fn answers_protobuf_only_when_the_client_asks_for_it_first() {
         assert_eq!(r.json()["data"]["k"], "v");
     }
     // A create answered in protobuf.
-    let mut cm = ConfigMap::new();
-    cm.metadata = meta("made");
-    cm.data.insert("a".into(), "1".into());
+    let cm = ConfigMap {
+        metadata: meta("made"),
+        data: [("a".to_string(), "1".to_string())].into(),
+        ..ConfigMap::default()
+    };
     let r = request_accept(
         sim.addr(),
         "POST",
@@ -270,8 +324,9 @@ async fn answers_protobuf_only_when_the_client_asks_for_it_first() {
     .await;
     assert_eq!(r.status, 201);
     let made: ConfigMap = unwrap_envelope(&r, "ConfigMap");
-    assert_eq!(made.metadata.namespace(), "default");
-    assert!(!made.metadata.uid().is_empty());
+    assert_eq!(meta_of(&made.metadata).namespace.as_deref(), Some("default"));
+    assert!(meta_of(&made.metadata).uid.as_deref().is_some_and(|u| !u.is_empty()));
+    assert_eq!(made.data.get("a").map(String::as_str), Some("1"));
 
     // A custom resource has no protobuf message: JSON when the client allows it, 406 otherwise.
     let wpath = "/apis/example.com/v1/namespaces/default/widgets/w";
@@ -312,7 +367,8 @@ async fn the_scale_subresource_reads_and_sets_replicas() {
     .await;
     assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
     let scale: Scale = unwrap_envelope(&r, "Scale");
-    assert_eq!(scale.spec.replicas(), 3);
+    assert_eq!(scale.spec.and_then(|s| s.replicas), Some(3));
+    assert_eq!(scale.status.and_then(|s| s.selector).as_deref(), Some("app=web"));
     let d = sim.get("deployments", Some("default"), "web").expect("deployment");
     assert_eq!(d["spec"]["replicas"], 3);
     assert_eq!(d["metadata"]["generation"], 2);
