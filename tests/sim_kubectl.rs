@@ -46,6 +46,7 @@ fn kubectls() -> Vec<(PathBuf, String)> {
     paths
         .into_iter()
         .map(|p| {
+            eprintln!("kubectl: {}", p.display());
             let out = Command::new(&p)
                 .args(["version", "--client"])
                 .output()
@@ -334,10 +335,11 @@ fn generators_and_apply(sim: &Sim, k: &Kubectl, dir: &Path) {
     k.ok(&["apply", "-f", "-"], Some(&manifest("api:2", "")));
     let containers = sim.get("deployments", Some("x"), "api").expect("api")["spec"]["template"]["spec"]["containers"].clone();
     assert_eq!(containers.as_array().map(Vec::len), Some(1), "{v}: {containers}");
-    let ssa = "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: applied\n  namespace: x\ndata:\n  k: v1\n";
+    let ssa = "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: applied\n  namespace: x\ndata:\n  k: first\n";
     k.ok(&["apply", "--server-side", "-f", "-"], Some(ssa));
-    k.ok(&["apply", "--server-side", "-f", "-"], Some(&ssa.replace("v1", "v2")));
-    assert_eq!(sim.get("configmaps", Some("x"), "applied").expect("applied")["data"]["k"], "v2", "{v}");
+    assert_eq!(sim.get("configmaps", Some("x"), "applied").expect("applied")["data"]["k"], "first", "{v}");
+    k.ok(&["apply", "--server-side", "-f", "-"], Some(&ssa.replace("first", "second")));
+    assert_eq!(sim.get("configmaps", Some("x"), "applied").expect("applied")["data"]["k"], "second", "{v}");
 
     // edit: kubectl GETs, runs the editor on the object, then sends a patch of the change
     let editor = dir.join("editor.sh");
