@@ -39,7 +39,9 @@ mod sim {
             .inputs(&inputs)
             .file_descriptor_set()
             .unwrap_or_else(|e| panic!("parsing proto/: {e:#}"));
-        let bytes = fds.write_to_bytes().unwrap_or_else(|e| panic!("encoding the descriptors: {e}"));
+        let bytes = fds
+            .write_to_bytes()
+            .unwrap_or_else(|e| panic!("encoding the descriptors: {e}"));
         let out = PathBuf::from(std::env::var_os("OUT_DIR").unwrap_or_default()).join("k8s.fds");
         std::fs::write(&out, bytes).unwrap_or_else(|e| panic!("{}: {e}", out.display()));
     }

@@ -51,7 +51,11 @@ fn kubectls() -> Vec<(PathBuf, String)> {
                 .args(["version", "--client"])
                 .output()
                 .unwrap_or_else(|e| panic!("{} does not run: {e}", p.display()));
-            let version = String::from_utf8_lossy(&out.stdout).lines().next().unwrap_or("?").to_string();
+            let version = String::from_utf8_lossy(&out.stdout)
+                .lines()
+                .next()
+                .unwrap_or("?")
+                .to_string();
             (p, version)
         })
         .collect()
@@ -178,7 +182,9 @@ fn pods_and_configmaps(sim: &Sim, k: &Kubectl) {
 
     // create (from a manifest on stdin), for both kinds
     let cm = "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: from-kubectl\ndata:\n  k: v\n";
-    assert!(k.ok(&["create", "-f", "-"], Some(cm)).contains("configmap/from-kubectl created"));
+    assert!(k
+        .ok(&["create", "-f", "-"], Some(cm))
+        .contains("configmap/from-kubectl created"));
     let pod =
         "apiVersion: v1\nkind: Pod\nmetadata:\n  name: kpod\nspec:\n  containers:\n  - name: c\n    image: busybox\n";
     assert!(k.ok(&["create", "-f", "-"], Some(pod)).contains("pod/kpod created"));
@@ -257,28 +263,88 @@ fn kubectl_generators_apply_edit_scale_and_rollout_work() {
 fn generators_and_apply(sim: &Sim, k: &Kubectl, dir: &Path) {
     let v = k.version;
     // The generators: current kubectl sends these bodies in protobuf.
-    assert!(k.ok(&["create", "namespace", "x"], None).contains("namespace/x created"), "{v}");
+    assert!(
+        k.ok(&["create", "namespace", "x"], None)
+            .contains("namespace/x created"),
+        "{v}"
+    );
     // (one watch per resource: kubectl watches a single resource type at a time)
     let cm_watch = k.watch(&["-n", "x", "configmaps", "-o", "json", "--output-watch-events"]);
     let deploy_watch = k.watch(&["-n", "x", "deployments", "-o", "json", "--output-watch-events"]);
     std::thread::sleep(Duration::from_millis(500));
     assert!(
-        k.ok(&["-n", "x", "create", "configmap", "c", "--from-literal=a=1"], None).contains("configmap/c created"),
+        k.ok(&["-n", "x", "create", "configmap", "c", "--from-literal=a=1"], None)
+            .contains("configmap/c created"),
         "{v}"
     );
-    assert_eq!(sim.get("configmaps", Some("x"), "c").expect("cm")["data"], json!({"a": "1"}), "{v}");
-    k.ok(&["-n", "x", "create", "secret", "generic", "s", "--from-literal=p=hunter2"], None);
-    assert_eq!(sim.get("secrets", Some("x"), "s").expect("secret")["data"]["p"], "aHVudGVyMg==", "{v}");
-    k.ok(&["-n", "x", "create", "serviceaccount", "robot"], None);
-    k.ok(&["-n", "x", "create", "role", "reader", "--verb=get,list", "--resource=pods"], None);
-    k.ok(&["-n", "x", "create", "rolebinding", "reads", "--role=reader", "--serviceaccount=x:robot"], None);
     assert_eq!(
-        sim.get("rolebindings.rbac.authorization.k8s.io", Some("x"), "reads").expect("binding")["subjects"][0]["name"],
+        sim.get("configmaps", Some("x"), "c").expect("cm")["data"],
+        json!({"a": "1"}),
+        "{v}"
+    );
+    k.ok(
+        &[
+            "-n",
+            "x",
+            "create",
+            "secret",
+            "generic",
+            "s",
+            "--from-literal=p=hunter2",
+        ],
+        None,
+    );
+    assert_eq!(
+        sim.get("secrets", Some("x"), "s").expect("secret")["data"]["p"],
+        "aHVudGVyMg==",
+        "{v}"
+    );
+    k.ok(&["-n", "x", "create", "serviceaccount", "robot"], None);
+    k.ok(
+        &[
+            "-n",
+            "x",
+            "create",
+            "role",
+            "reader",
+            "--verb=get,list",
+            "--resource=pods",
+        ],
+        None,
+    );
+    k.ok(
+        &[
+            "-n",
+            "x",
+            "create",
+            "rolebinding",
+            "reads",
+            "--role=reader",
+            "--serviceaccount=x:robot",
+        ],
+        None,
+    );
+    assert_eq!(
+        sim.get("rolebindings.rbac.authorization.k8s.io", Some("x"), "reads")
+            .expect("binding")["subjects"][0]["name"],
         "robot",
         "{v}"
     );
-    k.ok(&["-n", "x", "create", "job", "once", "--image=busybox", "--", "date"], None);
-    let cronjob = ["-n", "x", "create", "cronjob", "tick", "--image=busybox", "--schedule=*/5 * * * *", "--", "date"];
+    k.ok(
+        &["-n", "x", "create", "job", "once", "--image=busybox", "--", "date"],
+        None,
+    );
+    let cronjob = [
+        "-n",
+        "x",
+        "create",
+        "cronjob",
+        "tick",
+        "--image=busybox",
+        "--schedule=*/5 * * * *",
+        "--",
+        "date",
+    ];
     let old_kubectl = v.contains("v1.20.");
     if old_kubectl {
         // kubectl v1.20 creates batch/v1beta1 CronJobs, which a v1.25+ server (as the sim
@@ -289,18 +355,53 @@ fn generators_and_apply(sim: &Sim, k: &Kubectl, dir: &Path) {
         assert!(err.contains("could not find the requested resource"), "{v}: {err}");
     } else {
         k.ok(&cronjob, None);
-        assert_eq!(sim.get("cronjobs", Some("x"), "tick").expect("cronjob")["spec"]["schedule"], "*/5 * * * *", "{v}");
+        assert_eq!(
+            sim.get("cronjobs", Some("x"), "tick").expect("cronjob")["spec"]["schedule"],
+            "*/5 * * * *",
+            "{v}"
+        );
     }
     assert!(
-        k.ok(&["-n", "x", "create", "deployment", "web", "--image=nginx:1", "--replicas=2"], None)
-            .contains("deployment.apps/web created"),
+        k.ok(
+            &[
+                "-n",
+                "x",
+                "create",
+                "deployment",
+                "web",
+                "--image=nginx:1",
+                "--replicas=2"
+            ],
+            None
+        )
+        .contains("deployment.apps/web created"),
         "{v}"
     );
     let web = sim.get("deployments", Some("x"), "web").expect("deployment");
     assert_eq!(web["spec"]["replicas"], 2, "{v}");
-    assert_eq!(web["spec"]["template"]["spec"]["containers"][0]["image"], "nginx:1", "{v}");
-    let listed = k.ok(&["-n", "x", "get", "configmaps,secrets,serviceaccounts,jobs,cronjobs,deployments", "-o", "name"], None);
-    for name in ["configmap/c", "secret/s", "serviceaccount/robot", "job.batch/once", "cronjob.batch/tick", "deployment.apps/web"] {
+    assert_eq!(
+        web["spec"]["template"]["spec"]["containers"][0]["image"], "nginx:1",
+        "{v}"
+    );
+    let listed = k.ok(
+        &[
+            "-n",
+            "x",
+            "get",
+            "configmaps,secrets,serviceaccounts,jobs,cronjobs,deployments",
+            "-o",
+            "name",
+        ],
+        None,
+    );
+    for name in [
+        "configmap/c",
+        "secret/s",
+        "serviceaccount/robot",
+        "job.batch/once",
+        "cronjob.batch/tick",
+        "deployment.apps/web",
+    ] {
         if old_kubectl && name.starts_with("cronjob") {
             continue;
         }
@@ -314,10 +415,15 @@ fn generators_and_apply(sim: &Sim, k: &Kubectl, dir: &Path) {
             "apiVersion: apps/v1\nkind: Deployment\nmetadata:\n  name: api\n  namespace: x\nspec:\n  replicas: 1\n  selector:\n    matchLabels: {{app: api}}\n  template:\n    metadata:\n      labels: {{app: api}}\n    spec:\n      containers:\n      - name: main\n        image: {image}\n        ports:\n        - containerPort: 8080\n{extra}"
         )
     };
-    assert!(k.ok(&["apply", "-f", "-"], Some(&manifest("api:1", ""))).contains("deployment.apps/api created"), "{v}");
+    assert!(
+        k.ok(&["apply", "-f", "-"], Some(&manifest("api:1", "")))
+            .contains("deployment.apps/api created"),
+        "{v}"
+    );
     let sidecar = "      - name: sidecar\n        image: proxy:1\n";
     assert!(
-        k.ok(&["apply", "-f", "-"], Some(&manifest("api:2", sidecar))).contains("deployment.apps/api configured"),
+        k.ok(&["apply", "-f", "-"], Some(&manifest("api:2", sidecar)))
+            .contains("deployment.apps/api configured"),
         "{v}"
     );
     let api = sim.get("deployments", Some("x"), "api").expect("api");
@@ -333,13 +439,25 @@ fn generators_and_apply(sim: &Sim, k: &Kubectl, dir: &Path) {
     );
     // dropping the sidecar from the manifest removes it
     k.ok(&["apply", "-f", "-"], Some(&manifest("api:2", "")));
-    let containers = sim.get("deployments", Some("x"), "api").expect("api")["spec"]["template"]["spec"]["containers"].clone();
+    let containers =
+        sim.get("deployments", Some("x"), "api").expect("api")["spec"]["template"]["spec"]["containers"].clone();
     assert_eq!(containers.as_array().map(Vec::len), Some(1), "{v}: {containers}");
     let ssa = "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: applied\n  namespace: x\ndata:\n  k: first\n";
     k.ok(&["apply", "--server-side", "-f", "-"], Some(ssa));
-    assert_eq!(sim.get("configmaps", Some("x"), "applied").expect("applied")["data"]["k"], "first", "{v}");
-    k.ok(&["apply", "--server-side", "-f", "-"], Some(&ssa.replace("first", "second")));
-    assert_eq!(sim.get("configmaps", Some("x"), "applied").expect("applied")["data"]["k"], "second", "{v}");
+    assert_eq!(
+        sim.get("configmaps", Some("x"), "applied").expect("applied")["data"]["k"],
+        "first",
+        "{v}"
+    );
+    k.ok(
+        &["apply", "--server-side", "-f", "-"],
+        Some(&ssa.replace("first", "second")),
+    );
+    assert_eq!(
+        sim.get("configmaps", Some("x"), "applied").expect("applied")["data"]["k"],
+        "second",
+        "{v}"
+    );
 
     // edit: kubectl GETs, runs the editor on the object, then sends a patch of the change
     let editor = dir.join("editor.sh");
@@ -348,26 +466,48 @@ fn generators_and_apply(sim: &Sim, k: &Kubectl, dir: &Path) {
     let mut edit = k.command(&["-n", "x", "edit", "configmap", "c"]);
     edit.env("KUBE_EDITOR", &editor);
     let out = edit.output().expect("edit");
-    assert!(out.status.success(), "{v}: edit: {}", String::from_utf8_lossy(&out.stderr));
-    assert_eq!(sim.get("configmaps", Some("x"), "c").expect("cm")["data"]["a"], "2", "{v}");
+    assert!(
+        out.status.success(),
+        "{v}: edit: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        sim.get("configmaps", Some("x"), "c").expect("cm")["data"]["a"],
+        "2",
+        "{v}"
+    );
 
     // label and scale
     k.ok(&["-n", "x", "label", "deployment", "web", "tier=front"], None);
     assert!(
-        k.ok(&["-n", "x", "scale", "deployment", "web", "--replicas=5"], None).contains("deployment.apps/web scaled"),
+        k.ok(&["-n", "x", "scale", "deployment", "web", "--replicas=5"], None)
+            .contains("deployment.apps/web scaled"),
         "{v}"
     );
     let web = sim.get("deployments", Some("x"), "web").expect("deployment");
     assert_eq!(web["spec"]["replicas"], 5, "{v}");
     assert_eq!(web["metadata"]["labels"]["tier"], "front", "{v}");
-    let by_label = k.ok(&["-n", "x", "get", "deployments", "-l", "tier=front", "-o", "name"], None);
+    let by_label = k.ok(
+        &["-n", "x", "get", "deployments", "-l", "tier=front", "-o", "name"],
+        None,
+    );
     assert_eq!(by_label.trim(), "deployment.apps/web", "{v}");
 
     // rollout status: there is no controller to roll the Deployment out (as on a real API
     // server without kube-controller-manager), so it waits until its timeout and says so
-    let out = k.run(&["-n", "x", "rollout", "status", "deployment/web", "--timeout=2s"], None);
-    assert!(!out.status.success(), "{v}: rollout status cannot succeed without a controller");
-    let said = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    let out = k.run(
+        &["-n", "x", "rollout", "status", "deployment/web", "--timeout=2s"],
+        None,
+    );
+    assert!(
+        !out.status.success(),
+        "{v}: rollout status cannot succeed without a controller"
+    );
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert!(said.contains("Waiting for deployment"), "{v}: {said}");
     assert!(said.contains("timed out"), "{v}: {said}");
     // ... and finishes once something (here the test, as a controller would) reports it done
@@ -380,7 +520,10 @@ fn generators_and_apply(sim: &Sim, k: &Kubectl, dir: &Path) {
             "readyReplicas": 5, "availableReplicas": 5}}),
     )
     .expect("status");
-    let done = k.ok(&["-n", "x", "rollout", "status", "deployment/web", "--timeout=10s"], None);
+    let done = k.ok(
+        &["-n", "x", "rollout", "status", "deployment/web", "--timeout=10s"],
+        None,
+    );
     assert!(done.contains("successfully rolled out"), "{v}: {done}");
 
     // delete, and what the watch saw
@@ -390,13 +533,29 @@ fn generators_and_apply(sim: &Sim, k: &Kubectl, dir: &Path) {
     std::thread::sleep(Duration::from_millis(500));
     let (seen, err) = stop(cm_watch);
     let cm_events = events_of(&seen, "c");
-    assert_eq!(cm_events.first().map(String::as_str), Some("ADDED"), "{v}: {seen} {err}");
+    assert_eq!(
+        cm_events.first().map(String::as_str),
+        Some("ADDED"),
+        "{v}: {seen} {err}"
+    );
     assert!(cm_events.contains(&"MODIFIED".to_string()), "{v}: {cm_events:?} {err}");
-    assert_eq!(cm_events.last().map(String::as_str), Some("DELETED"), "{v}: {cm_events:?} {err}");
+    assert_eq!(
+        cm_events.last().map(String::as_str),
+        Some("DELETED"),
+        "{v}: {cm_events:?} {err}"
+    );
     let (seen, err) = stop(deploy_watch);
     let web_events = events_of(&seen, "web");
-    assert_eq!(web_events.first().map(String::as_str), Some("ADDED"), "{v}: {seen} {err}");
-    assert_eq!(web_events.last().map(String::as_str), Some("DELETED"), "{v}: {web_events:?} {err}");
+    assert_eq!(
+        web_events.first().map(String::as_str),
+        Some("ADDED"),
+        "{v}: {seen} {err}"
+    );
+    assert_eq!(
+        web_events.last().map(String::as_str),
+        Some("DELETED"),
+        "{v}: {web_events:?} {err}"
+    );
     k.ok(&["delete", "namespace", "x"], None);
     assert!(sim.get("namespaces", None, "x").is_err(), "{v}");
 }

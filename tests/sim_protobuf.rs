@@ -95,7 +95,7 @@ fn deployment(name: &str, image: &str) -> Deployment {
     }
 }
 
-fn meta_of<'a>(m: &'a Option<ObjectMeta>) -> &'a ObjectMeta {
+fn meta_of(m: &Option<ObjectMeta>) -> &ObjectMeta {
     m.as_ref().expect("metadata")
 }
 
@@ -131,7 +131,12 @@ async fn protobuf_creates_of_the_kinds_kubectl_generates_store_their_objects() {
         binary_data: [("b".to_string(), vec![0, 1, 2])].into(),
         immutable: None,
     };
-    let r = post_pb(&sim, "/api/v1/namespaces/team-a/configmaps", &envelope("v1", "ConfigMap", &cm)).await;
+    let r = post_pb(
+        &sim,
+        "/api/v1/namespaces/team-a/configmaps",
+        &envelope("v1", "ConfigMap", &cm),
+    )
+    .await;
     assert_eq!(r.status, 201, "{}", String::from_utf8_lossy(&r.body));
     let stored = sim.get("configmaps", Some("team-a"), "c").expect("stored");
     assert_eq!(stored["data"], json!({"a": "1"}));
@@ -144,7 +149,12 @@ async fn protobuf_creates_of_the_kinds_kubectl_generates_store_their_objects() {
         r#type: Some("Opaque".into()),
         ..Secret::default()
     };
-    let r = post_pb(&sim, "/api/v1/namespaces/team-a/secrets", &envelope("v1", "Secret", &secret)).await;
+    let r = post_pb(
+        &sim,
+        "/api/v1/namespaces/team-a/secrets",
+        &envelope("v1", "Secret", &secret),
+    )
+    .await;
     assert_eq!(r.status, 201, "{}", String::from_utf8_lossy(&r.body));
     let stored = sim.get("secrets", Some("team-a"), "s").expect("stored");
     assert_eq!(stored["data"]["password"], "aHVudGVyMg==");
@@ -197,7 +207,12 @@ async fn protobuf_creates_of_the_kinds_kubectl_generates_store_their_objects() {
         }),
         status: None,
     };
-    let r = post_pb(&sim, "/apis/batch/v1/namespaces/team-a/jobs", &envelope("batch/v1", "Job", &job)).await;
+    let r = post_pb(
+        &sim,
+        "/apis/batch/v1/namespaces/team-a/jobs",
+        &envelope("batch/v1", "Job", &job),
+    )
+    .await;
     assert_eq!(r.status, 201, "{}", String::from_utf8_lossy(&r.body));
     assert_eq!(
         r.json()["spec"]["template"]["spec"]["containers"][0]["command"],
@@ -242,7 +257,10 @@ async fn malformed_or_mismatched_protobuf_bodies_are_400_statuses() {
         ("no magic prefix", good[4..].to_vec()),
         ("garbage after the prefix", garbage_inside),
         ("truncated", truncated),
-        ("a Secret posted to configmaps", envelope("v1", "Secret", &Secret::default())),
+        (
+            "a Secret posted to configmaps",
+            envelope("v1", "Secret", &Secret::default()),
+        ),
         ("an unknown kind", envelope("example.com/v1", "Thing", &cm)),
     ];
     for (what, body) in cases {
@@ -253,32 +271,43 @@ async fn malformed_or_mismatched_protobuf_bodies_are_400_statuses() {
         assert_eq!(status["reason"], "BadRequest", "{what}");
         assert!(!status["message"].as_str().unwrap_or("").is_empty(), "{what}");
     }
-    assert!(sim.get("configmaps", Some("default"), "c").is_err(), "nothing was stored");
+    assert!(
+        sim.get("configmaps", Some("default"), "c").is_err(),
+        "nothing was stored"
+    );
     // A patch cannot be protobuf (on a real server neither): 415.
     sim.create("configmaps", Some("default"), json!({"metadata": {"name": "p"}}))
         .expect("seed");
-    let r = request_accept(sim.addr(), "PATCH", &format!("{path}/p"), "application/json", Some((PB, &good)), T).await;
+    let r = request_accept(
+        sim.addr(),
+        "PATCH",
+        &format!("{path}/p"),
+        "application/json",
+        Some((PB, &good)),
+        T,
+    )
+    .await;
     assert_eq!(r.status, 415, "{}", String::from_utf8_lossy(&r.body));
     assert_eq!(r.json()["reason"], "UnsupportedMediaType");
 }
 
 #[tokio::test]
 async fn answers_protobuf_only_when_the_client_asks_for_it_first() {
-    let sim = Sim::start(SimConfig::default().with_resource(ResourceDef::custom(
-        "example.com",
-        "v1",
-        "Widget",
-        "widgets",
-    )))
-    .expect("start");
+    let sim =
+        Sim::start(SimConfig::default().with_resource(ResourceDef::custom("example.com", "v1", "Widget", "widgets")))
+            .expect("start");
     sim.create(
         "configmaps",
         Some("default"),
         json!({"metadata": {"name": "c", "labels": {"x": "y"}}, "data": {"k": "v"}}),
     )
     .expect("seed");
-    sim.create("widgets", Some("default"), json!({"metadata": {"name": "w"}, "spec": {"size": 1}}))
-        .expect("seed widget");
+    sim.create(
+        "widgets",
+        Some("default"),
+        json!({"metadata": {"name": "w"}, "spec": {"size": 1}}),
+    )
+    .expect("seed widget");
     let path = "/api/v1/namespaces/default/configmaps/c";
 
     // kubectl's typed clients: protobuf first, JSON as a fallback.
@@ -297,7 +326,12 @@ async fn answers_protobuf_only_when_the_client_asks_for_it_first() {
         assert!(m.resource_version.as_deref().is_some_and(|rv| !rv.is_empty()));
     }
     // JSON first, or JSON only, or anything: JSON.
-    for accept in ["application/json", "application/json,application/vnd.kubernetes.protobuf", "*/*", ""] {
+    for accept in [
+        "application/json",
+        "application/json,application/vnd.kubernetes.protobuf",
+        "*/*",
+        "",
+    ] {
         let r = request_accept(sim.addr(), "GET", path, accept, None, T).await;
         assert_eq!(r.status, 200);
         assert_eq!(
@@ -330,7 +364,15 @@ async fn answers_protobuf_only_when_the_client_asks_for_it_first() {
 
     // A custom resource has no protobuf message: JSON when the client allows it, 406 otherwise.
     let wpath = "/apis/example.com/v1/namespaces/default/widgets/w";
-    let r = request_accept(sim.addr(), "GET", wpath, "application/vnd.kubernetes.protobuf,application/json", None, T).await;
+    let r = request_accept(
+        sim.addr(),
+        "GET",
+        wpath,
+        "application/vnd.kubernetes.protobuf,application/json",
+        None,
+        T,
+    )
+    .await;
     assert_eq!(r.status, 200);
     assert_eq!(r.json()["spec"]["size"], 1);
     let r = request_accept(sim.addr(), "GET", wpath, PB, None, T).await;
@@ -352,7 +394,10 @@ async fn the_scale_subresource_reads_and_sets_replicas() {
     let r = request_accept(sim.addr(), "GET", path, "application/json", None, T).await;
     assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
     let s = r.json();
-    assert_eq!((s["kind"].as_str(), s["apiVersion"].as_str()), (Some("Scale"), Some("autoscaling/v1")));
+    assert_eq!(
+        (s["kind"].as_str(), s["apiVersion"].as_str()),
+        (Some("Scale"), Some("autoscaling/v1"))
+    );
     assert_eq!(s["spec"]["replicas"], 1);
     assert_eq!(s["status"]["selector"], "app=web");
 
@@ -433,8 +478,8 @@ async fn a_strategic_merge_patch_merges_containers_by_name() {
     )
     .await;
     assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
-    let containers: Value = sim.get("deployments", Some("default"), "web").expect("stored")["spec"]["template"]
-        ["spec"]["containers"]
+    let containers: Value = sim.get("deployments", Some("default"), "web").expect("stored")["spec"]["template"]["spec"]
+        ["containers"]
         .clone();
     assert_eq!(
         containers,

@@ -21,8 +21,7 @@ use std::sync::OnceLock;
 use base64::Engine as _;
 use protobuf::descriptor::FileDescriptorSet;
 use protobuf::reflect::{
-    FileDescriptor, MessageDescriptor, ReflectFieldRef, ReflectValueBox, ReflectValueRef, RuntimeFieldType,
-    RuntimeType,
+    FileDescriptor, MessageDescriptor, ReflectFieldRef, ReflectValueBox, ReflectValueRef, RuntimeFieldType, RuntimeType,
 };
 use protobuf::{Message as _, MessageDyn};
 use serde_json::{json, Map, Value};
@@ -113,14 +112,20 @@ pub(crate) fn decode(body: &[u8]) -> Result<Value, ApiError> {
         _ => (String::new(), String::new()),
     };
     if kind.is_empty() {
-        return Err(ApiError::bad_request("Object 'Kind' is missing in the protobuf envelope"));
+        return Err(ApiError::bad_request(
+            "Object 'Kind' is missing in the protobuf envelope",
+        ));
     }
     if !text(&*u, &env, "contentEncoding").is_empty() {
-        return Err(ApiError::bad_request("unsupported contentEncoding in the protobuf envelope"));
+        return Err(ApiError::bad_request(
+            "unsupported contentEncoding in the protobuf envelope",
+        ));
     }
     let content_type = text(&*u, &env, "contentType");
     if !content_type.is_empty() && content_type != MEDIA_TYPE {
-        return Err(ApiError::bad_request("unsupported contentType in the protobuf envelope"));
+        return Err(ApiError::bad_request(
+            "unsupported contentType in the protobuf envelope",
+        ));
     }
     let desc = descriptor(&api_version, &kind).ok_or_else(|| {
         ApiError::bad_request(format!(
@@ -131,9 +136,11 @@ pub(crate) fn decode(body: &[u8]) -> Result<Value, ApiError> {
         Some(ReflectValueRef::Bytes(b)) => b.to_vec(),
         _ => Vec::new(),
     };
-    let msg = desc
-        .parse_from_bytes(&raw)
-        .map_err(|e| ApiError::bad_request(format!("unable to decode {api_version}, Kind={kind} from protobuf: {e}")))?;
+    let msg = desc.parse_from_bytes(&raw).map_err(|e| {
+        ApiError::bad_request(format!(
+            "unable to decode {api_version}, Kind={kind} from protobuf: {e}"
+        ))
+    })?;
     let mut v = message_to_json(&*msg).map_err(ApiError::bad_request)?;
     let obj = v
         .as_object_mut()
@@ -320,7 +327,9 @@ fn parse_go_duration(s: &str) -> Result<i64, String> {
         let num_end = rest.find(|c: char| !(c.is_ascii_digit() || c == '.')).ok_or_else(bad)?;
         let n: f64 = rest[..num_end].parse().map_err(|_| bad())?;
         rest = &rest[num_end..];
-        let unit_end = rest.find(|c: char| c.is_ascii_digit() || c == '.').unwrap_or(rest.len());
+        let unit_end = rest
+            .find(|c: char| c.is_ascii_digit() || c == '.')
+            .unwrap_or(rest.len());
         let scale = match &rest[..unit_end] {
             "ns" => 1.0,
             "us" | "µs" => 1e3,
@@ -379,7 +388,10 @@ fn json_to_message(d: &MessageDescriptor, v: &Value) -> Result<Box<dyn MessageDy
 
 fn value_from_json(t: &RuntimeType, v: &Value) -> Result<ReflectValueBox, String> {
     let int = || v.as_i64().ok_or_else(|| format!("an integer expected, got {v}"));
-    let uint = || v.as_u64().ok_or_else(|| format!("an unsigned integer expected, got {v}"));
+    let uint = || {
+        v.as_u64()
+            .ok_or_else(|| format!("an unsigned integer expected, got {v}"))
+    };
     let float = || v.as_f64().ok_or_else(|| format!("a number expected, got {v}"));
     Ok(match t {
         RuntimeType::I32 => ReflectValueBox::I32(i32::try_from(int()?).map_err(|e| e.to_string())?),
@@ -440,9 +452,16 @@ fn special_from_json(d: &MessageDescriptor, m: &mut dyn MessageDyn, v: &Value) -
                 set(d, m, "strVal", ReflectValueBox::String(s.clone()))?;
             }
             _ => {
-                let n = v.as_i64().ok_or_else(|| format!("an int or a string expected, got {v}"))?;
+                let n = v
+                    .as_i64()
+                    .ok_or_else(|| format!("an int or a string expected, got {v}"))?;
                 set(d, m, "type", ReflectValueBox::I64(0))?;
-                set(d, m, "intVal", ReflectValueBox::I32(i32::try_from(n).map_err(|e| e.to_string())?))?;
+                set(
+                    d,
+                    m,
+                    "intVal",
+                    ReflectValueBox::I32(i32::try_from(n).map_err(|e| e.to_string())?),
+                )?;
             }
         },
         "api.resource.Quantity" => {
@@ -481,7 +500,9 @@ mod tests {
     fn a_configmap_goes_round_trip() {
         let cm = json!({"metadata": {"name": "c", "namespace": "n", "labels": {"a": "b"},
             "creationTimestamp": "2026-01-02T03:04:05Z"}, "data": {"k": "v"}, "binaryData": {"b": "AAE="}});
-        let bytes = encode("v1", "ConfigMap", &cm).expect("a kind with a message").expect("encodes");
+        let bytes = encode("v1", "ConfigMap", &cm)
+            .expect("a kind with a message")
+            .expect("encodes");
         let back = decode(&bytes).expect("decodes");
         let mut want = cm.clone();
         want["apiVersion"] = json!("v1");

@@ -414,7 +414,10 @@ fn scale(
         Method::PUT => parse(body)?,
         Method::PATCH => {
             let ct = content_type.split(';').next().unwrap_or("").trim();
-            if !matches!(ct, "application/merge-patch+json" | "application/strategic-merge-patch+json") {
+            if !matches!(
+                ct,
+                "application/merge-patch+json" | "application/strategic-merge-patch+json"
+            ) {
                 return Err(ApiError::new(
                     415,
                     "UnsupportedMediaType",
@@ -431,10 +434,7 @@ fn scale(
         }
         _ => return Err(method_not_allowed()),
     };
-    let replicas = want
-        .pointer("/spec/replicas")
-        .and_then(Value::as_i64)
-        .unwrap_or(0);
+    let replicas = want.pointer("/spec/replicas").and_then(Value::as_i64).unwrap_or(0);
     if replicas < 0 {
         return Err(ApiError::new(
             422,
@@ -508,8 +508,16 @@ fn patch(
 ) -> Result<(StatusCode, Arc<Obj>), ApiError> {
     let ct = content_type.split(';').next().unwrap_or("").trim();
     // The media type first: a protobuf or JSON-patch body is a 415, not a decoding error.
-    let known = ["application/merge-patch+json", "application/strategic-merge-patch+json", "application/apply-patch+yaml"];
-    let p = if known.contains(&ct) { parse_body(body)? } else { Value::Null };
+    let known = [
+        "application/merge-patch+json",
+        "application/strategic-merge-patch+json",
+        "application/apply-patch+yaml",
+    ];
+    let p = if known.contains(&ct) {
+        parse_body(body)?
+    } else {
+        Value::Null
+    };
     match ct {
         "application/merge-patch+json" => {
             write(shared, |st| st.patch(t.res, t.ns.as_deref(), name, &p, t.status)).map(|o| (StatusCode::OK, o))

@@ -28,8 +28,10 @@ pub(super) fn full_response(code: StatusCode, body: Bytes) -> Resp {
 
 pub(super) fn protobuf_response(code: StatusCode, body: Bytes) -> Resp {
     let mut r = full_response(code, body);
-    r.headers_mut()
-        .insert(header::CONTENT_TYPE, HeaderValue::from_static(super::super::pb::MEDIA_TYPE));
+    r.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static(super::super::pb::MEDIA_TYPE),
+    );
     r
 }
 

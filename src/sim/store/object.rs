@@ -179,8 +179,14 @@ pub(crate) fn merge_patch(target: &mut Value, patch: &Value) {
 /// Keyed by field name, which is unambiguous for the built-in kinds the server serves.
 fn list_merge_key(field: &str, items: &[Value]) -> Option<&'static str> {
     Some(match field {
-        "containers" | "initContainers" | "ephemeralContainers" | "volumes" | "env" | "imagePullSecrets"
-        | "resourceClaims" | "schedulingGates" => "name",
+        "containers"
+        | "initContainers"
+        | "ephemeralContainers"
+        | "volumes"
+        | "env"
+        | "imagePullSecrets"
+        | "resourceClaims"
+        | "schedulingGates" => "name",
         "ownerReferences" => "uid",
         // Container ports merge by containerPort, Service ports by port.
         "ports" if items.iter().all(|i| i.get("containerPort").is_some()) => "containerPort",
