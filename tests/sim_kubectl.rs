@@ -477,6 +477,69 @@ fn generators_and_apply(sim: &Sim, k: &Kubectl, dir: &Path) {
         "{v}"
     );
 
+    // patch, the three kinds kubectl sends
+    k.ok(
+        &[
+            "-n",
+            "x",
+            "patch",
+            "configmap",
+            "c",
+            "--type=merge",
+            "-p",
+            r#"{"data":{"m":"1"}}"#,
+        ],
+        None,
+    );
+    k.ok(
+        &["-n", "x", "patch", "configmap", "c", "-p", r#"{"data":{"s":"1"}}"#],
+        None,
+    );
+    k.ok(
+        &[
+            "-n",
+            "x",
+            "patch",
+            "configmap",
+            "c",
+            "--type=json",
+            "-p",
+            r#"[{"op":"add","path":"/data/j","value":"1"}]"#,
+        ],
+        None,
+    );
+    let data = sim.get("configmaps", Some("x"), "c").expect("cm")["data"].clone();
+    assert_eq!(data, json!({"a": "2", "m": "1", "s": "1", "j": "1"}), "{v}");
+    // a JSON patch whose test fails is refused, as by a real server
+    let out = k.run(
+        &[
+            "-n",
+            "x",
+            "patch",
+            "configmap",
+            "c",
+            "--type=json",
+            "-p",
+            r#"[{"op":"test","path":"/data/a","value":"9"}]"#,
+        ],
+        None,
+    );
+    assert!(!out.status.success(), "{v}");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).to_lowercase().contains("invalid"),
+        "{v}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    // a Service from the generator (the sim allocates no cluster IP)
+    k.ok(
+        &["-n", "x", "create", "service", "clusterip", "front", "--tcp=80:8080"],
+        None,
+    );
+    let svc = sim.get("services", Some("x"), "front").expect("service");
+    assert_eq!(svc["spec"]["ports"][0]["port"], 80, "{v}: {svc}");
+    assert_eq!(svc["spec"]["ports"][0]["targetPort"], 8080, "{v}: {svc}");
+
     // label and scale
     k.ok(&["-n", "x", "label", "deployment", "web", "tier=front"], None);
     assert!(

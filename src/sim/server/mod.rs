@@ -507,11 +507,12 @@ fn patch(
     body: &Bytes,
 ) -> Result<(StatusCode, Arc<Obj>), ApiError> {
     let ct = content_type.split(';').next().unwrap_or("").trim();
-    // The media type first: a protobuf or JSON-patch body is a 415, not a decoding error.
+    // The media type first: a protobuf body is a 415, not a decoding error.
     let known = [
         "application/merge-patch+json",
         "application/strategic-merge-patch+json",
         "application/apply-patch+yaml",
+        "application/json-patch+json",
     ];
     let p = if known.contains(&ct) {
         parse_body(body)?
@@ -519,6 +520,22 @@ fn patch(
         Value::Null
     };
     match ct {
+        "application/json-patch+json" => {
+            let ops: json_patch::Patch = serde_json::from_value(p)
+                .map_err(|e| ApiError::bad_request(format!("error decoding patch: {e}")))?;
+            write(shared, |st| {
+                let mut v = st.get(t.res, t.ns.as_deref(), name)?.value();
+                json_patch::patch(&mut v, &ops).map_err(|e| {
+                    ApiError::new(
+                        422,
+                        "Invalid",
+                        format!("the server rejected our request due to an error in our request: {e}"),
+                    )
+                })?;
+                st.update(t.res, t.ns.as_deref(), name, v, t.status)
+            })
+            .map(|o| (StatusCode::OK, o))
+        }
         "application/merge-patch+json" => {
             write(shared, |st| st.patch(t.res, t.ns.as_deref(), name, &p, t.status)).map(|o| (StatusCode::OK, o))
         }
@@ -544,7 +561,7 @@ fn patch(
         _ => Err(ApiError::new(
             415,
             "UnsupportedMediaType",
-            format!("the body of the request was in an unknown format - accepted media types include: application/merge-patch+json, application/strategic-merge-patch+json, application/apply-patch+yaml (got {ct:?})"),
+            format!("the body of the request was in an unknown format - accepted media types include: application/json-patch+json, application/merge-patch+json, application/strategic-merge-patch+json, application/apply-patch+yaml (got {ct:?})"),
         )),
     }
 }
