@@ -6,7 +6,8 @@
 //! an event history with a compaction window, paginated LIST with continue tokens, WATCH from a
 //! revision or with synthetic ADDED events, bookmarks, streaming lists (`sendInitialEvents`),
 //! 410 Expired / 504 ResourceVersionTooLarge, label and field selectors, and writes (POST, PUT,
-//! merge PATCH, DELETE, `/status`). Real clients (`kube::Client`, `kubectl`) talk to it.
+//! merge, strategic merge and JSON PATCH, DELETE, `/status`, `/scale`), with JSON or protobuf
+//! bodies. Real clients (`kube::Client`, `kubectl`) talk to it.
 //!
 //! Like a real watch cache, each resource has its own revision: that of its last event, which
 //! other resources do not move (a real cacher watches its resource's etcd prefix, and etcd's
@@ -39,9 +40,11 @@
 //!
 //! ## What is not emulated
 //!
-//! Protobuf/CBOR bodies (answered with 415, so use JSON clients), JSON patch (RFC 6902),
-//! strategic-merge list semantics (a strategic merge patch is applied as a JSON merge patch),
-//! real server-side apply (approximated as create-or-merge), `deletecollection`, `dryRun`,
+//! CBOR bodies (answered with 415), protobuf lists and watches (always JSON; protobuf request
+//! bodies and single-object answers are supported, see `pb`), strategic merge in full (lists
+//! merge by key only for the usual fields), controllers (nothing rolls a Deployment out),
+//! defaulting and validation of built-in kinds, real server-side apply (approximated as
+//! create-or-merge), `deletecollection`, `dryRun`,
 //! graceful deletion (deletes are immediate; a Pod's final event carries `deletionTimestamp`),
 //! namespace existence checks, Table output for `kubectl get` (it falls back to names and ages),
 //! the legacy `/api/v1/watch/...` paths, admission, RBAC and authentication.
@@ -55,6 +58,7 @@
 mod config;
 mod counters;
 mod faults;
+mod pb;
 mod resource;
 mod server;
 mod store;

@@ -52,18 +52,34 @@ impl ResourceDef {
         }
     }
 
-    /// The built-in resources: core/v1 pods, configmaps, secrets, namespaces, nodes, apps/v1
-    /// deployments and coordination.k8s.io/v1 leases.
+    /// The built-in resources: core/v1 pods, configmaps, secrets, namespaces, nodes,
+    /// serviceaccounts and services, apps/v1 deployments, batch/v1 jobs and cronjobs,
+    /// rbac.authorization.k8s.io/v1 roles, rolebindings, clusterroles and clusterrolebindings,
+    /// and coordination.k8s.io/v1 leases: what `kubectl create` has generators for.
     pub fn builtins() -> Vec<Self> {
+        const RBAC: &str = "rbac.authorization.k8s.io";
         vec![
             Self::builtin("", "Pod", "pods", true, true, &["po"]),
             Self::builtin("", "ConfigMap", "configmaps", true, false, &["cm"]),
             Self::builtin("", "Secret", "secrets", true, false, &[]),
             Self::builtin("", "Namespace", "namespaces", false, true, &["ns"]),
             Self::builtin("", "Node", "nodes", false, true, &["no"]),
+            Self::builtin("", "ServiceAccount", "serviceaccounts", true, false, &["sa"]),
+            Self::builtin("", "Service", "services", true, true, &["svc"]),
             Self::builtin("apps", "Deployment", "deployments", true, true, &["deploy"]),
+            Self::builtin("batch", "Job", "jobs", true, true, &[]),
+            Self::builtin("batch", "CronJob", "cronjobs", true, true, &["cj"]),
+            Self::builtin(RBAC, "Role", "roles", true, false, &[]),
+            Self::builtin(RBAC, "RoleBinding", "rolebindings", true, false, &[]),
+            Self::builtin(RBAC, "ClusterRole", "clusterroles", false, false, &[]),
+            Self::builtin(RBAC, "ClusterRoleBinding", "clusterrolebindings", false, false, &[]),
             Self::builtin("coordination.k8s.io", "Lease", "leases", true, false, &[]),
         ]
+    }
+
+    /// Whether the resource has the `/scale` subresource (autoscaling/v1 `Scale`).
+    pub(crate) fn has_scale(&self) -> bool {
+        self.group == "apps" && matches!(self.plural.as_str(), "deployments" | "replicasets" | "statefulsets")
     }
 
     /// `group/version`, or `version` for the core group.

@@ -45,10 +45,21 @@ pub async fn request_timeout(
     body: Option<(&str, &[u8])>,
     deadline: Duration,
 ) -> RawResponse {
+    request_accept(addr, method, path, "application/json", body, deadline).await
+}
+
+/// Like [`request_timeout`], with this `Accept` header.
+pub async fn request_accept(
+    addr: std::net::SocketAddr,
+    method: &str,
+    path: &str,
+    accept: &str,
+    body: Option<(&str, &[u8])>,
+    deadline: Duration,
+) -> RawResponse {
     tokio::time::timeout(deadline, async {
         let mut s = TcpStream::connect(addr).await.expect("connect");
-        let mut req =
-            format!("{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nAccept: application/json\r\n");
+        let mut req = format!("{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nAccept: {accept}\r\n");
         if let Some((ct, b)) = body {
             req.push_str(&format!("Content-Type: {ct}\r\nContent-Length: {}\r\n", b.len()));
         }

@@ -82,6 +82,11 @@ pub(super) fn resource_list(st: &State, g: &str, v: &str) -> Value {
             resources.push(json!({"name": format!("{}/status", d.plural), "singularName": "",
                 "namespaced": d.namespaced, "kind": d.kind, "verbs": ["get", "patch", "update"]}));
         }
+        if d.has_scale() {
+            resources.push(json!({"name": format!("{}/scale", d.plural), "singularName": "",
+                "namespaced": d.namespaced, "group": "autoscaling", "version": "v1", "kind": "Scale",
+                "verbs": ["get", "patch", "update"]}));
+        }
     }
     let gv = if g.is_empty() {
         v.to_string()

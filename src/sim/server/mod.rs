@@ -27,7 +27,8 @@ use hyper_util::rt::TokioIo;
 use serde_json::{json, Value};
 use tokio::net::TcpListener;
 
-use super::store::{ApiError, Obj, State};
+use super::pb;
+use super::store::{merge_patch, strategic_merge_patch, ApiError, Obj, State};
 use super::util::parse_query;
 use super::{ResourceDef, Shared};
 use discovery::{
@@ -35,7 +36,10 @@ use discovery::{
 };
 use list::list;
 pub(crate) use list::{decode_continue, encode_continue};
-use response::{failure_response, full_response, json_response, not_found_path, status_response, text_response};
+use response::{
+    failure_response, full_response, json_response, not_acceptable, not_found_path, protobuf_response, status_response,
+    text_response,
+};
 use watch::watch;
 
 pub(super) type Body = UnsyncBoxBody<Bytes, io::Error>;
@@ -88,6 +92,40 @@ pub(super) struct Target {
     ns: Option<String>,
     name: Option<String>,
     status: bool,
+    /// The `/scale` subresource (autoscaling/v1 `Scale`) of a resource that has one.
+    scale: bool,
+}
+
+/// What the client accepts (`Accept`), as far as the server has a choice.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Accept {
+    /// Protobuf comes before any JSON entry.
+    prefers_protobuf: bool,
+    /// JSON is acceptable (listed, `*/*`, `application/*`, or no header).
+    json: bool,
+}
+
+impl Accept {
+    fn parse(header: &str) -> Self {
+        let mut out = Accept {
+            prefers_protobuf: false,
+            json: header.trim().is_empty(),
+        };
+        for entry in header.split(',') {
+            let mut parts = entry.split(';').map(str::trim);
+            let media = parts.next().unwrap_or("");
+            // `q=0` means "not acceptable".
+            if parts.any(|p| p.replace(' ', "") == "q=0") {
+                continue;
+            }
+            match media {
+                pb::MEDIA_TYPE if !out.json => out.prefers_protobuf = true,
+                "application/json" | "application/*" | "*/*" => out.json = true,
+                _ => {}
+            }
+        }
+        out
+    }
 }
 
 async fn handle(shared: Arc<Shared>, req: Request<Incoming>) -> Resp {
@@ -120,11 +158,13 @@ async fn handle(shared: Arc<Shared>, req: Request<Incoming>) -> Resp {
         .and_then(|v| v.to_str().ok())
         .unwrap_or("")
         .to_string();
-    let accept_protobuf = req
+    let accept_header = req
         .headers()
         .get(header::ACCEPT)
         .and_then(|v| v.to_str().ok())
-        .is_some_and(|a| a.contains("protobuf"));
+        .unwrap_or("");
+    let accept_protobuf = accept_header.contains("protobuf");
+    let accept = Accept::parse(accept_header);
     let segs: Vec<&str> = path.split('/').filter(|s| !s.is_empty()).collect();
 
     let resp = match segs.as_slice() {
@@ -171,7 +211,7 @@ async fn handle(shared: Arc<Shared>, req: Request<Incoming>) -> Resp {
                     } else {
                         Bytes::new()
                     };
-                    resource_request(&shared, method, t, &query, &content_type, &body).await
+                    resource_request(&shared, method, t, &query, &content_type, &body, accept).await
                 }
                 None => not_found_path(),
             }
@@ -196,9 +236,10 @@ fn route(st: &State, segs: &[&str]) -> Option<Target> {
     };
     let pick = |res: usize, ns: Option<&str>, name: Option<&&str>, sub: Option<&&str>| {
         let def = st.resources.get(res)?.clone();
-        let status = match sub {
-            None => false,
-            Some(&"status") => true,
+        let (status, scale) = match sub {
+            None => (false, false),
+            Some(&"status") => (true, false),
+            Some(&"scale") if def.has_scale() => (false, true),
             Some(_) => return None,
         };
         if def.namespaced == ns.is_none() && (name.is_some() || (!def.namespaced && ns.is_some())) {
@@ -210,6 +251,7 @@ fn route(st: &State, segs: &[&str]) -> Option<Target> {
             ns: ns.map(str::to_string),
             name: name.map(|s| (*s).to_string()),
             status,
+            scale,
         })
     };
     if rest.first() == Some(&"namespaces") && rest.len() >= 3 && rest.len() <= 5 {
@@ -233,6 +275,7 @@ async fn resource_request(
     q: &Query,
     content_type: &str,
     body: &Bytes,
+    accept: Accept,
 ) -> Resp {
     let is_watch = method == Method::GET && t.name.is_none() && q.flag("watch");
     let is_list = method == Method::GET && t.name.is_none() && !is_watch;
@@ -249,19 +292,47 @@ async fn resource_request(
     if let Some(f) = shared.faults.take_failure(is_list, is_watch) {
         return failure_response(shared, f);
     }
-    if t.status && !matches!(method, Method::GET | Method::PUT | Method::PATCH) {
+    if (t.status || t.scale) && !matches!(method, Method::GET | Method::PUT | Method::PATCH) {
         return status_response(shared, &method_not_allowed());
     }
     let ct = content_type.split(';').next().unwrap_or("").trim();
+    let protobuf_body = ct == pb::MEDIA_TYPE && !body.is_empty();
     if !body.is_empty()
+        && !protobuf_body
         && (ct.contains("protobuf")
             || ct.contains("cbor")
             || ct.contains("yaml") && ct != "application/apply-patch+yaml")
     {
         return status_response(
             shared,
-            &ApiError::new(415, "UnsupportedMediaType", format!("the body of the request was in an unknown format - accepted media types include: application/json, application/merge-patch+json, application/strategic-merge-patch+json, application/apply-patch+yaml (got {ct})")),
+            &ApiError::new(415, "UnsupportedMediaType", format!("the body of the request was in an unknown format - accepted media types include: application/json, {}, application/merge-patch+json, application/strategic-merge-patch+json, application/apply-patch+yaml (got {ct})", pb::MEDIA_TYPE)),
         );
+    }
+    // A protobuf-only client of a kind without a protobuf message gets what a real server
+    // answers for custom resources: 406.
+    let (answer_api_version, answer_kind) = if t.scale {
+        ("autoscaling/v1".to_string(), "Scale".to_string())
+    } else {
+        (t.def.api_version(), t.def.kind.clone())
+    };
+    let protobuf_ok = pb::supports(&answer_api_version, &answer_kind);
+    if !accept.json && !protobuf_ok && !is_list && !is_watch {
+        return not_acceptable();
+    }
+    // Delete options are ignored (deletes are immediate), so their format does not matter.
+    let parse = |body: &Bytes| {
+        if protobuf_body && method != Method::DELETE {
+            parse_protobuf(body, &answer_api_version, &answer_kind)
+        } else {
+            parse_body(body)
+        }
+    };
+    if t.scale {
+        let result = scale(shared, &method, &t, content_type, body, parse);
+        return match result {
+            Ok(v) => object_response(StatusCode::OK, &v, "autoscaling/v1", "Scale", accept),
+            Err(e) => status_response(shared, &e),
+        };
     }
     let result = match (&method, &t.name) {
         (&Method::GET, None) if is_watch => return watch(shared, &t, q).await,
@@ -270,9 +341,9 @@ async fn resource_request(
             .lock()
             .get(t.res, t.ns.as_deref(), name)
             .map(|o| (StatusCode::OK, o)),
-        (&Method::POST, None) => parse_body(body)
+        (&Method::POST, None) => parse(body)
             .and_then(|v| write(shared, |st| st.create(t.res, t.ns.as_deref(), v)).map(|o| (StatusCode::CREATED, o))),
-        (&Method::PUT, Some(name)) => parse_body(body).and_then(|v| {
+        (&Method::PUT, Some(name)) => parse(body).and_then(|v| {
             write(shared, |st| st.update(t.res, t.ns.as_deref(), name, v, t.status)).map(|o| (StatusCode::OK, o))
         }),
         (&Method::PATCH, Some(name)) => patch(shared, &t, name, content_type, body),
@@ -282,9 +353,128 @@ async fn resource_request(
         _ => Err(method_not_allowed()),
     };
     match result {
+        Ok((code, obj)) if accept.prefers_protobuf && protobuf_ok => {
+            object_response(code, &obj.value(), &answer_api_version, &answer_kind, accept)
+        }
         Ok((code, obj)) => full_response(code, obj.full.clone()),
         Err(e) => status_response(shared, &e),
     }
+}
+
+/// An object in the format the client prefers: protobuf when it asks for it first and the kind
+/// has a message, JSON otherwise.
+fn object_response(code: StatusCode, v: &Value, api_version: &str, kind: &str, accept: Accept) -> Resp {
+    if accept.prefers_protobuf {
+        match pb::encode(api_version, kind, v) {
+            Some(Ok(bytes)) => return protobuf_response(code, Bytes::from(bytes)),
+            Some(Err(e)) => tracing::warn!("sim: cannot encode {kind} as protobuf, answering JSON: {e}"),
+            None => {}
+        }
+    }
+    let mut v = v.clone();
+    if let Some(o) = v.as_object_mut() {
+        o.insert("apiVersion".into(), json!(api_version));
+        o.insert("kind".into(), json!(kind));
+    }
+    json_response(code, v)
+}
+
+/// A protobuf body, decoded; its kind must be the one the path names.
+fn parse_protobuf(body: &Bytes, api_version: &str, kind: &str) -> Result<Value, ApiError> {
+    let v = pb::decode(body)?;
+    let got_version = v.get("apiVersion").and_then(Value::as_str).unwrap_or("");
+    let got_kind = v.get("kind").and_then(Value::as_str).unwrap_or("");
+    if got_version != api_version {
+        return Err(ApiError::bad_request(format!(
+            "the API version in the data ({got_version}) does not match the expected API version ({api_version})"
+        )));
+    }
+    if got_kind != kind {
+        return Err(ApiError::bad_request(format!(
+            "the kind in the data ({got_kind}) does not match the expected kind ({kind})"
+        )));
+    }
+    Ok(v)
+}
+
+/// The `/scale` subresource: an autoscaling/v1 `Scale` view of `spec.replicas`.
+fn scale(
+    shared: &Shared,
+    method: &Method,
+    t: &Target,
+    content_type: &str,
+    body: &Bytes,
+    parse: impl Fn(&Bytes) -> Result<Value, ApiError>,
+) -> Result<Value, ApiError> {
+    let name = t.name.as_deref().ok_or_else(method_not_allowed)?;
+    let ns = t.ns.as_deref();
+    let current = shared.lock().get(t.res, ns, name)?.value();
+    let want = match *method {
+        Method::GET => return Ok(scale_of(&current)),
+        Method::PUT => parse(body)?,
+        Method::PATCH => {
+            let ct = content_type.split(';').next().unwrap_or("").trim();
+            if !matches!(
+                ct,
+                "application/merge-patch+json" | "application/strategic-merge-patch+json"
+            ) {
+                return Err(ApiError::new(
+                    415,
+                    "UnsupportedMediaType",
+                    format!("the body of the request was in an unknown format - accepted media types include: application/merge-patch+json, application/strategic-merge-patch+json (got {ct:?})"),
+                ));
+            }
+            let mut s = scale_of(&current);
+            if ct == "application/merge-patch+json" {
+                merge_patch(&mut s, &parse_body(body)?);
+            } else {
+                strategic_merge_patch(&mut s, &parse_body(body)?);
+            }
+            s
+        }
+        _ => return Err(method_not_allowed()),
+    };
+    let replicas = want.pointer("/spec/replicas").and_then(Value::as_i64).unwrap_or(0);
+    if replicas < 0 {
+        return Err(ApiError::new(
+            422,
+            "Invalid",
+            format!("Scale.autoscaling \"{name}\" is invalid: spec.replicas: Invalid value: {replicas}: must be greater than or equal to 0"),
+        ));
+    }
+    let mut patch = json!({"spec": {"replicas": replicas}});
+    if let Some(rv) = want.pointer("/metadata/resourceVersion").and_then(Value::as_str) {
+        if !rv.is_empty() {
+            patch["metadata"] = json!({"resourceVersion": rv});
+        }
+    }
+    let obj = write(shared, |st| st.patch(t.res, ns, name, &patch, false))?;
+    Ok(scale_of(&obj.value()))
+}
+
+/// The `Scale` of an object with `spec.replicas` and a label selector.
+fn scale_of(obj: &Value) -> Value {
+    let meta = obj.get("metadata").cloned().unwrap_or_else(|| json!({}));
+    let mut m = serde_json::Map::new();
+    for k in ["name", "namespace", "uid", "resourceVersion", "creationTimestamp"] {
+        if let Some(v) = meta.get(k) {
+            m.insert(k.into(), v.clone());
+        }
+    }
+    let selector = obj
+        .pointer("/spec/selector/matchLabels")
+        .and_then(Value::as_object)
+        .map(|l| {
+            l.iter()
+                .map(|(k, v)| format!("{k}={}", v.as_str().unwrap_or("")))
+                .collect::<Vec<_>>()
+                .join(",")
+        })
+        .unwrap_or_default();
+    let replicas = obj.pointer("/spec/replicas").and_then(Value::as_i64).unwrap_or(1);
+    let status_replicas = obj.pointer("/status/replicas").and_then(Value::as_i64).unwrap_or(0);
+    json!({"kind": "Scale", "apiVersion": "autoscaling/v1", "metadata": m,
+           "spec": {"replicas": replicas}, "status": {"replicas": status_replicas, "selector": selector}})
 }
 
 fn method_not_allowed() -> ApiError {
@@ -317,13 +507,42 @@ fn patch(
     body: &Bytes,
 ) -> Result<(StatusCode, Arc<Obj>), ApiError> {
     let ct = content_type.split(';').next().unwrap_or("").trim();
-    let p = parse_body(body)?;
+    // The media type first: a protobuf body is a 415, not a decoding error.
+    let known = [
+        "application/merge-patch+json",
+        "application/strategic-merge-patch+json",
+        "application/apply-patch+yaml",
+        "application/json-patch+json",
+    ];
+    let p = if known.contains(&ct) {
+        parse_body(body)?
+    } else {
+        Value::Null
+    };
     match ct {
-        // Strategic merge patch behaves like a merge patch for maps and scalars, which is what
-        // `kubectl label/annotate` and status updates send; list merging by key is not emulated.
-        "application/merge-patch+json" | "application/strategic-merge-patch+json" => {
+        "application/json-patch+json" => {
+            let ops: json_patch::Patch = serde_json::from_value(p)
+                .map_err(|e| ApiError::bad_request(format!("error decoding patch: {e}")))?;
+            write(shared, |st| {
+                let mut v = st.get(t.res, t.ns.as_deref(), name)?.value();
+                json_patch::patch(&mut v, &ops).map_err(|e| {
+                    ApiError::new(
+                        422,
+                        "Invalid",
+                        format!("the server rejected our request due to an error in our request: {e}"),
+                    )
+                })?;
+                st.update(t.res, t.ns.as_deref(), name, v, t.status)
+            })
+            .map(|o| (StatusCode::OK, o))
+        }
+        "application/merge-patch+json" => {
             write(shared, |st| st.patch(t.res, t.ns.as_deref(), name, &p, t.status)).map(|o| (StatusCode::OK, o))
         }
+        "application/strategic-merge-patch+json" => write(shared, |st| {
+            st.patch_with(t.res, t.ns.as_deref(), name, &p, t.status, strategic_merge_patch)
+        })
+        .map(|o| (StatusCode::OK, o)),
         // Server-side apply, approximated: create if absent, otherwise merge.
         "application/apply-patch+yaml" => write(shared, |st| match st.get(t.res, t.ns.as_deref(), name) {
             Ok(_) => st.patch(t.res, t.ns.as_deref(), name, &p, t.status),
@@ -342,7 +561,7 @@ fn patch(
         _ => Err(ApiError::new(
             415,
             "UnsupportedMediaType",
-            format!("the body of the request was in an unknown format - accepted media types include: application/merge-patch+json, application/strategic-merge-patch+json, application/apply-patch+yaml (got {ct:?})"),
+            format!("the body of the request was in an unknown format - accepted media types include: application/json-patch+json, application/merge-patch+json, application/strategic-merge-patch+json, application/apply-patch+yaml (got {ct:?})"),
         )),
     }
 }

@@ -26,6 +26,25 @@ pub(super) fn full_response(code: StatusCode, body: Bytes) -> Resp {
     resp
 }
 
+pub(super) fn protobuf_response(code: StatusCode, body: Bytes) -> Resp {
+    let mut r = full_response(code, body);
+    r.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static(super::super::pb::MEDIA_TYPE),
+    );
+    r
+}
+
+/// 406: the client accepts only formats the server cannot give for this kind.
+pub(super) fn not_acceptable() -> Resp {
+    let e = ApiError::new(
+        406,
+        "NotAcceptable",
+        "only the following media types are accepted: application/json, application/yaml",
+    );
+    json_response(StatusCode::NOT_ACCEPTABLE, status_value(&e, json!({})))
+}
+
 pub(super) fn json_response(code: StatusCode, v: Value) -> Resp {
     full_response(code, Bytes::from(serde_json::to_vec(&v).unwrap_or_default()))
 }

@@ -21,7 +21,7 @@ mod object;
 mod prebuilt;
 
 pub(crate) use error::ApiError;
-pub(crate) use object::{build_obj, key_of, merge_patch, Event, EventKind, Obj};
+pub(crate) use object::{build_obj, key_of, merge_patch, strategic_merge_patch, Event, EventKind, Obj};
 use object::{check_name, meta_mut, random_suffix, resolve_ns};
 pub use prebuilt::Prebuilt;
 
@@ -304,6 +304,19 @@ impl State {
         patch: &Value,
         status_only: bool,
     ) -> Result<Arc<Obj>, ApiError> {
+        self.patch_with(res, ns, name, patch, status_only, merge_patch)
+    }
+
+    /// Apply a patch with `merge` (a JSON merge patch or a strategic merge patch).
+    pub fn patch_with(
+        &mut self,
+        res: usize,
+        ns: Option<&str>,
+        name: &str,
+        patch: &Value,
+        status_only: bool,
+        merge: fn(&mut Value, &Value),
+    ) -> Result<Arc<Obj>, ApiError> {
         let (def, key, old) = self.stored(res, ns, name)?;
         if let Some(want) = patch.pointer("/metadata/resourceVersion").and_then(Value::as_str) {
             if want != old.rv.to_string() {
@@ -315,13 +328,13 @@ impl State {
         if status_only {
             if let Some(s) = patch.get("status") {
                 let mut st = new_v.get("status").cloned().unwrap_or(Value::Null);
-                merge_patch(&mut st, s);
+                merge(&mut st, s);
                 if let Some(o) = new_v.as_object_mut() {
                     o.insert("status".into(), st);
                 }
             }
         } else {
-            merge_patch(&mut new_v, patch);
+            merge(&mut new_v, patch);
             if def.status_subresource {
                 if let Some(o) = new_v.as_object_mut() {
                     match old_v.get("status") {

@@ -174,6 +174,111 @@ pub(crate) fn merge_patch(target: &mut Value, patch: &Value) {
     }
 }
 
+/// The merge key of the lists that a strategic merge patch merges item by item (the Go types'
+/// `patchStrategy:"merge"` fields); every other list is replaced, as by a JSON merge patch.
+/// Keyed by field name, which is unambiguous for the built-in kinds the server serves.
+fn list_merge_key(field: &str, items: &[Value]) -> Option<&'static str> {
+    Some(match field {
+        "containers"
+        | "initContainers"
+        | "ephemeralContainers"
+        | "volumes"
+        | "env"
+        | "imagePullSecrets"
+        | "resourceClaims"
+        | "schedulingGates" => "name",
+        "ownerReferences" => "uid",
+        // Container ports merge by containerPort, Service ports by port.
+        "ports" if items.iter().all(|i| i.get("containerPort").is_some()) => "containerPort",
+        "ports" => "port",
+        "volumeMounts" => "mountPath",
+        "volumeDevices" => "devicePath",
+        "conditions" => "type",
+        "hostAliases" => "ip",
+        _ => return None,
+    })
+}
+
+/// A patch value without the strategic-merge directives (`$patch`, `$retainKeys`, …).
+fn strip_directives(v: &Value) -> Value {
+    match v {
+        Value::Object(m) => Value::Object(
+            m.iter()
+                .filter(|(k, _)| !k.starts_with('$'))
+                .map(|(k, v)| (k.clone(), strip_directives(v)))
+                .collect(),
+        ),
+        Value::Array(a) => Value::Array(a.iter().map(strip_directives).collect()),
+        other => other.clone(),
+    }
+}
+
+/// A strategic merge patch, as `kubectl apply`, `edit` and `label` send them: a JSON merge
+/// patch, except that the lists of [`list_merge_key`] merge item by item (`$patch: delete`
+/// removes one), `$retainKeys` drops the keys it does not list, `$deleteFromPrimitiveList/f`
+/// removes values and `$patch: replace` replaces. `$setElementOrder` is ignored (the order
+/// of the stored list is kept, new items go last).
+pub(crate) fn strategic_merge_patch(target: &mut Value, patch: &Value) {
+    let Some(p) = patch.as_object() else {
+        *target = strip_directives(patch);
+        return;
+    };
+    if p.get("$patch").and_then(Value::as_str) == Some("replace") {
+        *target = strip_directives(patch);
+        return;
+    }
+    if !target.is_object() {
+        *target = json!({});
+    }
+    let Some(t) = target.as_object_mut() else { return };
+    for (k, v) in p {
+        if let Some(field) = k.strip_prefix("$deleteFromPrimitiveList/") {
+            if let (Some(Value::Array(cur)), Some(gone)) = (t.get_mut(field), v.as_array()) {
+                cur.retain(|x| !gone.contains(x));
+            }
+            continue;
+        }
+        if k.starts_with('$') {
+            continue;
+        }
+        if v.is_null() {
+            t.remove(k);
+            continue;
+        }
+        match (t.get_mut(k), v) {
+            (Some(Value::Array(cur)), Value::Array(items)) => match list_merge_key(k, items) {
+                Some(key) => merge_list(cur, items, key),
+                None => *cur = items.iter().map(strip_directives).collect(),
+            },
+            (Some(existing @ Value::Object(_)), Value::Object(_)) => strategic_merge_patch(existing, v),
+            _ => {
+                let mut fresh = Value::Null;
+                strategic_merge_patch(&mut fresh, v);
+                t.insert(k.clone(), fresh);
+            }
+        }
+    }
+    if let Some(keep) = p.get("$retainKeys").and_then(Value::as_array) {
+        t.retain(|k, _| keep.iter().any(|x| x.as_str() == Some(k)));
+    }
+}
+
+fn merge_list(cur: &mut Vec<Value>, items: &[Value], key: &str) {
+    for item in items {
+        let id = item.get(key);
+        let pos = id.and_then(|id| cur.iter().position(|c| c.get(key) == Some(id)));
+        let delete = item.get("$patch").and_then(Value::as_str) == Some("delete");
+        match (pos, delete) {
+            (Some(i), true) => {
+                cur.remove(i);
+            }
+            (None, true) => {}
+            (Some(i), false) => strategic_merge_patch(&mut cur[i], item),
+            (None, false) => cur.push(strip_directives(item)),
+        }
+    }
+}
+
 /// Serialize an object (kind/apiVersion first) and extract its index.
 pub(crate) fn build_obj(def: &ResourceDef, key: String, mut v: Value) -> Result<Obj, ApiError> {
     let obj = v
