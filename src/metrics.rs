@@ -15,9 +15,15 @@
 //!
 //! let mut registry = Registry::default();
 //! durable_informer::metrics::register(&mut registry);
+//! // (what a controller's worker records after each reconcile)
+//! durable_informer::metrics::global().observe_reconcile(
+//!     "docs",
+//!     durable_informer::metrics::ReconcileResult::Success,
+//!     std::time::Duration::from_millis(3),
+//! );
 //! let mut text = String::new();
 //! prometheus_client::encoding::text::encode(&mut text, &registry)?;
-//! assert!(text.contains("durable_informer_lists"));
+//! assert!(text.contains(r#"durable_informer_reconcile_total{controller="docs",result="success"} 1"#));
 //! # Ok::<(), std::fmt::Error>(())
 //! ```
 
@@ -421,8 +427,10 @@ pub fn register(registry: &mut Registry) {
 /// The Prometheus text exposition of every metric, from a registry of the crate's own.
 ///
 /// ```
+/// use durable_informer::metrics::{global, ReconcileResult};
+/// global().observe_reconcile("encoded", ReconcileResult::Error, std::time::Duration::from_millis(1));
 /// let text = durable_informer::metrics::encode();
-/// assert!(text.contains("durable_informer_database_bytes"));
+/// assert!(text.contains(r#"durable_informer_reconcile_errors_total{controller="encoded"} 1"#));
 /// ```
 #[must_use]
 pub fn encode() -> String {

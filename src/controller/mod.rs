@@ -424,22 +424,16 @@ where
     /// reference names `K` (its API group and kind, from the type): a Deployment controller
     /// `owns` its ReplicaSets. Only the events' metadata is decoded.
     #[must_use]
-    pub fn owns<C>(mut self, informer: Informer<C>) -> Self
+    pub fn owns<C>(self, informer: Informer<C>) -> Self
     where
         K::DynamicType: Default,
         C: Send + Sync + 'static,
     {
         let dt = K::DynamicType::default();
         let (group, kind) = (K::group(&dt).into_owned(), K::kind(&dt).into_owned());
-        let meta = informer.retyped::<MetaOnly>();
-        self.triggers.push(Box::new(move |queue| {
-            let map = move |m: &MetaOnly| owners(&m.metadata, Some(&group), &kind, true);
-            let reg = meta.add_event_handler(enqueue_handler(queue, map), HandlerOptions::volatile());
-            meta.start();
-            let wait = async move { meta.wait_for_sync().await };
-            (reg, Box::pin(wait))
-        }));
-        self
+        self.watches(informer.retyped::<MetaOnly>(), move |m: &MetaOnly| {
+            owners(&m.metadata, Some(&group), &kind, true)
+        })
     }
 
     /// Reconciles a primary object's update only when one of `predicate`'s values changed

@@ -32,6 +32,18 @@ fn issue(label: &str, problem: HandlerProblem) -> InformerIssue {
     }
 }
 
+/// A stored object (of a store scan, not the log) that does not decode for a handler.
+fn undecodable(label: &str, o: &StoredObject, e: &serde_json::Error) -> InformerIssue {
+    issue(
+        label,
+        HandlerProblem::Undecodable {
+            key: o.key.clone(),
+            seq: None,
+            message: e.to_string(),
+        },
+    )
+}
+
 /// A store error met while serving a handler.
 fn store_issue(label: &str, context: &'static str, e: crate::store::StoreError) -> InformerIssue {
     issue(
@@ -440,14 +452,7 @@ where
                 Ok(object) => {
                     call(ctx, handler, label, Event::Add { object, initial: true }).await;
                 }
-                Err(e) => (ctx.report)(issue(
-                    label,
-                    HandlerProblem::Undecodable {
-                        key: o.key.clone(),
-                        seq: None,
-                        message: e.to_string(),
-                    },
-                )),
+                Err(e) => (ctx.report)(undecodable(label, &o, &e)),
             }
         }
     }
@@ -493,14 +498,7 @@ where
                     };
                     call(ctx, handler, label, ev).await;
                 }
-                Err(e) => (ctx.report)(issue(
-                    label,
-                    HandlerProblem::Undecodable {
-                        key: o.key.clone(),
-                        seq: None,
-                        message: e.to_string(),
-                    },
-                )),
+                Err(e) => (ctx.report)(undecodable(label, &o, &e)),
             }
         }
     }
