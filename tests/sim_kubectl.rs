@@ -136,6 +136,23 @@ fn events_of(out: &str, name: &str) -> Vec<String> {
         .collect()
 }
 
+/// The event types the watch output `out` shows for `name`, after checking that the object
+/// arrived first (`ADDED`) and left last (`DELETED`).
+fn arrived_and_left(out: &str, err: &str, name: &str, v: &str) -> Vec<String> {
+    let events = events_of(out, name);
+    assert_eq!(
+        events.first().map(String::as_str),
+        Some("ADDED"),
+        "{v}: watch of {name}: {out} stderr: {err}"
+    );
+    assert_eq!(
+        events.last().map(String::as_str),
+        Some("DELETED"),
+        "{v}: watch of {name}: events {events:?} stderr: {err}"
+    );
+    events
+}
+
 fn start(dir: &Path) -> (Sim, PathBuf) {
     let sim = Sim::start(SimConfig::default()).expect("start");
     let kc = dir.join("kubeconfig");
@@ -226,17 +243,7 @@ fn pods_and_configmaps(sim: &Sim, k: &Kubectl) {
     std::thread::sleep(Duration::from_millis(500));
     let (cm_seen, cm_err) = stop(cm_watch);
     let (pod_seen, pod_err) = stop(pod_watch);
-    let cm_events = events_of(&cm_seen, "from-kubectl");
-    assert_eq!(
-        cm_events.first().map(String::as_str),
-        Some("ADDED"),
-        "{v}: configmap watch: {cm_seen} stderr: {cm_err}"
-    );
-    assert_eq!(
-        cm_events.last().map(String::as_str),
-        Some("DELETED"),
-        "{v}: configmap watch events {cm_events:?} stderr: {cm_err}"
-    );
+    arrived_and_left(&cm_seen, &cm_err, "from-kubectl", v);
     let pod_lines: Vec<&str> = pod_seen.lines().collect();
     assert!(
         pod_lines.contains(&"pod/seed-pod") && pod_lines.contains(&"pod/kpod"),
@@ -595,30 +602,10 @@ fn generators_and_apply(sim: &Sim, k: &Kubectl, dir: &Path) {
     assert!(sim.get("deployments", Some("x"), "web").is_err(), "{v}");
     std::thread::sleep(Duration::from_millis(500));
     let (seen, err) = stop(cm_watch);
-    let cm_events = events_of(&seen, "c");
-    assert_eq!(
-        cm_events.first().map(String::as_str),
-        Some("ADDED"),
-        "{v}: {seen} {err}"
-    );
+    let cm_events = arrived_and_left(&seen, &err, "c", v);
     assert!(cm_events.contains(&"MODIFIED".to_string()), "{v}: {cm_events:?} {err}");
-    assert_eq!(
-        cm_events.last().map(String::as_str),
-        Some("DELETED"),
-        "{v}: {cm_events:?} {err}"
-    );
     let (seen, err) = stop(deploy_watch);
-    let web_events = events_of(&seen, "web");
-    assert_eq!(
-        web_events.first().map(String::as_str),
-        Some("ADDED"),
-        "{v}: {seen} {err}"
-    );
-    assert_eq!(
-        web_events.last().map(String::as_str),
-        Some("DELETED"),
-        "{v}: {web_events:?} {err}"
-    );
+    arrived_and_left(&seen, &err, "web", v);
     k.ok(&["delete", "namespace", "x"], None);
     assert!(sim.get("namespaces", None, "x").is_err(), "{v}");
 }
