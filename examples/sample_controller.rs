@@ -1,8 +1,9 @@
 //! Kubernetes' sample-controller on durable informers: a `Foo` custom resource
 //! (`samplecontroller.k8s.io/v1alpha1`, `spec.deploymentName`, `spec.replicas`) owns a
 //! Deployment. The controller creates it, keeps its replicas in line with the Foo, refuses to
-//! adopt a Deployment it does not own (an Event and an error), and copies
-//! `status.availableReplicas` back to the Foo.
+//! adopt a Deployment it does not own (an Event and an error), copies
+//! `status.availableReplicas` back to the Foo, and holds a finalizer on each Foo so that
+//! deleting one deletes its Deployment first (kube's `finalizer` helper).
 //!
 //! ```text
 //! cargo run --features sim --example sample_controller                         # against the built-in simulated cluster
@@ -26,8 +27,9 @@ use durable_informer::store::{DurableStore, StoreConfig};
 use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec};
 use k8s_openapi::api::core::v1::{Container, PodSpec, PodTemplateSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, OwnerReference};
-use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::finalizer::{finalizer, Event as FinalizerEvent};
 use kube::{CustomResource, Resource as _};
 use serde::{Deserialize, Serialize};
 
@@ -148,10 +150,25 @@ pub fn error_policy(key: &ObjectKey, error: &String, ctx: Arc<Ctx>) -> Action {
     Action::requeue_rate_limited()
 }
 
+/// The finalizer this controller puts on each Foo, so that deleting a Foo waits for
+/// [`cleanup`] (kube's finalizer helper adds and removes it).
+pub const FINALIZER: &str = "samplecontroller.k8s.io/deployment";
+
+/// A reconcile step's failure (kube's finalizer helper wants a `std::error::Error`).
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct StepError(String);
+
+impl From<String> for StepError {
+    fn from(s: String) -> Self {
+        Self(s)
+    }
+}
+
 pub async fn reconcile(key: ObjectKey, ctx: Arc<Ctx>) -> Result<Action, String> {
     let ns = key.namespace.clone().unwrap_or_default();
     let Some(foo) = ctx.foos.namespace(&ns).get(&key.name).map_err(|e| e.to_string())? else {
-        // Already gone from the cache: nothing to do (the Deployment is garbage-collected).
+        // Gone from the cache: the finalizer's cleanup ran before the server let it go.
         println!("foo {key} no longer exists");
         ctx.events
             .lock()
@@ -159,10 +176,61 @@ pub async fn reconcile(key: ObjectKey, ctx: Arc<Ctx>) -> Result<Action, String> 
             .push(format!("Deleted: {key}"));
         return Ok(Action::await_change());
     };
+    let foos: Api<Foo> = Api::namespaced(ctx.client.clone(), &ns);
+    // Adds the finalizer first (a patch; the change comes back as an event), then either
+    // applies the Foo or, once it is being deleted, cleans up and removes the finalizer.
+    finalizer(&foos, FINALIZER, foo, |event| async {
+        match event {
+            FinalizerEvent::Apply(foo) => apply(&key, &foo, &ctx).await?,
+            FinalizerEvent::Cleanup(foo) => cleanup(&key, &foo, &ctx).await?,
+        }
+        Ok::<_, StepError>(kube::runtime::controller::Action::await_change())
+    })
+    .await
+    .map_err(|e| e.to_string())?;
+    Ok(Action::await_change())
+}
+
+fn owns(foo: &Foo, deployment: &Deployment) -> bool {
+    deployment
+        .metadata
+        .owner_references
+        .iter()
+        .flatten()
+        .any(|o| o.controller == Some(true) && o.kind == "Foo" && Some(&o.uid) == foo.metadata.uid.as_ref())
+}
+
+/// A Foo being deleted: delete the Deployment it owns (a cluster's garbage collector would do
+/// it too, after the Foo is gone; the finalizer makes it happen before, and on the simulated
+/// cluster, which has no collector, at all).
+async fn cleanup(key: &ObjectKey, foo: &Foo, ctx: &Ctx) -> Result<(), String> {
+    let ns = key.namespace.clone().unwrap_or_default();
+    let name = &foo.spec.deployment_name;
+    let owned = ctx
+        .deployments
+        .namespace(&ns)
+        .get(name)
+        .map_err(|e| e.to_string())?
+        .is_some_and(|d| owns(foo, &d));
+    if owned {
+        let deployments: Api<Deployment> = Api::namespaced(ctx.client.clone(), &ns);
+        match deployments.delete(name, &DeleteParams::background()).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(s)) if s.code == 404 => {}
+            Err(e) => return Err(format!("deleting deployment: {e}")),
+        }
+        record_event(ctx, foo, "Normal", "Cleanup", &format!("Deployment {name:?} deleted")).await;
+    }
+    Ok(())
+}
+
+/// sample-controller's `syncHandler` for a Foo that is not being deleted.
+async fn apply(key: &ObjectKey, foo: &Foo, ctx: &Ctx) -> Result<(), String> {
+    let ns = key.namespace.clone().unwrap_or_default();
     if foo.spec.deployment_name.is_empty() {
         // Invalid object: retrying will not help.
         println!("foo {key}: deployment name must be specified");
-        return Ok(Action::await_change());
+        return Ok(());
     }
     let deployments: Api<Deployment> = Api::namespaced(ctx.client.clone(), &ns);
     let deployment = match ctx
@@ -173,19 +241,13 @@ pub async fn reconcile(key: ObjectKey, ctx: Arc<Ctx>) -> Result<Action, String> 
     {
         Some(d) => (*d).clone(),
         None => deployments
-            .create(&PostParams::default(), &new_deployment(&foo))
+            .create(&PostParams::default(), &new_deployment(foo))
             .await
             .map_err(|e| format!("creating deployment: {e}"))?,
     };
-    let owned = deployment
-        .metadata
-        .owner_references
-        .iter()
-        .flatten()
-        .any(|o| o.controller == Some(true) && o.kind == "Foo" && Some(&o.uid) == foo.metadata.uid.as_ref());
-    if !owned {
+    if !owns(foo, &deployment) {
         let msg = format!("Resource {:?} {MESSAGE_RESOURCE_EXISTS}", foo.spec.deployment_name);
-        record_event(&ctx, &foo, "Warning", "ErrResourceExists", &msg).await;
+        record_event(ctx, foo, "Warning", "ErrResourceExists", &msg).await;
         return Err(msg);
     }
     let current = deployment.spec.as_ref().and_then(|s| s.replicas);
@@ -226,15 +288,15 @@ pub async fn reconcile(key: ObjectKey, ctx: Arc<Ctx>) -> Result<Action, String> 
         .all(|e| !e.contains(&format!("{key} synced")))
     {
         record_event(
-            &ctx,
-            &foo,
+            ctx,
+            foo,
             "Normal",
             "Synced",
             &format!("Foo {key} synced successfully"),
         )
         .await;
     }
-    Ok(Action::await_change())
+    Ok(())
 }
 
 /// Runs the controller on `db` until `stop`; returns its context (what it did).

@@ -180,6 +180,9 @@ async fn sample_controller_converges_against_a_real_apiserver() {
         ("Foo", created.metadata.uid.as_ref())
     );
     assert_eq!(owner.controller, Some(true));
+    // The Foo carries the controller's finalizer (added before the Deployment was made).
+    let f = foos.get("web").await.unwrap();
+    assert_eq!(f.metadata.finalizers, Some(vec![sample::FINALIZER.to_string()]));
     eventually("the Foo status", 60, async || {
         let f = foos.get("web").await.ok()?;
         (f.status?.available_replicas == 0).then_some(())
@@ -262,8 +265,11 @@ async fn sample_controller_converges_against_a_real_apiserver() {
         .collect();
     assert!(full.is_empty(), "full LISTs after the restart: {full:?}");
 
-    // Delete → handled (no garbage collector here: the Deployment stays).
+    // Delete → the finalizer's cleanup deletes the Deployment (there is no garbage collector
+    // here), then the real server lets the Foo go.
     foos.delete("web", &DeleteParams::default()).await.unwrap();
     r.event("the delete", |e| e == "Deleted: default/web").await;
+    assert!(deployments.get_opt("web-deploy").await.unwrap().is_none());
+    assert!(foos.get_opt("web").await.unwrap().is_none());
     r.stop().await;
 }

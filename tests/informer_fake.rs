@@ -275,13 +275,20 @@ async fn a_panicking_handler_is_reported_and_does_not_stop_the_others() {
         handler_fn(|_: Event<ConfigMap>| -> Result<(), String> { Err("refused".into()) }),
         HandlerOptions::volatile(),
     );
+    inf.add_event_handler(
+        handler_fn(|_: Event<ConfigMap>| -> Result<(), QuotaError> { Err(QuotaError { left: 0 }) }),
+        HandlerOptions::volatile(),
+    );
     let seen = Seen::default();
     inf.add_event_handler(recorder(&seen), HandlerOptions::volatile());
     inf.start();
     fake.upsert("b", "1");
     wait_len(&seen, 2).await;
     for _ in 0..500 {
-        if inf.errors().iter().filter(|e| e.contains("panicked")).count() >= 2 {
+        let errors = inf.errors();
+        if errors.iter().filter(|e| e.contains("panicked")).count() >= 2
+            && errors.iter().any(|e| e.contains("quota exceeded"))
+        {
             break;
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
@@ -306,7 +313,22 @@ async fn a_panicking_handler_is_reported_and_does_not_stop_the_others() {
         "{issues:?}"
     );
     assert!(errors.iter().any(|e| e.contains("refused")), "{errors:?}");
+    // A handler's own error type comes back out of the issue.
+    let quota = issues.iter().find_map(|i| match i {
+        durable_informer::informer::InformerIssue::Handler {
+            problem: durable_informer::informer::HandlerProblem::Failed(e),
+            ..
+        } => e.downcast_ref::<QuotaError>(),
+        _ => None,
+    });
+    assert_eq!(quota.map(|q| q.left), Some(0), "{issues:?}");
     inf.shutdown().await.unwrap();
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("quota exceeded ({left} left)")]
+struct QuotaError {
+    left: u32,
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

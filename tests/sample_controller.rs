@@ -1,6 +1,7 @@
 //! sample-controller end to end against the simulated cluster, over HTTP with kube::Client:
 //! create, scale, status copied back, a Deployment scaled by hand restored, refuse a foreign
-//! Deployment (an Event posted, the error retried), delete, and a restart midway that resumes
+//! Deployment (an Event posted, the error retried), delete through the finalizer (the owned
+//! Deployment deleted first, a foreign one kept), and a restart midway that resumes
 //! without a full LIST and converges.
 
 #[path = "../examples/sample_controller.rs"]
@@ -110,6 +111,9 @@ async fn sample_controller_converges_refuses_foreign_deployments_and_resumes_wit
         ("Foo", created.metadata.uid.as_ref())
     );
     assert_eq!(owner.controller, Some(true));
+    // The Foo carries the controller's finalizer (added before the Deployment was made).
+    let f = foos.get("web").await.unwrap();
+    assert_eq!(f.metadata.finalizers, Some(vec![sample::FINALIZER.to_string()]));
 
     // Scale.
     foos.patch(
@@ -234,6 +238,19 @@ async fn sample_controller_converges_refuses_foreign_deployments_and_resumes_wit
             .then_some(())
     })
     .await;
+    // The finalizer's cleanup deleted the owned Deployment before the Foo went (the simulated
+    // cluster has no garbage collector: nothing else deletes it).
+    assert!(deployments.get_opt("web-deploy").await.unwrap().is_none());
+    {
+        let events = ctx.events.lock().unwrap();
+        let cleanup = events.iter().position(|e| e.starts_with("Cleanup: ") && e.contains("web-deploy"));
+        let deleted = events.iter().position(|e| e == "Deleted: default/web");
+        assert!(cleanup.is_some() && cleanup < deleted, "{events:?}");
+    }
+    // Deleting the thief leaves the Deployment it never owned.
+    foos.delete("thief", &DeleteParams::default()).await.unwrap();
+    eventually("the thief gone", async || foos.get_opt("thief").await.unwrap().is_none().then_some(())).await;
+    assert!(deployments.get_opt("foreign").await.unwrap().is_some());
     r.stop.send(true).unwrap();
     r.task.await.unwrap().unwrap();
 }

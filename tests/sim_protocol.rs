@@ -1304,3 +1304,75 @@ async fn a_prebuilt_write_equals_the_same_label_patch() {
         "a deleted object is not written back"
     );
 }
+
+#[tokio::test]
+async fn finalizers_hold_a_deleted_object_until_the_last_one_is_removed() {
+    let sim = Sim::start(fast()).expect("start");
+    let client = sim.client().expect("client");
+    let cms: Api<ConfigMap> = Api::namespaced(client, "default");
+    let mut v = cm("held", json!({}));
+    v["metadata"]["finalizers"] = json!(["example.com/a", "example.com/b"]);
+    let created = cms
+        .create(&PostParams::default(), &serde_json::from_value(v).expect("cm"))
+        .await
+        .expect("create");
+    let rv0 = created.metadata.resource_version.clone().expect("rv");
+
+    // The delete only marks it: 202 with the object, deletionTimestamp set, still readable.
+    let marked = cms.delete("held", &DeleteParams::default()).await.expect("delete");
+    let marked = marked.left().expect("a terminating object, not a Status");
+    assert!(marked.metadata.deletion_timestamp.is_some(), "{marked:?}");
+    let got = cms.get("held").await.expect("still there");
+    assert_eq!(got.metadata.deletion_timestamp, marked.metadata.deletion_timestamp);
+    // Deleting again changes nothing.
+    let again = cms.delete("held", &DeleteParams::default()).await.expect("delete again");
+    assert_eq!(again.left().expect("object").metadata.resource_version, got.metadata.resource_version);
+
+    // No new finalizer on a terminating object; its deletionTimestamp cannot be cleared.
+    let add = json!({"metadata": {"finalizers": ["example.com/a", "example.com/b", "example.com/c"]}});
+    let r = cms.patch("held", &PatchParams::default(), &Patch::Merge(&add)).await;
+    assert_eq!(api_code(r), 422);
+    let clear = json!({"metadata": {"deletionTimestamp": null, "labels": {"x": "y"}}});
+    let kept = cms
+        .patch("held", &PatchParams::default(), &Patch::Merge(&clear))
+        .await
+        .expect("patch labels");
+    assert!(kept.metadata.deletion_timestamp.is_some());
+
+    // Removing one finalizer (JSON patch with a test, as kube's finalizer helper does) keeps
+    // it; removing the last one deletes it.
+    let ops = |i: usize, name: &str| -> json_patch::Patch {
+        serde_json::from_value(json!([
+            {"op": "test", "path": format!("/metadata/finalizers/{i}"), "value": name},
+            {"op": "remove", "path": format!("/metadata/finalizers/{i}")},
+        ]))
+        .expect("patch")
+    };
+    cms.patch("held", &PatchParams::default(), &Patch::Json::<()>(ops(0, "example.com/a")))
+        .await
+        .expect("remove a");
+    assert!(cms.get_opt("held").await.expect("get").is_some());
+    cms.patch("held", &PatchParams::default(), &Patch::Json::<()>(ops(0, "example.com/b")))
+        .await
+        .expect("remove b");
+    assert!(cms.get_opt("held").await.expect("get").is_none());
+
+    // Watchers saw the mark, the label, the first removal as MODIFIED, then one DELETED.
+    let evs = collect(&cms, &WatchParams::default().timeout(1), &rv0, 5).await;
+    assert_eq!(kinds(&evs), "MMMD", "{evs:?}");
+
+    // kube's helper adds a finalizer with `test` of null on the absent field first.
+    cms.create(&PostParams::default(), &serde_json::from_value(cm("fresh", json!({}))).expect("cm"))
+        .await
+        .expect("create fresh");
+    let add: json_patch::Patch = serde_json::from_value(json!([
+        {"op": "test", "path": "/metadata/finalizers", "value": null},
+        {"op": "add", "path": "/metadata/finalizers", "value": ["example.com/a"]},
+    ]))
+    .expect("patch");
+    let added = cms
+        .patch("fresh", &PatchParams::default(), &Patch::Json::<()>(add))
+        .await
+        .expect("add finalizer");
+    assert_eq!(added.metadata.finalizers, Some(vec!["example.com/a".to_string()]));
+}

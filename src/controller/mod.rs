@@ -54,8 +54,8 @@
 //!
 //! [`watcher_stream`](crate::informer::watcher_stream) turns an informer into the
 //! `kube::runtime::watcher::Event` stream that `kube::runtime::reflector` and
-//! `kube::runtime::Controller::for_stream` consume (kube's `unstable-runtime` feature, enabled by
-//! this crate), for code already written against kube-runtime:
+//! `kube::runtime::Controller::for_stream` consume (kube-runtime's `unstable-runtime-stream-control`
+//! feature, which the application enables), for code already written against kube-runtime:
 //!
 //! ```no_run
 //! use std::sync::Arc;

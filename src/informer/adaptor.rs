@@ -1,6 +1,6 @@
 //! kube-runtime interop: an informer as a stream of `kube::runtime::watcher::Event<K>`, so
-//! `kube::runtime::reflector` and `Controller::for_stream` (kube's `unstable-runtime` feature,
-//! enabled by this crate) can consume it; `tests/informer_sim.rs` runs such a Controller.
+//! `kube::runtime::reflector` and `Controller::for_stream` (kube-runtime's
+//! `unstable-runtime-stream-control` feature, which the application enables) can consume it; `tests/informer_sim.rs` runs such a Controller.
 
 use std::collections::VecDeque;
 use std::time::Duration;
@@ -39,8 +39,9 @@ fn decode<K: DeserializeOwned>(bytes: &[u8]) -> Result<K, watcher::Error> {
 /// produce `Delete` with the last known state. A stored object that does not decode as `K`
 /// (a CRD's schema changed, say) is an `Err` item in its place; the stream goes on.
 ///
-/// Feed it to `kube::runtime::reflector` and `Controller::for_stream` (kube's
-/// `unstable-runtime` feature, which this crate enables):
+/// Feed it to `kube::runtime::reflector` and `Controller::for_stream` (kube-runtime's
+/// `unstable-runtime-stream-control` feature, which the application enables; this crate
+/// needs no unstable kube feature):
 ///
 /// ```no_run
 /// use std::sync::Arc;

@@ -309,7 +309,7 @@ async fn call<K: Send + Sync + 'static>(
     match AssertUnwindSafe(fut).catch_unwind().await {
         Ok(Ok(())) => true,
         Ok(Err(e)) => {
-            (ctx.report)(issue(label, HandlerProblem::Failed(e.to_string())));
+            (ctx.report)(issue(label, HandlerProblem::Failed(e)));
             false
         }
         Err(p) => {

@@ -53,9 +53,9 @@ pub enum InformerIssue {
 #[derive(Debug, Clone, thiserror::Error)]
 #[non_exhaustive]
 pub enum HandlerProblem {
-    /// The handler returned an error.
+    /// The handler returned an error (its own, through [`HandlerError::downcast_ref`](super::HandlerError::downcast_ref)).
     #[error(" failed: {0}")]
-    Failed(String),
+    Failed(super::HandlerError),
     /// The handler panicked (the panic's message).
     #[error(" panicked: {0}")]
     Panicked(String),

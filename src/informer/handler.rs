@@ -76,13 +76,45 @@ impl<K> Event<K> {
     }
 }
 
-/// A handler's failure; reported, never fatal to other handlers.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct HandlerError(pub String);
+/// A handler's failure; reported (as [`HandlerProblem::Failed`](super::HandlerProblem::Failed)),
+/// never fatal to other handlers. It keeps the handler's own error, so a caller can get it
+/// back with [`downcast_ref`](Self::downcast_ref).
+///
+/// ```
+/// use durable_informer::informer::HandlerError;
+/// #[derive(Debug, thiserror::Error)]
+/// #[error("quota exceeded")]
+/// struct Quota;
+/// let e = HandlerError::new(Quota);
+/// assert_eq!(e.to_string(), "quota exceeded");
+/// assert!(e.downcast_ref::<Quota>().is_some());
+/// ```
+#[derive(Debug, Clone)]
+pub struct HandlerError(Arc<dyn std::error::Error + Send + Sync + 'static>);
+
+impl HandlerError {
+    /// Wraps an error (or a message: `String` and `&str` convert too).
+    pub fn new(error: impl Into<Box<dyn std::error::Error + Send + Sync + 'static>>) -> Self {
+        Self(Arc::from(error.into()))
+    }
+
+    /// The handler's error as `E`, if it was one.
+    #[must_use]
+    pub fn downcast_ref<E: std::error::Error + 'static>(&self) -> Option<&E> {
+        self.0.downcast_ref::<E>()
+    }
+}
 
 impl fmt::Display for HandlerError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
+        fmt::Display::fmt(&self.0, f)
+    }
+}
+
+// The handler's error is this error (Display forwards to it), so its source is the inner one's.
+impl std::error::Error for HandlerError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.0.source()
     }
 }
 
@@ -99,10 +131,10 @@ impl<K, F, E> EventHandler<K> for SyncFn<F>
 where
     K: Send + Sync + 'static,
     F: Fn(Event<K>) -> Result<(), E> + Send + Sync + 'static,
-    E: fmt::Display,
+    E: Into<Box<dyn std::error::Error + Send + Sync + 'static>>,
 {
     fn handle(&self, event: Event<K>) -> BoxFuture<'_, Result<(), HandlerError>> {
-        futures::future::ready((self.0)(event).map_err(|e| HandlerError(e.to_string()))).boxed()
+        futures::future::ready((self.0)(event).map_err(HandlerError::new)).boxed()
     }
 }
 
@@ -121,7 +153,7 @@ pub fn handler_fn<K, F, E>(f: F) -> impl EventHandler<K>
 where
     K: Send + Sync + 'static,
     F: Fn(Event<K>) -> Result<(), E> + Send + Sync + 'static,
-    E: fmt::Display,
+    E: Into<Box<dyn std::error::Error + Send + Sync + 'static>>,
 {
     SyncFn(f)
 }
@@ -133,11 +165,11 @@ where
     K: Send + Sync + 'static,
     F: Fn(Event<K>) -> Fut + Send + Sync + 'static,
     Fut: std::future::Future<Output = Result<(), E>> + Send + 'static,
-    E: fmt::Display,
+    E: Into<Box<dyn std::error::Error + Send + Sync + 'static>>,
 {
     fn handle(&self, event: Event<K>) -> BoxFuture<'_, Result<(), HandlerError>> {
         (self.0)(event)
-            .map(|r| r.map_err(|e| HandlerError(e.to_string())))
+            .map(|r| r.map_err(HandlerError::new))
             .boxed()
     }
 }
@@ -148,7 +180,7 @@ where
     K: Send + Sync + 'static,
     F: Fn(Event<K>) -> Fut + Send + Sync + 'static,
     Fut: std::future::Future<Output = Result<(), E>> + Send + 'static,
-    E: fmt::Display,
+    E: Into<Box<dyn std::error::Error + Send + Sync + 'static>>,
 {
     AsyncFn(f)
 }

@@ -338,11 +338,12 @@ impl Sim {
             .collect()
     }
 
-    /// Delete an object; returns its final state (with the deletion's resourceVersion).
+    /// Delete an object; returns its final state (with the deletion's resourceVersion), or, for
+    /// an object with finalizers, its terminating state (`deletionTimestamp` set).
     pub fn delete(&self, resource: &str, ns: Option<&str>, name: &str) -> Result<Value> {
         self.write(|st| {
             let res = self.resource(st, resource)?;
-            Ok(st.delete(res, ns, name)?)
+            Ok(st.delete(res, ns, name)?.0)
         })
         .map(|o| o.value())
     }

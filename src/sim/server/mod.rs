@@ -348,7 +348,11 @@ async fn resource_request(
         }),
         (&Method::PATCH, Some(name)) => patch(shared, &t, name, content_type, body),
         (&Method::DELETE, Some(name)) => {
-            write(shared, |st| st.delete(t.res, t.ns.as_deref(), name)).map(|o| (StatusCode::OK, o))
+            // 202 while finalizers hold the object, as the real server answers.
+            write(shared, |st| st.delete(t.res, t.ns.as_deref(), name)).map(|(o, stays)| {
+                let code = if stays { StatusCode::ACCEPTED } else { StatusCode::OK };
+                (code, o)
+            })
         }
         _ => Err(method_not_allowed()),
     };
@@ -521,17 +525,29 @@ fn patch(
     };
     match ct {
         "application/json-patch+json" => {
-            let ops: json_patch::Patch = serde_json::from_value(p)
+            let ops: json_patch::Patch = serde_json::from_value(p.clone())
                 .map_err(|e| ApiError::bad_request(format!("error decoding patch: {e}")))?;
+            let raw = p.as_array().cloned().unwrap_or_default();
             write(shared, |st| {
                 let mut v = st.get(t.res, t.ns.as_deref(), name)?.value();
-                json_patch::patch(&mut v, &ops).map_err(|e| {
-                    ApiError::new(
-                        422,
-                        "Invalid",
-                        format!("the server rejected our request due to an error in our request: {e}"),
-                    )
-                })?;
+                for (op, raw) in ops.0.iter().zip(&raw) {
+                    // The real server's JSON patch lets `test` of null pass on an absent
+                    // field (kube's finalizer helper relies on it); json-patch does not.
+                    let path = raw.get("path").and_then(Value::as_str).unwrap_or_default();
+                    if raw.get("op").and_then(Value::as_str) == Some("test")
+                        && raw.get("value").is_some_and(Value::is_null)
+                        && v.pointer(path).is_none()
+                    {
+                        continue;
+                    }
+                    json_patch::patch(&mut v, std::slice::from_ref(op)).map_err(|e| {
+                        ApiError::new(
+                            422,
+                            "Invalid",
+                            format!("the server rejected our request due to an error in our request: {e}"),
+                        )
+                    })?;
+                }
                 st.update(t.res, t.ns.as_deref(), name, v, t.status)
             })
             .map(|o| (StatusCode::OK, o))

@@ -360,31 +360,83 @@ impl State {
         let spec_changed = old_v.get("spec") != new_v.get("spec");
         let old_meta = old_v.get("metadata").cloned().unwrap_or_else(|| json!({}));
         let meta = meta_mut(new_v)?;
-        for k in ["name", "namespace", "uid", "creationTimestamp"] {
+        // The server owns these: a write can neither set nor clear them (a deletion is final).
+        for k in [
+            "name",
+            "namespace",
+            "uid",
+            "creationTimestamp",
+            "deletionTimestamp",
+            "deletionGracePeriodSeconds",
+        ] {
             match old_meta.get(k) {
                 Some(x) => meta.insert(k.into(), x.clone()),
                 None => meta.remove(k),
             };
+        }
+        let terminating = old_meta.get("deletionTimestamp").is_some();
+        if terminating {
+            let before = finalizers(old_meta.get("finalizers"));
+            let added: Vec<String> = finalizers(meta.get("finalizers")).into_iter().filter(|f| !before.contains(f)).collect();
+            if !added.is_empty() {
+                let name = old_meta.get("name").and_then(Value::as_str).unwrap_or_default();
+                return Err(ApiError::invalid(
+                    def,
+                    name,
+                    &format!(
+                        "metadata.finalizers: Forbidden: no new finalizers can be added if the object is being deleted, found new finalizers {added:?}"
+                    ),
+                ));
+            }
         }
         meta.insert("resourceVersion".into(), json!(rv.to_string()));
         if def.has_generation() {
             let g = old_meta.get("generation").and_then(Value::as_i64).unwrap_or(1);
             meta.insert("generation".into(), json!(if spec_changed { g + 1 } else { g }));
         }
+        let gone = terminating && finalizers(meta.get("finalizers")).is_empty();
         let obj = Arc::new(build_obj(def, key.clone(), new_v.take())?);
         self.rv = rv;
-        self.objects[res].insert(key, obj.clone());
-        self.push_event(res, EventKind::Modified, obj.clone(), Some(old));
+        if gone {
+            // The last finalizer of a terminating object is gone: the object goes with this
+            // write, and watchers see it as one DELETED event carrying this state.
+            self.objects[res].remove(&key);
+            self.push_event(res, EventKind::Deleted, obj.clone(), Some(old));
+        } else {
+            self.objects[res].insert(key, obj.clone());
+            self.push_event(res, EventKind::Modified, obj.clone(), Some(old));
+        }
         Ok(obj)
     }
 
-    /// Delete an object; returns its last state stamped with the deletion's RV.
-    pub fn delete(&mut self, res: usize, ns: Option<&str>, name: &str) -> Result<Arc<Obj>, ApiError> {
+    /// Delete an object; returns its last state stamped with the deletion's RV, and whether it
+    /// stays (terminating) because finalizers are pending.
+    ///
+    /// An object with `metadata.finalizers` is only marked: `deletionTimestamp` is set (and
+    /// `generation` bumped), watchers see MODIFIED, and it goes when a write removes its last
+    /// finalizer (see `store_update`). Deleting a terminating object again changes nothing.
+    pub fn delete(&mut self, res: usize, ns: Option<&str>, name: &str) -> Result<(Arc<Obj>, bool), ApiError> {
         let (def, key, old) = self.stored(res, ns, name)?;
-        self.objects[res].remove(&key);
         let rv = self.rv + 1;
         let mut v = old.value();
         let meta = meta_mut(&mut v)?;
+        if !finalizers(meta.get("finalizers")).is_empty() {
+            if meta.contains_key("deletionTimestamp") {
+                return Ok((old, true));
+            }
+            meta.insert("resourceVersion".into(), json!(rv.to_string()));
+            meta.insert("deletionTimestamp".into(), json!(util::now_rfc3339()));
+            meta.insert("deletionGracePeriodSeconds".into(), json!(0));
+            if let Some(g) = meta.get("generation").and_then(Value::as_i64).filter(|g| *g > 0) {
+                meta.insert("generation".into(), json!(g + 1));
+            }
+            let obj = Arc::new(build_obj(&def, key.clone(), v)?);
+            self.rv = rv;
+            self.objects[res].insert(key, obj.clone());
+            self.push_event(res, EventKind::Modified, obj.clone(), Some(old));
+            return Ok((obj, true));
+        }
+        self.objects[res].remove(&key);
         meta.insert("resourceVersion".into(), json!(rv.to_string()));
         if def.plural == "pods" && def.group.is_empty() {
             // Pods are deleted gracefully on a real server; the final event carries these.
@@ -394,7 +446,7 @@ impl State {
         let obj = Arc::new(build_obj(&def, key, v)?);
         self.rv = rv;
         self.push_event(res, EventKind::Deleted, obj.clone(), Some(old));
-        Ok(obj)
+        Ok((obj, false))
     }
 
     pub fn get(&self, res: usize, ns: Option<&str>, name: &str) -> Result<Arc<Obj>, ApiError> {
@@ -495,4 +547,12 @@ where
             }
         }
     }
+}
+
+/// The names in a `metadata.finalizers` field.
+fn finalizers(field: Option<&Value>) -> Vec<String> {
+    field
+        .and_then(Value::as_array)
+        .map(|a| a.iter().filter_map(Value::as_str).map(str::to_owned).collect())
+        .unwrap_or_default()
 }
