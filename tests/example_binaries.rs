@@ -18,7 +18,8 @@ use durable_informer::sim::{ResourceDef, Sim, SimConfig};
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 
-const EXAMPLES: [&str; 6] = [
+const EXAMPLES: [&str; 7] = [
+    "ha_controller",
     "pod_informer",
     "deployment_lister",
     "mydemo_controller",
@@ -655,4 +656,79 @@ fn sample_controller_with_kubeconfig_creates_the_deployment_of_a_foo() {
         .expect("the controller created the Deployment");
     assert_eq!(d["spec"]["replicas"], 2, "{d}");
     assert_eq!(d["metadata"]["ownerReferences"][0]["kind"], "Foo", "{d}");
+}
+
+/// The `figure <name> <value>` lines an ha_controller run printed.
+fn figures(lines: &[String]) -> std::collections::BTreeMap<String, f64> {
+    lines
+        .iter()
+        .filter_map(|l| {
+            let mut f = l.strip_prefix("figure ")?.split_whitespace();
+            Some((f.next()?.to_owned(), f.next()?.parse().ok()?))
+        })
+        .collect()
+}
+
+fn figure(figs: &std::collections::BTreeMap<String, f64>, name: &str, lines: &[String]) -> f64 {
+    *figs
+        .get(name)
+        .unwrap_or_else(|| panic!("no figure {name} in {lines:#?}"))
+}
+
+/// Three replica processes: a SIGKILLed leader is replaced by a warm standby that lists
+/// nothing, the killed replica restarts on its database without a full LIST, and a cleanly
+/// stopped leader's released Lease is taken through the watch on it, well before the next
+/// poll (retry period 3 s here) could have noticed.
+#[test]
+fn ha_controller_fails_over_warm_after_a_kill_and_at_once_after_a_clean_stop() {
+    let args = [
+        "failover",
+        "--lease-ms",
+        "6000",
+        "--renew-ms",
+        "4500",
+        "--retry-ms",
+        "3000",
+        "--keys",
+        "20",
+    ];
+    let (status, lines) = Run::start("ha_controller", &args).finish();
+    assert!(status.success(), "exited with {status}; output: {lines:#?}");
+    let figs = figures(&lines);
+    assert_eq!(figure(&figs, "kill_lists_by_new_leader", &lines), 0.0);
+    assert!(figure(&figs, "restart_list_objects", &lines) <= 1.0, "{lines:#?}");
+    // Not before the killed leader's term could have run out (a fencing property, not speed).
+    assert!(
+        figure(&figs, "kill_to_first_reconcile_ms", &lines) >= 6000.0 - 3000.0,
+        "{lines:#?}"
+    );
+    assert!(
+        figure(&figs, "release_to_first_reconcile_ms", &lines) < 3000.0,
+        "{lines:#?}"
+    );
+}
+
+/// A short chaos run: kills, pauses past the lease and clean stops; no key is ever reconciled
+/// by two replicas at once, and every key converges after the last write.
+#[test]
+fn ha_controller_chaos_never_reconciles_a_key_twice_at_once_and_converges() {
+    let args = [
+        "chaos",
+        "--rounds",
+        "10",
+        "--keys",
+        "20",
+        "--lease-ms",
+        "1500",
+        "--renew-ms",
+        "1000",
+        "--retry-ms",
+        "200",
+    ];
+    let (status, lines) = Run::start("ha_controller", &args).finish();
+    assert!(status.success(), "exited with {status}; output: {lines:#?}");
+    let figs = figures(&lines);
+    assert_eq!(figure(&figs, "chaos_overlaps", &lines), 0.0, "{lines:#?}");
+    assert_eq!(figure(&figs, "chaos_unreconciled", &lines), 0.0, "{lines:#?}");
+    assert!(figure(&figs, "chaos_terms", &lines) >= 2.0, "{lines:#?}");
 }

@@ -19,6 +19,8 @@ struct Server {
     writes: u64,
     /// When the Lease was last written (virtual time).
     last_write: Option<tokio::time::Instant>,
+    /// The resourceVersion as it changes, for locks that watch the Lease.
+    versions: Option<watch::Sender<u64>>,
 }
 
 impl Server {
@@ -30,7 +32,18 @@ impl Server {
         let mut r = record.clone();
         r.resource_version = Some(self.rv.to_string());
         self.lease = Some(r.clone());
+        if let Some(v) = &self.versions {
+            v.send_replace(self.rv);
+        }
         r
+    }
+
+    fn watchable() -> Arc<Mutex<Server>> {
+        let (versions, _) = watch::channel(0);
+        Arc::new(Mutex::new(Server {
+            versions: Some(versions),
+            ..Server::default()
+        }))
     }
 }
 
@@ -85,6 +98,21 @@ impl LeaseLock for FakeLock {
             });
         }
         Ok(s.store(record))
+    }
+
+    async fn changed(&self, resource_version: Option<String>) {
+        let versions = self
+            .server
+            .lock()
+            .unwrap()
+            .versions
+            .as_ref()
+            .map(watch::Sender::subscribe);
+        let Some(mut versions) = versions else {
+            return std::future::pending().await;
+        };
+        let seen = resource_version.and_then(|v| v.parse::<u64>().ok());
+        let _ = versions.wait_for(|v| Some(*v) != seen).await;
     }
 
     fn identity(&self) -> &str {
@@ -278,4 +306,68 @@ async fn an_unsafe_configuration_is_refused() {
     let err = r.task.await.unwrap().unwrap_err();
     assert!(matches!(err, LeaderError::Config { .. }), "{err}");
     assert!(!*r.leading.borrow());
+}
+
+/// A long retry period, so that a takeover at its next poll would be seconds late.
+fn slow_polls() -> LeaderElectionConfig {
+    LeaderElectionConfig {
+        lease_duration: Duration::from_secs(15),
+        renew_deadline: Duration::from_secs(10),
+        retry_period: Duration::from_secs(9),
+        release_on_cancel: true,
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_follower_takes_an_expired_lease_when_it_expires_not_at_its_next_poll() {
+    let server = Arc::new(Mutex::new(Server::default()));
+    server.lock().unwrap().lease = Some(LeaseRecord {
+        resource_version: Some("7".into()),
+        ..LeaseRecord::held_by("crashed", Duration::from_secs(15), 0)
+    });
+    let b = replica(&server, "b", slow_polls());
+    advance(Duration::from_millis(14_900)).await;
+    assert!(!*b.leading.borrow(), "not before the term ends");
+    // Polls every 9 to 19.8 s would next look at 18 s or later.
+    advance(Duration::from_millis(300)).await;
+    assert!(*b.leading.borrow(), "taken when it expired");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_follower_watching_the_lease_takes_a_released_one_at_once() {
+    let server = Server::watchable();
+    let a = replica(&server, "a", slow_polls());
+    advance(Duration::from_millis(100)).await;
+    assert!(*a.leading.borrow());
+    let b = replica(&server, "b", slow_polls());
+    advance(Duration::from_secs(20)).await;
+    assert!(!*b.leading.borrow(), "a renews: b follows");
+    a.stop.send(true).unwrap();
+    a.task.await.unwrap().unwrap();
+    // Released, and taken as soon as b's watch saw it (no virtual time has passed, or 100 ms).
+    advance(Duration::from_millis(100)).await;
+    assert!(*b.leading.borrow(), "the release was seen through the watch");
+    assert_eq!(holder(&server).as_deref(), Some("b"));
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_fenced_leadership_follows_the_flag_and_each_renewal() {
+    let server = Arc::new(Mutex::new(Server::default()));
+    let elector = LeaderElector::new(FakeLock::new(&server, "a"), config());
+    let fenced = elector.fenced_leadership();
+    let (stop, rx) = watch::channel(false);
+    let task = tokio::spawn(elector.run(rx));
+    assert!(!fenced.is_leading());
+    advance(Duration::from_millis(100)).await;
+    assert!(fenced.is_leading());
+    // Renewals keep extending the term well past one renew deadline.
+    advance(Duration::from_secs(30)).await;
+    assert!(fenced.is_leading());
+    // Renewals fail: the term ends with the deadline, and the flag goes off with it.
+    server.lock().unwrap().failing = Some("a".into());
+    advance(Duration::from_secs(11)).await;
+    assert!(!fenced.is_leading());
+    assert!(!*fenced.flag().borrow());
+    stop.send(true).unwrap();
+    task.await.unwrap().unwrap();
 }

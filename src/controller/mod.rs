@@ -100,6 +100,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use crate::informer::{handler_fn, Event, HandlerOptions, Informer, InformerError, Registration};
+use crate::leader::Leadership;
 use crate::object::ObjectKey;
 use crate::queue::{default_controller_rate_limiter, WorkQueue};
 
@@ -335,7 +336,7 @@ pub struct Controller<K> {
     name: String,
     queue: WorkQueue<ObjectKey>,
     predicates: Vec<Predicate>,
-    leading: Option<watch::Receiver<bool>>,
+    leading: Option<Leadership>,
 }
 
 fn enqueue_handler<O, F>(queue: WorkQueue<ObjectKey>, map: F) -> impl crate::informer::EventHandler<O>
@@ -490,8 +491,12 @@ where
     /// losing, its workers take no new key, and `run` waits for the reconciles in flight.
     /// The elector turns leadership off `lease_duration - renew_deadline` (5 s by default)
     /// before another replica may take the Lease: a reconcile that can run longer than that
-    /// should check [`LeaderElector::leadership`](crate::leader::LeaderElector::leadership)
-    /// itself.
+    /// should check [`Leadership::is_leading`] itself before it writes.
+    ///
+    /// Pass [`LeaderElector::fenced_leadership`](crate::leader::LeaderElector::fenced_leadership)
+    /// (a plain `watch::Receiver<bool>` works too): each worker then checks the term's deadline
+    /// on the monotonic clock before it takes a key, so a replica that resumes from a pause
+    /// longer than the Lease reconciles nothing before its elector notices the loss.
     ///
     /// ```no_run
     /// # use std::sync::Arc;
@@ -505,15 +510,15 @@ where
     ///     KubeLeaseLock::new(client, "default", "my-controller", "replica-a"),
     ///     LeaderElectionConfig::default(),
     /// );
-    /// let controller = Controller::new(pods).leader_election(elector.leadership());
+    /// let controller = Controller::new(pods).leader_election(elector.fenced_leadership());
     /// let (stop_tx, stop) = tokio::sync::watch::channel(false);
     /// let elector_task = tokio::spawn(elector.run(stop.clone()));
     /// controller.run(reconcile, default_error_policy, Arc::new(()), stop).await?;
     /// # let _ = (stop_tx, elector_task); Ok(()) }
     /// ```
     #[must_use]
-    pub fn leader_election(mut self, leading: watch::Receiver<bool>) -> Self {
-        self.leading = Some(leading);
+    pub fn leader_election(mut self, leading: impl Into<Leadership>) -> Self {
+        self.leading = Some(leading.into());
         self
     }
 
@@ -645,12 +650,13 @@ async fn lead_while<K, W: Spawn>(
     primary: &Informer<K>,
     workers: &W,
     n: usize,
-    mut leading: watch::Receiver<bool>,
+    leadership: Leadership,
     stop: &mut watch::Receiver<bool>,
 ) -> Vec<JoinHandle<()>>
 where
     K: DeserializeOwned + Send + Sync + 'static,
 {
+    let mut leading = leadership.flag();
     loop {
         tracing::info!("caches synced; waiting for leadership");
         let won = tokio::select! {
@@ -670,7 +676,7 @@ where
             Err(e) => tracing::warn!(error = %e, "listing the keys to reconcile after winning failed"),
         }
         tracing::info!(workers = n, "leading; starting workers");
-        let handles = workers.spawn(n, Some(leading.clone()));
+        let handles = workers.spawn(n, Some(leadership.clone()));
         // Decided first: a `watch::Ref` must not live across the awaits below.
         let lost = tokio::select! {
             // Lost, or the elector is gone (then leadership cannot be vouched for either).
@@ -751,7 +757,7 @@ impl<Ctx, F, P> Clone for Workers<Ctx, F, P> {
 /// Starting workers, whatever the reconcile's types (so [`lead_while`] needs none of them).
 trait Spawn {
     fn queue(&self) -> &WorkQueue<ObjectKey>;
-    fn spawn(&self, n: usize, leading: Option<watch::Receiver<bool>>) -> Vec<JoinHandle<()>>;
+    fn spawn(&self, n: usize, leading: Option<Leadership>) -> Vec<JoinHandle<()>>;
 }
 
 impl<Ctx, F, Fut, E, P> Spawn for Workers<Ctx, F, P>
@@ -768,7 +774,7 @@ where
 
     /// Spawns `n` worker tasks; each ends when the queue is shut down and empty, or, with
     /// `leading`, once it turns false (after the reconcile in flight).
-    fn spawn(&self, n: usize, leading: Option<watch::Receiver<bool>>) -> Vec<JoinHandle<()>> {
+    fn spawn(&self, n: usize, leading: Option<Leadership>) -> Vec<JoinHandle<()>> {
         (0..n)
             .map(|_| {
                 let w = self.clone();
@@ -777,14 +783,27 @@ where
                     loop {
                         let next = match &mut leading {
                             // `get` is cancel safe: losing leadership takes no key.
-                            Some(l) => tokio::select! {
-                                biased;
-                                _ = l.wait_for(|l| !*l) => None,
-                                key = w.queue.get() => key,
-                            },
+                            Some(l) => {
+                                let mut flag = l.flag();
+                                tokio::select! {
+                                    biased;
+                                    _ = flag.wait_for(|l| !*l) => None,
+                                    key = w.queue.get() => key,
+                                }
+                            }
                             None => w.queue.get().await,
                         };
                         let Some(key) = next else { break };
+                        if let Some(l) = &mut leading {
+                            if !l.is_leading() {
+                                // The term ran out (a pause?) before the elector noticed: hand
+                                // the key back and wait for a renewal or the loss.
+                                w.queue.add(key.clone());
+                                w.queue.done(&key);
+                                l.changed().await;
+                                continue;
+                            }
+                        }
                         // `done` always, even if the error policy panics: otherwise the key is
                         // never handed out again and a drain waits for it forever.
                         let _done = DoneOnDrop(&w.queue, &key);

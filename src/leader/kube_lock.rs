@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
-use kube::api::{Api, PostParams};
+use kube::api::{Api, PostParams, WatchParams};
 
 use super::{LeaderError, LeaseLock, LeaseRecord};
 
@@ -69,7 +69,10 @@ impl KubeLeaseLock {
             },
             spec: Some(LeaseSpec {
                 holder_identity: r.holder.clone(),
-                lease_duration_seconds: Some(i32::try_from(r.lease_duration.as_secs().max(1)).unwrap_or(i32::MAX)),
+                // Rounded up: a reader must never see a shorter term than the holder keeps.
+                lease_duration_seconds: Some(
+                    i32::try_from(r.lease_duration.as_millis().div_ceil(1000).max(1)).unwrap_or(i32::MAX),
+                ),
                 acquire_time: r.acquire_time.map(MicroTime),
                 renew_time: r.renew_time.map(MicroTime),
                 lease_transitions: Some(r.transitions),
@@ -115,6 +118,31 @@ impl LeaseLock for KubeLeaseLock {
             .await
             .map_err(|e| self.api_error(e))?;
         Ok(from_lease(replaced))
+    }
+
+    async fn changed(&self, resource_version: Option<String>) {
+        use futures::StreamExt;
+        let Some(rv) = resource_version else {
+            return std::future::pending().await;
+        };
+        let wp = WatchParams::default()
+            .fields(&format!("metadata.name={}", self.name))
+            .timeout(60);
+        match self.api.watch(&wp, &rv).await {
+            // Any event (a change, or an error such as 410) means: read the Lease again.
+            Ok(stream) => {
+                let mut stream = std::pin::pin!(stream);
+                if stream.next().await.is_none() {
+                    // The watch timed out with no change: the caller's timer decides.
+                    std::future::pending::<()>().await;
+                }
+            }
+            // No watch (RBAC without `watch` on leases, say): poll as client-go does.
+            Err(e) => {
+                tracing::debug!(lease = %self.describe(), error = %e, "watching the lease failed; polling");
+                std::future::pending::<()>().await;
+            }
+        }
     }
 
     fn identity(&self) -> &str {

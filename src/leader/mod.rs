@@ -108,6 +108,13 @@ pub trait LeaseLock: Send + Sync + 'static {
     /// Replaces the Lease if its resourceVersion is still `record.resource_version`;
     /// [`LeaderError::Conflict`] otherwise.
     fn update(&self, record: &LeaseRecord) -> impl Future<Output = Result<LeaseRecord, LeaderError>> + Send;
+    /// Resolves when the Lease may have changed since `resource_version` (a watch on it), so a
+    /// follower sees a release or a renewal at once instead of at its next poll. The default
+    /// never resolves: the elector then polls every `retry_period`, as client-go does.
+    fn changed(&self, resource_version: Option<String>) -> impl Future<Output = ()> + Send {
+        let _ = resource_version;
+        std::future::pending()
+    }
     /// This replica's identity (the `holderIdentity` it writes).
     fn identity(&self) -> &str;
     /// `namespace/name`, for logs.
@@ -125,7 +132,81 @@ pub struct LeaderElector<L> {
     lock: L,
     config: LeaderElectionConfig,
     leading: watch::Sender<bool>,
+    /// Until when the current term is vouched for: the start of the last successful
+    /// acquire/renew round plus `renew_deadline` (None when not leading).
+    until: watch::Sender<Option<Instant>>,
     observed: Option<Observed>,
+}
+
+/// Whether this replica leads, checked against the clock: [`is_leading`](Self::is_leading)
+/// is true only while the flag is on *and* the last renewal is younger than `renew_deadline`.
+///
+/// The flag alone turns false when the elector task runs; a process that was paused (SIGSTOP,
+/// a long GC-like stall, a starved runtime) resumes with the flag still on while another
+/// replica may already hold the Lease. The deadline, on the monotonic clock that keeps running
+/// through a pause, closes that gap: the controller checks it before each reconcile, and a
+/// reconcile can check it before it writes.
+///
+/// ```
+/// use durable_informer::leader::Leadership;
+/// let (tx, rx) = tokio::sync::watch::channel(true);
+/// // From a plain flag (no deadline): leading while the flag is on.
+/// let l = Leadership::from(rx);
+/// assert!(l.is_leading());
+/// tx.send_replace(false);
+/// assert!(!l.is_leading());
+/// ```
+#[derive(Debug, Clone)]
+pub struct Leadership {
+    flag: watch::Receiver<bool>,
+    until: Option<watch::Receiver<Option<Instant>>>,
+}
+
+impl Leadership {
+    /// Leadership from a flag and the end of the current term (`None`: not vouched for), for
+    /// an election mechanism of your own.
+    #[must_use]
+    pub fn new(flag: watch::Receiver<bool>, until: watch::Receiver<Option<Instant>>) -> Self {
+        Self {
+            flag,
+            until: Some(until),
+        }
+    }
+
+    /// Leading now: the flag is on and the term has not run out on this replica's clock.
+    #[must_use]
+    pub fn is_leading(&self) -> bool {
+        *self.flag.borrow()
+            && self
+                .until
+                .as_ref()
+                .is_none_or(|u| u.borrow().is_some_and(|t| Instant::now() < t))
+    }
+
+    /// The flag alone, as it changes.
+    #[must_use]
+    pub fn flag(&self) -> watch::Receiver<bool> {
+        self.flag.clone()
+    }
+
+    /// Waits until the flag turns off or the term changes (a renewal or its end).
+    pub(crate) async fn changed(&mut self) {
+        match &mut self.until {
+            Some(u) => tokio::select! {
+                _ = self.flag.wait_for(|l| !*l) => {}
+                _ = u.changed() => {}
+            },
+            None => {
+                let _ = self.flag.wait_for(|l| !*l).await;
+            }
+        }
+    }
+}
+
+impl From<watch::Receiver<bool>> for Leadership {
+    fn from(flag: watch::Receiver<bool>) -> Self {
+        Self { flag, until: None }
+    }
 }
 
 impl<L: LeaseLock> LeaderElector<L> {
@@ -133,12 +214,30 @@ impl<L: LeaseLock> LeaderElector<L> {
     #[must_use]
     pub fn new(lock: L, config: LeaderElectionConfig) -> Self {
         let (leading, _) = watch::channel(false);
+        let (until, _) = watch::channel(None);
         Self {
             lock,
             config,
             leading,
+            until,
             observed: None,
         }
+    }
+
+    /// Leadership with its deadline (see [`Leadership`]): what
+    /// [`Controller::leader_election`](crate::controller::Controller::leader_election) wants.
+    #[must_use]
+    pub fn fenced_leadership(&self) -> Leadership {
+        Leadership {
+            flag: self.leading.subscribe(),
+            until: Some(self.until.subscribe()),
+        }
+    }
+
+    /// The end of the term started by the last successful round.
+    fn vouch(&self) {
+        let until = self.observed.as_ref().map(|o| o.at + self.config.renew_deadline);
+        self.until.send_replace(until);
     }
 
     /// Whether this replica leads, now and as it changes. It turns false *before* the Lease
@@ -164,10 +263,12 @@ impl<L: LeaseLock> LeaderElector<L> {
                 break;
             }
             tracing::info!(lease = %self.lock.describe(), identity = self.lock.identity(), "became leader");
+            self.vouch();
             self.leading.send_replace(true);
             let stopped = self.renew(&mut stop).await;
             // Leadership ends here, before the Lease is released or can expire for the others.
             self.leading.send_replace(false);
+            self.until.send_replace(None);
             if stopped {
                 if c.release_on_cancel {
                     self.release().await;
@@ -190,9 +291,20 @@ impl<L: LeaseLock> LeaderElector<L> {
             }
             // client-go's jitter: up to 1.2 × the period on top, so replicas do not move in step.
             let jitter = rand::rng().random_range(0.0..1.2);
-            let wait = self.config.retry_period.mul_f64(1.0 + jitter);
+            let mut wake = Instant::now() + self.config.retry_period.mul_f64(1.0 + jitter);
+            // Try again the moment the holder's term runs out, not up to a period later.
+            if let Some(o) = &self.observed {
+                if o.record.holder.is_some() {
+                    let expiry = o.at + self.term_of(&o.record) + Duration::from_millis(1);
+                    // Never spin: a zero-length lease that keeps conflicting waits 10 ms.
+                    wake = wake.min(expiry.max(Instant::now() + Duration::from_millis(10)));
+                }
+            }
+            let rv = self.observed.as_ref().and_then(|o| o.record.resource_version.clone());
             tokio::select! {
-                () = tokio::time::sleep(wait) => {}
+                () = tokio::time::sleep_until(wake) => {}
+                // A release or a renewal: read it now (a release is taken at once).
+                () = self.lock.changed(rv) => {}
                 _ = stop.wait_for(|s| *s) => return false,
             }
         }
@@ -213,7 +325,10 @@ impl<L: LeaseLock> LeaderElector<L> {
             // The renewal may itself hang: it counts against the deadline too.
             let deadline = last_renewal + self.config.renew_deadline;
             match tokio::time::timeout_at(deadline, self.try_acquire_or_renew()).await {
-                Ok(true) => last_renewal = Instant::now(),
+                Ok(true) => {
+                    last_renewal = Instant::now();
+                    self.vouch();
+                }
                 Ok(false) | Err(_) if Instant::now() >= deadline => return false,
                 Ok(false) | Err(_) => {}
             }
@@ -252,7 +367,7 @@ impl<L: LeaseLock> LeaderElector<L> {
         let held_by_other = current.holder.as_deref().is_some_and(|h| !h.is_empty() && h != me);
         if held_by_other {
             let seen_at = self.observed.as_ref().map_or(now, |o| o.at);
-            if seen_at + current.lease_duration > now {
+            if seen_at + self.term_of(&current) > now {
                 return false;
             }
         }
@@ -275,6 +390,12 @@ impl<L: LeaseLock> LeaderElector<L> {
         }
     }
 
+    /// How long a holder's silence must last before the Lease may be taken: the record's
+    /// duration (whole seconds on the wire), never less than this replica's own setting.
+    fn term_of(&self, record: &LeaseRecord) -> Duration {
+        record.lease_duration.max(self.config.lease_duration)
+    }
+
     fn observe(&mut self, record: LeaseRecord, at: Instant) {
         self.observed = Some(Observed { record, at });
     }
@@ -293,5 +414,31 @@ impl<L: LeaseLock> LeaderElector<L> {
             Ok(_) => tracing::info!(lease = %self.lock.describe(), "lease released"),
             Err(e) => tracing::warn!(lease = %self.lock.describe(), error = %e, "releasing the lease failed"),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn leadership_ends_with_its_term_even_while_the_flag_is_still_on() {
+        let (flag_tx, flag) = watch::channel(true);
+        let (until_tx, until) = watch::channel(Some(Instant::now() + Duration::from_secs(1)));
+        let l = Leadership::new(flag, until);
+        assert!(l.is_leading());
+        // A pause: the clock moves on, nobody has turned the flag off yet.
+        tokio::time::advance(Duration::from_millis(1500)).await;
+        assert!(*l.flag().borrow());
+        assert!(!l.is_leading(), "the term ran out");
+        // A renewal extends it; the flag going off ends it.
+        until_tx.send_replace(Some(Instant::now() + Duration::from_secs(1)));
+        assert!(l.is_leading());
+        flag_tx.send_replace(false);
+        assert!(!l.is_leading());
+        // No term at all: not leading.
+        flag_tx.send_replace(true);
+        until_tx.send_replace(None);
+        assert!(!l.is_leading());
     }
 }
