@@ -15,9 +15,9 @@
 //! `failover` (the default) starts the simulated cluster and three replicas, SIGKILLs the
 //! leader and times the first reconcile by the next one, restarts it, then stops the new
 //! leader cleanly (the Lease is released) and times the takeover again. `chaos` kills, pauses
-//! and stops replicas at random (3 to 10 of them) while a writer changes ConfigMaps, then checks
-//! that no two replicas ever reconciled the same key at the same moment and that every key
-//! converged. Each prints `figure <name> <value>` lines. Options: `--lease-ms`, `--renew-ms`,
+//! and stops replicas at random (3 to 10 of them) while a writer changes ConfigMaps, then
+//! counts the moments two replicas reconciled the same key at once, whether their writes ever
+//! interleaved (told by the resourceVersions they wrote), and whether every key converged. Each prints `figure <name> <value>` lines. Options: `--lease-ms`, `--renew-ms`,
 //! `--retry-ms`, `--keys`, `--rounds`, `--seed`.
 
 #![allow(missing_docs)] // an example; its items are described in the module docs
@@ -92,23 +92,24 @@ async fn reconcile(key: ObjectKey, ctx: Arc<Ctx>) -> Result<Action, String> {
     let start = now_ns();
     let outcome = step(&key, &ctx).await;
     let word = match &outcome {
-        Ok(true) => "wrote",
-        Ok(false) => "noop",
-        Err(e) if e.contains("409") || e.contains("onflict") => "conflict",
-        Err(_) => "error",
+        Ok(Some(rv)) => format!("wrote:{rv}"),
+        Ok(None) => "noop".into(),
+        Err(e) if e.contains("409") || e.contains("onflict") => "conflict".into(),
+        Err(_) => "error".into(),
     };
     println!("R {} {key} {start} {} {word}", ctx.id, now_ns());
     outcome.map(|_| Action::await_change())
 }
 
-async fn step(key: &ObjectKey, ctx: &Ctx) -> Result<bool, String> {
+/// The resourceVersion written, if it wrote.
+async fn step(key: &ObjectKey, ctx: &Ctx) -> Result<Option<u64>, String> {
     let Some(cm) = ctx.configmaps.get_by_key(key).map_err(|e| e.to_string())? else {
-        return Ok(false);
+        return Ok(None);
     };
     let gen = cm.data.as_ref().and_then(|d| d.get("gen")).cloned();
     let observed = cm.metadata.annotations.as_ref().and_then(|a| a.get(OBSERVED)).cloned();
     if gen.is_none() || gen == observed {
-        return Ok(false);
+        return Ok(None);
     }
     // A replica that was paused past its term must not write: the term is checked on the
     // monotonic clock, and the resourceVersion precondition refuses a write over a newer state.
@@ -119,11 +120,11 @@ async fn step(key: &ObjectKey, ctx: &Ctx) -> Result<bool, String> {
         "resourceVersion": cm.metadata.resource_version,
         "annotations": {OBSERVED: gen, "ha.example.com/by": ctx.id},
     }});
-    Api::<ConfigMap>::namespaced(ctx.client.clone(), NS)
+    let written = Api::<ConfigMap>::namespaced(ctx.client.clone(), NS)
         .patch(&key.name, &PatchParams::default(), &Patch::Merge(&patch))
         .await
         .map_err(|e| e.to_string())?;
-    Ok(true)
+    Ok(written.metadata.resource_version.and_then(|rv| rv.parse().ok()))
 }
 
 /// Runs one replica until SIGTERM (a clean stop: the Lease is released) or SIGKILL.
@@ -462,27 +463,41 @@ fn failover(args: &[String]) -> Result<(), Error> {
     Ok(())
 }
 
-/// Intervals of different replicas that overlap on one key.
-fn overlaps(lines: &[Line]) -> Vec<String> {
-    let mut by_key: BTreeMap<&str, Vec<(u64, u64, &str)>> = BTreeMap::new();
+/// The resourceVersion a reconcile wrote (`wrote:<rv>`).
+fn written(outcome: &str) -> Option<u64> {
+    outcome.strip_prefix("wrote:")?.parse().ok()
+}
+
+/// Reconciles of one key by different replicas that overlap in time: a description, and
+/// whether their writes interleaved (the one that started first wrote after the other did).
+fn overlaps(lines: &[Line]) -> Vec<(String, bool)> {
+    let mut by_key: BTreeMap<&str, Vec<(u64, u64, &str, &str)>> = BTreeMap::new();
     for l in lines {
-        if let Line::Reconcile(id, key, start, end, _) = l {
-            by_key.entry(key).or_default().push((*start, *end, id));
+        if let Line::Reconcile(id, key, start, end, outcome) = l {
+            by_key.entry(key).or_default().push((*start, *end, id, outcome));
         }
     }
     let mut out = Vec::new();
     for (key, mut v) in by_key {
         v.sort_unstable();
-        // Sweep: the latest end so far, and whose it was.
-        let mut reach: Option<(u64, &str)> = None;
-        for (start, end, id) in v {
-            if let Some((r_end, r_id)) = reach {
+        // Sweep: the reconcile reaching furthest so far.
+        let mut reach: Option<(u64, u64, &str, &str)> = None;
+        for (start, end, id, outcome) in v {
+            if let Some((r_start, r_end, r_id, r_outcome)) = reach {
                 if start < r_end && r_id != id {
-                    out.push(format!("{key}: {r_id} until {r_end} and {id} from {start}"));
+                    out.push((
+                        format!(
+                            "{key}: {r_id} {:.0} ms ({r_outcome}) overlaps {id} {:.0} ms ({outcome}), by {:.0} ms",
+                            ms(r_end - r_start),
+                            ms(end - start),
+                            ms(r_end - start)
+                        ),
+                        written(r_outcome).zip(written(outcome)).is_some_and(|(a, b)| a > b),
+                    ));
                 }
             }
-            if reach.is_none_or(|(r_end, _)| end > r_end) {
-                reach = Some((end, id));
+            if reach.is_none_or(|(_, r_end, _, _)| end > r_end) {
+                reach = Some((start, end, id, outcome));
             }
         }
     }
@@ -577,7 +592,7 @@ fn chaos(args: &[String]) -> Result<(), Error> {
     let unreconciled = cluster.unreconciled()?;
     let lines = f.lines();
     let bad = overlaps(&lines);
-    for b in bad.iter().take(10) {
+    for (b, _) in bad.iter().take(10) {
         println!("overlap {b}");
     }
     let reconciles = lines.iter().filter(|l| matches!(l, Line::Reconcile(..))).count();
@@ -598,6 +613,10 @@ fn chaos(args: &[String]) -> Result<(), Error> {
     println!("figure chaos_rounds {rounds}");
     println!("figure chaos_terms {takeovers}");
     println!("figure chaos_overlaps {}", bad.len());
+    println!(
+        "figure chaos_interleaved_writes {}",
+        bad.iter().filter(|(_, w)| *w).count()
+    );
     println!("figure chaos_conflicts {conflicts}");
     println!("figure chaos_unreconciled {unreconciled}");
     f.stop_all()?;

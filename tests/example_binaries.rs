@@ -708,10 +708,12 @@ fn ha_controller_fails_over_warm_after_a_kill_and_at_once_after_a_clean_stop() {
     );
 }
 
-/// A short chaos run: kills, pauses past the lease and clean stops; no key is ever reconciled
-/// by two replicas at once, and every key converges after the last write.
+/// A short chaos run: kills, pauses past the lease and clean stops; two replicas' writes to a
+/// key never interleave, and every key converges after the last write. (Two reconciles can
+/// overlap in time when a replica is frozen in the middle of one: that is measured by the
+/// harness, not asserted here.)
 #[test]
-fn ha_controller_chaos_never_reconciles_a_key_twice_at_once_and_converges() {
+fn ha_controller_chaos_never_interleaves_writes_and_converges() {
     let args = [
         "chaos",
         "--rounds",
@@ -728,7 +730,7 @@ fn ha_controller_chaos_never_reconciles_a_key_twice_at_once_and_converges() {
     let (status, lines) = Run::start("ha_controller", &args).finish();
     assert!(status.success(), "exited with {status}; output: {lines:#?}");
     let figs = figures(&lines);
-    assert_eq!(figure(&figs, "chaos_overlaps", &lines), 0.0, "{lines:#?}");
+    assert_eq!(figure(&figs, "chaos_interleaved_writes", &lines), 0.0, "{lines:#?}");
     assert_eq!(figure(&figs, "chaos_unreconciled", &lines), 0.0, "{lines:#?}");
     assert!(figure(&figs, "chaos_terms", &lines) >= 2.0, "{lines:#?}");
 }

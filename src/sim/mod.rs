@@ -45,7 +45,9 @@
 //! merge by key only for the usual fields), controllers (nothing rolls a Deployment out),
 //! defaulting and validation of built-in kinds, real server-side apply (approximated as
 //! create-or-merge), `deletecollection`, `dryRun`,
-//! graceful deletion (deletes are immediate; a Pod's final event carries `deletionTimestamp`),
+//! graceful deletion (deletes are immediate; a Pod's final event carries `deletionTimestamp`;
+//! `metadata.finalizers` are honoured: a delete marks the object, 202, and the write that
+//! removes its last finalizer deletes it), garbage collection of dependents,
 //! namespace existence checks, Table output for `kubectl get` (it falls back to names and ages),
 //! the legacy `/api/v1/watch/...` paths, admission, RBAC and authentication.
 //!
