@@ -21,6 +21,7 @@ mod backoff;
 mod config;
 mod error;
 mod listing;
+mod sharding;
 mod status;
 mod transform;
 mod watching;
@@ -33,7 +34,7 @@ use tokio::sync::watch;
 pub use backoff::BackoffConfig;
 pub use config::ReflectorConfig;
 pub use error::ReflectorError;
-pub use status::{ErrorHook, ListReason, Phase, ReflectorStatus};
+pub use status::{ErrorHook, ListReason, Phase, ReflectorStatus, ShardMode};
 pub use transform::{strip_managed_fields, tombstone, OversizePolicy, Transform, TransformError, TransformFn};
 use watching::{WatchEnd, Watched};
 
@@ -69,6 +70,12 @@ enum State {
     Watch {
         from: ResourceVersion,
         sync_target: Option<SyncTarget>,
+    },
+    /// A change of shard range added `added`: list it at exactly `rv` (the persisted RV),
+    /// then resume from `rv`.
+    Fetch {
+        rv: ResourceVersion,
+        added: crate::selector::ShardSelector,
     },
 }
 
@@ -207,13 +214,25 @@ impl<S: Source> Reflector<S> {
                 return Err(err);
             }
         };
+        // After the identity check: a database reset for another cluster holds nothing to keep.
+        let pending = match self.reconcile_shard().await {
+            Ok(p) => p,
+            Err(e) => {
+                let err = self.store_err(e);
+                self.report(&err);
+                return Err(err);
+            }
+        };
         let mut state = match record.rv.clone() {
             Some(rv) if record.synced => {
                 self.status.send_modify(|s| {
                     s.restored = true;
                     s.committed_rv = Some(rv.clone());
                 });
-                State::Resume(rv)
+                match pending {
+                    Some(added) => State::Fetch { rv, added },
+                    None => State::Resume(rv),
+                }
             }
             _ => State::List(ListReason::Initial),
         };
@@ -269,6 +288,10 @@ impl<S: Source> Reflector<S> {
                         self.sleep(delay, stop).await.then_some(State::List(reason))
                     }
                 }
+            }
+            State::Fetch { rv, added } => {
+                self.phase(Phase::Listing);
+                self.fetch_step(rv, added, stop).await
             }
             State::Watch { from, sync_target } => {
                 self.phase(Phase::Watching);

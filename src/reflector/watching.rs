@@ -72,6 +72,7 @@ impl<S: Source> Reflector<S> {
             timeout_secs,
             bookmarks: true,
             send_initial_events: false,
+            shard: self.config.sharding.clone(),
         };
         self.status.send_modify(|s| s.watches += 1);
         metrics::global().watch_requests.get_or_create(&self.labels()).inc();
@@ -218,6 +219,12 @@ impl<S: Source> Reflector<S> {
                     };
                     counters[kind].inc();
                     match ev {
+                        // Another shard's object (a server that ignores shardSelector): only
+                        // its RV counts. An object never changes shard: its UID and namespace
+                        // are immutable.
+                        WatchEvent::Added(o) | WatchEvent::Modified(o) | WatchEvent::Deleted(o) if !self.owns(&o) => {
+                            batch.rv = Some(forward(&mut high, o.meta.resource_version.clone()));
+                        }
                         WatchEvent::Added(o) | WatchEvent::Modified(o) => {
                             let rv = o.meta.resource_version.clone();
                             let delta = match self.transform_watched(o) {

@@ -494,7 +494,7 @@ fn parse_body(body: &Bytes) -> Result<Value, ApiError> {
 }
 
 /// Run a write under the lock and wake the watchers.
-fn write(shared: &Shared, f: impl FnOnce(&mut State) -> Result<Arc<Obj>, ApiError>) -> Result<Arc<Obj>, ApiError> {
+fn write<T>(shared: &Shared, f: impl FnOnce(&mut State) -> Result<T, ApiError>) -> Result<T, ApiError> {
     let mut st = shared.lock();
     let out = f(&mut st);
     let rv = st.rv;
