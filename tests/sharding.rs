@@ -19,7 +19,7 @@ use durable_informer::store::{DurableStore, StoreConfig};
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, ListParams};
 use kube::ResourceExt;
-use serde_json::Value;
+use serde_json::{json, Value};
 use sim_common::request;
 
 /// `%`-encodes a query value.
@@ -58,6 +58,17 @@ async fn server_pods(sim: &Sim) -> BTreeMap<String, String> {
                 format!("{}/{}", p.namespace().unwrap_or_default(), p.name_any()),
                 p.uid().unwrap_or_default(),
             )
+        })
+        .collect()
+}
+
+/// `n` more Pods named `{prefix}-{i}`, spread over two namespaces.
+fn more_pods(prefix: &str, n: usize) -> Vec<Value> {
+    (0..n)
+        .map(|i| {
+            let ns = if i % 2 == 0 { "default" } else { "kube-public" };
+            json!({"metadata": {"name": format!("{prefix}-{i}"), "namespace": ns},
+                   "spec": {"containers": [{"name": "c", "image": "busybox"}]}})
         })
         .collect()
 }
@@ -205,8 +216,7 @@ async fn watches_and_streaming_lists_send_only_the_shard() {
     assert!(events.iter().any(|e| e["type"] == "BOOKMARK"));
     // A watch from now: only changes of the shard's objects.
     let rv = sim.current_rv();
-    let mut gen = WorkloadGen::new(99).namespaces(4);
-    sim.bulk_load("pods", gen.pods(60)).unwrap();
+    sim.bulk_load("pods", more_pods("later", 60)).unwrap();
     let path = format!("/api/v1/pods?watch=1&resourceVersion={rv}&timeoutSeconds=1&shardSelector={sel}");
     let events = request(sim.addr(), "GET", &path, None).await.events();
     let uids: Vec<String> = events
@@ -357,8 +367,7 @@ async fn shards_partition_the_objects_whether_the_server_or_the_client_filters()
                 informers.push((inf, db));
             }
             // Changes after the initial list reach only the owner's watch.
-            let mut gen = WorkloadGen::new(u64::from(count) + 100).namespaces(4);
-            sim.bulk_load("pods", gen.pods(30)).unwrap();
+            sim.bulk_load("pods", more_pods(&format!("after-{count}"), 30)).unwrap();
             let all = server_pods(&sim).await;
             for (i, (inf, _)) in informers.iter().enumerate() {
                 let shard = ShardSelector::by_uid(u32::try_from(i).unwrap(), count).unwrap();
@@ -440,7 +449,8 @@ async fn resharding_three_to_four_keeps_owned_objects_and_fetches_only_the_moved
             assert!(inf.is_restored());
             let st = inf.status().borrow().clone();
             assert_eq!(st.lists, 0, "replica {i} made no full list: {st:?}");
-            assert_eq!(st.shard_fetched, Some(added.len() as u64), "replica {i}");
+            // Nothing to fetch when the new range is inside the old one.
+            assert_eq!(st.shard_fetched, (!added.is_empty()).then_some(added.len() as u64), "replica {i}");
             if !added.is_empty() {
                 assert_eq!(st.shard_mode, Some(ShardMode::Server));
             }
