@@ -450,7 +450,11 @@ async fn resharding_three_to_four_keeps_owned_objects_and_fetches_only_the_moved
             let st = inf.status().borrow().clone();
             assert_eq!(st.lists, 0, "replica {i} made no full list: {st:?}");
             // Nothing to fetch when the new range is inside the old one.
-            assert_eq!(st.shard_fetched, (!added.is_empty()).then_some(added.len() as u64), "replica {i}");
+            assert_eq!(
+                st.shard_fetched,
+                (!added.is_empty()).then_some(added.len() as u64),
+                "replica {i}"
+            );
             if !added.is_empty() {
                 assert_eq!(st.shard_mode, Some(ShardMode::Server));
             }

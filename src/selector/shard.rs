@@ -199,7 +199,7 @@ impl ShardSelector {
     /// answer is `self` whole: fetching what is already held is harmless, missing objects is not.
     #[must_use]
     pub fn beyond(&self, held: Option<&ShardSelector>) -> Option<ShardSelector> {
-        let Some(held) = held else { return None };
+        let held = held?;
         if held.is_everything() {
             return None;
         }
@@ -377,9 +377,11 @@ fn parse_term(s: &str) -> std::result::Result<Term, String> {
     let field = match *field {
         "object.metadata.uid" => ShardField::Uid,
         "object.metadata.namespace" => ShardField::Namespace,
-        other => return Err(format!(
+        other => {
+            return Err(format!(
             "unsupported field path {other:?}: supported paths are object.metadata.uid and object.metadata.namespace"
-        )),
+        ))
+        }
     };
     let start = parse_bound(start)?;
     let end = parse_bound(end)?;
