@@ -612,3 +612,47 @@ async fn a_stop_between_the_change_and_the_fetch_fetches_on_the_next_start() {
     assert_eq!(inf.store().shard().unwrap().pending, None);
     inf.shutdown().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_running_informer_moves_to_a_new_range_without_a_relist() {
+    let sim = sim_with(600, SimConfig::default()).await;
+    let all = server_pods(&sim).await;
+    let dir = tempfile::tempdir().unwrap();
+    let db = DurableStore::open(StoreConfig::new(dir.path().join("live.redb"))).unwrap();
+    let (old, new) = (
+        ShardSelector::by_uid(1, 3).unwrap(),
+        ShardSelector::by_uid(1, 4).unwrap(),
+    );
+    let (inf, seen) = informer(&sim, &db, Some(old.clone()), 100).await;
+    let (held, want) = (shard_of(&all, &old), shard_of(&all, &new));
+    converge(&inf, &held).await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    seen.lock().unwrap().clear();
+    sim.reset_counters();
+    inf.set_sharding(Some(new.clone()));
+    assert_eq!(inf.sharding(), Some(new.clone()));
+    converge(&inf, &want).await;
+    let added: BTreeSet<String> = want.difference(&held).cloned().collect();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while inf.status().borrow().shard_fetched != Some(added.len() as u64) {
+        assert!(tokio::time::Instant::now() < deadline, "{:?}", inf.status().borrow());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(keys_of(&seen, 'D'), held.difference(&want).cloned().collect());
+    assert_eq!(keys_of(&seen, 'A'), added);
+    let n = fetched(&sim);
+    assert!(
+        n as f64 <= added.len() as f64 * 1.05 + 1.0,
+        "fetched {n} for {} added",
+        added.len()
+    );
+    let st = inf.status().borrow().clone();
+    assert_eq!(st.lists, 1, "only the initial list: {st:?}");
+    let record = inf.store().shard().unwrap();
+    assert_eq!((record.range, record.pending), (Some(new.clone()), None));
+    // The watch resumed with the new range.
+    sim.bulk_load("pods", more_pods("moved", 40)).unwrap();
+    converge(&inf, &shard_of(&server_pods(&sim).await, &new)).await;
+    inf.shutdown().await.unwrap();
+}

@@ -96,6 +96,8 @@ struct Inner {
     /// Log entries decoded once for all handlers, per type.
     decoded: decoded::DecodedByType,
     resource: String,
+    /// The shard range the reflector holds (see [`Informer::set_sharding`]).
+    sharding: watch::Sender<Option<ShardSelector>>,
 }
 
 /// What the informer keeps of each handler, to drain and stop it at shutdown.
@@ -358,9 +360,12 @@ where
         let restored = record.synced && record.rv.is_some();
         let errors: Arc<Mutex<Vec<InformerIssue>>> = Arc::default();
         let e2 = errors.clone();
-        let reflector = Reflector::new(self.source, writer.clone(), store.clone(), self.config).on_error(Arc::new(
-            move |e: &ReflectorError| keep_issue(&e2, InformerIssue::Reflector(e.clone())),
-        ));
+        let (sharding, shard_rx) = watch::channel(self.config.sharding.clone());
+        let reflector = Reflector::new(self.source, writer.clone(), store.clone(), self.config)
+            .on_error(Arc::new(move |e: &ReflectorError| {
+                keep_issue(&e2, InformerIssue::Reflector(e.clone()));
+            }))
+            .shard_updates(shard_rx);
         let status = reflector.status();
         let run: RunFn = Box::new(move |stop| reflector.run(stop).boxed());
         let (stop, _) = watch::channel(false);
@@ -384,6 +389,7 @@ where
                 handlers: Mutex::new(Vec::new()),
                 decoded: decoded::DecodedByType::default(),
                 resource,
+                sharding,
             }),
             _k: PhantomData,
         })
@@ -685,6 +691,36 @@ where
     #[must_use]
     pub fn errors(&self) -> Vec<String> {
         self.issues().iter().map(ToString::to_string).collect()
+    }
+
+    /// Moves the informer to another shard range while it runs (`None`: every object), as a
+    /// restart with [`InformerBuilder::sharding`] would: the watch ends after committing what
+    /// it received, the objects no longer owned are deleted (handlers get their deletes), the
+    /// added ranges are listed at the persisted resourceVersion (handlers get adds; a full
+    /// relist diff if that version is compacted), and the watch resumes with the new range.
+    /// The informer stays synced meanwhile: listers miss the added range's objects until
+    /// they are fetched (`ReflectorStatus::shard_fetched` is set when they are). Sent before
+    /// [`start`](Self::start), it is the range the informer starts with.
+    ///
+    /// ```no_run
+    /// # async fn f(pods: durable_informer::informer::Informer<k8s_openapi::api::core::v1::Pod>) -> Result<(), Box<dyn std::error::Error>> {
+    /// use durable_informer::selector::ShardSelector;
+    /// // A fourth replica joined: this one (index 1) now holds a quarter instead of a third.
+    /// pods.set_sharding(Some(ShardSelector::by_uid(1, 4)?));
+    /// # Ok(()) }
+    /// ```
+    pub fn set_sharding(&self, shard: Option<ShardSelector>) {
+        self.inner.sharding.send_if_modified(|current| {
+            let changed = *current != shard;
+            *current = shard;
+            changed
+        });
+    }
+
+    /// The shard range the informer holds or is moving to (`None`: every object).
+    #[must_use]
+    pub fn sharding(&self) -> Option<ShardSelector> {
+        self.inner.sharding.borrow().clone()
     }
 
     /// The scope in the database.

@@ -19,16 +19,19 @@ use tokio::sync::watch;
 use tracing::Instrument;
 
 use super::listing::PagePipe;
-use super::{ListReason, Reflector, ReflectorError, ShardMode, State};
+use super::{ListReason, Reflector, ReflectorError, ShardMode, State, SyncTarget};
 use crate::metrics;
 use crate::object::{RawObject, ResourceVersion};
-use crate::selector::ShardSelector;
+use crate::selector::{ShardField, ShardSelector};
 use crate::source::{ListRequest, Source};
 use crate::store::{ShardRecord, StoreError};
 
 /// Whether `object` belongs to `shard`: the same FNV-1a hash of the same field as the server.
 fn in_shard(shard: &ShardSelector, object: &RawObject) -> bool {
-    shard.matches_meta(&object.meta)
+    shard.matches(|f| match f {
+        ShardField::Uid => object.meta.uid.as_deref(),
+        ShardField::Namespace => object.meta.namespace.as_deref(),
+    })
 }
 
 /// How a fetch of added ranges ended, when not done.
@@ -116,6 +119,37 @@ impl<S: Source> Reflector<S> {
             "shard range changed"
         );
         Ok(pending)
+    }
+
+    /// Takes on a shard range sent while watching: the watch has committed what it received
+    /// (up to `persisted`), so the change applies to a settled store. `None` when stopped.
+    pub(super) async fn reshard(
+        &mut self,
+        persisted: ResourceVersion,
+        sync_target: Option<SyncTarget>,
+        stop: &mut watch::Receiver<bool>,
+    ) -> Option<State> {
+        if let Some(rx) = &mut self.shard_rx {
+            self.config.sharding = rx.borrow_and_update().clone();
+        }
+        loop {
+            match self.reconcile_shard().await {
+                Ok(Some(added)) => return Some(State::Fetch { rv: persisted, added }),
+                Ok(None) => {
+                    return Some(State::Watch {
+                        from: persisted,
+                        sync_target,
+                    })
+                }
+                Err(e) => {
+                    self.report(&self.store_err(e));
+                    let delay = self.backoff.delay(None);
+                    if !self.sleep(delay, stop).await {
+                        return None;
+                    }
+                }
+            }
+        }
     }
 
     /// The state after a fetch of the added ranges (`None` when stopped).

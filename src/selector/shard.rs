@@ -161,15 +161,6 @@ impl ShardSelector {
         })
     }
 
-    /// Whether an object with this metadata is kept.
-    #[must_use]
-    pub fn matches_meta(&self, meta: &crate::object::ObjectMeta) -> bool {
-        self.matches(|f| match f {
-            ShardField::Uid => meta.uid.as_deref(),
-            ShardField::Namespace => meta.namespace.as_deref(),
-        })
-    }
-
     /// The fields the terms hash.
     pub fn fields(&self) -> impl Iterator<Item = ShardField> + '_ {
         let mut seen = Vec::new();

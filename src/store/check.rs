@@ -261,7 +261,7 @@ pub(crate) fn run(shared: &Shared) -> Result<CheckReport, StoreError> {
                     .push(format!("{scope}: row {key} holds metadata of {}", h.meta.key()));
             }
             if let Some(range) = &shard {
-                if !range.matches_meta(&h.meta) {
+                if !super::writer::in_shard(range, &h.meta) {
                     report
                         .problems
                         .push(format!("{scope}: object {key} is outside the scope's shard {range}"));

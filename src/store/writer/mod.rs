@@ -26,6 +26,7 @@ mod thread;
 pub(crate) use backfill::RESUME_SCAN;
 pub use batch::{Batch, Committed, CompactReport, Delta, RelistSummary};
 pub(crate) use batch::{Packed, PublishedDicts};
+pub(super) use shards::in_shard;
 
 use std::cell::{Cell, RefCell};
 use std::collections::{BTreeMap, HashMap};

@@ -7,7 +7,17 @@ use super::super::codec::{self, DeltaKind, ShardRecord};
 use super::super::schema::{keys, ScopeId, Seq, OBJECTS, SHARDS};
 use super::super::StoreError;
 use super::{RelistSummary, Step, Tables, WriterThread};
-use crate::object::RawObject;
+use crate::object::{ObjectMeta, RawObject};
+use crate::selector::{ShardField, ShardSelector};
+
+/// Whether a stored object belongs to `range` (the same hash of the same field as the server).
+/// `selector` knows nothing of object metadata: it is shared with the simulated server.
+pub(in crate::store) fn in_shard(range: &ShardSelector, meta: &ObjectMeta) -> bool {
+    range.matches(|f| match f {
+        ShardField::Uid => meta.uid.as_deref(),
+        ShardField::Namespace => meta.namespace.as_deref(),
+    })
+}
 
 impl WriterThread {
     pub(super) fn load_shard(&self, txn: &WriteTransaction, scope: ScopeId) -> Step<ShardRecord> {
@@ -53,7 +63,7 @@ impl WriterThread {
                 {
                     let (k, v) = row.map_err(|e| self.st(e))?;
                     let (h, _) = codec::decode_object(v.value()).map_err(StoreError::from)?;
-                    if range.matches_meta(&h.meta) {
+                    if in_shard(range, &h.meta) {
                         summary.unchanged += 1;
                     } else {
                         leaving.push(k.value().to_vec());
