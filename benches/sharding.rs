@@ -4,7 +4,8 @@
 //! HTTP, so a process's peak RSS (`VmHWM`) is the informer's alone.
 //!
 //! `cargo bench --features sim --bench sharding` (plain `main`, `harness = false`): N = 10,000
-//! generated ~4 KB Pods; `BENCH_N=100000` for another size. Runs, for a server that filters
+//! generated ~4 KB Pods; `BENCH_N=100000` for another size, `BENCH_HOT_TIER_BYTES` for another
+//! hot-tier budget per informer (default 512 MiB). Runs, for a server that filters
 //! (`shardSelector` honoured) and one that does not (the informer filters):
 //!
 //! 1. one unsharded informer, then shards 0, 1 and 2 of 3 by UID, each a cold sync into a new
@@ -53,10 +54,16 @@ fn main() -> Res<()> {
         )?;
         let mut gen = WorkloadGen::new(1).namespaces(10);
         sim.bulk_load("namespaces", gen.namespace_objects())?;
-        for _ in 0..n / 1000 {
-            sim.bulk_load("pods", gen.pods(1000))?;
+        // In chunks (the generated JSON is larger than what the sim keeps), renamed: the
+        // generator names every chunk pod-0, pod-1, …
+        for chunk in 0..n.div_ceil(1000) {
+            let size = (n - chunk * 1000).min(1000);
+            let pods = gen.pods(size).into_iter().enumerate().map(|(i, mut p)| {
+                p["metadata"]["name"] = json!(format!("pod-{chunk}-{i}"));
+                p
+            });
+            sim.bulk_load("pods", pods)?;
         }
-        sim.bulk_load("pods", gen.pods(n % 1000))?;
         let mode = if server_filters {
             "server filters (shardSelector honoured)"
         } else {
@@ -100,11 +107,11 @@ fn row(name: &str, r: &Report, whole: &Report) {
 /// fetched against what moved.
 fn reshard(sim: &Sim, db: &dyn Fn(&str) -> PathBuf) -> Res<()> {
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
-    let client = sim.client()?;
     let uids: Vec<String> = rt.block_on(async {
-        let api: Api<Pod> = Api::all(client);
+        // Built inside the runtime: the client's service needs its reactor.
+        let api: Api<Pod> = Api::all(sim.client()?);
         let list = api.list(&ListParams::default()).await?;
-        Ok::<_, kube::Error>(list.items.iter().filter_map(ResourceExt::uid).collect())
+        Ok::<_, Box<dyn std::error::Error + Send + Sync>>(list.items.iter().filter_map(ResourceExt::uid).collect())
     })?;
     let owner = |uid: &str, n: u32| -> u32 {
         (0..n)
@@ -199,7 +206,12 @@ fn child() -> Res<()> {
     let report = rt.block_on(async move {
         let t = Instant::now();
         let client = kube::Client::try_from(kube::Config::new(url.parse()?))?;
-        let store = tokio::task::spawn_blocking(move || DurableStore::open(StoreConfig::new(db))).await??;
+        let mut config = StoreConfig::new(db);
+        // As in benches/compare: the hot tier's budget (default 512 MiB per informer).
+        if let Some(bytes) = std::env::var("BENCH_HOT_TIER_BYTES").ok().and_then(|v| v.parse().ok()) {
+            config = config.hot_tier_bytes(bytes);
+        }
+        let store = tokio::task::spawn_blocking(move || DurableStore::open(config)).await??;
         let mut builder =
             Informer::<Pod>::builder(&store, KubeSource::typed::<Pod>(client, &url)).indexer(Indexer::labels());
         if let Some(s) = shard {

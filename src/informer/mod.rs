@@ -145,7 +145,7 @@ impl<K> Clone for Informer<K> {
 /// |---|---|
 /// | resource (typed or [`ApiResource`](kube::core::ApiResource)), namespace, label and field selectors | the [`KubeSource`](crate::source::KubeSource) given to [`Informer::builder`] |
 /// | durability (fsync per commit), cache size, retention | [`StoreConfig`](crate::store::StoreConfig) of the [`DurableStore`] |
-/// | indexers, transform, default resync, reflector settings, Secrets | this builder |
+/// | indexers, transform, default resync, reflector settings, shard range, Secrets | this builder |
 /// | durable or volatile, per-handler resync | [`HandlerOptions`] at [`Informer::add_event_handler`] |
 ///
 /// ```no_run
