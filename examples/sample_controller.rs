@@ -287,7 +287,14 @@ async fn apply(key: &ObjectKey, foo: &Foo, ctx: &Ctx) -> Result<(), String> {
         .iter()
         .all(|e| !e.contains(&format!("{key} synced")))
     {
-        record_event(ctx, foo, "Normal", "Synced", &format!("Foo {key} synced successfully")).await;
+        record_event(
+            ctx,
+            foo,
+            "Normal",
+            "Synced",
+            &format!("Foo {key} synced successfully"),
+        )
+        .await;
     }
     Ok(())
 }

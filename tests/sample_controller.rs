@@ -243,18 +243,13 @@ async fn sample_controller_converges_refuses_foreign_deployments_and_resumes_wit
     assert!(deployments.get_opt("web-deploy").await.unwrap().is_none());
     {
         let events = ctx.events.lock().unwrap();
-        let cleanup = events
-            .iter()
-            .position(|e| e.starts_with("Cleanup: ") && e.contains("web-deploy"));
+        let cleanup = events.iter().position(|e| e.starts_with("Cleanup: ") && e.contains("web-deploy"));
         let deleted = events.iter().position(|e| e == "Deleted: default/web");
         assert!(cleanup.is_some() && cleanup < deleted, "{events:?}");
     }
     // Deleting the thief leaves the Deployment it never owned.
     foos.delete("thief", &DeleteParams::default()).await.unwrap();
-    eventually("the thief gone", async || {
-        foos.get_opt("thief").await.unwrap().is_none().then_some(())
-    })
-    .await;
+    eventually("the thief gone", async || foos.get_opt("thief").await.unwrap().is_none().then_some(())).await;
     assert!(deployments.get_opt("foreign").await.unwrap().is_some());
     r.stop.send(true).unwrap();
     r.task.await.unwrap().unwrap();

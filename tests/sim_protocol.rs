@@ -1325,14 +1325,8 @@ async fn finalizers_hold_a_deleted_object_until_the_last_one_is_removed() {
     let got = cms.get("held").await.expect("still there");
     assert_eq!(got.metadata.deletion_timestamp, marked.metadata.deletion_timestamp);
     // Deleting again changes nothing.
-    let again = cms
-        .delete("held", &DeleteParams::default())
-        .await
-        .expect("delete again");
-    assert_eq!(
-        again.left().expect("object").metadata.resource_version,
-        got.metadata.resource_version
-    );
+    let again = cms.delete("held", &DeleteParams::default()).await.expect("delete again");
+    assert_eq!(again.left().expect("object").metadata.resource_version, got.metadata.resource_version);
 
     // No new finalizer on a terminating object; its deletionTimestamp cannot be cleared.
     let add = json!({"metadata": {"finalizers": ["example.com/a", "example.com/b", "example.com/c"]}});
@@ -1354,21 +1348,13 @@ async fn finalizers_hold_a_deleted_object_until_the_last_one_is_removed() {
         ]))
         .expect("patch")
     };
-    cms.patch(
-        "held",
-        &PatchParams::default(),
-        &Patch::Json::<()>(ops(0, "example.com/a")),
-    )
-    .await
-    .expect("remove a");
+    cms.patch("held", &PatchParams::default(), &Patch::Json::<()>(ops(0, "example.com/a")))
+        .await
+        .expect("remove a");
     assert!(cms.get_opt("held").await.expect("get").is_some());
-    cms.patch(
-        "held",
-        &PatchParams::default(),
-        &Patch::Json::<()>(ops(0, "example.com/b")),
-    )
-    .await
-    .expect("remove b");
+    cms.patch("held", &PatchParams::default(), &Patch::Json::<()>(ops(0, "example.com/b")))
+        .await
+        .expect("remove b");
     assert!(cms.get_opt("held").await.expect("get").is_none());
 
     // Watchers saw the mark, the label, the first removal as MODIFIED, then one DELETED.
@@ -1376,12 +1362,9 @@ async fn finalizers_hold_a_deleted_object_until_the_last_one_is_removed() {
     assert_eq!(kinds(&evs), "MMMD", "{evs:?}");
 
     // kube's helper adds a finalizer with `test` of null on the absent field first.
-    cms.create(
-        &PostParams::default(),
-        &serde_json::from_value(cm("fresh", json!({}))).expect("cm"),
-    )
-    .await
-    .expect("create fresh");
+    cms.create(&PostParams::default(), &serde_json::from_value(cm("fresh", json!({}))).expect("cm"))
+        .await
+        .expect("create fresh");
     let add: json_patch::Patch = serde_json::from_value(json!([
         {"op": "test", "path": "/metadata/finalizers", "value": null},
         {"op": "add", "path": "/metadata/finalizers", "value": ["example.com/a"]},

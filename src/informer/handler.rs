@@ -168,7 +168,9 @@ where
     E: Into<Box<dyn std::error::Error + Send + Sync + 'static>>,
 {
     fn handle(&self, event: Event<K>) -> BoxFuture<'_, Result<(), HandlerError>> {
-        (self.0)(event).map(|r| r.map_err(HandlerError::new)).boxed()
+        (self.0)(event)
+            .map(|r| r.map_err(HandlerError::new))
+            .boxed()
     }
 }
 

@@ -377,10 +377,7 @@ impl State {
         let terminating = old_meta.get("deletionTimestamp").is_some();
         if terminating {
             let before = finalizers(old_meta.get("finalizers"));
-            let added: Vec<String> = finalizers(meta.get("finalizers"))
-                .into_iter()
-                .filter(|f| !before.contains(f))
-                .collect();
+            let added: Vec<String> = finalizers(meta.get("finalizers")).into_iter().filter(|f| !before.contains(f)).collect();
             if !added.is_empty() {
                 let name = old_meta.get("name").and_then(Value::as_str).unwrap_or_default();
                 return Err(ApiError::invalid(
