@@ -86,6 +86,7 @@ impl Source for Scripted {
             resource_version: ResourceVersion("10".into()),
             continue_token: None,
             remaining: None,
+            shard_info: None,
         })
     }
 

@@ -69,6 +69,26 @@ impl InformerFactory {
         self
     }
 
+    /// Every informer created from now on holds only this shard of its resource (see
+    /// [`InformerBuilder::sharding`](super::InformerBuilder::sharding)): the usual way to run
+    /// N replicas of a controller, each with shard `i` of `n`.
+    ///
+    /// ```no_run
+    /// # async fn f(client: kube::Client) -> Result<(), Box<dyn std::error::Error>> {
+    /// use durable_informer::informer::InformerFactory;
+    /// use durable_informer::selector::ShardSelector;
+    /// use durable_informer::store::{DurableStore, StoreConfig};
+    /// let factory = InformerFactory::new(DurableStore::open(StoreConfig::new("cache.redb"))?, client, "https://cluster")
+    ///     .sharding(ShardSelector::by_uid(0, 3)?);
+    /// let pods = factory.informer::<k8s_openapi::api::core::v1::Pod>(None).await?;
+    /// # let _ = pods; Ok(()) }
+    /// ```
+    #[must_use]
+    pub fn sharding(mut self, shard: crate::selector::ShardSelector) -> Self {
+        self.config.sharding = Some(shard);
+        self
+    }
+
     /// The shared informer of a typed resource in one namespace (or all).
     pub async fn informer<K>(&self, namespace: Option<&str>) -> Result<Informer<K>, InformerError>
     where

@@ -61,6 +61,7 @@ pub use lister::{Lister, NamespaceLister};
 
 use crate::object::ResourceVersion;
 use crate::reflector::{Reflector, ReflectorConfig, ReflectorError, ReflectorStatus, Transform};
+use crate::selector::ShardSelector;
 use crate::source::Source;
 use crate::store::{DurableStore, Indexer, LogReader, ScopeId, Seq, Store, Writer};
 
@@ -95,6 +96,8 @@ struct Inner {
     /// Log entries decoded once for all handlers, per type.
     decoded: decoded::DecodedByType,
     resource: String,
+    /// The shard range the reflector holds (see [`Informer::set_sharding`]).
+    sharding: watch::Sender<Option<ShardSelector>>,
 }
 
 /// What the informer keeps of each handler, to drain and stop it at shutdown.
@@ -142,7 +145,7 @@ impl<K> Clone for Informer<K> {
 /// |---|---|
 /// | resource (typed or [`ApiResource`](kube::core::ApiResource)), namespace, label and field selectors | the [`KubeSource`](crate::source::KubeSource) given to [`Informer::builder`] |
 /// | durability (fsync per commit), cache size, retention | [`StoreConfig`](crate::store::StoreConfig) of the [`DurableStore`] |
-/// | indexers, transform, default resync, reflector settings, Secrets | this builder |
+/// | indexers, transform, default resync, reflector settings, shard range, Secrets | this builder |
 /// | durable or volatile, per-handler resync | [`HandlerOptions`] at [`Informer::add_event_handler`] |
 ///
 /// ```no_run
@@ -243,14 +246,53 @@ impl<K, S: Source> InformerBuilder<'_, K, S> {
         self
     }
 
-    /// Reflector settings (page size, timeouts, backoff, cluster-change policy).
+    /// Reflector settings (page size, timeouts, backoff, cluster-change policy). A transform
+    /// or shard set on this builder stays unless `config` has its own.
     #[must_use]
     pub fn reflector_config(mut self, config: ReflectorConfig) -> Self {
         let transform = std::mem::take(&mut self.config.transform);
+        let sharding = self.config.sharding.take();
         self.config = config;
         if self.config.transform.func.is_none() {
             self.config.transform = transform;
         }
+        if self.config.sharding.is_none() {
+            self.config.sharding = sharding;
+        }
+        self
+    }
+
+    /// Holds only one shard of the resource: the objects whose 64-bit FNV-1a hash of
+    /// `metadata.uid` (or `metadata.namespace`) falls in the selector's ranges (KEP-5866).
+    ///
+    /// The server filters when it supports `shardSelector` (Kubernetes v1.36+, alpha gate
+    /// `ShardedListAndWatch`); otherwise the informer filters every list page and watch event
+    /// itself, so the store and the handlers see the shard only, either way. The range is
+    /// persisted with the scope: started again with another range, the informer keeps the
+    /// objects it still owns, reports those it no longer owns as deletes, and fetches only
+    /// the added ranges (at the persisted resourceVersion; a full relist diff if that is
+    /// compacted). `ReflectorStatus::shard_mode` tells who filtered.
+    ///
+    /// ```no_run
+    /// use durable_informer::informer::Informer;
+    /// use durable_informer::selector::ShardSelector;
+    /// use durable_informer::store::{DurableStore, StoreConfig};
+    /// use k8s_openapi::api::core::v1::Pod;
+    ///
+    /// # async fn f(client: kube::Client, replica: u32) -> Result<(), Box<dyn std::error::Error>> {
+    /// let db = DurableStore::open(StoreConfig::new("pods.redb"))?;
+    /// // Replica `replica` of 3 holds a third of the Pods, by UID.
+    /// let pods = Informer::from_api(&db, kube::Api::<Pod>::all(client))
+    ///     .sharding(ShardSelector::by_uid(replica, 3)?)
+    ///     .build()
+    ///     .await?;
+    /// pods.start();
+    /// pods.wait_for_sync().await?;
+    /// # Ok(()) }
+    /// ```
+    #[must_use]
+    pub fn sharding(mut self, shard: ShardSelector) -> Self {
+        self.config.sharding = Some(shard);
         self
     }
 
@@ -318,9 +360,12 @@ where
         let restored = record.synced && record.rv.is_some();
         let errors: Arc<Mutex<Vec<InformerIssue>>> = Arc::default();
         let e2 = errors.clone();
-        let reflector = Reflector::new(self.source, writer.clone(), store.clone(), self.config).on_error(Arc::new(
-            move |e: &ReflectorError| keep_issue(&e2, InformerIssue::Reflector(e.clone())),
-        ));
+        let (sharding, shard_rx) = watch::channel(self.config.sharding.clone());
+        let reflector = Reflector::new(self.source, writer.clone(), store.clone(), self.config)
+            .on_error(Arc::new(move |e: &ReflectorError| {
+                keep_issue(&e2, InformerIssue::Reflector(e.clone()));
+            }))
+            .shard_updates(shard_rx);
         let status = reflector.status();
         let run: RunFn = Box::new(move |stop| reflector.run(stop).boxed());
         let (stop, _) = watch::channel(false);
@@ -344,6 +389,7 @@ where
                 handlers: Mutex::new(Vec::new()),
                 decoded: decoded::DecodedByType::default(),
                 resource,
+                sharding,
             }),
             _k: PhantomData,
         })
@@ -645,6 +691,36 @@ where
     #[must_use]
     pub fn errors(&self) -> Vec<String> {
         self.issues().iter().map(ToString::to_string).collect()
+    }
+
+    /// Moves the informer to another shard range while it runs (`None`: every object), as a
+    /// restart with [`InformerBuilder::sharding`] would: the watch ends after committing what
+    /// it received, the objects no longer owned are deleted (handlers get their deletes), the
+    /// added ranges are listed at the persisted resourceVersion (handlers get adds; a full
+    /// relist diff if that version is compacted), and the watch resumes with the new range.
+    /// The informer stays synced meanwhile: listers miss the added range's objects until
+    /// they are fetched (`ReflectorStatus::shard_fetched` is set when they are). Sent before
+    /// [`start`](Self::start), it is the range the informer starts with.
+    ///
+    /// ```no_run
+    /// # async fn f(pods: durable_informer::informer::Informer<k8s_openapi::api::core::v1::Pod>) -> Result<(), Box<dyn std::error::Error>> {
+    /// use durable_informer::selector::ShardSelector;
+    /// // A fourth replica joined: this one (index 1) now holds a quarter instead of a third.
+    /// pods.set_sharding(Some(ShardSelector::by_uid(1, 4)?));
+    /// # Ok(()) }
+    /// ```
+    pub fn set_sharding(&self, shard: Option<ShardSelector>) {
+        self.inner.sharding.send_if_modified(|current| {
+            let changed = *current != shard;
+            *current = shard;
+            changed
+        });
+    }
+
+    /// The shard range the informer holds or is moving to (`None`: every object).
+    #[must_use]
+    pub fn sharding(&self) -> Option<ShardSelector> {
+        self.inner.sharding.borrow().clone()
     }
 
     /// The scope in the database.

@@ -4,6 +4,7 @@ use std::time::Duration;
 
 use super::transform::Transform;
 use super::BackoffConfig;
+use crate::selector::ShardSelector;
 
 /// Reflector settings. `Default` gives client-go's behaviour.
 #[derive(Debug, Clone)]
@@ -42,6 +43,14 @@ pub struct ReflectorConfig {
     /// then send old changes, so `synced` can come early; nothing is lost (those events are
     /// applied when they arrive), only the signal is optimistic.
     pub resume_quiet_period: Option<Duration>,
+    /// Keep only this shard of the resource (KEP-5866 hash ranges; default `None`: every
+    /// object). Every LIST and WATCH carries it as `shardSelector`, so a server that supports
+    /// it (v1.36+, `ShardedListAndWatch` gate) sends only the shard; the reflector filters
+    /// every list page and watch event by the same hash as well, so on an older server (which
+    /// ignores the parameter) the store still holds only the shard. The range is persisted
+    /// with the scope: a start with another range drops the objects no longer owned (delete
+    /// events for handlers) and fetches only the added ranges (see `README.md`, *Sharding*).
+    pub sharding: Option<ShardSelector>,
 }
 
 impl Default for ReflectorConfig {
@@ -56,6 +65,7 @@ impl Default for ReflectorConfig {
             max_batch: 1000,
             reset_on_cluster_change: false,
             resume_quiet_period: Some(Duration::from_secs(2)),
+            sharding: None,
         }
     }
 }

@@ -160,7 +160,11 @@ impl<S: Source> Reflector<S> {
         direct: bool,
         items: Vec<RawObject>,
     ) -> Result<(), StoreError> {
-        let items: Vec<RawObject> = items.into_iter().filter_map(|o| self.transform(o)).collect();
+        let items: Vec<RawObject> = self
+            .keep_shard(items)
+            .into_iter()
+            .filter_map(|o| self.transform(o))
+            .collect();
         if items.is_empty() {
             return Ok(());
         }
@@ -210,6 +214,7 @@ impl<S: Source> Reflector<S> {
             };
             let rv = page.resource_version.clone();
             list_rv.clone_from(&rv);
+            self.note_shard_mode(page.shard_info.as_deref());
             self.put_page(&mut pipe, direct, page.items)
                 .await
                 .map_err(|e| put_failed(self, e))?;
@@ -228,6 +233,7 @@ impl<S: Source> Reflector<S> {
         let req = ListRequest {
             limit: Some(self.config.page_size),
             continue_token,
+            shard: self.config.sharding.clone(),
             ..ListRequest::default()
         };
         metrics::global().list_requests.get_or_create(&self.labels()).inc();
@@ -244,6 +250,7 @@ impl<S: Source> Reflector<S> {
             timeout_secs: self.watch_timeout_secs(),
             bookmarks: true,
             send_initial_events: true,
+            shard: self.config.sharding.clone(),
         };
         let src_err = |e: SourceError| {
             let hint = e.status().and_then(|s| s.retry_after);

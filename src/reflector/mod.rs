@@ -21,6 +21,7 @@ mod backoff;
 mod config;
 mod error;
 mod listing;
+mod sharding;
 mod status;
 mod transform;
 mod watching;
@@ -33,12 +34,13 @@ use tokio::sync::watch;
 pub use backoff::BackoffConfig;
 pub use config::ReflectorConfig;
 pub use error::ReflectorError;
-pub use status::{ErrorHook, ListReason, Phase, ReflectorStatus};
+pub use status::{ErrorHook, ListReason, Phase, ReflectorStatus, ShardMode};
 pub use transform::{strip_managed_fields, tombstone, OversizePolicy, Transform, TransformError, TransformFn};
 use watching::{WatchEnd, Watched};
 
 use crate::metrics;
 use crate::object::{RawObject, ResourceVersion};
+use crate::selector::ShardSelector;
 use crate::source::{ListRequest, Source, SourceError};
 use crate::store::{Batch, ScopeId, Seq, Store, StoreError, Writer};
 use backoff::Backoff;
@@ -52,6 +54,8 @@ pub struct Reflector<S: Source> {
     status: watch::Sender<ReflectorStatus>,
     on_error: Option<ErrorHook>,
     streaming_unsupported: bool,
+    /// New shard ranges to take on while running (see [`Reflector::shard_updates`]).
+    shard_rx: Option<watch::Receiver<Option<ShardSelector>>>,
     backoff: Backoff,
     /// Batches commit without an fsync (see [`Reflector::relaxed_commits`]).
     relaxed: bool,
@@ -70,6 +74,9 @@ enum State {
         from: ResourceVersion,
         sync_target: Option<SyncTarget>,
     },
+    /// A change of shard range added `added`: list it at exactly `rv` (the persisted RV),
+    /// then resume from `rv`.
+    Fetch { rv: ResourceVersion, added: ShardSelector },
 }
 
 /// What a resumed watch must reach before the scope reports synced.
@@ -104,6 +111,7 @@ impl<S: Source> Reflector<S> {
             status,
             on_error: None,
             streaming_unsupported: false,
+            shard_rx: None,
             backoff,
             relaxed: false,
         }
@@ -123,6 +131,17 @@ impl<S: Source> Reflector<S> {
         let mut batch = Batch::new(self.scope());
         batch.relaxed = self.relaxed;
         batch
+    }
+
+    /// Takes on the shard range sent on `rx` while running, as a restart with it would (see
+    /// [`ReflectorConfig::sharding`]): the current watch ends after committing what it
+    /// received, the objects no longer owned are deleted, the added ranges fetched at the
+    /// persisted resourceVersion, and the watch resumes with the new range. The value on `rx`
+    /// when the reflector starts replaces `config.sharding`.
+    #[must_use]
+    pub fn shard_updates(mut self, rx: watch::Receiver<Option<ShardSelector>>) -> Self {
+        self.shard_rx = Some(rx);
+        self
     }
 
     /// Calls `hook` for every error.
@@ -207,13 +226,28 @@ impl<S: Source> Reflector<S> {
                 return Err(err);
             }
         };
+        if let Some(rx) = &mut self.shard_rx {
+            self.config.sharding = rx.borrow_and_update().clone();
+        }
+        // After the identity check: a database reset for another cluster holds nothing to keep.
+        let pending = match self.reconcile_shard().await {
+            Ok(p) => p,
+            Err(e) => {
+                let err = self.store_err(e);
+                self.report(&err);
+                return Err(err);
+            }
+        };
         let mut state = match record.rv.clone() {
             Some(rv) if record.synced => {
                 self.status.send_modify(|s| {
                     s.restored = true;
                     s.committed_rv = Some(rv.clone());
                 });
-                State::Resume(rv)
+                match pending {
+                    Some(added) => State::Fetch { rv, added },
+                    None => State::Resume(rv),
+                }
             }
             _ => State::List(ListReason::Initial),
         };
@@ -270,15 +304,23 @@ impl<S: Source> Reflector<S> {
                     }
                 }
             }
+            State::Fetch { rv, added } => {
+                self.phase(Phase::Listing);
+                self.fetch_step(rv, added, stop).await
+            }
             State::Watch { from, sync_target } => {
                 self.phase(Phase::Watching);
                 let end = self.watch_once(from.clone(), &sync_target, stop).await;
                 // Always continue from what is durably persisted, which may be ahead of what
                 // this loop saw acknowledged (a commit reported failed may be durable).
                 let persisted = self.persisted_rv(from, stop).await?;
-                let watch = |from| State::Watch { from, sync_target };
+                let watch = |from| State::Watch {
+                    from,
+                    sync_target: sync_target.clone(),
+                };
                 match end {
                     WatchEnd::Stop => None,
+                    WatchEnd::Reshard => self.reshard(persisted, sync_target, stop).await,
                     WatchEnd::Ended => Some(watch(persisted)),
                     WatchEnd::Gone(message) => Some(State::List(ListReason::Gone(message))),
                     WatchEnd::TooLarge(message) => Some(State::List(ListReason::TooLargeRv { persisted, message })),

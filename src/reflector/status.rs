@@ -51,6 +51,22 @@ pub struct ReflectorStatus {
     pub events: u64,
     /// The last error, if any.
     pub last_error: Option<String>,
+    /// Who filtered the shard in the last paginated LIST of a sharded reflector (`None`
+    /// before one, or when unsharded; a streaming list does not tell).
+    pub shard_mode: Option<ShardMode>,
+    /// Objects fetched by the last change of shard range (the added ranges, listed at the
+    /// persisted resourceVersion), after the reflector's own filter.
+    pub shard_fetched: Option<u64>,
+}
+
+/// Who filtered a sharded reflector's list.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ShardMode {
+    /// The server honoured `shardSelector` (the list carried `metadata.shardInfo`).
+    Server,
+    /// The server ignored it (before Kubernetes v1.36, or the feature gate off): the whole
+    /// collection came, and the reflector kept its shard.
+    Client,
 }
 
 /// A callback for every error the reflector meets (it also logs them and keeps the last one in

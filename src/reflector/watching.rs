@@ -26,6 +26,8 @@ pub(super) enum WatchEnd {
     Retry(Option<Duration>),
     /// Stop was requested.
     Stop,
+    /// A new shard range was sent (see `Reflector::shard_updates`).
+    Reshard,
 }
 
 impl<S: Source> Reflector<S> {
@@ -72,6 +74,7 @@ impl<S: Source> Reflector<S> {
             timeout_secs,
             bookmarks: true,
             send_initial_events: false,
+            shard: self.config.sharding.clone(),
         };
         self.status.send_modify(|s| s.watches += 1);
         metrics::global().watch_requests.get_or_create(&self.labels()).inc();
@@ -116,6 +119,14 @@ impl<S: Source> Reflector<S> {
         // grow with the commit latency instead of being capped by what the HTTP body happened
         // to have buffered (otherwise one fsync per few dozen events).
         while end.is_none() {
+            if self
+                .shard_rx
+                .as_ref()
+                .is_some_and(|rx| rx.has_changed().unwrap_or(false))
+            {
+                end = Some(WatchEnd::Reshard);
+                break;
+            }
             let pending = batch.rv.is_some() || !batch.deltas.is_empty();
             let full = batch.deltas.len() >= self.config.max_batch;
             if pending && (inflight.is_empty() || full) && inflight.len() < MAX_INFLIGHT {
@@ -149,6 +160,7 @@ impl<S: Source> Reflector<S> {
                             biased;
                             r = &mut front.0 => Woke::Committed(r),
                             item = stream.next() => Woke::Item(item),
+                            () = shard_changed(self.shard_rx.as_ref()) => continue,
                             _ = stop.wait_for(|s| *s) => Woke::Stop,
                         };
                         match woke {
@@ -193,6 +205,7 @@ impl<S: Source> Reflector<S> {
                                     break;
                                 }
                             },
+                            () = shard_changed(self.shard_rx.as_ref()) => continue,
                             () = quiet => {
                                 // Nothing of ours in flight: the writer's position covers
                                 // every entry of this scope.
@@ -218,6 +231,12 @@ impl<S: Source> Reflector<S> {
                     };
                     counters[kind].inc();
                     match ev {
+                        // Another shard's object (a server that ignores shardSelector): only
+                        // its RV counts. An object never changes shard: its UID and namespace
+                        // are immutable.
+                        WatchEvent::Added(o) | WatchEvent::Modified(o) | WatchEvent::Deleted(o) if !self.owns(&o) => {
+                            batch.rv = Some(forward(&mut high, o.meta.resource_version.clone()));
+                        }
                         WatchEvent::Added(o) | WatchEvent::Modified(o) => {
                             let rv = o.meta.resource_version.clone();
                             let delta = match self.transform_watched(o) {
@@ -365,6 +384,20 @@ impl<S: Source> Reflector<S> {
             tracing::info!(scope = %self.scope(), rv = %rv, "watch expired (410); relisting");
         }
         end
+    }
+}
+
+/// Resolves when a new shard range was sent; never without a channel (or once its sender is
+/// gone: the range then stays as it is).
+async fn shard_changed(rx: Option<&watch::Receiver<Option<crate::selector::ShardSelector>>>) {
+    match rx {
+        Some(rx) => {
+            let mut rx = rx.clone();
+            if rx.changed().await.is_err() {
+                futures::future::pending::<()>().await;
+            }
+        }
+        None => futures::future::pending().await,
     }
 }
 

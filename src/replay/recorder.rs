@@ -346,6 +346,7 @@ impl<S: Source> Recorder<S> {
                     timeout_secs: self.config.watch_timeout_secs.max(1),
                     bookmarks: true,
                     send_initial_events: false,
+                    shard: None,
                 }) => s,
                 _ = stop.wait_for(|s| *s) => return Ok(()),
             };

@@ -1,4 +1,5 @@
-//! Label and field selectors with the API server's syntax (shared by the simulated server and listers).
+//! Label, field and shard selectors with the API server's syntax (shared by the simulated server,
+//! the reflector and listers).
 //!
 //! This module is neutral: it knows nothing about HTTP, the simulated server or the client side.
 //! It parses the selector strings a kube-apiserver accepts in `labelSelector` and
@@ -30,6 +31,14 @@
 //! `=`, `!` and `\` inside values. Which paths are *supported* depends on the resource; that
 //! check belongs to the caller (the API server answers 400 for unsupported fields).
 //!
+//! ## Shard selectors
+//!
+//! A shard selector (KEP-5866, the `shardSelector` parameter of LIST and WATCH since
+//! Kubernetes v1.36, alpha) is one or more `shardRange(FIELD, 'START', 'END')` terms joined by
+//! `||`. FIELD is `object.metadata.uid` or `object.metadata.namespace`; START and END are
+//! quoted `0x` hex bounds of a half-open range of the field's 64-bit FNV-1a hash (END may be
+//! `'0x10000000000000000'`, the top). [`ShardSelector::by_uid`] builds shard `i` of `n`.
+//!
 //! ## Example
 //!
 //! ```no_run
@@ -54,9 +63,11 @@
 mod convert;
 mod field;
 mod label;
+mod shard;
 
 pub use field::{FieldOp, FieldRequirement, FieldSelector};
 pub use label::{LabelOp, LabelRequirement, LabelSelector, Labels};
+pub use shard::{fnv1a_64, ShardField, ShardSelector, HASH_SPACE_END};
 
 /// Why a selector string was rejected. The messages follow the API server's wording closely
 /// enough to be shown to a user as the reason of an HTTP 400.
@@ -89,6 +100,14 @@ pub enum SelectorError {
         selector: String,
         /// The term that could not be understood.
         term: String,
+    },
+    /// A shard selector (KEP-5866 `shardRange(…)`) is not well formed or out of range.
+    #[error("invalid shardSelector {selector:?}: {reason}")]
+    Shard {
+        /// The whole shard selector.
+        selector: String,
+        /// What is wrong with it.
+        reason: String,
     },
 }
 

@@ -16,6 +16,7 @@ pub struct SimConfig {
     pub(crate) too_large_rv_wait: Duration,
     pub(crate) old_server: bool,
     pub(crate) watch_cache: bool,
+    pub(crate) sharded_list_watch: bool,
     pub(crate) resources: Vec<ResourceDef>,
     pub(crate) seed_namespaces: bool,
     pub(crate) port: u16,
@@ -32,6 +33,7 @@ impl Default for SimConfig {
             too_large_rv_wait: Duration::from_secs(3),
             old_server: false,
             watch_cache: true,
+            sharded_list_watch: true,
             resources: ResourceDef::builtins(),
             seed_namespaces: true,
             port: 0,
@@ -88,6 +90,16 @@ impl SimConfig {
     #[must_use]
     pub fn watch_cache(mut self, yes: bool) -> Self {
         self.watch_cache = yes;
+        self
+    }
+    /// With `false`, behave like a kube-apiserver before v1.36 (or with the
+    /// `ShardedListAndWatch` feature gate off): the `shardSelector` parameter is ignored and
+    /// lists carry no `metadata.shardInfo`, so clients must filter their shard themselves.
+    /// Default `true`: LIST and WATCH honour KEP-5866's `shardSelector` (a malformed one is a
+    /// 400) and a list that honoured it echoes the selector in `metadata.shardInfo.selector`.
+    #[must_use]
+    pub fn sharded_list_watch(mut self, yes: bool) -> Self {
+        self.sharded_list_watch = yes;
         self
     }
     /// Register a custom resource (stored as JSON, listed in discovery).

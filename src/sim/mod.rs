@@ -5,7 +5,9 @@
 //! responses recorded from kube-apiserver v1.20.2 in `tests/data/k8s-wire/`): one global revision counter,
 //! an event history with a compaction window, paginated LIST with continue tokens, WATCH from a
 //! revision or with synthetic ADDED events, bookmarks, streaming lists (`sendInitialEvents`),
-//! 410 Expired / 504 ResourceVersionTooLarge, label and field selectors, and writes (POST, PUT,
+//! 410 Expired / 504 ResourceVersionTooLarge, label and field selectors, KEP-5866 shard
+//! selectors (`shardSelector`, echoed in `metadata.shardInfo`; off with
+//! [`SimConfig::sharded_list_watch`]), and writes (POST, PUT,
 //! merge, strategic merge and JSON PATCH, DELETE, `/status`, `/scale`), with JSON or protobuf
 //! bodies. Real clients (`kube::Client`, `kubectl`) talk to it.
 //!

@@ -238,6 +238,14 @@ struct ListMeta {
     #[serde(rename = "continue")]
     continue_token: Option<String>,
     remaining_item_count: Option<i64>,
+    shard_info: Option<ShardInfo>,
+}
+
+/// KEP-5866's `metadata.shardInfo` of a list the server filtered by `shardSelector`.
+#[derive(Deserialize)]
+struct ShardInfo {
+    #[serde(default)]
+    selector: String,
 }
 
 #[derive(Deserialize)]
@@ -292,6 +300,7 @@ pub(crate) fn decode_list_bytes(body: &Bytes) -> Result<ListPage, DecodeError> {
         resource_version: ResourceVersion(list.metadata.resource_version),
         continue_token: list.metadata.continue_token.filter(|c| !c.is_empty()),
         remaining: list.metadata.remaining_item_count,
+        shard_info: list.metadata.shard_info.map(|s| s.selector),
     })
 }
 

@@ -12,6 +12,7 @@ use kube::Client;
 use tracing::Instrument;
 
 use crate::object::ScopeSpec;
+use crate::selector::ShardSelector;
 
 use super::decode::{decode_list_bytes, decode_status, decode_watch_bytes};
 use super::{
@@ -313,7 +314,9 @@ impl KubeSource {
         };
         if let Some(rv) = &req.resource_version {
             lp.resource_version = Some(rv.0.clone());
-            if req.not_older_than && rv.0 != "0" {
+            if req.exact && rv.0 != "0" {
+                lp.version_match = Some(kube::api::VersionMatch::Exact);
+            } else if req.not_older_than && rv.0 != "0" {
                 lp.version_match = Some(kube::api::VersionMatch::NotOlderThan);
             }
         }
@@ -321,7 +324,7 @@ impl KubeSource {
             return self.revision_probe(&lp).await;
         }
         let http_req = self.request().list(&lp).map_err(|e| self.build_error(e))?;
-        self.list_at(http_req).await
+        self.list_at(with_shard(http_req, req.shard.as_ref())).await
     }
 
     async fn list_at(&self, http_req: http::Request<Vec<u8>>) -> Result<ListPage, SourceError> {
@@ -365,6 +368,7 @@ impl KubeSource {
             .request()
             .watch(&wp, &req.resource_version.0)
             .map_err(|e| self.build_error(e))?;
+        let http_req = with_shard(http_req, req.shard.as_ref());
         tracing::debug!(resource = %self.name(), rv = %req.resource_version, "watch");
         let res = self.send(http_req).await?;
         let resource = self.name();
@@ -409,6 +413,23 @@ impl KubeSource {
             Err(e) => Err(e),
         }
     }
+}
+
+/// Adds KEP-5866's `shardSelector` to a request's query (kube's `ListParams` predates it).
+fn with_shard(mut req: http::Request<Vec<u8>>, shard: Option<&ShardSelector>) -> http::Request<Vec<u8>> {
+    let Some(shard) = shard else { return req };
+    let uri = req.uri().to_string();
+    let param = form_urlencoded::Serializer::new(String::new())
+        .append_pair("shardSelector", &shard.to_string())
+        .finish();
+    let sep = if uri.contains('?') { '&' } else { '?' };
+    // The URI was valid and the parameter is percent-encoded, so this parses; keep the
+    // request unchanged otherwise (the reflector filters the shard itself anyway).
+    match format!("{uri}{sep}{param}").parse::<http::Uri>() {
+        Ok(u) => *req.uri_mut() = u,
+        Err(e) => tracing::warn!(error = %e, "could not add shardSelector to the request"),
+    }
+    req
 }
 
 /// Splits a streaming body into lines and decodes each as a watch event, keeping the line.
@@ -529,6 +550,25 @@ mod tests {
                 other => format!("{other:?}"),
             })
             .collect()
+    }
+
+    #[test]
+    fn the_shard_selector_is_added_to_the_query_encoded() {
+        let shard = ShardSelector::by_uid(0, 2).unwrap();
+        let req = http::Request::get("/api/v1/pods?limit=5").body(Vec::new()).unwrap();
+        let req = with_shard(req, Some(&shard));
+        let query = req.uri().query().unwrap();
+        assert!(
+            query.starts_with("limit=5&shardSelector=shardRange%28object.metadata.uid"),
+            "{query}"
+        );
+        let decoded: Vec<(String, String)> = form_urlencoded::parse(query.as_bytes()).into_owned().collect();
+        assert_eq!(decoded[1], ("shardSelector".to_owned(), shard.to_string()));
+        let bare = with_shard(
+            http::Request::get("/api/v1/pods").body(Vec::new()).unwrap(),
+            Some(&shard),
+        );
+        assert!(bare.uri().query().unwrap().starts_with("shardSelector="));
     }
 
     #[test]

@@ -19,6 +19,7 @@ pub use decode::{decode_list, decode_watch_line, DecodeError};
 pub use kube_source::{KubeSource, USER_AGENT};
 
 use crate::object::{RawObject, ResourceVersion, ScopeSpec};
+use crate::selector::ShardSelector;
 
 /// A `Status` returned by the API server, as an HTTP error or an in-stream `ERROR` event.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -126,6 +127,13 @@ pub struct ListRequest {
     pub resource_version: Option<ResourceVersion>,
     /// `resourceVersionMatch=NotOlderThan` when true and an RV is set.
     pub not_older_than: bool,
+    /// `resourceVersionMatch=Exact` when true and an RV is set: the state at exactly that RV
+    /// (410 once it is compacted). Takes precedence over `not_older_than`.
+    pub exact: bool,
+    /// KEP-5866 `shardSelector`: only objects of these hash ranges. A server before v1.36
+    /// ignores it (its page then has no [`ListPage::shard_info`]); the reflector filters
+    /// every page itself either way.
+    pub shard: Option<ShardSelector>,
     /// `limit`.
     pub limit: Option<u32>,
     /// `continue` token.
@@ -153,6 +161,9 @@ pub struct ListPage {
     pub continue_token: Option<String>,
     /// `remainingItemCount`, when the server sent it.
     pub remaining: Option<i64>,
+    /// `metadata.shardInfo.selector` (KEP-5866): the shard selector the server applied, when
+    /// it filtered the list by one.
+    pub shard_info: Option<String>,
 }
 
 /// One WATCH request.
@@ -166,6 +177,8 @@ pub struct WatchRequest {
     pub bookmarks: bool,
     /// Streaming list: `sendInitialEvents=true&resourceVersionMatch=NotOlderThan`.
     pub send_initial_events: bool,
+    /// KEP-5866 `shardSelector` (see [`ListRequest::shard`]).
+    pub shard: Option<ShardSelector>,
 }
 
 /// One watch event.

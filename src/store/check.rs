@@ -8,7 +8,7 @@ use redb::{ReadableDatabase, ReadableTable};
 use super::codec::{self, BackfillProgress, Compression, DataRef, PrevRef};
 use super::schema::{
     keys, IndexName, ScopeId, COMMIT_TIMES, CURSORS, DICTS, INDEX, INDEX_BACKFILL, INDEX_REV, LOG, META, META_LAST_SEQ,
-    OBJECTS, SCOPES,
+    OBJECTS, SCOPES, SHARDS,
 };
 use super::writer::RESUME_SCAN;
 use super::{read, Shared, StoreError};
@@ -50,6 +50,7 @@ pub(crate) fn run(shared: &Shared) -> Result<CheckReport, StoreError> {
     let dicts = txn.open_table(DICTS).map_err(|e| st(e.into()))?;
     let commit_times = txn.open_table(COMMIT_TIMES).map_err(|e| st(e.into()))?;
     let backfill = txn.open_table(INDEX_BACKFILL).map_err(|e| st(e.into()))?;
+    let shards = txn.open_table(SHARDS).map_err(|e| st(e.into()))?;
     // Every dictionary a blob names must exist (rows are never removed).
     let mut dict_ids = BTreeSet::new();
     for row in dicts.iter().map_err(|e| st(e.into()))? {
@@ -201,6 +202,20 @@ pub(crate) fn run(shared: &Shared) -> Result<CheckReport, StoreError> {
                 continue;
             }
         };
+        // Every object of a sharded scope is in its range (a change of range drops the others
+        // in its own transaction).
+        let shard = match shards.get(scope.0).map_err(|e| st(e.into()))? {
+            Some(v) => match codec::decode_shard(v.value()) {
+                Ok(r) => r.range,
+                Err(e) => {
+                    report
+                        .problems
+                        .push(format!("{scope}: shard record does not decode: {e}"));
+                    None
+                }
+            },
+            None => None,
+        };
         let (start, end) = keys::scope_range(scope);
         let mut count = 0u64;
         let in_progress = backfilling.remove(&scope).unwrap_or_default();
@@ -244,6 +259,13 @@ pub(crate) fn run(shared: &Shared) -> Result<CheckReport, StoreError> {
                 report
                     .problems
                     .push(format!("{scope}: row {key} holds metadata of {}", h.meta.key()));
+            }
+            if let Some(range) = &shard {
+                if !super::writer::in_shard(range, &h.meta) {
+                    report
+                        .problems
+                        .push(format!("{scope}: object {key} is outside the scope's shard {range}"));
+                }
             }
             // Invariant 2: the scope's RV is not behind the data it describes.
             if let Some(rv) = &record.rv {

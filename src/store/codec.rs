@@ -8,6 +8,7 @@ use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 
 use crate::object::{ObjectError, ObjectKey, ObjectMeta, ResourceVersion};
+use crate::selector::ShardSelector;
 
 /// Envelope version written by this build.
 const ENVELOPE_V1: u8 = 1;
@@ -38,6 +39,9 @@ pub enum CodecError {
     /// Compressed bytes do not decompress.
     #[error("stored object bytes do not decompress: {0}")]
     Decompress(#[source] std::io::Error),
+    /// A stored shard selector does not parse.
+    #[error("stored shard selector does not parse: {0}")]
+    Shard(#[source] crate::selector::SelectorError),
 }
 
 /// How stored object bytes are compressed: as a setting ([`crate::store::StoreConfig::compression`])
@@ -281,6 +285,49 @@ pub fn decode_scope(value: &[u8]) -> Result<ScopeRecord, CodecError> {
     decode_with_tail(value).map(|(r, _)| r)
 }
 
+/// The shard of a scope (the `scope_shards` table, schema v5). No row: the scope holds every
+/// object of its resource.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct ShardRecord {
+    /// The hash ranges the scope's objects belong to (`None`: all objects). Every stored
+    /// object matches it: a change of range removes the others in the same transaction.
+    pub range: Option<ShardSelector>,
+    /// Ranges added by the last change of range and not fetched yet; the scope's objects of
+    /// them are those at the scope's RV, listed before any watch resumes. Cleared by the
+    /// transaction that completes the fetch, or by a relist (which lists the whole range).
+    pub pending: Option<ShardSelector>,
+}
+
+/// The stored form of a [`ShardRecord`]: the selectors as text.
+#[derive(Serialize, Deserialize)]
+struct ShardRow {
+    range: Option<String>,
+    pending: Option<String>,
+}
+
+/// Encodes a shard record.
+pub fn encode_shard(record: &ShardRecord) -> Result<Vec<u8>, CodecError> {
+    let row = ShardRow {
+        range: record.range.as_ref().map(ToString::to_string),
+        pending: record.pending.as_ref().map(ToString::to_string),
+    };
+    encode_with_tail(&row, &[])
+}
+
+/// Decodes a shard record.
+pub fn decode_shard(value: &[u8]) -> Result<ShardRecord, CodecError> {
+    let (row, _): (ShardRow, _) = decode_with_tail(value)?;
+    let parse = |s: Option<String>| {
+        s.map(|s| s.parse::<ShardSelector>())
+            .transpose()
+            .map_err(CodecError::Shard)
+    };
+    Ok(ShardRecord {
+        range: parse(row.range)?,
+        pending: parse(row.pending)?,
+    })
+}
+
 /// Encodes the values an object is indexed under (the `index_rev` table).
 pub fn encode_values(values: &[String]) -> Result<Vec<u8>, CodecError> {
     encode_with_tail(&values, &[])
@@ -367,6 +414,17 @@ mod tests {
         let mut newer = row.clone();
         newer[0] = 9;
         assert!(matches!(decode_scope(&newer), Err(CodecError::UnknownEnvelope(9))));
+    }
+
+    #[test]
+    fn shard_records_round_trip() {
+        let record = ShardRecord {
+            range: Some(ShardSelector::by_uid(1, 4).unwrap()),
+            pending: Some(ShardSelector::by_uid(1, 3).unwrap()),
+        };
+        assert_eq!(decode_shard(&encode_shard(&record).unwrap()).unwrap(), record);
+        let empty = ShardRecord::default();
+        assert_eq!(decode_shard(&encode_shard(&empty).unwrap()).unwrap(), empty);
     }
 
     #[test]

@@ -14,6 +14,8 @@ mod m0002_dicts;
 mod m0003_retention_backfill;
 #[path = "../../migrations/m0004_scoped_cursors.rs"]
 mod m0004_scoped_cursors;
+#[path = "../../migrations/m0005_scope_shards.rs"]
+mod m0005_scope_shards;
 
 /// What a step may need besides the transaction.
 struct Context {
@@ -29,6 +31,7 @@ const STEPS: &[Step] = &[
     |txn, _| m0002_dicts::up(txn),
     |txn, cx| m0003_retention_backfill::up(txn, cx.now_ms),
     |txn, _| m0004_scoped_cursors::up(txn),
+    |txn, _| m0005_scope_shards::up(txn),
 ];
 
 /// The schema version after every step ran.

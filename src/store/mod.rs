@@ -53,7 +53,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 pub use check::CheckReport;
-pub use codec::{CodecError, Compression, DeltaKind, ScopeRecord};
+pub use codec::{CodecError, Compression, DeltaKind, ScopeRecord, ShardRecord};
 pub use error::StoreError;
 pub use hot::HotTierStats;
 pub(crate) use hot::{HotEntry, HotTier, HotView};

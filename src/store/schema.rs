@@ -18,6 +18,7 @@
 //! | `dicts` | (scope id, dict id) | a zstd dictionary (schema v2; rows are never rewritten) |
 //! | `commit_times` | seq of the first log entry a commit wrote | unix milliseconds of that commit (schema v3) |
 //! | `index_backfill` | (scope id, index name) | [`super::codec::BackfillProgress`] of an index still being backfilled (schema v3) |
+//! | `scope_shards` | [`ScopeId`] | [`super::codec::ShardRecord`]: the scope's shard range and ranges still to fetch (schema v5) |
 
 use std::fmt;
 
@@ -63,6 +64,10 @@ pub const COMMIT_TIMES: TableDefinition<u64, u64> = TableDefinition::new("commit
 /// how far it got. A row exists from the `ensure_index` that started it until the step that
 /// finished it, which also adds the index to the scope record.
 pub const INDEX_BACKFILL: TableDefinition<(u32, &str), &[u8]> = TableDefinition::new("index_backfill");
+
+/// The shard range of a sharded scope and the added ranges not yet fetched (schema v5). A
+/// scope without a row holds every object of its resource.
+pub const SHARDS: TableDefinition<u32, &[u8]> = TableDefinition::new("scope_shards");
 
 /// `meta` key holding the schema version (u32, big endian).
 pub const META_SCHEMA_VERSION: &str = "schema_version";

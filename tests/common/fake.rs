@@ -261,6 +261,7 @@ impl Source for Fake {
                 resource_version: s.rv.to_string().into(),
                 continue_token: None,
                 remaining: None,
+                shard_info: None,
             });
         }
         self.state.lock().unwrap().requests.push((
@@ -325,6 +326,7 @@ impl Source for Fake {
             resource_version: ResourceVersion(list_rv.to_string()),
             continue_token,
             remaining: None,
+            shard_info: None,
         })
     }
 

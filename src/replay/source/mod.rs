@@ -171,6 +171,7 @@ impl Source for ReplaySource {
                 resource_version: c.last_rv.clone(),
                 continue_token: None,
                 remaining: None,
+                shard_info: None,
             });
         }
         let limit = req.limit.map_or(usize::MAX, |l| l.max(1) as usize);
@@ -185,6 +186,7 @@ impl Source for ReplaySource {
                         resource_version: rv,
                         continue_token: None,
                         remaining: None,
+                        shard_info: None,
                     });
                 }
                 Feed::Event(ev) => {
@@ -206,6 +208,7 @@ impl Source for ReplaySource {
                     resource_version: if done { c.last_rv.clone() } else { "0".into() },
                     continue_token: (!done).then(|| "replay".to_owned()),
                     remaining: None,
+                    shard_info: None,
                 });
             }
         }

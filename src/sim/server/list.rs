@@ -13,15 +13,19 @@ use super::super::util::{b64_decode, b64_encode};
 use super::super::{ResourceDef, Shared};
 use super::response::{full_response, status_response, status_response_meta};
 use super::{Query, Resp, Target};
-use crate::selector::{FieldOp, FieldSelector, LabelSelector};
+use crate::selector::{FieldOp, FieldSelector, LabelSelector, ShardSelector};
 
 pub(super) struct Selectors {
     labels: LabelSelector,
     fields: FieldSelector,
+    /// KEP-5866's `shardSelector`, parsed, with the string as received (echoed in `shardInfo`).
+    shard: Option<(ShardSelector, String)>,
 }
 
 impl Selectors {
-    pub(super) fn parse(def: &ResourceDef, q: &Query) -> Result<Self, ApiError> {
+    /// The request's selectors; `sharding`: whether `shardSelector` is honoured (a server
+    /// without the feature ignores the parameter, as for any unknown one).
+    pub(super) fn parse(def: &ResourceDef, q: &Query, sharding: bool) -> Result<Self, ApiError> {
         let labels = LabelSelector::parse(q.str("labelSelector")).map_err(|e| ApiError::bad_request(e.to_string()))?;
         let fields = FieldSelector::parse(q.str("fieldSelector")).map_err(|e| ApiError::bad_request(e.to_string()))?;
         for r in fields.requirements() {
@@ -30,7 +34,19 @@ impl Selectors {
                 return Err(ApiError::bad_request(format!("field label not supported: {f}")));
             }
         }
-        Ok(Self { labels, fields })
+        let shard = match q.get("shardSelector").filter(|s| sharding && !s.trim().is_empty()) {
+            None => None,
+            Some(raw) => Some((
+                raw.parse::<ShardSelector>()
+                    .map_err(|e| ApiError::bad_request(e.to_string()))?,
+                raw.to_owned(),
+            )),
+        };
+        Ok(Self { labels, fields, shard })
+    }
+    /// The shard selector as received, when the request has one the server honours.
+    pub(super) fn shard_info(&self) -> Option<&str> {
+        self.shard.as_ref().map(|(_, raw)| raw.as_str())
     }
     /// The one name the selectors allow, when they are exactly `metadata.name=NAME` (the
     /// registry then reads that single key instead of filtering the collection, as a real API
@@ -38,6 +54,7 @@ impl Selectors {
     pub(super) fn single_name(&self) -> Option<&str> {
         match self.fields.requirements() {
             [r] if self.labels.is_empty()
+                && self.shard.is_none()
                 && r.field() == "metadata.name"
                 && matches!(r.op(), FieldOp::Equals | FieldOp::DoubleEquals) =>
             {
@@ -47,10 +64,10 @@ impl Selectors {
         }
     }
     pub(super) fn is_empty(&self) -> bool {
-        self.labels.is_empty() && self.fields.is_empty()
+        self.labels.is_empty() && self.fields.is_empty() && self.shard.is_none()
     }
     pub(super) fn matches(&self, o: &Obj) -> bool {
-        o.matches(&self.labels, &self.fields)
+        o.matches(&self.labels, &self.fields) && self.shard.as_ref().is_none_or(|(s, _)| o.in_shard(s))
     }
 }
 
@@ -137,7 +154,7 @@ pub(super) async fn list(shared: &Arc<Shared>, t: &Target, q: &Query) -> Resp {
 }
 
 pub(super) async fn list_inner(shared: &Arc<Shared>, t: &Target, q: &Query) -> Result<Resp, ApiError> {
-    let sel = Selectors::parse(&t.def, q)?;
+    let sel = Selectors::parse(&t.def, q, shared.config.sharded_list_watch)?;
     let limit = match q.get("limit").filter(|s| !s.is_empty()) {
         None => None,
         Some(s) => match s.parse::<i64>() {
@@ -315,6 +332,10 @@ pub(super) async fn list_inner(shared: &Arc<Shared>, t: &Target, q: &Query) -> R
         if let Some(n) = remaining.filter(|_| sel.is_empty()) {
             out.extend_from_slice(format!(r#","remainingItemCount":{n}"#).as_bytes());
         }
+    }
+    // KEP-5866: the list is a filtered subset; the selector is echoed so the client knows.
+    if let Some(raw) = sel.shard_info() {
+        out.extend_from_slice(format!(r#","shardInfo":{{"selector":{}}}"#, json!(raw)).as_bytes());
     }
     out.extend_from_slice(br#"},"items":["#);
     for (i, o) in items.iter().enumerate() {

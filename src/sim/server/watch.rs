@@ -84,7 +84,7 @@ pub(super) async fn watch(shared: &Arc<Shared>, t: &Target, q: &Query) -> Resp {
 
 pub(super) fn plan_watch(shared: &Shared, t: &Target, q: &Query) -> Result<WatchPlan, ApiError> {
     let cfg = &shared.config;
-    let sel = Selectors::parse(&t.def, q)?;
+    let sel = Selectors::parse(&t.def, q, cfg.sharded_list_watch)?;
     let rv = q.str("resourceVersion");
     let rvm = q.str("resourceVersionMatch");
     let send_initial = q.get("sendInitialEvents");

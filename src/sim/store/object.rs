@@ -8,7 +8,7 @@ use bytes::Bytes;
 use serde_json::{json, Map, Value};
 
 use super::super::ResourceDef;
-use crate::selector::{FieldSelector, LabelSelector};
+use crate::selector::{FieldSelector, LabelSelector, ShardField, ShardSelector};
 
 use super::ApiError;
 
@@ -19,6 +19,8 @@ pub(crate) struct Obj {
     pub key: String,
     pub ns: String,
     pub name: String,
+    /// `metadata.uid`: a shard selector may hash it.
+    pub uid: String,
     pub rv: u64,
     pub labels: BTreeMap<String, String>,
     /// Selectable fields besides `metadata.name`/`metadata.namespace`.
@@ -54,6 +56,14 @@ impl Obj {
     /// Whether both selectors match.
     pub fn matches(&self, labels: &LabelSelector, fields: &FieldSelector) -> bool {
         labels.matches(&self.labels) && fields.matches(|p| self.field(p))
+    }
+
+    /// Whether the object is in the shard (KEP-5866).
+    pub fn in_shard(&self, shard: &ShardSelector) -> bool {
+        shard.matches(|f| match f {
+            ShardField::Uid => Some(self.uid.as_str()),
+            ShardField::Namespace => Some(self.ns.as_str()),
+        })
     }
 }
 
@@ -322,6 +332,7 @@ pub(crate) fn build_obj(def: &ResourceDef, key: String, mut v: Value) -> Result<
         key,
         ns: s("namespace"),
         name: s("name"),
+        uid: s("uid"),
         rv,
         labels,
         fields,

@@ -111,6 +111,7 @@ impl State {
             key: key.clone(),
             ns: pre.ns.clone(),
             name: pre.name.clone(),
+            uid: old.uid.clone(),
             rv,
             labels,
             fields: pre.fields.clone(),

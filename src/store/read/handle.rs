@@ -6,7 +6,7 @@ use bytes::Bytes;
 use redb::ReadableDatabase;
 use serde::de::DeserializeOwned;
 
-use super::super::codec::ScopeRecord;
+use super::super::codec::{ScopeRecord, ShardRecord};
 use super::super::hot::HotTier;
 use super::super::schema::ScopeId;
 use super::super::{Shared, StoreError};
@@ -156,6 +156,11 @@ impl Store {
     /// See [`Snapshot::record`].
     pub fn record(&self) -> Result<ScopeRecord, StoreError> {
         self.snapshot()?.record()
+    }
+
+    /// See [`Snapshot::shard`].
+    pub fn shard(&self) -> Result<ShardRecord, StoreError> {
+        self.snapshot()?.shard()
     }
 
     /// The persisted resourceVersion of the scope.

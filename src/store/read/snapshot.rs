@@ -5,9 +5,11 @@ use std::sync::Arc;
 use bytes::Bytes;
 use redb::{ReadTransaction, ReadableTable};
 
-use super::super::codec::{self, ScopeRecord};
+use super::super::codec::{self, ScopeRecord, ShardRecord};
 use super::super::index::NAMESPACE;
-use super::super::schema::{keys, IndexName, IndexValue, ScopeId, Seq, INDEX, INDEX_BACKFILL, LOG, OBJECTS, SCOPES};
+use super::super::schema::{
+    keys, IndexName, IndexValue, ScopeId, Seq, INDEX, INDEX_BACKFILL, LOG, OBJECTS, SCOPES, SHARDS,
+};
 use super::super::{Shared, StoreError};
 use crate::object::{ObjectKey, ObjectMeta};
 
@@ -329,5 +331,20 @@ impl Snapshot {
             return Err(StoreError::UnknownScope(self.scope));
         };
         Ok(codec::decode_scope(v.value())?)
+    }
+
+    /// The scope's shard: its hash range and the added ranges not fetched yet (the default,
+    /// no range, for a scope that holds every object).
+    pub fn shard(&self) -> Result<ShardRecord, StoreError> {
+        let s = &self.shared;
+        let shards = match self.txn.open_table(SHARDS) {
+            Ok(t) => t,
+            Err(redb::TableError::TableDoesNotExist(_)) => return Ok(ShardRecord::default()),
+            Err(e) => return Err(s.storage(e)),
+        };
+        match shards.get(self.scope.0).map_err(|e| s.storage(e))? {
+            Some(v) => Ok(codec::decode_shard(v.value())?),
+            None => Ok(ShardRecord::default()),
+        }
     }
 }

@@ -20,11 +20,13 @@ mod dicts;
 mod relist;
 mod retention;
 mod scopes;
+mod shards;
 mod thread;
 
 pub(crate) use backfill::RESUME_SCAN;
 pub use batch::{Batch, Committed, CompactReport, Delta, RelistSummary};
 pub(crate) use batch::{Packed, PublishedDicts};
+pub(super) use shards::in_shard;
 
 use std::cell::{Cell, RefCell};
 use std::collections::{BTreeMap, HashMap};
@@ -36,7 +38,7 @@ use tokio::sync::{oneshot, watch};
 
 use bytes::Bytes;
 
-use super::codec::DeltaKind;
+use super::codec::{DeltaKind, ShardRecord};
 use super::dict;
 use super::schema::{CursorName, IndexName, ScopeId, Seq, LOG, META, META_LAST_SEQ};
 use super::{Shared, StoreConfig, StoreError};
@@ -66,6 +68,8 @@ enum Command {
     Flush(Ack<()>),
     Identity(String, bool, Ack<bool>),
     ResetScope(ScopeId, Ack<()>),
+    ChangeShard(ScopeId, ShardRecord, Ack<RelistSummary>),
+    ShardFetched(ScopeId, Ack<()>),
     /// Gives a scope a hot tier with this byte budget (after the group commits).
     HotTier(ScopeId, usize, Ack<()>),
     Shutdown,
@@ -239,8 +243,13 @@ impl Writer {
     request!(reset_scope, reset_scope_blocking, (scope: ScopeId) -> (), ResetScope,
         "Forgets a scope's objects, indexes and RV (its log entries stay, for cursors).");
 
+    request!(change_shard, change_shard_blocking, (scope: ScopeId, record: ShardRecord) -> RelistSummary, ChangeShard,
+        "Gives the scope a shard range, in one transaction: every stored object outside `record.range` is deleted (logged as a delete with its final state unknown, as a relist's, so handlers see it; `deleted` counts them, `unchanged` the objects kept) and `record` is saved. `record.pending` names the ranges still to fetch at the scope's RV; [`Writer::shard_fetched`] or a relist clears it.");
+    request!(shard_fetched, shard_fetched_blocking, (scope: ScopeId) -> (), ShardFetched,
+        "Records that the ranges added by the last shard change are fetched (clears `ShardRecord::pending`).");
+
     request!(finish_relist, finish_relist_blocking, (scope: ScopeId, rv: ResourceVersion, reason: &str) -> RelistSummary, FinishRelist,
-        "Diffs the staged relist against the stored objects and swaps it in, in one transaction: new → Added, changed RV → Updated, not listed → Deleted (final state unknown), same RV → nothing. Sets the scope RV to `rv` (which may be lower than before: a relist is the only way an RV moves backwards).");
+        "Diffs the staged relist against the stored objects and swaps it in, in one transaction: new → Added, changed RV → Updated, not listed → Deleted (final state unknown), same RV → nothing. Sets the scope RV to `rv` (which may be lower than before: a relist is the only way an RV moves backwards). A shard's pending ranges are cleared: the relist listed the whole range.");
 
     /// Records the cluster identity, or checks it against the stored one. With `reset`, a
     /// different identity wipes every scope instead of failing. Returns `true` when the

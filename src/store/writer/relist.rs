@@ -130,6 +130,8 @@ impl WriterThread {
         record.last_relist_reason = Some(reason.to_owned());
         record.last_relist_at_ms = Some(now_ms());
         self.save_scope(txn, scope, &record)?;
+        // The relist listed the whole shard range: nothing added by a change is left to fetch.
+        self.shard_fetched(txn, scope)?;
         Ok(summary)
     }
 }

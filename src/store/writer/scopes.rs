@@ -109,6 +109,9 @@ impl WriterThread {
             .retain_in::<&[u8], _>(range, |_, _| false)
             .map_err(|e| self.st(e))?;
         self.journal_hot(scope, || HotOp::Clear);
+        // Nothing is held, so nothing added by a shard change is left to fetch (the next
+        // list fetches the whole range).
+        self.shard_fetched(txn, scope)?;
         record.rv = None;
         record.synced = false;
         record.object_count = 0;

@@ -454,6 +454,8 @@ impl WriterThread {
             Command::Flush(ack) => Ok(Reply::Unit(ack, Ok(()))),
             Command::Identity(id, reset, ack) => run!(Bool, ack, self.identity(txn, &id, reset)),
             Command::ResetScope(scope, ack) => run!(Unit, ack, self.reset_scope(txn, scope)),
+            Command::ChangeShard(scope, record, ack) => run!(Relist, ack, self.change_shard(txn, scope, &record)),
+            Command::ShardFetched(scope, ack) => run!(Unit, ack, self.shard_fetched(txn, scope)),
             Command::HotTier(scope, budget, ack) => Ok(Reply::Hot(ack, scope, budget)),
             Command::Shutdown => Ok(Reply::Unit(oneshot::channel().0, Ok(()))),
         }
@@ -596,8 +598,9 @@ pub(super) fn fail_all(cmds: Vec<Command>, e: &StoreError) {
             | Command::SetCursor(_, _, _, a)
             | Command::DeleteCursor(_, _, a)
             | Command::ResetScope(_, a)
+            | Command::ShardFetched(_, a)
             | Command::HotTier(_, _, a) => drop(a.send(Err(err))),
-            Command::FinishRelist(_, _, _, a) => drop(a.send(Err(err))),
+            Command::FinishRelist(_, _, _, a) | Command::ChangeShard(_, _, a) => drop(a.send(Err(err))),
             Command::Compact(_, a) => drop(a.send(Err(err))),
             Command::Settle(a) | Command::Flush(a) => drop(a.send(Err(err))),
             Command::Identity(_, _, a) => drop(a.send(Err(err))),
