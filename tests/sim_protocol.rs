@@ -1318,6 +1318,11 @@ async fn finalizers_hold_a_deleted_object_until_the_last_one_is_removed() {
         .expect("create");
     let rv0 = created.metadata.resource_version.clone().expect("rv");
 
+    // Only a delete sets a deletionTimestamp.
+    let early = json!({"metadata": {"deletionTimestamp": "2026-01-01T00:00:00Z"}});
+    let r = cms.patch("held", &PatchParams::default(), &Patch::Merge(&early)).await;
+    assert_eq!(api_code(r), 422);
+
     // The delete only marks it: 202 with the object, deletionTimestamp set, still readable.
     let marked = cms.delete("held", &DeleteParams::default()).await.expect("delete");
     let marked = marked.left().expect("a terminating object, not a Status");

@@ -258,7 +258,9 @@ impl Sim {
 
     fn write<T>(&self, f: impl FnOnce(&mut State) -> Result<T>) -> Result<T> {
         let mut st = self.shared.lock();
+        st.server_write = true;
         let out = f(&mut st);
+        st.server_write = false;
         let rv = st.rv;
         drop(st);
         self.shared.notify(rv);

@@ -67,6 +67,10 @@ pub(crate) struct State {
     /// minutes by default), so while other resources change it stays behind `rv`. An RV=0
     /// LIST and every bookmark carry it.
     pub cache_rv: Vec<u64>,
+    /// The write comes from the cluster itself (the in-process `Sim` API: a test playing a
+    /// kubelet or re-enacting a recording), not from a client over HTTP: it may set the
+    /// deletion fields a client may not.
+    pub server_write: bool,
 }
 
 /// Key of [`State::remaining_memo`].
@@ -98,6 +102,7 @@ impl State {
             history: VecDeque::new(),
             window,
             remaining_memo: VecDeque::new(),
+            server_write: false,
             cache_rv: vec![1; n],
         }
     }
@@ -360,21 +365,33 @@ impl State {
         let spec_changed = old_v.get("spec") != new_v.get("spec");
         let old_meta = old_v.get("metadata").cloned().unwrap_or_else(|| json!({}));
         let meta = meta_mut(new_v)?;
-        // The server owns these: a write can neither set nor clear them (a deletion is final).
-        for k in [
-            "name",
-            "namespace",
-            "uid",
-            "creationTimestamp",
-            "deletionTimestamp",
-            "deletionGracePeriodSeconds",
-        ] {
+        for k in ["name", "namespace", "uid", "creationTimestamp"] {
             match old_meta.get(k) {
                 Some(x) => meta.insert(k.into(), x.clone()),
                 None => meta.remove(k),
             };
         }
         let terminating = old_meta.get("deletionTimestamp").is_some();
+        // Only a deletion sets these; an update can neither clear nor change them (the real
+        // server's BeforeUpdate), and a client that sets them is refused.
+        for k in ["deletionTimestamp", "deletionGracePeriodSeconds"] {
+            let sets = meta.get(k).is_some_and(|v| !v.is_null());
+            if sets && self.server_write {
+                continue;
+            }
+            if sets && old_meta.get(k).is_none() {
+                let name = old_meta.get("name").and_then(Value::as_str).unwrap_or_default();
+                return Err(ApiError::invalid(
+                    def,
+                    name,
+                    &format!("metadata.{k}: Invalid value: field is immutable; may only be changed via deletion"),
+                ));
+            }
+            match old_meta.get(k) {
+                Some(x) => meta.insert(k.into(), x.clone()),
+                None => meta.remove(k),
+            };
+        }
         if terminating {
             let before = finalizers(old_meta.get("finalizers"));
             let added: Vec<String> = finalizers(meta.get("finalizers"))
@@ -397,7 +414,11 @@ impl State {
             let g = old_meta.get("generation").and_then(Value::as_i64).unwrap_or(1);
             meta.insert("generation".into(), json!(if spec_changed { g + 1 } else { g }));
         }
-        let gone = terminating && finalizers(meta.get("finalizers")).is_empty();
+        // The real server's rule: a terminating object with no finalizer left and no grace
+        // period goes with this write (a Pod in its grace period stays until deleted again).
+        let gone = terminating
+            && finalizers(meta.get("finalizers")).is_empty()
+            && meta.get("deletionGracePeriodSeconds").and_then(Value::as_i64).unwrap_or(0) == 0;
         let obj = Arc::new(build_obj(def, key.clone(), new_v.take())?);
         self.rv = rv;
         if gone {
