@@ -418,7 +418,11 @@ impl State {
         // period goes with this write (a Pod in its grace period stays until deleted again).
         let gone = terminating
             && finalizers(meta.get("finalizers")).is_empty()
-            && meta.get("deletionGracePeriodSeconds").and_then(Value::as_i64).unwrap_or(0) == 0;
+            && meta
+                .get("deletionGracePeriodSeconds")
+                .and_then(Value::as_i64)
+                .unwrap_or(0)
+                == 0;
         let obj = Arc::new(build_obj(def, key.clone(), new_v.take())?);
         self.rv = rv;
         if gone {
