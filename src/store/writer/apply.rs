@@ -107,6 +107,26 @@ impl WriterThread {
         Ok(appended)
     }
 
+    /// Deletes the stored object under the encoded object key `k` as a relist does: what the
+    /// handlers get as its final state is the stored one.
+    pub(super) fn delete_stored(
+        &self,
+        t: &mut Tables<'_>,
+        scope: ScopeId,
+        indexers: &[Indexer],
+        record: &mut ScopeRecord,
+        k: &[u8],
+    ) -> Step<bool> {
+        let (_, key) = keys::decode_object(k).map_err(StoreError::from)?;
+        let meta = crate::object::ObjectMeta {
+            namespace: key.namespace.clone(),
+            name: key.name.clone(),
+            ..Default::default()
+        };
+        let obj = RawObject::from_parts(meta, Bytes::new());
+        self.apply_delta(t, scope, indexers, record, DeltaKind::Deleted, &obj, true, None)
+    }
+
     /// Applies one delta to the object, index and log tables. Returns whether a log entry was
     /// appended.
     #[allow(clippy::too_many_arguments)] // one call site; a struct would only rename these

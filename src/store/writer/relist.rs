@@ -98,25 +98,7 @@ impl WriterThread {
         let mut gone: Vec<Vec<u8>> = stored.into_keys().collect();
         gone.sort();
         for k in gone {
-            let (_, key) = keys::decode_object(&k).map_err(StoreError::from)?;
-            let obj = RawObject::from_parts(
-                crate::object::ObjectMeta {
-                    namespace: key.namespace.clone(),
-                    name: key.name.clone(),
-                    ..Default::default()
-                },
-                bytes::Bytes::new(),
-            );
-            self.apply_delta(
-                &mut t,
-                scope,
-                &indexers,
-                &mut record,
-                DeltaKind::Deleted,
-                &obj,
-                true,
-                None,
-            )?;
+            self.delete_stored(&mut t, scope, &indexers, &mut record, &k)?;
             summary.deleted += 1;
         }
         summary.seq = Seq(t.next_seq.saturating_sub(1));

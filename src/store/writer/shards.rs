@@ -3,11 +3,11 @@
 
 use redb::{ReadableTable, WriteTransaction};
 
-use super::super::codec::{self, DeltaKind, ShardRecord};
+use super::super::codec::{self, ShardRecord};
 use super::super::schema::{keys, ScopeId, Seq, OBJECTS, SHARDS};
 use super::super::StoreError;
 use super::{RelistSummary, Step, Tables, WriterThread};
-use crate::object::{ObjectMeta, RawObject};
+use crate::object::ObjectMeta;
 use crate::selector::{ShardField, ShardSelector};
 
 /// Whether a stored object belongs to `range` (the same hash of the same field as the server).
@@ -73,27 +73,9 @@ impl WriterThread {
             let indexers = self.shared.indexes.for_scope(scope);
             let mut t = Tables::open(self, txn)?;
             for k in leaving {
-                let (_, key) = keys::decode_object(&k).map_err(StoreError::from)?;
-                let obj = RawObject::from_parts(
-                    crate::object::ObjectMeta {
-                        namespace: key.namespace.clone(),
-                        name: key.name.clone(),
-                        ..Default::default()
-                    },
-                    bytes::Bytes::new(),
-                );
                 // As a relist's deletes: the final state is the stored one (the object still
                 // exists on the server, in another shard).
-                self.apply_delta(
-                    &mut t,
-                    scope,
-                    &indexers,
-                    &mut scope_record,
-                    DeltaKind::Deleted,
-                    &obj,
-                    true,
-                    None,
-                )?;
+                self.delete_stored(&mut t, scope, &indexers, &mut scope_record, &k)?;
                 summary.deleted += 1;
             }
         }
