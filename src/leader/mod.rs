@@ -1,7 +1,8 @@
 //! Leader election over a `coordination.k8s.io/v1` Lease, with client-go's semantics.
 //!
 //! One replica holds the Lease and renews it every `retry_period`; the others try to take it
-//! every `retry_period` and succeed only once the holder stopped renewing for a whole
+//! every `retry_period` (and at once when a watch on the Lease shows a change, or when the
+//! holder's term runs out) and succeed only once the holder stopped renewing for a whole
 //! `lease_duration`. Every write is an update conditioned on the Lease's resourceVersion, so two
 //! replicas can never both win one round: the loser gets a conflict.
 //!
