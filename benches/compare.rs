@@ -20,7 +20,9 @@
 //!    `BENCH_HUGE=1` adds ours alone at 1,000,000 objects (`BENCH_HUGE_N` to change it);
 //! 6. reads: get by key, list one namespace, select by label.
 //!
-//! `BENCH_MEMORY_ONLY=1` runs only the child processes (scenarios 5 and 2's peak RSS).
+//! `BENCH_MEMORY_ONLY=1` runs only the child processes (scenarios 5 and 2's peak RSS);
+//! `BENCH_ONLY=reads,steady` runs only the named parts (`lifecycle` for 1, 2 and 4, `steady`,
+//! `reads`, `memory`), for working on one of them; a results table comes from a full run.
 //!
 //! Prints a table (median and min–max over the repetitions, ratio of the medians ours /
 //! theirs) and writes `target/bench-results/compare.json` (every repetition's raw values, the
@@ -47,6 +49,8 @@ struct Cfg {
     sizes: Vec<usize>,
     huge: Option<usize>,
     memory_only: bool,
+    /// The parts to run (`BENCH_ONLY`); every part when empty.
+    only: Vec<String>,
     ladder: Ladder,
     gets: usize,
     lists: usize,
@@ -120,10 +124,37 @@ fn config() -> Res<Cfg> {
         sizes,
         huge,
         memory_only: env_flag("BENCH_MEMORY_ONLY"),
+        only: parse_only()?,
         ladder,
-        gets: if quick { 500 } else { 10_000 },
+        gets: if quick { 500 } else { 200_000 },
         lists: if quick { 5 } else { 20 },
     })
+}
+
+const PARTS: [&str; 4] = ["lifecycle", "steady", "reads", "memory"];
+
+fn parse_only() -> Res<Vec<String>> {
+    let Ok(list) = std::env::var("BENCH_ONLY") else {
+        return Ok(Vec::new());
+    };
+    let parts: Vec<String> = list
+        .split(',')
+        .map(|p| p.trim().to_string())
+        .filter(|p| !p.is_empty())
+        .collect();
+    if let Some(bad) = parts.iter().find(|p| !PARTS.contains(&p.as_str())) {
+        return Err(format!("BENCH_ONLY: unknown part {bad:?} (one of {})", PARTS.join(", ")).into());
+    }
+    Ok(parts)
+}
+
+impl Cfg {
+    fn runs(&self, part: &str) -> bool {
+        if self.memory_only {
+            return part == "memory";
+        }
+        self.only.is_empty() || self.only.iter().any(|p| p == part)
+    }
 }
 
 fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
@@ -210,7 +241,7 @@ struct SystemRep {
     lifecycle: Option<Lifecycle>,
     steady: Option<Steady>,
     reads: Option<Reads>,
-    memory: Memory,
+    memory: Option<Memory>,
 }
 
 #[derive(Debug, Clone, Default, serde::Serialize)]
@@ -230,21 +261,27 @@ fn run_rep(cfg: &Cfg, sim: &durable_informer::sim::Sim, n: usize, rep: usize, di
         ..Rep::default()
     };
     let tag = format!("N = {n}, repetition {}/{}", rep + 1, cfg.reps);
-    if !cfg.memory_only {
+    if cfg.runs("lifecycle") {
         eprintln!("{tag}: 1, 2, 4 lifecycle (ours, then kube-runtime)...");
         out.ours.lifecycle = Some(rt.block_on(scenarios::ours_lifecycle(sim, n, dir, rep as u64))?);
         out.theirs.lifecycle = Some(rt.block_on(scenarios::theirs_lifecycle(sim, n, rep as u64))?);
+    }
+    if cfg.runs("steady") {
         eprintln!("{tag}: 3 producer alone, then the steady churn ladder...");
         out.producer_ceiling = scenarios::producer_ceiling(sim, n, cfg.ladder.step.min(Duration::from_secs(2)))?;
         out.ours.steady = Some(rt.block_on(scenarios::ours_steady(sim, n, &cfg.ladder, dir))?);
         out.theirs.steady = Some(rt.block_on(scenarios::theirs_steady(sim, n, &cfg.ladder))?);
+    }
+    if cfg.runs("reads") {
         eprintln!("{tag}: 6 reads...");
         out.ours.reads = Some(rt.block_on(scenarios::ours_reads(sim, n, cfg.gets, cfg.lists, dir))?);
         out.theirs.reads = Some(rt.block_on(scenarios::theirs_reads(sim, n, cfg.gets, cfg.lists))?);
     }
-    eprintln!("{tag}: 5 and 2 peak RSS (child processes)...");
-    out.ours.memory = memory("ours", &sim.url(), n, dir)?;
-    out.theirs.memory = memory("theirs", &sim.url(), n, dir)?;
+    if cfg.runs("memory") {
+        eprintln!("{tag}: 5 and 2 peak RSS (child processes)...");
+        out.ours.memory = Some(memory("ours", &sim.url(), n, dir)?);
+        out.theirs.memory = Some(memory("theirs", &sim.url(), n, dir)?);
+    }
     Ok(out)
 }
 
@@ -304,11 +341,13 @@ fn metrics(s: &SystemRep) -> Vec<Metric> {
             l.restart_busy.served.objects() as f64,
         );
     }
-    m(
-        "2 restart",
-        "peak RSS, child process (MiB)",
-        mib(s.memory.restart.vm_hwm_kib),
-    );
+    if let Some(mem) = &s.memory {
+        m(
+            "2 restart",
+            "peak RSS, child process (MiB)",
+            mib(mem.restart.vm_hwm_kib),
+        );
+    }
     if let Some(st) = &s.steady {
         m("3 steady churn", "highest sustained rate (events/s)", st.max_sustained);
         for rate in LATENCY_RATES {
@@ -351,11 +390,9 @@ fn metrics(s: &SystemRep) -> Vec<Metric> {
         m("4 relist 1%", "handler events", l.relist.events as f64);
         m("4 relist 1%", "MB served", mb(l.relist.served.bytes));
     }
-    m(
-        "5 memory",
-        "peak RSS after cold sync (MiB)",
-        mib(s.memory.cold.vm_hwm_kib),
-    );
+    if let Some(mem) = &s.memory {
+        m("5 memory", "peak RSS after cold sync (MiB)", mib(mem.cold.vm_hwm_kib));
+    }
     if let Some(r) = &s.reads {
         m("6 reads", "get by key (µs)", r.get_us);
         m("6 reads", "list one namespace (µs)", r.list_ns_us);
@@ -882,6 +919,7 @@ fn main() -> Res<()> {
         "repetitions": cfg.reps,
         "order": "every scenario runs for durable-informer, then for kube-runtime, in each repetition",
         "memory_only": cfg.memory_only,
+        "only": cfg.only,
         "ladder": cfg.ladder,
         "sustained_rule": {
             "producer_share": scenarios::PRODUCER_SHARE,

@@ -85,22 +85,36 @@ impl<K: DeserializeOwned + Send + Sync + 'static> Lister<K> {
     }
 
     fn get_key(&self, key: &ObjectKey) -> Result<Option<Arc<K>>, StoreError> {
+        self.get_named(key.namespace.as_deref(), &key.name)
+    }
+
+    /// One object by namespace and name: a hot, decoded object is one hash probe and one
+    /// `Arc` clone (no key is built unless redb must be read).
+    fn get_named(&self, namespace: Option<&str>, name: &str) -> Result<Option<Arc<K>>, StoreError> {
         if let Some(tier) = self.store.hot() {
-            let entry = tier.view().map(|view| view.get(key));
-            match entry {
-                Some(None) => return Ok(None),
-                Some(Some(e)) => {
-                    if let Some(k) = e.typed::<K>() {
-                        return Ok(Some(k));
-                    }
-                    if let Some(mut found) = self.materialize(&tier, vec![e])? {
-                        return Ok(found.pop());
-                    }
+            // The view (a read lock) ends with this statement: `materialize` may take the
+            // write lock to fill the entry.
+            let entry = match tier.view() {
+                Some(view) => match view.named(namespace, name) {
+                    None => return Ok(None),
+                    Some(e) => match e.typed::<K>() {
+                        Some(k) => return Ok(Some(k)),
+                        None => Some(e.clone()),
+                    },
+                },
+                None => None,
+            };
+            if let Some(e) = entry {
+                if let Some(mut found) = self.materialize(tier, vec![e])? {
+                    return Ok(found.pop());
                 }
-                None => {}
             }
         }
-        self.store.get_with(key, |meta, bytes| self.decode(key, meta, bytes))
+        let key = ObjectKey {
+            namespace: namespace.map(str::to_owned),
+            name: name.to_owned(),
+        };
+        self.store.get_with(&key, |meta, bytes| self.decode(&key, meta, bytes))
     }
 
     /// The typed objects of `entries` (one committed state of the hot tier), or `None` when
@@ -164,7 +178,7 @@ impl<K: DeserializeOwned + Send + Sync + 'static> Lister<K> {
             None => None,
         };
         match entries {
-            Some(entries) => self.materialize(&tier, entries),
+            Some(entries) => self.materialize(tier, entries),
             None => Ok(None),
         }
     }
@@ -221,7 +235,7 @@ impl<K: DeserializeOwned + Send + Sync + 'static> Lister<K> {
 
     /// A cluster-scoped object by name.
     pub fn get(&self, name: &str) -> Result<Option<Arc<K>>, StoreError> {
-        self.get_key(&ObjectKey::cluster(name))
+        self.get_named(None, name)
     }
 
     /// One object by its key (`namespace/name`, or `name` for a cluster-scoped one), as a
@@ -252,11 +266,7 @@ impl<K: DeserializeOwned + Send + Sync + 'static> Lister<K> {
     where
         K: kube::Resource,
     {
-        let key = match &obj.namespace {
-            Some(ns) => ObjectKey::namespaced(ns, &obj.name),
-            None => ObjectKey::cluster(&obj.name),
-        };
-        self.get_key(&key)
+        self.get_named(obj.namespace.as_deref(), &obj.name)
     }
 
     /// Every object, in key order (kube-runtime's `Store::state`).
@@ -305,7 +315,7 @@ impl<K: DeserializeOwned + Send + Sync + 'static> NamespaceLister<K> {
 
     /// One object by name.
     pub fn get(&self, name: &str) -> Result<Option<Arc<K>>, StoreError> {
-        self.lister.get_key(&ObjectKey::namespaced(&self.namespace, name))
+        self.lister.get_named(Some(&self.namespace), name)
     }
 }
 
@@ -468,7 +478,7 @@ mod tests {
                 .rv("2"),
         )
         .unwrap();
-        let tier = store.hot().unwrap();
+        let tier = store.hot().unwrap().clone();
         let entries = tier.view().unwrap().select(None, |_| true);
         assert_eq!(entries.len(), 1);
         assert!(entries[0].bytes.is_none(), "evicted at once");

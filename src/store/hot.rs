@@ -18,9 +18,12 @@
 
 use std::any::{Any, TypeId};
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::hash::{BuildHasher, Hash, Hasher};
 use std::sync::{Arc, OnceLock, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use bytes::Bytes;
+use hashbrown::hash_table::{Entry, HashTable};
+use hashbrown::DefaultHashBuilder;
 
 use super::read::Snapshot;
 use super::schema::{IndexName, ScopeId, Seq};
@@ -129,9 +132,10 @@ pub(crate) struct HotTier {
 pub(crate) struct HotView<'a>(RwLockReadGuard<'a, State>);
 
 impl HotView<'_> {
-    /// The entry of `key`, or `None` when the scope holds no such object.
-    pub(crate) fn get(&self, key: &ObjectKey) -> Option<Arc<HotEntry>> {
-        self.0.objects.get(key).cloned()
+    /// The entry named `name` in `namespace` (`None`: cluster-scoped), or `None` when the
+    /// scope holds no such object; borrowed, so a get builds no key and clones no entry.
+    pub(crate) fn named(&self, namespace: Option<&str>, name: &str) -> Option<&Arc<HotEntry>> {
+        self.0.objects.named(namespace, name)
     }
 
     /// The entries of one namespace (`Some("")`: cluster-scoped objects) or of the whole
@@ -154,7 +158,7 @@ impl HotView<'_> {
             Some(ns) => self
                 .0
                 .objects
-                .range(ObjectKey::namespaced(ns, "")..)
+                .range(ObjectKey::namespaced(ns, ""))
                 .take_while(|(k, _)| k.namespace.as_deref() == Some(ns))
                 .filter_map(pick)
                 .collect(),
@@ -181,7 +185,7 @@ impl HotTier {
             budget,
             state: RwLock::new(State {
                 phase: Phase::Failed,
-                objects: BTreeMap::new(),
+                objects: Objects::default(),
                 postings: HashMap::new(),
                 charged: 0,
                 queue: VecDeque::new(),
@@ -387,7 +391,7 @@ impl State {
         }
         while self.charged > budget {
             let Some((k, gen)) = self.queue.pop_front() else { break };
-            let Some(e) = self.objects.get_mut(&k) else { continue };
+            let Some(e) = self.objects.get(&k) else { continue };
             if e.gen != gen || e.bytes.is_none() {
                 continue;
             }
@@ -398,8 +402,9 @@ impl State {
                 gen,
                 typed: OnceLock::new(),
             });
-            let old = std::mem::replace(e, cold);
-            self.uncharge(&old);
+            if let Some(old) = self.objects.insert(k, cold) {
+                self.uncharge(&old);
+            }
         }
         // Stale tokens (entries replaced since) are dropped now and then, in one pass bounded
         // by the number of objects.
@@ -412,7 +417,94 @@ impl State {
 }
 
 type Postings = HashMap<IndexName, BTreeMap<String, BTreeSet<ObjectKey>>>;
-type Objects = BTreeMap<ObjectKey, Arc<HotEntry>>;
+
+/// Every entry of the scope, in key order (namespace lists and selects walk a range) and in a
+/// hash table by (namespace, name) (a get probes it with borrowed strings). Both always hold
+/// the same entries: every change goes through `insert`, `remove` and `clear`.
+#[derive(Default)]
+struct Objects {
+    ordered: BTreeMap<ObjectKey, Arc<HotEntry>>,
+    by_name: HashTable<Arc<HotEntry>>,
+    hasher: DefaultHashBuilder,
+}
+
+fn name_hash(hasher: &DefaultHashBuilder, namespace: Option<&str>, name: &str) -> u64 {
+    let mut h = hasher.build_hasher();
+    namespace.hash(&mut h);
+    name.hash(&mut h);
+    h.finish()
+}
+
+fn is_named(e: &HotEntry, namespace: Option<&str>, name: &str) -> bool {
+    e.meta.name == name && e.meta.namespace.as_deref() == namespace
+}
+
+impl Objects {
+    fn named(&self, namespace: Option<&str>, name: &str) -> Option<&Arc<HotEntry>> {
+        let hash = name_hash(&self.hasher, namespace, name);
+        self.by_name.find(hash, |e| is_named(e, namespace, name))
+    }
+
+    fn get(&self, key: &ObjectKey) -> Option<&Arc<HotEntry>> {
+        self.named(key.namespace.as_deref(), &key.name)
+    }
+
+    /// Puts `entry` under `key` (the entry's own namespace and name), returning the one it
+    /// replaces.
+    fn insert(&mut self, key: ObjectKey, entry: Arc<HotEntry>) -> Option<Arc<HotEntry>> {
+        debug_assert!(
+            is_named(&entry, key.namespace.as_deref(), &key.name),
+            "an entry under another key"
+        );
+        let (ns, name) = (key.namespace.as_deref(), key.name.as_str());
+        let hasher = &self.hasher;
+        let rehash = |e: &Arc<HotEntry>| name_hash(hasher, e.meta.namespace.as_deref(), &e.meta.name);
+        match self
+            .by_name
+            .entry(name_hash(hasher, ns, name), |e| is_named(e, ns, name), rehash)
+        {
+            Entry::Occupied(mut o) => *o.get_mut() = entry.clone(),
+            Entry::Vacant(v) => {
+                v.insert(entry.clone());
+            }
+        }
+        let old = self.ordered.insert(key, entry);
+        debug_assert_eq!(self.ordered.len(), self.by_name.len());
+        old
+    }
+
+    fn remove(&mut self, key: &ObjectKey) -> Option<Arc<HotEntry>> {
+        let (ns, name) = (key.namespace.as_deref(), key.name.as_str());
+        let hash = name_hash(&self.hasher, ns, name);
+        if let Ok(o) = self.by_name.find_entry(hash, |e| is_named(e, ns, name)) {
+            o.remove();
+        }
+        let old = self.ordered.remove(key);
+        debug_assert_eq!(self.ordered.len(), self.by_name.len());
+        old
+    }
+
+    fn clear(&mut self) {
+        self.ordered.clear();
+        self.by_name.clear();
+    }
+
+    fn len(&self) -> usize {
+        self.ordered.len()
+    }
+
+    fn values(&self) -> impl Iterator<Item = &Arc<HotEntry>> {
+        self.ordered.values()
+    }
+
+    fn iter(&self) -> std::collections::btree_map::Iter<'_, ObjectKey, Arc<HotEntry>> {
+        self.ordered.iter()
+    }
+
+    fn range(&self, from: ObjectKey) -> std::collections::btree_map::Range<'_, ObjectKey, Arc<HotEntry>> {
+        self.ordered.range(from..)
+    }
+}
 
 /// Every key, metadata and complete index of the scope in `snapshot` (JSON is left in redb:
 /// reads and writes bring it in).
@@ -436,7 +528,7 @@ fn build(snapshot: &Snapshot, indexes: &[IndexName]) -> Result<(Objects, Posting
         }
         postings.insert(name.clone(), p);
     }
-    let mut objects = BTreeMap::new();
+    let mut objects = Objects::default();
     snapshot.scan(None, |key, meta, _| {
         let entry = HotEntry {
             meta: Arc::new(meta.clone()),

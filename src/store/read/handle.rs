@@ -41,9 +41,10 @@ impl Store {
     }
 
     /// The scope's hot tier, if it has one (loaded or not).
-    pub(crate) fn hot(&self) -> Option<Arc<HotTier>> {
+    pub(crate) fn hot(&self) -> Option<&Arc<HotTier>> {
+        // Borrowed, not cloned: a get by key is a few hundred nanoseconds in all.
         if let Some(t) = self.hot.get() {
-            return Some(t.clone());
+            return Some(t);
         }
         let tier = self
             .shared
@@ -52,7 +53,7 @@ impl Store {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .get(&self.scope)
             .cloned()?;
-        Some(self.hot.get_or_init(|| tier).clone())
+        Some(self.hot.get_or_init(|| tier))
     }
 
     /// What the scope's hot tier holds, if it has one (see
