@@ -403,6 +403,7 @@ fn metrics(s: &SystemRep) -> Vec<Metric> {
             m("6 reads", "hot tier off: get by key (µs)", c.get_us);
             m("6 reads", "hot tier off: list one namespace (µs)", c.list_ns_us);
             m("6 reads", "hot tier off: select app=web (µs)", c.by_label_us);
+            m("6 reads", "decode one Pod's JSON alone (µs)", c.decode_us);
         }
         if let Some(mib) = r.hot_tier_mib {
             m("6 reads", "hot tier held, as charged (MiB)", mib);

@@ -836,6 +836,8 @@ pub struct ColdReads {
     pub get_us: f64,
     pub list_ns_us: f64,
     pub by_label_us: f64,
+    /// Decoding one Pod's JSON into `Pod` and dropping it, alone (the floor of a cold read).
+    pub decode_us: f64,
 }
 
 /// Time budget of one read measurement: it stops after `iters` operations or this long,
@@ -877,10 +879,31 @@ fn lister_reads(lister: &Lister<Pod>, n: usize, gets: usize, lists: usize) -> Re
             get_us,
             list_ns_us,
             by_label_us,
+            decode_us: f64::NAN,
         },
         list_ns_len,
         by_label_len,
     ))
+}
+
+/// Mean µs to decode one stored Pod's JSON into `Pod` and drop it (the JSON read beforehand,
+/// outside the timing): what any read that is not served decoded costs at least.
+fn decode_alone(store: &durable_informer::store::Store, n: usize) -> Res<f64> {
+    let ns = namespaces(n);
+    let objects = store.list_namespace(&ns[0])?;
+    if objects.is_empty() {
+        return Err("no objects to decode".into());
+    }
+    let mut rounds = 0usize;
+    let t = Instant::now();
+    while rounds < 3 || t.elapsed() < Duration::from_secs(1) {
+        for o in &objects {
+            let pod: Pod = serde_json::from_slice(&o.bytes)?;
+            std::hint::black_box(pod);
+        }
+        rounds += 1;
+    }
+    Ok(t.elapsed().as_secs_f64() * 1e6 / (rounds * objects.len()) as f64)
 }
 
 /// Reads through our lister (gets, namespace lists, the label index): with the default hot
@@ -918,7 +941,8 @@ pub async fn ours_reads(sim: &Sim, n: usize, gets: usize, lists: usize, dir: &Pa
         .build()
         .await?;
     let lister = informer.lister();
-    let (cold, _, _) = tokio::task::block_in_place(|| lister_reads(&lister, n, gets, lists))?;
+    let (mut cold, _, _) = tokio::task::block_in_place(|| lister_reads(&lister, n, gets, lists))?;
+    cold.decode_us = tokio::task::block_in_place(|| decode_alone(&informer.store(), n))?;
     drop((lister, informer));
     tokio::task::spawn_blocking(move || db.close()).await??;
     Ok(Reads {
