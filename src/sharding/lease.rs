@@ -23,9 +23,17 @@ use crate::selector::{RingMember, CONTROLLER_RING_LABEL};
 
 /// The identity the sharder writes when it takes the Lease of a shard that stopped renewing
 /// (timebertt's, so either sharder recognises the other's fencing).
+///
+/// ```
+/// assert_eq!(durable_informer::sharding::SHARDER_IDENTITY, "shardlease-controller");
+/// ```
 pub const SHARDER_IDENTITY: &str = "shardlease-controller";
 
-/// How long a dead shard's Lease is kept before the sharder deletes it.
+/// How long a dead shard's Lease is kept before the sharder deletes it (timebertt's minute).
+///
+/// ```
+/// assert_eq!(durable_informer::sharding::ORPHAN_AFTER.as_secs(), 60);
+/// ```
 pub const ORPHAN_AFTER: Duration = Duration::from_secs(60);
 
 /// The term assumed for a Lease that states none (timebertt's default).
@@ -69,7 +77,14 @@ pub fn shard_lease(
     LeaderElector::new(lock, config)
 }
 
-/// What the sharder concluded about a shard from its Lease.
+/// What the sharder concluded about a shard from its Lease. Ordered from gone to alive.
+///
+/// ```
+/// use durable_informer::sharding::ShardState;
+/// assert!(ShardState::Expired.is_available() && !ShardState::Dead.is_available());
+/// assert!(ShardState::Ready > ShardState::Uncertain);
+/// assert_eq!(ShardState::Uncertain.to_string(), "uncertain");
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum ShardState {
     /// Dead for over [`ORPHAN_AFTER`]: the Lease is to be deleted.

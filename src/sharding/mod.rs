@@ -50,6 +50,12 @@ pub use shard::{Responsibility, RingShard};
 pub use sharder::{ShardedResource, Sharder, SharderConfig, SharderStatus};
 
 /// Errors of label-ring sharding.
+///
+/// ```
+/// use durable_informer::sharding::ShardingError;
+/// let e = ShardingError::Contended { what: "acknowledging the drain of configmaps ns/cm".into() };
+/// assert!(e.to_string().contains("kept changing"));
+/// ```
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum ShardingError {

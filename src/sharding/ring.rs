@@ -9,6 +9,11 @@
 use xxhash_rust::xxh64::xxh64;
 
 /// Virtual nodes per shard unless told otherwise (timebertt's default).
+///
+/// ```
+/// use durable_informer::sharding::{HashRing, DEFAULT_TOKENS_PER_SHARD};
+/// assert_eq!(HashRing::new(["a"]), HashRing::with_tokens(["a"], DEFAULT_TOKENS_PER_SHARD));
+/// ```
 pub const DEFAULT_TOKENS_PER_SHARD: usize = 100;
 
 /// A consistent-hash ring over shard ids. Deterministic: the same shards (in any order, with

@@ -27,7 +27,23 @@ use crate::store::{Store, StoreError};
 /// How many times an acknowledgement that met a conflict reads the object again and retries.
 const CONFLICT_RETRIES: usize = 5;
 
-/// What a shard should do with a key, judged from its own cache.
+/// What a shard should do with a key, judged from its own cache
+/// ([`RingShard::responsibility`]).
+///
+/// ```no_run
+/// # async fn f(shard: durable_informer::sharding::RingShard, store: durable_informer::store::Store, key: durable_informer::object::ObjectKey) -> Result<(), Box<dyn std::error::Error>> {
+/// use durable_informer::sharding::Responsibility;
+/// use k8s_openapi::api::core::v1::ConfigMap;
+/// let configmaps = kube::core::ApiResource::erase::<ConfigMap>(&());
+/// match shard.responsibility(&store, &key)? {
+///     Responsibility::Reconcile => println!("reconcile {key}"),
+///     Responsibility::Drain { resource_version } => {
+///         shard.acknowledge_drain(&configmaps, &key, &resource_version).await?;
+///     }
+///     Responsibility::NotOurs => {}
+/// }
+/// # Ok(()) }
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Responsibility {
     /// Assigned to this shard: reconcile it.

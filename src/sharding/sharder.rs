@@ -103,6 +103,14 @@ impl ShardedResource {
 }
 
 /// Settings of a [`Sharder`]. `Default` gives timebertt's values where it has them.
+///
+/// ```
+/// use std::time::Duration;
+/// use durable_informer::sharding::SharderConfig;
+/// let mut config = SharderConfig::default();
+/// config.resync_period = Duration::from_secs(60);
+/// assert_eq!(config.tokens_per_shard, 100);
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct SharderConfig {
@@ -129,7 +137,17 @@ impl Default for SharderConfig {
     }
 }
 
-/// What a running sharder has seen and done.
+/// What a running sharder has seen and done ([`Sharder::status`]).
+///
+/// ```no_run
+/// # async fn f(sharder: durable_informer::sharding::Sharder) -> Result<(), Box<dyn std::error::Error>> {
+/// use durable_informer::sharding::ShardState;
+/// let mut status = sharder.status();
+/// let s = status.wait_for(|s| s.synced).await?.clone();
+/// let ready = s.shards.values().filter(|st| **st == ShardState::Ready).count();
+/// println!("{ready} ready shards, {} drains so far, ring {:?}", s.drains, s.ring);
+/// # Ok(()) }
+/// ```
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct SharderStatus {
