@@ -20,7 +20,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::{Stream, StreamExt};
+use futures::{FutureExt, Stream, StreamExt};
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, Preconditions};
 use kube::core::{ApiResource, DynamicObject, PartialObjectMeta, Resource};
@@ -38,6 +38,9 @@ use crate::selector::RingLabels;
 
 /// How many times a write that met a conflict is decided again and retried.
 const CONFLICT_RETRIES: usize = 5;
+
+/// Events taken in one go before deciding.
+const MAX_BATCH: usize = 10_000;
 
 /// A resource whose objects the sharder assigns.
 ///
@@ -381,21 +384,19 @@ impl Sharder {
                 .min()
                 .unwrap_or(now + self.config.resync_period);
             let mut full_pass: BTreeSet<usize> = BTreeSet::new();
-            let mut single: Option<(usize, ObjKey)> = None;
+            let mut singles: BTreeSet<(usize, ObjKey)> = BTreeSet::new();
             tokio::select! {
                 _ = stop.wait_for(|s| *s) => break,
                 input = inputs.next() => {
-                    let Some((resource, event)) = input else { break };
-                    match (resource, event) {
-                        (_, InputEvent::Lease(e)) => self.on_lease(&mut state, e),
-                        (Some(r), InputEvent::Object(e)) => {
-                            match self.on_object(&mut state, r, e) {
-                                Changed::All => { full_pass.insert(r); }
-                                Changed::One(k) => single = Some((r, k)),
-                                Changed::Nothing => {}
-                            }
+                    let Some(input) = input else { break };
+                    self.on_input(&mut state, input, &mut full_pass, &mut singles);
+                    // Take every event already there before deciding: decisions then rest on
+                    // the newest state (after a long pass, the queue holds the shards' acks).
+                    for _ in 0..MAX_BATCH {
+                        match inputs.next().now_or_never() {
+                            Some(Some(input)) => self.on_input(&mut state, input, &mut full_pass, &mut singles),
+                            _ => break,
                         }
-                        (None, InputEvent::Object(_)) => {}
                     }
                 }
                 () = tokio::time::sleep_until(wake) => {
@@ -416,19 +417,20 @@ impl Sharder {
                 full_pass.extend(0..self.resources.len());
             }
             let mut work = Vec::new();
-            for r in full_pass {
-                if !state.synced[r] {
+            for r in &full_pass {
+                if !state.synced[*r] {
                     continue;
                 }
-                for (k, t) in &state.objects[r] {
-                    work.push((r, k.clone(), t.clone()));
+                for (k, t) in &state.objects[*r] {
+                    work.push((*r, k.clone(), t.clone()));
                 }
             }
-            if let Some((r, k)) = single {
-                if state.synced[r] {
-                    if let Some(t) = state.objects[r].get(&k) {
-                        work.push((r, k, t.clone()));
-                    }
+            for (r, k) in singles {
+                if full_pass.contains(&r) || !state.synced[r] {
+                    continue;
+                }
+                if let Some(t) = state.objects[r].get(&k) {
+                    work.push((r, k, t.clone()));
                 }
             }
             let outcome = self.execute(&state.planner, work).await;
@@ -447,6 +449,28 @@ impl Sharder {
             });
         }
         Ok(())
+    }
+
+    fn on_input(
+        &self,
+        state: &mut State,
+        (resource, event): Input,
+        full_pass: &mut BTreeSet<usize>,
+        singles: &mut BTreeSet<(usize, ObjKey)>,
+    ) {
+        match (resource, event) {
+            (_, InputEvent::Lease(e)) => self.on_lease(state, e),
+            (Some(r), InputEvent::Object(e)) => match self.on_object(state, r, e) {
+                Changed::All => {
+                    full_pass.insert(r);
+                }
+                Changed::One(k) => {
+                    singles.insert((r, k));
+                }
+                Changed::Nothing => {}
+            },
+            (None, InputEvent::Object(_)) => {}
+        }
     }
 
     fn on_lease(&self, state: &mut State, event: Result<Event<Lease>, watcher::Error>) {
@@ -560,8 +584,7 @@ impl Sharder {
             .map(|(n, _)| n)
             .collect();
         let changed = state.planner.ring.shards().iter().ne(available.iter().copied());
-        let moved_state = states != state.planner.states;
-        if changed || moved_state {
+        if changed || states != state.planner.states {
             let ring = if changed {
                 tracing::info!(ring = self.labels.ring(), shards = ?available, "the ring changed");
                 HashRing::with_tokens(available, self.config.tokens_per_shard)
@@ -579,9 +602,9 @@ impl Sharder {
                 s.ring = ring_shards;
             });
         }
-        // A shard that died changes no ring membership when it was only expired before, but
-        // its objects must move: a state change is reason enough for a pass.
-        changed || moved_state
+        // The ring is exactly the available shards: a shard that died left it, so a change of
+        // membership is the only state change that moves objects (ready ⇄ expired moves none).
+        changed
     }
 
     /// Takes the Lease of a shard that stopped renewing, if it is still the one observed: the
