@@ -8,6 +8,7 @@
 use crate::informer::InformerError;
 use crate::object::ObjectError;
 use crate::reflector::ReflectorError;
+use crate::sharding::ShardingError;
 use crate::source::SourceError;
 use crate::store::StoreError;
 
@@ -30,6 +31,9 @@ pub enum Error {
     /// Building or shutting down an informer failed.
     #[error(transparent)]
     Informer(#[from] InformerError),
+    /// Label-ring sharding failed.
+    #[error(transparent)]
+    Sharding(#[from] ShardingError),
     /// An I/O error outside the database.
     #[error("I/O error: {0}")]
     Io(#[from] std::io::Error),

@@ -13,7 +13,8 @@
 //!   store;
 //! * [`informer`]: informers, handlers, the dispatcher, listers and the factory; [`queue`]: the
 //!   client-go style rate-limited workqueue; [`leader`]: leader election over a Lease;
-//!   [`controller`]: the reconcile loop on them;
+//!   [`controller`]: the reconcile loop on them; [`sharding`]: label-ring sharding over shard
+//!   Leases (on the leader module's elector and the controller's reconcile);
 //! * top — [`replay`]: recording, offline replay, export and time travel; [`sim`]: a simulated
 //!   Kubernetes API server for tests, benches and the demo; the `durable-informer` binary.
 //!
@@ -33,6 +34,7 @@ pub mod controller;
 pub mod informer;
 pub mod leader;
 pub mod queue;
+pub mod sharding;
 
 pub mod replay;
 #[cfg(feature = "sim")]

@@ -8,6 +8,7 @@ use serde::de::DeserializeOwned;
 
 use super::{Informer, InformerError, Inner};
 use crate::reflector::{ReflectorConfig, ReflectorError};
+use crate::selector::RingMember;
 use crate::source::{KubeSource, Source};
 use crate::store::{DurableStore, Indexer, StoreError};
 
@@ -46,6 +47,7 @@ pub struct InformerFactory {
     client: kube::Client,
     server: String,
     config: ReflectorConfig,
+    ring_shard: Option<RingMember>,
     informers: Mutex<HashMap<String, Arc<Entry>>>,
 }
 
@@ -58,6 +60,7 @@ impl InformerFactory {
             client,
             server: server.to_owned(),
             config: ReflectorConfig::default(),
+            ring_shard: None,
             informers: Mutex::new(HashMap::new()),
         }
     }
@@ -89,6 +92,29 @@ impl InformerFactory {
         self
     }
 
+    /// Every informer created from now on holds only the objects assigned to this shard of a
+    /// label ring (see [`InformerBuilder::ring_shard`](super::InformerBuilder::ring_shard)): its
+    /// label selector is added to each informer's own. The sharder labels owned objects with
+    /// their controller's shard, so a controller's primary and owned resources agree.
+    ///
+    /// ```no_run
+    /// # async fn f(client: kube::Client) -> Result<(), Box<dyn std::error::Error>> {
+    /// use durable_informer::informer::InformerFactory;
+    /// use durable_informer::selector::RingLabels;
+    /// use durable_informer::store::{DurableStore, StoreConfig};
+    /// use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet};
+    /// let factory = InformerFactory::new(DurableStore::open(StoreConfig::new("cache.redb"))?, client, "https://cluster")
+    ///     .ring_shard(RingLabels::new("web")?.member("shard-0")?);
+    /// let deployments = factory.informer::<Deployment>(None).await?;
+    /// let replicasets = factory.informer::<ReplicaSet>(None).await?;
+    /// # let _ = (deployments, replicasets); Ok(()) }
+    /// ```
+    #[must_use]
+    pub fn ring_shard(mut self, member: RingMember) -> Self {
+        self.ring_shard = Some(member);
+        self
+    }
+
     /// The shared informer of a typed resource in one namespace (or all).
     pub async fn informer<K>(&self, namespace: Option<&str>) -> Result<Informer<K>, InformerError>
     where
@@ -115,8 +141,13 @@ impl InformerFactory {
         if let Some(ns) = namespace {
             source = source.namespace(ns);
         }
-        if let Some(l) = label_selector {
-            source = source.labels(l);
+        match &self.ring_shard {
+            Some(member) => source = source.labels(&member.narrow(label_selector)),
+            None => {
+                if let Some(l) = label_selector {
+                    source = source.labels(l);
+                }
+            }
         }
         if let Some(f) = field_selector {
             source = source.fields(f);

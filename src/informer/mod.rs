@@ -61,7 +61,7 @@ pub use lister::{Lister, NamespaceLister};
 
 use crate::object::ResourceVersion;
 use crate::reflector::{Reflector, ReflectorConfig, ReflectorError, ReflectorStatus, Transform};
-use crate::selector::ShardSelector;
+use crate::selector::{RingMember, ShardSelector};
 use crate::source::Source;
 use crate::store::{DurableStore, Indexer, LogReader, ScopeId, Seq, Store, Writer};
 
@@ -145,7 +145,7 @@ impl<K> Clone for Informer<K> {
 /// |---|---|
 /// | resource (typed or [`ApiResource`](kube::core::ApiResource)), namespace, label and field selectors | the [`KubeSource`](crate::source::KubeSource) given to [`Informer::builder`] |
 /// | durability (fsync per commit), cache size, retention | [`StoreConfig`](crate::store::StoreConfig) of the [`DurableStore`] |
-/// | indexers, transform, default resync, reflector settings, shard range, Secrets | this builder |
+/// | indexers, transform, default resync, reflector settings, shard range, ring shard, Secrets | this builder |
 /// | durable or volatile, per-handler resync | [`HandlerOptions`] at [`Informer::add_event_handler`] |
 ///
 /// ```no_run
@@ -316,6 +316,36 @@ impl<K> InformerBuilder<'_, K, crate::source::KubeSource> {
     #[must_use]
     pub fn fields(mut self, selector: &str) -> Self {
         self.source = self.source.fields(selector);
+        self
+    }
+
+    /// Holds only the objects assigned to one shard of a label ring (label-ring sharding,
+    /// see [`crate::sharding`]): the label selector `shard.alpha.sharding.timebertt.dev/<ring>=<shard>`
+    /// is added to the source's own. An object the sharder moves to another shard leaves the
+    /// selection, so the watch reports it deleted (handlers get a delete) and the store drops
+    /// it; one moved here arrives as an add. The selector is part of the persisted scope: the
+    /// same shard id started again on the same database resumes without a LIST.
+    ///
+    /// ```no_run
+    /// use durable_informer::informer::Informer;
+    /// use durable_informer::selector::RingLabels;
+    /// use durable_informer::store::{DurableStore, StoreConfig};
+    /// use k8s_openapi::api::core::v1::ConfigMap;
+    ///
+    /// # async fn f(client: kube::Client) -> Result<(), Box<dyn std::error::Error>> {
+    /// let db = DurableStore::open(StoreConfig::new("configmaps.redb"))?;
+    /// let me = RingLabels::new("web")?.member("shard-0")?;
+    /// let mine = Informer::from_api(&db, kube::Api::<ConfigMap>::all(client))
+    ///     .labels("app=web")
+    ///     .ring_shard(&me) // app=web,shard.alpha.sharding.timebertt.dev/web=shard-0
+    ///     .build()
+    ///     .await?;
+    /// # let _ = mine; Ok(()) }
+    /// ```
+    #[must_use]
+    pub fn ring_shard(mut self, member: &RingMember) -> Self {
+        let selector = member.narrow(self.source.label_selector());
+        self.source = self.source.labels(&selector);
         self
     }
 

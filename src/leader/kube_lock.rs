@@ -1,5 +1,7 @@
 //! [`LeaseLock`] over a `coordination.k8s.io/v1` Lease through `kube::Client`.
 
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
@@ -15,6 +17,11 @@ pub struct KubeLeaseLock {
     namespace: String,
     name: String,
     identity: String,
+    /// Labels this lock writes on the Lease (a shard Lease names its ring).
+    labels: BTreeMap<String, String>,
+    /// The Lease's labels when last read or written: an update replaces the whole object, and
+    /// must keep labels others put there.
+    seen_labels: Arc<Mutex<BTreeMap<String, String>>>,
 }
 
 impl std::fmt::Debug for KubeLeaseLock {
@@ -23,6 +30,7 @@ impl std::fmt::Debug for KubeLeaseLock {
         f.debug_struct("KubeLeaseLock")
             .field("lease", &self.describe())
             .field("identity", &self.identity)
+            .field("labels", &self.labels)
             .finish_non_exhaustive()
     }
 }
@@ -43,7 +51,45 @@ impl KubeLeaseLock {
             namespace: namespace.to_owned(),
             name: name.to_owned(),
             identity: identity.to_owned(),
+            labels: BTreeMap::new(),
+            seen_labels: Arc::default(),
         }
+    }
+
+    /// Also writes `key=value` on the Lease, at creation and at every renewal (a shard Lease
+    /// carries its ring's label; see [`crate::sharding`]). Labels others set are kept.
+    ///
+    /// ```no_run
+    /// # fn f(client: kube::Client) {
+    /// use durable_informer::leader::KubeLeaseLock;
+    /// let lock = KubeLeaseLock::new(client, "default", "shard-0", "shard-0")
+    ///     .label("alpha.sharding.timebertt.dev/controllerring", "web");
+    /// # }
+    /// ```
+    #[must_use]
+    pub fn label(mut self, key: &str, value: &str) -> Self {
+        self.labels.insert(key.to_owned(), value.to_owned());
+        self
+    }
+
+    /// Remembers the labels of a Lease just read or written.
+    fn saw(&self, lease: &Lease) {
+        let labels = lease.metadata.labels.clone().unwrap_or_default();
+        *self
+            .seen_labels
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = labels;
+    }
+
+    /// The labels to write: those last seen, with ours on top.
+    fn labels_to_write(&self) -> Option<BTreeMap<String, String>> {
+        let mut labels = self
+            .seen_labels
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone();
+        labels.extend(self.labels.clone());
+        (!labels.is_empty()).then_some(labels)
     }
 
     fn api_error(&self, e: kube::Error) -> LeaderError {
@@ -65,6 +111,7 @@ impl KubeLeaseLock {
                 name: Some(self.name.clone()),
                 namespace: Some(self.namespace.clone()),
                 resource_version: r.resource_version.clone(),
+                labels: self.labels_to_write(),
                 ..ObjectMeta::default()
             },
             spec: Some(LeaseSpec {
@@ -97,6 +144,9 @@ fn from_lease(l: Lease) -> LeaseRecord {
 impl LeaseLock for KubeLeaseLock {
     async fn get(&self) -> Result<Option<LeaseRecord>, LeaderError> {
         let lease = self.api.get_opt(&self.name).await.map_err(|e| self.api_error(e))?;
+        if let Some(l) = &lease {
+            self.saw(l);
+        }
         Ok(lease.map(from_lease))
     }
 
@@ -108,6 +158,7 @@ impl LeaseLock for KubeLeaseLock {
             .create(&PostParams::default(), &lease)
             .await
             .map_err(|e| self.api_error(e))?;
+        self.saw(&created);
         Ok(from_lease(created))
     }
 
@@ -117,6 +168,7 @@ impl LeaseLock for KubeLeaseLock {
             .replace(&self.name, &PostParams::default(), &self.to_lease(record))
             .await
             .map_err(|e| self.api_error(e))?;
+        self.saw(&replaced);
         Ok(from_lease(replaced))
     }
 
@@ -151,5 +203,12 @@ impl LeaseLock for KubeLeaseLock {
 
     fn describe(&self) -> String {
         format!("{}/{}", self.namespace, self.name)
+    }
+}
+
+/// A Lease's election fields, as [`KubeLeaseLock`] reads them.
+impl From<Lease> for LeaseRecord {
+    fn from(lease: Lease) -> Self {
+        from_lease(lease)
     }
 }

@@ -478,7 +478,7 @@ fn check_dns_subdomain(s: &str) -> std::result::Result<(), String> {
     }
 }
 
-fn validate_key(key: &str) -> Result<()> {
+pub(super) fn validate_key(key: &str) -> Result<()> {
     let res = match key.split_once('/') {
         Some((prefix, name)) => check_dns_subdomain(prefix).and_then(|()| check_name_part(name)),
         None => check_name_part(key),
@@ -489,7 +489,7 @@ fn validate_key(key: &str) -> Result<()> {
     })
 }
 
-fn validate_value(v: &str) -> Result<()> {
+pub(super) fn validate_value(v: &str) -> Result<()> {
     if v.is_empty() {
         return Ok(());
     }

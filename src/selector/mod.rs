@@ -39,6 +39,12 @@
 //! quoted `0x` hex bounds of a half-open range of the field's 64-bit FNV-1a hash (END may be
 //! `'0x10000000000000000'`, the top). [`ShardSelector::by_uid`] builds shard `i` of `n`.
 //!
+//! ## Ring labels
+//!
+//! Label-ring sharding (timebertt's scheme) marks each object with the shard it is assigned to;
+//! [`RingLabels`] names those labels and [`RingMember::label_selector`] selects one shard's
+//! objects. The sharding itself is in [`crate::sharding`].
+//!
 //! ## Example
 //!
 //! ```no_run
@@ -63,10 +69,12 @@
 mod convert;
 mod field;
 mod label;
+mod ring;
 mod shard;
 
 pub use field::{FieldOp, FieldRequirement, FieldSelector};
 pub use label::{LabelOp, LabelRequirement, LabelSelector, Labels};
+pub use ring::{RingLabels, RingMember, CONTROLLER_RING_LABEL, RING_LABEL_PREFIX};
 pub use shard::{fnv1a_64, ShardField, ShardSelector, HASH_SPACE_END};
 
 /// Why a selector string was rejected. The messages follow the API server's wording closely
