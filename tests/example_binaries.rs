@@ -18,8 +18,9 @@ use durable_informer::sim::{ResourceDef, Sim, SimConfig};
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 
-const EXAMPLES: [&str; 7] = [
+const EXAMPLES: [&str; 8] = [
     "ha_controller",
+    "ring_sharding",
     "pod_informer",
     "deployment_lister",
     "mydemo_controller",
@@ -217,6 +218,32 @@ fn number_before(line: &str, suffix: &str) -> usize {
     line.strip_suffix(suffix)
         .and_then(|n| n.trim().parse().ok())
         .unwrap_or_else(|| panic!("{line:?} is not `<n>{suffix}`"))
+}
+
+#[test]
+fn ring_sharding_moves_about_a_quarter_to_the_fourth_shard_through_drains() {
+    let (status, lines) = Run::start("ring_sharding", &["400"]).finish();
+    assert!(
+        status.success(),
+        "ring_sharding exited with {status}; output: {lines:#?}"
+    );
+    let moved_line = &lines[pos(&lines, "moved", |l| l.starts_with("moved 3 → 4 shards: "))];
+    let moved: usize = moved_line
+        .strip_prefix("moved 3 → 4 shards: ")
+        .and_then(|r| r.split_once(' '))
+        .and_then(|(n, _)| n.parse().ok())
+        .unwrap_or_else(|| panic!("{moved_line:?}"));
+    // The ring's share for a fourth shard is about a quarter of 400; the proptests bound it.
+    assert!((40..=160).contains(&moved), "{moved_line}");
+    assert!(moved_line.ends_with("all to the new shard: true"), "{moved_line}");
+    let drains = &lines[pos(&lines, "drains", |l| l.starts_with("drains written: "))];
+    assert!(
+        drains.starts_with(&format!("drains written: {moved} "))
+            && drains.ends_with(&format!("acknowledged by the old shards: {moved}")),
+        "every move went through a drain the old shard acknowledged: {drains}"
+    );
+    let errors = &lines[pos(&lines, "conflicts", |l| l.starts_with("conflicts retried: "))];
+    assert!(errors.ends_with("write errors: 0"), "{errors}");
 }
 
 #[test]
