@@ -410,7 +410,9 @@ fn failover(args: &[String]) -> Result<(), Error> {
         (cluster.unreconciled().ok()? == 0).then_some(())
     })?;
     let after = cluster.sim.counters();
-    let second = f.leader().unwrap_or_default();
+    // A replica prints that it leads from its elector task, which may come after its first
+    // reconcile's line: wait for it rather than read it once.
+    let second = f.wait_for("the new leader", patience, Fleet::leader)?;
     println!(
         "SIGKILL {first}: {second} reconciled {:.0} ms later (lease {} ms), with {} LIST requests",
         ms(t_first - t_kill),
@@ -455,7 +457,7 @@ fn failover(args: &[String]) -> Result<(), Error> {
     println!(
         "SIGTERM {second}: exited in {:.0} ms (Lease released); {} reconciled {:.0} ms after the exit",
         ms(t_released - t_stop),
-        f.leader().unwrap_or_default(),
+        f.wait_for("the next leader", patience, Fleet::leader)?,
         ms(t_first - t_released)
     );
     println!("figure release_to_first_reconcile_ms {:.0}", ms(t_first - t_released));
