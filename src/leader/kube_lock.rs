@@ -129,15 +129,20 @@ impl KubeLeaseLock {
     }
 }
 
-fn from_lease(l: Lease) -> LeaseRecord {
-    let spec = l.spec.unwrap_or_default();
-    LeaseRecord {
-        holder: spec.holder_identity.filter(|h| !h.is_empty()),
-        lease_duration: Duration::from_secs(spec.lease_duration_seconds.map_or(0, |s| u64::try_from(s).unwrap_or(0))),
-        acquire_time: spec.acquire_time.map(|t| t.0),
-        renew_time: spec.renew_time.map(|t| t.0),
-        transitions: spec.lease_transitions.unwrap_or(0),
-        resource_version: l.metadata.resource_version,
+/// A Lease's election fields, as [`KubeLeaseLock`] reads them.
+impl From<Lease> for LeaseRecord {
+    fn from(l: Lease) -> Self {
+        let spec = l.spec.unwrap_or_default();
+        LeaseRecord {
+            holder: spec.holder_identity.filter(|h| !h.is_empty()),
+            lease_duration: Duration::from_secs(
+                spec.lease_duration_seconds.map_or(0, |s| u64::try_from(s).unwrap_or(0)),
+            ),
+            acquire_time: spec.acquire_time.map(|t| t.0),
+            renew_time: spec.renew_time.map(|t| t.0),
+            transitions: spec.lease_transitions.unwrap_or(0),
+            resource_version: l.metadata.resource_version,
+        }
     }
 }
 
@@ -147,7 +152,7 @@ impl LeaseLock for KubeLeaseLock {
         if let Some(l) = &lease {
             self.saw(l);
         }
-        Ok(lease.map(from_lease))
+        Ok(lease.map(LeaseRecord::from))
     }
 
     async fn create(&self, record: &LeaseRecord) -> Result<LeaseRecord, LeaderError> {
@@ -159,7 +164,7 @@ impl LeaseLock for KubeLeaseLock {
             .await
             .map_err(|e| self.api_error(e))?;
         self.saw(&created);
-        Ok(from_lease(created))
+        Ok(LeaseRecord::from(created))
     }
 
     async fn update(&self, record: &LeaseRecord) -> Result<LeaseRecord, LeaderError> {
@@ -169,7 +174,7 @@ impl LeaseLock for KubeLeaseLock {
             .await
             .map_err(|e| self.api_error(e))?;
         self.saw(&replaced);
-        Ok(from_lease(replaced))
+        Ok(LeaseRecord::from(replaced))
     }
 
     async fn changed(&self, resource_version: Option<String>) {
@@ -203,12 +208,5 @@ impl LeaseLock for KubeLeaseLock {
 
     fn describe(&self) -> String {
         format!("{}/{}", self.namespace, self.name)
-    }
-}
-
-/// A Lease's election fields, as [`KubeLeaseLock`] reads them.
-impl From<Lease> for LeaseRecord {
-    fn from(lease: Lease) -> Self {
-        from_lease(lease)
     }
 }
