@@ -36,6 +36,9 @@ use kube::api::{Api, DeleteParams, Patch, PatchParams};
 
 pub const RUNNING_PODS: &str = "example.dev/running-pods";
 pub const DATA_HASH: &str = "example.dev/data-hash";
+/// How long the demo waits for the controllers to react; past it, the run goes on and what is
+/// missing shows in its output.
+const SETTLE: Duration = Duration::from_secs(30);
 
 /// Shared by the three controllers: the listers, a client for writes, and what was done.
 pub struct Ctx {
@@ -282,7 +285,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
         let _ = started.await;
         return task.await?;
     }
-    use durable_informer::sim::{workload::WorkloadGen, Sim, SimConfig};
+    use durable_informer::sim::{wait_until, workload::WorkloadGen, Sim, SimConfig};
     let sim = tokio::task::spawn_blocking(|| Sim::start(SimConfig::default())).await??;
     let mut gen = WorkloadGen::new(11);
     sim.create("deployments", Some("default"), demo_deployment("web", "web"))?;
@@ -299,8 +302,18 @@ async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     let client = sim.client()?;
     let url = sim.url();
     let task = tokio::spawn(async move { run(client, &url, &db, stop, started_tx).await });
-    let _ctx = started.await?;
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    let ctx = started.await?;
+    let initial = [
+        "replica-counter: default/web has 2 running pods",
+        "pod-gc: deleted finished pod default/web-2",
+        "configmap-hasher: default/cm-0 data hash ",
+        "configmap-hasher: default/cm-1 data hash ",
+    ];
+    wait_until(SETTLE, async || {
+        let log = ctx.log();
+        initial.iter().all(|want| log.iter().any(|l| l.starts_with(want)))
+    })
+    .await;
     println!("one more web pod, and a change to cm-0");
     let mut pod = gen.pod("default", "web-3");
     pod["metadata"]["labels"] = serde_json::json!({"app": "web"});
@@ -312,7 +325,14 @@ async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
         "cm-0",
         &serde_json::json!({"data": {"LOG_LEVEL": "debug"}}),
     )?;
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    wait_until(SETTLE, async || {
+        let log = ctx.log();
+        let cm0 = "configmap-hasher: default/cm-0 data hash ";
+        log.iter()
+            .any(|l| l == "replica-counter: default/web has 3 running pods")
+            && log.iter().filter(|l| l.starts_with(cm0)).count() >= 2
+    })
+    .await;
     let _ = stop_tx.send(true);
     task.await??;
     let _ = std::fs::remove_dir_all(dir);

@@ -141,7 +141,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
         let _ = synced.await;
         return task.await?;
     }
-    use durable_informer::sim::{workload::WorkloadGen, Sim, SimConfig};
+    use durable_informer::sim::{wait_until, workload::WorkloadGen, Sim, SimConfig};
     let sim = tokio::task::spawn_blocking(|| Sim::start(SimConfig::default())).await??;
     let mut gen = WorkloadGen::new(3);
     sim.bulk_load("deployments", gen.deployments(3))?;
@@ -164,7 +164,13 @@ async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
         &serde_json::json!({"spec": {"replicas": 10}}),
     )?;
     sim.delete("deployments", Some("default"), "deploy-1")?;
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // Until the lister shows both changes (a loaded machine may take longer than usual).
+    wait_until(Duration::from_secs(30), async || {
+        list_default(&ctx.deployments).is_ok_and(|names| {
+            names.iter().any(|n| n == "deploy-0 (10)") && !names.iter().any(|n| n.starts_with("deploy-1 "))
+        })
+    })
+    .await;
     println!("deployments in default now: {:?}", list_default(&ctx.deployments)?);
     let _ = stop_tx.send(true);
     task.await??;

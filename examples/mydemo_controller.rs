@@ -181,7 +181,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
         return ctrl.await?;
     }
     // The built-in simulated cluster: register the CRD, then create, update and delete a Mydemo.
-    use durable_informer::sim::{ResourceDef, Sim, SimConfig};
+    use durable_informer::sim::{wait_until, ResourceDef, Sim, SimConfig};
     let sim = tokio::task::spawn_blocking(|| {
         Sim::start(SimConfig::default().with_resource(ResourceDef::custom("crddemo.k8s.io", "v1", "Mydemo", "mydemos")))
     })
@@ -195,20 +195,36 @@ async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
         let client = client.clone();
         tokio::spawn(async move { run(client, &url, &db, stop, started_tx).await })
     };
-    let _ctx = started.await?;
+    let ctx = started.await?;
+    // Until both the handler and the reconciler logged a line starting with these prefixes.
+    let logged = async |handler: &str, sync: &str| {
+        wait_until(Duration::from_secs(30), async || {
+            let lines = ctx.log.lines();
+            [handler, sync].iter().all(|p| lines.iter().any(|l| l.starts_with(p)))
+        })
+        .await
+    };
     let api: Api<Mydemo> = Api::namespaced(client, "default");
     println!("creating default/example-mydemo (10.0.0.1:8080)");
     api.create(&PostParams::default(), &mydemo("example-mydemo", "10.0.0.1", 8080))
         .await?;
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    logged(
+        "add default/example-mydemo ",
+        "sync default/example-mydemo: 10.0.0.1:8080",
+    )
+    .await;
     println!("changing its port to 9090");
     let patch = serde_json::json!({"spec": {"port": 9090}});
     api.patch("example-mydemo", &PatchParams::default(), &Patch::Merge(&patch))
         .await?;
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    logged(
+        "update default/example-mydemo ",
+        "sync default/example-mydemo: 10.0.0.1:9090",
+    )
+    .await;
     println!("deleting it");
     api.delete("example-mydemo", &DeleteParams::default()).await?;
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    logged("delete default/example-mydemo ", "sync default/example-mydemo: deleted").await;
     let _ = stop_tx.send(true);
     ctrl.await??;
     let _ = std::fs::remove_dir_all(dir);

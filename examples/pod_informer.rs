@@ -195,7 +195,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
         let _ = synced.await;
         return task.await?;
     }
-    use durable_informer::sim::{Sim, SimConfig};
+    use durable_informer::sim::{wait_until, Sim, SimConfig};
     let sim = tokio::task::spawn_blocking(|| Sim::start(SimConfig::default())).await??;
     let pods = generated_pods(30);
     let terminal = pods.iter().filter(|p| p["status"]["phase"] != "Running").count();
@@ -211,6 +211,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     for ns in ["ns-0", "ns-1", "ns-2"] {
         println!("{ns}: {}", cache.pods_in_namespace(ns)?.join(", "));
     }
+    let cached = cache.informer.store().list_keys()?.len();
     println!("pod-0 (ns-0) finishes");
     sim.patch_status(
         "pods",
@@ -218,7 +219,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
         "pod-0",
         &serde_json::json!({"status": {"phase": "Succeeded"}}),
     )?;
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    wait_until(Duration::from_secs(30), async || {
+        cache.informer.store().list_keys().is_ok_and(|keys| keys.len() < cached)
+    })
+    .await;
     cache.print()?;
     let _ = stop_tx.send(true);
     task.await??;

@@ -16,7 +16,7 @@
 #![allow(clippy::disallowed_names)] // `Foo` is the resource sample-controller is about
 
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use durable_informer::controller::{Action, Controller};
@@ -364,7 +364,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
         return ctrl.await?;
     }
     // The built-in simulated cluster: register the CRD, create a Foo and a foreign Deployment.
-    use durable_informer::sim::{ResourceDef, Sim, SimConfig};
+    use durable_informer::sim::{wait_until, ResourceDef, Sim, SimConfig};
     let sim = tokio::task::spawn_blocking(|| {
         Sim::start(
             SimConfig::default()
@@ -388,6 +388,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
         tokio::spawn(async move { run(client, &url, &db, stop, started_tx).await })
     };
     let ctx = started.await?;
+    // Waits for what the controller does, not a fixed time, which a loaded machine can outlast.
+    let settle = Duration::from_secs(30);
+    let lines = |m: &Mutex<Vec<String>>| m.lock().unwrap_or_else(PoisonError::into_inner).clone();
     let foos: Api<Foo> = Api::namespaced(client.clone(), "default");
     let foo = Foo {
         metadata: ObjectMeta {
@@ -401,14 +404,23 @@ async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
         status: None,
     };
     foos.create(&PostParams::default(), &foo).await?;
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    wait_until(settle, async || {
+        lines(&ctx.events)
+            .iter()
+            .any(|e| e.starts_with("Synced: Foo default/example-foo"))
+    })
+    .await;
     foos.patch(
         "example-foo",
         &PatchParams::default(),
         &Patch::Merge(serde_json::json!({"spec": {"replicas": 3}})),
     )
     .await?;
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    wait_until(settle, async || {
+        let d = ctx.deployments.namespace("default").get("example-foo");
+        d.ok().flatten().and_then(|d| d.spec.as_ref()?.replicas) == Some(3)
+    })
+    .await;
     let deployments = Api::<Deployment>::namespaced(client, "default");
     let d = deployments.get("example-foo").await?;
     println!(
@@ -438,7 +450,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
         status: None,
     };
     foos.create(&PostParams::default(), &thief).await?;
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    wait_until(settle, async || {
+        !lines(&ctx.errors).is_empty() && lines(&ctx.events).iter().any(|e| e.starts_with("ErrResourceExists"))
+    })
+    .await;
     let failures = ctx
         .errors
         .lock()

@@ -441,6 +441,34 @@ impl Sim {
     }
 }
 
+/// Polls `done` every 20 ms until it returns true or `timeout` passes, and says which: demos
+/// and tests wait for what an informer or controller did instead of sleeping a fixed time,
+/// which a loaded machine can outlast.
+///
+/// ```
+/// # async fn demo() {
+/// use std::time::Duration;
+/// let start = std::time::Instant::now();
+/// let done = durable_informer::sim::wait_until(Duration::from_secs(5), async || {
+///     start.elapsed() > Duration::from_millis(50)
+/// })
+/// .await;
+/// assert!(done);
+/// # }
+/// ```
+pub async fn wait_until(timeout: std::time::Duration, mut done: impl AsyncFnMut() -> bool) -> bool {
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        if done().await {
+            return true;
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return false;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+}
+
 /// Decode a continue token the way the server does: `(resourceVersion, start key)` or the
 /// message of the 400 the server would answer. Exposed for fuzzing only.
 #[doc(hidden)]
