@@ -556,8 +556,8 @@ impl WriterThread {
         }
     }
 
-    /// Journals a log record of a hot scope for its feed. Its old state comes from the group
-    /// (an earlier record of the key), else the tier's JSON, else redb (`prev`).
+    /// Journals a log record of a hot scope for its feed. `old` is the key's state before, if
+    /// the caller knows it; otherwise it comes from the group, the tier or redb (`prev`).
     #[allow(clippy::too_many_arguments)] // the record's fields
     pub(super) fn journal_feed(
         &self,
