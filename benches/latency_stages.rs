@@ -1,11 +1,9 @@
 //! Where an event's delivery time goes, stage by stage (issue #20): one ~4.5 KB Pod per batch,
-//! one batch per millisecond, into a store of N = 10,000 Pods with the label index and a hot
-//! tier, as the reflector sends them (`deferred_fsync`). Timed: until the writer has applied
-//! the batch (when the tier's feed tells volatile handlers, before the redb commit), until it
-//! is committed, a read back from the log as the dispatcher of a volatile handler without a hot
-//! tier does (on a blocking thread), and the decode: every other event into `Pod`, the others
-//! into metadata only, as the controller's own handlers do (it enqueues from the key, owner
-//! references, generation and labels, never from the whole object).
+//! one batch per millisecond, into a store of N = 10,000 Pods with the label index, as the
+//! reflector sends them (`deferred_fsync`), then read back from the log as a volatile
+//! handler's dispatcher does (on a blocking thread) and decoded: every other event into `Pod`,
+//! the others into metadata only, as the controller's own handlers do (it enqueues from the
+//! key, owner references, generation and labels, never from the whole object).
 //!
 //! `cargo bench --features sim --bench latency_stages` (`BENCH_HOT_TIER_BYTES=0` for the hot
 //! tier off; `BENCH_EVENTS` events, 3,000 by default). Prints p50 / p90 / p99 of each stage.
@@ -93,19 +91,9 @@ async fn run(events: usize, tier: Option<usize>) -> Res<()> {
         }
         writer.apply(batch.rv(rv.to_string())).await?;
     }
-    // As an informer does: a hot tier for the scope (unless 0), whose feed volatile handlers
-    // read once a group is applied, before its commit.
-    let budget = tier.unwrap_or(durable_informer::store::DEFAULT_HOT_TIER_BYTES);
-    writer.enable_hot_tier(scope, budget).await?;
-    let hot = budget > 0;
-    while hot && !db.store(scope).hot_tier_stats().is_some_and(|s| s.loaded) {
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
     let log = db.log();
-    let mut applied = writer.applied();
     let mut cursor = *writer.committed().borrow();
     let (mut commit, mut read, mut decode, mut meta) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
-    let mut apply = Vec::new();
     let started = Instant::now();
     for i in 0..events {
         rv += 1;
@@ -115,14 +103,9 @@ async fn run(events: usize, tier: Option<usize>) -> Res<()> {
             .delta(DeltaKind::Added, raw(&pod, rv)?)
             .rv(rv.to_string())
             .deferred_fsync();
-        applied.borrow_and_update();
         let t0 = Instant::now();
-        let ack = writer.submit(batch)?;
-        applied.changed().await?;
-        let ta = Instant::now();
-        ack.await??;
+        writer.submit(batch)?.await??;
         let t1 = Instant::now();
-        apply.push((ta - t0).as_secs_f64() * 1e6);
         let l = log.clone();
         let after = cursor;
         let (records, scanned) =
@@ -155,11 +138,6 @@ async fn run(events: usize, tier: Option<usize>) -> Res<()> {
         "{events} single-Pod batches into {N} Pods, one per ms ({:.1} s), hot tier {}:",
         started.elapsed().as_secs_f64(),
         tier.map_or_else(|| "default".to_owned(), |b| format!("{b} bytes"))
-    );
-    println!(
-        "  submit → applied (hot tier and feed; {})  {}",
-        if hot { "handlers told" } else { "no tier" },
-        percentiles(apply)
     );
     println!(
         "  submit → committed (redb commit, fsync deferred)  {}",
