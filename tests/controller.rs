@@ -306,3 +306,144 @@ async fn run_fails_without_reconciling_when_a_cache_never_syncs() {
     let synced = primary.wait_for_sync().await;
     assert!(synced.is_err(), "wait_for_sync reports it too");
 }
+
+/// Reconciles of a run, by key name.
+#[derive(Default)]
+struct Seen(Mutex<Vec<String>>);
+
+impl Seen {
+    fn count(&self, name: &str) -> usize {
+        self.0.lock().unwrap().iter().filter(|n| *n == name).count()
+    }
+}
+
+async fn note(key: ObjectKey, seen: Arc<Seen>) -> Result<Action, String> {
+    seen.0.lock().unwrap().push(key.name);
+    Ok(Action::await_change())
+}
+
+/// Runs `controller` until `f` returns; then stops it and checks it stopped cleanly.
+async fn running<K, F, Fut>(controller: Controller<K>, seen: Arc<Seen>, f: F)
+where
+    K: kube::Resource + serde::de::DeserializeOwned + Send + Sync + 'static,
+    F: FnOnce() -> Fut,
+    Fut: std::future::Future<Output = ()>,
+{
+    let (stop_tx, stop) = watch::channel(false);
+    let run = tokio::spawn(controller.run(note, default_error_policy, seen, stop));
+    f().await;
+    stop_tx.send(true).unwrap();
+    tokio::time::timeout(Duration::from_secs(10), run)
+        .await
+        .expect("run returns after stop")
+        .unwrap()
+        .expect("the caches synced");
+}
+
+/// A `creationTimestamp` that is not a time: the store keeps the object (its metadata scan
+/// reads no timestamp), but it decodes neither as a `ConfigMap` nor as kube's `ObjectMeta`.
+const BAD_TIME: &str = r#","creationTimestamp":"yesterday""#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_controller_enqueues_keys_without_decoding_objects() {
+    let fake = Fake::new();
+    fake.upsert_raw("odd", BAD_TIME, "{}");
+    fake.upsert("plain", "x");
+    let dir = tempfile::tempdir().unwrap();
+    let (_db, primary) = informer(&dir, "db.redb", &fake).await;
+    let seen = Arc::new(Seen::default());
+    let s = seen.clone();
+    running(Controller::new(primary), seen, || async move {
+        eventually("both keys reconciled", || s.count("odd") == 1 && s.count("plain") == 1).await;
+        // An update of the undecodable object reaches the queue too.
+        fake.upsert_raw("odd", BAD_TIME, r#"{"v":"2"}"#);
+        eventually("the update reconciled", || s.count("odd") == 2).await;
+    })
+    .await;
+}
+
+fn generation(g: i64) -> String {
+    format!(r#","generation":{g}"#)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn predicates_let_through_only_updates_whose_value_changed() {
+    use durable_informer::controller::predicates;
+    let fake = Fake::new();
+    fake.upsert_raw("a", &generation(1), r#"{"v":"1"}"#);
+    fake.upsert_raw("marker", &generation(1), "{}");
+    let dir = tempfile::tempdir().unwrap();
+    let (_db, primary) = informer(&dir, "db.redb", &fake).await;
+    let seen = Arc::new(Seen::default());
+    let s = seen.clone();
+    let controller = Controller::new(primary).with_predicate(predicates::generation());
+    running(controller, seen, || async move {
+        eventually("the initial reconciles", || s.count("a") == 1 && s.count("marker") == 1).await;
+        // A status-like write: same generation. Then a spec change of the marker; events
+        // reach the queue in order, so once the marker is reconciled, `a`'s update was seen.
+        fake.upsert_raw("a", &generation(1), r#"{"v":"2"}"#);
+        fake.upsert_raw("marker", &generation(2), "{}");
+        eventually("the marker's spec change", || s.count("marker") == 2).await;
+        assert_eq!(s.count("a"), 1, "an update with the same generation is filtered out");
+        fake.upsert_raw("a", &generation(2), r#"{"v":"2"}"#);
+        eventually("a's spec change", || s.count("a") == 2).await;
+        // Metadata that does not decode passes: a reconcile too many, never one too few.
+        fake.upsert_raw("a", &format!("{}{BAD_TIME}", generation(2)), r#"{"v":"3"}"#);
+        eventually("the undecodable update", || s.count("a") == 3).await;
+        // Deletes always pass.
+        fake.delete("a");
+        eventually("the delete", || s.count("a") == 4).await;
+    })
+    .await;
+}
+
+/// `,"ownerReferences":[…]` naming ConfigMaps `(name, controller)`.
+fn owned_by(owners: &[(&str, bool)]) -> String {
+    let refs: Vec<String> = owners
+        .iter()
+        .map(|(name, controller)| {
+            format!(
+                r#"{{"apiVersion":"v1","kind":"ConfigMap","name":"{name}","uid":"u-{name}","controller":{controller}}}"#
+            )
+        })
+        .collect();
+    format!(r#","ownerReferences":[{}]"#, refs.join(","))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn owns_reconciles_the_controlling_owner_of_each_state() {
+    let (parents, children) = (Fake::new(), Fake::new());
+    for p in ["p1", "p2", "p3"] {
+        parents.upsert(p, "");
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (_db1, primary) = informer(&dir, "parents.redb", &parents).await;
+    let (_db2, owned) = informer(&dir, "children.redb", &children).await;
+    let seen = Arc::new(Seen::default());
+    let s = seen.clone();
+    let lister = owned.lister();
+    running(Controller::new(primary).owns(owned), seen, || async move {
+        eventually("the initial reconciles", || {
+            (1..=3).all(|i| s.count(&format!("p{i}")) == 1)
+        })
+        .await;
+        // p3 is only a non-controlling owner: never enqueued through the child.
+        children.upsert_raw("c", &owned_by(&[("p1", true), ("p3", false)]), "{}");
+        eventually("the child in the cache", || {
+            lister.namespace("ns").get("c").unwrap().is_some()
+        })
+        .await;
+        eventually("the controlling owner", || s.count("p1") == 2).await;
+        // The child moves to p2: the old owner and the new one.
+        children.upsert_raw("c", &owned_by(&[("p2", true), ("p3", false)]), "{}");
+        eventually("both owners after the move", || {
+            s.count("p1") == 3 && s.count("p2") == 2
+        })
+        .await;
+        children.delete_raw("c", &owned_by(&[("p2", true)]), "{}");
+        eventually("the owner of a deleted child", || s.count("p2") == 3).await;
+        assert_eq!(s.count("p3"), 1, "a non-controlling owner is not enqueued");
+        assert_eq!(s.count("c"), 0, "children are not primaries");
+    })
+    .await;
+}

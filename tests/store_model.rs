@@ -469,6 +469,40 @@ fn verify(db: &DurableStore, scopes: &[ScopeId], model: &Model) {
             .map(|(k, (rv, b))| (k.clone(), rv.clone(), b.clone()))
             .collect();
         assert_eq!(got, want, "objects of scope {i}");
+        // Paging through the keys alone, as the controller's initial adds do.
+        let mut keys: Vec<ObjectKey> = Vec::new();
+        loop {
+            let page = snap.list_keys_after(keys.last(), 2).unwrap();
+            assert!(page.len() <= 2);
+            if page.is_empty() {
+                break;
+            }
+            keys.extend(page);
+        }
+        let want_keys: Vec<ObjectKey> = model.objects[i].keys().cloned().collect();
+        assert_eq!(keys, want_keys, "keys of scope {i}, paged");
+        // The headers-only log read: the same entries without their states.
+        let log = db.log();
+        let full = log.read_scope_after_contiguous(Seq(0), usize::MAX, *sid);
+        let heads = log.read_scope_keys_after_contiguous(Seq(0), usize::MAX, *sid);
+        match (full, heads) {
+            (Ok((full, f_at)), Ok((heads, h_at))) => {
+                assert_eq!(f_at, h_at);
+                let strip = |r: &durable_informer::store::LogRecord| (r.seq, r.kind, r.key.clone(), r.rv.clone());
+                assert_eq!(
+                    full.iter().map(strip).collect::<Vec<_>>(),
+                    heads.iter().map(strip).collect::<Vec<_>>()
+                );
+                assert!(heads.iter().all(|r| r.object.is_none() && r.old.is_none()));
+            }
+            // Compacted from the start: both say so.
+            (Err(StoreError::LogCompacted { .. }), Err(StoreError::LogCompacted { .. })) => {}
+            (f, h) => panic!(
+                "full read {:?}, headers read {:?}",
+                f.map(|r| r.0.len()),
+                h.map(|r| r.0.len())
+            ),
+        }
         assert_eq!(snap.record().unwrap().rv.map(|r| r.0), model.rv[i], "rv of scope {i}");
         for app in 0..3 {
             let v = format!("app=a{app}");

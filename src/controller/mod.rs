@@ -99,7 +99,7 @@ use serde::de::DeserializeOwned;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-use crate::informer::{handler_fn, Event, HandlerOptions, Informer, InformerError, Registration};
+use crate::informer::{handler_fn, Change, Changes, Event, HandlerOptions, Informer, InformerError, Registration};
 use crate::leader::Leadership;
 use crate::object::ObjectKey;
 use crate::queue::{default_controller_rate_limiter, WorkQueue};
@@ -249,19 +249,49 @@ where
 }
 
 fn owners(meta: &kube::core::ObjectMeta, group: Option<&str>, kind: &str, controller_only: bool) -> Vec<ObjectKey> {
-    meta.owner_references
-        .iter()
-        .flatten()
-        .filter(|o| {
-            // `apiVersion` is `group/version`, or `version` alone for the core group.
-            let ref_group = o.api_version.rsplit_once('/').map_or("", |(g, _)| g);
-            o.kind == kind && group.is_none_or(|g| g == ref_group) && (!controller_only || o.controller == Some(true))
-        })
-        .map(|o| ObjectKey {
-            namespace: meta.namespace.clone(),
-            name: o.name.clone(),
-        })
-        .collect()
+    let refs = meta.owner_references.iter().flatten();
+    let refs = refs.map(|o| {
+        (
+            o.api_version.as_str(),
+            o.kind.as_str(),
+            o.name.as_str(),
+            o.controller == Some(true),
+        )
+    });
+    owners_in(meta.namespace.as_ref(), refs, group, kind, controller_only)
+}
+
+/// Like [`owners`], over the metadata the store extracts (the controller's `owns` reads it
+/// with one scan of the JSON, never decoding the object).
+fn scanned_owners(
+    meta: &crate::object::ObjectMeta,
+    group: Option<&str>,
+    kind: &str,
+    controller_only: bool,
+) -> Vec<ObjectKey> {
+    let refs = meta.owner_references.iter();
+    let refs = refs.map(|o| (o.api_version.as_str(), o.kind.as_str(), o.name.as_str(), o.controller));
+    owners_in(meta.namespace.as_ref(), refs, group, kind, controller_only)
+}
+
+/// Keys of the owners among `refs` (`apiVersion`, `kind`, `name`, `controller`).
+fn owners_in<'a>(
+    namespace: Option<&String>,
+    refs: impl Iterator<Item = (&'a str, &'a str, &'a str, bool)>,
+    group: Option<&str>,
+    kind: &str,
+    controller_only: bool,
+) -> Vec<ObjectKey> {
+    refs.filter(|(api_version, ref_kind, _, controller)| {
+        // `apiVersion` is `group/version`, or `version` alone for the core group.
+        let ref_group = api_version.rsplit_once('/').map_or("", |(g, _)| g);
+        *ref_kind == kind && group.is_none_or(|g| g == ref_group) && (!controller_only || *controller)
+    })
+    .map(|(_, _, name, _)| ObjectKey {
+        namespace: namespace.cloned(),
+        name: name.to_owned(),
+    })
+    .collect()
 }
 
 /// A value computed from an object's metadata; an update whose old and new values are equal
@@ -308,25 +338,53 @@ pub mod predicates {
     }
 }
 
-/// Only the metadata of an object: what the controller's own handlers decode (serde skips
-/// the rest of the JSON without building it).
+/// Only the metadata of an object: what predicates read (serde skips the rest of the JSON
+/// without building it).
 #[derive(Debug, Clone, serde::Deserialize)]
 pub(crate) struct MetaOnly {
     #[serde(default)]
     metadata: kube::core::ObjectMeta,
 }
 
-impl MetaOnly {
-    fn key(&self) -> Option<ObjectKey> {
-        Some(ObjectKey {
-            namespace: self.metadata.namespace.clone(),
-            name: self.metadata.name.clone()?,
-        })
+/// Whether an update with these states passes the predicates (see [`passes`]). States whose
+/// metadata does not decode pass: a reconcile too many is safe, one too few is not.
+fn passes_json(predicates: &[Predicate], old: &[u8], new: &[u8]) -> bool {
+    let meta = |b: &[u8]| serde_json::from_slice::<MetaOnly>(b).map(|m| m.metadata);
+    match (meta(old), meta(new)) {
+        (Ok(old), Ok(new)) => passes(predicates, &old, &new),
+        _ => true,
     }
 }
 
-type Trigger =
-    Box<dyn FnOnce(WorkQueue<ObjectKey>) -> (Registration, BoxFuture<'static, Result<(), InformerError>>) + Send>;
+/// A trigger from `informer` whose changes `register` turns into keys of `queue`.
+fn trigger<C>(
+    informer: Informer<C>,
+    register: impl FnOnce(&Informer<C>, WorkQueue<ObjectKey>) -> Registration + Send + 'static,
+) -> Trigger
+where
+    C: DeserializeOwned + Send + Sync + 'static,
+{
+    Box::new(move |queue| {
+        let reg = register(&informer, queue);
+        // Idempotent: an informer already started (say, shared through a factory) keeps its
+        // one reflector.
+        informer.start();
+        let synced = informer.clone();
+        let wait = async move { synced.wait_for_sync().await };
+        (reg, Box::pin(wait), Box::new(informer))
+    })
+}
+
+/// A related informer's registration, its sync, and the informer itself: the controller holds
+/// it while it runs, or an informer whose only handle was given to `owns` or `watches` would
+/// stop (dropping its last handle stops it) right after its sync.
+type Armed = (
+    Registration,
+    BoxFuture<'static, Result<(), InformerError>>,
+    Box<dyn Any + Send + Sync>,
+);
+
+type Trigger = Box<dyn FnOnce(WorkQueue<ObjectKey>) -> Armed + Send>;
 
 /// Runs a reconcile function over the keys of a primary informer and of related objects.
 pub struct Controller<K> {
@@ -344,32 +402,11 @@ where
     O: Send + Sync + 'static,
     F: Fn(&O) -> Vec<ObjectKey> + Send + Sync + 'static,
 {
-    enqueue_filtered(queue, map, |_: &O, _: &O| true)
-}
-
-/// Enqueues the keys `map` gives for each event; an update only when `changed(old, new)`.
-fn enqueue_filtered<O, F, C>(queue: WorkQueue<ObjectKey>, map: F, changed: C) -> impl crate::informer::EventHandler<O>
-where
-    O: Send + Sync + 'static,
-    F: Fn(&O) -> Vec<ObjectKey> + Send + Sync + 'static,
-    C: Fn(&O, &O) -> bool + Send + Sync + 'static,
-{
     handler_fn(move |ev: Event<O>| -> Result<(), std::convert::Infallible> {
         match &ev {
-            Event::Update { old, new, .. } => {
-                if !changed(old, new) {
-                    return Ok(());
-                }
-                // Both: an owner reference may have moved from one owner to another.
-                for k in map(old).into_iter().chain(map(new)) {
-                    queue.add(k);
-                }
-            }
-            other => {
-                for k in map(other.object()) {
-                    queue.add(k);
-                }
-            }
+            // Both: an owner reference may have moved from one owner to another.
+            Event::Update { old, new, .. } => map(old).into_iter().chain(map(new)).for_each(|k| queue.add(k)),
+            other => map(other.object()).into_iter().for_each(|k| queue.add(k)),
         }
         Ok(())
     })
@@ -423,18 +460,33 @@ where
 
     /// Also reconciles the controlling owner of every changed object of `informer` whose owner
     /// reference names `K` (its API group and kind, from the type): a Deployment controller
-    /// `owns` its ReplicaSets. Only the events' metadata is decoded.
+    /// `owns` its ReplicaSets. The objects are never decoded: one scan of each state's JSON
+    /// reads its owner references (the scan the store makes of every object it writes).
     #[must_use]
-    pub fn owns<C>(self, informer: Informer<C>) -> Self
+    pub fn owns<C>(mut self, informer: Informer<C>) -> Self
     where
         K::DynamicType: Default,
         C: Send + Sync + 'static,
     {
         let dt = K::DynamicType::default();
         let (group, kind) = (K::group(&dt).into_owned(), K::kind(&dt).into_owned());
-        self.watches(informer.retyped::<MetaOnly>(), move |m: &MetaOnly| {
-            owners(&m.metadata, Some(&group), &kind, true)
-        })
+        self.triggers
+            .push(trigger(informer.retyped::<MetaOnly>(), move |informer, queue| {
+                let on_change = move |c: Change<'_>| {
+                    // Both states: an owner reference may have moved from one owner to another.
+                    let old = c.old.filter(|o| Some(*o) != c.new);
+                    for state in old.into_iter().chain(c.new) {
+                        // The store scanned these bytes when it wrote them: they scan again.
+                        if let Ok(meta) = crate::object::extract_meta(state) {
+                            scanned_owners(&meta, Some(&group), &kind, true)
+                                .into_iter()
+                                .for_each(|k| queue.add(k));
+                        }
+                    }
+                };
+                informer.add_sink(Changes { bytes: true, on_change }, HandlerOptions::volatile())
+            }));
+        self
     }
 
     /// Reconciles a primary object's update only when one of `predicate`'s values changed
@@ -463,13 +515,8 @@ where
         C: DeserializeOwned + Send + Sync + 'static,
         F: Fn(&C) -> Vec<ObjectKey> + Send + Sync + 'static,
     {
-        self.triggers.push(Box::new(move |queue| {
-            let reg = informer.add_event_handler(enqueue_handler(queue, map), HandlerOptions::volatile());
-            // Idempotent: an informer already started (say, shared through a factory) keeps its
-            // one reflector.
-            informer.start();
-            let wait = async move { informer.wait_for_sync().await };
-            (reg, Box::pin(wait))
+        self.triggers.push(trigger(informer, move |informer, queue| {
+            informer.add_event_handler(enqueue_handler(queue, map), HandlerOptions::volatile())
         }));
         self
     }
@@ -561,21 +608,29 @@ where
         let mut regs = Vec::new();
         let mut waits: Vec<BoxFuture<'static, Result<(), InformerError>>> = Vec::new();
         let primary = self.primary.clone();
-        let meta = primary.retyped::<MetaOnly>();
         let predicates = self.predicates;
-        regs.push(meta.add_event_handler(
-            enqueue_filtered(
-                queue.clone(),
-                |m: &MetaOnly| m.key().into_iter().collect(),
-                move |old: &MetaOnly, new: &MetaOnly| passes(&predicates, &old.metadata, &new.metadata),
-            ),
-            HandlerOptions::volatile(),
-        ));
+        let q = queue.clone();
+        // Keys straight from the log: with no predicate to evaluate, nothing is read but the
+        // log entries' headers (no object bytes, no decompression, no decode).
+        let enqueue = Changes {
+            bytes: !predicates.is_empty(),
+            on_change: move |c: Change<'_>| {
+                if let (Some(old), Some(new)) = (c.old, c.new) {
+                    if !passes_json(&predicates, old, new) {
+                        return;
+                    }
+                }
+                q.add(c.key.clone());
+            },
+        };
+        regs.push(primary.add_sink(enqueue, HandlerOptions::volatile()));
         primary.start();
+        let mut related = Vec::new();
         for t in self.triggers {
-            let (reg, wait) = t(queue.clone());
+            let (reg, wait, informer) = t(queue.clone());
             regs.push(reg);
             waits.push(wait);
+            related.push(informer);
         }
         // Wait for every cache before the first reconcile (WaitForCacheSync).
         let all_synced = async {
@@ -624,6 +679,8 @@ where
             r.remove().await;
         }
         drain(&queue, handles).await;
+        // Held until here: the related informers run as long as the controller.
+        drop(related);
         Ok(workers.counts.summary())
     }
 }

@@ -2,11 +2,16 @@
 //!
 //! Nothing is buffered in memory beyond one batch: a slow handler only falls behind in the log
 //! (it costs disk, not RAM). A handler that errors or panics is reported and the others go on.
+//!
+//! What a task feeds is a [`Sink`]: a user's [`EventHandler`] gets decoded objects
+//! ([`Decoding`]); the controller's own enqueueing gets keys and, only when it asks, the raw
+//! JSON ([`Changes`]), so that a controller's queue costs no decode.
 
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures::future::BoxFuture;
 use futures::FutureExt;
 use serde::de::DeserializeOwned;
 use tokio::sync::watch;
@@ -17,7 +22,7 @@ use super::error::{HandlerProblem, InformerIssue};
 use super::handler::{Event, EventHandler, HandlerOptions};
 use crate::object::{ObjectKey, ResourceVersion};
 use crate::reflector::ReflectorStatus;
-use crate::store::{CursorName, DeltaKind, LogReader, LogRecord, ScopeId, Seq, Store, StoredObject, Writer};
+use crate::store::{CursorName, DeltaKind, LogReader, LogRecord, ScopeId, Seq, Snapshot, Store, StoredObject, Writer};
 
 /// How many log entries one read takes.
 const BATCH: usize = 256;
@@ -55,10 +60,8 @@ fn store_issue(label: &str, context: &'static str, e: crate::store::StoreError) 
     )
 }
 
-pub(crate) struct Ctx<K> {
+pub(crate) struct Ctx {
     pub(crate) store: Store,
-    /// Decoded log entries shared with the informer's other handlers.
-    pub(crate) decoded: Arc<Decoded<K>>,
     pub(crate) log: LogReader,
     pub(crate) writer: Writer,
     pub(crate) scope: ScopeId,
@@ -96,11 +99,204 @@ impl InitialList {
     }
 }
 
-/// A stored object, as the handlers decoded it when it is their newest state of its key.
-fn decode_stored<K: DeserializeOwned>(ctx: &Ctx<K>, o: &StoredObject) -> Result<Arc<K>, serde_json::Error> {
-    match ctx.decoded.latest(&o.key, &o.bytes) {
-        Some(k) => Ok(k),
-        None => serde_json::from_slice(&o.bytes).map(Arc::new),
+/// What one handler task delivers to.
+pub(crate) trait Sink: Send + Sync + 'static {
+    /// Whether the log records it reads must carry the objects' bytes; without them the log is
+    /// read for kinds and keys only (nothing is decompressed).
+    fn needs_bytes(&self) -> bool;
+
+    /// Delivers one log record.
+    fn record<'a>(&'a self, ctx: &'a Ctx, label: &'a str, rec: LogRecord) -> BoxFuture<'a, ()>;
+
+    /// Delivers every object of `snapshot`, as synthetic adds or (`resync`) as resync updates;
+    /// false when stopped or the store failed.
+    fn snapshot<'a>(
+        &'a self,
+        ctx: &'a Ctx,
+        label: &'a str,
+        snapshot: Arc<Snapshot>,
+        resync: bool,
+        stop: &'a watch::Receiver<bool>,
+    ) -> BoxFuture<'a, bool>;
+}
+
+/// A user's handler, given objects decoded once per log entry and shared with the informer's
+/// other handlers of `K` (and its listers).
+pub(crate) struct Decoding<K> {
+    pub(crate) handler: Arc<dyn EventHandler<K>>,
+    pub(crate) decoded: Arc<Decoded<K>>,
+}
+
+impl<K> Decoding<K>
+where
+    K: DeserializeOwned + Send + Sync + 'static,
+{
+    /// A stored object, as the handlers decoded it when it is their newest state of its key.
+    fn decode_stored(&self, o: &StoredObject) -> Result<Arc<K>, serde_json::Error> {
+        match self.decoded.latest(&o.key, &o.bytes) {
+            Some(k) => Ok(k),
+            None => serde_json::from_slice(&o.bytes).map(Arc::new),
+        }
+    }
+}
+
+impl<K> Sink for Decoding<K>
+where
+    K: DeserializeOwned + Send + Sync + 'static,
+{
+    fn needs_bytes(&self) -> bool {
+        true
+    }
+
+    fn record<'a>(&'a self, ctx: &'a Ctx, label: &'a str, rec: LogRecord) -> BoxFuture<'a, ()> {
+        Box::pin(deliver(ctx, self, label, rec))
+    }
+
+    fn snapshot<'a>(
+        &'a self,
+        ctx: &'a Ctx,
+        label: &'a str,
+        snapshot: Arc<Snapshot>,
+        resync: bool,
+        stop: &'a watch::Receiver<bool>,
+    ) -> BoxFuture<'a, bool> {
+        Box::pin(async move {
+            let what = if resync {
+                "resync could not read the store: "
+            } else {
+                ""
+            };
+            let mut after: Option<ObjectKey> = None;
+            loop {
+                if *stop.borrow() {
+                    return false;
+                }
+                let snap = snapshot.clone();
+                let from = after.clone();
+                let page = match tokio::task::spawn_blocking(move || snap.list_after(from.as_ref(), BATCH)).await {
+                    Ok(Ok(p)) => p,
+                    Ok(Err(e)) => {
+                        (ctx.report)(store_issue(label, what, e));
+                        return false;
+                    }
+                    Err(_) => return false,
+                };
+                let Some(last) = page.last() else { return true };
+                after = Some(last.key.clone());
+                for o in page {
+                    match self.decode_stored(&o) {
+                        Ok(object) => {
+                            let ev = if resync {
+                                Event::Update {
+                                    old: object.clone(),
+                                    new: object,
+                                    resync: true,
+                                }
+                            } else {
+                                Event::Add { object, initial: true }
+                            };
+                            call(ctx, &*self.handler, label, ev).await;
+                        }
+                        Err(e) => (ctx.report)(undecodable(label, &o, &e)),
+                    }
+                }
+            }
+        })
+    }
+}
+
+/// What a [`Changes`] sink hears of: an object's key and, when the sink asked for bytes, its
+/// states' JSON.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Change<'a> {
+    pub(crate) key: &'a ObjectKey,
+    /// The state before an update or a delete (a resync: the current state).
+    pub(crate) old: Option<&'a [u8]>,
+    /// The state after an add or an update (a resync: the current state).
+    pub(crate) new: Option<&'a [u8]>,
+}
+
+/// Keys (and, with `bytes`, raw states) of every change, never decoded: the controller
+/// enqueues from these. Undecided updates (no bytes to compare) count as changes.
+pub(crate) struct Changes<F> {
+    pub(crate) bytes: bool,
+    pub(crate) on_change: F,
+}
+
+impl<F> Sink for Changes<F>
+where
+    F: Fn(Change<'_>) + Send + Sync + 'static,
+{
+    fn needs_bytes(&self) -> bool {
+        self.bytes
+    }
+
+    fn record<'a>(&'a self, _ctx: &'a Ctx, _label: &'a str, rec: LogRecord) -> BoxFuture<'a, ()> {
+        let (old, new) = match rec.kind {
+            DeltaKind::Sync => return Box::pin(async {}),
+            DeltaKind::Added | DeltaKind::Replaced => (None, rec.object.as_deref()),
+            DeltaKind::Updated => {
+                // Same bytes (same RV): nothing changed (as for decoded handlers).
+                if self.bytes && rec.old.is_some() && rec.old == rec.object {
+                    return Box::pin(async {});
+                }
+                (rec.old.as_deref(), rec.object.as_deref())
+            }
+            DeltaKind::Deleted => (rec.object.as_deref().or(rec.old.as_deref()), None),
+        };
+        (self.on_change)(Change {
+            key: &rec.key,
+            old,
+            new,
+        });
+        Box::pin(async {})
+    }
+
+    fn snapshot<'a>(
+        &'a self,
+        ctx: &'a Ctx,
+        label: &'a str,
+        snapshot: Arc<Snapshot>,
+        resync: bool,
+        stop: &'a watch::Receiver<bool>,
+    ) -> BoxFuture<'a, bool> {
+        Box::pin(async move {
+            let mut after: Option<ObjectKey> = None;
+            loop {
+                if *stop.borrow() {
+                    return false;
+                }
+                let (snap, from, bytes) = (snapshot.clone(), after.clone(), self.bytes);
+                let page = tokio::task::spawn_blocking(move || {
+                    if bytes {
+                        snap.list_after(from.as_ref(), BATCH)
+                            .map(|p| p.into_iter().map(|o| (o.key, Some(o.bytes))).collect::<Vec<_>>())
+                    } else {
+                        snap.list_keys_after(from.as_ref(), KEY_BATCH)
+                            .map(|p| p.into_iter().map(|k| (k, None)).collect())
+                    }
+                })
+                .await;
+                let page = match page {
+                    Ok(Ok(p)) => p,
+                    Ok(Err(e)) => {
+                        (ctx.report)(store_issue(label, "", e));
+                        return false;
+                    }
+                    Err(_) => return false,
+                };
+                let Some((last, _)) = page.last() else { return true };
+                after = Some(last.clone());
+                for (key, state) in &page {
+                    let state = state.as_deref();
+                    (self.on_change)(Change {
+                        key,
+                        old: state.filter(|_| resync),
+                        new: state,
+                    });
+                }
+            }
+        })
     }
 }
 
@@ -110,17 +306,18 @@ enum Wake {
     Stop,
 }
 
+/// How many keys one page of a keys-only snapshot takes (keys are small).
+const KEY_BATCH: usize = 4096;
+
 /// Runs one handler until `stop`.
-pub(crate) async fn run<K>(
-    ctx: Ctx<K>,
-    handler: Arc<dyn EventHandler<K>>,
+pub(crate) async fn run<S: Sink>(
+    ctx: Ctx,
+    sink: S,
     opts: HandlerOptions,
     mut stop: watch::Receiver<bool>,
     synced: watch::Sender<bool>,
     position: watch::Sender<Seq>,
-) where
-    K: DeserializeOwned + Send + Sync + 'static,
-{
+) {
     let label = opts
         .name
         .as_ref()
@@ -137,7 +334,7 @@ pub(crate) async fn run<K>(
     };
     let mut cursor = match stored {
         Some(c) => c,
-        None => match initial_adds(&ctx, &*handler, &label, &mut stop).await {
+        None => match initial_adds(&ctx, &sink, &label, &stop).await {
             Some(c) => c,
             None => return,
         },
@@ -184,7 +381,10 @@ pub(crate) async fn run<K>(
             }
         }
         let bound = durable.then_some(head);
-        let read = tokio::task::spawn_blocking(move || log.read_scope_after_contiguous(cursor, BATCH, scope)).await;
+        let bytes = sink.needs_bytes();
+        let read =
+            tokio::task::spawn_blocking(move || log.read_scope_after_contiguous_with(cursor, BATCH, scope, bytes))
+                .await;
         let (mut records, mut scanned) = match read {
             Ok(Ok(r)) => r,
             Ok(Err(e @ crate::store::StoreError::LogCompacted { .. })) => {
@@ -192,7 +392,7 @@ pub(crate) async fn run<K>(
                 // was skipped is unknown, so start again from the current state, as after a
                 // relist. Deletes inside the gap are not delivered.
                 (ctx.report)(store_issue(&label, "", e));
-                match initial_adds(&ctx, &*handler, &label, &mut stop).await {
+                match initial_adds(&ctx, &sink, &label, &stop).await {
                     Some(c) => {
                         cursor = c;
                         position.send_replace(cursor);
@@ -238,7 +438,7 @@ pub(crate) async fn run<K>(
             match woke {
                 Wake::Data => {}
                 Wake::Resync => {
-                    resync(&ctx, &*handler, &label, &stop).await;
+                    resync(&ctx, &sink, &label, &stop).await;
                     resync_at = tokio::time::Instant::now().checked_add(period);
                 }
                 Wake::Stop => return,
@@ -249,7 +449,7 @@ pub(crate) async fn run<K>(
             if *stop.borrow() {
                 return;
             }
-            deliver(&ctx, &*handler, &label, rec)
+            sink.record(&ctx, &label, rec)
                 .instrument(tracing::trace_span!("dispatch"))
                 .await;
         }
@@ -286,19 +486,14 @@ pub(crate) async fn track_lag(
     }
 }
 
-async fn persist<K>(ctx: &Ctx<K>, name: &CursorName, cursor: Seq) {
+async fn persist(ctx: &Ctx, name: &CursorName, cursor: Seq) {
     if let Err(e) = ctx.writer.set_cursor(ctx.scope, name.clone(), cursor).await {
         (ctx.report)(store_issue(&name.0, "cannot persist its cursor: ", e));
     }
 }
 
 /// Calls the handler, catching panics; returns whether it succeeded.
-async fn call<K: Send + Sync + 'static>(
-    ctx: &Ctx<K>,
-    handler: &dyn EventHandler<K>,
-    label: &str,
-    ev: Event<K>,
-) -> bool {
+async fn call<K: Send + Sync + 'static>(ctx: &Ctx, handler: &dyn EventHandler<K>, label: &str, ev: Event<K>) -> bool {
     let fut = match std::panic::catch_unwind(AssertUnwindSafe(|| handler.handle(ev))) {
         Ok(f) => f,
         Err(p) => {
@@ -326,13 +521,13 @@ fn panic_text(p: &Box<dyn std::any::Any + Send>) -> String {
         .unwrap_or_else(|| "unknown panic".to_owned())
 }
 
-async fn deliver<K>(ctx: &Ctx<K>, handler: &dyn EventHandler<K>, label: &str, rec: LogRecord)
+async fn deliver<K>(ctx: &Ctx, sink: &Decoding<K>, label: &str, rec: LogRecord)
 where
     K: DeserializeOwned + Send + Sync + 'static,
 {
     // The new state of an add or update is the object's current state (for listers too).
     let current = matches!(rec.kind, DeltaKind::Added | DeltaKind::Replaced | DeltaKind::Updated).then_some(&rec.key);
-    let decode_or_report = |side: Side, bytes: &bytes::Bytes| match ctx.decoded.get(
+    let decode_or_report = |side: Side, bytes: &bytes::Bytes| match sink.decoded.get(
         rec.seq,
         side,
         bytes,
@@ -399,107 +594,31 @@ where
         }
         DeltaKind::Sync => return,
     };
-    call(ctx, handler, label, ev).await;
+    call(ctx, &*sink.handler, label, ev).await;
 }
 
 /// Synthetic adds of everything in the store, read from one consistent view in pages. Returns
 /// the log position of that view, or `None` when stopped.
-async fn initial_adds<K>(
-    ctx: &Ctx<K>,
-    handler: &dyn EventHandler<K>,
-    label: &str,
-    stop: &mut watch::Receiver<bool>,
-) -> Option<Seq>
-where
-    K: DeserializeOwned + Send + Sync + 'static,
-{
-    let snapshot = match ctx.store.snapshot() {
-        Ok(s) => Arc::new(s),
+async fn initial_adds<S: Sink>(ctx: &Ctx, sink: &S, label: &str, stop: &watch::Receiver<bool>) -> Option<Seq> {
+    let (snapshot, position) = match ctx.store.snapshot().and_then(|s| s.position().map(|p| (s, p))) {
+        Ok(sp) => sp,
         Err(e) => {
             (ctx.report)(store_issue(label, "", e));
             return None;
         }
     };
-    let position = match snapshot.position() {
-        Ok(p) => p,
-        Err(e) => {
-            (ctx.report)(store_issue(label, "", e));
-            return None;
-        }
-    };
-    let mut after: Option<ObjectKey> = None;
-    loop {
-        if *stop.borrow() {
-            return None;
-        }
-        let snap = snapshot.clone();
-        let from = after.clone();
-        let page = tokio::task::spawn_blocking(move || snap.list_after(from.as_ref(), BATCH)).await;
-        let page = match page {
-            Ok(Ok(p)) => p,
-            Ok(Err(e)) => {
-                (ctx.report)(store_issue(label, "", e));
-                return None;
-            }
-            Err(_) => return None,
-        };
-        if page.is_empty() {
-            return Some(position);
-        }
-        after = page.last().map(|o| o.key.clone());
-        for o in page {
-            match decode_stored(ctx, &o) {
-                Ok(object) => {
-                    call(ctx, handler, label, Event::Add { object, initial: true }).await;
-                }
-                Err(e) => (ctx.report)(undecodable(label, &o, &e)),
-            }
-        }
-    }
+    sink.snapshot(ctx, label, Arc::new(snapshot), false, stop)
+        .await
+        .then_some(position)
 }
 
 /// A resync: `Update { old = new }` for every object, read from one consistent view in pages
 /// (like [`initial_adds`]: a large store is never loaded at once). Stops early on `stop`.
-async fn resync<K>(ctx: &Ctx<K>, handler: &dyn EventHandler<K>, label: &str, stop: &watch::Receiver<bool>)
-where
-    K: DeserializeOwned + Send + Sync + 'static,
-{
-    let snapshot = match ctx.store.snapshot() {
-        Ok(s) => Arc::new(s),
-        Err(e) => {
-            (ctx.report)(store_issue(label, "resync could not read the store: ", e));
-            return;
+async fn resync<S: Sink>(ctx: &Ctx, sink: &S, label: &str, stop: &watch::Receiver<bool>) {
+    match ctx.store.snapshot() {
+        Ok(s) => {
+            sink.snapshot(ctx, label, Arc::new(s), true, stop).await;
         }
-    };
-    let mut after: Option<ObjectKey> = None;
-    loop {
-        if *stop.borrow() {
-            return;
-        }
-        let snap = snapshot.clone();
-        let from = after.clone();
-        let page = match tokio::task::spawn_blocking(move || snap.list_after(from.as_ref(), BATCH)).await {
-            Ok(Ok(p)) => p,
-            Ok(Err(e)) => {
-                (ctx.report)(store_issue(label, "resync could not read the store: ", e));
-                return;
-            }
-            Err(_) => return,
-        };
-        let Some(last) = page.last() else { return };
-        after = Some(last.key.clone());
-        for o in page {
-            match decode_stored(ctx, &o) {
-                Ok(object) => {
-                    let ev = Event::Update {
-                        old: object.clone(),
-                        new: object,
-                        resync: true,
-                    };
-                    call(ctx, handler, label, ev).await;
-                }
-                Err(e) => (ctx.report)(undecodable(label, &o, &e)),
-            }
-        }
+        Err(e) => (ctx.report)(store_issue(label, "resync could not read the store: ", e)),
     }
 }

@@ -51,6 +51,7 @@ use serde::de::DeserializeOwned;
 use tokio::sync::watch;
 
 pub use adaptor::watcher_stream;
+pub(crate) use dispatch::{Change, Changes};
 pub use error::{HandlerProblem, InformerError, InformerIssue};
 pub use factory::InformerFactory;
 pub use handler::{
@@ -558,7 +559,16 @@ where
     }
 
     /// Like [`add_event_handler`](Self::add_event_handler) for a handler shared by several informers.
-    pub fn add_shared_handler(&self, handler: Arc<dyn EventHandler<K>>, mut options: HandlerOptions) -> Registration {
+    pub fn add_shared_handler(&self, handler: Arc<dyn EventHandler<K>>, options: HandlerOptions) -> Registration {
+        let sink = dispatch::Decoding {
+            handler,
+            decoded: self.inner.decoded.of::<K>(),
+        };
+        self.add_sink(sink, options)
+    }
+
+    /// Registers any [`Sink`](dispatch::Sink): a task reading the log after its cursor.
+    pub(crate) fn add_sink(&self, sink: impl dispatch::Sink, mut options: HandlerOptions) -> Registration {
         if options.resync.is_none() {
             options.resync = self.inner.resync;
         }
@@ -567,7 +577,6 @@ where
         let errors = self.inner.errors.clone();
         let ctx = dispatch::Ctx {
             store: self.inner.store.clone(),
-            decoded: self.inner.decoded.of::<K>(),
             log: self.inner.log.clone(),
             writer: self.inner.writer.clone(),
             scope: self.inner.scope,
@@ -595,7 +604,7 @@ where
             lag_labels,
         ));
         tokio::spawn(async move {
-            dispatch::run(ctx, handler, options, stop_rx, synced_tx, cursor_tx).await;
+            dispatch::run(ctx, sink, options, stop_rx, synced_tx, cursor_tx).await;
             let _ = done_tx.send(true);
         });
         let mut slots = self

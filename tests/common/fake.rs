@@ -73,11 +73,17 @@ pub fn status(code: u16, reason: &str, message: &str) -> ApiStatus {
     }
 }
 
-fn json(name: &str, rv: u64, value: &str) -> Vec<u8> {
+/// A ConfigMap; `meta` holds more metadata members (each after a comma), `data` is the raw
+/// JSON of its `data`.
+fn json(name: &str, rv: u64, meta: &str, data: &str) -> Vec<u8> {
     format!(
-        r#"{{"apiVersion":"v1","kind":"ConfigMap","metadata":{{"name":"{name}","namespace":"ns","resourceVersion":"{rv}","managedFields":[{{"manager":"test"}}]}},"data":{{"v":"{value}"}}}}"#
+        r#"{{"apiVersion":"v1","kind":"ConfigMap","metadata":{{"name":"{name}","namespace":"ns","resourceVersion":"{rv}","managedFields":[{{"manager":"test"}}]{meta}}},"data":{data}}}"#
     )
     .into_bytes()
+}
+
+fn data_v(value: &str) -> String {
+    format!(r#"{{"v":"{value}"}}"#)
 }
 
 fn event(kind: &str, bytes: &[u8]) -> WatchEvent {
@@ -105,16 +111,18 @@ impl Fake {
         self.state.lock().unwrap().streaming = on;
     }
 
-    fn record(&self, kind: &'static str, name: &str, value: Option<&str>) {
+    /// Records an event; `value` is the object's metadata members and data (for a delete, its
+    /// final state).
+    fn record(&self, kind: &'static str, name: &str, value: (&str, &str)) {
         let mut s = self.state.lock().unwrap();
         s.rv += 1;
         let rv = s.rv;
-        let bytes = json(name, rv, value.unwrap_or("gone"));
-        match value {
-            Some(_) => {
+        let bytes = json(name, rv, value.0, value.1);
+        match kind {
+            "ADDED" | "MODIFIED" => {
                 s.objects.insert(name.into(), (rv, bytes.clone()));
             }
-            None => {
+            _ => {
                 s.objects.remove(name);
             }
         }
@@ -124,17 +132,28 @@ impl Fake {
     }
 
     pub fn upsert(&self, name: &str, value: &str) {
+        self.upsert_raw(name, "", &data_v(value));
+    }
+
+    /// Like [`upsert`](Self::upsert) with more metadata members (`meta`, each after a comma,
+    /// as in `,"generation":2`) and `data` as raw JSON.
+    pub fn upsert_raw(&self, name: &str, meta: &str, data: &str) {
         let kind = if self.state.lock().unwrap().objects.contains_key(name) {
             "MODIFIED"
         } else {
             "ADDED"
         };
-        self.record(kind, name, Some(value));
+        self.record(kind, name, (meta, data));
     }
 
     pub fn delete(&self, name: &str) {
+        self.delete_raw(name, "", &data_v("gone"));
+    }
+
+    /// Like [`delete`](Self::delete) with the final state's metadata members and data.
+    pub fn delete_raw(&self, name: &str, meta: &str, data: &str) {
         if self.state.lock().unwrap().objects.contains_key(name) {
-            self.record("DELETED", name, None);
+            self.record("DELETED", name, (meta, data));
         }
     }
 

@@ -59,7 +59,7 @@ impl LogReader {
     /// Up to `limit` entries with seq greater than `after`, in order; only those of `scope` when
     /// given.
     pub fn read_after(&self, after: Seq, limit: usize, scope: Option<ScopeId>) -> Result<Vec<LogRecord>, StoreError> {
-        Ok(self.scan_after(&self.begin()?, after, limit, scope)?.0)
+        Ok(self.scan_after(&self.begin()?, after, limit, scope, true)?.0)
     }
 
     /// Like [`read_after`](Self::read_after) for one scope, and also says how far it looked:
@@ -70,17 +70,18 @@ impl LogReader {
         limit: usize,
         scope: ScopeId,
     ) -> Result<(Vec<LogRecord>, Seq), StoreError> {
-        self.scan_after(&self.begin()?, after, limit, Some(scope))
+        self.scan_after(&self.begin()?, after, limit, Some(scope), true)
     }
 
     /// Up to `limit` entries after `after` (of `scope` only, when given), and the last seq
-    /// looked at.
+    /// looked at; the objects' bytes only when `bytes`.
     fn scan_after(
         &self,
         txn: &ReadTransaction,
         after: Seq,
         limit: usize,
         scope: Option<ScopeId>,
+        bytes: bool,
     ) -> Result<(Vec<LogRecord>, Seq), StoreError> {
         let s = &self.shared;
         let log = txn.open_table(LOG).map_err(|e| s.storage(e))?;
@@ -93,7 +94,7 @@ impl LogReader {
             }
             let (k, v) = row.map_err(|e| s.storage(e))?;
             scanned = Seq(k.value());
-            if let Some(r) = decode_record(s, &log, k.value(), v.value(), scope, &load)? {
+            if let Some(r) = decode_record(s, &log, k.value(), v.value(), scope, bytes, &load)? {
                 out.push(r);
             }
         }
@@ -108,6 +109,42 @@ impl LogReader {
         after: Seq,
         limit: usize,
         scope: ScopeId,
+    ) -> Result<(Vec<LogRecord>, Seq), StoreError> {
+        self.read_scope_after_contiguous_with(after, limit, scope, true)
+    }
+
+    /// Like [`read_scope_after_contiguous`](Self::read_scope_after_contiguous), reading only
+    /// the entries' headers: the records carry kinds, keys and RVs, never `object` or `old`,
+    /// and no object is read or decompressed. What a consumer that needs only keys reads (the
+    /// controller's queue).
+    ///
+    /// ```
+    /// # use durable_informer::object::ScopeSpec;
+    /// # use durable_informer::store::{DurableStore, Seq, StoreConfig};
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// let db = DurableStore::open(StoreConfig::new(dir.path().join("db.redb"))).unwrap();
+    /// let scope = db.writer().register_scope_blocking(&ScopeSpec::new("", "v1", "configmaps")).unwrap();
+    /// let (records, _) = db.log().read_scope_keys_after_contiguous(Seq(0), 100, scope).unwrap();
+    /// assert!(records.iter().all(|r| r.object.is_none() && r.old.is_none()));
+    /// ```
+    pub fn read_scope_keys_after_contiguous(
+        &self,
+        after: Seq,
+        limit: usize,
+        scope: ScopeId,
+    ) -> Result<(Vec<LogRecord>, Seq), StoreError> {
+        self.read_scope_after_contiguous_with(after, limit, scope, false)
+    }
+
+    /// [`read_scope_after_contiguous`](Self::read_scope_after_contiguous) with the states
+    /// (`bytes`) or [`read_scope_keys_after_contiguous`](Self::read_scope_keys_after_contiguous)
+    /// without.
+    pub(crate) fn read_scope_after_contiguous_with(
+        &self,
+        after: Seq,
+        limit: usize,
+        scope: ScopeId,
+        bytes: bool,
     ) -> Result<(Vec<LogRecord>, Seq), StoreError> {
         let s = &self.shared;
         let txn = self.begin()?;
@@ -125,7 +162,7 @@ impl LogReader {
             });
         }
         drop(log);
-        self.scan_after(&txn, after, limit, Some(scope))
+        self.scan_after(&txn, after, limit, Some(scope), bytes)
     }
 
     /// The first and last seq in the log (`None` when empty).
@@ -159,6 +196,7 @@ fn decode_record<T: ReadableTable<u64, &'static [u8]>>(
     seq: u64,
     value: &[u8],
     scope: Option<ScopeId>,
+    bytes: bool,
     load: LoadDict<'_>,
 ) -> Result<Option<LogRecord>, StoreError> {
     let unpack = |c, b: &[u8]| s.dicts.unpack(c, b, load);
@@ -166,12 +204,14 @@ fn decode_record<T: ReadableTable<u64, &'static [u8]>>(
     if scope.is_some_and(|sc| sc.0 != h.scope) {
         return Ok(None);
     }
-    let object = if h.has_data {
+    // A keys-only reader (the controller's queue) skips reading and decompressing the states.
+    let object = if h.has_data && bytes {
         Some(unpack(h.compression, data)?)
     } else {
         None
     };
     let old = match h.prev {
+        _ if !bytes => None,
         PrevRef::None => None,
         PrevRef::Inline(c) => Some(unpack(c, prev_inline)?),
         PrevRef::Log(p) => match log.get(p).map_err(|e| s.storage(e))? {

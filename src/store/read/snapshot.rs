@@ -165,16 +165,7 @@ impl Snapshot {
     /// Up to `limit` objects after `after` (exclusive), in key order: pages through a large
     /// scope within one consistent view.
     pub fn list_after(&self, after: Option<&ObjectKey>, limit: usize) -> Result<Vec<StoredObject>, StoreError> {
-        let (start, end) = keys::scope_range(self.scope);
-        let start = match after {
-            // The smallest key greater than `after`: its encoding plus one NUL byte.
-            Some(k) => {
-                let mut v = keys::object(self.scope, k);
-                v.push(0);
-                v
-            }
-            None => start,
-        };
+        let (start, end) = self.range_after(after);
         self.objects_in_limited(&start, &end, limit)
     }
 
@@ -196,18 +187,40 @@ impl Snapshot {
 
     /// Every key of the scope, in order.
     pub fn list_keys(&self) -> Result<Vec<ObjectKey>, StoreError> {
+        self.list_keys_after(None, usize::MAX)
+    }
+
+    /// Up to `limit` keys after `after` (exclusive), in order: pages through the keys of a
+    /// large scope within one consistent view, reading no object.
+    pub fn list_keys_after(&self, after: Option<&ObjectKey>, limit: usize) -> Result<Vec<ObjectKey>, StoreError> {
         let s = &self.shared;
         let objects = self.txn.open_table(OBJECTS).map_err(|e| s.storage(e))?;
-        let (start, end) = keys::scope_range(self.scope);
+        let (start, end) = self.range_after(after);
         let mut out = Vec::new();
         for row in objects
             .range::<&[u8]>(start.as_slice()..end.as_slice())
             .map_err(|e| s.storage(e))?
+            .take(limit)
         {
             let (k, _) = row.map_err(|e| s.storage(e))?;
             out.push(keys::decode_object(k.value())?.1);
         }
         Ok(out)
+    }
+
+    /// The scope's key range, starting after `after` when given.
+    fn range_after(&self, after: Option<&ObjectKey>) -> (Vec<u8>, Vec<u8>) {
+        let (start, end) = keys::scope_range(self.scope);
+        let start = match after {
+            // The smallest key greater than `after`: its encoding plus one NUL byte.
+            Some(k) => {
+                let mut v = keys::object(self.scope, k);
+                v.push(0);
+                v
+            }
+            None => start,
+        };
+        (start, end)
     }
 
     /// Number of objects in the scope.
