@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use common::fake::Fake;
-use durable_informer::controller::{default_error_policy, Action, Controller};
+use durable_informer::controller::{default_error_policy, Action, Controller, ControllerError, RunSummary};
 use durable_informer::informer::{Informer, Lister};
 use durable_informer::object::ObjectKey;
 use durable_informer::store::{DurableStore, StoreConfig};
@@ -47,6 +47,19 @@ impl Ctx {
             .map(|(_, c)| c.clone())
             .collect()
     }
+}
+
+/// Stops a controller's `run` and returns its summary once it returned (within 10 s).
+async fn stopped(
+    stop_tx: watch::Sender<bool>,
+    run: tokio::task::JoinHandle<Result<RunSummary, ControllerError>>,
+) -> RunSummary {
+    stop_tx.send(true).unwrap();
+    tokio::time::timeout(Duration::from_secs(10), run)
+        .await
+        .expect("run returns after stop")
+        .unwrap()
+        .expect("the caches synced")
 }
 
 async fn eventually(what: &str, mut f: impl FnMut() -> bool) {
@@ -116,12 +129,7 @@ async fn run_starts_a_watched_informer_that_was_never_started_and_reconciles_its
     })
     .await;
 
-    stop_tx.send(true).unwrap();
-    tokio::time::timeout(Duration::from_secs(10), run)
-        .await
-        .expect("run returns after stop")
-        .unwrap()
-        .expect("the caches synced");
+    stopped(stop_tx, run).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -155,12 +163,7 @@ async fn an_informer_started_before_run_is_not_started_again() {
         "one reflector: {:?}",
         secondaries.requests()
     );
-    stop_tx.send(true).unwrap();
-    tokio::time::timeout(Duration::from_secs(10), run)
-        .await
-        .expect("run returns after stop")
-        .unwrap()
-        .expect("the caches synced");
+    stopped(stop_tx, run).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -195,12 +198,7 @@ async fn a_panicking_reconcile_is_retried_and_run_still_stops() {
     fake.upsert("fragile", "2");
     eventually("fragile after a change", || ctx.calls_of("fragile").len() >= 3).await;
 
-    stop_tx.send(true).unwrap();
-    let summary = tokio::time::timeout(Duration::from_secs(10), run)
-        .await
-        .expect("run returns after stop")
-        .unwrap()
-        .expect("the caches synced");
+    let summary = stopped(stop_tx, run).await;
     assert_eq!(summary.panicked, 1, "{summary:?}");
     assert_eq!(summary.failed, 0, "{summary:?}");
     assert_eq!(summary.reconciled, 3, "{summary:?}");
@@ -258,12 +256,7 @@ async fn the_error_policy_decides_the_retry_of_a_failed_reconcile() {
         text.contains(r#"workqueue_adds_total{name="flaky-controller"}"#),
         "{text}"
     );
-    stop_tx.send(true).unwrap();
-    let summary = tokio::time::timeout(Duration::from_secs(10), run)
-        .await
-        .expect("run returns after stop")
-        .unwrap()
-        .expect("the caches synced");
+    let summary = stopped(stop_tx, run).await;
     assert_eq!((summary.reconciled, summary.failed), (1, 1));
 }
 
@@ -332,12 +325,7 @@ where
     let (stop_tx, stop) = watch::channel(false);
     let run = tokio::spawn(controller.run(note, default_error_policy, seen, stop));
     f().await;
-    stop_tx.send(true).unwrap();
-    tokio::time::timeout(Duration::from_secs(10), run)
-        .await
-        .expect("run returns after stop")
-        .unwrap()
-        .expect("the caches synced");
+    stopped(stop_tx, run).await;
 }
 
 /// A `creationTimestamp` that is not a time: the store keeps the object (its metadata scan

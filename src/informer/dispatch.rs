@@ -22,7 +22,9 @@ use super::error::{HandlerProblem, InformerIssue};
 use super::handler::{Event, EventHandler, HandlerOptions};
 use crate::object::{ObjectKey, ResourceVersion};
 use crate::reflector::ReflectorStatus;
-use crate::store::{CursorName, DeltaKind, LogReader, LogRecord, ScopeId, Seq, Snapshot, Store, StoredObject, Writer};
+use crate::store::{
+    CursorName, DeltaKind, LogReader, LogRecord, ScopeId, Seq, Snapshot, Store, StoreError, StoredObject, Writer,
+};
 
 /// How many log entries one read takes.
 const BATCH: usize = 256;
@@ -50,7 +52,7 @@ fn undecodable(label: &str, o: &StoredObject, e: &serde_json::Error) -> Informer
 }
 
 /// A store error met while serving a handler.
-fn store_issue(label: &str, context: &'static str, e: crate::store::StoreError) -> InformerIssue {
+fn store_issue(label: &str, context: &'static str, e: StoreError) -> InformerIssue {
     issue(
         label,
         HandlerProblem::Store {
@@ -166,23 +168,14 @@ where
             } else {
                 ""
             };
-            let mut after: Option<ObjectKey> = None;
+            let read = |s: &Snapshot, after: Option<&ObjectKey>| s.list_after(after, BATCH);
+            let mut pages = Pager::new(snapshot, read, stored_key);
             loop {
-                if *stop.borrow() {
-                    return false;
-                }
-                let snap = snapshot.clone();
-                let from = after.clone();
-                let page = match tokio::task::spawn_blocking(move || snap.list_after(from.as_ref(), BATCH)).await {
-                    Ok(Ok(p)) => p,
-                    Ok(Err(e)) => {
-                        (ctx.report)(store_issue(label, what, e));
-                        return false;
-                    }
-                    Err(_) => return false,
+                let page = match pages.next(ctx, label, what, stop).await {
+                    Ok(Some(page)) => page,
+                    Ok(None) => return true,
+                    Err(Stopped) => return false,
                 };
-                let Some(last) = page.last() else { return true };
-                after = Some(last.key.clone());
                 for o in page {
                     match self.decode_stored(&o) {
                         Ok(object) => {
@@ -202,6 +195,65 @@ where
                 }
             }
         })
+    }
+}
+
+/// A snapshot read page by page on a blocking thread, all pages from its one consistent view.
+struct Pager<T, R> {
+    snapshot: Arc<Snapshot>,
+    after: Option<ObjectKey>,
+    read: R,
+    key: fn(&T) -> &ObjectKey,
+}
+
+fn stored_key(o: &StoredObject) -> &ObjectKey {
+    &o.key
+}
+
+fn state_key(s: &(ObjectKey, Option<bytes::Bytes>)) -> &ObjectKey {
+    &s.0
+}
+
+/// Stopped, or the store failed (reported).
+struct Stopped;
+
+impl<T, R> Pager<T, R>
+where
+    T: Send + 'static,
+    R: Fn(&Snapshot, Option<&ObjectKey>) -> Result<Vec<T>, StoreError> + Clone + Send + 'static,
+{
+    fn new(snapshot: Arc<Snapshot>, read: R, key: fn(&T) -> &ObjectKey) -> Self {
+        Self {
+            snapshot,
+            after: None,
+            read,
+            key,
+        }
+    }
+
+    /// The next page; `None` after the last.
+    async fn next(
+        &mut self,
+        ctx: &Ctx,
+        label: &str,
+        what: &'static str,
+        stop: &watch::Receiver<bool>,
+    ) -> Result<Option<Vec<T>>, Stopped> {
+        if *stop.borrow() {
+            return Err(Stopped);
+        }
+        let (snap, from, read) = (self.snapshot.clone(), self.after.clone(), self.read.clone());
+        match tokio::task::spawn_blocking(move || read(&snap, from.as_ref())).await {
+            Ok(Ok(page)) => {
+                self.after = page.last().map(|t| (self.key)(t).clone());
+                Ok(Some(page).filter(|p| !p.is_empty()))
+            }
+            Ok(Err(e)) => {
+                (ctx.report)(store_issue(label, what, e));
+                Err(Stopped)
+            }
+            Err(_) => Err(Stopped),
+        }
     }
 }
 
@@ -260,33 +312,25 @@ where
         resync: bool,
         stop: &'a watch::Receiver<bool>,
     ) -> BoxFuture<'a, bool> {
+        let bytes = self.bytes;
         Box::pin(async move {
-            let mut after: Option<ObjectKey> = None;
-            loop {
-                if *stop.borrow() {
-                    return false;
+            // Keys only, unless the sink wants the states.
+            let read = move |s: &Snapshot, after: Option<&ObjectKey>| {
+                if bytes {
+                    s.list_after(after, BATCH)
+                        .map(|p| p.into_iter().map(|o| (o.key, Some(o.bytes))).collect::<Vec<_>>())
+                } else {
+                    s.list_keys_after(after, KEY_BATCH)
+                        .map(|p| p.into_iter().map(|k| (k, None)).collect())
                 }
-                let (snap, from, bytes) = (snapshot.clone(), after.clone(), self.bytes);
-                let page = tokio::task::spawn_blocking(move || {
-                    if bytes {
-                        snap.list_after(from.as_ref(), BATCH)
-                            .map(|p| p.into_iter().map(|o| (o.key, Some(o.bytes))).collect::<Vec<_>>())
-                    } else {
-                        snap.list_keys_after(from.as_ref(), KEY_BATCH)
-                            .map(|p| p.into_iter().map(|k| (k, None)).collect())
-                    }
-                })
-                .await;
-                let page = match page {
-                    Ok(Ok(p)) => p,
-                    Ok(Err(e)) => {
-                        (ctx.report)(store_issue(label, "", e));
-                        return false;
-                    }
-                    Err(_) => return false,
+            };
+            let mut pages = Pager::new(snapshot, read, state_key);
+            loop {
+                let page = match pages.next(ctx, label, "", stop).await {
+                    Ok(Some(page)) => page,
+                    Ok(None) => return true,
+                    Err(Stopped) => return false,
                 };
-                let Some((last, _)) = page.last() else { return true };
-                after = Some(last.clone());
                 for (key, state) in &page {
                     let state = state.as_deref();
                     (self.on_change)(Change {
@@ -387,7 +431,7 @@ pub(crate) async fn run<S: Sink>(
                 .await;
         let (mut records, mut scanned) = match read {
             Ok(Ok(r)) => r,
-            Ok(Err(e @ crate::store::StoreError::LogCompacted { .. })) => {
+            Ok(Err(e @ StoreError::LogCompacted { .. })) => {
                 // Only possible without a durable cursor (compaction stops below those): what
                 // was skipped is unknown, so start again from the current state, as after a
                 // relist. Deletes inside the gap are not delivered.
