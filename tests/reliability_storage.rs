@@ -580,7 +580,27 @@ fn diff(a: &BTreeMap<String, String>, b: &BTreeMap<String, String>) -> Vec<(Stri
 #[cfg(feature = "sim")]
 #[test]
 fn informer_survives_storage_faults() {
-    use durable_informer::informer::{handler_fn, Event, HandlerOptions, Informer};
+    survives_storage_faults(
+        durable_informer::informer::HandlerOptions::durable("faults"),
+        "informer_survives_storage_faults",
+    );
+}
+
+/// The same with a volatile handler, which the hot tier's feed tells of each group before its
+/// commit: when that commit fails, the handler is told again of what replaced it, and it too
+/// misses nothing.
+#[cfg(feature = "sim")]
+#[test]
+fn a_volatile_handler_told_before_failed_commits_misses_nothing() {
+    survives_storage_faults(
+        durable_informer::informer::HandlerOptions::volatile(),
+        "a_volatile_handler_told_before_failed_commits_misses_nothing",
+    );
+}
+
+#[cfg(feature = "sim")]
+fn survives_storage_faults(options: durable_informer::informer::HandlerOptions, test: &str) {
+    use durable_informer::informer::{handler_fn, Event, Informer};
     use durable_informer::reflector::{BackoffConfig, ReflectorConfig};
     use durable_informer::sim::{Sim, SimConfig};
     use durable_informer::source::KubeSource;
@@ -662,7 +682,7 @@ fn informer_survives_storage_faults() {
                     .push(Ev::new(key, rv, kind));
                 Ok(())
             }),
-            HandlerOptions::durable("faults"),
+            options,
         );
         informer.start();
         tokio::time::timeout(Duration::from_secs(30), informer.wait_for_sync())
@@ -727,7 +747,7 @@ fn informer_survives_storage_faults() {
     }
     faults.fail_syncs.store(0, Ordering::SeqCst);
     faults.fail_writes.store(0, Ordering::SeqCst);
-    let injected = faults.report("informer_survives_storage_faults");
+    let injected = faults.report(test);
     assert!(injected >= 8, "only {injected} faults were injected");
     churn(20);
     let last = truth.lock().expect("truth").last().cloned().expect("events");
@@ -796,8 +816,7 @@ fn informer_survives_storage_faults() {
     .unwrap_or_else(|e| panic!("delivered stream vs the server's log: {e}"));
     let dups = delivered.len() - stream_check::dedup(&delivered).len();
     eprintln!(
-        "informer_survives_storage_faults: {} server events, {} delivered ({dups} repeated), {} errors \
-         reported, {} relists",
+        "{test}: {} server events, {} delivered ({dups} repeated), {} errors reported, {} relists",
         truth.len(),
         delivered.len(),
         errors.len(),

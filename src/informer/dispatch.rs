@@ -23,7 +23,8 @@ use super::handler::{Event, EventHandler, HandlerOptions};
 use crate::object::{ObjectKey, ResourceVersion};
 use crate::reflector::ReflectorStatus;
 use crate::store::{
-    CursorName, DeltaKind, LogReader, LogRecord, ScopeId, Seq, Snapshot, Store, StoreError, StoredObject, Writer,
+    CursorName, DeltaKind, FeedRead, LogReader, LogRecord, ScopeId, Seq, Snapshot, Store, StoreError, StoredObject,
+    Writer,
 };
 
 /// How many log entries one read takes.
@@ -399,6 +400,12 @@ pub(crate) async fn run<S: Sink>(
     } else {
         ctx.writer.committed()
     };
+    // A volatile handler of a hot scope reads the groups the writer applied from the tier's
+    // feed, before their commit (the tier, so the lister, already has them), and redb for
+    // what the feed no longer holds.
+    let feed = if durable { None } else { ctx.store.hot().cloned() };
+    let mut feed_epoch = feed.as_ref().map_or(0, |t| t.feed.epoch());
+    let mut applied = ctx.writer.applied();
     let mut status = ctx.status.clone();
     let mut sync_seq = ctx.sync_seq.clone();
     let period = opts.resync.unwrap_or(Duration::MAX);
@@ -425,10 +432,28 @@ pub(crate) async fn run<S: Sink>(
             }
         }
         let bound = durable.then_some(head);
-        let bytes = sink.needs_bytes();
-        let read =
-            tokio::task::spawn_blocking(move || log.read_scope_after_contiguous_with(cursor, BATCH, scope, bytes))
-                .await;
+        applied.borrow_and_update();
+        let from_feed = match feed.as_ref().map(|t| t.feed.after(cursor, BATCH, feed_epoch)) {
+            Some(FeedRead::Records { records, scanned }) => Some(Ok(Ok((records, scanned)))),
+            Some(FeedRead::RolledBack { epoch, to }) => {
+                // Records it may have delivered never reached redb: read what replaced them.
+                feed_epoch = epoch;
+                if to < cursor {
+                    cursor = to;
+                    position.send_replace(cursor);
+                }
+                continue;
+            }
+            Some(FeedRead::Behind) | None => None,
+        };
+        let read = match from_feed {
+            Some(r) => r,
+            None => {
+                let bytes = sink.needs_bytes();
+                tokio::task::spawn_blocking(move || log.read_scope_after_contiguous_with(cursor, BATCH, scope, bytes))
+                    .await
+            }
+        };
         let (mut records, mut scanned) = match read {
             Ok(Ok(r)) => r,
             Ok(Err(e @ StoreError::LogCompacted { .. })) => {
@@ -474,6 +499,7 @@ pub(crate) async fn run<S: Sink>(
             };
             let woke = tokio::select! {
                 _ = committed.changed() => Wake::Data,
+                _ = applied.changed(), if feed.is_some() => Wake::Data,
                 _ = status.changed() => Wake::Data,
                 _ = sync_seq.changed() => Wake::Data,
                 () = resync_sleep => Wake::Resync,

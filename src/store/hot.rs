@@ -6,11 +6,14 @@
 //! reader decodes each version once.
 //!
 //! The writer thread keeps it: every change to the `objects` table is journaled in the group
-//! and applied here after the commit, before the committed seq is published, all under one
-//! write lock. A reader therefore always sees the state of one committed group: never a torn
-//! mix of two. An entry whose JSON was evicted is read from a redb snapshot, which is at that
-//! state or newer; the reader checks that the stored resourceVersion is the one the tier holds,
-//! and when it is not (the object changed since) answers from redb alone instead.
+//! and applied here once the group is applied, before its commit (with the group's log records
+//! in the [`Feed`], for volatile handlers), all under one write lock. A reader therefore always
+//! sees the state after one whole group: never a torn mix of two. Should the commit fail, the
+//! writer reloads the tier from redb. The JSON of entries changed by a group not yet committed
+//! is never evicted (`pinned`), so an entry whose JSON was evicted is a committed version, and a
+//! redb snapshot holds it or a newer one; the reader checks that the stored resourceVersion is
+//! the one the tier holds, and when it is not (the object changed since) answers from redb
+//! alone instead.
 //!
 //! It is filled in the background from a read snapshot taken between two groups; the writer
 //! journals the groups committed meanwhile, and the loader applies them after the snapshot.
@@ -25,6 +28,7 @@ use bytes::Bytes;
 use hashbrown::hash_table::{Entry, HashTable};
 use hashbrown::DefaultHashBuilder;
 
+use super::feed::Feed;
 use super::read::Snapshot;
 use super::schema::{IndexName, ScopeId, Seq};
 use super::StoreError;
@@ -115,7 +119,11 @@ struct State {
     /// Entries holding JSON, oldest first (an entry replaced since leaves a stale token).
     queue: VecDeque<(ObjectKey, u64)>,
     next_gen: u64,
-    /// The last committed seq the tier reflects.
+    /// While a group applied here is not yet committed, its first generation: entries from
+    /// there on keep their JSON until [`HotTier::confirm`], so that redb holds every version
+    /// the tier lets go of.
+    pinned: Option<u64>,
+    /// The last applied seq the tier reflects.
     seq: Seq,
     /// Loads started, to ignore a loader that was superseded.
     loads: u64,
@@ -126,6 +134,8 @@ pub(crate) struct HotTier {
     scope: ScopeId,
     budget: usize,
     state: RwLock<State>,
+    /// The scope's newest log records, published with the tier's changes.
+    pub(crate) feed: Feed,
 }
 
 /// A read view of a loaded tier at one committed state.
@@ -179,8 +189,10 @@ impl HotView<'_> {
 }
 
 impl HotTier {
-    pub(crate) fn new(scope: ScopeId, budget: usize) -> Self {
+    /// A tier, not loaded yet, created between groups when `head` is the last seq.
+    pub(crate) fn new(scope: ScopeId, budget: usize, head: Seq) -> Self {
         Self {
+            feed: Feed::new(head),
             scope,
             budget,
             state: RwLock::new(State {
@@ -190,6 +202,7 @@ impl HotTier {
                 charged: 0,
                 queue: VecDeque::new(),
                 next_gen: 0,
+                pinned: None,
                 seq: Seq(0),
                 loads: 0,
             }),
@@ -236,20 +249,36 @@ impl HotTier {
         load
     }
 
-    /// Applies one committed group's changes (writer thread, before it publishes `seq`).
-    pub(crate) fn apply(&self, ops: Vec<HotOp>, seq: Seq) {
+    /// Applies one group's changes (writer thread, once the group is applied and before its
+    /// commit). Returns whether readers use the tier now, so may be told of the group before
+    /// its commit.
+    pub(crate) fn apply(&self, ops: Vec<HotOp>, seq: Seq) -> bool {
         let mut st = self.write();
         match &mut st.phase {
-            Phase::Loading { pending, .. } => pending.extend(ops),
+            Phase::Loading { pending, .. } => {
+                pending.extend(ops);
+                false
+            }
             Phase::Ready => {
+                st.pinned = st.pinned.or(Some(st.next_gen));
                 for op in ops {
                     st.apply_op(op, self.budget);
                 }
                 debug_assert!(st.seq <= seq, "the hot tier moved back");
                 st.seq = seq;
+                true
             }
-            Phase::Failed => {}
+            Phase::Failed => false,
         }
+    }
+
+    /// The groups applied so far are committed: their JSON may be evicted now.
+    pub(crate) fn confirm(&self, committed: Seq) {
+        let mut st = self.write();
+        st.pinned = None;
+        st.evict(self.budget);
+        drop(st);
+        self.feed.committed(committed);
     }
 
     /// Builds the tier from `snapshot` (on the loader thread) and installs it with the groups
@@ -270,6 +299,8 @@ impl HotTier {
                 st.charged = 0;
                 st.queue.clear();
                 st.seq = seq;
+                // The journaled groups may include one not yet committed.
+                st.pinned = st.pinned.or(Some(st.next_gen));
                 for op in pending {
                     st.apply_op(op, self.budget);
                 }
@@ -389,7 +420,17 @@ impl State {
         if let Some(old) = self.objects.insert(key.clone(), entry) {
             self.uncharge(&old);
         }
+        self.evict(budget);
+    }
+
+    /// Evicts the oldest JSON over the budget, down to the first pinned entry.
+    fn evict(&mut self, budget: usize) {
         while self.charged > budget {
+            // The queue is in generation order: what follows a pinned entry is pinned too.
+            let pinned = self.pinned.unwrap_or(u64::MAX);
+            if self.queue.front().is_none_or(|(_, gen)| *gen >= pinned) {
+                break;
+            }
             let Some((k, gen)) = self.queue.pop_front() else { break };
             let Some(e) = self.objects.get(&k) else { continue };
             if e.gen != gen || e.bytes.is_none() {

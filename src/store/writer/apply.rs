@@ -200,6 +200,16 @@ impl WriterThread {
                     prev_inline,
                     final_state_unknown,
                 )?;
+                if self.is_hot(scope) {
+                    let object = (!final_state_unknown).then(|| Bytes::copy_from_slice(&obj.bytes));
+                    let rv = if final_state_unknown {
+                        old.meta.resource_version.clone()
+                    } else {
+                        obj.meta.resource_version.clone()
+                    };
+                    let (kind, fsu) = (DeltaKind::Deleted, final_state_unknown);
+                    self.journal_feed(t, scope, seq, kind, &key, rv, object, prev, prev_inline, fsu)?;
+                }
                 t.objects.remove(okey.as_slice()).map_err(|e| self.st(e))?;
                 for ix in indexers {
                     self.set_index_values(t, scope, &ix.name, &key, &[])?;
@@ -264,13 +274,20 @@ impl WriterThread {
                         hot_values.push((ix.name.clone(), values));
                     }
                 }
-                self.journal_hot(scope, || HotOp::Put {
-                    meta: Box::new(obj.meta.clone()),
+                if hot {
                     // A copy: the received bytes may be a slice of a larger buffer (a watch
-                    // line, a list page) that the tier would otherwise keep alive.
-                    bytes: Bytes::copy_from_slice(&obj.bytes),
-                    values: hot_values,
-                });
+                    // line, a list page) that the tier would otherwise keep alive. The feed
+                    // shares it.
+                    let bytes = Bytes::copy_from_slice(&obj.bytes);
+                    let rv = obj.meta.resource_version.clone();
+                    let object = Some(bytes.clone());
+                    self.journal_feed(t, scope, seq, stored_kind, &key, rv, object, prev, prev_inline, false)?;
+                    self.journal_hot(scope, || HotOp::Put {
+                        meta: Box::new(obj.meta.clone()),
+                        bytes,
+                        values: hot_values,
+                    });
+                }
                 if existing.is_none() {
                     record.object_count += 1;
                 }
@@ -357,6 +374,7 @@ pub(super) struct Tables<'t> {
     pub(super) index_rev: redb::Table<'t, &'static [u8], &'static [u8]>,
     pub(super) next_seq: u64,
     pub(super) seq_cell: &'t Cell<u64>,
+    pub(super) txn: &'t WriteTransaction,
 }
 
 impl<'t> Tables<'t> {
@@ -368,6 +386,7 @@ impl<'t> Tables<'t> {
             index_rev: txn.open_table(INDEX_REV).map_err(|e| w.st(e))?,
             next_seq: w.next_seq.get(),
             seq_cell: &w.next_seq,
+            txn,
         })
     }
 }

@@ -92,6 +92,7 @@ impl Command {
 pub struct Writer {
     tx: Sender<Command>,
     committed: watch::Receiver<Seq>,
+    applied: watch::Receiver<Seq>,
     durable: watch::Receiver<Seq>,
     rollbacks: watch::Receiver<(u64, Seq)>,
     dicts: PublishedDicts,
@@ -317,6 +318,13 @@ impl Writer {
         self.rollbacks.clone()
     }
 
+    /// The last applied log seq: published to the hot tiers' feeds before its commit, so
+    /// at or after [`committed`](Self::committed), and moved back if that commit fails.
+    #[must_use]
+    pub(crate) fn applied(&self) -> watch::Receiver<Seq> {
+        self.applied.clone()
+    }
+
     /// The last committed log seq, updated after every commit.
     #[must_use]
     pub fn committed(&self) -> watch::Receiver<Seq> {
@@ -336,6 +344,7 @@ pub(crate) fn spawn(
     let last = last_seq_read(&shared)?;
     let (tx, rx) = crossbeam_channel::unbounded();
     let (seq_tx, seq_rx) = watch::channel(last);
+    let (applied_tx, applied_rx) = watch::channel(last);
     let (durable_tx, durable_rx) = watch::channel(last);
     let (rollback_tx, rollback_rx) = watch::channel((0, last));
     let published = PublishedDicts::default();
@@ -354,6 +363,7 @@ pub(crate) fn spawn(
         shared,
         rx,
         seq_tx,
+        applied_tx,
         durable_tx,
         rollback_tx,
         fsync_delay: config.fsync_delay,
@@ -373,6 +383,8 @@ pub(crate) fn spawn(
         pending_dicts: RefCell::new(Vec::new()),
         hot: RefCell::new(HashMap::new()),
         hot_ops: RefCell::new(Vec::new()),
+        feed_ops: RefCell::new(Vec::new()),
+        feed_latest: RefCell::new(HashMap::new()),
         poisoned: Cell::new(false),
         size_observed: Cell::new(None),
     };
@@ -388,6 +400,7 @@ pub(crate) fn spawn(
         Writer {
             tx,
             committed: seq_rx,
+            applied: applied_rx,
             durable: durable_rx,
             rollbacks: rollback_rx,
             dicts: published,

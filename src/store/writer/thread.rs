@@ -6,18 +6,19 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use crossbeam_channel::{Receiver, RecvTimeoutError, TryRecvError};
-use redb::WriteTransaction;
+use redb::{ReadableTable, WriteTransaction};
 use tokio::sync::{oneshot, watch};
 
 use super::super::codec::Compression;
 use super::super::hot::{HotOp, HotTier};
-use super::super::read::Snapshot;
+use super::super::read::{LogRecord, Snapshot};
 use super::super::schema::{IndexName, ScopeId, Seq, META, META_LAST_SEQ};
 use super::super::{Shared, StoreError};
 use super::retention::{Compaction, Goal};
 use super::{
     last_seq_read, Ack, Backfills, Command, Committed, CompactReport, Delta, PublishedDicts, RelistSummary, ScopeDicts,
 };
+use crate::object::ObjectKey;
 
 /// First and longest wait between the writer's own attempts to reopen a poisoned database.
 const RETRY_FIRST: std::time::Duration = std::time::Duration::from_millis(10);
@@ -29,6 +30,8 @@ pub(super) struct WriterThread {
     pub(super) shared: Arc<Shared>,
     pub(super) rx: Receiver<Command>,
     pub(super) seq_tx: watch::Sender<Seq>,
+    /// The last seq applied and published to the feeds, ahead of `seq_tx` during a commit.
+    pub(super) applied_tx: watch::Sender<Seq>,
     /// The last seq on disk (see [`Writer::durable`](super::Writer::durable)).
     pub(super) durable_tx: watch::Sender<Seq>,
     /// Rollbacks of commits that never reached the disk: (count, the file's last seq).
@@ -63,6 +66,11 @@ pub(super) struct WriterThread {
     /// commit, dropped on a rollback).
     pub(super) hot: RefCell<HashMap<u32, Arc<HotTier>>>,
     pub(super) hot_ops: RefCell<Vec<(u32, HotOp)>>,
+    /// The open group's log records of hot scopes, for their feeds.
+    pub(super) feed_ops: RefCell<Vec<(u32, LogRecord)>>,
+    /// The newest JSON of each key the open group wrote in a hot scope: the old state of the
+    /// key's next record in the group.
+    pub(super) feed_latest: RefCell<HashMap<(u32, ObjectKey), Bytes>>,
     /// Committed dictionaries, for [`Writer::submit`] to compress with.
     pub(super) published: PublishedDicts,
     /// What the open group's batches held, freed by the `reaper` thread after the group: the
@@ -255,16 +263,26 @@ impl WriterThread {
         self.poisoned.set(false);
         // Relaxed commits lost with the error may be in the tiers: load them again.
         self.hot_ops.borrow_mut().clear();
+        self.feed_ops.borrow_mut().clear();
+        self.feed_latest.borrow_mut().clear();
         let tiers: Vec<(u32, Arc<HotTier>)> = self.hot.borrow().iter().map(|(s, t)| (*s, t.clone())).collect();
         for (scope, tier) in tiers {
             self.load_hot(ScopeId(scope), &tier);
         }
         let rolled_back = *self.seq_tx.borrow() > last;
-        self.seq_tx.send_if_modified(|seq| {
-            let changed = *seq != last;
-            *seq = last;
-            changed
-        });
+        if *self.applied_tx.borrow() > last {
+            // Volatile handlers may have been told of the commits lost: they read again.
+            for tier in self.hot.borrow().values() {
+                tier.feed.undo(last);
+            }
+        }
+        for tx in [&self.seq_tx, &self.applied_tx] {
+            tx.send_if_modified(|seq| {
+                let changed = *seq != last;
+                *seq = last;
+                changed
+            });
+        }
         if rolled_back {
             self.rollback_tx.send_modify(|(n, at)| {
                 *n += 1;
@@ -369,11 +387,16 @@ impl WriterThread {
             fail_replies(replies, &e);
             return 0;
         }
+        // Readers see the group now: the hot tiers, their feeds (volatile handlers) and then
+        // `applied`. The commit below writes the same state to redb.
+        self.publish_hot(start_seq, last);
+        self.applied_tx.send_replace(last);
         if let Err(e) = txn.commit() {
             let e = self.shared.storage(e);
             tracing::warn!(error = %e, "commit failed");
             self.note(&e);
             self.forget_group();
+            self.unpublish_hot(Seq(start_seq - 1));
             self.next_seq.set(start_seq);
             fail_replies(replies, &e);
             return 0;
@@ -383,7 +406,9 @@ impl WriterThread {
                 self.publish(scope, d);
             }
         }
-        self.publish_hot(last);
+        for tier in self.hot.borrow().values() {
+            tier.confirm(last);
+        }
         self.seq_tx.send_replace(last);
         if !relaxed || !self.durable {
             // On disk (or the store does not fsync at all): so is everything before it.
@@ -465,6 +490,8 @@ impl WriterThread {
     fn forget_group(&self) {
         self.forget_pending_dicts();
         self.hot_ops.borrow_mut().clear();
+        self.feed_ops.borrow_mut().clear();
+        self.feed_latest.borrow_mut().clear();
     }
 
     /// Journals a change to a scope's objects for its hot tier, if it has one.
@@ -479,19 +506,137 @@ impl WriterThread {
         self.hot.borrow().contains_key(&scope.0)
     }
 
-    /// Applies the committed group's changes to the hot tiers, before `last` is published.
-    fn publish_hot(&self, last: Seq) {
+    /// Applies the group of seqs `start..=last` to the hot tiers, then publishes its records
+    /// to their feeds (a tier readers do not use yet gets its feed emptied instead: its
+    /// handlers read these records from redb once committed). Runs before the commit.
+    fn publish_hot(&self, start: u64, last: Seq) {
         let hot = self.hot.borrow();
+        self.feed_latest.borrow_mut().clear();
         if hot.is_empty() {
             return;
         }
-        let mut by_scope: HashMap<u32, Vec<HotOp>> = HashMap::new();
+        let mut ops: HashMap<u32, Vec<HotOp>> = HashMap::new();
         for (scope, op) in self.hot_ops.borrow_mut().drain(..) {
-            by_scope.entry(scope).or_default().push(op);
+            ops.entry(scope).or_default().push(op);
         }
+        let mut records: HashMap<u32, Vec<LogRecord>> = HashMap::new();
+        for (scope, r) in self.feed_ops.borrow_mut().drain(..) {
+            records.entry(scope).or_default().push(r);
+        }
+        let committed = *self.seq_tx.borrow();
         for (scope, tier) in hot.iter() {
-            tier.apply(by_scope.remove(scope).unwrap_or_default(), last);
+            if tier.apply(ops.remove(scope).unwrap_or_default(), last) {
+                tier.feed.publish(
+                    records.remove(scope).unwrap_or_default(),
+                    Seq(start - 1),
+                    last,
+                    committed,
+                );
+            } else {
+                tier.feed.reset(last);
+            }
         }
+    }
+
+    /// The commit of the group after `to` failed: takes back what [`publish_hot`] showed
+    /// readers, and reloads the tiers from redb.
+    ///
+    /// [`publish_hot`]: Self::publish_hot
+    fn unpublish_hot(&self, to: Seq) {
+        let tiers: Vec<(u32, Arc<HotTier>)> = self.hot.borrow().iter().map(|(s, t)| (*s, t.clone())).collect();
+        for (_, tier) in &tiers {
+            tier.feed.undo(to);
+        }
+        self.applied_tx.send_replace(to);
+        if !self.poisoned.get() {
+            // (A poisoned database reloads them when it reopens.)
+            for (scope, tier) in tiers {
+                self.load_hot(ScopeId(scope), &tier);
+            }
+        }
+    }
+
+    /// Journals a log record of a hot scope for its feed. `old` is the key's state before, if
+    /// the caller knows it; otherwise it comes from the group, the tier or redb (`prev`).
+    #[allow(clippy::too_many_arguments)] // the record's fields
+    pub(super) fn journal_feed(
+        &self,
+        t: &super::apply::Tables<'_>,
+        scope: ScopeId,
+        seq: u64,
+        kind: super::super::codec::DeltaKind,
+        key: &ObjectKey,
+        rv: crate::object::ResourceVersion,
+        object: Option<Bytes>,
+        prev: super::super::codec::PrevRef,
+        prev_inline: &[u8],
+        final_state_unknown: bool,
+    ) -> Result<(), StoreError> {
+        use super::super::codec::{self, PrevRef};
+        let Some(tier) = self.hot.borrow().get(&scope.0).cloned() else {
+            return Ok(());
+        };
+        let slot = (scope.0, key.clone());
+        let known = self.feed_latest.borrow().get(&slot).cloned();
+        let old = match (known, prev) {
+            (_, PrevRef::None) => None,
+            (Some(b), _) => Some(b),
+            (None, prev) => {
+                let held = tier.view().and_then(|v| {
+                    v.named(key.namespace.as_deref(), &key.name)
+                        .and_then(|e| e.bytes.clone())
+                });
+                match (held, prev) {
+                    (Some(b), _) => Some(b),
+                    (None, PrevRef::Inline(c)) => Some(self.unpack(t, c, prev_inline)?),
+                    (None, PrevRef::Log(p)) => match t.log.get(p).map_err(|e| self.st(e))? {
+                        Some(row) => {
+                            let (h, data, _) = codec::decode_log(row.value())?;
+                            h.has_data.then(|| self.unpack(t, h.compression, data)).transpose()?
+                        }
+                        None => None,
+                    },
+                    (None, PrevRef::None) => None,
+                }
+            }
+        };
+        let mut latest = self.feed_latest.borrow_mut();
+        match &object {
+            Some(b) if kind != super::super::codec::DeltaKind::Deleted => {
+                latest.insert(slot, b.clone());
+            }
+            _ => {
+                latest.remove(&slot);
+            }
+        }
+        self.feed_ops.borrow_mut().push((
+            scope.0,
+            LogRecord {
+                seq: Seq(seq),
+                scope,
+                kind,
+                key: key.clone(),
+                rv,
+                object,
+                old,
+                final_state_unknown,
+            },
+        ));
+        Ok(())
+    }
+
+    /// Decompresses stored bytes in the open group (its dictionaries included).
+    fn unpack(
+        &self,
+        t: &super::apply::Tables<'_>,
+        compression: super::super::codec::Compression,
+        bytes: &[u8],
+    ) -> Result<Bytes, StoreError> {
+        let load = |scope: u32, id: u32| -> Result<Option<Vec<u8>>, StoreError> {
+            let table = t.txn.open_table(super::super::schema::DICTS).map_err(|e| self.st(e))?;
+            super::super::read::dict_row(&self.shared, &table, scope, id)
+        };
+        self.shared.dicts.unpack(compression, bytes, &load)
     }
 
     /// Gives `scope` a hot tier (between groups), loaded in the background.
@@ -499,7 +644,7 @@ impl WriterThread {
         if budget == 0 || self.hot.borrow().contains_key(&scope.0) {
             return;
         }
-        let tier = Arc::new(HotTier::new(scope, budget));
+        let tier = Arc::new(HotTier::new(scope, budget, Seq(self.next_seq.get() - 1)));
         self.hot.borrow_mut().insert(scope.0, tier.clone());
         self.shared
             .hot

@@ -1,0 +1,260 @@
+//! The feed: a hot scope's newest log records, kept in memory so that volatile handlers get a
+//! group's events as soon as the writer has applied it, before its redb commit, without
+//! reading them back from redb.
+//!
+//! The writer publishes a group's records here right after the group's changes reach the hot
+//! tier, and before `txn.commit()`; a handler that reads them therefore finds its lister at
+//! least at that state. Should the commit fail, the records are taken back ([`Feed::undo`]) and
+//! readers move their cursors back, as after a rolled-back relaxed commit: volatile handlers
+//! are told at least once, durable ones read only what is on disk and never use the feed.
+
+use std::collections::VecDeque;
+use std::sync::{Mutex, MutexGuard, PoisonError};
+
+use super::read::LogRecord;
+use super::schema::Seq;
+
+/// How many committed records the feed keeps for readers a little behind; a reader further
+/// behind reads redb. Records not yet committed are never dropped (a group is bounded by the
+/// writer's `max_deltas`).
+const KEEP: usize = 1024;
+
+/// What [`Feed::after`] found.
+#[derive(Debug)]
+pub(crate) enum FeedRead {
+    /// The records after the cursor, and the seq the reader has seen everything up to.
+    Records { records: Vec<LogRecord>, scanned: Seq },
+    /// The feed does not reach back to the cursor: read redb (committed records only).
+    Behind,
+    /// Records published early were taken back since `epoch`: the reader moves its cursor
+    /// back to `to` if it is past it, and reads again.
+    RolledBack { epoch: u64, to: Seq },
+}
+
+struct State {
+    /// The scope's records, seq ascending.
+    records: VecDeque<LogRecord>,
+    /// Every record of the scope with a seq in `(floor, head]` is in `records`.
+    floor: Seq,
+    /// The last seq (of any scope) published.
+    head: Seq,
+    /// Undone publications, and the seq the last one went back to.
+    epoch: u64,
+    undone_to: Seq,
+}
+
+/// One scope's feed; see the module documentation.
+pub(crate) struct Feed {
+    state: Mutex<State>,
+}
+
+impl Feed {
+    /// An empty feed at `head`: readers at `head` or later wait for the next publication,
+    /// readers before it read redb.
+    pub(crate) fn new(head: Seq) -> Self {
+        Self {
+            state: Mutex::new(State {
+                records: VecDeque::new(),
+                floor: head,
+                head,
+                epoch: 0,
+                undone_to: head,
+            }),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Publishes one applied group, of the seqs after `after` up to `last`: its records of
+    /// this scope. `committed` is the last seq on redb, below which records may be dropped.
+    pub(crate) fn publish(&self, records: Vec<LogRecord>, after: Seq, last: Seq, committed: Seq) {
+        let mut st = self.lock();
+        debug_assert!(st.head <= last, "the feed moved back");
+        if st.head != after {
+            // Seqs passed by without the feed: readers find them in redb once committed.
+            drop(st);
+            self.reset(last);
+            return;
+        }
+        debug_assert!(records.windows(2).all(|w| w[0].seq < w[1].seq));
+        debug_assert!(records.iter().all(|r| st.head < r.seq && r.seq <= last));
+        st.records.extend(records);
+        st.head = last;
+        st.trim(committed);
+    }
+
+    /// Empties the feed at `last` (the group was applied while the tier could not serve it,
+    /// so its records are read from redb once committed).
+    pub(crate) fn reset(&self, last: Seq) {
+        let mut st = self.lock();
+        st.records.clear();
+        st.floor = last;
+        st.head = last;
+    }
+
+    /// Records up to `committed` are on redb: the oldest may go.
+    pub(crate) fn committed(&self, committed: Seq) {
+        self.lock().trim(committed);
+    }
+
+    /// Takes back the records after `to`: their commit failed.
+    pub(crate) fn undo(&self, to: Seq) {
+        let mut st = self.lock();
+        while st.records.back().is_some_and(|r| r.seq > to) {
+            st.records.pop_back();
+        }
+        st.head = st.head.min(to);
+        st.floor = st.floor.min(to);
+        st.epoch += 1;
+        st.undone_to = to;
+    }
+
+    /// The undo count now, for a reader starting to use the feed.
+    pub(crate) fn epoch(&self) -> u64 {
+        self.lock().epoch
+    }
+
+    /// At most `limit` records after `cursor`, for a reader that has seen undo `epoch`.
+    pub(crate) fn after(&self, cursor: Seq, limit: usize, epoch: u64) -> FeedRead {
+        let st = self.lock();
+        if st.epoch != epoch {
+            return FeedRead::RolledBack {
+                epoch: st.epoch,
+                to: st.undone_to,
+            };
+        }
+        if cursor < st.floor {
+            return FeedRead::Behind;
+        }
+        let start = st.records.partition_point(|r| r.seq <= cursor);
+        let records: Vec<LogRecord> = st.records.iter().skip(start).take(limit).cloned().collect();
+        let scanned = if records.len() == limit {
+            records.last().map_or(st.head, |r| r.seq)
+        } else {
+            st.head.max(cursor)
+        };
+        FeedRead::Records { records, scanned }
+    }
+}
+
+impl State {
+    fn trim(&mut self, committed: Seq) {
+        while self.records.len() > KEEP {
+            match self.records.front() {
+                Some(r) if r.seq <= committed => {
+                    self.floor = r.seq;
+                    self.records.pop_front();
+                }
+                _ => break,
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::object::{ObjectKey, ResourceVersion};
+    use crate::store::{DeltaKind, ScopeId};
+    use proptest::prelude::*;
+
+    fn rec(seq: u64) -> LogRecord {
+        LogRecord {
+            seq: Seq(seq),
+            scope: ScopeId(1),
+            kind: DeltaKind::Added,
+            key: ObjectKey::namespaced("ns", format!("o{seq}")),
+            rv: ResourceVersion::from(seq.to_string()),
+            object: Some(bytes::Bytes::from_static(b"{}")),
+            old: None,
+            final_state_unknown: false,
+        }
+    }
+
+    fn seqs(read: &FeedRead) -> (Vec<u64>, u64) {
+        match read {
+            FeedRead::Records { records, scanned } => (records.iter().map(|r| r.seq.0).collect(), scanned.0),
+            other => panic!("expected records, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_reader_gets_what_follows_its_cursor_and_moves_to_the_head() {
+        let feed = Feed::new(Seq(10));
+        assert_eq!(seqs(&feed.after(Seq(10), 100, 0)), (vec![], 10));
+        assert!(matches!(feed.after(Seq(9), 100, 0), FeedRead::Behind));
+        // Seq 12 belongs to another scope: the head passes it.
+        feed.publish(vec![rec(11), rec(13)], Seq(10), Seq(14), Seq(10));
+        assert_eq!(seqs(&feed.after(Seq(10), 100, 0)), (vec![11, 13], 14));
+        assert_eq!(seqs(&feed.after(Seq(11), 100, 0)), (vec![13], 14));
+        assert_eq!(seqs(&feed.after(Seq(10), 1, 0)), (vec![11], 11));
+    }
+
+    #[test]
+    fn an_undo_takes_records_back_and_tells_each_reader_once() {
+        let feed = Feed::new(Seq(0));
+        feed.publish(vec![rec(1), rec(2)], Seq(0), Seq(2), Seq(0));
+        feed.publish(vec![rec(3), rec(4)], Seq(2), Seq(4), Seq(2));
+        feed.undo(Seq(2));
+        let FeedRead::RolledBack { epoch, to } = feed.after(Seq(4), 100, 0) else {
+            panic!("the reader is told")
+        };
+        assert_eq!((epoch, to), (1, Seq(2)));
+        assert_eq!(seqs(&feed.after(Seq(2), 100, epoch)), (vec![], 2));
+        // The seqs are handed out again, for other records.
+        feed.publish(vec![rec(3)], Seq(2), Seq(3), Seq(2));
+        assert_eq!(seqs(&feed.after(Seq(2), 100, epoch)), (vec![3], 3));
+    }
+
+    #[test]
+    fn a_reset_sends_readers_to_redb_for_what_it_skipped() {
+        let feed = Feed::new(Seq(0));
+        feed.publish(vec![rec(1)], Seq(0), Seq(1), Seq(0));
+        feed.reset(Seq(5));
+        assert!(matches!(feed.after(Seq(1), 100, 0), FeedRead::Behind));
+        assert_eq!(seqs(&feed.after(Seq(5), 100, 0)), (vec![], 5));
+    }
+
+    proptest! {
+        /// Against a model (every published record, dropping nothing): a reader that follows
+        /// the feed, and reads the model ("redb") when behind, sees every record once, in order.
+        #[test]
+        fn readers_see_every_record_once_in_order(groups in prop::collection::vec((0usize..40, 0u64..3), 1..200), limit in 1usize..300) {
+            let feed = Feed::new(Seq(0));
+            let mut all: Vec<u64> = Vec::new();
+            let mut next = 1u64;
+            let mut committed = Seq(0);
+            let (mut cursor, mut seen) = (Seq(0), Vec::new());
+            for (n, gap) in groups {
+                let recs: Vec<LogRecord> = (0..n).map(|i| rec(next + i as u64)).collect();
+                all.extend(recs.iter().map(|r| r.seq.0));
+                let after = Seq(next - 1);
+                let last = Seq(next + n as u64 + gap);
+                next = last.0 + 1;
+                feed.publish(recs, after, last, committed);
+                committed = last;
+                feed.committed(committed);
+                // Read a little after every group, sometimes nothing.
+                for _ in 0..(gap as usize) {
+                    match feed.after(cursor, limit, 0) {
+                        FeedRead::Records { records, scanned } => {
+                            seen.extend(records.iter().map(|r| r.seq.0));
+                            prop_assert!(scanned >= cursor);
+                            cursor = scanned;
+                        }
+                        FeedRead::Behind => {
+                            // redb: everything committed after the cursor.
+                            seen.extend(all.iter().copied().filter(|s| *s > cursor.0 && *s <= committed.0));
+                            cursor = committed;
+                        }
+                        FeedRead::RolledBack { .. } => prop_assert!(false, "no undo here"),
+                    }
+                }
+            }
+            let expected: Vec<u64> = all.iter().copied().filter(|s| *s <= cursor.0).collect();
+            prop_assert_eq!(seen, expected);
+        }
+    }
+}
