@@ -318,10 +318,18 @@ impl Writer {
         self.rollbacks.clone()
     }
 
-    /// The last applied log seq: published to the hot tiers' feeds before its commit, so
-    /// at or after [`committed`](Self::committed), and moved back if that commit fails.
+    /// The last applied log seq: published to the hot tiers (and their feeds, which volatile
+    /// handlers read) before its commit, so at or after [`committed`](Self::committed), and
+    /// moved back if that commit fails.
+    ///
+    /// ```no_run
+    /// # async fn demo(db: durable_informer::store::DurableStore) {
+    /// let writer = db.writer();
+    /// assert!(*writer.applied().borrow() >= *writer.committed().borrow());
+    /// # }
+    /// ```
     #[must_use]
-    pub(crate) fn applied(&self) -> watch::Receiver<Seq> {
+    pub fn applied(&self) -> watch::Receiver<Seq> {
         self.applied.clone()
     }
 
