@@ -404,7 +404,6 @@ pub(crate) async fn run<S: Sink>(
     // feed, before their commit (the tier, so the lister, already has them), and redb for
     // what the feed no longer holds.
     let feed = if durable { None } else { ctx.store.hot().cloned() };
-    let mut feed_epoch = feed.as_ref().map_or(0, |t| t.feed.epoch());
     let mut applied = ctx.writer.applied();
     let mut status = ctx.status.clone();
     let mut sync_seq = ctx.sync_seq.clone();
@@ -421,8 +420,9 @@ pub(crate) async fn run<S: Sink>(
         let head = *committed.borrow_and_update();
         let (n, at) = *rollbacks.borrow_and_update();
         if n != seen_rollbacks {
-            // Commits that never reached the disk were rolled back after a failed fsync; their
-            // seqs are handed out again for what the reflector fetches anew: read them. (A
+            // Commits that never reached the disk were rolled back after a failed fsync, or a
+            // group told through the feed failed its commit; their seqs are handed out again
+            // for what the reflector fetches anew: read them. (A
             // durable handler is never past the file's last seq.) `committed` alone cannot tell:
             // the log may show a commit a moment before its seq is published.
             seen_rollbacks = n;
@@ -433,17 +433,8 @@ pub(crate) async fn run<S: Sink>(
         }
         let bound = durable.then_some(head);
         applied.borrow_and_update();
-        let from_feed = match feed.as_ref().map(|t| t.feed.after(cursor, BATCH, feed_epoch)) {
+        let from_feed = match feed.as_ref().map(|t| t.feed.after(cursor, BATCH)) {
             Some(FeedRead::Records { records, scanned }) => Some(Ok(Ok((records, scanned)))),
-            Some(FeedRead::RolledBack { epoch, to }) => {
-                // Records it may have delivered never reached redb: read what replaced them.
-                feed_epoch = epoch;
-                if to < cursor {
-                    cursor = to;
-                    position.send_replace(cursor);
-                }
-                continue;
-            }
             Some(FeedRead::Behind) | None => None,
         };
         let read = match from_feed {

@@ -5,8 +5,9 @@
 //! The writer publishes a group's records here right after the group's changes reach the hot
 //! tier, and before `txn.commit()`; a handler that reads them therefore finds its lister at
 //! least at that state. Should the commit fail, the records are taken back ([`Feed::undo`]) and
-//! readers move their cursors back, as after a rolled-back relaxed commit: volatile handlers
-//! are told at least once, durable ones read only what is on disk and never use the feed.
+//! the writer announces a rollback, after which readers move their cursors back, as after a
+//! lost relaxed commit: volatile handlers are told at least once; durable ones read only what
+//! is on disk and never use the feed.
 
 use std::collections::VecDeque;
 use std::sync::{Mutex, MutexGuard, PoisonError};
@@ -26,9 +27,6 @@ pub(crate) enum FeedRead {
     Records { records: Vec<LogRecord>, scanned: Seq },
     /// The feed does not reach back to the cursor: read redb (committed records only).
     Behind,
-    /// Records published early were taken back since `epoch`: the reader moves its cursor
-    /// back to `to` if it is past it, and reads again.
-    RolledBack { epoch: u64, to: Seq },
 }
 
 struct State {
@@ -38,9 +36,6 @@ struct State {
     floor: Seq,
     /// The last seq (of any scope) published.
     head: Seq,
-    /// Undone publications, and the seq the last one went back to.
-    epoch: u64,
-    undone_to: Seq,
 }
 
 /// One scope's feed; see the module documentation.
@@ -57,8 +52,6 @@ impl Feed {
                 records: VecDeque::new(),
                 floor: head,
                 head,
-                epoch: 0,
-                undone_to: head,
             }),
         }
     }
@@ -99,7 +92,8 @@ impl Feed {
         self.lock().trim(committed);
     }
 
-    /// Takes back the records after `to`: their commit failed.
+    /// Takes back the records after `to`: their commit failed (the writer then announces the
+    /// rollback, which moves readers back).
     pub(crate) fn undo(&self, to: Seq) {
         let mut st = self.lock();
         while st.records.back().is_some_and(|r| r.seq > to) {
@@ -107,24 +101,11 @@ impl Feed {
         }
         st.head = st.head.min(to);
         st.floor = st.floor.min(to);
-        st.epoch += 1;
-        st.undone_to = to;
     }
 
-    /// The undo count now, for a reader starting to use the feed.
-    pub(crate) fn epoch(&self) -> u64 {
-        self.lock().epoch
-    }
-
-    /// At most `limit` records after `cursor`, for a reader that has seen undo `epoch`.
-    pub(crate) fn after(&self, cursor: Seq, limit: usize, epoch: u64) -> FeedRead {
+    /// At most `limit` records after `cursor`.
+    pub(crate) fn after(&self, cursor: Seq, limit: usize) -> FeedRead {
         let st = self.lock();
-        if st.epoch != epoch {
-            return FeedRead::RolledBack {
-                epoch: st.epoch,
-                to: st.undone_to,
-            };
-        }
         if cursor < st.floor {
             return FeedRead::Behind;
         }
@@ -183,29 +164,33 @@ mod tests {
     #[test]
     fn a_reader_gets_what_follows_its_cursor_and_moves_to_the_head() {
         let feed = Feed::new(Seq(10));
-        assert_eq!(seqs(&feed.after(Seq(10), 100, 0)), (vec![], 10));
-        assert!(matches!(feed.after(Seq(9), 100, 0), FeedRead::Behind));
+        assert_eq!(seqs(&feed.after(Seq(10), 100)), (vec![], 10));
+        assert!(matches!(feed.after(Seq(9), 100), FeedRead::Behind));
         // Seq 12 belongs to another scope: the head passes it.
         feed.publish(vec![rec(11), rec(13)], Seq(10), Seq(14), Seq(10));
-        assert_eq!(seqs(&feed.after(Seq(10), 100, 0)), (vec![11, 13], 14));
-        assert_eq!(seqs(&feed.after(Seq(11), 100, 0)), (vec![13], 14));
-        assert_eq!(seqs(&feed.after(Seq(10), 1, 0)), (vec![11], 11));
+        assert_eq!(seqs(&feed.after(Seq(10), 100)), (vec![11, 13], 14));
+        assert_eq!(seqs(&feed.after(Seq(11), 100)), (vec![13], 14));
+        assert_eq!(seqs(&feed.after(Seq(10), 1)), (vec![11], 11));
     }
 
     #[test]
-    fn an_undo_takes_records_back_and_tells_each_reader_once() {
+    fn an_undo_takes_the_records_back_and_their_seqs_are_published_again() {
         let feed = Feed::new(Seq(0));
         feed.publish(vec![rec(1), rec(2)], Seq(0), Seq(2), Seq(0));
         feed.publish(vec![rec(3), rec(4)], Seq(2), Seq(4), Seq(2));
         feed.undo(Seq(2));
-        let FeedRead::RolledBack { epoch, to } = feed.after(Seq(4), 100, 0) else {
-            panic!("the reader is told")
+        assert_eq!(seqs(&feed.after(Seq(2), 100)), (vec![], 2));
+        // The seqs are handed out again, for other records; a reader moved back gets those.
+        let mut other = rec(3);
+        other.key = ObjectKey::namespaced("ns", "replacement");
+        feed.publish(vec![other], Seq(2), Seq(3), Seq(2));
+        let FeedRead::Records { records, scanned } = feed.after(Seq(2), 100) else {
+            panic!("records expected")
         };
-        assert_eq!((epoch, to), (1, Seq(2)));
-        assert_eq!(seqs(&feed.after(Seq(2), 100, epoch)), (vec![], 2));
-        // The seqs are handed out again, for other records.
-        feed.publish(vec![rec(3)], Seq(2), Seq(3), Seq(2));
-        assert_eq!(seqs(&feed.after(Seq(2), 100, epoch)), (vec![3], 3));
+        assert_eq!(
+            (records.len(), records[0].key.name.as_str(), scanned),
+            (1, "replacement", Seq(3))
+        );
     }
 
     #[test]
@@ -213,8 +198,8 @@ mod tests {
         let feed = Feed::new(Seq(0));
         feed.publish(vec![rec(1)], Seq(0), Seq(1), Seq(0));
         feed.reset(Seq(5));
-        assert!(matches!(feed.after(Seq(1), 100, 0), FeedRead::Behind));
-        assert_eq!(seqs(&feed.after(Seq(5), 100, 0)), (vec![], 5));
+        assert!(matches!(feed.after(Seq(1), 100), FeedRead::Behind));
+        assert_eq!(seqs(&feed.after(Seq(5), 100)), (vec![], 5));
     }
 
     proptest! {
@@ -238,7 +223,7 @@ mod tests {
                 feed.committed(committed);
                 // Read a little after every group, sometimes nothing.
                 for _ in 0..(gap as usize) {
-                    match feed.after(cursor, limit, 0) {
+                    match feed.after(cursor, limit) {
                         FeedRead::Records { records, scanned } => {
                             seen.extend(records.iter().map(|r| r.seq.0));
                             prop_assert!(scanned >= cursor);
@@ -249,7 +234,6 @@ mod tests {
                             seen.extend(all.iter().copied().filter(|s| *s > cursor.0 && *s <= committed.0));
                             cursor = committed;
                         }
-                        FeedRead::RolledBack { .. } => prop_assert!(false, "no undo here"),
                     }
                 }
             }

@@ -311,8 +311,9 @@ impl Writer {
         self.durable.clone()
     }
 
-    /// How many times commits not yet on disk were rolled back (after a failed fsync), and
-    /// the last seq the file held then: seqs after it are handed out again.
+    /// How many times commits not yet on disk were rolled back (after a failed fsync, or a
+    /// failed commit of a group already shown through the hot tiers' feeds), and the last seq
+    /// that stands: seqs after it are handed out again.
     #[must_use]
     pub(crate) fn rollbacks(&self) -> watch::Receiver<(u64, Seq)> {
         self.rollbacks.clone()

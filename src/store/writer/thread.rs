@@ -34,7 +34,8 @@ pub(super) struct WriterThread {
     pub(super) applied_tx: watch::Sender<Seq>,
     /// The last seq on disk (see [`Writer::durable`](super::Writer::durable)).
     pub(super) durable_tx: watch::Sender<Seq>,
-    /// Rollbacks of commits that never reached the disk: (count, the file's last seq).
+    /// Rollbacks of commits that never reached the disk, or of a group published to the feeds
+    /// whose commit failed: (count, the last seq that stands).
     pub(super) rollback_tx: watch::Sender<(u64, Seq)>,
     /// How long deferred batches may wait for their durable commit; `None`: they do not.
     pub(super) fsync_delay: Option<std::time::Duration>,
@@ -262,20 +263,11 @@ impl WriterThread {
             .clear();
         self.poisoned.set(false);
         // Relaxed commits lost with the error may be in the tiers: load them again.
-        self.hot_ops.borrow_mut().clear();
-        self.feed_ops.borrow_mut().clear();
-        self.feed_latest.borrow_mut().clear();
-        let tiers: Vec<(u32, Arc<HotTier>)> = self.hot.borrow().iter().map(|(s, t)| (*s, t.clone())).collect();
-        for (scope, tier) in tiers {
-            self.load_hot(ScopeId(scope), &tier);
-        }
-        let rolled_back = *self.seq_tx.borrow() > last;
-        if *self.applied_tx.borrow() > last {
-            // Volatile handlers may have been told of the commits lost: they read again.
-            for tier in self.hot.borrow().values() {
-                tier.feed.undo(last);
-            }
-        }
+        self.forget_group();
+        // Volatile handlers may have been told of the commits lost (read from the log or a
+        // feed): they read again from `last`.
+        let rolled_back = *self.applied_tx.borrow() > last;
+        self.reload_hot(last);
         for tx in [&self.seq_tx, &self.applied_tx] {
             tx.send_if_modified(|seq| {
                 let changed = *seq != last;
@@ -543,21 +535,32 @@ impl WriterThread {
     ///
     /// [`publish_hot`]: Self::publish_hot
     fn unpublish_hot(&self, to: Seq) {
-        let tiers: Vec<(u32, Arc<HotTier>)> = self.hot.borrow().iter().map(|(s, t)| (*s, t.clone())).collect();
-        for (_, tier) in &tiers {
-            tier.feed.undo(to);
+        if self.poisoned.get() {
+            // `recover` does it all when it reopens the database.
+            return;
         }
+        self.reload_hot(to);
         self.applied_tx.send_replace(to);
-        if !self.poisoned.get() {
-            // (A poisoned database reloads them when it reopens.)
-            for (scope, tier) in tiers {
-                self.load_hot(ScopeId(scope), &tier);
-            }
+        // Volatile handlers told of the group read what replaces it (the rewind of a lost
+        // relaxed commit).
+        self.rollback_tx.send_modify(|(n, at)| {
+            *n += 1;
+            *at = to;
+        });
+    }
+
+    /// Takes the feeds' records after `to` back and reloads every tier from the database
+    /// (between groups).
+    fn reload_hot(&self, to: Seq) {
+        let tiers: Vec<(u32, Arc<HotTier>)> = self.hot.borrow().iter().map(|(s, t)| (*s, t.clone())).collect();
+        for (scope, tier) in tiers {
+            tier.feed.undo(to);
+            self.load_hot(ScopeId(scope), &tier);
         }
     }
 
-    /// Journals a log record of a hot scope for its feed. `old` is the key's state before, if
-    /// the caller knows it; otherwise it comes from the group, the tier or redb (`prev`).
+    /// Journals a log record of a hot scope for its feed. Its old state comes from the group
+    /// (an earlier record of the key), else the tier's JSON, else redb (`prev`).
     #[allow(clippy::too_many_arguments)] // the record's fields
     pub(super) fn journal_feed(
         &self,
