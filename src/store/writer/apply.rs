@@ -192,7 +192,7 @@ impl WriterThread {
                     scope,
                     DeltaKind::Deleted,
                     &key,
-                    rv,
+                    rv.clone(),
                     &data,
                     !final_state_unknown,
                     compression,
@@ -202,11 +202,6 @@ impl WriterThread {
                 )?;
                 if self.is_hot(scope) {
                     let object = (!final_state_unknown).then(|| Bytes::copy_from_slice(&obj.bytes));
-                    let rv = if final_state_unknown {
-                        old.meta.resource_version.clone()
-                    } else {
-                        obj.meta.resource_version.clone()
-                    };
                     let (kind, fsu) = (DeltaKind::Deleted, final_state_unknown);
                     self.journal_feed(t, scope, seq, kind, &key, rv, object, prev, prev_inline, fsu)?;
                 }
