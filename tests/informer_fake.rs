@@ -1015,3 +1015,79 @@ async fn a_resync_larger_than_a_page_delivers_each_object_once() {
     assert_eq!(resyncs, want);
     inf.shutdown().await.unwrap();
 }
+
+/// A volatile handler hears of a change as soon as the writer decides it, before redb has its
+/// rows (the hot tier's feed): the lister it reads then, and the store's metadata the sharding
+/// guard reads, already answer that version or a newer one, never an older one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_volatile_handler_finds_its_lister_at_the_version_it_was_told_of() {
+    let fake = Fake::new();
+    fake.upsert("a", "0");
+    let dir = tempfile::tempdir().unwrap();
+    let db = DurableStore::open(StoreConfig::new(dir.path().join("db.redb"))).unwrap();
+    let inf = informer(&db, &fake).await;
+    let lister = inf.lister();
+    let told = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let behind: Seen = Seen::default();
+    let rv = |c: &ConfigMap| -> u64 {
+        c.metadata
+            .resource_version
+            .as_deref()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0)
+    };
+    let (t, b) = (told.clone(), behind.clone());
+    inf.add_event_handler(
+        handler_fn(move |ev: Event<ConfigMap>| -> Result<(), std::convert::Infallible> {
+            if let Event::Update { new, .. } = &ev {
+                let name = new.metadata.name.clone().unwrap_or_default();
+                let listed = lister.namespace("ns").get(&name).unwrap().map_or(0, |c| rv(&c));
+                if listed < rv(new) {
+                    b.lock()
+                        .unwrap()
+                        .push(format!("{name}: told {} listed {listed}", rv(new)));
+                }
+                t.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            }
+            Ok(())
+        }),
+        HandlerOptions::volatile(),
+    );
+    inf.start();
+    inf.wait_for_sync().await.unwrap();
+    assert!(
+        inf.store().hot_tier_stats().is_some_and(|s| s.loaded),
+        "the default hot tier serves the lister"
+    );
+    for i in 1..=300 {
+        fake.upsert("a", &i.to_string());
+        if i % 50 == 0 {
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+    }
+    for _ in 0..500 {
+        if *inf
+            .lister()
+            .namespace("ns")
+            .get("a")
+            .unwrap()
+            .unwrap()
+            .data
+            .as_ref()
+            .unwrap()
+            .get("v")
+            .unwrap()
+            == "300"
+            && told.load(std::sync::atomic::Ordering::SeqCst) > 0
+        {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(
+        told.load(std::sync::atomic::Ordering::SeqCst) > 0,
+        "no update was delivered"
+    );
+    assert_eq!(*behind.lock().unwrap(), Vec::<String>::new());
+    inf.shutdown().await.unwrap();
+}

@@ -582,18 +582,39 @@ fn panic_text(p: &Box<dyn std::any::Any + Send>) -> String {
         .unwrap_or_else(|| "unknown panic".to_owned())
 }
 
+/// One state of `rec`, decoded once for every handler of the informer. The new state of an
+/// add or update is the object's current state: listers get it too, and so does the hot tier's
+/// entry of that version when it holds these bytes, so that the update replacing it finds its
+/// old state decoded (see `Feed::old`).
+fn decode<K>(
+    ctx: &Ctx,
+    sink: &Decoding<K>,
+    rec: &LogRecord,
+    side: Side,
+    bytes: &bytes::Bytes,
+) -> Result<Arc<K>, crate::object::ObjectError>
+where
+    K: DeserializeOwned + Send + Sync + 'static,
+{
+    let current = side == Side::New && matches!(rec.kind, DeltaKind::Added | DeltaKind::Replaced | DeltaKind::Updated);
+    let k = sink.decoded.get(rec.seq, side, bytes, current.then_some(&rec.key))?;
+    if current {
+        if let Some(view) = ctx.store.hot().and_then(|t| t.view()) {
+            if let Some(e) = view.named(rec.key.namespace.as_deref(), &rec.key.name) {
+                if e.bytes.as_ref() == Some(bytes) && e.typed::<K>().is_none() {
+                    e.set_typed(&k);
+                }
+            }
+        }
+    }
+    Ok(k)
+}
+
 async fn deliver<K>(ctx: &Ctx, sink: &Decoding<K>, label: &str, rec: LogRecord)
 where
     K: DeserializeOwned + Send + Sync + 'static,
 {
-    // The new state of an add or update is the object's current state (for listers too).
-    let current = matches!(rec.kind, DeltaKind::Added | DeltaKind::Replaced | DeltaKind::Updated).then_some(&rec.key);
-    let decode_or_report = |side: Side, bytes: &bytes::Bytes| match sink.decoded.get(
-        rec.seq,
-        side,
-        bytes,
-        current.filter(|_| side == Side::New),
-    ) {
+    let decode_or_report = |side: Side, bytes: &bytes::Bytes| match decode(ctx, sink, &rec, side, bytes) {
         Ok(k) => Some(k),
         Err(e) => {
             (ctx.report)(issue(
@@ -628,7 +649,13 @@ where
             let Some(new) = decode_or_report(Side::New, new_bytes) else {
                 return;
             };
-            let old = match old_bytes.and_then(|b| decode_or_report(Side::Old, b)) {
+            // The replaced version as the tier held it, decoded already by a reader (a handler,
+            // a lister) of this type: no second decode per update.
+            let replaced = || {
+                let tier = ctx.store.hot()?;
+                tier.feed.old(rec.seq)?.typed::<K>()
+            };
+            let old = match old_bytes.and_then(|b| replaced().or_else(|| decode_or_report(Side::Old, b))) {
                 Some(o) => o,
                 // The previous state left the retained log: old = new is the best we have.
                 None => new.clone(),

@@ -333,7 +333,7 @@ mod tests {
 
     fn obj(ns: &str, name: &str, rv: u64, app: &str) -> RawObject {
         let json = serde_json::json!({
-            "metadata": {"namespace": ns, "name": name, "resourceVersion": rv.to_string(), "labels": {"app": app}},
+            "metadata": {"namespace": ns, "name": name, "resourceVersion": rv.to_string(), "labels": {"app": app, "kind": "pod"}},
             "data": {"rv": rv},
         });
         RawObject::from_json(serde_json::to_vec(&json).unwrap()).unwrap()

@@ -137,13 +137,15 @@ impl RingShard {
 
     /// What to do with `key`, from the shard's cache (a read of one object's metadata).
     pub fn responsibility(&self, store: &Store, key: &ObjectKey) -> Result<Responsibility, StoreError> {
-        let found = store.get_with(key, |meta, _| {
-            Ok((
+        // The state the event that woke the reconcile carried: volatile handlers and the
+        // controller's queue may be told of a change before redb has it (the hot tier has).
+        let found = store.current_meta(key)?.map(|meta| {
+            (
                 self.member.owns(&meta.labels),
                 self.member.ring().draining(&meta.labels),
                 meta.resource_version.as_str().to_owned(),
-            ))
-        })?;
+            )
+        });
         Ok(match found {
             Some((true, true, resource_version)) => Responsibility::Drain { resource_version },
             Some((true, false, _)) => Responsibility::Reconcile,

@@ -10,8 +10,10 @@
 //! is on disk and never use the feed.
 
 use std::collections::VecDeque;
+use std::sync::Arc;
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
+use super::hot::HotEntry;
 use super::read::LogRecord;
 use super::schema::Seq;
 
@@ -32,6 +34,14 @@ pub(crate) enum FeedRead {
 struct State {
     /// The scope's records, seq ascending.
     records: VecDeque<LogRecord>,
+    /// The version a record replaced, as the tier held it (with its decoded object, when a
+    /// reader decoded it), for records pushed as they were applied: a handler's old state
+    /// without a second decode. Seq ascending, a subset of `records`' seqs.
+    olds: VecDeque<(Seq, Arc<HotEntry>)>,
+    /// Old versions trimmed off, for the writer to free elsewhere ([`Feed::take_dropped`]):
+    /// dropping the last reference to a decoded object frees hundreds of allocations made on
+    /// another thread, which cost the writer tens of microseconds per event (`perf`).
+    dropped: Vec<Arc<HotEntry>>,
     /// Every record of the scope with a seq in `(floor, head]` is in `records`.
     floor: Seq,
     /// The last seq (of any scope) published.
@@ -50,6 +60,8 @@ impl Feed {
         Self {
             state: Mutex::new(State {
                 records: VecDeque::new(),
+                olds: VecDeque::new(),
+                dropped: Vec::new(),
                 floor: head,
                 head,
             }),
@@ -78,11 +90,32 @@ impl Feed {
         st.trim(committed);
     }
 
+    /// Publishes one record as the writer applies it, ahead of the rest of its group: every
+    /// seq between the head and `record.seq` belongs to another scope. `committed` as for
+    /// [`publish`](Self::publish).
+    pub(crate) fn push(&self, record: LogRecord, old: Option<Arc<HotEntry>>, committed: Seq) {
+        let mut st = self.lock();
+        debug_assert!(st.head < record.seq, "the feed moved back");
+        st.head = record.seq;
+        if let Some(old) = old {
+            st.olds.push_back((record.seq, old));
+        }
+        st.records.push_back(record);
+        st.trim(committed);
+    }
+
+    /// The last seq published.
+    pub(crate) fn head(&self) -> Seq {
+        self.lock().head
+    }
+
     /// Empties the feed at `last` (the group was applied while the tier could not serve it,
     /// so its records are read from redb once committed).
     pub(crate) fn reset(&self, last: Seq) {
         let mut st = self.lock();
         st.records.clear();
+        let olds = std::mem::take(&mut st.olds);
+        st.dropped.extend(olds.into_iter().map(|(_, e)| e));
         st.floor = last;
         st.head = last;
     }
@@ -99,8 +132,25 @@ impl Feed {
         while st.records.back().is_some_and(|r| r.seq > to) {
             st.records.pop_back();
         }
+        while st.olds.back().is_some_and(|(s, _)| *s > to) {
+            if let Some((_, e)) = st.olds.pop_back() {
+                st.dropped.push(e);
+            }
+        }
         st.head = st.head.min(to);
         st.floor = st.floor.min(to);
+    }
+
+    /// The old versions let go of since the last call, to be freed off the writer thread.
+    pub(crate) fn take_dropped(&self) -> Vec<Arc<HotEntry>> {
+        std::mem::take(&mut self.lock().dropped)
+    }
+
+    /// The version the record at `seq` replaced, if the feed still holds it.
+    pub(crate) fn old(&self, seq: Seq) -> Option<Arc<HotEntry>> {
+        let st = self.lock();
+        let i = st.olds.binary_search_by_key(&seq, |(s, _)| *s).ok()?;
+        st.olds.get(i).map(|(_, e)| e.clone())
     }
 
     /// At most `limit` records after `cursor`.
@@ -127,6 +177,11 @@ impl State {
                 Some(r) if r.seq <= committed => {
                     self.floor = r.seq;
                     self.records.pop_front();
+                    while self.olds.front().is_some_and(|(s, _)| *s <= self.floor) {
+                        if let Some((_, e)) = self.olds.pop_front() {
+                            self.dropped.push(e);
+                        }
+                    }
                 }
                 _ => break,
             }

@@ -272,6 +272,12 @@ impl HotTier {
         }
     }
 
+    /// Whether readers use the tier now (it is loaded), so that changes applied to it are
+    /// seen at once.
+    pub(crate) fn serves(&self) -> bool {
+        matches!(self.read().phase, Phase::Ready)
+    }
+
     /// The groups applied so far are committed: their JSON may be evicted now.
     pub(crate) fn confirm(&self, committed: Seq) {
         let mut st = self.write();
@@ -352,12 +358,28 @@ impl State {
         match op {
             HotOp::Put { meta, bytes, values } => {
                 let key = meta.key();
-                self.unindex(&key);
-                for (name, vals) in &values {
-                    if let Some(p) = self.postings.get_mut(name) {
-                        for v in vals {
-                            p.entry(v.clone()).or_default().insert(key.clone());
+                // Only the values that changed move: an update rarely changes its labels, and
+                // each posting moved costs allocations and tree walks on the delivery path.
+                let old = self.objects.get(&key).map(|e| e.values.clone());
+                let old: &[(IndexName, Vec<String>)] = old.as_deref().unwrap_or(&[]);
+                let kept = |name: &IndexName, v: &String, other: &[(IndexName, Vec<String>)]| {
+                    other.iter().any(|(n, vs)| n == name && vs.contains(v))
+                };
+                for (name, vals) in old {
+                    let Some(p) = self.postings.get_mut(name) else { continue };
+                    for v in vals.iter().filter(|v| !kept(name, v, &values)) {
+                        if let Some(keys) = p.get_mut(v) {
+                            keys.remove(&key);
+                            if keys.is_empty() {
+                                p.remove(v);
+                            }
                         }
+                    }
+                }
+                for (name, vals) in &values {
+                    let Some(p) = self.postings.get_mut(name) else { continue };
+                    for v in vals.iter().filter(|v| !kept(name, v, old)) {
+                        p.entry(v.clone()).or_default().insert(key.clone());
                     }
                 }
                 let gen = self.next_gen;

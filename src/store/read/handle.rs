@@ -102,6 +102,15 @@ impl Store {
         self.snapshot()?.list()
     }
 
+    /// The metadata of `key` as listers and volatile handlers see it: from the hot tier when
+    /// it serves readers (it may be ahead of redb by the group being written), else from redb.
+    pub(crate) fn current_meta(&self, key: &ObjectKey) -> Result<Option<Arc<ObjectMeta>>, StoreError> {
+        if let Some(view) = self.hot().and_then(|t| t.view()) {
+            return Ok(view.named(key.namespace.as_deref(), &key.name).map(|e| e.meta.clone()));
+        }
+        self.get_with(key, |meta, _| Ok(Arc::new(meta.clone())))
+    }
+
     /// See [`Snapshot::get_with`].
     pub(crate) fn get_with<T>(
         &self,

@@ -12,7 +12,7 @@ use super::super::hot::HotOp;
 use super::super::index::Indexer;
 use super::super::schema::{keys, IndexName, ScopeId, INDEX, INDEX_REV, LOG, OBJECTS};
 use super::super::StoreError;
-use super::{Batch, Failure, Step, WriterThread};
+use super::{Batch, Failure, Garbage, Step, WriterThread};
 use crate::object::{ObjectKey, RawObject, ResourceVersion};
 
 impl WriterThread {
@@ -97,7 +97,7 @@ impl WriterThread {
         // Freed off this thread: the objects were allocated on the submitting threads.
         self.garbage
             .borrow_mut()
-            .push((std::mem::take(&mut batch.deltas), packed));
+            .push(Garbage::Batch(std::mem::take(&mut batch.deltas), packed));
         if let Some(rv) = batch.rv {
             record.rv = Some(rv);
         }
@@ -187,12 +187,28 @@ impl WriterThread {
                 } else {
                     obj.meta.resource_version.clone()
                 };
+                if self.is_hot(scope) {
+                    // Before the rows below: see `hot_change`.
+                    let object = (!final_state_unknown).then(|| Bytes::copy_from_slice(&obj.bytes));
+                    let (kind, fsu) = (DeltaKind::Deleted, final_state_unknown);
+                    let change = Change {
+                        seq,
+                        kind,
+                        key: &key,
+                        rv: rv.clone(),
+                        object,
+                        prev,
+                        prev_inline,
+                        final_state_unknown: fsu,
+                    };
+                    self.hot_change(t, scope, change, HotOp::Remove(key.clone()))?;
+                }
                 self.append_log(
                     t,
                     scope,
                     DeltaKind::Deleted,
                     &key,
-                    rv.clone(),
+                    rv,
                     &data,
                     !final_state_unknown,
                     compression,
@@ -200,16 +216,10 @@ impl WriterThread {
                     prev_inline,
                     final_state_unknown,
                 )?;
-                if self.is_hot(scope) {
-                    let object = (!final_state_unknown).then(|| Bytes::copy_from_slice(&obj.bytes));
-                    let (kind, fsu) = (DeltaKind::Deleted, final_state_unknown);
-                    self.journal_feed(t, scope, seq, kind, &key, rv, object, prev, prev_inline, fsu)?;
-                }
                 t.objects.remove(okey.as_slice()).map_err(|e| self.st(e))?;
                 for ix in indexers {
                     self.set_index_values(t, scope, &ix.name, &key, &[])?;
                 }
-                self.journal_hot(scope, || HotOp::Remove(key.clone()));
                 record.object_count = record.object_count.saturating_sub(1);
                 Ok(true)
             }
@@ -242,6 +252,33 @@ impl WriterThread {
                     DeltaKind::Added
                 };
                 let (data, compression) = pack(packed)?;
+                let values: Vec<(&IndexName, Vec<String>)> = indexers
+                    .iter()
+                    .map(|ix| (&ix.name, ix.values(&obj.meta, &obj.bytes)))
+                    .collect();
+                if self.is_hot(scope) {
+                    // A copy: the received bytes may be a slice of a larger buffer (a watch
+                    // line, a list page) that the tier would otherwise keep alive. The feed
+                    // shares it. Before the rows below: see `hot_change`.
+                    let bytes = Bytes::copy_from_slice(&obj.bytes);
+                    let rv = obj.meta.resource_version.clone();
+                    let change = Change {
+                        seq,
+                        kind: stored_kind,
+                        key: &key,
+                        rv,
+                        object: Some(bytes.clone()),
+                        prev,
+                        prev_inline,
+                        final_state_unknown: false,
+                    };
+                    let op = HotOp::Put {
+                        meta: Box::new(obj.meta.clone()),
+                        bytes,
+                        values: values.iter().map(|(n, v)| ((*n).clone(), v.clone())).collect(),
+                    };
+                    self.hot_change(t, scope, change, op)?;
+                }
                 self.append_log(
                     t,
                     scope,
@@ -260,28 +297,8 @@ impl WriterThread {
                 t.objects
                     .insert(okey.as_slice(), row.as_slice())
                     .map_err(|e| self.st(e))?;
-                let hot = self.is_hot(scope);
-                let mut hot_values = Vec::new();
-                for ix in indexers {
-                    let values = ix.values(&obj.meta, &obj.bytes);
-                    self.set_index_values(t, scope, &ix.name, &key, &values)?;
-                    if hot {
-                        hot_values.push((ix.name.clone(), values));
-                    }
-                }
-                if hot {
-                    // A copy: the received bytes may be a slice of a larger buffer (a watch
-                    // line, a list page) that the tier would otherwise keep alive. The feed
-                    // shares it.
-                    let bytes = Bytes::copy_from_slice(&obj.bytes);
-                    let rv = obj.meta.resource_version.clone();
-                    let object = Some(bytes.clone());
-                    self.journal_feed(t, scope, seq, stored_kind, &key, rv, object, prev, prev_inline, false)?;
-                    self.journal_hot(scope, || HotOp::Put {
-                        meta: Box::new(obj.meta.clone()),
-                        bytes,
-                        values: hot_values,
-                    });
+                for (name, values) in &values {
+                    self.set_index_values(t, scope, name, &key, values)?;
                 }
                 if existing.is_none() {
                     record.object_count += 1;
@@ -359,6 +376,18 @@ impl WriterThread {
         }
         Ok(())
     }
+}
+
+/// One log record of a hot scope, for its feed (see [`WriterThread::hot_change`]).
+pub(super) struct Change<'k> {
+    pub(super) seq: u64,
+    pub(super) kind: DeltaKind,
+    pub(super) key: &'k ObjectKey,
+    pub(super) rv: ResourceVersion,
+    pub(super) object: Option<Bytes>,
+    pub(super) prev: PrevRef,
+    pub(super) prev_inline: &'k [u8],
+    pub(super) final_state_unknown: bool,
 }
 
 /// The tables a delta touches, opened once per command.

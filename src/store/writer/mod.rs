@@ -394,6 +394,8 @@ pub(crate) fn spawn(
         hot_ops: RefCell::new(Vec::new()),
         feed_ops: RefCell::new(Vec::new()),
         feed_latest: RefCell::new(HashMap::new()),
+        early: RefCell::new(std::collections::HashSet::new()),
+        published_early: Cell::new(false),
         poisoned: Cell::new(false),
         size_observed: Cell::new(None),
     };

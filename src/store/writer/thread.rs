@@ -10,7 +10,7 @@ use redb::{ReadableTable, WriteTransaction};
 use tokio::sync::{oneshot, watch};
 
 use super::super::codec::Compression;
-use super::super::hot::{HotOp, HotTier};
+use super::super::hot::{HotEntry, HotOp, HotTier};
 use super::super::read::{LogRecord, Snapshot};
 use super::super::schema::{IndexName, ScopeId, Seq, META, META_LAST_SEQ};
 use super::super::{Shared, StoreError};
@@ -72,6 +72,11 @@ pub(super) struct WriterThread {
     /// The newest JSON of each key the open group wrote in a hot scope: the old state of the
     /// key's next record in the group.
     pub(super) feed_latest: RefCell<HashMap<(u32, ObjectKey), Bytes>>,
+    /// Hot scopes whose changes the open group publishes as it applies them (a group of
+    /// batches only, each scope's tier serving readers).
+    pub(super) early: RefCell<std::collections::HashSet<u32>>,
+    /// Whether the open group published anything before its commit.
+    pub(super) published_early: Cell<bool>,
     /// Committed dictionaries, for [`Writer::submit`] to compress with.
     pub(super) published: PublishedDicts,
     /// What the open group's batches held, freed by the `reaper` thread after the group: the
@@ -87,14 +92,26 @@ pub(super) struct WriterThread {
     pub(super) size_observed: Cell<Option<std::time::Instant>>,
 }
 
-/// A batch's deltas and compressed blobs, kept until its group is done.
-pub(super) type Garbage = (Vec<Delta>, Vec<(Bytes, Compression)>);
+/// What a group let go of, kept until the group is done and then freed by the reaper.
+#[allow(dead_code)] // the fields are held only to be dropped on the reaper thread
+pub(super) enum Garbage {
+    /// A batch's deltas and compressed blobs.
+    Batch(Vec<Delta>, Vec<(Bytes, Compression)>),
+    /// Versions the hot tiers' feeds let go of (with the objects readers decoded from them).
+    Entries(Vec<Arc<HotEntry>>),
+}
 
 /// Hands the group's garbage to the reaper when the group ends, however it ends.
 pub(super) struct Reap<'w>(&'w WriterThread);
 
 impl Drop for Reap<'_> {
     fn drop(&mut self) {
+        for tier in self.0.hot.borrow().values() {
+            let dropped = tier.feed.take_dropped();
+            if !dropped.is_empty() {
+                self.0.garbage.borrow_mut().push(Garbage::Entries(dropped));
+            }
+        }
         let garbage = std::mem::take(&mut *self.0.garbage.borrow_mut());
         if garbage.is_empty() {
             return;
@@ -346,6 +363,19 @@ impl WriterThread {
             let _ = txn.set_durability(redb::Durability::None);
         }
         let start_seq = self.next_seq.get();
+        // A group of batches alone shows each change of a hot scope to its tier and feed as
+        // soon as it is decided, before writing its rows (other commands rewrite a tier or a
+        // log range wholesale, and publish with the group as before).
+        self.published_early.set(false);
+        if group.iter().all(|c| matches!(c, Command::Apply(..))) {
+            let mut early = self.early.borrow_mut();
+            for (scope, tier) in self.hot.borrow().iter() {
+                if tier.serves() {
+                    debug_assert_eq!(tier.feed.head(), Seq(start_seq - 1), "a feed is behind the log");
+                    early.insert(*scope);
+                }
+            }
+        }
         let mut replies = Vec::with_capacity(group.len());
         let mut fatal = None;
         let mut pending = group.into_iter();
@@ -363,6 +393,9 @@ impl WriterThread {
         if let Some(e) = fatal {
             drop(txn);
             self.forget_group();
+            if self.published_early.get() {
+                self.unpublish_hot(Seq(start_seq - 1));
+            }
             self.next_seq.set(start_seq);
             tracing::warn!(error = %e, "group commit rolled back");
             self.note(&e);
@@ -375,6 +408,9 @@ impl WriterThread {
         if let Err(e) = saved {
             self.note(&e);
             self.forget_group();
+            if self.published_early.get() {
+                self.unpublish_hot(Seq(start_seq - 1));
+            }
             self.next_seq.set(start_seq);
             fail_replies(replies, &e);
             return 0;
@@ -481,6 +517,7 @@ impl WriterThread {
     /// Forgets what the open group prepared, after it rolled back.
     fn forget_group(&self) {
         self.forget_pending_dicts();
+        self.early.borrow_mut().clear();
         self.hot_ops.borrow_mut().clear();
         self.feed_ops.borrow_mut().clear();
         self.feed_latest.borrow_mut().clear();
@@ -516,14 +553,17 @@ impl WriterThread {
             records.entry(scope).or_default().push(r);
         }
         let committed = *self.seq_tx.borrow();
+        let early = std::mem::take(&mut *self.early.borrow_mut());
         for (scope, tier) in hot.iter() {
             if tier.apply(ops.remove(scope).unwrap_or_default(), last) {
-                tier.feed.publish(
-                    records.remove(scope).unwrap_or_default(),
-                    Seq(start - 1),
-                    last,
-                    committed,
-                );
+                // An early scope's feed holds its records of the group already.
+                let after = if early.contains(scope) {
+                    tier.feed.head()
+                } else {
+                    Seq(start - 1)
+                };
+                tier.feed
+                    .publish(records.remove(scope).unwrap_or_default(), after, last, committed);
             } else {
                 tier.feed.reset(last);
             }
@@ -559,36 +599,75 @@ impl WriterThread {
         }
     }
 
-    /// Journals a log record of a hot scope for its feed. Its old state comes from the group
-    /// (an earlier record of the key), else the tier's JSON, else redb (`prev`).
-    #[allow(clippy::too_many_arguments)] // the record's fields
-    pub(super) fn journal_feed(
+    /// Hands one change of a hot scope to its tier (`op`) and its feed (`change`): at once
+    /// when the group publishes as it applies (an `early` scope), so that volatile handlers and
+    /// listers see it before the redb rows are even written; else journaled for the end of the
+    /// group. Runs before the change's rows are written, so `prev` still reads the old state.
+    pub(super) fn hot_change(
         &self,
         t: &super::apply::Tables<'_>,
         scope: ScopeId,
-        seq: u64,
-        kind: super::super::codec::DeltaKind,
-        key: &ObjectKey,
-        rv: crate::object::ResourceVersion,
-        object: Option<Bytes>,
-        prev: super::super::codec::PrevRef,
-        prev_inline: &[u8],
-        final_state_unknown: bool,
+        change: super::apply::Change<'_>,
+        op: HotOp,
     ) -> Result<(), StoreError> {
-        use super::super::codec::{self, PrevRef};
         let Some(tier) = self.hot.borrow().get(&scope.0).cloned() else {
             return Ok(());
         };
+        let (record, old) = self.feed_record(t, &tier, scope, change)?;
+        if self.early.borrow().contains(&scope.0) {
+            let seq = record.seq;
+            if tier.apply(vec![op], seq) {
+                tier.feed.push(record, old, *self.seq_tx.borrow());
+                self.published_early.set(true);
+                self.applied_tx.send_replace(seq);
+                return Ok(());
+            }
+            // Not served by the tier after all (cannot happen: only the writer reloads a
+            // tier): the op waits in it, and the feed is emptied at the end of the group.
+            debug_assert!(false, "an early tier stopped serving readers mid-group");
+            self.early.borrow_mut().remove(&scope.0);
+            return Ok(());
+        }
+        self.feed_ops.borrow_mut().push((scope.0, record));
+        self.hot_ops.borrow_mut().push((scope.0, op));
+        Ok(())
+    }
+
+    /// The log record of `change` for a feed. Its old state comes from the group (an earlier
+    /// record of the key), else the tier's JSON, else redb (`prev`).
+    fn feed_record(
+        &self,
+        t: &super::apply::Tables<'_>,
+        tier: &HotTier,
+        scope: ScopeId,
+        change: super::apply::Change<'_>,
+    ) -> Result<(LogRecord, Option<Arc<HotEntry>>), StoreError> {
+        use super::super::codec::{self, PrevRef};
+        let super::apply::Change {
+            seq,
+            kind,
+            key,
+            rv,
+            object,
+            prev,
+            prev_inline,
+            final_state_unknown,
+        } = change;
         let slot = (scope.0, key.clone());
         let known = self.feed_latest.borrow().get(&slot).cloned();
+        // The version this record replaces, as the tier holds it (before this record is
+        // applied to it; in an early scope it has the group's earlier records too).
+        let held_entry = match prev {
+            PrevRef::None => None,
+            _ => tier
+                .view()
+                .and_then(|v| v.named(key.namespace.as_deref(), &key.name).cloned()),
+        };
         let old = match (known, prev) {
             (_, PrevRef::None) => None,
             (Some(b), _) => Some(b),
             (None, prev) => {
-                let held = tier.view().and_then(|v| {
-                    v.named(key.namespace.as_deref(), &key.name)
-                        .and_then(|e| e.bytes.clone())
-                });
+                let held = held_entry.as_ref().and_then(|e| e.bytes.clone());
                 match (held, prev) {
                     (Some(b), _) => Some(b),
                     (None, PrevRef::Inline(c)) => Some(self.unpack(t, c, prev_inline)?),
@@ -612,20 +691,17 @@ impl WriterThread {
                 latest.remove(&slot);
             }
         }
-        self.feed_ops.borrow_mut().push((
-            scope.0,
-            LogRecord {
-                seq: Seq(seq),
-                scope,
-                kind,
-                key: key.clone(),
-                rv,
-                object,
-                old,
-                final_state_unknown,
-            },
-        ));
-        Ok(())
+        let record = LogRecord {
+            seq: Seq(seq),
+            scope,
+            kind,
+            key: key.clone(),
+            rv,
+            object,
+            old,
+            final_state_unknown,
+        };
+        Ok((record, held_entry))
     }
 
     /// Decompresses stored bytes in the open group (its dictionaries included).
