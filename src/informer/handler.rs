@@ -319,11 +319,12 @@ impl HandlerOptions {
     /// A volatile handler: it starts with a synthetic add of everything in the store, then
     /// live events (client-go's behaviour for late handlers); nothing survives a restart.
     ///
-    /// With a hot tier (the default), it gets each group of events as soon as the writer has
-    /// applied it, before the redb commit, from the tier's in-memory feed of recent log records
-    /// (the lister already answers from that state); a commit that then fails takes the events
-    /// back and the handler is told again of what replaces them (at least once). Without a
-    /// tier, or further behind than the feed holds, it reads the committed log.
+    /// With a hot tier (the default), it gets each event as soon as the writer has decided the
+    /// change, before the change's redb rows are written and committed, from the tier's
+    /// in-memory feed of recent log records (the lister already answers that version); a group
+    /// that then fails to commit takes the events back and the handler is told again of what
+    /// replaces them (at least once). With `fsync_delay(None)` nothing is shown before it is on
+    /// disk. Without a tier, or further behind than the feed holds, it reads the committed log.
     ///
     /// Log retention does not wait for a volatile handler: one that falls further behind than
     /// the retention gets a reported `LogCompacted` error and starts again with synthetic adds

@@ -1,10 +1,12 @@
-//! The feed: a hot scope's newest log records, kept in memory so that volatile handlers get a
-//! group's events as soon as the writer has applied it, before its redb commit, without
-//! reading them back from redb.
+//! The feed: a hot scope's newest log records, kept in memory so that volatile handlers get
+//! each event as soon as the writer has decided it, before its redb rows are written and
+//! committed, without reading them back from redb.
 //!
-//! The writer publishes a group's records here right after the group's changes reach the hot
-//! tier, and before `txn.commit()`; a handler that reads them therefore finds its lister at
-//! least at that state. Should the commit fail, the records are taken back ([`Feed::undo`]) and
+//! In a group of batches committed without an fsync, the writer pushes each record here
+//! ([`Feed::push`]) right after the change reaches the hot tier and before writing its rows;
+//! other groups are published whole ([`Feed::publish`]). A handler that reads a record
+//! therefore finds its lister at least at that state. Should the group fail, the records are
+//! taken back ([`Feed::undo`]) and
 //! the writer announces a rollback, after which readers move their cursors back, as after a
 //! lost relaxed commit: volatile handlers are told at least once; durable ones read only what
 //! is on disk and never use the feed.

@@ -319,9 +319,10 @@ impl Writer {
         self.rollbacks.clone()
     }
 
-    /// The last applied log seq: published to the hot tiers (and their feeds, which volatile
-    /// handlers read) before its commit, so at or after [`committed`](Self::committed), and
-    /// moved back if that commit fails.
+    /// The last log seq shown to readers: the hot tiers (and their feeds, which volatile
+    /// handlers read) get a change of a batch committed without an fsync as soon as the writer
+    /// decided it, before its rows are written, so this is at or after
+    /// [`committed`](Self::committed); it moves back if that group then fails.
     ///
     /// ```no_run
     /// # async fn demo(db: durable_informer::store::DurableStore) {

@@ -363,11 +363,12 @@ impl WriterThread {
             let _ = txn.set_durability(redb::Durability::None);
         }
         let start_seq = self.next_seq.get();
-        // A group of batches alone shows each change of a hot scope to its tier and feed as
-        // soon as it is decided, before writing its rows (other commands rewrite a tier or a
-        // log range wholesale, and publish with the group as before).
+        // A group of batches alone that commits without an fsync shows each change of a hot
+        // scope to its tier and feed as soon as it is decided, before writing its rows (other
+        // commands rewrite a tier or a log range wholesale, and publish with the group).
         self.published_early.set(false);
-        if group.iter().all(|c| matches!(c, Command::Apply(..))) {
+        let ahead = relaxed || !self.durable;
+        if ahead && group.iter().all(|c| matches!(c, Command::Apply(..))) {
             let mut early = self.early.borrow_mut();
             for (scope, tier) in self.hot.borrow().iter() {
                 if tier.serves() {
@@ -415,16 +416,21 @@ impl WriterThread {
             fail_replies(replies, &e);
             return 0;
         }
-        // Readers see the group now: the hot tiers, their feeds (volatile handlers) and then
-        // `applied`. The commit below writes the same state to redb.
-        self.publish_hot(start_seq, last);
-        self.applied_tx.send_replace(last);
+        // A group that commits without an fsync is shown to readers before its commit: the
+        // hot tiers, their feeds (volatile handlers) and then `applied`. One that fsyncs is
+        // shown once on disk (`fsync_delay(None)`: nothing is seen before the disk has it).
+        if ahead {
+            self.publish_hot(start_seq, last);
+            self.applied_tx.send_replace(last);
+        }
         if let Err(e) = txn.commit() {
             let e = self.shared.storage(e);
             tracing::warn!(error = %e, "commit failed");
             self.note(&e);
             self.forget_group();
-            self.unpublish_hot(Seq(start_seq - 1));
+            if ahead {
+                self.unpublish_hot(Seq(start_seq - 1));
+            }
             self.next_seq.set(start_seq);
             fail_replies(replies, &e);
             return 0;
@@ -433,6 +439,10 @@ impl WriterThread {
             if let Some(d) = self.scope_dict_cached(ScopeId(scope)) {
                 self.publish(scope, d);
             }
+        }
+        if !ahead {
+            self.publish_hot(start_seq, last);
+            self.applied_tx.send_replace(last);
         }
         for tier in self.hot.borrow().values() {
             tier.confirm(last);
