@@ -400,9 +400,9 @@ pub(crate) async fn run<S: Sink>(
     } else {
         ctx.writer.committed()
     };
-    // A volatile handler of a hot scope reads the groups the writer applied from the tier's
-    // feed, before their commit (the tier, so the lister, already has them), and redb for
-    // what the feed no longer holds.
+    // A volatile handler of a hot scope reads each change from the tier's feed as soon as the
+    // writer has decided it, before its commit (the tier, so the lister, already has it), and
+    // redb for what the feed no longer holds.
     let feed = if durable { None } else { ctx.store.hot().cloned() };
     let mut applied = ctx.writer.applied();
     let mut status = ctx.status.clone();

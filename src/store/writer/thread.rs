@@ -547,7 +547,9 @@ impl WriterThread {
 
     /// Applies the group of seqs `start..=last` to the hot tiers, then publishes its records
     /// to their feeds (a tier readers do not use yet gets its feed emptied instead: its
-    /// handlers read these records from redb once committed). Runs before the commit.
+    /// handlers read these records from redb once committed). An early scope has both
+    /// already; its feed's head moves to `last`. Runs before the commit of a group committed
+    /// without an fsync, after the commit of any other.
     fn publish_hot(&self, start: u64, last: Seq) {
         let hot = self.hot.borrow();
         self.feed_latest.borrow_mut().clear();
@@ -643,8 +645,9 @@ impl WriterThread {
         Ok(())
     }
 
-    /// The log record of `change` for a feed. Its old state comes from the group (an earlier
-    /// record of the key), else the tier's JSON, else redb (`prev`).
+    /// The log record of `change` for a feed, and the tier entry it replaces. Its old state
+    /// comes from the group (an earlier record of the key; an early scope's tier has those
+    /// already), else the tier's JSON, else redb (`prev`).
     fn feed_record(
         &self,
         t: &super::apply::Tables<'_>,
@@ -663,8 +666,9 @@ impl WriterThread {
             prev_inline,
             final_state_unknown,
         } = change;
-        let slot = (scope.0, key.clone());
-        let known = self.feed_latest.borrow().get(&slot).cloned();
+        // Only a group published at its end tracks its own newest JSON per key.
+        let slot = (!self.early.borrow().contains(&scope.0)).then(|| (scope.0, key.clone()));
+        let known = slot.as_ref().and_then(|s| self.feed_latest.borrow().get(s).cloned());
         // The version this record replaces, as the tier holds it (before this record is
         // applied to it; in an early scope it has the group's earlier records too).
         let held_entry = match prev {
@@ -692,13 +696,15 @@ impl WriterThread {
                 }
             }
         };
-        let mut latest = self.feed_latest.borrow_mut();
-        match &object {
-            Some(b) if kind != super::super::codec::DeltaKind::Deleted => {
-                latest.insert(slot, b.clone());
-            }
-            _ => {
-                latest.remove(&slot);
+        if let Some(slot) = slot {
+            let mut latest = self.feed_latest.borrow_mut();
+            match &object {
+                Some(b) if kind != super::super::codec::DeltaKind::Deleted => {
+                    latest.insert(slot, b.clone());
+                }
+                _ => {
+                    latest.remove(&slot);
+                }
             }
         }
         let record = LogRecord {
