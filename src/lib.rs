@@ -41,6 +41,7 @@ pub mod replay;
 pub mod sim;
 
 pub mod error;
+mod util;
 
 pub use error::{Error, Result};
 pub use object::{ObjectKey, ResourceVersion};

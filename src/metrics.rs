@@ -27,6 +27,7 @@
 //! # Ok::<(), std::fmt::Error>(())
 //! ```
 
+use crate::util::Locked;
 use std::sync::{Mutex, OnceLock};
 use std::time::Duration;
 
@@ -71,6 +72,8 @@ pub enum ListReasonLabel {
     TooLargeRv,
     /// `rv_regression`: the server's RV went backwards.
     RvRegression,
+    /// `skipped_event`: a watch line that may have carried a change could not be read.
+    SkippedEvent,
 }
 
 impl ListReasonLabel {
@@ -82,6 +85,7 @@ impl ListReasonLabel {
             Self::Gone => "gone",
             Self::TooLargeRv => "too_large_rv",
             Self::RvRegression => "rv_regression",
+            Self::SkippedEvent => "skipped_event",
         }
     }
 }
@@ -100,6 +104,7 @@ impl From<&crate::reflector::ListReason> for ListReasonLabel {
             R::Gone(_) => Self::Gone,
             R::TooLargeRv { .. } => Self::TooLargeRv,
             R::AheadOfServer { .. } => Self::RvRegression,
+            R::SkippedEvent(_) => Self::SkippedEvent,
         }
     }
 }
@@ -310,7 +315,7 @@ impl Metrics {
 
     /// Reports a named queue's metrics at each scrape, while `probe` finds it.
     pub(crate) fn add_queue(&self, probe: QueueProbe) {
-        let mut queues = self.queues.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut queues = self.queues.locked();
         queues.retain(|p| p().is_some());
         queues.push(probe);
     }
@@ -328,7 +333,7 @@ impl std::fmt::Debug for QueueCollector {
 impl Collector for QueueCollector {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
         let snapshots: Vec<QueueMetrics> = {
-            let queues = self.0.queues.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            let queues = self.0.queues.locked();
             queues.iter().filter_map(|p| p()).collect()
         };
         let named: Vec<(Vec<(String, String)>, &QueueMetrics)> = snapshots

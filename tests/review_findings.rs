@@ -919,15 +919,16 @@ fn f13_an_empty_list_rv_is_never_persisted_and_a_restart_sees_deletes() {
     });
 }
 
-/// A source whose every watch from at or below `rv` sends an event of an unknown type first.
+/// A source whose every watch from at or below `rv` sends `line` first.
 #[derive(Clone)]
-struct UnknownEventType {
+struct BadLine {
     fake: Fake,
     rv: u64,
+    line: &'static [u8],
     sent: Arc<AtomicUsize>,
 }
 
-impl durable_informer::source::Source for UnknownEventType {
+impl durable_informer::source::Source for BadLine {
     async fn list(
         &self,
         req: durable_informer::source::ListRequest,
@@ -945,11 +946,9 @@ impl durable_informer::source::Source for UnknownEventType {
             return Ok(inner);
         }
         self.sent.fetch_add(1, Ordering::SeqCst);
-        let line =
-            bytes::Bytes::from_static(br#"{"type":"FUTURE","object":{"metadata":{"name":"q","resourceVersion":"1"}}}"#);
-        let bad = durable_informer::source::decode_watch_line(&line)
+        let bad = durable_informer::source::decode_watch_line(&bytes::Bytes::from_static(self.line))
             .map_err(|e| durable_informer::source::SourceError::decode("configmaps", Some(1), e));
-        assert!(bad.is_err(), "an unknown event type is not decoded");
+        assert!(bad.is_err(), "the line is not decoded");
         Ok(futures::stream::iter([bad]).chain(inner).boxed())
     }
     async fn cluster_identity(&self) -> Result<Option<String>, durable_informer::source::SourceError> {
@@ -972,9 +971,10 @@ fn f14_an_unknown_watch_event_type_is_skipped_and_later_events_apply() {
     let dir = tempfile::tempdir().expect("tempdir");
     let db = DurableStore::open(StoreConfig::new(dir.path().join("db.redb"))).expect("open");
     runtime().block_on(async {
-        let source = UnknownEventType {
+        let source = BadLine {
             fake: fake.clone(),
             rv: fake.current_rv() + 1000,
+            line: br#"{"type":"FUTURE","object":{"metadata":{"name":"q","resourceVersion":"1"}}}"#,
             sent: Arc::default(),
         };
         let inf = Informer::<ConfigMap>::builder(&db, source.clone())
@@ -993,6 +993,53 @@ fn f14_an_unknown_watch_event_type_is_skipped_and_later_events_apply() {
             inf.errors().iter().any(|e| e.contains("FUTURE")),
             "the skipped event was not reported: {:?}",
             inf.errors()
+        );
+        inf.shutdown().await.expect("shutdown");
+    });
+}
+
+/// F14, the other half: a line that may have carried a change and stays unreadable (every
+/// watch from the same place sends it) makes the scope relist, after one plain re-watch; the
+/// events after it apply.
+#[test]
+fn f14_a_line_that_stays_unreadable_is_skipped_by_a_relist() {
+    let fake = Fake::new();
+    fake.upsert("a", "1");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let db = DurableStore::open(StoreConfig::new(dir.path().join("db.redb"))).expect("open");
+    runtime().block_on(async {
+        let source = BadLine {
+            fake: fake.clone(),
+            // Watches from the initial list's RV meet it; those from after a relist do not.
+            rv: fake.current_rv(),
+            line: br#"{"type":"ADDED","object":{"metadata":{"name":"q","resourceVers"#,
+            sent: Arc::default(),
+        };
+        let inf = Informer::<ConfigMap>::builder(&db, source.clone())
+            .reflector_config(fast())
+            .build()
+            .await
+            .expect("informer");
+        inf.start();
+        inf.wait_for_sync().await.expect("synced");
+        fake.bump_rv();
+        fake.upsert("c", "1");
+        let scope = inf.scope();
+        let applied = eventually(Duration::from_secs(5), || stored(&db, scope).contains_key("c")).await;
+        assert!(applied, "c was not stored; issues {:?}", inf.errors());
+        let status = inf.status().borrow().clone();
+        assert_eq!(status.relists, 1, "one relist: {status:?}");
+        assert_eq!(
+            source.sent.load(Ordering::SeqCst),
+            2,
+            "re-watched once before the relist"
+        );
+        assert!(
+            status
+                .last_list_reason
+                .as_ref()
+                .is_some_and(|r| r.class() == "skipped_event"),
+            "{status:?}"
         );
         inf.shutdown().await.expect("shutdown");
     });

@@ -909,7 +909,7 @@ where
             }
             Err(panic) => {
                 self.counts.record(R::Panic, took);
-                let msg = panic_message(panic.as_ref());
+                let msg = crate::util::panic_message(panic.as_ref());
                 tracing::error!(%key, panic = msg, "reconcile panicked");
                 self.queue.add_rate_limited(key.clone());
             }
@@ -936,15 +936,6 @@ impl Drop for DoneOnDrop<'_> {
     fn drop(&mut self) {
         self.0.done(self.1);
     }
-}
-
-/// The text a panic was raised with, if it is a string.
-fn panic_message(payload: &(dyn Any + Send)) -> &str {
-    payload
-        .downcast_ref::<&str>()
-        .copied()
-        .or_else(|| payload.downcast_ref::<String>().map(String::as_str))
-        .unwrap_or("(no message)")
 }
 
 /// Shuts `queue` down with drain and waits for the workers: queued keys are still handed out,
@@ -980,7 +971,7 @@ mod tests {
     }
 
     fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-        m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+        crate::util::Locked::locked(m)
     }
 
     /// What the test reconcilers record: every call with its (virtual) time.

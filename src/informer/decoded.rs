@@ -3,9 +3,10 @@
 //! informer's listers read the newest of them too, so a reconcile that reads the object whose
 //! event woke it gets the handler's `Arc<K>` instead of decoding it again.
 
+use crate::util::Locked;
 use std::any::{Any, TypeId};
 use std::collections::{BTreeMap, HashMap, VecDeque};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use bytes::Bytes;
 use serde::de::DeserializeOwned;
@@ -132,7 +133,7 @@ impl<K: DeserializeOwned> Decoded<K> {
     }
 
     fn lock(&self) -> MutexGuard<'_, State<K>> {
-        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+        self.state.locked()
     }
 }
 
@@ -145,7 +146,7 @@ pub(crate) struct DecodedByType {
 
 impl DecodedByType {
     pub(crate) fn of<K: DeserializeOwned + Send + Sync + 'static>(&self) -> Arc<Decoded<K>> {
-        let mut types = self.types.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut types = self.types.locked();
         let any = types
             .entry(TypeId::of::<K>())
             .or_insert_with(|| Arc::new(Decoded::<K>::new()))

@@ -558,7 +558,7 @@ async fn call<K: Send + Sync + 'static>(ctx: &Ctx, handler: &dyn EventHandler<K>
     let fut = match std::panic::catch_unwind(AssertUnwindSafe(|| handler.handle(ev))) {
         Ok(f) => f,
         Err(p) => {
-            (ctx.report)(issue(label, HandlerProblem::Panicked(panic_text(&p))));
+            (ctx.report)(issue(label, HandlerProblem::Panicked(crate::util::panic_message(&*p))));
             return false;
         }
     };
@@ -569,17 +569,10 @@ async fn call<K: Send + Sync + 'static>(ctx: &Ctx, handler: &dyn EventHandler<K>
             false
         }
         Err(p) => {
-            (ctx.report)(issue(label, HandlerProblem::Panicked(panic_text(&p))));
+            (ctx.report)(issue(label, HandlerProblem::Panicked(crate::util::panic_message(&*p))));
             false
         }
     }
-}
-
-fn panic_text(p: &Box<dyn std::any::Any + Send>) -> String {
-    p.downcast_ref::<String>()
-        .cloned()
-        .or_else(|| p.downcast_ref::<&str>().map(|s| (*s).to_owned()))
-        .unwrap_or_else(|| "unknown panic".to_owned())
 }
 
 /// One state of `rec`, decoded once for every handler of the informer. The new state of an

@@ -1,5 +1,6 @@
 //! The informer factory: one database, many informers, each scope shared.
 
+use crate::util::Locked;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
@@ -153,19 +154,10 @@ impl InformerFactory {
             source = source.fields(f);
         }
         let key = source.scope().canonical();
-        if let Some(e) = self
-            .informers
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .get(&key)
-        {
+        if let Some(e) = self.informers.locked().get(&key) {
             return Ok(Informer::from_inner(e.inner.clone()));
         }
-        let db = self
-            .db
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .clone();
+        let db = self.db.locked().clone();
         let db = db.ok_or(StoreError::WriterGone)?;
         let mut b = Informer::<K>::builder(&db, source).reflector_config(self.config.clone());
         for ix in indexers {
@@ -185,19 +177,14 @@ impl InformerFactory {
                 Box::pin(async move { i.shutdown().await })
             }),
         });
-        let mut map = self.informers.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut map = self.informers.locked();
         // Another task may have created the same scope meanwhile: keep the first.
         let e = map.entry(key).or_insert(entry);
         Ok(Informer::from_inner(e.inner.clone()))
     }
 
     fn entries(&self) -> Vec<Arc<Entry>> {
-        self.informers
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .values()
-            .cloned()
-            .collect()
+        self.informers.locked().values().cloned().collect()
     }
 
     /// Starts every informer created so far (again for new ones: starting twice is harmless).
@@ -225,7 +212,7 @@ impl InformerFactory {
                 first_err.get_or_insert(err);
             }
         }
-        let db = self.db.lock().unwrap_or_else(std::sync::PoisonError::into_inner).take();
+        let db = self.db.locked().take();
         if let Some(db) = db.and_then(|db| Arc::try_unwrap(db).ok()) {
             tokio::task::spawn_blocking(move || db.close())
                 .await

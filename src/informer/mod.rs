@@ -41,6 +41,7 @@ mod factory;
 mod handler;
 mod lister;
 
+use crate::util::Locked;
 use std::marker::PhantomData;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -68,7 +69,7 @@ use crate::store::{DurableStore, Indexer, LogReader, ScopeId, Seq, Store, Writer
 
 /// Keeps `issue` among the last 100.
 fn keep_issue(issues: &Mutex<Vec<InformerIssue>>, issue: InformerIssue) {
-    let mut v = issues.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let mut v = issues.locked();
     v.push(issue);
     let excess = v.len().saturating_sub(100);
     v.drain(..excess);
@@ -486,13 +487,7 @@ where
 
     /// Starts the reflector on the current tokio runtime (once; later calls do nothing).
     pub fn start(&self) {
-        let Some(run) = self
-            .inner
-            .run
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .take()
-        else {
+        let Some(run) = self.inner.run.locked().take() else {
             return;
         };
         let fut = run(self.inner.stop.subscribe());
@@ -518,11 +513,7 @@ where
             inner.sync_seq.send_replace(Some(seq));
         });
         let handle = tokio::spawn(fut);
-        *self
-            .inner
-            .task
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(handle);
+        *self.inner.task.locked() = Some(handle);
     }
 
     /// Starts and runs until [`stop`](Self::stop) or a fatal error (another cluster's database).
@@ -533,14 +524,22 @@ where
 
     /// Waits for the reflector task, if it runs.
     async fn join(&self) -> Result<(), ReflectorError> {
-        let task = self
-            .inner
-            .task
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .take();
+        let task = self.inner.task.locked().take();
         match task {
-            Some(t) => t.await.unwrap_or(Ok(())),
+            Some(t) => match t.await {
+                Ok(result) => result,
+                // The reflector catches its own panics; one escaping anyway (or a cancelled
+                // runtime) is still not a clean stop.
+                Err(e) => Err(ReflectorError::Panicked {
+                    resource: self.inner.resource.clone(),
+                    what: "reflector task",
+                    message: if e.is_panic() {
+                        crate::util::panic_message(&*e.into_panic())
+                    } else {
+                        "cancelled".to_owned()
+                    },
+                }),
+            },
             None => Ok(()),
         }
     }
@@ -607,11 +606,7 @@ where
             dispatch::run(ctx, sink, options, stop_rx, synced_tx, cursor_tx).await;
             let _ = done_tx.send(true);
         });
-        let mut slots = self
-            .inner
-            .handlers
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut slots = self.inner.handlers.locked();
         slots.retain(|s| !*s.done.borrow());
         slots.push(Slot {
             stop: stop.clone(),
@@ -635,8 +630,7 @@ where
         let slots: Vec<(watch::Sender<bool>, watch::Receiver<bool>, watch::Receiver<Seq>)> = self
             .inner
             .handlers
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .locked()
             .drain(..)
             .map(|s| (s.stop, s.done, s.cursor))
             .collect();
@@ -719,11 +713,7 @@ where
     /// The last issues met by the reflector and the handlers (at most 100), oldest first.
     #[must_use]
     pub fn issues(&self) -> Vec<InformerIssue> {
-        self.inner
-            .errors
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .clone()
+        self.inner.errors.locked().clone()
     }
 
     /// [`issues`](Self::issues) as text, for logs.

@@ -1,5 +1,6 @@
 //! [`LeaseLock`] over a `coordination.k8s.io/v1` Lease through `kube::Client`.
 
+use crate::util::Locked;
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -75,19 +76,12 @@ impl KubeLeaseLock {
     /// Remembers the labels of a Lease just read or written.
     fn saw(&self, lease: &Lease) {
         let labels = lease.metadata.labels.clone().unwrap_or_default();
-        *self
-            .seen_labels
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner) = labels;
+        *self.seen_labels.locked() = labels;
     }
 
     /// The labels to write: those last seen, with ours on top.
     fn labels_to_write(&self) -> Option<BTreeMap<String, String>> {
-        let mut labels = self
-            .seen_labels
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .clone();
+        let mut labels = self.seen_labels.locked().clone();
         labels.extend(self.labels.clone());
         (!labels.is_empty()).then_some(labels)
     }

@@ -75,6 +75,7 @@ mod metrics;
 mod rate_limiter;
 mod work_queue;
 
+use crate::util::Locked;
 pub use blocking::BlockingWorkQueue;
 pub use metrics::{DurationHistogram, QueueMetrics};
 pub use rate_limiter::{
@@ -83,9 +84,9 @@ pub use rate_limiter::{
 };
 pub use work_queue::{WorkQueue, WorkQueueBuilder};
 
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::sync::{Mutex, MutexGuard};
 
 /// Locks `mutex`, recovering from poisoning (see the module's locking policy).
 fn lock<S>(mutex: &Mutex<S>) -> MutexGuard<'_, S> {
-    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+    mutex.locked()
 }

@@ -57,4 +57,25 @@ pub enum ReflectorError {
     /// The database belongs to another cluster (fatal: the reflector stops).
     #[error(transparent)]
     ClusterMismatch(Arc<StoreError>),
+    /// A list (or a streaming list's end bookmark) carried no resourceVersion. Nothing is
+    /// persisted: a watch from `""` starts at "now" and would silently skip every change made
+    /// since the list, so the list is retried instead.
+    #[error("{resource}: the {what} carried no resourceVersion; nothing is stored as synced")]
+    NoResourceVersion {
+        /// The resource.
+        resource: String,
+        /// `list` or `initial-events-end bookmark`.
+        what: &'static str,
+    },
+    /// User code run by the reflector (a transform) panicked: the reflector stops, and the
+    /// informer no longer reports synced.
+    #[error("{resource}: {what} panicked: {message}")]
+    Panicked {
+        /// The resource.
+        resource: String,
+        /// What panicked.
+        what: &'static str,
+        /// The panic's message.
+        message: String,
+    },
 }

@@ -75,6 +75,21 @@ impl<S: Source> Reflector<S> {
                 self.paginated_list(direct).await
             };
             match attempt {
+                Ok(Some(rv)) if rv.is_empty() => {
+                    let _ = self.writer.abort_relist(self.scope()).await;
+                    let what = if self.config.streaming_list && !self.streaming_unsupported {
+                        "initial-events-end bookmark"
+                    } else {
+                        "list"
+                    };
+                    return Err((
+                        ReflectorError::NoResourceVersion {
+                            resource: self.source.resource(),
+                            what,
+                        },
+                        None,
+                    ));
+                }
                 Ok(Some(rv)) => {
                     let seq = if direct {
                         self.writer

@@ -59,6 +59,8 @@ pub struct Reflector<S: Source> {
     backoff: Backoff,
     /// Batches commit without an fsync (see [`Reflector::relaxed_commits`]).
     relaxed: bool,
+    /// Where the last watch met a line it could not read (see [`WatchEnd::Malformed`]).
+    malformed_at: Option<ResourceVersion>,
 }
 
 /// Where the reflector's loop is; [`Reflector::step`] takes one state to the next.
@@ -78,6 +80,9 @@ enum State {
     /// then resume from `rv`.
     Fetch { rv: ResourceVersion, added: ShardSelector },
 }
+
+/// The payload a panicking user transform is re-raised with, so `run` can name it.
+struct TransformPanicked(String);
 
 /// What a resumed watch must reach before the scope reports synced.
 #[derive(Debug, Clone)]
@@ -114,6 +119,7 @@ impl<S: Source> Reflector<S> {
             shard_rx: None,
             backoff,
             relaxed: false,
+            malformed_at: None,
         }
     }
 
@@ -210,8 +216,32 @@ impl<S: Source> Reflector<S> {
 
     /// Runs until `stop` turns true (or is dropped), or a fatal error. Cancelling the future is
     /// also safe: every commit is atomic, and an unacknowledged batch is at most redelivered.
+    ///
+    /// A panic inside (in a user transform, or a bug of ours) ends it with
+    /// [`ReflectorError::Panicked`]; any fatal error also clears `synced`: the store no longer
+    /// follows the server.
     pub async fn run(mut self, mut stop: watch::Receiver<bool>) -> Result<(), ReflectorError> {
-        let result = self.run_inner(&mut stop).await;
+        use futures::FutureExt;
+        let run = std::panic::AssertUnwindSafe(self.run_inner(&mut stop)).catch_unwind();
+        let result = match run.await {
+            Ok(result) => result,
+            Err(payload) => {
+                let (what, message) = match payload.downcast_ref::<TransformPanicked>() {
+                    Some(TransformPanicked(m)) => ("transform", m.clone()),
+                    None => ("reflector", crate::util::panic_message(&*payload)),
+                };
+                let err = ReflectorError::Panicked {
+                    resource: self.source.resource(),
+                    what,
+                    message,
+                };
+                self.report(&err);
+                Err(err)
+            }
+        };
+        if result.is_err() {
+            self.status.send_modify(|s| s.synced = false);
+        }
         self.phase(Phase::Stopped);
         result
     }
@@ -324,6 +354,15 @@ impl<S: Source> Reflector<S> {
                     WatchEnd::Ended => Some(watch(persisted)),
                     WatchEnd::Gone(message) => Some(State::List(ListReason::Gone(message))),
                     WatchEnd::TooLarge(message) => Some(State::List(ListReason::TooLargeRv { persisted, message })),
+                    WatchEnd::Malformed { at, message } => {
+                        if self.malformed_at.as_ref() == Some(&at) {
+                            // The same line again: only a list can tell what it changed.
+                            Some(State::List(ListReason::SkippedEvent(message)))
+                        } else {
+                            self.malformed_at = Some(at);
+                            Some(watch(persisted))
+                        }
+                    }
                     WatchEnd::Retry(hint) => {
                         let delay = self.backoff.delay(hint);
                         self.sleep(delay, stop).await.then(|| watch(persisted))
@@ -471,7 +510,12 @@ impl<S: Source> Reflector<S> {
     fn transform(&self, obj: RawObject) -> Option<RawObject> {
         // Cheap (the Arc of the bytes); the RV is read from them again only for an error.
         let original = obj.bytes.clone();
-        match self.config.transform.apply(obj) {
+        // A panic in the user's function stops the reflector (see `run`), named as its own.
+        let applied = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.config.transform.apply(obj)))
+            .unwrap_or_else(|p| {
+                std::panic::resume_unwind(Box::new(TransformPanicked(crate::util::panic_message(&*p))))
+            });
+        match applied {
             Ok(o) => o,
             Err(e) => {
                 let rv = crate::object::extract_meta(&original)

@@ -104,11 +104,15 @@ pub enum ListReason {
         /// The server's current RV.
         server: ResourceVersion,
     },
+    /// A watch line that may have carried a change (malformed JSON, an event without its
+    /// object, a line over the size cap) could not be read twice at the same place: only a
+    /// list can tell what it changed. The decoder's message.
+    SkippedEvent(String),
 }
 
 impl ListReason {
-    /// The value of the `reason` metric label: `initial`, `gone`, `too_large_rv` or
-    /// `rv_regression`.
+    /// The value of the `reason` metric label: `initial`, `gone`, `too_large_rv`,
+    /// `rv_regression` or `skipped_event`.
     #[must_use]
     pub fn class(&self) -> &'static str {
         match self {
@@ -116,6 +120,7 @@ impl ListReason {
             ListReason::Gone(_) => "gone",
             ListReason::TooLargeRv { .. } => "too_large_rv",
             ListReason::AheadOfServer { .. } => "rv_regression",
+            ListReason::SkippedEvent(_) => "skipped_event",
         }
     }
 
@@ -139,6 +144,7 @@ impl fmt::Display for ListReason {
                 f,
                 "persisted resourceVersion {persisted} is ahead of the server's {server} (cluster restored from a backup?)"
             ),
+            ListReason::SkippedEvent(message) => write!(f, "a watch event was skipped: {message}"),
         }
     }
 }

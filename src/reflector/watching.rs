@@ -28,6 +28,33 @@ pub(super) enum WatchEnd {
     Stop,
     /// A new shard range was sent (see `Reflector::shard_updates`).
     Reshard,
+    /// A line that may have carried a change could not be read after the watch reached
+    /// `at`: re-watch once (a line cut by a proxy reads fine the second time), relist if it
+    /// fails again at the same place.
+    Malformed { at: ResourceVersion, message: String },
+}
+
+/// What to do with a watch stream's error item: `None` ends the watch; `Some(false)` skips
+/// the line and goes on (nothing of the store's state can be missing); `Some(true)` ends the
+/// watch once what came before is committed, as [`WatchEnd::Malformed`] (the line may have
+/// carried a change).
+fn skip_line(e: &SourceError) -> Option<bool> {
+    use crate::source::DecodeError;
+    let SourceError::Decode { source, .. } = e else {
+        return None;
+    };
+    match &**source {
+        // A type this client does not know (client-go logs and skips it too), or an object
+        // that is not a Kubernetes object: no store could hold it, so no list would either.
+        DecodeError::UnknownType(_) | DecodeError::Object { .. } => Some(false),
+        DecodeError::Envelope { event, .. } if event == "BOOKMARK" => Some(false),
+        // The envelope itself is unreadable, or over the size cap: it may have been a change.
+        DecodeError::NotAWatchEvent(_) | DecodeError::MissingObject { .. } | DecodeError::LineTooLong { .. } => {
+            Some(true)
+        }
+        // The stream ended inside a line, or an ERROR event that does not decode: re-watch.
+        _ => None,
+    }
 }
 
 impl<S: Source> Reflector<S> {
@@ -104,6 +131,7 @@ impl<S: Source> Reflector<S> {
             counter("DELETED"),
             counter("BOOKMARK"),
             counter("ERROR"),
+            counter("SKIPPED"),
         ];
         let batch_sizes = metrics::global().batch_size.get_or_create(&self.labels()).clone();
         let mut inflight: Inflight = VecDeque::new();
@@ -219,7 +247,24 @@ impl<S: Source> Reflector<S> {
             };
             match next {
                 None => end = Some(WatchEnd::Ended),
-                Some(Err(e)) => end = Some(self.classify(e, &rv)),
+                Some(Err(e)) => match skip_line(&e) {
+                    None => end = Some(self.classify(e, &rv)),
+                    Some(relist) => {
+                        counters[5].inc();
+                        let message = e.to_string();
+                        self.report(&ReflectorError::Source {
+                            source: e,
+                            rv: high.clone(),
+                            continue_token: None,
+                        });
+                        if relist {
+                            end = Some(WatchEnd::Malformed {
+                                at: high.clone(),
+                                message,
+                            });
+                        }
+                    }
+                },
                 Some(Ok(ev)) => {
                     events += 1;
                     let kind = match &ev {

@@ -441,6 +441,8 @@ struct LineReader {
     scanned: usize,
     line_no: u64,
     done: bool,
+    /// Discarding the rest of a line over [`MAX_LINE`] (already reported) up to its newline.
+    skipping: bool,
     resource: String,
 }
 
@@ -452,6 +454,7 @@ impl LineReader {
             scanned: 0,
             line_no: 0,
             done: false,
+            skipping: false,
             resource,
         }
     }
@@ -486,6 +489,10 @@ impl LineReader {
             if let Some(pos) = memchr::memchr(b'\n', &self.buf[from..]).map(|p| p + from) {
                 self.scanned = 0;
                 let line: Bytes = self.buf.split_to(pos + 1).freeze();
+                if std::mem::take(&mut self.skipping) {
+                    // The end of a line too long to keep, reported when it passed the cap.
+                    continue;
+                }
                 self.line_no += 1;
                 let line = line.slice(..pos);
                 if line.iter().all(u8::is_ascii_whitespace) {
@@ -494,8 +501,13 @@ impl LineReader {
                 return Some(self.decode(line, false));
             }
             self.scanned = self.buf.len();
+            if self.skipping {
+                // Nothing of a line too long to keep is buffered: only its newline matters.
+                self.buf.clear();
+                self.scanned = 0;
+            }
             if self.done {
-                if self.buf.iter().all(u8::is_ascii_whitespace) {
+                if self.skipping || self.buf.iter().all(u8::is_ascii_whitespace) {
                     return None;
                 }
                 let rest = self.buf.split().freeze();
@@ -505,8 +517,12 @@ impl LineReader {
                 return Some(self.decode(rest, true));
             }
             if self.buf.len() > MAX_LINE {
-                self.done = true;
+                // Reported, then skipped up to its newline: the lines after it still decode
+                // (the reflector relists for what the skipped line may have changed).
+                self.skipping = true;
                 self.buf.clear();
+                self.scanned = 0;
+                self.line_no += 1;
                 return Some(Err(self.malformed(DecodeError::LineTooLong { limit: MAX_LINE })));
             }
             match self.body.next().await {
@@ -638,16 +654,27 @@ mod tests {
     }
 
     #[test]
-    fn a_line_longer_than_the_limit_is_refused_and_ends_the_stream() {
+    fn a_line_longer_than_the_limit_is_reported_skipped_and_the_next_lines_decode() {
         let mib = Bytes::from(vec![b' '; 1 << 20]);
         let mut chunks: Vec<Result<Bytes, String>> = vec![Ok(Bytes::from_static(b"{\"type\":\"ADDED\",\"object\":\""))];
         chunks.extend((0..(MAX_LINE >> 20) + 2).map(|_| Ok(mib.clone())));
+        chunks.push(Ok(Bytes::from(format!("\"}}}}\n{ADDED_A}\n{ADDED_B}\n"))));
         let items = read(chunks);
-        assert_eq!(items.len(), 1);
         assert!(
             matches!(&items[0], Err(SourceError::Decode { source, .. }) if matches!(**source, DecodeError::LineTooLong { .. })),
             "{:?}",
             items[0]
         );
+        assert_eq!(names(&items[1..]), ["a", "b"]);
+    }
+
+    #[test]
+    fn a_stream_ending_inside_a_skipped_line_ends_quietly() {
+        let mib = Bytes::from(vec![b' '; 1 << 20]);
+        let mut chunks: Vec<Result<Bytes, String>> = vec![Ok(Bytes::from(format!("{ADDED_A}\n")))];
+        chunks.extend((0..(MAX_LINE >> 20) + 2).map(|_| Ok(mib.clone())));
+        let items = read(chunks);
+        assert_eq!(items.len(), 2, "{:?}", names(&items));
+        assert_eq!(names(&items[..1]), ["a"]);
     }
 }

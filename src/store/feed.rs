@@ -11,9 +11,10 @@
 //! lost relaxed commit: volatile handlers are told at least once; durable ones read only what
 //! is on disk and never use the feed.
 
+use crate::util::Locked;
 use std::collections::VecDeque;
 use std::sync::Arc;
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::sync::{Mutex, MutexGuard};
 
 use super::hot::HotEntry;
 use super::read::LogRecord;
@@ -71,7 +72,7 @@ impl Feed {
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+        self.state.locked()
     }
 
     /// Publishes one applied group, of the seqs after `after` up to `last`: its records of

@@ -19,10 +19,11 @@
 //! journals the groups committed meanwhile, and the loader applies them after the snapshot.
 //! Until then (and after a failed load) readers use redb.
 
+use crate::util::RwLocked;
 use std::any::{Any, TypeId};
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::hash::{BuildHasher, Hash, Hasher};
-use std::sync::{Arc, OnceLock, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::sync::{Arc, OnceLock, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use bytes::Bytes;
 use hashbrown::hash_table::{Entry, HashTable};
@@ -210,11 +211,11 @@ impl HotTier {
     }
 
     fn read(&self) -> RwLockReadGuard<'_, State> {
-        self.state.read().unwrap_or_else(PoisonError::into_inner)
+        self.state.reading()
     }
 
     fn write(&self) -> RwLockWriteGuard<'_, State> {
-        self.state.write().unwrap_or_else(PoisonError::into_inner)
+        self.state.writing()
     }
 
     /// A view, when the tier is loaded.

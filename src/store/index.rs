@@ -4,6 +4,7 @@
 //! namespace is a key-range scan. Index rows are written only for indexes a scope asked for:
 //! the built-in [`LABELS`] index (`key=value` per label) or custom functions registered by name.
 
+use crate::util::RwLocked;
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use std::sync::{Arc, RwLock};
@@ -111,19 +112,19 @@ pub(crate) struct IndexRegistry {
 
 impl IndexRegistry {
     pub(crate) fn register(&self, scope: ScopeId, indexer: Indexer) {
-        let mut map = self.inner.write().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut map = self.inner.writing();
         map.entry(scope).or_default().insert(indexer.name.clone(), indexer);
     }
 
     pub(crate) fn for_scope(&self, scope: ScopeId) -> Vec<Indexer> {
-        let map = self.inner.read().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let map = self.inner.reading();
         map.get(&scope)
             .map(|m| m.values().cloned().collect())
             .unwrap_or_default()
     }
 
     pub(crate) fn get(&self, scope: ScopeId, name: &IndexName) -> Option<Indexer> {
-        let map = self.inner.read().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let map = self.inner.reading();
         map.get(&scope).and_then(|m| m.get(name).cloned())
     }
 }

@@ -46,6 +46,7 @@ mod schema;
 mod typed;
 mod writer;
 
+use crate::util::RwLocked;
 use std::fs::OpenOptions;
 use std::io::Read;
 use std::os::unix::fs::OpenOptionsExt;
@@ -451,20 +452,13 @@ pub(crate) struct Shared {
 
 impl Shared {
     pub(crate) fn db(&self) -> Result<Arc<redb::Database>, StoreError> {
-        self.db
-            .read()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .clone()
-            .ok_or_else(|| StoreError::Closed {
-                path: self.path.clone(),
-            })
+        self.db.reading().clone().ok_or_else(|| StoreError::Closed {
+            path: self.path.clone(),
+        })
     }
 
     fn take_db(&self) -> Option<Arc<redb::Database>> {
-        self.db
-            .write()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .take()
+        self.db.writing().take()
     }
 
     /// Closes the database and opens it again (same file, same backend wrapper). redb refuses
@@ -487,7 +481,7 @@ impl Shared {
                     }
                     Err(still_shared) => {
                         // A reader holds it for long: put it back and try again on the next error.
-                        *self.db.write().unwrap_or_else(std::sync::PoisonError::into_inner) = Some(still_shared);
+                        *self.db.writing() = Some(still_shared);
                         return Err(StoreError::Locked {
                             path: self.path.clone(),
                         });
@@ -496,7 +490,7 @@ impl Shared {
             }
         }
         let db = open_database(&self.config)?;
-        *self.db.write().unwrap_or_else(std::sync::PoisonError::into_inner) = Some(Arc::new(db));
+        *self.db.writing() = Some(Arc::new(db));
         Ok(())
     }
 

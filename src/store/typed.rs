@@ -2,6 +2,7 @@
 //! unchanged object skip the JSON decode. Memory stays bounded by `capacity`, not by the number
 //! of objects in the store.
 
+use crate::util::Locked;
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 
@@ -98,7 +99,7 @@ impl<K: DeserializeOwned> TypedCache<K> {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Slots<K>> {
-        self.inner.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+        self.inner.locked()
     }
 }
 

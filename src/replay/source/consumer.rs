@@ -1,7 +1,8 @@
 //! The consumer end of the feed: what lists and watches read, and the replay's progress.
 
+use crate::util::Locked;
 use std::collections::VecDeque;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex};
 
 use tokio::sync::{mpsc, watch};
 
@@ -27,7 +28,7 @@ pub(super) struct Progress {
 
 impl Progress {
     pub(super) fn lock(&self) -> std::sync::MutexGuard<'_, ProgressState> {
-        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+        self.state.locked()
     }
 
     pub(super) fn take_error(&self) -> Option<ReplayError> {
@@ -134,7 +135,7 @@ pub(super) struct Guard {
 
 impl Guard {
     pub(super) fn take(shared: &Arc<Shared>) -> Result<Self, SourceError> {
-        let consumer = shared.consumer.lock().unwrap_or_else(PoisonError::into_inner).take();
+        let consumer = shared.consumer.locked().take();
         match consumer {
             Some(c) => Ok(Self {
                 shared: shared.clone(),
@@ -158,7 +159,7 @@ impl Guard {
 impl Drop for Guard {
     fn drop(&mut self) {
         if let Some(c) = self.consumer.take() {
-            *self.shared.consumer.lock().unwrap_or_else(PoisonError::into_inner) = Some(c);
+            *self.shared.consumer.locked() = Some(c);
         }
     }
 }

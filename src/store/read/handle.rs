@@ -1,5 +1,6 @@
 //! [`Store`]: the cheap, cloneable read handle over one scope.
 
+use crate::util::RwLocked;
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -46,13 +47,7 @@ impl Store {
         if let Some(t) = self.hot.get() {
             return Some(t);
         }
-        let tier = self
-            .shared
-            .hot
-            .read()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .get(&self.scope)
-            .cloned()?;
+        let tier = self.shared.hot.reading().get(&self.scope).cloned()?;
         Some(self.hot.get_or_init(|| tier))
     }
 

@@ -23,7 +23,12 @@ impl WriterThread {
             d.object.key().validate().map_err(|e| Failure::Refused(e.into()))?;
         }
         if let Some(required) = &batch.requires_rv {
-            if record.rv.as_ref().is_none_or(|p| p.is_older_than(required)) {
+            // "At least `required`": equal (any RV, opaque ones too), or known newer.
+            if !record
+                .rv
+                .as_ref()
+                .is_some_and(|p| p == required || required.is_older_than(p))
+            {
                 return Err(Failure::Refused(StoreError::PredecessorMissing {
                     scope: batch.scope,
                     persisted: record.rv.clone(),

@@ -33,9 +33,9 @@ pub struct Batch {
     pub rv: Option<ResourceVersion>,
     /// Marks the scope synced (the end of an initial list).
     pub mark_synced: bool,
-    /// Refuse unless the persisted RV is at least this: set to the RV the previous pipelined
-    /// batch reaches, so a batch never commits after its predecessor failed (which would skip
-    /// the predecessor's events).
+    /// Refuse unless the persisted RV is at least this (equal to it, or an integer RV above
+    /// it): set to the RV the previous pipelined batch reaches, so a batch never commits
+    /// after its predecessor failed (which would skip the predecessor's events).
     pub requires_rv: Option<ResourceVersion>,
     /// The carried objects already compressed by [`Writer::submit`] on the caller's thread.
     pub(crate) packed: Option<Packed>,
@@ -105,7 +105,8 @@ impl Batch {
         self
     }
 
-    /// Applies only if the scope's persisted RV is at least `rv` (see [`Batch::requires_rv`]).
+    /// Applies only if the scope's persisted RV is `rv` or, both being integers, newer (see
+    /// [`Batch::requires_rv`]); opaque RVs must match exactly.
     #[must_use]
     pub fn requires(mut self, rv: impl Into<ResourceVersion>) -> Self {
         self.requires_rv = Some(rv.into());

@@ -1,5 +1,6 @@
 //! Per-scope compression dictionaries: trained, stored with the group, published on commit.
 
+use crate::util::RwLocked;
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -80,13 +81,19 @@ impl WriterThread {
                 let samples = std::mem::take(&mut state.samples);
                 if let Some(raw) = dict::train(&samples) {
                     let mut table = txn.open_table(DICTS).map_err(|e| self.st(e))?;
-                    let id = table
+                    let in_file = table
                         .range((scope.0, 0)..=(scope.0, u32::MAX))
                         .map_err(|e| self.st(e))?
                         .next_back()
                         .transpose()
                         .map_err(|e| self.st(e))?
                         .map_or(1, |(k, _)| k.value().1 + 1);
+                    // Never an id handed out before in this process, even one whose row a
+                    // rollback took away: readers cache decoders by id for the process's life.
+                    let mut handed_out = self.dict_ids.borrow_mut();
+                    let id = handed_out.get(&scope.0).map_or(in_file, |last| in_file.max(last + 1));
+                    handed_out.insert(scope.0, id);
+                    drop(handed_out);
                     table.insert((scope.0, id), raw.as_slice()).map_err(|e| self.st(e))?;
                     state.current = Some(Arc::new(EncDict::new(scope.0, id, &raw, level)));
                     self.pending_dicts.borrow_mut().push(scope.0);
@@ -101,10 +108,7 @@ impl WriterThread {
     }
 
     pub(super) fn publish(&self, scope: u32, dict: Arc<EncDict>) {
-        self.published
-            .write()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .insert(scope, dict);
+        self.published.writing().insert(scope, dict);
     }
 
     /// The dictionary `scope_dict` last settled on (call that first in the command).

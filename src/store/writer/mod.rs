@@ -23,6 +23,7 @@ mod scopes;
 mod shards;
 mod thread;
 
+use crate::util::RwLocked;
 pub(crate) use backfill::RESUME_SCAN;
 pub use batch::{Batch, Committed, CompactReport, Delta, RelistSummary};
 pub(crate) use batch::{Packed, PublishedDicts};
@@ -162,12 +163,7 @@ impl Writer {
         if batch.packed.is_some() || batch.deltas.is_empty() {
             return batch;
         }
-        let dict = self
-            .dicts
-            .read()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .get(&batch.scope.0)
-            .cloned();
+        let dict = self.dicts.reading().get(&batch.scope.0).cloned();
         let Some(dict) = dict else { return batch };
         let blobs: Result<Vec<Bytes>, _> = batch
             .deltas
@@ -390,6 +386,7 @@ pub(crate) fn spawn(
         backfills: RefCell::new(BTreeMap::new()),
         backfill_turn: Cell::new(false),
         dicts: RefCell::new(HashMap::new()),
+        dict_ids: RefCell::new(HashMap::new()),
         pending_dicts: RefCell::new(Vec::new()),
         hot: RefCell::new(HashMap::new()),
         hot_ops: RefCell::new(Vec::new()),

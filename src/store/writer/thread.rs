@@ -1,5 +1,6 @@
 //! The writer thread: the loop that takes commands, commits them in groups and answers.
 
+use crate::util::RwLocked;
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -60,6 +61,9 @@ pub(super) struct WriterThread {
     pub(super) backfill_turn: Cell<bool>,
     /// Per-scope dictionary state for [`Compression::ZstdDict`].
     pub(super) dicts: RefCell<HashMap<u32, ScopeDicts>>,
+    /// The highest dictionary id handed out per scope in this process (kept across
+    /// rollbacks: see `scope_dict`).
+    pub(super) dict_ids: RefCell<HashMap<u32, u32>>,
     /// Scopes whose dictionary was trained in the open group: forgotten if it rolls back,
     /// published once it commits.
     pub(super) pending_dicts: RefCell<Vec<u32>>,
@@ -274,10 +278,7 @@ impl WriterThread {
         // Dictionaries are looked up again from what the file holds.
         self.dicts.borrow_mut().clear();
         self.pending_dicts.borrow_mut().clear();
-        self.published
-            .write()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .clear();
+        self.published.writing().clear();
         self.poisoned.set(false);
         // Relaxed commits lost with the error may be in the tiers: load them again.
         self.forget_group();
@@ -741,11 +742,7 @@ impl WriterThread {
         }
         let tier = Arc::new(HotTier::new(scope, budget, Seq(self.next_seq.get() - 1)));
         self.hot.borrow_mut().insert(scope.0, tier.clone());
-        self.shared
-            .hot
-            .write()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .insert(scope, tier.clone());
+        self.shared.hot.writing().insert(scope, tier.clone());
         self.load_hot(scope, &tier);
     }
 
