@@ -75,7 +75,7 @@ async fn run(events: usize, tier: Option<usize>) -> Res<()> {
     let dir = tempfile::tempdir()?;
     let mut config = StoreConfig::new(dir.path().join("stages.redb"));
     if let Some(bytes) = tier {
-        config = config.hot_tier_bytes(bytes);
+        config = config.object_cache_bytes(bytes);
     }
     let db = tokio::task::spawn_blocking(move || DurableStore::open(config)).await??;
     let writer = db.writer();

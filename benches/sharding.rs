@@ -209,7 +209,7 @@ fn child() -> Res<()> {
         let mut config = StoreConfig::new(db);
         // As in benches/compare: the hot tier's budget (default 512 MiB per informer).
         if let Some(bytes) = std::env::var("BENCH_HOT_TIER_BYTES").ok().and_then(|v| v.parse().ok()) {
-            config = config.hot_tier_bytes(bytes);
+            config = config.object_cache_bytes(bytes);
         }
         let store = tokio::task::spawn_blocking(move || DurableStore::open(config)).await??;
         let mut builder =

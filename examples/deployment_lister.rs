@@ -102,7 +102,7 @@ pub async fn run(
     let registration = informer.add_event_handler(handler, HandlerOptions::durable("deployment-printer"));
     informer.start();
     let stopped = tokio::select! {
-        synced = async { informer.wait_for_sync().await?; registration.wait_for_sync().await; Ok::<_, InformerError>(()) } => { synced?; false }
+        synced = async { informer.wait_for_sync().await?; registration.wait_for_sync().await?; Ok::<_, InformerError>(()) } => { synced?; false }
         _ = stop.wait_for(|s| *s) => true,
     };
     if !stopped {

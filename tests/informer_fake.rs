@@ -101,7 +101,7 @@ async fn a_handler_receives_exactly_the_servers_event_sequence() {
     let reg = inf.add_event_handler(recorder(&seen), HandlerOptions::volatile());
     inf.start();
     inf.wait_for_sync().await.expect("cache synced");
-    reg.wait_for_sync().await;
+    reg.wait_for_sync().await.expect("handler synced");
     fake.upsert("a", "2");
     fake.upsert("c", "1");
     fake.delete("b");
@@ -148,7 +148,7 @@ async fn handlers_of_one_informer_share_each_decoded_event() {
     inf.start();
     inf.wait_for_sync().await.expect("cache synced");
     for r in &regs {
-        r.wait_for_sync().await;
+        r.wait_for_sync().await.expect("handler synced");
     }
     fake.upsert("a", "2");
     fake.upsert("a", "3");
@@ -169,8 +169,6 @@ async fn handlers_of_one_informer_share_each_decoded_event() {
         first[1].2,
         "the lister got the handlers' Arc"
     );
-    let cached = inf.lister().with_cache(4).namespace("ns").get("a").unwrap().unwrap();
-    assert!(Arc::ptr_eq(&cached, &listed), "a caching lister starts from it too");
     inf.shutdown().await.unwrap();
 }
 
@@ -223,7 +221,7 @@ async fn late_volatile_handlers_get_the_whole_store_and_removed_ones_get_nothing
     inf.wait_for_sync().await.expect("cache synced");
     let late = Seen::default();
     let reg = inf.add_event_handler(recorder(&late), HandlerOptions::volatile());
-    reg.wait_for_sync().await;
+    reg.wait_for_sync().await.expect("handler synced");
     assert!(reg.has_synced());
     assert_eq!(
         wait_len(&late, 3).await,
@@ -390,8 +388,8 @@ async fn listers_select_by_labels_and_namespace() {
         Some("a")
     );
     assert!(lister.namespace("other").get("a").unwrap().is_none());
-    // With a decode cache, an unchanged object is decoded once and shared.
-    let cached = inf.lister().with_cache(10);
+    // The informer's cache decodes an unchanged object once, and shares it.
+    let cached = inf.lister();
     let first = cached.namespace("ns").get("a").unwrap().unwrap();
     let again = cached.namespace("ns").get("a").unwrap().unwrap();
     assert!(std::sync::Arc::ptr_eq(&first, &again));
@@ -561,7 +559,7 @@ async fn secrets_need_an_explicit_opt_in() {
 /// A volatile handler blocked on the update of `a` while 30 more objects arrive, one is
 /// deleted, and retention cuts the log past it; returns once the cut is made, gate closed.
 async fn behind_the_retention(
-    hot_tier_bytes: usize,
+    cache_bytes: usize,
 ) -> (
     (tempfile::TempDir, DurableStore),
     Informer<ConfigMap>,
@@ -575,7 +573,7 @@ async fn behind_the_retention(
     let inf = Informer::<ConfigMap>::builder(&db, fake.clone())
         .reflector_config(cfg())
         .indexer(durable_informer::store::Indexer::labels())
-        .hot_tier_bytes(hot_tier_bytes)
+        .object_cache_bytes(cache_bytes)
         .build()
         .await
         .unwrap();
@@ -631,49 +629,29 @@ async fn behind_the_retention(
     ((dir, db), inf, seen, gate)
 }
 
-/// A volatile handler that falls behind the log's retention (entries compacted before it read
-/// them) is told so and starts again from the current state, instead of skipping silently.
-/// (Without a hot tier: with one, the feed still holds what it missed; see the next test.)
+/// A volatile handler that falls far behind (here: the log's retention cut past it) misses
+/// nothing: it is told from the informer's cache, one event per object changed meanwhile, from
+/// the state it was last told to the newest (an object added and deleted meanwhile: nothing).
+/// With the JSON in the cache, and with none (read back from redb).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_volatile_handler_behind_the_retention_restarts_from_the_current_state() {
-    let (_dir, inf, seen, gate) = behind_the_retention(0).await;
-    gate.add_permits(1_000);
-    // The blocked event, then the restart: every current object as an initial add.
-    let got = wait_len(&seen, 2 + 30).await;
-    assert_eq!(got[0], "add a 1 (initial)");
-    assert_eq!(got[1], "update a 1->2");
-    let mut restarted: Vec<&String> = got[2..].iter().collect();
-    restarted.sort();
-    assert_eq!(restarted.len(), 30, "{got:?}");
-    assert!(restarted.iter().all(|l| l.ends_with("(initial)")), "{got:?}");
-    assert!(restarted.contains(&&"add n29 1 (initial)".to_owned()));
-    assert!(
-        !restarted.iter().any(|l| l.starts_with("add n0 ")),
-        "a deleted object was re-added"
-    );
-    assert!(
-        inf.errors()
-            .iter()
-            .any(|e| e.contains("compacted before they were read")),
-        "no error reported: {:?}",
-        inf.errors()
-    );
-    inf.shutdown().await.unwrap();
-}
-
-/// With a hot tier, the same handler reads what it missed from the tier's feed, which keeps
-/// the newest records in memory whatever redb's retention: every event, in order, no restart.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_volatile_handler_behind_the_retention_reads_the_hot_tiers_feed() {
-    let (_dir, inf, seen, gate) = behind_the_retention(64 << 20).await;
-    gate.add_permits(1_000);
-    let got = wait_len(&seen, 2 + 30 + 1).await;
-    let mut want = vec!["add a 1 (initial)".to_owned(), "update a 1->2".to_owned()];
-    want.extend((0..30).map(|i| format!("add n{i} 1")));
-    want.push("delete n0".to_owned());
-    assert_eq!(got, want);
-    assert!(inf.errors().is_empty(), "{:?}", inf.errors());
-    inf.shutdown().await.unwrap();
+async fn a_volatile_handler_far_behind_is_told_each_objects_newest_state() {
+    for cache_bytes in [64 << 20, 0] {
+        let (_dir, inf, seen, gate) = behind_the_retention(cache_bytes).await;
+        gate.add_permits(1_000);
+        let got = wait_len(&seen, 2 + 29).await;
+        let mut want = vec!["add a 1 (initial)".to_owned(), "update a 1->2".to_owned()];
+        want.extend((1..30).map(|i| format!("add n{i} 1")));
+        assert_eq!(got, want, "cache of {cache_bytes} bytes");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert_eq!(
+            seen.lock().unwrap().len(),
+            want.len(),
+            "nothing more: {:?}",
+            seen.lock().unwrap()
+        );
+        assert!(inf.errors().is_empty(), "{:?}", inf.errors());
+        inf.shutdown().await.unwrap();
+    }
 }
 
 /// A [`Fake`] watched as another scope: two of them are two informers on one database.
@@ -893,8 +871,8 @@ async fn resync_fires_at_its_period_on_virtual_time() {
         recorder(&own),
         HandlerOptions::volatile().resync(Duration::from_secs(3600)),
     );
-    r1.wait_for_sync().await;
-    r2.wait_for_sync().await;
+    r1.wait_for_sync().await.expect("handler synced");
+    r2.wait_for_sync().await.expect("handler synced");
     let initial = ["add a 1 (initial)", "add b 1 (initial)"];
     assert_eq!(wait_len(&inherits, 2).await, initial);
     assert_eq!(wait_len(&own, 2).await, initial);
@@ -967,7 +945,7 @@ async fn an_update_with_an_unchanged_resource_version_is_not_delivered() {
     let reg = inf.add_event_handler(recorder(&seen), HandlerOptions::volatile());
     inf.start();
     inf.wait_for_sync().await.expect("cache synced");
-    reg.wait_for_sync().await;
+    reg.wait_for_sync().await.expect("handler synced");
     fake.resend("a");
     fake.upsert("a", "2");
     fake.resend("a");
@@ -1007,7 +985,7 @@ async fn a_resync_larger_than_a_page_delivers_each_object_once() {
         recorder(&seen),
         HandlerOptions::volatile().resync(Duration::from_secs(60)),
     );
-    reg.wait_for_sync().await;
+    reg.wait_for_sync().await.expect("handler synced");
     assert_eq!(wait_len(&seen, 600).await.len(), 600);
     tokio::time::sleep(Duration::from_secs(61)).await;
     let resyncs = wait_len(&seen, 1200).await[600..].to_vec();
@@ -1055,10 +1033,7 @@ async fn a_volatile_handler_finds_its_lister_at_the_version_it_was_told_of() {
     );
     inf.start();
     inf.wait_for_sync().await.unwrap();
-    assert!(
-        inf.store().hot_tier_stats().is_some_and(|s| s.loaded),
-        "the default hot tier serves the lister"
-    );
+    assert!(inf.cache_stats().loaded, "the informer's cache serves the lister");
     for i in 1..=300 {
         fake.upsert("a", &i.to_string());
         if i % 50 == 0 {

@@ -194,7 +194,7 @@ pub struct Ours {
 pub fn store_config(path: PathBuf) -> StoreConfig {
     let mut config = StoreConfig::new(path);
     if let Some(bytes) = std::env::var("BENCH_HOT_TIER_BYTES").ok().and_then(|v| v.parse().ok()) {
-        config = config.hot_tier_bytes(bytes);
+        config = config.object_cache_bytes(bytes);
     }
     match std::env::var("BENCH_FSYNC_DELAY_MS").ok().as_deref() {
         Some("off") => config.fsync_delay(None),
@@ -914,10 +914,8 @@ pub async fn ours_reads(sim: &Sim, n: usize, gets: usize, lists: usize, dir: &Pa
     let ours = ours_start(sim, &path).await?;
     ours.caught_up(sim).await?;
     let lister = ours.informer.lister();
-    let store = ours.informer.store();
     let t = Instant::now();
-    // (No tier when BENCH_HOT_TIER_BYTES=0.)
-    while store.hot_tier_stats().is_some_and(|s| !s.loaded) {
+    while !ours.informer.cache_stats().loaded {
         if t.elapsed() > TIMEOUT {
             return Err("the hot tier did not load".into());
         }
@@ -927,13 +925,12 @@ pub async fn ours_reads(sim: &Sim, n: usize, gets: usize, lists: usize, dir: &Pa
         lister.list(&LabelSelector::everything())?;
         lister_reads(&lister, n, gets, lists)
     })?;
-    let hot_tier_mib = store
-        .hot_tier_stats()
-        .map(|s| s.charged_bytes as f64 / f64::from(1 << 20));
-    drop((lister, store));
+    let hot_tier_mib = Some(ours.informer.cache_stats().charged_bytes as f64 / f64::from(1 << 20));
+    drop(lister);
     ours.stop().await?;
     let p = path.clone();
-    let db = tokio::task::spawn_blocking(move || DurableStore::open(StoreConfig::new(p).hot_tier_bytes(0))).await??;
+    let db =
+        tokio::task::spawn_blocking(move || DurableStore::open(StoreConfig::new(p).object_cache_bytes(0))).await??;
     let source = KubeSource::typed::<Pod>(sim.client()?, &sim.url());
     // Not started: its store answers from what the database holds.
     let informer = Informer::<Pod>::builder(&db, source)

@@ -99,7 +99,7 @@ use serde::de::DeserializeOwned;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-use crate::informer::{handler_fn, Change, Changes, Event, HandlerOptions, Informer, InformerError, Registration};
+use crate::informer::{handler_fn, Entry, Event, HandlerOptions, Informer, InformerError, Registration, Watched};
 use crate::leader::Leadership;
 use crate::object::ObjectKey;
 use crate::queue::{default_controller_rate_limiter, WorkQueue};
@@ -299,7 +299,8 @@ fn owners_in<'a>(
 pub type Predicate = Arc<dyn Fn(&kube::core::ObjectMeta) -> Option<u64> + Send + Sync>;
 
 /// Predicates over the stored metadata, for [`Controller::with_predicate`] (kube-runtime's
-/// `predicates`): the controller decodes only `metadata` of each event, never the object.
+/// `predicates`), evaluated on the objects the informer's cache decoded (once, shared with the
+/// handlers and listers).
 pub mod predicates {
     use std::hash::{Hash, Hasher};
     use std::sync::Arc;
@@ -338,20 +339,15 @@ pub mod predicates {
     }
 }
 
-/// Only the metadata of an object: what predicates read (serde skips the rest of the JSON
-/// without building it).
-#[derive(Debug, Clone, serde::Deserialize)]
-pub(crate) struct MetaOnly {
-    #[serde(default)]
-    metadata: kube::core::ObjectMeta,
-}
-
-/// Whether an update with these states passes the predicates (see [`passes`]). States whose
-/// metadata does not decode pass: a reconcile too many is safe, one too few is not.
-fn passes_json(predicates: &[Predicate], old: &[u8], new: &[u8]) -> bool {
-    let meta = |b: &[u8]| serde_json::from_slice::<MetaOnly>(b).map(|m| m.metadata);
-    match (meta(old), meta(new)) {
-        (Ok(old), Ok(new)) => passes(predicates, &old, &new),
+/// Whether an update with these states passes the predicates (see [`passes`]), on the
+/// objects the cache decoded (once, for everyone). A state not held decoded (evicted) or that
+/// does not decode passes: a reconcile too many is safe, one too few is not.
+fn passes_entries<K: Resource + DeserializeOwned>(predicates: &[Predicate], old: &Entry<K>, new: &Entry<K>) -> bool {
+    if predicates.is_empty() {
+        return true;
+    }
+    match (old.object(), new.object()) {
+        (Some(Ok(o)), Some(Ok(n))) => passes(predicates, o.meta(), n.meta()),
         _ => true,
     }
 }
@@ -460,38 +456,35 @@ where
 
     /// Also reconciles the controlling owner of every changed object of `informer` whose owner
     /// reference names `K` (its API group and kind, from the type): a Deployment controller
-    /// `owns` its ReplicaSets. The objects are never decoded: one scan of each state's JSON
-    /// reads its owner references (the scan the store makes of every object it writes).
+    /// `owns` its ReplicaSets. The objects are never decoded: their owner references come from
+    /// the metadata the store scanned when it received them.
     #[must_use]
     pub fn owns<C>(mut self, informer: Informer<C>) -> Self
     where
         K::DynamicType: Default,
-        C: Send + Sync + 'static,
+        C: DeserializeOwned + Send + Sync + 'static,
     {
         let dt = K::DynamicType::default();
         let (group, kind) = (K::group(&dt).into_owned(), K::kind(&dt).into_owned());
-        self.triggers
-            .push(trigger(informer.retyped::<MetaOnly>(), move |informer, queue| {
-                let on_change = move |c: Change<'_>| {
-                    // Both states: an owner reference may have moved from one owner to another.
-                    let old = c.old.filter(|o| Some(*o) != c.new);
-                    for state in old.into_iter().chain(c.new) {
-                        // The store scanned these bytes when it wrote them: they scan again.
-                        if let Ok(meta) = crate::object::extract_meta(state) {
-                            scanned_owners(&meta, Some(&group), &kind, true)
-                                .into_iter()
-                                .for_each(|k| queue.add(k));
-                        }
-                    }
-                };
-                informer.add_sink(Changes { bytes: true, on_change }, HandlerOptions::volatile())
-            }));
+        self.triggers.push(trigger(informer, move |informer, queue| {
+            let on_change = move |c: Watched<'_, C>| {
+                // Both states: an owner reference may have moved from one owner to another.
+                let old = c.old.filter(|o| !c.new.is_some_and(|n| Arc::ptr_eq(o, n)));
+                for state in old.into_iter().chain(c.new) {
+                    scanned_owners(&state.meta, Some(&group), &kind, true)
+                        .into_iter()
+                        .for_each(|k| queue.add(k));
+                }
+            };
+            informer.watch_changes(on_change, HandlerOptions::volatile())
+        }));
         self
     }
 
     /// Reconciles a primary object's update only when one of `predicate`'s values changed
     /// (kube-runtime's `predicate_filter`); adds and deletes always. Given several times,
-    /// a change of any one lets the update through. Evaluated on the stored metadata only.
+    /// a change of any one lets the update through. Evaluated on the objects as the informer's
+    /// cache decoded them.
     ///
     /// ```no_run
     /// # use durable_informer::controller::{predicates, Controller};
@@ -610,20 +603,17 @@ where
         let primary = self.primary.clone();
         let predicates = self.predicates;
         let q = queue.clone();
-        // Keys straight from the log: with no predicate to evaluate, nothing is read but the
-        // log entries' headers (no object bytes, no decompression, no decode).
-        let enqueue = Changes {
-            bytes: !predicates.is_empty(),
-            on_change: move |c: Change<'_>| {
-                if let (Some(old), Some(new)) = (c.old, c.new) {
-                    if !passes_json(&predicates, old, new) {
-                        return;
-                    }
+        // Keys as the informer's cache takes each change: with no predicate to evaluate, no
+        // object is decoded (the metadata was scanned once, on arrival).
+        let enqueue = move |c: Watched<'_, K>| {
+            if let (Some(old), Some(new)) = (c.old, c.new) {
+                if !passes_entries(&predicates, old, new) {
+                    return;
                 }
-                q.add(c.key.clone());
-            },
+            }
+            q.add(c.key.clone());
         };
-        regs.push(primary.add_sink(enqueue, HandlerOptions::volatile()));
+        regs.push(primary.watch_changes(enqueue, HandlerOptions::volatile()));
         primary.start();
         let mut related = Vec::new();
         for t in self.triggers {
@@ -639,7 +629,7 @@ where
                 w.await?;
             }
             for r in &regs {
-                r.wait_for_sync().await;
+                r.wait_for_sync().await?;
             }
             Ok::<_, InformerError>(())
         };

@@ -1,34 +1,35 @@
-//! The dispatcher: one task per handler, reading the log after the handler's cursor.
+//! Handler tasks, one per handler: a volatile handler is told from the informer's cache (its
+//! pending keys, see [`cache`](super::cache)), a durable one reads the log after its persisted
+//! cursor, up to what is on disk.
 //!
-//! Nothing is buffered in memory beyond one batch: a slow handler only falls behind in the log
-//! (it costs disk, not RAM). A handler that errors or panics is reported and the others go on.
-//!
-//! What a task feeds is a [`Sink`]: a user's [`EventHandler`] gets decoded objects
-//! ([`Decoding`]); the controller's own enqueueing gets keys and, only when it asks, the raw
-//! JSON ([`Changes`]), so that a controller's queue costs no decode.
+//! Nothing is buffered beyond what a handler has yet to hear of: a slow volatile handler holds
+//! at most one pending key per object (and sees each object's newest state), a slow durable
+//! handler falls behind in the log (it costs disk, not RAM). A handler that errors or panics is
+//! reported and the others go on.
 
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::future::BoxFuture;
 use futures::FutureExt;
 use serde::de::DeserializeOwned;
 use tokio::sync::watch;
 use tracing::Instrument;
 
-use super::decoded::{Decoded, Side};
+use super::cache::{Cache, Dirty, Entry, Listener, Next};
 use super::error::{HandlerProblem, InformerIssue};
 use super::handler::{Event, EventHandler, HandlerOptions};
-use crate::object::{ObjectKey, ResourceVersion};
-use crate::reflector::ReflectorStatus;
+use crate::object::{ObjectKey, ObjectMeta, ResourceVersion};
 use crate::store::{
-    CursorName, DeltaKind, FeedRead, LogReader, LogRecord, ScopeId, Seq, Snapshot, Store, StoreError, StoredObject,
-    Writer,
+    CursorName, DeltaKind, LogReader, LogRecord, ScopeId, Seq, Snapshot, Store, StoreError, StoredObject, Writer,
 };
 
 /// How many log entries one read takes.
 const BATCH: usize = 256;
+
+/// The first and longest wait before a handler retries after a store error.
+const RETRY_FIRST: Duration = Duration::from_millis(50);
+const RETRY_MAX: Duration = Duration::from_secs(5);
 
 pub(crate) type Report = Arc<dyn Fn(InformerIssue) + Send + Sync>;
 
@@ -38,18 +39,6 @@ fn issue(label: &str, problem: HandlerProblem) -> InformerIssue {
         handler: label.to_owned(),
         problem,
     }
-}
-
-/// A stored object (of a store scan, not the log) that does not decode for a handler.
-fn undecodable(label: &str, o: &StoredObject, e: &serde_json::Error) -> InformerIssue {
-    issue(
-        label,
-        HandlerProblem::Undecodable {
-            key: o.key.clone(),
-            seq: None,
-            message: e.to_string(),
-        },
-    )
 }
 
 /// A store error met while serving a handler.
@@ -63,12 +52,12 @@ fn store_issue(label: &str, context: &'static str, e: StoreError) -> InformerIss
     )
 }
 
+/// What every handler task of an informer shares.
 pub(crate) struct Ctx {
     pub(crate) store: Store,
     pub(crate) log: LogReader,
     pub(crate) writer: Writer,
     pub(crate) scope: ScopeId,
-    pub(crate) status: watch::Receiver<ReflectorStatus>,
     /// The log position at which the informer became synced.
     pub(crate) sync_seq: watch::Receiver<Option<Seq>>,
     pub(crate) initial_list: watch::Receiver<InitialList>,
@@ -102,384 +91,412 @@ impl InitialList {
     }
 }
 
-/// What one handler task delivers to.
-pub(crate) trait Sink: Send + Sync + 'static {
-    /// Whether the log records it reads must carry the objects' bytes; without them the log is
-    /// read for kinds and keys only (nothing is decompressed).
-    fn needs_bytes(&self) -> bool;
-
-    /// Delivers one log record.
-    fn record<'a>(&'a self, ctx: &'a Ctx, label: &'a str, rec: LogRecord) -> BoxFuture<'a, ()>;
-
-    /// Delivers every object of `snapshot`, as synthetic adds or (`resync`) as resync updates;
-    /// false when stopped or the store failed.
-    fn snapshot<'a>(
-        &'a self,
-        ctx: &'a Ctx,
-        label: &'a str,
-        snapshot: Arc<Snapshot>,
-        resync: bool,
-        stop: &'a watch::Receiver<bool>,
-    ) -> BoxFuture<'a, bool>;
+/// What a handler task reports back to its [`Registration`](super::Registration).
+pub(crate) struct Progress {
+    pub(crate) synced: watch::Sender<bool>,
+    pub(crate) position: watch::Sender<Seq>,
 }
 
-/// A user's handler, given objects decoded once per log entry and shared with the informer's
-/// other handlers of `K` (and its listers).
-pub(crate) struct Decoding<K> {
-    pub(crate) handler: Arc<dyn EventHandler<K>>,
-    pub(crate) decoded: Arc<Decoded<K>>,
-}
-
-impl<K> Decoding<K>
-where
-    K: DeserializeOwned + Send + Sync + 'static,
-{
-    /// A stored object, as the handlers decoded it when it is their newest state of its key.
-    fn decode_stored(&self, o: &StoredObject) -> Result<Arc<K>, serde_json::Error> {
-        match self.decoded.latest(&o.key, &o.bytes) {
-            Some(k) => Ok(k),
-            None => serde_json::from_slice(&o.bytes).map(Arc::new),
+/// Calls the handler, catching panics; returns whether it succeeded.
+async fn call<K: Send + Sync + 'static>(
+    report: &Report,
+    handler: &dyn EventHandler<K>,
+    label: &str,
+    ev: Event<K>,
+) -> bool {
+    let fut = match std::panic::catch_unwind(AssertUnwindSafe(|| handler.handle(ev))) {
+        Ok(f) => f,
+        Err(p) => {
+            report(issue(label, HandlerProblem::Panicked(crate::util::panic_message(&*p))));
+            return false;
+        }
+    };
+    match AssertUnwindSafe(fut)
+        .catch_unwind()
+        .instrument(tracing::trace_span!("handler"))
+        .await
+    {
+        Ok(Ok(())) => true,
+        Ok(Err(e)) => {
+            report(issue(label, HandlerProblem::Failed(e)));
+            false
+        }
+        Err(p) => {
+            report(issue(label, HandlerProblem::Panicked(crate::util::panic_message(&*p))));
+            false
         }
     }
 }
 
-impl<K> Sink for Decoding<K>
-where
-    K: DeserializeOwned + Send + Sync + 'static,
-{
-    fn needs_bytes(&self) -> bool {
-        true
-    }
-
-    fn record<'a>(&'a self, ctx: &'a Ctx, label: &'a str, rec: LogRecord) -> BoxFuture<'a, ()> {
-        Box::pin(deliver(ctx, self, label, rec))
-    }
-
-    fn snapshot<'a>(
-        &'a self,
-        ctx: &'a Ctx,
-        label: &'a str,
-        snapshot: Arc<Snapshot>,
-        resync: bool,
-        stop: &'a watch::Receiver<bool>,
-    ) -> BoxFuture<'a, bool> {
-        Box::pin(async move {
-            let what = if resync {
-                "resync could not read the store: "
-            } else {
-                ""
-            };
-            let read = |s: &Snapshot, after: Option<&ObjectKey>| s.list_after(after, BATCH);
-            let mut pages = Pager::new(snapshot, read, stored_key);
-            loop {
-                let page = match pages.next(ctx, label, what, stop).await {
-                    Ok(Some(page)) => page,
-                    Ok(None) => return true,
-                    Err(Stopped) => return false,
-                };
-                for o in page {
-                    match self.decode_stored(&o) {
-                        Ok(object) => {
-                            let ev = if resync {
-                                Event::Update {
-                                    old: object.clone(),
-                                    new: object,
-                                    resync: true,
-                                }
-                            } else {
-                                Event::Add { object, initial: true }
-                            };
-                            call(ctx, &*self.handler, label, ev).await;
-                        }
-                        Err(e) => (ctx.report)(undecodable(label, &o, &e)),
-                    }
-                }
-            }
-        })
-    }
+/// Waits for `stop`; returns once it is true or its sender is gone (the informer was dropped).
+async fn stopped(stop: &mut watch::Receiver<bool>) {
+    let _ = stop.wait_for(|s| *s).await;
 }
 
-/// A snapshot read page by page on a blocking thread, all pages from its one consistent view.
-struct Pager<T, R> {
-    snapshot: Arc<Snapshot>,
-    after: Option<ObjectKey>,
-    read: R,
-    key: fn(&T) -> &ObjectKey,
+fn undecodable(label: &str, key: &ObjectKey, seq: Option<Seq>, message: &str) -> InformerIssue {
+    issue(
+        label,
+        HandlerProblem::Undecodable {
+            key: key.clone(),
+            seq,
+            message: message.to_owned(),
+        },
+    )
 }
 
-fn stored_key(o: &StoredObject) -> &ObjectKey {
-    &o.key
-}
+// ---------------------------------------------------------------------------------------------
+// volatile handlers
 
-fn state_key(s: &(ObjectKey, Option<bytes::Bytes>)) -> &ObjectKey {
-    &s.0
-}
-
-/// Stopped, or the store failed (reported).
-struct Stopped;
-
-impl<T, R> Pager<T, R>
-where
-    T: Send + 'static,
-    R: Fn(&Snapshot, Option<&ObjectKey>) -> Result<Vec<T>, StoreError> + Clone + Send + 'static,
-{
-    fn new(snapshot: Arc<Snapshot>, read: R, key: fn(&T) -> &ObjectKey) -> Self {
-        Self {
-            snapshot,
-            after: None,
-            read,
-            key,
-        }
-    }
-
-    /// The next page; `None` after the last.
-    async fn next(
-        &mut self,
-        ctx: &Ctx,
-        label: &str,
-        what: &'static str,
-        stop: &watch::Receiver<bool>,
-    ) -> Result<Option<Vec<T>>, Stopped> {
-        if *stop.borrow() {
-            return Err(Stopped);
-        }
-        let (snap, from, read) = (self.snapshot.clone(), self.after.clone(), self.read.clone());
-        match tokio::task::spawn_blocking(move || read(&snap, from.as_ref())).await {
-            Ok(Ok(page)) => {
-                self.after = page.last().map(|t| (self.key)(t).clone());
-                Ok(Some(page).filter(|p| !p.is_empty()))
-            }
-            Ok(Err(e)) => {
-                (ctx.report)(store_issue(label, what, e));
-                Err(Stopped)
-            }
-            Err(_) => Err(Stopped),
-        }
-    }
-}
-
-/// What a [`Changes`] sink hears of: an object's key and, when the sink asked for bytes, its
-/// states' JSON.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Change<'a> {
-    pub(crate) key: &'a ObjectKey,
-    /// The state before an update or a delete (a resync: the current state).
-    pub(crate) old: Option<&'a [u8]>,
-    /// The state after an add or an update (a resync: the current state).
-    pub(crate) new: Option<&'a [u8]>,
-}
-
-/// Keys (and, with `bytes`, raw states) of every change, never decoded: the controller
-/// enqueues from these. Undecided updates (no bytes to compare) count as changes.
-pub(crate) struct Changes<F> {
-    pub(crate) bytes: bool,
-    pub(crate) on_change: F,
-}
-
-impl<F> Sink for Changes<F>
-where
-    F: Fn(Change<'_>) + Send + Sync + 'static,
-{
-    fn needs_bytes(&self) -> bool {
-        self.bytes
-    }
-
-    fn record<'a>(&'a self, _ctx: &'a Ctx, _label: &'a str, rec: LogRecord) -> BoxFuture<'a, ()> {
-        let (old, new) = match rec.kind {
-            DeltaKind::Sync => return Box::pin(async {}),
-            DeltaKind::Added | DeltaKind::Replaced => (None, rec.object.as_deref()),
-            DeltaKind::Updated => {
-                // Same bytes (same RV): nothing changed (as for decoded handlers).
-                if self.bytes && rec.old.is_some() && rec.old == rec.object {
-                    return Box::pin(async {});
-                }
-                (rec.old.as_deref(), rec.object.as_deref())
-            }
-            DeltaKind::Deleted => (rec.object.as_deref().or(rec.old.as_deref()), None),
-        };
-        (self.on_change)(Change {
-            key: &rec.key,
-            old,
-            new,
-        });
-        Box::pin(async {})
-    }
-
-    fn snapshot<'a>(
-        &'a self,
-        ctx: &'a Ctx,
-        label: &'a str,
-        snapshot: Arc<Snapshot>,
-        resync: bool,
-        stop: &'a watch::Receiver<bool>,
-    ) -> BoxFuture<'a, bool> {
-        let bytes = self.bytes;
-        Box::pin(async move {
-            // Keys only, unless the sink wants the states.
-            let read = move |s: &Snapshot, after: Option<&ObjectKey>| {
-                if bytes {
-                    s.list_after(after, BATCH)
-                        .map(|p| p.into_iter().map(|o| (o.key, Some(o.bytes))).collect::<Vec<_>>())
-                } else {
-                    s.list_keys_after(after, KEY_BATCH)
-                        .map(|p| p.into_iter().map(|k| (k, None)).collect())
-                }
-            };
-            let mut pages = Pager::new(snapshot, read, state_key);
-            loop {
-                let page = match pages.next(ctx, label, "", stop).await {
-                    Ok(Some(page)) => page,
-                    Ok(None) => return true,
-                    Err(Stopped) => return false,
-                };
-                for (key, state) in &page {
-                    let state = state.as_deref();
-                    (self.on_change)(Change {
-                        key,
-                        old: state.filter(|_| resync),
-                        new: state,
-                    });
-                }
-            }
-        })
-    }
-}
-
-enum Wake {
-    Data,
-    Resync,
-    Stop,
-}
-
-/// How many keys one page of a keys-only snapshot takes (keys are small).
-const KEY_BATCH: usize = 4096;
-
-/// Runs one handler until `stop`.
-pub(crate) async fn run<S: Sink>(
+/// Runs one volatile handler until `stop`: tells it of each key pending for it, as the cache
+/// holds it, in the order the keys became pending.
+pub(crate) async fn run_volatile<K>(
     ctx: Ctx,
-    sink: S,
+    cache: Arc<Cache<K>>,
+    handler: Arc<dyn EventHandler<K>>,
     opts: HandlerOptions,
     mut stop: watch::Receiver<bool>,
-    synced: watch::Sender<bool>,
-    position: watch::Sender<Seq>,
-) {
-    let label = opts
-        .name
-        .as_ref()
-        .map_or_else(|| "volatile handler".to_owned(), ToString::to_string);
-    let stored = match &opts.name {
-        Some(name) => match ctx.log.cursor(ctx.scope, name.clone()) {
-            Ok(c) => c,
+    progress: Progress,
+) where
+    K: DeserializeOwned + Send + Sync + 'static,
+{
+    let label = "volatile handler".to_owned();
+    let listener = cache.listen();
+    let period = opts.resync.unwrap_or(Duration::MAX);
+    let mut resync_at = tokio::time::Instant::now().checked_add(period);
+    let mut wake = cache.waker();
+    let mut applied = cache.applied();
+    loop {
+        if *stop.borrow() {
+            break;
+        }
+        if let Some(w) = wake.as_mut() {
+            w.borrow_and_update();
+        }
+        // Whoever wakes first applies what the writer published: this task too, so a handler
+        // hears of a change one wake-up after the writer decided it.
+        cache.pump_now();
+        if listener.synced() {
+            progress.synced.send_if_modified(|s| !std::mem::replace(s, true));
+        }
+        let position = match listener.first_since() {
+            Some(since) => Seq(since.0.saturating_sub(1)),
+            None => applied.borrow_and_update().1,
+        };
+        progress
+            .position
+            .send_if_modified(|p| std::mem::replace(p, position) != position);
+        if let Some(next) = cache.next(&listener) {
+            tell(&ctx, &cache, &listener, &*handler, &label, next).await;
+            continue;
+        }
+        let resync_sleep = async {
+            match resync_at {
+                Some(at) => tokio::time::sleep_until(at).await,
+                None => futures::future::pending().await,
+            }
+        };
+        let stream = async {
+            match wake.as_mut() {
+                Some(w) => w.changed().await.is_ok(),
+                None => futures::future::pending().await,
+            }
+        };
+        tokio::select! {
+            ok = stream => if !ok {
+                // The stream was replaced (the cache reloaded): follow the new one.
+                wake = None;
+            },
+            () = listener.notify.notified() => {}
+            _ = applied.changed() => {}
+            () = stopped(&mut stop) => break,
+            () = resync_sleep => {
+                cache.resync(&listener);
+                resync_at = tokio::time::Instant::now().checked_add(period);
+            }
+        }
+        if wake.is_none() {
+            wake = cache.waker();
+        }
+    }
+    cache.unlisten(&listener);
+}
+
+/// The decoded object of `entry` (read back from redb if cold). `Ok(None)`: no longer to be
+/// found anywhere.
+async fn object<K>(
+    cache: &Arc<Cache<K>>,
+    entry: &Arc<Entry<K>>,
+    hint: Option<Seq>,
+) -> Result<Option<Arc<K>>, StoreError>
+where
+    K: DeserializeOwned + Send + Sync + 'static,
+{
+    cache.resolve(entry, hint).await
+}
+
+/// An object of `K` made of `meta` alone: a delete's object when no state of it can be read any
+/// more (every Kubernetes type decodes from its metadata, its other fields being optional).
+fn from_meta<K: DeserializeOwned>(meta: &ObjectMeta) -> Option<Arc<K>> {
+    let json = serde_json::json!({"metadata": {
+        "name": meta.name,
+        "namespace": meta.namespace,
+        "uid": meta.uid,
+        "resourceVersion": meta.resource_version.as_str(),
+        "labels": meta.labels,
+        "annotations": meta.annotations,
+    }});
+    serde_json::from_value(json).ok().map(Arc::new)
+}
+
+/// Tells the handler what changed about one key: from what it was told to the cache's state.
+async fn tell<K>(
+    ctx: &Ctx,
+    cache: &Arc<Cache<K>>,
+    l: &Listener<K>,
+    handler: &dyn EventHandler<K>,
+    label: &str,
+    next: Next<K>,
+) where
+    K: DeserializeOwned + Send + Sync + 'static,
+{
+    let Next { key, dirty, current } = next;
+    let report = &ctx.report;
+    // The state now, decoded; a cold one that cannot be read back is retried once the cache
+    // moved on (the object changed since, so the cache will hold a newer state).
+    let now = match &current {
+        None => None,
+        Some(c) => match object(cache, c, None).await {
+            Ok(Some(k)) => Some((c.clone(), k)),
+            Ok(None) => {
+                l.put_back(key, dirty);
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                return;
+            }
             Err(e) => {
-                (ctx.report)(store_issue(&label, "cannot read its cursor: ", e));
+                // Its JSON does not decode as K: reported, and the key counts as told.
+                report(undecodable(label, &key, Some(c.seq), &e.to_string()));
                 return;
             }
         },
-        None => None,
     };
-    let mut cursor = match stored {
-        Some(c) => c,
-        None => match initial_adds(&ctx, &sink, &label, &stop).await {
-            Some(c) => c,
-            None => return,
+    let told = match &dirty.told {
+        None => None,
+        Some(t) => match object(cache, t, Some(dirty.since)).await {
+            Ok(Some(k)) => Some((t.clone(), Some(k))),
+            Ok(None) => Some((t.clone(), None)),
+            Err(e) => {
+                report(undecodable(label, &key, None, &e.to_string()));
+                Some((t.clone(), None))
+            }
         },
     };
-    if let Some(name) = &opts.name {
-        if stored.is_none() {
-            persist(&ctx, name, cursor).await;
+    let initial = |e: &Entry<K>| {
+        dirty.initial
+            || ctx
+                .initial_list
+                .borrow()
+                .contains(dirty.since, &e.meta.resource_version)
+    };
+    match (told, now) {
+        (None, None) => {}
+        (None, Some((c, object))) => {
+            let initial = initial(&c);
+            call(report, handler, label, Event::Add { object, initial }).await;
+        }
+        (Some((t, old)), None) => {
+            delete(cache, report, handler, label, &key, &dirty, &t, old).await;
+        }
+        (Some((t, old)), Some((c, new))) if !t.same_object(&c) => {
+            // Deleted and created again under its name while the handler was behind.
+            delete(cache, report, handler, label, &key, &dirty, &t, old).await;
+            call(
+                report,
+                handler,
+                label,
+                Event::Add {
+                    object: new,
+                    initial: false,
+                },
+            )
+            .await;
+        }
+        (Some((t, _)), Some((c, new))) if t.same_version(&c) => {
+            if dirty.resync {
+                let ev = Event::Update {
+                    old: new.clone(),
+                    new,
+                    resync: true,
+                };
+                call(report, handler, label, ev).await;
+            }
+        }
+        (Some((_, old)), Some((_, new))) => {
+            // The state told left the retained log: old = new is the best there is.
+            let old = old.unwrap_or_else(|| new.clone());
+            let ev = Event::Update {
+                old,
+                new,
+                resync: false,
+            };
+            call(report, handler, label, ev).await;
         }
     }
-    position.send_replace(cursor);
-    // A durable handler reads only what is on disk, so a crash never takes back an event it
-    // acknowledged; a volatile one reads every commit.
-    let durable = opts.name.is_some();
-    let mut rollbacks = ctx.writer.rollbacks();
-    let mut seen_rollbacks = rollbacks.borrow().0;
-    let mut committed = if durable {
-        ctx.writer.durable()
-    } else {
-        ctx.writer.committed()
+}
+
+/// Tells the handler `key` is gone: with the final state the server sent, else the last state
+/// it was told.
+#[allow(clippy::too_many_arguments)] // one caller, two call sites
+async fn delete<K>(
+    cache: &Arc<Cache<K>>,
+    report: &Report,
+    handler: &dyn EventHandler<K>,
+    label: &str,
+    key: &ObjectKey,
+    dirty: &Dirty<K>,
+    told: &Arc<Entry<K>>,
+    told_object: Option<Arc<K>>,
+) where
+    K: DeserializeOwned + Send + Sync + 'static,
+{
+    let final_state = match &dirty.deleted {
+        Some(d) => object(cache, d, None).await.ok().flatten(),
+        None => None,
     };
-    // A volatile handler of a hot scope reads each change from the tier's feed as soon as the
-    // writer has decided it, before its commit (the tier, so the lister, already has it), and
-    // redb for what the feed no longer holds.
-    let feed = if durable { None } else { ctx.store.hot().cloned() };
-    let mut applied = ctx.writer.applied();
-    let mut status = ctx.status.clone();
+    let final_state_unknown = final_state.is_none();
+    let object = final_state.or(told_object).or_else(|| from_meta::<K>(&told.meta));
+    match object {
+        Some(object) => {
+            let ev = Event::Delete {
+                object,
+                final_state_unknown,
+            };
+            call(report, handler, label, ev).await;
+        }
+        None => report(undecodable(
+            label,
+            key,
+            None,
+            "no state of the deleted object can be read",
+        )),
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// durable handlers
+
+/// Decoded objects of log records and stored objects, shared with the cache when it holds
+/// the same version.
+struct Decode<K> {
+    cache: Option<Arc<Cache<K>>>,
+}
+
+impl<K: DeserializeOwned + Send + Sync + 'static> Decode<K> {
+    /// `bytes` of `key` at `rv`, decoded (the cache's object when it holds these bytes).
+    fn decode(&self, key: &ObjectKey, rv: &ResourceVersion, bytes: &bytes::Bytes) -> Result<Arc<K>, serde_json::Error> {
+        if let Some(Some(e)) = self.cache.as_ref().and_then(|c| c.entry(key)) {
+            if e.meta.resource_version == *rv && e.bytes() == Some(bytes) {
+                if let Some(Ok(k)) = e.object() {
+                    return Ok(k);
+                }
+            }
+        }
+        serde_json::from_slice(bytes).map(Arc::new)
+    }
+}
+
+/// Runs one durable handler until `stop`: its persisted cursor (or, the first time, synthetic
+/// adds of what is on disk), then every log entry of the scope after it, up to what is on disk.
+#[allow(clippy::too_many_lines)] // one loop with its retries
+pub(crate) async fn run_durable<K>(
+    ctx: Ctx,
+    cache: Option<Arc<Cache<K>>>,
+    handler: Arc<dyn EventHandler<K>>,
+    name: CursorName,
+    opts: HandlerOptions,
+    mut stop: watch::Receiver<bool>,
+    progress: Progress,
+) where
+    K: DeserializeOwned + Send + Sync + 'static,
+{
+    let label = name.to_string();
+    let decode = Decode { cache };
+    let mut retry = RETRY_FIRST;
+    // Its cursor, or its first view: retried through store errors (a reopen after an I/O
+    // error), never given up while not stopped.
+    let mut cursor = loop {
+        let log = ctx.log.clone();
+        let (scope, n) = (ctx.scope, name.clone());
+        match tokio::task::spawn_blocking(move || log.cursor(scope, n)).await {
+            Ok(Ok(Some(c))) => break c,
+            Ok(Ok(None)) => match initial_adds(&ctx, &decode, &*handler, &label, &name, &stop).await {
+                Ok(Some(c)) => break c,
+                Ok(None) => return,
+                Err(e) => (ctx.report)(store_issue(&label, "its initial adds: ", e)),
+            },
+            Ok(Err(e)) => (ctx.report)(store_issue(&label, "cannot read its cursor: ", e)),
+            Err(_) => return,
+        }
+        tokio::select! {
+            () = tokio::time::sleep(retry) => {}
+            () = stopped(&mut stop) => return,
+        }
+        retry = (retry * 2).min(RETRY_MAX);
+    };
+    progress.position.send_replace(cursor);
+    let mut durable = ctx.writer.durable();
     let mut sync_seq = ctx.sync_seq.clone();
     let period = opts.resync.unwrap_or(Duration::MAX);
     let mut resync_at = tokio::time::Instant::now().checked_add(period);
+    retry = RETRY_FIRST;
     loop {
+        if *stop.borrow() {
+            return;
+        }
         if let Some(target) = *sync_seq.borrow() {
             if cursor >= target {
-                synced.send_if_modified(|s| !std::mem::replace(s, true));
+                progress.synced.send_if_modified(|s| !std::mem::replace(s, true));
             }
         }
-        let log = ctx.log.clone();
-        let scope = ctx.scope;
-        let head = *committed.borrow_and_update();
-        let (n, at) = *rollbacks.borrow_and_update();
-        if n != seen_rollbacks {
-            // Commits that never reached the disk were rolled back after a failed fsync, or a
-            // group told through the feed failed its commit; their seqs are handed out again
-            // for what the reflector fetches anew: read them. (A
-            // durable handler is never past the file's last seq.) `committed` alone cannot tell:
-            // the log may show a commit a moment before its seq is published.
-            seen_rollbacks = n;
-            if at < cursor {
-                cursor = at;
-                position.send_replace(cursor);
-            }
-        }
-        let bound = durable.then_some(head);
-        applied.borrow_and_update();
-        let from_feed = match feed.as_ref().map(|t| t.feed.after(cursor, BATCH)) {
-            Some(FeedRead::Records { records, scanned }) => Some(Ok(Ok((records, scanned)))),
-            Some(FeedRead::Behind) | None => None,
-        };
-        let read = match from_feed {
-            Some(r) => r,
-            None => {
-                let bytes = sink.needs_bytes();
-                tokio::task::spawn_blocking(move || log.read_scope_after_contiguous_with(cursor, BATCH, scope, bytes))
-                    .await
-            }
-        };
+        let bound = *durable.borrow_and_update();
+        let (log, scope) = (ctx.log.clone(), ctx.scope);
+        let read =
+            tokio::task::spawn_blocking(move || log.read_scope_after_contiguous_with(cursor, BATCH, scope, true)).await;
         let (mut records, mut scanned) = match read {
             Ok(Ok(r)) => r,
             Ok(Err(e @ StoreError::LogCompacted { .. })) => {
-                // Only possible without a durable cursor (compaction stops below those): what
-                // was skipped is unknown, so start again from the current state, as after a
-                // relist. Deletes inside the gap are not delivered.
+                // Compaction stops below durable cursors, and below a new handler's pin: only
+                // a cursor set by hand gets here. What was skipped is unknown: start again from
+                // the current state, as after a relist (deletes in the gap are not delivered).
                 (ctx.report)(store_issue(&label, "", e));
-                match initial_adds(&ctx, &sink, &label, &stop).await {
-                    Some(c) => {
+                match initial_adds(&ctx, &decode, &*handler, &label, &name, &stop).await {
+                    Ok(Some(c)) => {
                         cursor = c;
-                        position.send_replace(cursor);
-                        if let Some(name) = &opts.name {
-                            persist(&ctx, name, cursor).await;
-                        }
+                        progress.position.send_replace(cursor);
                     }
-                    None => return,
+                    Ok(None) => return,
+                    Err(e) => (ctx.report)(store_issue(&label, "its initial adds: ", e)),
                 }
                 continue;
             }
             Ok(Err(e)) => {
                 (ctx.report)(store_issue(&label, "reading the log: ", e));
-                tokio::time::sleep(Duration::from_millis(200)).await;
+                tokio::select! {
+                    () = tokio::time::sleep(retry) => {}
+                    () = stopped(&mut stop) => return,
+                }
+                retry = (retry * 2).min(RETRY_MAX);
                 continue;
             }
             Err(_) => return,
         };
-        if let Some(bound) = bound {
-            // Entries committed but not yet on disk wait for the durable commit.
-            records.retain(|r| r.seq <= bound);
-            scanned = scanned.min(bound).max(cursor);
-        }
+        retry = RETRY_FIRST;
+        // Entries committed but not yet on disk wait for the durable commit.
+        records.retain(|r| r.seq <= bound);
+        scanned = scanned.min(bound).max(cursor);
         if records.is_empty() {
             if scanned > cursor {
                 cursor = scanned;
-                position.send_replace(cursor);
+                progress.position.send_replace(cursor);
                 continue;
             }
             let resync_sleep = async {
@@ -488,21 +505,20 @@ pub(crate) async fn run<S: Sink>(
                     None => futures::future::pending().await,
                 }
             };
-            let woke = tokio::select! {
-                _ = committed.changed() => Wake::Data,
-                _ = applied.changed(), if feed.is_some() => Wake::Data,
-                _ = status.changed() => Wake::Data,
-                _ = sync_seq.changed() => Wake::Data,
-                () = resync_sleep => Wake::Resync,
-                _ = stop.wait_for(|s| *s) => Wake::Stop,
-            };
-            match woke {
-                Wake::Data => {}
-                Wake::Resync => {
-                    resync(&ctx, &sink, &label, &stop).await;
+            tokio::select! {
+                changed = durable.changed() => if changed.is_err() {
+                    // The writer is gone: nothing more will be on disk.
+                    return;
+                },
+                changed = sync_seq.changed() => if changed.is_err() {
+                    // The informer is gone.
+                    return;
+                },
+                () = resync_sleep => {
+                    resync(&ctx, &decode, &*handler, &label, &stop).await;
                     resync_at = tokio::time::Instant::now().checked_add(period);
                 }
-                Wake::Stop => return,
+                () = stopped(&mut stop) => return,
             }
             continue;
         }
@@ -510,15 +526,191 @@ pub(crate) async fn run<S: Sink>(
             if *stop.borrow() {
                 return;
             }
-            sink.record(&ctx, &label, rec)
-                .instrument(tracing::trace_span!("dispatch"))
-                .await;
+            deliver(&ctx, &decode, &*handler, &label, rec).await;
         }
         cursor = scanned;
-        if let Some(name) = &opts.name {
-            persist(&ctx, name, cursor).await;
+        persist(&ctx, &name, cursor).await;
+        progress.position.send_replace(cursor);
+    }
+}
+
+async fn persist(ctx: &Ctx, name: &CursorName, cursor: Seq) {
+    if let Err(e) = ctx.writer.set_cursor(ctx.scope, name.clone(), cursor).await {
+        (ctx.report)(store_issue(&name.0, "cannot persist its cursor: ", e));
+    }
+}
+
+/// One log record, decoded, to a durable handler.
+async fn deliver<K>(ctx: &Ctx, decode: &Decode<K>, handler: &dyn EventHandler<K>, label: &str, rec: LogRecord)
+where
+    K: DeserializeOwned + Send + Sync + 'static,
+{
+    let decode_or_report = |bytes: &bytes::Bytes, rv: &ResourceVersion| match decode.decode(&rec.key, rv, bytes) {
+        Ok(k) => Some(k),
+        Err(e) => {
+            (ctx.report)(undecodable(label, &rec.key, Some(rec.seq), &e.to_string()));
+            None
         }
-        position.send_replace(cursor);
+    };
+    let unknown_rv = ResourceVersion::default();
+    let ev = match rec.kind {
+        DeltaKind::Added | DeltaKind::Replaced => {
+            match rec.object.as_ref().and_then(|b| decode_or_report(b, &rec.rv)) {
+                Some(object) => Event::Add {
+                    object,
+                    initial: ctx.initial_list.borrow().contains(rec.seq, &rec.rv),
+                },
+                None => return,
+            }
+        }
+        DeltaKind::Updated => {
+            let (Some(new_bytes), old_bytes) = (rec.object.as_ref(), rec.old.as_ref()) else {
+                return;
+            };
+            // Same bytes (same RV): nothing changed for the handler.
+            if old_bytes == Some(new_bytes) {
+                return;
+            }
+            let Some(new) = decode_or_report(new_bytes, &rec.rv) else {
+                return;
+            };
+            // The previous state left the retained log: old = new is the best there is.
+            let old = old_bytes
+                .and_then(|b| decode_or_report(b, &unknown_rv))
+                .unwrap_or_else(|| new.clone());
+            Event::Update {
+                old,
+                new,
+                resync: false,
+            }
+        }
+        DeltaKind::Deleted => {
+            let state = rec.object.as_ref().or(rec.old.as_ref());
+            match state.and_then(|b| decode_or_report(b, &unknown_rv)) {
+                Some(object) => Event::Delete {
+                    object,
+                    final_state_unknown: rec.final_state_unknown,
+                },
+                None => return,
+            }
+        }
+        DeltaKind::Sync => return,
+    };
+    call(&ctx.report, handler, label, ev).await;
+}
+
+/// A view of the store at or below what is on disk, and its position: durable handlers are
+/// never told of what a crash could take back, their initial adds included.
+async fn durable_snapshot(ctx: &Ctx) -> Result<(Snapshot, Seq), StoreError> {
+    loop {
+        let rollbacks = ctx.writer.rollbacks().borrow().0;
+        let store = ctx.store.clone();
+        let (snapshot, position) = tokio::task::spawn_blocking(move || {
+            let s = store.snapshot()?;
+            let p = s.position()?;
+            Ok::<_, StoreError>((s, p))
+        })
+        .await
+        .map_err(|e| StoreError::Aborted(format!("reading the store: {e}")))??;
+        if *ctx.writer.durable().borrow() < position {
+            // Commits waiting for their fsync: make them durable now.
+            ctx.writer.flush().await?;
+        }
+        // A rollback since the view was taken may have lost what it holds: take another.
+        if ctx.writer.rollbacks().borrow().0 == rollbacks && *ctx.writer.durable().borrow() >= position {
+            return Ok((snapshot, position));
+        }
+    }
+}
+
+/// Synthetic adds of what is on disk, read from one view in pages, and the view's position,
+/// persisted as the handler's cursor once they were all delivered (`None` when stopped). The
+/// log after the view is pinned meanwhile, so compaction keeps what the handler reads next.
+async fn initial_adds<K>(
+    ctx: &Ctx,
+    decode: &Decode<K>,
+    handler: &dyn EventHandler<K>,
+    label: &str,
+    name: &CursorName,
+    stop: &watch::Receiver<bool>,
+) -> Result<Option<Seq>, StoreError>
+where
+    K: DeserializeOwned + Send + Sync + 'static,
+{
+    let (snapshot, position) = durable_snapshot(ctx).await?;
+    let _pin = ctx.writer.pin(position);
+    if !snapshot_events(ctx, decode, handler, label, Arc::new(snapshot), false, stop).await? {
+        return Ok(None);
+    }
+    ctx.writer.set_cursor(ctx.scope, name.clone(), position).await?;
+    Ok(Some(position))
+}
+
+/// A resync: `Update { old = new }` for every stored object, read from one view in pages.
+async fn resync<K>(
+    ctx: &Ctx,
+    decode: &Decode<K>,
+    handler: &dyn EventHandler<K>,
+    label: &str,
+    stop: &watch::Receiver<bool>,
+) where
+    K: DeserializeOwned + Send + Sync + 'static,
+{
+    let store = ctx.store.clone();
+    let snapshot = tokio::task::spawn_blocking(move || store.snapshot()).await;
+    match snapshot {
+        Ok(Ok(s)) => {
+            if let Err(e) = snapshot_events(ctx, decode, handler, label, Arc::new(s), true, stop).await {
+                (ctx.report)(store_issue(label, "resync could not read the store: ", e));
+            }
+        }
+        Ok(Err(e)) => (ctx.report)(store_issue(label, "resync could not read the store: ", e)),
+        Err(_) => {}
+    }
+}
+
+/// Every object of `snapshot`, in pages read on a blocking thread, as synthetic adds or (`resync`)
+/// resync updates. `Ok(false)` when stopped.
+async fn snapshot_events<K>(
+    ctx: &Ctx,
+    decode: &Decode<K>,
+    handler: &dyn EventHandler<K>,
+    label: &str,
+    snapshot: Arc<Snapshot>,
+    resync: bool,
+    stop: &watch::Receiver<bool>,
+) -> Result<bool, StoreError>
+where
+    K: DeserializeOwned + Send + Sync + 'static,
+{
+    let mut after: Option<ObjectKey> = None;
+    loop {
+        if *stop.borrow() {
+            return Ok(false);
+        }
+        let (snap, from) = (snapshot.clone(), after.clone());
+        let page: Vec<StoredObject> = tokio::task::spawn_blocking(move || snap.list_after(from.as_ref(), BATCH))
+            .await
+            .map_err(|e| StoreError::Aborted(format!("reading the store: {e}")))??;
+        let Some(last) = page.last() else { return Ok(true) };
+        after = Some(last.key.clone());
+        for o in page {
+            match decode.decode(&o.key, &o.meta.resource_version, &o.bytes) {
+                Ok(object) => {
+                    let ev = if resync {
+                        Event::Update {
+                            old: object.clone(),
+                            new: object,
+                            resync: true,
+                        }
+                    } else {
+                        Event::Add { object, initial: true }
+                    };
+                    call(&ctx.report, handler, label, ev).await;
+                }
+                Err(e) => (ctx.report)(undecodable(label, &o.key, None, &e.to_string())),
+            }
+        }
     }
 }
 
@@ -544,162 +736,5 @@ pub(crate) async fn track_lag(
             r = position.changed() => if r.is_err() { return },
             _ = done.wait_for(|d| *d) => return,
         }
-    }
-}
-
-async fn persist(ctx: &Ctx, name: &CursorName, cursor: Seq) {
-    if let Err(e) = ctx.writer.set_cursor(ctx.scope, name.clone(), cursor).await {
-        (ctx.report)(store_issue(&name.0, "cannot persist its cursor: ", e));
-    }
-}
-
-/// Calls the handler, catching panics; returns whether it succeeded.
-async fn call<K: Send + Sync + 'static>(ctx: &Ctx, handler: &dyn EventHandler<K>, label: &str, ev: Event<K>) -> bool {
-    let fut = match std::panic::catch_unwind(AssertUnwindSafe(|| handler.handle(ev))) {
-        Ok(f) => f,
-        Err(p) => {
-            (ctx.report)(issue(label, HandlerProblem::Panicked(crate::util::panic_message(&*p))));
-            return false;
-        }
-    };
-    match AssertUnwindSafe(fut).catch_unwind().await {
-        Ok(Ok(())) => true,
-        Ok(Err(e)) => {
-            (ctx.report)(issue(label, HandlerProblem::Failed(e)));
-            false
-        }
-        Err(p) => {
-            (ctx.report)(issue(label, HandlerProblem::Panicked(crate::util::panic_message(&*p))));
-            false
-        }
-    }
-}
-
-/// One state of `rec`, decoded once for every handler of the informer. The new state of an
-/// add or update is the object's current state: listers get it too, and so does the hot tier's
-/// entry of that version when it holds these bytes, so that the update replacing it finds its
-/// old state decoded (see `Feed::old`).
-fn decode<K>(
-    ctx: &Ctx,
-    sink: &Decoding<K>,
-    rec: &LogRecord,
-    side: Side,
-    bytes: &bytes::Bytes,
-) -> Result<Arc<K>, crate::object::ObjectError>
-where
-    K: DeserializeOwned + Send + Sync + 'static,
-{
-    let current = side == Side::New && matches!(rec.kind, DeltaKind::Added | DeltaKind::Replaced | DeltaKind::Updated);
-    let k = sink.decoded.get(rec.seq, side, bytes, current.then_some(&rec.key))?;
-    if current {
-        if let Some(view) = ctx.store.hot().and_then(|t| t.view()) {
-            if let Some(e) = view.named(rec.key.namespace.as_deref(), &rec.key.name) {
-                if e.bytes.as_ref() == Some(bytes) && e.typed::<K>().is_none() {
-                    e.set_typed(&k);
-                }
-            }
-        }
-    }
-    Ok(k)
-}
-
-async fn deliver<K>(ctx: &Ctx, sink: &Decoding<K>, label: &str, rec: LogRecord)
-where
-    K: DeserializeOwned + Send + Sync + 'static,
-{
-    let decode_or_report = |side: Side, bytes: &bytes::Bytes| match decode(ctx, sink, &rec, side, bytes) {
-        Ok(k) => Some(k),
-        Err(e) => {
-            (ctx.report)(issue(
-                label,
-                HandlerProblem::Undecodable {
-                    key: rec.key.clone(),
-                    seq: Some(rec.seq),
-                    message: e.to_string(),
-                },
-            ));
-            None
-        }
-    };
-    let ev = match rec.kind {
-        DeltaKind::Added | DeltaKind::Replaced => {
-            match rec.object.as_ref().and_then(|b| decode_or_report(Side::New, b)) {
-                Some(object) => Event::Add {
-                    object,
-                    initial: ctx.initial_list.borrow().contains(rec.seq, &rec.rv),
-                },
-                None => return,
-            }
-        }
-        DeltaKind::Updated => {
-            let (Some(new_bytes), old_bytes) = (rec.object.as_ref(), rec.old.as_ref()) else {
-                return;
-            };
-            // Same bytes (same RV): nothing changed for the handler.
-            if old_bytes == Some(new_bytes) {
-                return;
-            }
-            let Some(new) = decode_or_report(Side::New, new_bytes) else {
-                return;
-            };
-            // The replaced version as the tier held it, decoded already by a reader (a handler,
-            // a lister) of this type: no second decode per update.
-            let replaced = || {
-                let tier = ctx.store.hot()?;
-                tier.feed.old(rec.seq)?.typed::<K>()
-            };
-            let old = match old_bytes.and_then(|b| replaced().or_else(|| decode_or_report(Side::Old, b))) {
-                Some(o) => o,
-                // The previous state left the retained log: old = new is the best we have.
-                None => new.clone(),
-            };
-            Event::Update {
-                old,
-                new,
-                resync: false,
-            }
-        }
-        DeltaKind::Deleted => {
-            let state = match (rec.object.as_ref(), rec.old.as_ref()) {
-                (Some(b), _) => Some((Side::New, b)),
-                (None, Some(b)) => Some((Side::Old, b)),
-                (None, None) => None,
-            };
-            match state.and_then(|(side, b)| decode_or_report(side, b)) {
-                Some(object) => Event::Delete {
-                    object,
-                    final_state_unknown: rec.final_state_unknown,
-                },
-                None => return,
-            }
-        }
-        DeltaKind::Sync => return,
-    };
-    call(ctx, &*sink.handler, label, ev).await;
-}
-
-/// Synthetic adds of everything in the store, read from one consistent view in pages. Returns
-/// the log position of that view, or `None` when stopped.
-async fn initial_adds<S: Sink>(ctx: &Ctx, sink: &S, label: &str, stop: &watch::Receiver<bool>) -> Option<Seq> {
-    let (snapshot, position) = match ctx.store.snapshot().and_then(|s| s.position().map(|p| (s, p))) {
-        Ok(sp) => sp,
-        Err(e) => {
-            (ctx.report)(store_issue(label, "", e));
-            return None;
-        }
-    };
-    sink.snapshot(ctx, label, Arc::new(snapshot), false, stop)
-        .await
-        .then_some(position)
-}
-
-/// A resync: `Update { old = new }` for every object, read from one consistent view in pages
-/// (like [`initial_adds`]: a large store is never loaded at once). Stops early on `stop`.
-async fn resync<S: Sink>(ctx: &Ctx, sink: &S, label: &str, stop: &watch::Receiver<bool>) {
-    match ctx.store.snapshot() {
-        Ok(s) => {
-            sink.snapshot(ctx, label, Arc::new(s), true, stop).await;
-        }
-        Err(e) => (ctx.report)(store_issue(label, "resync could not read the store: ", e)),
     }
 }

@@ -28,6 +28,9 @@ pub enum InformerError {
     /// A blocking task (closing the database) panicked or was cancelled.
     #[error("closing the database: {0}")]
     Join(#[source] tokio::task::JoinError),
+    /// A handler stopped (removed, or its informer dropped) before it synced.
+    #[error("the handler stopped before it synced")]
+    HandlerStopped,
 }
 
 /// Something that went wrong while an informer ran: what [`Informer::issues`](super::Informer::issues)

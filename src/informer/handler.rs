@@ -319,17 +319,18 @@ impl HandlerOptions {
     /// A volatile handler: it starts with a synthetic add of everything in the store, then
     /// live events (client-go's behaviour for late handlers); nothing survives a restart.
     ///
-    /// With a hot tier (the default), it gets each event as soon as the writer has decided the
-    /// change, before the change's redb rows are written and committed, from the tier's
-    /// in-memory feed of recent log records (the lister already answers that version); a group
-    /// that then fails to commit takes the events back and the handler is told again of what
-    /// replaces them (at least once). With `fsync_delay(None)` nothing is shown before it is on
-    /// disk. Without a tier, or further behind than the feed holds, it reads the committed log.
+    /// It is told from the informer's object cache, in client-go's order: the cache (so the
+    /// lister) takes a change first, then the handler hears of it. A change of a group that
+    /// commits without an fsync is told as soon as the writer has decided it, before the disk
+    /// has it; should that group then fail, or its commit be lost, the handler is told of what
+    /// stands instead (the restored state, or a delete of an object that never was), so a
+    /// handler that keeps its own state ends equal to the store. With
+    /// `StoreConfig::fsync_delay(None)` watch events are told once on disk.
     ///
-    /// Log retention does not wait for a volatile handler: one that falls further behind than
-    /// the retention gets a reported `LogCompacted` error and starts again with synthetic adds
-    /// of the current state (deletes inside the gap are not delivered). Durable handlers
-    /// ([`durable`](Self::durable)) hold compaction back instead.
+    /// A handler slower than the changes holds at most one pending entry per object, and is
+    /// told each object's newest state (like a workqueue): `Update { old, new }` from the
+    /// state it was last told to the current one. Durable handlers
+    /// ([`durable`](Self::durable)) are told every logged change instead.
     #[must_use]
     pub fn volatile() -> Self {
         Self::default()
@@ -373,10 +374,19 @@ impl Registration {
         *self.synced.borrow()
     }
 
-    /// Waits until [`has_synced`](Self::has_synced).
-    pub async fn wait_for_sync(&self) {
+    /// Waits until [`has_synced`](Self::has_synced); fails if the handler stops first (it
+    /// was removed, or its informer dropped), never claiming a sync that did not happen.
+    pub async fn wait_for_sync(&self) -> Result<(), super::InformerError> {
         let mut rx = self.synced.clone();
-        let _ = rx.wait_for(|s| *s).await;
+        let mut done = self.done.clone();
+        tokio::select! {
+            r = rx.wait_for(|s| *s) => if r.is_ok() { return Ok(()) },
+            _ = done.wait_for(|d| *d) => {}
+        }
+        if *self.synced.borrow() {
+            return Ok(());
+        }
+        Err(super::InformerError::HandlerStopped)
     }
 
     /// The log position this handler has handled up to.

@@ -6,10 +6,10 @@ use std::sync::Arc;
 
 use serde::de::DeserializeOwned;
 
-use super::decoded::Decoded;
-use crate::object::{ObjectError, ObjectKey, ObjectMeta};
+use super::cache::{decode_error, Cache, Entry};
+use crate::object::{ObjectError, ObjectKey};
 use crate::selector::LabelSelector;
-use crate::store::{HotEntry, HotTier, Store, StoreError, TypedCache, NAMESPACE};
+use crate::store::{Store, StoreError, NAMESPACE};
 
 fn decode<K: DeserializeOwned>(bytes: &[u8]) -> Result<Arc<K>, StoreError> {
     serde_json::from_slice(bytes)
@@ -17,7 +17,8 @@ fn decode<K: DeserializeOwned>(bytes: &[u8]) -> Result<Arc<K>, StoreError> {
         .map_err(|e| StoreError::from(ObjectError::Json(e)))
 }
 
-/// Lists and gets typed objects from an informer's store.
+/// Lists and gets typed objects from an informer's object cache (kube-runtime's `Store<K>`),
+/// reading from redb what the cache does not hold.
 ///
 /// ```no_run
 /// # fn f(lister: durable_informer::informer::Lister<k8s_openapi::api::core::v1::Pod>) -> Result<(), Box<dyn std::error::Error>> {
@@ -27,10 +28,8 @@ fn decode<K: DeserializeOwned>(bytes: &[u8]) -> Result<Arc<K>, StoreError> {
 /// ```
 pub struct Lister<K> {
     store: Store,
-    cache: Option<Arc<TypedCache<K>>>,
-    /// The objects the informer's handlers decoded: a recently changed object is served from
-    /// there (after a byte comparison) instead of being decoded again.
-    decoded: Option<Arc<Decoded<K>>>,
+    /// The informer's read model; until it has loaded, reads go to redb.
+    cache: Option<Arc<Cache<K>>>,
     _k: PhantomData<fn() -> K>,
 }
 
@@ -39,48 +38,17 @@ impl<K> Clone for Lister<K> {
         Self {
             store: self.store.clone(),
             cache: self.cache.clone(),
-            decoded: self.decoded.clone(),
             _k: PhantomData,
         }
     }
 }
 
 impl<K: DeserializeOwned + Send + Sync + 'static> Lister<K> {
-    pub(crate) fn new(store: Store, decoded: Option<Arc<Decoded<K>>>) -> Self {
+    pub(crate) fn new(store: Store, cache: Option<Arc<Cache<K>>>) -> Self {
         Self {
             store,
-            cache: None,
-            decoded,
+            cache,
             _k: PhantomData,
-        }
-    }
-
-    /// Keeps up to `capacity` decoded objects in a bounded cache keyed by (key, RV), so
-    /// repeated reads of unchanged objects skip the JSON decode. Clones share the cache.
-    #[must_use]
-    pub fn with_cache(mut self, capacity: usize) -> Self {
-        self.cache = Some(Arc::new(TypedCache::new(capacity)));
-        self
-    }
-
-    /// Decodes one object, from the cache when it holds this (key, RV): then the JSON is never
-    /// read from the log nor decompressed.
-    fn decode(
-        &self,
-        key: &ObjectKey,
-        meta: &ObjectMeta,
-        bytes: &mut dyn FnMut() -> Result<bytes::Bytes, StoreError>,
-    ) -> Result<Arc<K>, StoreError> {
-        let mut fresh = || {
-            let b = bytes()?;
-            match self.decoded.as_ref().and_then(|d| d.latest(key, &b)) {
-                Some(k) => Ok(k),
-                None => decode(&b),
-            }
-        };
-        match &self.cache {
-            Some(c) => c.get_or_else(key, &meta.resource_version, fresh),
-            None => fresh(),
         }
     }
 
@@ -88,55 +56,42 @@ impl<K: DeserializeOwned + Send + Sync + 'static> Lister<K> {
         self.get_named(key.namespace.as_deref(), &key.name)
     }
 
-    /// One object by namespace and name: a hot, decoded object is one hash probe and one
+    /// One object by namespace and name: a cached, decoded object is one hash probe and one
     /// `Arc` clone (no key is built unless redb must be read).
     fn get_named(&self, namespace: Option<&str>, name: &str) -> Result<Option<Arc<K>>, StoreError> {
-        if let Some(tier) = self.store.hot() {
-            // The view (a read lock) ends with this statement: `materialize` may take the
-            // write lock to fill the entry.
-            let entry = match tier.view() {
-                Some(view) => match view.named(namespace, name) {
-                    None => return Ok(None),
-                    Some(e) => match e.typed::<K>() {
-                        Some(k) => return Ok(Some(k)),
-                        None => Some(e.clone()),
-                    },
-                },
-                None => None,
-            };
-            if let Some(e) = entry {
-                if let Some(mut found) = self.materialize(tier, vec![e])? {
-                    return Ok(found.pop());
+        if let Some(cache) = &self.cache {
+            // The view (a read lock) ends with this statement: decoding happens outside it.
+            let entry = cache.view().map(|v| v.named(namespace, name).cloned());
+            match entry {
+                Some(None) => return Ok(None),
+                Some(Some(e)) => {
+                    if let Some(k) = e.object() {
+                        return k.map(Some).map_err(|_| decode_error::<K>(e.bytes()));
+                    }
+                    if let Some(mut found) = self.materialize(cache, vec![e])? {
+                        return Ok(found.pop());
+                    }
                 }
+                None => {}
             }
         }
         let key = ObjectKey {
             namespace: namespace.map(str::to_owned),
             name: name.to_owned(),
         };
-        self.store.get_with(&key, |meta, bytes| self.decode(&key, meta, bytes))
+        self.store.get_with(&key, |_, bytes| decode(&bytes()?))
     }
 
-    /// The typed objects of `entries` (one committed state of the hot tier), or `None` when
-    /// one of them had to be read from redb and changed since: the caller then reads redb
-    /// alone, so an answer never mixes two states.
-    fn materialize(&self, tier: &HotTier, entries: Vec<Arc<HotEntry>>) -> Result<Option<Vec<Arc<K>>>, StoreError> {
+    /// The decoded objects of `entries` (one state of the cache), or `None` when one of them
+    /// had to be read from redb and changed since: the caller then reads redb alone, so an
+    /// answer never mixes two states.
+    fn materialize(&self, cache: &Cache<K>, entries: Vec<Arc<Entry<K>>>) -> Result<Option<Vec<Arc<K>>>, StoreError> {
         let mut out: Vec<Option<Arc<K>>> = Vec::with_capacity(entries.len());
         let mut cold = Vec::new();
         for (i, e) in entries.iter().enumerate() {
-            if let Some(k) = e.typed::<K>() {
-                out.push(Some(k));
-                continue;
-            }
-            match &e.bytes {
-                Some(b) => {
-                    let k = match self.decoded.as_ref().and_then(|d| d.latest(&e.meta.key(), b)) {
-                        Some(k) => k,
-                        None => decode(b)?,
-                    };
-                    e.set_typed(&k);
-                    out.push(Some(k));
-                }
+            match e.object() {
+                Some(Ok(k)) => out.push(Some(k)),
+                Some(Err(_)) => return Err(decode_error::<K>(e.bytes())),
                 None => {
                     out.push(None);
                     cold.push(i);
@@ -144,8 +99,8 @@ impl<K: DeserializeOwned + Send + Sync + 'static> Lister<K> {
             }
         }
         if !cold.is_empty() {
-            // A redb snapshot is at the tier's state or newer: an unchanged resourceVersion
-            // means the same version.
+            // An evicted entry was committed: redb holds it or a newer version, and an
+            // unchanged resourceVersion means the same version.
             let snapshot = self.store.snapshot()?;
             for i in cold {
                 let e = &entries[i];
@@ -159,7 +114,7 @@ impl<K: DeserializeOwned + Send + Sync + 'static> Lister<K> {
                 })?;
                 let Some(Some(bytes)) = bytes else { return Ok(None) };
                 let k = decode(&bytes)?;
-                tier.fill(e, bytes, &k);
+                cache.fill(e, bytes);
                 out[i] = Some(k);
             }
         }
@@ -167,18 +122,16 @@ impl<K: DeserializeOwned + Send + Sync + 'static> Lister<K> {
         Ok(Some(out.into_iter().flatten().collect()))
     }
 
-    /// The objects the hot tier selects, or `None` when it cannot answer.
-    fn hot_select(
+    /// The objects the cache selects, or `None` when it cannot answer (not loaded, an index it
+    /// does not serve, or an evicted object changed in redb since).
+    fn cached(
         &self,
-        pick: impl FnOnce(&crate::store::HotView<'_>) -> Option<Vec<Arc<HotEntry>>>,
+        pick: impl FnOnce(&super::cache::View<'_, K>) -> Option<Vec<Arc<Entry<K>>>>,
     ) -> Result<Option<Vec<Arc<K>>>, StoreError> {
-        let Some(tier) = self.store.hot() else { return Ok(None) };
-        let entries = match tier.view() {
-            Some(view) => pick(&view),
-            None => None,
-        };
+        let Some(cache) = &self.cache else { return Ok(None) };
+        let entries = cache.view().and_then(|v| pick(&v));
         match entries {
-            Some(entries) => self.materialize(tier, entries),
+            Some(entries) => self.materialize(cache, entries),
             None => Ok(None),
         }
     }
@@ -192,25 +145,21 @@ impl<K: DeserializeOwned + Send + Sync + 'static> Lister<K> {
     /// # let _ = web; Ok(()) }
     /// ```
     pub fn by_index(&self, index: &str, value: &str) -> Result<Vec<Arc<K>>, StoreError> {
-        let hot = self.hot_select(|view| {
+        let cached = self.cached(|view| {
             if index == NAMESPACE {
                 Some(view.select(Some(value), |_| true))
             } else {
                 view.by_index(index, value)
             }
         })?;
-        if let Some(found) = hot {
+        if let Some(found) = cached {
             return Ok(found);
         }
         let snapshot = self.store.snapshot()?;
         snapshot
             .by_index(index, value)?
             .into_iter()
-            .map(|o| {
-                let meta = o.meta.clone();
-                let mut bytes = || Ok(o.bytes.clone());
-                self.decode(&o.key, &meta, &mut bytes)
-            })
+            .map(|o| decode(&o.bytes))
             .collect()
     }
 
@@ -219,17 +168,17 @@ impl<K: DeserializeOwned + Send + Sync + 'static> Lister<K> {
         self.select(None, selector)
     }
 
-    /// One scan: the selector runs on the stored metadata, and an object's JSON is read and
-    /// decoded only when it matches and is not already in the cache.
+    /// One scan: the selector runs on the metadata, and an object's JSON is read and decoded
+    /// only when it matches and the cache does not hold it decoded.
     fn select(&self, namespace: Option<&str>, selector: &LabelSelector) -> Result<Vec<Arc<K>>, StoreError> {
-        if let Some(found) = self.hot_select(|view| Some(view.select(namespace, |m| selector.matches(&m.labels))))? {
+        if let Some(found) = self.cached(|view| Some(view.select(namespace, |m| selector.matches(&m.labels))))? {
             return Ok(found);
         }
-        self.store.scan(namespace, |key, meta, bytes| {
+        self.store.scan(namespace, |_, meta, bytes| {
             if !selector.matches(&meta.labels) {
                 return Ok(None);
             }
-            self.decode(&key, meta, bytes).map(Some)
+            decode(&bytes()?).map(Some)
         })
     }
 
@@ -339,21 +288,64 @@ mod tests {
         RawObject::from_json(serde_json::to_vec(&json).unwrap()).unwrap()
     }
 
-    /// A database with one scope, a label index and a hot tier of `budget` bytes, loaded.
-    fn open(dir: &std::path::Path, budget: usize) -> (DurableStore, Store) {
-        let db = DurableStore::open(StoreConfig::new(dir.join("db.redb")).durable(false)).unwrap();
-        let w = db.writer();
-        let scope = w.register_scope_blocking(&ScopeSpec::new("", "v1", "pods")).unwrap();
-        db.register_index(scope, Indexer::labels());
-        futures::executor::block_on(w.ensure_index(scope, LABELS.into())).unwrap();
-        futures::executor::block_on(w.enable_hot_tier(scope, budget)).unwrap();
-        let store = db.store(scope);
-        let t = std::time::Instant::now();
-        while !store.hot_tier_stats().is_some_and(|s| s.loaded) {
-            assert!(t.elapsed() < std::time::Duration::from_secs(10), "the tier loads");
-            std::thread::sleep(std::time::Duration::from_millis(1));
+    /// A database with one scope and a label index, and a loaded cache of `budget` bytes over
+    /// it (its task on `rt`).
+    struct Fixture {
+        db: DurableStore,
+        store: Store,
+        cache: Arc<Cache<Obj>>,
+        _rt: tokio::runtime::Runtime,
+    }
+
+    impl Fixture {
+        fn open(dir: &std::path::Path, budget: usize) -> Self {
+            let db = DurableStore::open(StoreConfig::new(dir.join("db.redb")).durable(false)).unwrap();
+            let w = db.writer();
+            let scope = w.register_scope_blocking(&ScopeSpec::new("", "v1", "pods")).unwrap();
+            db.register_index(scope, Indexer::labels());
+            w.ensure_index_blocking(scope, LABELS.into()).unwrap();
+            Self::over(db, scope, budget)
         }
-        (db, store)
+
+        fn over(db: DurableStore, scope: crate::store::ScopeId, budget: usize) -> Self {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            let store = db.store(scope);
+            let (_, sync) = tokio::sync::watch::channel(None);
+            let cache = Cache::new(store.clone(), db.log(), db.writer(), budget, sync);
+            let c = cache.clone();
+            rt.block_on(async move {
+                tokio::spawn(Cache::run(Arc::downgrade(&c)));
+                let mut applied = c.applied();
+                tokio::time::timeout(
+                    std::time::Duration::from_secs(10),
+                    applied.wait_for(|(loaded, _)| *loaded),
+                )
+                .await
+                .expect("the cache loads")
+                .expect("running");
+            });
+            Self {
+                db,
+                store,
+                cache,
+                _rt: rt,
+            }
+        }
+
+        /// Applies `batch`, and the change to the cache.
+        fn apply(&self, batch: Batch) {
+            self.db.writer().apply_blocking(batch).unwrap();
+            let committed = *self.db.writer().committed().borrow();
+            self.cache.pump_now();
+            assert!(self.cache.stats().seq >= committed, "the cache took the batch");
+        }
+
+        fn lister(&self) -> Lister<Obj> {
+            Lister::new(self.store.clone(), Some(self.cache.clone()))
+        }
     }
 
     /// The queries, as the lister answers them.
@@ -411,18 +403,18 @@ mod tests {
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(64))]
 
-        /// Against redb as the model: after every batch, a lister served by the hot tier (big
-        /// enough for everything, or so small that most reads go to redb) answers exactly
-        /// what redb alone answers.
+        /// Against redb as the model: after every batch, a lister served by the cache (big
+        /// enough for everything, or so small that most reads go to redb) answers exactly what
+        /// redb alone answers.
         #[test]
-        fn the_hot_tier_answers_what_redb_answers(batches in proptest::collection::vec(proptest::collection::vec(op(), 1..6), 1..8), tiny in any::<bool>()) {
+        fn the_cache_answers_what_redb_answers(batches in proptest::collection::vec(proptest::collection::vec(op(), 1..6), 1..8), tiny in any::<bool>()) {
             let dir = tempfile::tempdir().unwrap();
-            let (db, store) = open(dir.path(), if tiny { 300 } else { 1 << 20 });
-            let hot = Lister::<Obj>::new(store.clone(), None);
+            let f = Fixture::open(dir.path(), if tiny { 300 } else { 1 << 20 });
+            let lister = f.lister();
             let mut rv = 1u64;
             let mut live: BTreeMap<(bool, u8), ()> = BTreeMap::new();
             for ops in batches {
-                let mut batch = Batch::new(store.scope());
+                let mut batch = Batch::new(f.store.scope());
                 for o in ops {
                     rv += 1;
                     batch = match o {
@@ -436,10 +428,10 @@ mod tests {
                         }
                     };
                 }
-                db.writer().apply_blocking(batch.rv(rv.to_string())).unwrap();
-                prop_assert_eq!(answers(&hot), model(&store));
+                f.apply(batch.rv(rv.to_string()));
+                prop_assert_eq!(answers(&lister), model(&f.store));
             }
-            let stats = store.hot_tier_stats().unwrap();
+            let stats = f.cache.stats();
             prop_assert!(stats.charged_bytes <= stats.budget_bytes);
             prop_assert_eq!(stats.objects, live.len());
         }
@@ -448,88 +440,78 @@ mod tests {
     #[test]
     fn an_object_deleted_and_added_again_with_other_labels_leaves_no_stale_posting() {
         let dir = tempfile::tempdir().unwrap();
-        let (db, store) = open(dir.path(), 1 << 20);
-        let w = db.writer();
-        let s = store.scope();
-        w.apply_blocking(Batch::new(s).delta(DeltaKind::Added, obj("a", "o1", 2, "web")).rv("2"))
-            .unwrap();
-        w.apply_blocking(
+        let f = Fixture::open(dir.path(), 1 << 20);
+        let s = f.store.scope();
+        f.apply(Batch::new(s).delta(DeltaKind::Added, obj("a", "o1", 2, "web")).rv("2"));
+        f.apply(
             Batch::new(s)
                 .delta(DeltaKind::Deleted, obj("a", "o1", 3, "web"))
                 .rv("3"),
-        )
-        .unwrap();
-        w.apply_blocking(Batch::new(s).delta(DeltaKind::Added, obj("a", "o1", 4, "db")).rv("4"))
-            .unwrap();
-        let hot = Lister::<Obj>::new(store.clone(), None);
-        assert!(hot.by_index(LABELS, "app=web").unwrap().is_empty());
-        assert_eq!(hot.by_index(LABELS, "app=db").unwrap().len(), 1);
-    }
-
-    #[test]
-    fn a_cold_entry_that_changed_since_the_view_is_not_served_from_the_tier() {
-        let dir = tempfile::tempdir().unwrap();
-        // Too small to hold any JSON: every entry is cold.
-        let (db, store) = open(dir.path(), 1);
-        let w = db.writer();
-        w.apply_blocking(
-            Batch::new(store.scope())
-                .delta(DeltaKind::Added, obj("a", "o1", 2, "web"))
-                .rv("2"),
-        )
-        .unwrap();
-        let tier = store.hot().unwrap().clone();
-        let entries = tier.view().unwrap().select(None, |_| true);
-        assert_eq!(entries.len(), 1);
-        assert!(entries[0].bytes.is_none(), "evicted at once");
-        // The object changes after the view was taken.
-        w.apply_blocking(
-            Batch::new(store.scope())
-                .delta(DeltaKind::Updated, obj("a", "o1", 3, "web"))
-                .rv("3"),
-        )
-        .unwrap();
-        let lister = Lister::<Obj>::new(store.clone(), None);
-        assert!(
-            lister.materialize(&tier, entries).unwrap().is_none(),
-            "a version the tier no longer holds is refused"
         );
-        // The lister itself answers the new state.
-        let got = lister.namespace("a").get("o1").unwrap().unwrap();
-        assert_eq!(got["data"]["rv"], 3);
-        // A budget of one byte holds no JSON, even of an object just read.
-        assert_eq!(store.hot_tier_stats().unwrap().with_json, 0);
+        f.apply(Batch::new(s).delta(DeltaKind::Added, obj("a", "o1", 4, "db")).rv("4"));
+        let l = f.lister();
+        assert!(l.by_index(LABELS, "app=web").unwrap().is_empty());
+        assert_eq!(l.by_index(LABELS, "app=db").unwrap().len(), 1);
     }
 
     #[test]
-    fn reads_decode_a_version_once_and_fill_the_tier() {
+    fn a_cold_entry_that_changed_since_the_view_is_not_served_from_the_cache() {
         let dir = tempfile::tempdir().unwrap();
-        let (db, store) = open(dir.path(), 1 << 20);
-        db.writer()
+        // Too small to hold any JSON: every entry is cold once committed.
+        let f = Fixture::open(dir.path(), 1);
+        let s = f.store.scope();
+        f.apply(Batch::new(s).delta(DeltaKind::Added, obj("a", "o1", 2, "web")).rv("2"));
+        let entries = f.cache.view().unwrap().select(None, |_| true);
+        assert_eq!(entries.len(), 1);
+        assert!(entries[0].bytes().is_none(), "evicted at once");
+        // The object changes after the view was taken (in redb only: the cache is not pumped).
+        f.db.writer()
             .apply_blocking(
-                Batch::new(store.scope())
-                    .delta(DeltaKind::Added, obj("a", "o1", 2, "web"))
-                    .rv("2"),
+                Batch::new(s)
+                    .delta(DeltaKind::Updated, obj("a", "o1", 3, "web"))
+                    .rv("3"),
             )
             .unwrap();
-        let lister = Lister::<Obj>::new(store.clone(), None);
+        let lister = f.lister();
+        assert!(
+            lister.materialize(&f.cache, entries).unwrap().is_none(),
+            "a version redb no longer holds is refused"
+        );
+        // The lister answers from redb alone, then from the cache once it took the change.
+        assert_eq!(lister.namespace("a").get("o1").unwrap().unwrap()["data"]["rv"], 3);
+        f.cache.pump_now();
+        assert_eq!(lister.namespace("a").get("o1").unwrap().unwrap()["data"]["rv"], 3);
+        // A budget of one byte holds no JSON, even of an object just read.
+        assert_eq!(f.cache.stats().with_json, 0);
+    }
+
+    #[test]
+    fn reads_decode_a_version_once_and_share_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = Fixture::open(dir.path(), 1 << 20);
+        f.apply(
+            Batch::new(f.store.scope())
+                .delta(DeltaKind::Added, obj("a", "o1", 2, "web"))
+                .rv("2"),
+        );
+        let lister = f.lister();
         let first = lister.namespace("a").get("o1").unwrap().unwrap();
         let again = lister.list(&LabelSelector::everything()).unwrap();
         assert!(Arc::ptr_eq(&first, &again[0]), "the decoded object is shared");
-        let stats = store.hot_tier_stats().unwrap();
+        let stats = f.cache.stats();
         assert_eq!((stats.objects, stats.with_json), (1, 1));
     }
 
     #[test]
-    fn a_tier_loaded_over_existing_objects_serves_them_and_their_index() {
+    fn a_cache_loaded_over_existing_objects_serves_them_and_their_index() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("db.redb");
-        {
+        let scope = {
             let db = DurableStore::open(StoreConfig::new(&path)).unwrap();
             let w = db.writer();
             let scope = w.register_scope_blocking(&ScopeSpec::new("", "v1", "pods")).unwrap();
             db.register_index(scope, Indexer::labels());
-            futures::executor::block_on(w.ensure_index(scope, LABELS.into())).unwrap();
+            w.ensure_index_blocking(scope, LABELS.into()).unwrap();
             let mut b = Batch::new(scope);
             for i in 0..50u64 {
                 b = b.delta(
@@ -538,15 +520,18 @@ mod tests {
                 );
             }
             w.apply_blocking(b.rv("100")).unwrap();
-        }
-        let (_db, store) = open(dir.path(), 1 << 20);
-        let stats = store.hot_tier_stats().unwrap();
+            scope
+        };
+        let db = DurableStore::open(StoreConfig::new(&path)).unwrap();
+        db.register_index(scope, Indexer::labels());
+        let f = Fixture::over(db, scope, 1 << 20);
+        let stats = f.cache.stats();
         assert_eq!((stats.objects, stats.with_json), (50, 0), "keys and metadata only");
-        let postings = store.hot().unwrap().view().unwrap().by_index(LABELS, "app=web");
-        assert_eq!(postings.map(|p| p.len()), Some(10), "the tier serves the label index");
-        let hot = Lister::<Obj>::new(store.clone(), None);
-        assert_eq!(hot.by_index(LABELS, "app=web").unwrap().len(), 10);
-        assert_eq!(answers(&hot), model(&store));
-        assert_eq!(store.hot_tier_stats().unwrap().with_json, 50);
+        let postings = f.cache.view().unwrap().by_index(LABELS, "app=web");
+        assert_eq!(postings.map(|p| p.len()), Some(10), "the cache serves the label index");
+        let l = f.lister();
+        assert_eq!(l.by_index(LABELS, "app=web").unwrap().len(), 10);
+        assert_eq!(answers(&l), model(&f.store));
+        assert_eq!(f.cache.stats().with_json, 50);
     }
 }

@@ -34,7 +34,7 @@
 //! ```
 
 mod adaptor;
-mod decoded;
+mod cache;
 mod dispatch;
 mod error;
 mod factory;
@@ -42,6 +42,8 @@ mod handler;
 mod lister;
 
 use crate::util::Locked;
+use std::any::{Any, TypeId};
+use std::collections::HashMap;
 use std::marker::PhantomData;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -52,7 +54,8 @@ use serde::de::DeserializeOwned;
 use tokio::sync::watch;
 
 pub use adaptor::watcher_stream;
-pub(crate) use dispatch::{Change, Changes};
+pub use cache::CacheStats;
+pub(crate) use cache::{Entry, Watched};
 pub use error::{HandlerProblem, InformerError, InformerIssue};
 pub use factory::InformerFactory;
 pub use handler::{
@@ -65,7 +68,7 @@ use crate::object::ResourceVersion;
 use crate::reflector::{Reflector, ReflectorConfig, ReflectorError, ReflectorStatus, Transform};
 use crate::selector::{RingMember, ShardSelector};
 use crate::source::Source;
-use crate::store::{DurableStore, Indexer, LogReader, ScopeId, Seq, Store, Writer};
+use crate::store::{DurableStore, Indexer, LogReader, ScopeId, Seq, Store, StoreError, Writer};
 
 /// Keeps `issue` among the last 100.
 fn keep_issue(issues: &Mutex<Vec<InformerIssue>>, issue: InformerIssue) {
@@ -95,11 +98,34 @@ struct Inner {
     resync: Option<Duration>,
     errors: Arc<Mutex<Vec<InformerIssue>>>,
     handlers: Mutex<Vec<Slot>>,
-    /// Log entries decoded once for all handlers, per type.
-    decoded: decoded::DecodedByType,
+    /// The read model, one per type the informer is used as (the factory shares a scope
+    /// between a typed and a dynamic view, say); the type it was built with has one from the
+    /// start.
+    caches: Mutex<HashMap<TypeId, Arc<dyn Any + Send + Sync>>>,
+    /// Each cache's byte budget.
+    cache_bytes: usize,
+    /// The runtime the informer was built on, for the tasks of caches made later.
+    runtime: tokio::runtime::Handle,
     resource: String,
     /// The shard range the reflector holds (see [`Informer::set_sharding`]).
     sharding: watch::Sender<Option<ShardSelector>>,
+}
+
+/// The current metadata of an informer's objects; see [`Informer::metadata`].
+#[derive(Clone)]
+pub struct Metadata(Arc<dyn cache::MetaLookup>);
+
+impl std::fmt::Debug for Metadata {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Metadata").finish_non_exhaustive()
+    }
+}
+
+impl Metadata {
+    /// The metadata of `key`, or `None` when the informer holds no such object.
+    pub fn get(&self, key: &crate::object::ObjectKey) -> Result<Option<Arc<crate::object::ObjectMeta>>, StoreError> {
+        self.0.meta(key)
+    }
 }
 
 /// What the informer keeps of each handler, to drain and stop it at shutdown.
@@ -123,12 +149,6 @@ impl<K> Informer<K> {
     /// types; each log entry is decoded once per type, for all handlers).
     fn from_inner(inner: Arc<Inner>) -> Self {
         Self { inner, _k: PhantomData }
-    }
-
-    /// The same informer decoding its objects as `T` (the controller's handlers decode only
-    /// metadata).
-    pub(crate) fn retyped<T>(&self) -> Informer<T> {
-        Informer::from_inner(self.inner.clone())
     }
 }
 
@@ -211,17 +231,18 @@ pub struct InformerBuilder<'a, K, S> {
     config: ReflectorConfig,
     resync: Option<Duration>,
     allow_secrets: bool,
-    hot_tier: Option<usize>,
+    cache_bytes: Option<usize>,
     _k: PhantomData<fn() -> K>,
 }
 
 impl<K, S: Source> InformerBuilder<'_, K, S> {
-    /// The byte budget of this informer's hot tier (default: the database's
-    /// [`StoreConfig::hot_tier_bytes`](crate::store::StoreConfig::hot_tier_bytes), 512 MiB);
-    /// 0 turns it off, and listers then read redb. The first informer of a scope sets it.
+    /// The byte budget of this informer's object cache (default: the database's
+    /// [`StoreConfig::object_cache_bytes`](crate::store::StoreConfig::object_cache_bytes),
+    /// 512 MiB). Every key, metadata and index posting is held whatever the budget; 0 keeps no
+    /// object's JSON in memory, and listers read it from redb.
     #[must_use]
-    pub fn hot_tier_bytes(mut self, bytes: usize) -> Self {
-        self.hot_tier = Some(bytes);
+    pub fn object_cache_bytes(mut self, bytes: usize) -> Self {
+        self.cache_bytes = Some(bytes);
         self
     }
 
@@ -382,10 +403,7 @@ where
             self.db.register_index(scope, ix);
             writer.ensure_index(scope, name).await?;
         }
-        let hot = self.hot_tier.unwrap_or_else(|| self.db.hot_tier_bytes());
-        if hot > 0 {
-            writer.enable_hot_tier(scope, hot).await?;
-        }
+        let cache_bytes = self.cache_bytes.unwrap_or_else(|| self.db.object_cache_bytes());
         let store = self.db.store(scope);
         let resource = self.source.resource();
         let record = store.record()?;
@@ -403,7 +421,7 @@ where
         let (stop, _) = watch::channel(false);
         let (sync_seq, _) = watch::channel(None);
         let (initial_list, _) = watch::channel(dispatch::InitialList::default());
-        Ok(Informer {
+        let informer = Informer {
             inner: Arc::new(Inner {
                 scope,
                 store,
@@ -419,12 +437,60 @@ where
                 resync: self.resync,
                 errors,
                 handlers: Mutex::new(Vec::new()),
-                decoded: decoded::DecodedByType::default(),
+                caches: Mutex::new(HashMap::new()),
+                cache_bytes,
+                runtime: tokio::runtime::Handle::current(),
                 resource,
                 sharding,
             }),
             _k: PhantomData,
+        };
+        // The read model loads now, in the background: listers read redb until it has.
+        informer.inner.cache::<K>();
+        Ok(informer)
+    }
+}
+
+impl Inner {
+    /// What handler tasks and caches report issues through.
+    fn reporter(&self) -> dispatch::Report {
+        let errors = self.errors.clone();
+        Arc::new(move |issue: InformerIssue| {
+            tracing::warn!(%issue, "handler");
+            keep_issue(&errors, issue);
         })
+    }
+
+    /// The read model of type `K`, made (and its task started) on first use.
+    fn cache<K: DeserializeOwned + Send + Sync + 'static>(&self) -> Arc<cache::Cache<K>> {
+        let mut caches = self.caches.locked();
+        if let Some(c) = caches.get(&TypeId::of::<K>()) {
+            if let Ok(c) = c.clone().downcast::<cache::Cache<K>>() {
+                return c;
+            }
+        }
+        let c = cache::Cache::<K>::new(
+            self.store.clone(),
+            self.log.clone(),
+            self.writer.clone(),
+            self.cache_bytes,
+            self.sync_seq.subscribe(),
+        );
+        caches.insert(TypeId::of::<K>(), c.clone());
+        self.runtime.spawn(cache::Cache::run(Arc::downgrade(&c)));
+        c
+    }
+
+    fn ctx(&self) -> dispatch::Ctx {
+        dispatch::Ctx {
+            store: self.store.clone(),
+            log: self.log.clone(),
+            writer: self.writer.clone(),
+            scope: self.scope,
+            sync_seq: self.sync_seq.subscribe(),
+            initial_list: self.initial_list.subscribe(),
+            report: self.reporter(),
+        }
     }
 }
 
@@ -480,7 +546,7 @@ where
             config: ReflectorConfig::default(),
             resync: None,
             allow_secrets: false,
-            hot_tier: None,
+            cache_bytes: None,
             _k: PhantomData,
         }
     }
@@ -558,35 +624,14 @@ where
     }
 
     /// Like [`add_event_handler`](Self::add_event_handler) for a handler shared by several informers.
-    pub fn add_shared_handler(&self, handler: Arc<dyn EventHandler<K>>, options: HandlerOptions) -> Registration {
-        let sink = dispatch::Decoding {
-            handler,
-            decoded: self.inner.decoded.of::<K>(),
-        };
-        self.add_sink(sink, options)
-    }
-
-    /// Registers any [`Sink`](dispatch::Sink): a task reading the log after its cursor.
-    pub(crate) fn add_sink(&self, sink: impl dispatch::Sink, mut options: HandlerOptions) -> Registration {
+    pub fn add_shared_handler(&self, handler: Arc<dyn EventHandler<K>>, mut options: HandlerOptions) -> Registration {
         if options.resync.is_none() {
             options.resync = self.inner.resync;
         }
         let (stop, stop_rx) = watch::channel(false);
         let (synced_tx, synced) = watch::channel(false);
-        let errors = self.inner.errors.clone();
-        let ctx = dispatch::Ctx {
-            store: self.inner.store.clone(),
-            log: self.inner.log.clone(),
-            writer: self.inner.writer.clone(),
-            scope: self.inner.scope,
-            status: self.inner.status.clone(),
-            sync_seq: self.inner.sync_seq.subscribe(),
-            initial_list: self.inner.initial_list.subscribe(),
-            report: Arc::new(move |issue: InformerIssue| {
-                tracing::warn!(%issue, "handler");
-                keep_issue(&errors, issue);
-            }),
-        };
+        let (cursor_tx, cursor) = watch::channel(Seq(0));
+        let (done_tx, done) = watch::channel(false);
         let lag_labels = crate::metrics::HandlerLabels {
             resource: self.inner.resource.clone(),
             handler: options
@@ -594,18 +639,35 @@ where
                 .as_ref()
                 .map_or_else(|| "volatile".to_owned(), ToString::to_string),
         };
-        let (cursor_tx, cursor) = watch::channel(Seq(0));
-        let (done_tx, done) = watch::channel(false);
         tokio::spawn(dispatch::track_lag(
             self.inner.writer.committed(),
             cursor.clone(),
             done.clone(),
             lag_labels,
         ));
+        let progress = dispatch::Progress {
+            synced: synced_tx,
+            position: cursor_tx,
+        };
+        let ctx = self.inner.ctx();
+        let cache = self.inner.cache::<K>();
         tokio::spawn(async move {
-            dispatch::run(ctx, sink, options, stop_rx, synced_tx, cursor_tx).await;
+            match options.name.clone() {
+                Some(name) => dispatch::run_durable(ctx, Some(cache), handler, name, options, stop_rx, progress).await,
+                None => dispatch::run_volatile(ctx, cache, handler, options, stop_rx, progress).await,
+            }
             let _ = done_tx.send(true);
         });
+        self.keep_slot(&stop, &done, &cursor);
+        Registration {
+            stop,
+            synced,
+            done,
+            cursor,
+        }
+    }
+
+    fn keep_slot(&self, stop: &watch::Sender<bool>, done: &watch::Receiver<bool>, cursor: &watch::Receiver<Seq>) {
         let mut slots = self.inner.handlers.locked();
         slots.retain(|s| !*s.done.borrow());
         slots.push(Slot {
@@ -613,12 +675,92 @@ where
             done: done.clone(),
             cursor: cursor.clone(),
         });
+    }
+
+    /// Registers `on_change`, called with the entries before and after every change of the
+    /// read model (first with every object held, as adds; again for each at `options`'
+    /// resync period), synchronously as the cache takes it: the controller's enqueueing,
+    /// which reads metadata only and never waits.
+    pub(crate) fn watch_changes(
+        &self,
+        on_change: impl Fn(Watched<'_, K>) + Send + Sync + 'static,
+        mut options: HandlerOptions,
+    ) -> Registration {
+        if options.resync.is_none() {
+            options.resync = self.inner.resync;
+        }
+        let cache = self.inner.cache::<K>();
+        let id = cache.watch(on_change);
+        let (stop, mut stop_rx) = watch::channel(false);
+        let (synced_tx, synced) = watch::channel(false);
+        let (cursor_tx, cursor) = watch::channel(Seq(0));
+        let (done_tx, done) = watch::channel(false);
+        let period = options.resync.unwrap_or(Duration::MAX);
+        let mut sync_seq = self.inner.sync_seq.subscribe();
+        tokio::spawn(async move {
+            let mut applied = cache.applied();
+            let mut resync_at = tokio::time::Instant::now().checked_add(period);
+            loop {
+                if cache.reached_sync() {
+                    synced_tx.send_if_modified(|s| !std::mem::replace(s, true));
+                }
+                cursor_tx.send_replace(applied.borrow_and_update().1);
+                let resync_sleep = async {
+                    match resync_at {
+                        Some(at) => tokio::time::sleep_until(at).await,
+                        None => futures::future::pending().await,
+                    }
+                };
+                tokio::select! {
+                    r = applied.changed() => if r.is_err() { break },
+                    r = sync_seq.changed() => if r.is_err() { break },
+                    () = resync_sleep => {
+                        cache.rewatch(id);
+                        resync_at = tokio::time::Instant::now().checked_add(period);
+                    }
+                    _ = stop_rx.wait_for(|s| *s) => break,
+                }
+            }
+            cache.unwatch(id);
+            let _ = done_tx.send(true);
+        });
+        self.keep_slot(&stop, &done, &cursor);
         Registration {
             stop,
             synced,
             done,
             cursor,
         }
+    }
+
+    /// The current metadata of this informer's objects, by key, as its cache holds it (ahead of
+    /// redb by what the writer is committing): cheap to clone, typeless (the sharding guard
+    /// reads it).
+    ///
+    /// ```no_run
+    /// # fn f(pods: durable_informer::informer::Informer<k8s_openapi::api::core::v1::Pod>) -> Result<(), Box<dyn std::error::Error>> {
+    /// use durable_informer::object::ObjectKey;
+    /// let meta = pods.metadata().get(&ObjectKey::namespaced("prod", "web-0"))?;
+    /// println!("{:?}", meta.map(|m| m.labels.clone()));
+    /// # Ok(()) }
+    /// ```
+    #[must_use]
+    pub fn metadata(&self) -> Metadata {
+        Metadata(self.inner.cache::<K>())
+    }
+
+    /// What the informer's object cache holds now (see
+    /// [`InformerBuilder::object_cache_bytes`]).
+    ///
+    /// ```no_run
+    /// # fn f(pods: durable_informer::informer::Informer<k8s_openapi::api::core::v1::Pod>) {
+    /// let stats = pods.cache_stats();
+    /// println!("{} objects, {} with their JSON in memory", stats.objects, stats.with_json);
+    /// # }
+    /// ```
+    #[must_use]
+    pub fn cache_stats(&self) -> CacheStats {
+        self.inner.cache::<K>().stats()
     }
 
     /// Stops the reflector, lets every handler catch up with what was committed (waiting at
@@ -658,7 +800,7 @@ where
     /// A typed lister.
     #[must_use]
     pub fn lister(&self) -> Lister<K> {
-        Lister::new(self.inner.store.clone(), Some(self.inner.decoded.of::<K>()))
+        Lister::new(self.inner.store.clone(), Some(self.inner.cache::<K>()))
     }
 
     /// True once the store holds a complete, current view.

@@ -133,9 +133,22 @@ impl<S: Source> Reflector<S> {
         self
     }
 
+    /// A batch of watch events: [`Deferred`](crate::store::Durability::Deferred), unless the
+    /// reflector commits relaxed (a bulk load).
+    fn watch_batch(&self) -> Batch {
+        let batch = self.new_batch();
+        if batch.durability == crate::store::Durability::Relaxed {
+            batch
+        } else {
+            batch.durability(crate::store::Durability::Deferred)
+        }
+    }
+
     fn new_batch(&self) -> Batch {
         let mut batch = Batch::new(self.scope());
-        batch.relaxed = self.relaxed;
+        if self.relaxed {
+            batch.durability = crate::store::Durability::Relaxed;
+        }
         batch
     }
 
@@ -352,6 +365,11 @@ impl<S: Source> Reflector<S> {
                     WatchEnd::Stop => None,
                     WatchEnd::Reshard => self.reshard(persisted, sync_target, stop).await,
                     WatchEnd::Ended => Some(watch(persisted)),
+                    WatchEnd::RolledBack => {
+                        tracing::info!(scope = %self.scope(), rv = %persisted, "commits were lost before reaching the disk; re-watching from what the file holds");
+                        self.status.send_modify(|s| s.committed_rv = Some(persisted.clone()));
+                        Some(watch(persisted))
+                    }
                     WatchEnd::Gone(message) => Some(State::List(ListReason::Gone(message))),
                     WatchEnd::TooLarge(message) => Some(State::List(ListReason::TooLargeRv { persisted, message })),
                     WatchEnd::Malformed { at, message } => {

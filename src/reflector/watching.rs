@@ -28,6 +28,9 @@ pub(super) enum WatchEnd {
     Stop,
     /// A new shard range was sent (see `Reflector::shard_updates`).
     Reshard,
+    /// Commits not yet on disk were lost (a failed fsync, an I/O error): re-watch from what
+    /// the file holds, at once, rather than when the next event finds its predecessor gone.
+    RolledBack,
     /// A line that may have carried a change could not be read after the watch reached
     /// `at`: re-watch once (a line cut by a proxy reads fine the second time), relist if it
     /// fails again at the same place.
@@ -135,12 +138,14 @@ impl<S: Source> Reflector<S> {
         ];
         let batch_sizes = metrics::global().batch_size.get_or_create(&self.labels()).clone();
         let mut inflight: Inflight = VecDeque::new();
+        let mut rollbacks = self.writer.rollbacks();
+        rollbacks.borrow_and_update();
         // What the previous batch of this watch reaches; the next one requires it committed.
         let mut reached = rv.clone();
         let mut end = None;
         // The highest RV this watch has reached; batches never offer less.
         let mut high = rv.clone();
-        let mut batch = self.new_batch().deferred_fsync().requires(reached.clone());
+        let mut batch = self.watch_batch().requires(reached.clone());
         let mut events = 0u64;
         // Group commit from this side: a batch is sent when the writer has nothing of ours in
         // flight (or it is full); events received meanwhile join the next one. Batches thus
@@ -158,7 +163,7 @@ impl<S: Source> Reflector<S> {
             let pending = batch.rv.is_some() || !batch.deltas.is_empty();
             let full = batch.deltas.len() >= self.config.max_batch;
             if pending && (inflight.is_empty() || full) && inflight.len() < MAX_INFLIGHT {
-                let sent = std::mem::replace(&mut batch, self.new_batch().deferred_fsync());
+                let sent = std::mem::replace(&mut batch, self.watch_batch());
                 if let Err(e) = self.send_batch(
                     sent,
                     &rv,
@@ -188,6 +193,10 @@ impl<S: Source> Reflector<S> {
                             biased;
                             r = &mut front.0 => Woke::Committed(r),
                             item = stream.next() => Woke::Item(item),
+                            Ok(()) = rollbacks.changed() => {
+                                end = Some(WatchEnd::RolledBack);
+                                break;
+                            }
                             () = shard_changed(self.shard_rx.as_ref()) => continue,
                             _ = stop.wait_for(|s| *s) => Woke::Stop,
                         };
@@ -234,6 +243,10 @@ impl<S: Source> Reflector<S> {
                                 }
                             },
                             () = shard_changed(self.shard_rx.as_ref()) => continue,
+                            Ok(()) = rollbacks.changed() => {
+                                end = Some(WatchEnd::RolledBack);
+                                break;
+                            }
                             () = quiet => {
                                 // Nothing of ours in flight: the writer's position covers
                                 // every entry of this scope.

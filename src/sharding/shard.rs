@@ -20,9 +20,10 @@ use serde_json::json;
 use super::ShardingError;
 use crate::controller::Action;
 use crate::informer::Informer;
+use crate::informer::Metadata;
 use crate::object::ObjectKey;
 use crate::selector::RingMember;
-use crate::store::{Store, StoreError};
+use crate::store::StoreError;
 
 /// How many times an acknowledgement that met a conflict reads the object again and retries.
 const CONFLICT_RETRIES: usize = 5;
@@ -31,11 +32,11 @@ const CONFLICT_RETRIES: usize = 5;
 /// ([`RingShard::responsibility`]).
 ///
 /// ```no_run
-/// # async fn f(shard: durable_informer::sharding::RingShard, store: durable_informer::store::Store, key: durable_informer::object::ObjectKey) -> Result<(), Box<dyn std::error::Error>> {
+/// # async fn f(shard: durable_informer::sharding::RingShard, configmaps: durable_informer::informer::Informer<k8s_openapi::api::core::v1::ConfigMap>, key: durable_informer::object::ObjectKey) -> Result<(), Box<dyn std::error::Error>> {
 /// use durable_informer::sharding::Responsibility;
 /// use k8s_openapi::api::core::v1::ConfigMap;
 /// let configmaps = kube::core::ApiResource::erase::<ConfigMap>(&());
-/// match shard.responsibility(&store, &key)? {
+/// match shard.responsibility(&configmaps.metadata(), &key)? {
 ///     Responsibility::Reconcile => println!("reconcile {key}"),
 ///     Responsibility::Drain { resource_version } => {
 ///         shard.acknowledge_drain(&configmaps, &key, &resource_version).await?;
@@ -136,10 +137,10 @@ impl RingShard {
     }
 
     /// What to do with `key`, from the shard's cache (a read of one object's metadata).
-    pub fn responsibility(&self, store: &Store, key: &ObjectKey) -> Result<Responsibility, StoreError> {
-        // The state the event that woke the reconcile carried: volatile handlers and the
-        // controller's queue may be told of a change before redb has it (the hot tier has).
-        let found = store.current_meta(key)?.map(|meta| {
+    pub fn responsibility(&self, metadata: &Metadata, key: &ObjectKey) -> Result<Responsibility, StoreError> {
+        // The state the event that woke the reconcile carried: the informer's cache, which
+        // takes a change before redb has it.
+        let found = metadata.get(key)?.map(|meta| {
             (
                 self.member.owns(&meta.labels),
                 self.member.ring().draining(&meta.labels),
@@ -222,14 +223,14 @@ impl RingShard {
         Fut: Future<Output = Result<Action, E>> + Send + 'static,
         E: Send + 'static,
     {
-        self.guard_dynamic(ApiResource::erase::<K>(&()), informer.store(), reconcile)
+        self.guard_dynamic(ApiResource::erase::<K>(&()), informer.metadata(), reconcile)
     }
 
-    /// [`guard`](Self::guard) for a resource named at run time, with the informer's store.
+    /// [`guard`](Self::guard) for a resource named at run time, with the informer's metadata.
     pub fn guard_dynamic<Ctx, F, Fut, E>(
         &self,
         resource: ApiResource,
-        store: Store,
+        metadata: Metadata,
         reconcile: F,
     ) -> impl Fn(ObjectKey, Arc<Ctx>) -> BoxFuture<'static, Result<Action, E>> + Send + Sync + 'static
     where
@@ -241,7 +242,7 @@ impl RingShard {
         let shard = self.clone();
         let resource = Arc::new(resource);
         move |key: ObjectKey, ctx: Arc<Ctx>| {
-            let decided = shard.responsibility(&store, &key);
+            let decided = shard.responsibility(&metadata, &key);
             match decided {
                 Ok(Responsibility::Reconcile) => reconcile(key, ctx).boxed(),
                 Ok(Responsibility::NotOurs) => async { Ok(Action::await_change()) }.boxed(),

@@ -298,8 +298,13 @@ pub(crate) fn run(shared: &Shared) -> Result<CheckReport, StoreError> {
                 match read::object_bytes(shared, &log, &h, inline, &read::txn_loader(shared, &txn)) {
                     Ok(json) => {
                         let rows = want.entry(ix.name.clone()).or_default().entry(key.clone()).or_default();
-                        for value in ix.values(&h.meta, &json) {
-                            rows.insert(keys::index(scope, &ix.name, &value.into(), &key));
+                        match ix.values_caught(&h.meta, &json) {
+                            Ok(values) => {
+                                for value in values {
+                                    rows.insert(keys::index(scope, &ix.name, &value.into(), &key));
+                                }
+                            }
+                            Err(e) => report.problems.push(format!("{scope}: object {key}: {e}")),
                         }
                     }
                     Err(e) => report.problems.push(format!("{scope}: object {key}: {e}")),

@@ -6,7 +6,7 @@
 use std::path::PathBuf;
 
 use super::codec::CodecError;
-use super::ScopeId;
+use super::{ScopeId, Seq};
 use crate::object::{KeyError, ObjectError, ResourceVersion};
 
 /// Errors of the durable store (opening, writing, reading).
@@ -126,15 +126,36 @@ pub enum StoreError {
         /// The first seq still in the log.
         first_retained: u64,
     },
-    /// The store was closed; this handle outlived it.
+    /// The database is not open: the store was closed (this handle outlived it), or the
+    /// writer is reopening the file after an I/O error (for as long as that keeps failing, on
+    /// a full disk until space returns). Retry later.
     #[error("{path}: the database was closed")]
     Closed {
         /// The file.
         path: PathBuf,
     },
-    /// The writer thread has stopped (the store was closed, or it failed to start).
+    /// The writer thread has stopped (the store was closed, or it failed to start), or it
+    /// dropped a command's reply after a panic of its own (it went on; the command was not
+    /// committed).
     #[error("the database writer has stopped")]
     WriterGone,
+    /// A durable cursor was set past the log's last seq.
+    #[error("cursor {cursor} is past the log's last seq {last}")]
+    CursorPastLog {
+        /// The cursor asked for.
+        cursor: Seq,
+        /// The last seq handed out.
+        last: Seq,
+    },
+    /// User code the writer ran (an index function) panicked: the command's group was not
+    /// committed, nothing of it was kept or shown, and the writer went on.
+    #[error("{what} panicked: {message}")]
+    Panicked {
+        /// What panicked.
+        what: String,
+        /// The panic's message.
+        message: String,
+    },
     /// Another command in the same group commit failed, so this one was not committed.
     #[error("not committed: {0}")]
     Aborted(String),

@@ -10,6 +10,7 @@ use std::fmt;
 use std::sync::{Arc, RwLock};
 
 use super::schema::{IndexName, ScopeId};
+use super::StoreError;
 use crate::object::ObjectMeta;
 
 /// Name of the built-in label index; its values are `key=value`.
@@ -100,6 +101,17 @@ impl Indexer {
         v.sort_unstable();
         v.dedup();
         v
+    }
+
+    /// [`values`](Self::values), with a panic of the user's function caught and returned as
+    /// [`StoreError::Panicked`]: the writer thread runs it, and must outlive it.
+    pub(crate) fn values_caught(&self, meta: &ObjectMeta, json: &[u8]) -> Result<Vec<String>, StoreError> {
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.values(meta, json))).map_err(|p| {
+            StoreError::Panicked {
+                what: format!("index function {:?} on {}", self.name.0, meta.key()),
+                message: crate::util::panic_message(&*p),
+            }
+        })
     }
 }
 

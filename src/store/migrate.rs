@@ -115,7 +115,6 @@ mod tests {
             indexes: Default::default(),
             dicts: Default::default(),
             config,
-            hot: Default::default(),
         }
     }
 

@@ -33,17 +33,15 @@
 //! next durable one; [`Writer::durable`] says which seq that is, and for deferred batches a
 //! durable commit follows within [`StoreConfig::fsync_delay`]).
 
+mod changes;
 mod check;
 mod codec;
 mod dict;
 mod error;
-mod feed;
-mod hot;
 mod index;
 mod migrate;
 mod read;
 mod schema;
-mod typed;
 mod writer;
 
 use crate::util::RwLocked;
@@ -54,17 +52,14 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
+pub use changes::{Change, Item, Reader, Stream, StreamRead, MAX_ENTRIES as MAX_STREAM_ENTRIES};
 pub use check::CheckReport;
 pub use codec::{CodecError, Compression, DeltaKind, ScopeRecord, ShardRecord};
 pub use error::StoreError;
-pub(crate) use feed::FeedRead;
-pub use hot::HotTierStats;
-pub(crate) use hot::{HotEntry, HotTier, HotView};
 pub use index::{IndexFunc, Indexer, LABELS, NAMESPACE};
 pub use read::{IndexStatus, LogReader, LogRecord, Snapshot, Store, StoredObject};
 pub use schema::{CursorName, IndexName, IndexValue, ScopeId, Seq};
-pub use typed::TypedCache;
-pub use writer::{Batch, Committed, CompactReport, Delta, RelistSummary, Writer};
+pub use writer::{Batch, Committed, CompactReport, Delta, Durability, LogPin, RelistSummary, Subscription, Writer};
 
 use crate::object::ScopeSpec;
 
@@ -89,15 +84,15 @@ pub struct StoreConfig {
     pub(crate) clock: Option<WrapClock>,
     pub(crate) compact_step: usize,
     pub(crate) backfill_step: usize,
-    pub(crate) hot_tier_bytes: usize,
+    pub(crate) object_cache_bytes: usize,
     pub(crate) fsync_delay: Option<Duration>,
 }
 
 /// Default [`StoreConfig::fsync_delay`]: 10 ms.
 pub const DEFAULT_FSYNC_DELAY: Duration = Duration::from_millis(10);
 
-/// Default byte budget of an informer's hot tier: 512 MiB (about 40,000 objects of 4 KB).
-pub const DEFAULT_HOT_TIER_BYTES: usize = 512 << 20;
+/// Default byte budget of an informer's object cache: 512 MiB (about 40,000 objects of 4 KB).
+pub const DEFAULT_OBJECT_CACHE_BYTES: usize = 512 << 20;
 
 /// Most log entries one compaction transaction removes (automatic or explicit).
 pub const COMPACT_STEP: usize = 4096;
@@ -156,40 +151,40 @@ impl StoreConfig {
             clock: None,
             compact_step: COMPACT_STEP,
             backfill_step: BACKFILL_STEP,
-            hot_tier_bytes: DEFAULT_HOT_TIER_BYTES,
+            object_cache_bytes: DEFAULT_OBJECT_CACHE_BYTES,
             fsync_delay: Some(DEFAULT_FSYNC_DELAY),
         }
     }
 
-    /// How long a watch batch may be committed, and delivered to volatile handlers, listers
-    /// and the hot tier, before a durable commit (fsync) follows (default
-    /// [`DEFAULT_FSYNC_DELAY`], 10 ms; `None`: every watch batch is fsynced before anything
-    /// sees it). In `benches/compare` (N = 10,000 Pods, 2 cores, 3 repetitions each) the
-    /// default gave p50 latency 1.0 ms at 1,000 updates/s and sustained 5,000 updates/s,
-    /// against 4.1 ms and 2,000 with `None`.
+    /// How long a [deferred](Durability::Deferred) batch (every watch batch) may wait for the
+    /// durable commit (fsync) that follows it (default [`DEFAULT_FSYNC_DELAY`], 10 ms; `None`:
+    /// deferred batches are fsynced before they are acknowledged or shown to anyone).
     ///
-    /// Durable handlers only ever receive events that are on disk
-    /// ([`Writer::durable`]), and the persisted resourceVersion moves with the data, so a crash
-    /// in between loses only what the restart fetches again from the server (the watch resumes
-    /// from the last durable resourceVersion and redelivers, at least once). A failed fsync
-    /// rolls the commits back the same way: the reflector's next batch is refused and it
-    /// re-watches from what is persisted.
+    /// Meanwhile the batch is committed, acknowledged, and shown to informers' caches, listers
+    /// and volatile handlers; should the durable commit fail, they are told of a rollback and
+    /// the reflector fetches the lost events again (its next batch, which requires the lost
+    /// one, is refused, and it re-watches from what the file holds). Durable handlers only ever
+    /// receive events that are on disk ([`Writer::durable`]), their initial adds included, and
+    /// the persisted resourceVersion moves with the data, so a crash in between loses only what
+    /// the restart fetches again from the server. [Relaxed](Durability::Relaxed) batches (bulk
+    /// loads) are never fsynced on their own, whatever this setting. `docs/benchmarks.md` has
+    /// the latency this buys.
     #[must_use]
     pub fn fsync_delay(mut self, delay: Option<Duration>) -> Self {
         self.fsync_delay = delay;
         self
     }
 
-    /// The default byte budget of each informer's hot tier (default
-    /// [`DEFAULT_HOT_TIER_BYTES`]; 0 turns hot tiers off). The tier mirrors the scope's keys,
-    /// metadata and index postings in memory, and the JSON and decoded objects of the most
-    /// recently written or read objects within this budget (each object's JSON charged three
-    /// times, for the JSON and its decoded form), so listers answer without touching redb.
-    /// [`InformerBuilder::hot_tier_bytes`](crate::informer::InformerBuilder::hot_tier_bytes)
+    /// The default byte budget of each informer's object cache (default
+    /// [`DEFAULT_OBJECT_CACHE_BYTES`]; 0 leaves every object's JSON on disk). The cache holds
+    /// every key, metadata and index posting of its scope, and the JSON and decoded objects of
+    /// the most recently written or read objects within this budget (each object's JSON charged
+    /// three times, for the JSON and its decoded form), so listers answer without touching redb.
+    /// [`InformerBuilder::object_cache_bytes`](crate::informer::InformerBuilder::object_cache_bytes)
     /// sets it per informer.
     #[must_use]
-    pub fn hot_tier_bytes(mut self, bytes: usize) -> Self {
-        self.hot_tier_bytes = bytes;
+    pub fn object_cache_bytes(mut self, bytes: usize) -> Self {
+        self.object_cache_bytes = bytes;
         self
     }
 
@@ -446,8 +441,6 @@ pub(crate) struct Shared {
     pub(crate) dicts: dict::DictCache,
     /// How the database was opened: the writer reopens it the same way after an I/O error.
     config: StoreConfig,
-    /// The hot tiers of the scopes that have one (kept by the writer thread).
-    pub(crate) hot: std::sync::RwLock<std::collections::HashMap<ScopeId, Arc<hot::HotTier>>>,
 }
 
 impl Shared {
@@ -528,7 +521,6 @@ impl DurableStore {
             indexes: IndexRegistry::default(),
             dicts: dict::DictCache::default(),
             config: config.clone(),
-            hot: std::sync::RwLock::default(),
         });
         migrate::run(&shared)?;
         let (writer, thread) = writer::spawn(shared.clone(), &config)?;
@@ -551,10 +543,11 @@ impl DurableStore {
         Store::new(self.shared.clone(), scope)
     }
 
-    /// The default hot tier budget of this database's informers ([`StoreConfig::hot_tier_bytes`]).
+    /// The default object cache budget of this database's informers
+    /// ([`StoreConfig::object_cache_bytes`]).
     #[must_use]
-    pub fn hot_tier_bytes(&self) -> usize {
-        self.shared.config.hot_tier_bytes
+    pub fn object_cache_bytes(&self) -> usize {
+        self.shared.config.object_cache_bytes
     }
 
     /// A reader of the delta log.

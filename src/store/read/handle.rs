@@ -1,6 +1,5 @@
 //! [`Store`]: the cheap, cloneable read handle over one scope.
 
-use crate::util::RwLocked;
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -8,7 +7,6 @@ use redb::ReadableDatabase;
 use serde::de::DeserializeOwned;
 
 use super::super::codec::{ScopeRecord, ShardRecord};
-use super::super::hot::HotTier;
 use super::super::schema::ScopeId;
 use super::super::{Shared, StoreError};
 use crate::object::{ObjectKey, ObjectMeta, ResourceVersion};
@@ -20,8 +18,6 @@ use super::{IndexStatus, Snapshot, StoredObject};
 pub struct Store {
     shared: Arc<Shared>,
     scope: ScopeId,
-    /// The scope's hot tier once seen (a tier, once given, stays for the store's life).
-    hot: Arc<std::sync::OnceLock<Arc<HotTier>>>,
 }
 
 impl std::fmt::Debug for Store {
@@ -34,36 +30,18 @@ impl std::fmt::Debug for Store {
 
 impl Store {
     pub(crate) fn new(shared: Arc<Shared>, scope: ScopeId) -> Self {
-        Self {
-            shared,
-            scope,
-            hot: Arc::default(),
-        }
+        Self { shared, scope }
     }
 
-    /// The scope's hot tier, if it has one (loaded or not).
-    pub(crate) fn hot(&self) -> Option<&Arc<HotTier>> {
-        // Borrowed, not cloned: a get by key is a few hundred nanoseconds in all.
-        if let Some(t) = self.hot.get() {
-            return Some(t);
-        }
-        let tier = self.shared.hot.reading().get(&self.scope).cloned()?;
-        Some(self.hot.get_or_init(|| tier))
-    }
-
-    /// What the scope's hot tier holds, if it has one (see
-    /// [`StoreConfig::hot_tier_bytes`](crate::store::StoreConfig::hot_tier_bytes)).
-    ///
-    /// ```no_run
-    /// # fn f(store: durable_informer::store::Store) {
-    /// if let Some(stats) = store.hot_tier_stats() {
-    ///     println!("{} objects, {} with their JSON in memory", stats.objects, stats.with_json);
-    /// }
-    /// # }
-    /// ```
-    #[must_use]
-    pub fn hot_tier_stats(&self) -> Option<super::super::HotTierStats> {
-        self.hot().map(|t| t.stats())
+    /// The indexes registered on this scope in this process (their functions; see
+    /// [`DurableStore::register_index`](crate::store::DurableStore::register_index)).
+    pub(crate) fn registered_indexes(&self) -> Vec<super::super::IndexName> {
+        self.shared
+            .indexes
+            .for_scope(self.scope)
+            .into_iter()
+            .map(|ix| ix.name)
+            .collect()
     }
 
     /// The scope this handle reads.
@@ -95,15 +73,6 @@ impl Store {
     /// See [`Snapshot::list`].
     pub fn list(&self) -> Result<Vec<StoredObject>, StoreError> {
         self.snapshot()?.list()
-    }
-
-    /// The metadata of `key` as listers and volatile handlers see it: from the hot tier when
-    /// it serves readers (it may be ahead of redb by the group being written), else from redb.
-    pub(crate) fn current_meta(&self, key: &ObjectKey) -> Result<Option<Arc<ObjectMeta>>, StoreError> {
-        if let Some(view) = self.hot().and_then(|t| t.view()) {
-            return Ok(view.named(key.namespace.as_deref(), &key.name).map(|e| e.meta.clone()));
-        }
-        self.get_with(key, |meta, _| Ok(Arc::new(meta.clone())))
     }
 
     /// See [`Snapshot::get_with`].

@@ -165,6 +165,19 @@ impl LogReader {
         self.scan_after(&txn, after, limit, Some(scope), bytes)
     }
 
+    /// The log entry at `seq`, with its states (`None` once compacted, or when it belongs to
+    /// another scope than `scope`).
+    pub fn record(&self, seq: Seq, scope: ScopeId) -> Result<Option<LogRecord>, StoreError> {
+        let s = &self.shared;
+        let txn = self.begin()?;
+        let log = txn.open_table(LOG).map_err(|e| s.storage(e))?;
+        let load = txn_loader(s, &txn);
+        let Some(row) = log.get(seq.0).map_err(|e| s.storage(e))? else {
+            return Ok(None);
+        };
+        decode_record(s, &log, seq.0, row.value(), Some(scope), true, &load)
+    }
+
     /// The first and last seq in the log (`None` when empty).
     pub fn bounds(&self) -> Result<Option<(Seq, Seq)>, StoreError> {
         let s = &self.shared;

@@ -6,11 +6,11 @@ use std::sync::Arc;
 use bytes::Bytes;
 use redb::{ReadableTable, WriteTransaction};
 
+use super::super::changes::Change;
 use super::super::codec::{self, Compression, DataRef, DeltaKind, LogHeader, PrevRef, ScopeRecord};
 use super::super::dict;
-use super::super::hot::HotOp;
 use super::super::index::Indexer;
-use super::super::schema::{keys, IndexName, ScopeId, INDEX, INDEX_REV, LOG, OBJECTS};
+use super::super::schema::{keys, IndexName, ScopeId, Seq, INDEX, INDEX_REV, LOG, OBJECTS};
 use super::super::StoreError;
 use super::{Batch, Failure, Garbage, Step, WriterThread};
 use crate::object::{ObjectKey, RawObject, ResourceVersion};
@@ -192,21 +192,22 @@ impl WriterThread {
                 } else {
                     obj.meta.resource_version.clone()
                 };
-                if self.is_hot(scope) {
-                    // Before the rows below: see `hot_change`.
-                    let object = (!final_state_unknown).then(|| Bytes::copy_from_slice(&obj.bytes));
-                    let (kind, fsu) = (DeltaKind::Deleted, final_state_unknown);
-                    let change = Change {
-                        seq,
-                        kind,
-                        key: &key,
-                        rv: rv.clone(),
-                        object,
-                        prev,
-                        prev_inline,
-                        final_state_unknown: fsu,
-                    };
-                    self.hot_change(t, scope, change, HotOp::Remove(key.clone()))?;
+                if self.publisher.wants(scope) {
+                    // Before the rows below: readers of a group without an fsync hear of it
+                    // now (see `publish`).
+                    let meta = if final_state_unknown { &old.meta } else { &obj.meta };
+                    self.publisher.change(
+                        scope,
+                        Change {
+                            seq: Seq(seq),
+                            kind: DeltaKind::Deleted,
+                            key: key.clone(),
+                            meta: Arc::new(meta.clone()),
+                            new: (!final_state_unknown).then(|| Bytes::copy_from_slice(&obj.bytes)),
+                            values: Arc::from(Vec::new()),
+                            final_state_unknown,
+                        },
+                    );
                 }
                 self.append_log(
                     t,
@@ -259,30 +260,26 @@ impl WriterThread {
                 let (data, compression) = pack(packed)?;
                 let values: Vec<(&IndexName, Vec<String>)> = indexers
                     .iter()
-                    .map(|ix| (&ix.name, ix.values(&obj.meta, &obj.bytes)))
-                    .collect();
-                if self.is_hot(scope) {
+                    // A panic of the user's function fails the whole group (nothing of it is
+                    // kept or shown); the writer lives on.
+                    .map(|ix| ix.values_caught(&obj.meta, &obj.bytes).map(|v| (&ix.name, v)))
+                    .collect::<Result<_, _>>()?;
+                if self.publisher.wants(scope) {
                     // A copy: the received bytes may be a slice of a larger buffer (a watch
-                    // line, a list page) that the tier would otherwise keep alive. The feed
-                    // shares it. Before the rows below: see `hot_change`.
-                    let bytes = Bytes::copy_from_slice(&obj.bytes);
-                    let rv = obj.meta.resource_version.clone();
-                    let change = Change {
-                        seq,
-                        kind: stored_kind,
-                        key: &key,
-                        rv,
-                        object: Some(bytes.clone()),
-                        prev,
-                        prev_inline,
-                        final_state_unknown: false,
-                    };
-                    let op = HotOp::Put {
-                        meta: Box::new(obj.meta.clone()),
-                        bytes,
-                        values: values.iter().map(|(n, v)| ((*n).clone(), v.clone())).collect(),
-                    };
-                    self.hot_change(t, scope, change, op)?;
+                    // line, a list page) that readers would otherwise keep alive. Before the
+                    // rows below: readers of a group without an fsync hear of it now.
+                    self.publisher.change(
+                        scope,
+                        Change {
+                            seq: Seq(seq),
+                            kind: stored_kind,
+                            key: key.clone(),
+                            meta: Arc::new(obj.meta.clone()),
+                            new: Some(Bytes::copy_from_slice(&obj.bytes)),
+                            values: values.iter().map(|(n, v)| ((*n).clone(), v.clone())).collect(),
+                            final_state_unknown: false,
+                        },
+                    );
                 }
                 self.append_log(
                     t,
@@ -383,18 +380,6 @@ impl WriterThread {
     }
 }
 
-/// One log record of a hot scope, for its feed (see [`WriterThread::hot_change`]).
-pub(super) struct Change<'k> {
-    pub(super) seq: u64,
-    pub(super) kind: DeltaKind,
-    pub(super) key: &'k ObjectKey,
-    pub(super) rv: ResourceVersion,
-    pub(super) object: Option<Bytes>,
-    pub(super) prev: PrevRef,
-    pub(super) prev_inline: &'k [u8],
-    pub(super) final_state_unknown: bool,
-}
-
 /// The tables a delta touches, opened once per command.
 pub(super) struct Tables<'t> {
     pub(super) objects: redb::Table<'t, &'static [u8], &'static [u8]>,
@@ -403,7 +388,6 @@ pub(super) struct Tables<'t> {
     pub(super) index_rev: redb::Table<'t, &'static [u8], &'static [u8]>,
     pub(super) next_seq: u64,
     pub(super) seq_cell: &'t Cell<u64>,
-    pub(super) txn: &'t WriteTransaction,
 }
 
 impl<'t> Tables<'t> {
@@ -415,7 +399,6 @@ impl<'t> Tables<'t> {
             index_rev: txn.open_table(INDEX_REV).map_err(|e| w.st(e))?,
             next_seq: w.next_seq.get(),
             seq_cell: &w.next_seq,
-            txn,
         })
     }
 }

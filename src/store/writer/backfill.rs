@@ -154,7 +154,7 @@ impl WriterThread {
                 Some(v) => {
                     let (h, inline) = codec::decode_object(v.value()).map_err(StoreError::from)?;
                     let json = self.stored_json(txn, &log, &h, inline)?;
-                    ix.values(&h.meta, &json)
+                    ix.values_caught(&h.meta, &json)?
                 }
                 None => Vec::new(),
             };
@@ -215,7 +215,7 @@ impl WriterThread {
                 let (h, inline) = codec::decode_object(v.value()).map_err(StoreError::from)?;
                 let json = self.stored_json(txn, &log, &h, inline)?;
                 let (_, key) = keys::decode_object(k.value()).map_err(StoreError::from)?;
-                let values = ix.values(&h.meta, &json);
+                let values = ix.values_caught(&h.meta, &json)?;
                 rows.push((key, values));
             }
             exhausted = range.next().is_none();

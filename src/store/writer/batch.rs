@@ -39,12 +39,32 @@ pub struct Batch {
     pub requires_rv: Option<ResourceVersion>,
     /// The carried objects already compressed by [`Writer::submit`] on the caller's thread.
     pub(crate) packed: Option<Packed>,
-    /// Commit without waiting for the disk (see [`Writer::flush`]): for a bulk load whose
-    /// caller makes the end durable itself and redoes the whole load after a crash.
-    pub(crate) relaxed: bool,
-    /// Commit without waiting for the disk, with a durable commit following within the
-    /// store's [`StoreConfig::fsync_delay`](crate::store::StoreConfig::fsync_delay).
-    pub(crate) defer_fsync: bool,
+    /// When the disk must have it (see [`Durability`]).
+    pub durability: Durability,
+}
+
+/// When a commit must be on disk, relative to its acknowledgement: the one word for what the
+/// store calls durable, deferred or relaxed. A group commit is as durable as its most durable
+/// command (anything but a batch is [`Immediate`](Self::Immediate)).
+///
+/// Whatever the durability, a crash leaves the database at some committed state (invariant
+/// 1): only how recent a state differs. Readers above the store (the informer's cache, its
+/// handlers) are shown a commit without an fsync as soon as the writer decides it, and told of
+/// a [`Rollback`](crate::store::Item::Rollback) should it be lost.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Default, Hash)]
+pub enum Durability {
+    /// On disk only with the next durable commit ([`Writer::flush`], or any durable group): a
+    /// bulk load whose caller makes its end durable itself and redoes the load after a crash.
+    Relaxed,
+    /// Acknowledged once committed; a durable commit follows within the store's
+    /// [`fsync_delay`](crate::store::StoreConfig::fsync_delay) (with no delay it is
+    /// [`Immediate`](Self::Immediate)). The caller must be able to redo it: a reflector
+    /// re-watches from the persisted resourceVersion.
+    Deferred,
+    /// On disk before it is acknowledged (unless the store itself does not fsync, see
+    /// [`StoreConfig::durable`](crate::store::StoreConfig::durable)).
+    #[default]
+    Immediate,
 }
 
 /// Objects of a batch compressed before it reached the writer thread, with the committed
@@ -82,13 +102,13 @@ impl Batch {
             mark_synced: false,
             requires_rv: None,
             packed: None,
-            relaxed: false,
-            defer_fsync: false,
+            durability: Durability::Immediate,
         }
     }
 
-    /// Lets the writer acknowledge this batch once committed, before the disk has it (when the
-    /// store has an [`fsync_delay`](crate::store::StoreConfig::fsync_delay)): a durable commit
+    /// [`Durability::Deferred`]: the writer acknowledges this batch once committed, before the
+    /// disk has it (when the store has an
+    /// [`fsync_delay`](crate::store::StoreConfig::fsync_delay)): a durable commit
     /// follows within that delay ([`Writer::durable`](crate::store::Writer::durable) tells when).
     /// A crash, or a failed fsync, before then loses the batch, so the caller must be able to
     /// redo it: reflectors re-watch from the persisted resourceVersion, and each batch
@@ -100,8 +120,20 @@ impl Batch {
     /// # let _ = batch;
     /// ```
     #[must_use]
-    pub fn deferred_fsync(mut self) -> Self {
-        self.defer_fsync = true;
+    pub fn deferred_fsync(self) -> Self {
+        self.durability(Durability::Deferred)
+    }
+
+    /// Sets when the disk must have this batch (default [`Durability::Immediate`]).
+    ///
+    /// ```
+    /// use durable_informer::store::{Batch, Durability, ScopeId};
+    /// let bulk = Batch::new(ScopeId(1)).durability(Durability::Relaxed);
+    /// assert_eq!(bulk.durability, Durability::Relaxed);
+    /// ```
+    #[must_use]
+    pub fn durability(mut self, durability: Durability) -> Self {
+        self.durability = durability;
         self
     }
 

@@ -17,6 +17,7 @@ mod backfill;
 mod background;
 mod batch;
 mod dicts;
+mod publish;
 mod relist;
 mod retention;
 mod scopes;
@@ -25,8 +26,9 @@ mod thread;
 
 use crate::util::RwLocked;
 pub(crate) use backfill::RESUME_SCAN;
-pub use batch::{Batch, Committed, CompactReport, Delta, RelistSummary};
+pub use batch::{Batch, Committed, CompactReport, Delta, Durability, RelistSummary};
 pub(crate) use batch::{Packed, PublishedDicts};
+pub use retention::LogPin;
 pub(super) use shards::in_shard;
 
 use std::cell::{Cell, RefCell};
@@ -71,8 +73,9 @@ enum Command {
     ResetScope(ScopeId, Ack<()>),
     ChangeShard(ScopeId, ShardRecord, Ack<RelistSummary>),
     ShardFetched(ScopeId, Ack<()>),
-    /// Gives a scope a hot tier with this byte budget (after the group commits).
-    HotTier(ScopeId, usize, Ack<()>),
+    /// A reader of a scope's change stream and a snapshot of what precedes it (after the
+    /// group commits).
+    Subscribe(ScopeId, Ack<Subscription>),
     Shutdown,
 }
 
@@ -97,6 +100,24 @@ pub struct Writer {
     durable: watch::Receiver<Seq>,
     rollbacks: watch::Receiver<(u64, Seq)>,
     dicts: PublishedDicts,
+    pins: Arc<retention::Pins>,
+}
+
+/// A reader of one scope's [change stream](super::changes) from a point between two group
+/// commits, and a read snapshot of the database at that point: together, everything.
+pub struct Subscription {
+    /// The changes after the snapshot, in order.
+    pub reader: super::changes::Reader,
+    /// The scope as of just before the reader's first item.
+    pub snapshot: super::Snapshot,
+}
+
+impl std::fmt::Debug for Subscription {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Subscription")
+            .field("reader", &self.reader)
+            .finish_non_exhaustive()
+    }
 }
 
 impl std::fmt::Debug for Writer {
@@ -147,8 +168,11 @@ impl Writer {
     }
 
     /// Queues a batch now and returns a receiver for its commit, so a caller can keep reading
-    /// while earlier batches commit (pipelining). The batch is durable once the receiver yields
-    /// `Ok`.
+    /// while earlier batches commit (pipelining). When the receiver yields `Ok` the batch is
+    /// committed, and on disk as its [`Durability`] says: at once for
+    /// [`Immediate`](Durability::Immediate) (the default), within the store's `fsync_delay`
+    /// for [`Deferred`](Durability::Deferred), with the next durable commit for
+    /// [`Relaxed`](Durability::Relaxed).
     ///
     /// Once the scope has a committed dictionary, the objects are compressed here, on the
     /// caller's thread, so the writer thread spends its time on redb work.
@@ -190,12 +214,13 @@ impl Writer {
         Ok(rx)
     }
 
-    /// Applies a batch in the next group commit and returns once it is durable.
+    /// Applies a batch in the next group commit and returns once it is committed (and on disk
+    /// as its [`Durability`] says; see [`submit`](Self::submit)).
     pub async fn apply(&self, batch: Batch) -> Result<Committed, StoreError> {
         self.submit(batch)?.await.map_err(|_| StoreError::WriterGone)?
     }
 
-    /// Applies a batch in the next group commit and returns once it is durable.
+    /// [`apply`](Self::apply), blocking the calling thread.
     ///
     /// Blocks the calling thread until the commit; never call it from an async task.
     pub fn apply_blocking(&self, batch: Batch) -> Result<Committed, StoreError> {
@@ -289,13 +314,34 @@ impl Writer {
         futures::executor::block_on(rx).map_err(|_| StoreError::WriterGone)?
     }
 
-    /// Gives `scope` a hot tier (an in-memory mirror read by its listers) holding up to
-    /// `budget` bytes of JSON; it loads in the background, and reads use the database until
-    /// then. A scope that has one keeps the first budget.
-    pub async fn enable_hot_tier(&self, scope: ScopeId, budget: usize) -> Result<(), StoreError> {
+    /// Subscribes to `scope`'s changes: a reader of its [change stream](super::changes) and a
+    /// read snapshot holding everything before the reader's first item (taken between two
+    /// group commits). Changes of a group that commits without an fsync reach the stream as
+    /// the writer decides them, before the disk has them; see [`Item::Rollback`](super::Item).
+    ///
+    /// ```no_run
+    /// # async fn f(db: durable_informer::store::DurableStore, scope: durable_informer::store::ScopeId) -> Result<(), Box<dyn std::error::Error>> {
+    /// use durable_informer::store::StreamRead;
+    /// let mut sub = db.writer().subscribe(scope).await?;
+    /// println!("{} objects before", sub.snapshot.len()?);
+    /// while sub.reader.changed().await {
+    ///     if let StreamRead::Items(items, _) = sub.reader.read(256) {
+    ///         println!("{} changes", items.len());
+    ///     }
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub async fn subscribe(&self, scope: ScopeId) -> Result<Subscription, StoreError> {
         let (ack, rx) = oneshot::channel();
-        self.send(Command::HotTier(scope, budget, ack))?;
+        self.send(Command::Subscribe(scope, ack))?;
         rx.await.map_err(|_| StoreError::WriterGone)?
+    }
+
+    /// Keeps the log entries after `seq` from compaction while the pin lives, for a reader
+    /// that has no durable cursor yet (a durable handler delivering its initial adds).
+    #[must_use]
+    pub fn pin(&self, seq: Seq) -> LogPin {
+        self.pins.pin(seq)
     }
 
     /// The last log seq known to be on disk: equal to [`committed`](Self::committed) except
@@ -308,17 +354,16 @@ impl Writer {
     }
 
     /// How many times commits not yet on disk were rolled back (after a failed fsync, or a
-    /// failed commit of a group already shown through the hot tiers' feeds), and the last seq
-    /// that stands: seqs after it are handed out again.
+    /// failed commit of a group already shown to readers), and the last seq that stands: seqs
+    /// after it are handed out again.
     #[must_use]
-    pub(crate) fn rollbacks(&self) -> watch::Receiver<(u64, Seq)> {
+    pub fn rollbacks(&self) -> watch::Receiver<(u64, Seq)> {
         self.rollbacks.clone()
     }
 
-    /// The last log seq shown to readers: the hot tiers (and their feeds, which volatile
-    /// handlers read) get a change of a batch committed without an fsync as soon as the writer
-    /// decided it, before its rows are written, so this is at or after
-    /// [`committed`](Self::committed); it moves back if that group then fails.
+    /// The last log seq shown to readers: the change streams get a change of a group committed
+    /// without an fsync as soon as the writer decided it, before its rows are written, so this
+    /// is at or after [`committed`](Self::committed); it moves back if that group then fails.
     ///
     /// ```no_run
     /// # async fn demo(db: durable_informer::store::DurableStore) {
@@ -349,10 +394,8 @@ pub(crate) fn spawn(
 ) -> Result<(Writer, std::thread::JoinHandle<()>), StoreError> {
     let last = last_seq_read(&shared)?;
     let (tx, rx) = crossbeam_channel::unbounded();
-    let (seq_tx, seq_rx) = watch::channel(last);
-    let (applied_tx, applied_rx) = watch::channel(last);
-    let (durable_tx, durable_rx) = watch::channel(last);
-    let (rollback_tx, rollback_rx) = watch::channel((0, last));
+    let (publisher, positions) = publish::Publisher::new(last);
+    let pins = Arc::new(retention::Pins::default());
     let published = PublishedDicts::default();
     let (reap_tx, reap_rx) = crossbeam_channel::bounded::<Vec<Garbage>>(16);
     // Ends when the writer thread drops its sender.
@@ -368,10 +411,8 @@ pub(crate) fn spawn(
         next_seq: Cell::new(last.0 + 1),
         shared,
         rx,
-        seq_tx,
-        applied_tx,
-        durable_tx,
-        rollback_tx,
+        publisher,
+        pins: pins.clone(),
         fsync_delay: config.fsync_delay,
         fsync_due: Cell::new(None),
         durable: config.durable,
@@ -388,12 +429,6 @@ pub(crate) fn spawn(
         dicts: RefCell::new(HashMap::new()),
         dict_ids: RefCell::new(HashMap::new()),
         pending_dicts: RefCell::new(Vec::new()),
-        hot: RefCell::new(HashMap::new()),
-        hot_ops: RefCell::new(Vec::new()),
-        feed_ops: RefCell::new(Vec::new()),
-        feed_latest: RefCell::new(HashMap::new()),
-        early: RefCell::new(std::collections::HashSet::new()),
-        published_early: Cell::new(false),
         poisoned: Cell::new(false),
         size_observed: Cell::new(None),
     };
@@ -408,11 +443,12 @@ pub(crate) fn spawn(
     Ok((
         Writer {
             tx,
-            committed: seq_rx,
-            applied: applied_rx,
-            durable: durable_rx,
-            rollbacks: rollback_rx,
+            committed: positions.committed,
+            applied: positions.applied,
+            durable: positions.durable,
+            rollbacks: positions.rollbacks,
             dicts: published,
+            pins,
         },
         thread,
     ))

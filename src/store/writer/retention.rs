@@ -6,6 +6,7 @@
 //! instead of in one transaction that holds up ingest.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use redb::{ReadableDatabase, ReadableTable, WriteTransaction};
 
@@ -67,6 +68,57 @@ impl StepOutcome {
                     (Some(cutoff), Some(t)) => t >= cutoff,
                     _ => true,
                 })
+    }
+}
+
+/// Seqs in-memory readers still deliver from (see [`Writer::pin`](super::Writer::pin)):
+/// compaction treats each like a durable cursor.
+#[derive(Debug, Default)]
+pub(crate) struct Pins {
+    pins: std::sync::Mutex<std::collections::BTreeMap<u64, Seq>>,
+    next: std::sync::atomic::AtomicU64,
+}
+
+impl Pins {
+    pub(super) fn pin(self: &Arc<Self>, seq: Seq) -> LogPin {
+        use crate::util::Locked;
+        let id = self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.pins.locked().insert(id, seq);
+        LogPin { pins: self.clone(), id }
+    }
+
+    /// The smallest `pin + 1` (`u64::MAX` without pins).
+    fn bound(&self) -> u64 {
+        use crate::util::Locked;
+        self.pins
+            .locked()
+            .values()
+            .map(|s| s.0.saturating_add(1))
+            .min()
+            .unwrap_or(u64::MAX)
+    }
+}
+
+/// Keeps the log entries after a seq from compaction until dropped; see
+/// [`Writer::pin`](super::Writer::pin).
+#[derive(Debug)]
+pub struct LogPin {
+    pins: Arc<Pins>,
+    id: u64,
+}
+
+impl LogPin {
+    /// Moves the pin to `seq`.
+    pub fn set(&self, seq: Seq) {
+        use crate::util::Locked;
+        self.pins.pins.locked().insert(self.id, seq);
+    }
+}
+
+impl Drop for LogPin {
+    fn drop(&mut self) {
+        use crate::util::Locked;
+        self.pins.pins.locked().remove(&self.id);
     }
 }
 
@@ -143,7 +195,7 @@ impl WriterThread {
         };
         let last = self.next_seq.get().saturating_sub(1);
         let cursors = txn.open_table(CURSORS).map_err(|e| st(e.into()))?;
-        if first >= cursor_bound(&cursors).map_err(st)? {
+        if first >= cursor_bound(&cursors).map_err(st)?.min(self.pins.bound()) {
             // A durable consumer holds the first entry: nothing can go.
             return Ok(None);
         }
@@ -257,7 +309,7 @@ impl WriterThread {
         let last = self.next_seq.get().saturating_sub(1);
         let bound = {
             let cursors = txn.open_table(CURSORS).map_err(|e| self.st(e))?;
-            cursor_bound(&cursors).map_err(|e| self.st(e))?
+            cursor_bound(&cursors).map_err(|e| self.st(e))?.min(self.pins.bound())
         };
         let mut t = Tables::open(self, txn)?;
         let mut times = txn.open_table(COMMIT_TIMES).map_err(|e| self.st(e))?;

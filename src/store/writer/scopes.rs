@@ -3,7 +3,6 @@
 use redb::{ReadableTable, WriteTransaction};
 
 use super::super::codec::{self, ScopeRecord};
-use super::super::hot::HotOp;
 use super::super::schema::{
     keys, ScopeId, Seq, CURSORS, INDEX, INDEX_REV, META, META_CLUSTER_IDENTITY, OBJECTS, RELIST, SCOPES, SCOPE_NAMES,
 };
@@ -44,6 +43,13 @@ impl WriterThread {
     }
 
     pub(super) fn set_cursor(&self, txn: &WriteTransaction, scope: ScopeId, name: &str, seq: Seq) -> Step<()> {
+        // A cursor past the log would skip entries handed out after it (a rolled-back seq is
+        // handed out again): refused. The group is durable, so the cursor and everything up
+        // to it reach the disk together.
+        let last = Seq(self.next_seq.get().saturating_sub(1));
+        if seq > last {
+            return Err(Failure::Refused(StoreError::CursorPastLog { cursor: seq, last }));
+        }
         let mut cursors = txn.open_table(CURSORS).map_err(|e| self.st(e))?;
         cursors.insert((scope.0, name), seq.0).map_err(|e| self.st(e))?;
         Ok(())
@@ -108,7 +114,7 @@ impl WriterThread {
         index
             .retain_in::<&[u8], _>(range, |_, _| false)
             .map_err(|e| self.st(e))?;
-        self.journal_hot(scope, || HotOp::Clear);
+        self.publisher.reset(scope);
         // Nothing is held, so nothing added by a shard change is left to fetch (the next
         // list fetches the whole range).
         self.shard_fetched(txn, scope)?;

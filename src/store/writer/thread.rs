@@ -7,19 +7,19 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use crossbeam_channel::{Receiver, RecvTimeoutError, TryRecvError};
-use redb::{ReadableTable, WriteTransaction};
-use tokio::sync::{oneshot, watch};
+use redb::WriteTransaction;
+use tokio::sync::oneshot;
 
 use super::super::codec::Compression;
-use super::super::hot::{HotEntry, HotOp, HotTier};
-use super::super::read::{LogRecord, Snapshot};
+use super::super::read::Snapshot;
 use super::super::schema::{IndexName, ScopeId, Seq, META, META_LAST_SEQ};
 use super::super::{Shared, StoreError};
-use super::retention::{Compaction, Goal};
+use super::publish::Publisher;
+use super::retention::{Compaction, Goal, Pins};
 use super::{
-    last_seq_read, Ack, Backfills, Command, Committed, CompactReport, Delta, PublishedDicts, RelistSummary, ScopeDicts,
+    last_seq_read, Ack, Backfills, Command, Committed, CompactReport, Delta, Durability, PublishedDicts, RelistSummary,
+    ScopeDicts, Subscription,
 };
-use crate::object::ObjectKey;
 
 /// First and longest wait between the writer's own attempts to reopen a poisoned database.
 const RETRY_FIRST: std::time::Duration = std::time::Duration::from_millis(10);
@@ -30,14 +30,10 @@ pub(super) struct WriterThread {
     pub(super) next_seq: Cell<u64>,
     pub(super) shared: Arc<Shared>,
     pub(super) rx: Receiver<Command>,
-    pub(super) seq_tx: watch::Sender<Seq>,
-    /// The last seq applied and published to the feeds, ahead of `seq_tx` during a commit.
-    pub(super) applied_tx: watch::Sender<Seq>,
-    /// The last seq on disk (see [`Writer::durable`](super::Writer::durable)).
-    pub(super) durable_tx: watch::Sender<Seq>,
-    /// Rollbacks of commits that never reached the disk, or of a group published to the feeds
-    /// whose commit failed: (count, the last seq that stands).
-    pub(super) rollback_tx: watch::Sender<(u64, Seq)>,
+    /// The change streams and the applied, committed and durable positions.
+    pub(super) publisher: Publisher,
+    /// Seqs readers are still delivering from without a durable cursor: compaction keeps them.
+    pub(super) pins: Arc<Pins>,
     /// How long deferred batches may wait for their durable commit; `None`: they do not.
     pub(super) fsync_delay: Option<std::time::Duration>,
     /// When the durable commit of the deferred batches committed so far is due.
@@ -67,20 +63,6 @@ pub(super) struct WriterThread {
     /// Scopes whose dictionary was trained in the open group: forgotten if it rolls back,
     /// published once it commits.
     pub(super) pending_dicts: RefCell<Vec<u32>>,
-    /// The scopes with a hot tier, and the open group's changes to them (applied after the
-    /// commit, dropped on a rollback).
-    pub(super) hot: RefCell<HashMap<u32, Arc<HotTier>>>,
-    pub(super) hot_ops: RefCell<Vec<(u32, HotOp)>>,
-    /// The open group's log records of hot scopes, for their feeds.
-    pub(super) feed_ops: RefCell<Vec<(u32, LogRecord)>>,
-    /// The newest JSON of each key the open group wrote in a hot scope: the old state of the
-    /// key's next record in the group.
-    pub(super) feed_latest: RefCell<HashMap<(u32, ObjectKey), Bytes>>,
-    /// Hot scopes whose changes the open group publishes as it applies them (a group of
-    /// batches only, each scope's tier serving readers).
-    pub(super) early: RefCell<std::collections::HashSet<u32>>,
-    /// Whether the open group published anything before its commit.
-    pub(super) published_early: Cell<bool>,
     /// Committed dictionaries, for [`Writer::submit`] to compress with.
     pub(super) published: PublishedDicts,
     /// What the open group's batches held, freed by the `reaper` thread after the group: the
@@ -101,8 +83,6 @@ pub(super) struct WriterThread {
 pub(super) enum Garbage {
     /// A batch's deltas and compressed blobs.
     Batch(Vec<Delta>, Vec<(Bytes, Compression)>),
-    /// Versions the hot tiers' feeds let go of (with the objects readers decoded from them).
-    Entries(Vec<Arc<HotEntry>>),
 }
 
 /// Hands the group's garbage to the reaper when the group ends, however it ends.
@@ -110,12 +90,6 @@ pub(super) struct Reap<'w>(&'w WriterThread);
 
 impl Drop for Reap<'_> {
     fn drop(&mut self) {
-        for tier in self.0.hot.borrow().values() {
-            let dropped = tier.feed.take_dropped();
-            if !dropped.is_empty() {
-                self.0.garbage.borrow_mut().push(Garbage::Entries(dropped));
-            }
-        }
         let garbage = std::mem::take(&mut *self.0.garbage.borrow_mut());
         if garbage.is_empty() {
             return;
@@ -135,8 +109,8 @@ pub(super) enum Reply {
     Relist(Ack<RelistSummary>, Result<RelistSummary, StoreError>),
     Compact(Ack<CompactReport>, Result<CompactReport, StoreError>),
     Bool(Ack<bool>, Result<bool, StoreError>),
-    /// A hot tier to start once the group committed.
-    Hot(Ack<()>, ScopeId, usize),
+    /// A subscription to a scope's changes, made once the group committed.
+    Subscribe(Ack<Subscription>, ScopeId),
     /// Work that goes on in bounded transactions after this commit; acknowledged when it is done.
     Deferred(Deferred),
 }
@@ -248,7 +222,7 @@ impl WriterThread {
                 stop = true;
             }
             if !group.is_empty() {
-                let appended = self.commit_group(group);
+                let appended = self.commit_group_guarded(group);
                 self.after_group(appended);
             }
         }
@@ -280,33 +254,12 @@ impl WriterThread {
         self.pending_dicts.borrow_mut().clear();
         self.published.writing().clear();
         self.poisoned.set(false);
-        // Relaxed commits lost with the error may be in the tiers: load them again.
         self.forget_group();
-        // Volatile handlers may have been told of the commits lost (read from the log or a
-        // feed): they read again from `last`.
-        let rolled_back = *self.applied_tx.borrow() > last;
-        self.reload_hot(last);
-        for tx in [&self.seq_tx, &self.applied_tx] {
-            tx.send_if_modified(|seq| {
-                let changed = *seq != last;
-                *seq = last;
-                changed
-            });
-        }
-        if rolled_back {
-            self.rollback_tx.send_modify(|(n, at)| {
-                *n += 1;
-                *at = last;
-            });
-        }
-        // Commits not yet on disk are gone (the reflector's next batch, which requires them,
-        // is refused, and it re-watches from what the file holds).
+        // Commits not yet on disk are gone: readers shown them hear of a rollback to `last`
+        // (and the reflector's next batch, which requires them, is refused; it re-watches
+        // from what the file holds).
         self.fsync_due.set(None);
-        self.durable_tx.send_if_modified(|seq| {
-            let changed = *seq != last;
-            *seq = last;
-            changed
-        });
+        self.publisher.lost(last);
         tracing::info!(last_seq = last.0, "database reopened after an I/O error");
         Ok(())
     }
@@ -318,6 +271,40 @@ impl WriterThread {
                 self.poisoned.set(true);
             }
         }
+    }
+
+    /// [`commit_group`](Self::commit_group), surviving a panic on this thread (redb on a
+    /// damaged file, say): the group's senders get `WriterGone`, anything it showed readers is
+    /// taken back by the reopen that follows, and the writer goes on.
+    fn commit_group_guarded(&self, group: Vec<Command>) -> u64 {
+        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.commit_group(group))) {
+            Ok(appended) => appended,
+            Err(payload) => {
+                tracing::error!(
+                    panic = crate::util::panic_message(&*payload),
+                    "the writer panicked in a group commit; reopening the database"
+                );
+                self.forget_group();
+                self.poisoned.set(true);
+                0
+            }
+        }
+    }
+
+    /// How durable a group must be: as its most durable command (see [`Durability`]), with
+    /// deferred batches immediate when the store defers nothing.
+    fn group_durability(&self, group: &[Command]) -> Durability {
+        group
+            .iter()
+            .map(|c| match c {
+                Command::Apply(b, _) if b.durability == Durability::Deferred && self.fsync_delay.is_none() => {
+                    Durability::Immediate
+                }
+                Command::Apply(b, _) => b.durability,
+                _ => Durability::Immediate,
+            })
+            .max()
+            .unwrap_or(Durability::Immediate)
     }
 
     /// Applies and commits one group; returns how many log entries it appended.
@@ -347,37 +334,16 @@ impl WriterThread {
                 return 0;
             }
         };
-        // A group of relaxed batches only commits without an fsync; anything else in the group
-        // (a flush, a cursor, a durable batch) makes the whole group, and every relaxed commit
-        // before it, durable.
-        let deferrable = self.fsync_delay.is_some();
-        let relaxed = group
-            .iter()
-            .all(|c| matches!(c, Command::Apply(b, _) if b.relaxed || (b.defer_fsync && deferrable)));
-        // A bulk load's relaxed batches make their end durable themselves: only deferred ones
-        // schedule the durable commit.
-        let deferred = relaxed
-            && group
-                .iter()
-                .any(|c| matches!(c, Command::Apply(b, _) if b.defer_fsync && !b.relaxed));
-        if !self.durable || relaxed {
+        let durability = self.group_durability(&group);
+        // Without an fsync (a relaxed or deferred group, or a store that never fsyncs) the
+        // group is shown to readers as the writer decides it; with one, once on disk
+        // (`fsync_delay(None)`: nothing deferred is seen before the disk has it).
+        let fsync = self.durable && durability == Durability::Immediate;
+        if !fsync {
             let _ = txn.set_durability(redb::Durability::None);
         }
         let start_seq = self.next_seq.get();
-        // A group of batches alone that commits without an fsync shows each change of a hot
-        // scope to its tier and feed as soon as it is decided, before writing its rows (other
-        // commands rewrite a tier or a log range wholesale, and publish with the group).
-        self.published_early.set(false);
-        let ahead = relaxed || !self.durable;
-        if ahead && group.iter().all(|c| matches!(c, Command::Apply(..))) {
-            let mut early = self.early.borrow_mut();
-            for (scope, tier) in self.hot.borrow().iter() {
-                if tier.serves() {
-                    debug_assert_eq!(tier.feed.head(), Seq(start_seq - 1), "a feed is behind the log");
-                    early.insert(*scope);
-                }
-            }
-        }
+        self.publisher.begin_group(!fsync);
         let mut replies = Vec::with_capacity(group.len());
         let mut fatal = None;
         let mut pending = group.into_iter();
@@ -395,9 +361,7 @@ impl WriterThread {
         if let Some(e) = fatal {
             drop(txn);
             self.forget_group();
-            if self.published_early.get() {
-                self.unpublish_hot(Seq(start_seq - 1));
-            }
+            self.publisher.abort_group(Seq(start_seq - 1));
             self.next_seq.set(start_seq);
             tracing::warn!(error = %e, "group commit rolled back");
             self.note(&e);
@@ -410,28 +374,20 @@ impl WriterThread {
         if let Err(e) = saved {
             self.note(&e);
             self.forget_group();
-            if self.published_early.get() {
-                self.unpublish_hot(Seq(start_seq - 1));
-            }
+            self.publisher.abort_group(Seq(start_seq - 1));
             self.next_seq.set(start_seq);
             fail_replies(replies, &e);
             return 0;
         }
-        // A group that commits without an fsync is shown to readers before its commit: the
-        // hot tiers, their feeds (volatile handlers) and then `applied`. One that fsyncs is
-        // shown once on disk (`fsync_delay(None)`: nothing is seen before the disk has it).
-        if ahead {
-            self.publish_hot(start_seq, last);
-            self.applied_tx.send_replace(last);
+        if !fsync {
+            self.publisher.show_group(last);
         }
         if let Err(e) = txn.commit() {
             let e = self.shared.storage(e);
             tracing::warn!(error = %e, "commit failed");
             self.note(&e);
             self.forget_group();
-            if ahead {
-                self.unpublish_hot(Seq(start_seq - 1));
-            }
+            self.publisher.abort_group(Seq(start_seq - 1));
             self.next_seq.set(start_seq);
             fail_replies(replies, &e);
             return 0;
@@ -441,28 +397,23 @@ impl WriterThread {
                 self.publish(scope, d);
             }
         }
-        if !ahead {
-            self.publish_hot(start_seq, last);
-            self.applied_tx.send_replace(last);
+        if fsync {
+            self.publisher.show_group(last);
         }
-        for tier in self.hot.borrow().values() {
-            tier.confirm(last);
-        }
-        self.seq_tx.send_replace(last);
-        if !relaxed || !self.durable {
+        self.publisher.committed(last);
+        if fsync || !self.durable {
             // On disk (or the store does not fsync at all): so is everything before it.
             self.fsync_due.set(None);
-            self.durable_tx.send_replace(last);
-        } else if deferred && self.fsync_due.get().is_none() {
+            self.publisher.durable(last);
+        } else if durability == Durability::Deferred && self.fsync_due.get().is_none() {
             let delay = self.fsync_delay.unwrap_or_default();
             self.fsync_due.set(Some(std::time::Instant::now() + delay));
         }
         for r in replies {
             match r {
                 Reply::Deferred(d) => self.defer(d),
-                Reply::Hot(ack, scope, budget) => {
-                    self.enable_hot(scope, budget);
-                    let _ = ack.send(Ok(()));
+                Reply::Subscribe(ack, scope) => {
+                    let _ = ack.send(self.subscribe(scope));
                 }
                 r => send_reply(r, last),
             }
@@ -520,7 +471,7 @@ impl WriterThread {
             Command::ResetScope(scope, ack) => run!(Unit, ack, self.reset_scope(txn, scope)),
             Command::ChangeShard(scope, record, ack) => run!(Relist, ack, self.change_shard(txn, scope, &record)),
             Command::ShardFetched(scope, ack) => run!(Unit, ack, self.shard_fetched(txn, scope)),
-            Command::HotTier(scope, budget, ack) => Ok(Reply::Hot(ack, scope, budget)),
+            Command::Subscribe(scope, ack) => Ok(Reply::Subscribe(ack, scope)),
             Command::Shutdown => Ok(Reply::Unit(oneshot::channel().0, Ok(()))),
         }
     }
@@ -528,257 +479,18 @@ impl WriterThread {
     /// Forgets what the open group prepared, after it rolled back.
     fn forget_group(&self) {
         self.forget_pending_dicts();
-        self.early.borrow_mut().clear();
-        self.hot_ops.borrow_mut().clear();
-        self.feed_ops.borrow_mut().clear();
-        self.feed_latest.borrow_mut().clear();
     }
 
-    /// Journals a change to a scope's objects for its hot tier, if it has one.
-    pub(super) fn journal_hot(&self, scope: ScopeId, op: impl FnOnce() -> HotOp) {
-        if self.hot.borrow().contains_key(&scope.0) {
-            self.hot_ops.borrow_mut().push((scope.0, op()));
-        }
-    }
-
-    /// Whether `scope` has a hot tier (so its changes are journaled).
-    pub(super) fn is_hot(&self, scope: ScopeId) -> bool {
-        self.hot.borrow().contains_key(&scope.0)
-    }
-
-    /// Applies the group of seqs `start..=last` to the hot tiers, then publishes its records
-    /// to their feeds (a tier readers do not use yet gets its feed emptied instead: its
-    /// handlers read these records from redb once committed). An early scope has both
-    /// already; its feed's head moves to `last`. Runs before the commit of a group committed
-    /// without an fsync, after the commit of any other.
-    fn publish_hot(&self, start: u64, last: Seq) {
-        let hot = self.hot.borrow();
-        self.feed_latest.borrow_mut().clear();
-        if hot.is_empty() {
-            return;
-        }
-        let mut ops: HashMap<u32, Vec<HotOp>> = HashMap::new();
-        for (scope, op) in self.hot_ops.borrow_mut().drain(..) {
-            ops.entry(scope).or_default().push(op);
-        }
-        let mut records: HashMap<u32, Vec<LogRecord>> = HashMap::new();
-        for (scope, r) in self.feed_ops.borrow_mut().drain(..) {
-            records.entry(scope).or_default().push(r);
-        }
-        let committed = *self.seq_tx.borrow();
-        let early = std::mem::take(&mut *self.early.borrow_mut());
-        for (scope, tier) in hot.iter() {
-            if tier.apply(ops.remove(scope).unwrap_or_default(), last) {
-                // An early scope's feed holds its records of the group already.
-                let after = if early.contains(scope) {
-                    tier.feed.head()
-                } else {
-                    Seq(start - 1)
-                };
-                tier.feed
-                    .publish(records.remove(scope).unwrap_or_default(), after, last, committed);
-            } else {
-                tier.feed.reset(last);
-            }
-        }
-    }
-
-    /// The commit of the group after `to` failed: takes back what [`publish_hot`] showed
-    /// readers, and reloads the tiers from redb.
-    ///
-    /// [`publish_hot`]: Self::publish_hot
-    fn unpublish_hot(&self, to: Seq) {
-        if self.poisoned.get() {
-            // `recover` does it all when it reopens the database.
-            return;
-        }
-        self.reload_hot(to);
-        self.applied_tx.send_replace(to);
-        // Volatile handlers told of the group read what replaces it (the rewind of a lost
-        // relaxed commit).
-        self.rollback_tx.send_modify(|(n, at)| {
-            *n += 1;
-            *at = to;
-        });
-    }
-
-    /// Takes the feeds' records after `to` back and reloads every tier from the database
-    /// (between groups).
-    fn reload_hot(&self, to: Seq) {
-        let tiers: Vec<(u32, Arc<HotTier>)> = self.hot.borrow().iter().map(|(s, t)| (*s, t.clone())).collect();
-        for (scope, tier) in tiers {
-            tier.feed.undo(to);
-            self.load_hot(ScopeId(scope), &tier);
-        }
-    }
-
-    /// Hands one change of a hot scope to its tier (`op`) and its feed (`change`): at once
-    /// when the group publishes as it applies (an `early` scope), so that volatile handlers and
-    /// listers see it before the redb rows are even written; else journaled for the end of the
-    /// group. Runs before the change's rows are written, so `prev` still reads the old state.
-    pub(super) fn hot_change(
-        &self,
-        t: &super::apply::Tables<'_>,
-        scope: ScopeId,
-        change: super::apply::Change<'_>,
-        op: HotOp,
-    ) -> Result<(), StoreError> {
-        let Some(tier) = self.hot.borrow().get(&scope.0).cloned() else {
-            return Ok(());
-        };
-        let (record, old) = self.feed_record(t, &tier, scope, change)?;
-        if self.early.borrow().contains(&scope.0) {
-            let seq = record.seq;
-            if tier.apply(vec![op], seq) {
-                tier.feed.push(record, old, *self.seq_tx.borrow());
-                self.published_early.set(true);
-                self.applied_tx.send_replace(seq);
-                return Ok(());
-            }
-            // Not served by the tier after all (cannot happen: only the writer reloads a
-            // tier): the op waits in it, and the feed is emptied at the end of the group.
-            debug_assert!(false, "an early tier stopped serving readers mid-group");
-            self.early.borrow_mut().remove(&scope.0);
-            return Ok(());
-        }
-        self.feed_ops.borrow_mut().push((scope.0, record));
-        self.hot_ops.borrow_mut().push((scope.0, op));
-        Ok(())
-    }
-
-    /// The log record of `change` for a feed, and the tier entry it replaces. Its old state
-    /// comes from the group (an earlier record of the key; an early scope's tier has those
-    /// already), else the tier's JSON, else redb (`prev`).
-    fn feed_record(
-        &self,
-        t: &super::apply::Tables<'_>,
-        tier: &HotTier,
-        scope: ScopeId,
-        change: super::apply::Change<'_>,
-    ) -> Result<(LogRecord, Option<Arc<HotEntry>>), StoreError> {
-        use super::super::codec::{self, PrevRef};
-        let super::apply::Change {
-            seq,
-            kind,
-            key,
-            rv,
-            object,
-            prev,
-            prev_inline,
-            final_state_unknown,
-        } = change;
-        // Only a group published at its end tracks its own newest JSON per key.
-        let slot = (!self.early.borrow().contains(&scope.0)).then(|| (scope.0, key.clone()));
-        let known = slot.as_ref().and_then(|s| self.feed_latest.borrow().get(s).cloned());
-        // The version this record replaces, as the tier holds it (before this record is
-        // applied to it; in an early scope it has the group's earlier records too).
-        let held_entry = match prev {
-            PrevRef::None => None,
-            _ => tier
-                .view()
-                .and_then(|v| v.named(key.namespace.as_deref(), &key.name).cloned()),
-        };
-        let old = match (known, prev) {
-            (_, PrevRef::None) => None,
-            (Some(b), _) => Some(b),
-            (None, prev) => {
-                let held = held_entry.as_ref().and_then(|e| e.bytes.clone());
-                match (held, prev) {
-                    (Some(b), _) => Some(b),
-                    (None, PrevRef::Inline(c)) => Some(self.unpack(t, c, prev_inline)?),
-                    (None, PrevRef::Log(p)) => match t.log.get(p).map_err(|e| self.st(e))? {
-                        Some(row) => {
-                            let (h, data, _) = codec::decode_log(row.value())?;
-                            h.has_data.then(|| self.unpack(t, h.compression, data)).transpose()?
-                        }
-                        None => None,
-                    },
-                    (None, PrevRef::None) => None,
-                }
-            }
-        };
-        if let Some(slot) = slot {
-            let mut latest = self.feed_latest.borrow_mut();
-            match &object {
-                Some(b) if kind != super::super::codec::DeltaKind::Deleted => {
-                    latest.insert(slot, b.clone());
-                }
-                _ => {
-                    latest.remove(&slot);
-                }
-            }
-        }
-        let record = LogRecord {
-            seq: Seq(seq),
-            scope,
-            kind,
-            key: key.clone(),
-            rv,
-            object,
-            old,
-            final_state_unknown,
-        };
-        Ok((record, held_entry))
-    }
-
-    /// Decompresses stored bytes in the open group (its dictionaries included).
-    fn unpack(
-        &self,
-        t: &super::apply::Tables<'_>,
-        compression: super::super::codec::Compression,
-        bytes: &[u8],
-    ) -> Result<Bytes, StoreError> {
-        let load = |scope: u32, id: u32| -> Result<Option<Vec<u8>>, StoreError> {
-            let table = t.txn.open_table(super::super::schema::DICTS).map_err(|e| self.st(e))?;
-            super::super::read::dict_row(&self.shared, &table, scope, id)
-        };
-        self.shared.dicts.unpack(compression, bytes, &load)
-    }
-
-    /// Gives `scope` a hot tier (between groups), loaded in the background.
-    fn enable_hot(&self, scope: ScopeId, budget: usize) {
-        if budget == 0 || self.hot.borrow().contains_key(&scope.0) {
-            return;
-        }
-        let tier = Arc::new(HotTier::new(scope, budget, Seq(self.next_seq.get() - 1)));
-        self.hot.borrow_mut().insert(scope.0, tier.clone());
-        self.shared.hot.writing().insert(scope, tier.clone());
-        self.load_hot(scope, &tier);
-    }
-
-    /// Loads `tier` from a snapshot of the database as it is now (between groups), on a
-    /// thread of its own; the writer journals the groups after it meanwhile.
-    fn load_hot(&self, scope: ScopeId, tier: &Arc<HotTier>) {
+    /// A reader of `scope`'s changes from here on, with a read snapshot of everything before
+    /// (between two groups, so nothing is in flight).
+    fn subscribe(&self, scope: ScopeId) -> Result<Subscription, StoreError> {
         use redb::ReadableDatabase;
-        let load = tier.begin_load();
-        let txn = self
-            .shared
-            .db()
-            .and_then(|db| db.begin_read().map_err(|e| self.shared.storage(e)));
-        let indexes = self
-            .shared
-            .indexes
-            .for_scope(scope)
-            .into_iter()
-            .map(|ix| ix.name)
-            .collect::<Vec<_>>();
-        let shared = self.shared.clone();
-        let tier2 = tier.clone();
-        let spawned = std::thread::Builder::new()
-            .name("durable-informer-hot".into())
-            .spawn(move || match txn {
-                Ok(txn) => tier2.load(load, &Snapshot::from_txn(shared, txn, scope), &indexes),
-                Err(e) => tier2.fail(load, &e),
-            });
-        if let Err(e) = spawned {
-            tier.fail(
-                load,
-                &StoreError::Io {
-                    path: "hot tier loader thread".into(),
-                    source: e,
-                },
-            );
-        }
+        let reader = self.publisher.subscribe(scope);
+        let txn = self.shared.db()?.begin_read().map_err(|e| self.st(e))?;
+        Ok(Subscription {
+            reader,
+            snapshot: Snapshot::from_txn(self.shared.clone(), txn, scope),
+        })
     }
 
     pub(super) fn st<E: Into<redb::Error>>(&self, e: E) -> StoreError {
@@ -802,7 +514,7 @@ pub(super) fn send_reply(reply: Reply, last: Seq) {
         Reply::Relist(a, r) => drop(a.send(r)),
         Reply::Compact(a, r) => drop(a.send(r)),
         Reply::Bool(a, r) => drop(a.send(r)),
-        Reply::Hot(a, _, _) => drop(a.send(Err(StoreError::Aborted("hot tier request was dropped".into())))),
+        Reply::Subscribe(a, _) => drop(a.send(Err(StoreError::Aborted("subscription was dropped".into())))),
         // Handled by the writer before replies are sent.
         Reply::Deferred(d) => d.fail(&StoreError::Aborted("deferred work was dropped".into())),
     }
@@ -817,7 +529,7 @@ pub(super) fn fail_replies(replies: Vec<Reply>, e: &StoreError) {
             Reply::Relist(a, _) => drop(a.send(Err(e.to_aborted()))),
             Reply::Compact(a, _) => drop(a.send(Err(e.to_aborted()))),
             Reply::Bool(a, _) => drop(a.send(Err(e.to_aborted()))),
-            Reply::Hot(a, _, _) => drop(a.send(Err(e.to_aborted()))),
+            Reply::Subscribe(a, _) => drop(a.send(Err(e.to_aborted()))),
             Reply::Deferred(d) => d.fail(e),
         }
     }
@@ -835,8 +547,8 @@ pub(super) fn fail_all(cmds: Vec<Command>, e: &StoreError) {
             | Command::SetCursor(_, _, _, a)
             | Command::DeleteCursor(_, _, a)
             | Command::ResetScope(_, a)
-            | Command::ShardFetched(_, a)
-            | Command::HotTier(_, _, a) => drop(a.send(Err(err))),
+            | Command::ShardFetched(_, a) => drop(a.send(Err(err))),
+            Command::Subscribe(_, a) => drop(a.send(Err(err))),
             Command::FinishRelist(_, _, _, a) | Command::ChangeShard(_, _, a) => drop(a.send(Err(err))),
             Command::Compact(_, a) => drop(a.send(Err(err))),
             Command::Settle(a) | Command::Flush(a) => drop(a.send(Err(err))),

@@ -1,0 +1,832 @@
+//! The informer's read model: kube-runtime's `Store<K>` with the scope's keys, metadata, index
+//! postings and a byte budget, fed by the store's [change stream](crate::store::Item), in one
+//! place above the store (which stays bytes only).
+//!
+//! ## How a change flows
+//!
+//! The writer publishes each change of a group that commits without an fsync as soon as it has
+//! decided it (any other group once it has committed). Whoever wakes first on the stream — the
+//! cache's own task or a handler's — *pumps* it: under the cache's write lock it applies each
+//! change (the new state's JSON, metadata and index values; the replaced entry is kept as the
+//! update's old state and in the undo log), and marks the key pending for every volatile
+//! handler ([`listener`]); after the lock, the metadata watchers (the controller's queue) are
+//! called with the old and new entries. Each new state is decoded at most once, by its first
+//! reader, and shared (`Arc<K>`) by every handler and lister. Listers read the same table, so a
+//! handler never finds its lister older than its event (client-go's order: the indexer is
+//! updated, then the listeners are told).
+//!
+//! ## Rollbacks
+//!
+//! A [`Rollback`](crate::store::Item::Rollback) takes back everything after a seq: the undo
+//! log (every change not yet on disk, with the entry it replaced) restores those entries in
+//! reverse order, and each restoration is one more change to the handlers, so a handler told
+//! of a phantom add is told to delete it, and one told of a phantom update is told the
+//! restored state. A rollback beyond the undo log (the cache's snapshot itself held commits
+//! that were lost), a reader that fell behind the stream, or a reset make the cache load a new
+//! snapshot and tell the handlers the difference, as a relist does.
+//!
+//! ## Memory
+//!
+//! Every key, metadata and posting is held; the JSON and decoded object only within the byte
+//! budget (each object's JSON charged three times). An entry over the budget is evicted only
+//! once redb has it (its change committed), so a cold entry can always be read back: a lister
+//! reads it from redb if its resourceVersion is unchanged there, and answers from redb alone
+//! otherwise.
+
+mod listener;
+mod objects;
+
+use std::collections::{BTreeSet, HashMap, VecDeque};
+use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard};
+use std::time::Duration;
+
+use bytes::Bytes;
+use serde::de::DeserializeOwned;
+use tokio::sync::{watch, Notify};
+
+pub(crate) use listener::{Dirty, Listener};
+pub(crate) use objects::Entry;
+use objects::Objects;
+
+use crate::object::{ObjectError, ObjectKey, ObjectMeta};
+use crate::store::{
+    DeltaKind, IndexName, IndexStatus, Item, LogReader, Reader, ScopeId, Seq, Snapshot, Store, StoreError, Stream,
+    StreamRead, Writer,
+};
+use crate::util::{Locked, RwLocked};
+
+/// How many stream items one pump applies under one lock.
+const PUMP_BATCH: usize = 256;
+
+/// The most undo entries kept (with `StoreConfig::durable(false)` nothing ever becomes durable
+/// before the next reopen); a rollback further back than these reloads.
+const MAX_UNDO: usize = 1 << 20;
+
+/// What a cache holds; see [`Informer::cache_stats`](super::Informer::cache_stats).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CacheStats {
+    /// Whether it is loaded (before, and while it reloads, listers read the database).
+    pub loaded: bool,
+    /// Objects held (every object of the scope once loaded).
+    pub objects: usize,
+    /// Objects whose JSON is held (the others are read from the database when needed).
+    pub with_json: usize,
+    /// Bytes charged against the budget (three times each held object's JSON).
+    pub charged_bytes: usize,
+    /// The budget.
+    pub budget_bytes: usize,
+    /// The last log seq it reflects.
+    pub seq: Seq,
+}
+
+/// A metadata watcher's view of one change: the entries before and after (`None`: absent).
+pub(crate) struct Watched<'a, K> {
+    pub(crate) key: &'a ObjectKey,
+    pub(crate) old: Option<&'a Arc<Entry<K>>>,
+    pub(crate) new: Option<&'a Arc<Entry<K>>>,
+}
+
+type Watcher<K> = Arc<dyn Fn(Watched<'_, K>) + Send + Sync>;
+
+/// One change the table took: the key, and its entries before and after.
+type Changed<K> = (ObjectKey, Option<Arc<Entry<K>>>, Option<Arc<Entry<K>>>);
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    /// Not loaded yet, or reloading: readers use redb, handlers wait.
+    Loading,
+    Ready,
+}
+
+struct State<K> {
+    phase: Phase,
+    objects: Objects<K>,
+    /// The last seq (of any scope) the table reflects.
+    position: Seq,
+    /// The stream the table follows, and the position in it the table reflects: a reader
+    /// finding the stream further pumps first (so a lister never shows a change after the
+    /// writer published its rollback).
+    stream: Option<Arc<Stream>>,
+    consumed: u64,
+}
+
+impl<K> State<K> {
+    fn behind(&self) -> bool {
+        self.stream.as_ref().is_some_and(|s| s.published() > self.consumed)
+    }
+}
+
+/// One change the table took, and the entry it replaced: what a rollback restores.
+struct Undo<K> {
+    seq: Seq,
+    key: ObjectKey,
+    before: Option<Arc<Entry<K>>>,
+}
+
+struct Pump<K> {
+    /// `None` while (re)loading.
+    reader: Option<Reader>,
+    undo: VecDeque<Undo<K>>,
+    /// Changes at or below this seq cannot be undone (they came with the snapshot).
+    floor: Seq,
+}
+
+/// The read model of one informer, for objects of type `K`; see the module documentation.
+pub(crate) struct Cache<K> {
+    scope: ScopeId,
+    store: Store,
+    log: LogReader,
+    writer: Writer,
+    budget: usize,
+    state: RwLock<State<K>>,
+    pump: Mutex<Pump<K>>,
+    listeners: Mutex<Vec<Arc<Listener<K>>>>,
+    watchers: Mutex<Vec<(u64, Watcher<K>)>>,
+    next_watcher: std::sync::atomic::AtomicU64,
+    /// The informer's sync point (a log seq), once the reflector synced.
+    sync_seq: watch::Receiver<Option<Seq>>,
+    /// The position applied, and whether loaded: for waiters.
+    applied: watch::Sender<(bool, Seq)>,
+    /// Wakes the cache's task to (re)load.
+    reload: Notify,
+}
+
+/// What a volatile handler's next delivery needs: the key it pops, what it was told, and the
+/// cache's state now.
+pub(crate) struct Next<K> {
+    pub(crate) key: ObjectKey,
+    pub(crate) dirty: Dirty<K>,
+    pub(crate) current: Option<Arc<Entry<K>>>,
+}
+
+impl<K> Cache<K>
+where
+    K: DeserializeOwned + Send + Sync + 'static,
+{
+    /// A cache of `scope`, not loaded: [`run`](Self::run) loads and feeds it.
+    pub(crate) fn new(
+        store: Store,
+        log: LogReader,
+        writer: Writer,
+        budget: usize,
+        sync_seq: watch::Receiver<Option<Seq>>,
+    ) -> Arc<Self> {
+        Arc::new(Self {
+            scope: store.scope(),
+            store,
+            log,
+            writer,
+            budget,
+            state: RwLock::new(State {
+                phase: Phase::Loading,
+                objects: Objects::default(),
+                position: Seq(0),
+                stream: None,
+                consumed: 0,
+            }),
+            pump: Mutex::new(Pump {
+                reader: None,
+                undo: VecDeque::new(),
+                floor: Seq(0),
+            }),
+            listeners: Mutex::new(Vec::new()),
+            watchers: Mutex::new(Vec::new()),
+            next_watcher: std::sync::atomic::AtomicU64::new(0),
+            sync_seq,
+            applied: watch::channel((false, Seq(0))).0,
+            reload: Notify::new(),
+        })
+    }
+
+    /// The cache's task: loads it, then keeps pumping the stream, reloading when it must,
+    /// until the informer is dropped (`cache` is its only strong hold while it waits).
+    pub(crate) async fn run(cache: std::sync::Weak<Self>) {
+        let Some(c) = cache.upgrade() else { return };
+        let mut sync = c.sync_seq.clone();
+        drop(c);
+        let mut first = true;
+        let mut backoff = Duration::from_millis(10);
+        loop {
+            let Some(c) = cache.upgrade() else { return };
+            if c.pump.locked().reader.is_none() {
+                match c.load(first).await {
+                    Ok(()) => {
+                        first = false;
+                        backoff = Duration::from_millis(10);
+                    }
+                    Err(StoreError::WriterGone) => return,
+                    Err(e) => {
+                        tracing::warn!(scope = %c.scope, error = %e, "the informer's cache could not load; retrying");
+                        drop(c);
+                        tokio::time::sleep(backoff).await;
+                        backoff = (backoff * 2).min(Duration::from_secs(5));
+                        continue;
+                    }
+                }
+            }
+            sync.borrow_and_update();
+            c.pump_now();
+            let Some(mut wake) = c.waker() else { continue };
+            drop(c);
+            let reload = async {
+                if let Some(c) = cache.upgrade() {
+                    c.reload.notified().await;
+                }
+            };
+            tokio::select! {
+                // Err: the stream was replaced by a reload, or the writer is gone (then the
+                // next load says so).
+                _ = wake.changed() => {}
+                () = reload => {}
+                changed = sync.changed() => if changed.is_err() {
+                    // The informer is gone.
+                    return;
+                },
+                // Now and then, to let go once the informer is dropped.
+                () = tokio::time::sleep(Duration::from_secs(1)) => {}
+            }
+        }
+    }
+
+    /// Loads a snapshot taken between two group commits with a stream reader after it, and
+    /// tells handlers and watchers how it differs from what the table held (the first load:
+    /// synthetic adds of the handlers' initial list).
+    async fn load(&self, first: bool) -> Result<(), StoreError> {
+        let sub = self.writer.subscribe(self.scope).await?;
+        let indexes: Vec<IndexName> = self.store_indexes();
+        let snapshot = sub.snapshot;
+        let (objects, position) = tokio::task::spawn_blocking(move || build::<K>(&snapshot, &indexes))
+            .await
+            .map_err(|e| StoreError::Aborted(format!("loading the cache: {e}")))??;
+        let mut pump = self.pump.locked();
+        let mut st = self.state.writing();
+        let old = std::mem::replace(&mut st.objects, objects);
+        let mut changes = Vec::new();
+        // What differs from before (nothing held before the first load).
+        let mut keys: BTreeSet<ObjectKey> = old.iter().map(|(k, _)| k.clone()).collect();
+        keys.extend(st.objects.iter().map(|(k, _)| k.clone()));
+        for key in keys {
+            let before = old.get(&key).cloned();
+            let after = st.objects.get(&key).cloned();
+            let same = match (&before, &after) {
+                (Some(b), Some(a)) => b.same_version(a),
+                (None, None) => true,
+                _ => false,
+            };
+            if !same {
+                changes.push((key, before, after));
+            }
+        }
+        st.position = position;
+        st.phase = Phase::Ready;
+        st.stream = Some(sub.reader.stream());
+        st.consumed = sub.reader.position();
+        let listeners = self.listeners.locked().clone();
+        for (key, before, after) in &changes {
+            let deleted = after.is_none();
+            for l in &listeners {
+                l.changed(&listener::Change {
+                    key,
+                    before: before.as_ref(),
+                    deleted: None,
+                    final_state_unknown: deleted,
+                    initial: first,
+                    resync: false,
+                    seq: position,
+                });
+            }
+        }
+        pump.reader = Some(sub.reader);
+        pump.undo.clear();
+        pump.floor = position;
+        drop(st);
+        drop(pump);
+        tracing::debug!(scope = %self.scope, changed = changes.len(), "the informer's cache loaded");
+        self.call_watchers(&changes);
+        self.after_pump(position);
+        for l in &listeners {
+            l.notify.notify_one();
+        }
+        Ok(())
+    }
+
+    /// The indexes the scope has now, whose rows the cache serves as postings.
+    fn store_indexes(&self) -> Vec<IndexName> {
+        self.store.registered_indexes()
+    }
+
+    /// A receiver woken by every publication to the stream (`None` while loading).
+    pub(crate) fn waker(&self) -> Option<watch::Receiver<u64>> {
+        self.pump.locked().reader.as_ref().map(Reader::waker)
+    }
+
+    /// Applies what the stream holds, unless another task is at it (which then tells the
+    /// handlers). Never blocks on I/O: a rollback beyond the undo log, or a reader that fell
+    /// behind, hands over to the cache's task to reload.
+    pub(crate) fn pump_now(&self) {
+        let Ok(pump) = self.pump.try_lock() else { return };
+        self.pump_locked(pump);
+    }
+
+    /// [`pump_now`](Self::pump_now), waiting for another task's pump to finish: for readers,
+    /// which must not answer from a state the stream has moved past.
+    fn pump_waiting(&self) {
+        self.pump_locked(self.pump.locked());
+    }
+
+    /// The state to read, brought up to what the stream holds first.
+    fn fresh(&self) -> RwLockReadGuard<'_, State<K>> {
+        let st = self.state.reading();
+        if !st.behind() {
+            return st;
+        }
+        drop(st);
+        self.pump_waiting();
+        self.state.reading()
+    }
+
+    fn pump_locked<'a>(&'a self, mut pump: std::sync::MutexGuard<'a, Pump<K>>) {
+        while let Some((items, head)) = self.next_batch(&mut pump) {
+            let mut changes = Vec::with_capacity(items.len());
+            let mut st = self.state.writing();
+            let listeners = self.listeners.locked().clone();
+            let mut reload = false;
+            for item in &items {
+                if !self.apply(&mut st, &mut pump, item, &listeners, &mut changes) {
+                    reload = true;
+                    break;
+                }
+            }
+            if let Some(h) = head.filter(|_| !reload) {
+                st.position = st.position.max(h);
+            }
+            let committed = *self.writer.committed().borrow();
+            st.objects.evict(self.budget, committed);
+            if let Some(r) = pump.reader.as_ref() {
+                st.consumed = r.position();
+            }
+            drop(st);
+            self.trim_undo(&mut pump);
+            if reload {
+                self.start_reload(&mut pump);
+            }
+            // Watchers (the controller's queue) are called outside every lock.
+            drop(pump);
+            self.call_watchers(&changes);
+            if reload || head.is_some() {
+                break;
+            }
+            // Another task took over the stream meanwhile: it goes on from here.
+            let Ok(next) = self.pump.try_lock() else { break };
+            pump = next;
+        }
+        let position = self.state.reading().position;
+        self.after_pump(position);
+    }
+
+    /// The stream's next items and, when they are its last, its head; `None` when there is
+    /// nothing to read (loading, or a reader that fell behind: then a reload starts).
+    fn next_batch(&self, pump: &mut Pump<K>) -> Option<(Vec<Arc<Item>>, Option<Seq>)> {
+        match pump.reader.as_mut()?.read(PUMP_BATCH) {
+            StreamRead::Items(items, head) if !items.is_empty() || head.is_some() => Some((items, head)),
+            StreamRead::Items(..) => None,
+            StreamRead::Lagged => {
+                tracing::info!(scope = %self.scope, "the informer's cache fell behind the change stream; reloading");
+                self.start_reload(pump);
+                None
+            }
+        }
+    }
+
+    fn start_reload(&self, pump: &mut Pump<K>) {
+        pump.reader = None;
+        pump.undo.clear();
+        let mut st = self.state.writing();
+        st.phase = Phase::Loading;
+        st.stream = None;
+        drop(st);
+        self.applied.send_modify(|(loaded, _)| *loaded = false);
+        self.reload.notify_one();
+    }
+
+    /// Applies one item; `false` when only a reload can (a rollback past the undo log).
+    fn apply(
+        &self,
+        st: &mut State<K>,
+        pump: &mut Pump<K>,
+        item: &Item,
+        listeners: &[Arc<Listener<K>>],
+        changes: &mut Vec<Changed<K>>,
+    ) -> bool {
+        match item {
+            Item::Change(c) => {
+                if c.kind == DeltaKind::Sync {
+                    return true;
+                }
+                let after = (c.kind != DeltaKind::Deleted)
+                    .then(|| Arc::new(Entry::new(c.meta.clone(), c.values.clone(), c.seq, c.new.clone())));
+                let deleted = (c.kind == DeltaKind::Deleted && !c.final_state_unknown)
+                    .then(|| Arc::new(Entry::new(c.meta.clone(), Arc::from(Vec::new()), c.seq, c.new.clone())));
+                let before = st.objects.put(&c.key, after.clone());
+                if before.is_none() && after.is_none() {
+                    return true;
+                }
+                for l in listeners {
+                    l.changed(&listener::Change {
+                        key: &c.key,
+                        before: before.as_ref(),
+                        deleted: deleted.as_ref(),
+                        final_state_unknown: c.final_state_unknown,
+                        initial: false,
+                        resync: false,
+                        seq: c.seq,
+                    });
+                }
+                pump.undo.push_back(Undo {
+                    seq: c.seq,
+                    key: c.key.clone(),
+                    before: before.clone(),
+                });
+                st.position = c.seq;
+                changes.push((c.key.clone(), before, after));
+                true
+            }
+            Item::Rollback { to } => {
+                if *to >= st.position {
+                    return true;
+                }
+                if *to < pump.floor {
+                    return false;
+                }
+                while pump.undo.back().is_some_and(|u| u.seq > *to) {
+                    let Some(u) = pump.undo.pop_back() else { break };
+                    let phantom = st.objects.put(&u.key, u.before.clone());
+                    for l in listeners {
+                        l.changed(&listener::Change {
+                            key: &u.key,
+                            before: phantom.as_ref(),
+                            deleted: None,
+                            final_state_unknown: u.before.is_none(),
+                            initial: false,
+                            resync: false,
+                            seq: u.seq,
+                        });
+                    }
+                    changes.push((u.key, phantom, u.before));
+                }
+                st.position = *to;
+                true
+            }
+            Item::Reset { at } => {
+                let keys: Vec<ObjectKey> = st.objects.iter().map(|(k, _)| k.clone()).collect();
+                for key in keys {
+                    let before = st.objects.put(&key, None);
+                    for l in listeners {
+                        l.changed(&listener::Change {
+                            key: &key,
+                            before: before.as_ref(),
+                            deleted: None,
+                            final_state_unknown: true,
+                            initial: false,
+                            resync: false,
+                            seq: *at,
+                        });
+                    }
+                    changes.push((key, before, None));
+                }
+                // Nothing before a reset can be restored from the undo log.
+                pump.undo.clear();
+                pump.floor = (*at).max(st.position);
+                true
+            }
+        }
+    }
+
+    /// Drops the undo entries of changes on disk: no rollback goes back past them.
+    fn trim_undo(&self, pump: &mut Pump<K>) {
+        let durable = *self.writer.durable().borrow();
+        while pump.undo.front().is_some_and(|u| u.seq <= durable) || pump.undo.len() > MAX_UNDO {
+            if let Some(u) = pump.undo.pop_front() {
+                pump.floor = pump.floor.max(u.seq);
+            }
+        }
+    }
+
+    fn call_watchers(&self, changes: &[Changed<K>]) {
+        if changes.is_empty() {
+            return;
+        }
+        let watchers: Vec<Watcher<K>> = self.watchers.locked().iter().map(|(_, w)| w.clone()).collect();
+        for w in &watchers {
+            for (key, old, new) in changes {
+                w(Watched {
+                    key,
+                    old: old.as_ref(),
+                    new: new.as_ref(),
+                });
+            }
+        }
+    }
+
+    /// After the table moved to `position`: handlers reaching the informer's sync point, and
+    /// waiters.
+    fn after_pump(&self, position: Seq) {
+        if let Some(sync) = *self.sync_seq.borrow() {
+            if position >= sync {
+                for l in self.listeners.locked().iter() {
+                    l.set_barrier();
+                }
+            }
+        }
+        let loaded = self.state.reading().phase == Phase::Ready;
+        self.applied.send_if_modified(|v| {
+            let changed = *v != (loaded, position);
+            *v = (loaded, position);
+            changed
+        });
+    }
+
+    /// Whether the informer's sync point is in the table.
+    pub(crate) fn reached_sync(&self) -> bool {
+        let st = self.state.reading();
+        st.phase == Phase::Ready && self.sync_seq.borrow().is_some_and(|s| st.position >= s)
+    }
+
+    /// Registers a volatile handler: every object held now is pending for it as a synthetic
+    /// add of its initial list (atomically with the changes the pump applies).
+    pub(crate) fn listen(&self) -> Arc<Listener<K>> {
+        let l = Arc::new(Listener::default());
+        let st = self.state.writing();
+        if st.phase == Phase::Ready {
+            for (key, _) in st.objects.iter() {
+                l.changed(&listener::Change {
+                    key,
+                    before: None,
+                    deleted: None,
+                    final_state_unknown: false,
+                    initial: true,
+                    resync: false,
+                    seq: st.position,
+                });
+            }
+            if self.sync_seq.borrow().is_some_and(|s| st.position >= s) {
+                l.set_barrier();
+            }
+        }
+        self.listeners.locked().push(l.clone());
+        drop(st);
+        l
+    }
+
+    /// Removes a volatile handler.
+    pub(crate) fn unlisten(&self, l: &Arc<Listener<K>>) {
+        l.stop();
+        self.listeners.locked().retain(|x| !Arc::ptr_eq(x, l));
+    }
+
+    /// Marks every object not already pending for `l` as a resync (told again as is).
+    pub(crate) fn resync(&self, l: &Listener<K>) {
+        let st = self.state.reading();
+        for (key, e) in st.objects.iter() {
+            l.changed(&listener::Change {
+                key,
+                before: Some(e),
+                deleted: None,
+                final_state_unknown: false,
+                initial: false,
+                resync: true,
+                seq: st.position,
+            });
+        }
+    }
+
+    /// Registers a metadata watcher, called (outside the cache's lock) for every change the
+    /// table takes, after it is called for every object held now (as adds). Returns its id.
+    pub(crate) fn watch(&self, w: impl Fn(Watched<'_, K>) + Send + Sync + 'static) -> u64 {
+        let id = self.next_watcher.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let w: Watcher<K> = Arc::new(w);
+        let held: Vec<(ObjectKey, Arc<Entry<K>>)> = {
+            let st = self.state.writing();
+            self.watchers.locked().push((id, w.clone()));
+            st.objects.iter().map(|(k, e)| (k.clone(), e.clone())).collect()
+        };
+        for (key, e) in &held {
+            w(Watched {
+                key,
+                old: None,
+                new: Some(e),
+            });
+        }
+        id
+    }
+
+    /// Calls watcher `id` for every object held now, as unchanged (a resync).
+    pub(crate) fn rewatch(&self, id: u64) {
+        let Some(w) = self
+            .watchers
+            .locked()
+            .iter()
+            .find(|(i, _)| *i == id)
+            .map(|(_, w)| w.clone())
+        else {
+            return;
+        };
+        let held: Vec<(ObjectKey, Arc<Entry<K>>)> = self
+            .state
+            .reading()
+            .objects
+            .iter()
+            .map(|(k, e)| (k.clone(), e.clone()))
+            .collect();
+        for (key, e) in &held {
+            w(Watched {
+                key,
+                old: Some(e),
+                new: Some(e),
+            });
+        }
+    }
+
+    /// Removes watcher `id`.
+    pub(crate) fn unwatch(&self, id: u64) {
+        self.watchers.locked().retain(|(i, _)| *i != id);
+    }
+
+    /// The next key `l` has to hear of, with the cache's state of it now (`None` while the
+    /// cache loads: handlers wait for it).
+    pub(crate) fn next(&self, l: &Listener<K>) -> Option<Next<K>> {
+        let st = self.state.reading();
+        if st.phase != Phase::Ready {
+            return None;
+        }
+        let (key, dirty) = l.pop()?;
+        let current = st.objects.get(&key).cloned();
+        Some(Next { key, dirty, current })
+    }
+
+    /// The current entry of `key`, if the cache is loaded.
+    pub(crate) fn entry(&self, key: &ObjectKey) -> Option<Option<Arc<Entry<K>>>> {
+        let st = self.fresh();
+        (st.phase == Phase::Ready).then(|| st.objects.get(key).cloned())
+    }
+
+    /// The position applied (and whether loaded), to wait on.
+    pub(crate) fn applied(&self) -> watch::Receiver<(bool, Seq)> {
+        self.applied.subscribe()
+    }
+
+    /// What the cache holds now.
+    pub(crate) fn stats(&self) -> CacheStats {
+        let st = self.state.reading();
+        CacheStats {
+            loaded: st.phase == Phase::Ready,
+            objects: st.objects.len(),
+            with_json: st.objects.with_json(),
+            charged_bytes: st.objects.charged(),
+            budget_bytes: self.budget,
+            seq: st.position,
+        }
+    }
+
+    /// A read view, when loaded.
+    pub(crate) fn view(&self) -> Option<View<'_, K>> {
+        let st = self.fresh();
+        (st.phase == Phase::Ready).then_some(View(st))
+    }
+
+    /// Puts JSON read back from redb into a cold entry, when the budget allows.
+    pub(crate) fn fill(&self, entry: &Arc<Entry<K>>, bytes: Bytes) {
+        self.state.writing().objects.fill(entry, bytes, self.budget);
+    }
+
+    /// The decoded object of `entry`, reading a cold one back from redb (on a blocking thread):
+    /// from the object row if it still holds this version, else from the log entry that wrote
+    /// it, else from the one that replaced it (`replaced_by`). `None` when none holds it any
+    /// more (compacted).
+    pub(crate) async fn resolve(
+        self: &Arc<Self>,
+        entry: &Arc<Entry<K>>,
+        replaced_by: Option<Seq>,
+    ) -> Result<Option<Arc<K>>, StoreError> {
+        if let Some(k) = entry.object() {
+            return k.map(Some).map_err(|_| decode_error::<K>(entry.bytes()));
+        }
+        let (store, log, scope) = (self.store.clone(), self.log.clone(), self.scope);
+        let (key, rv, seq) = (entry.meta.key(), entry.meta.resource_version.clone(), entry.seq);
+        let bytes = tokio::task::spawn_blocking(move || -> Result<Option<Bytes>, StoreError> {
+            let current = store.get_with(&key, |meta, bytes| {
+                if meta.resource_version == rv {
+                    bytes().map(Some)
+                } else {
+                    Ok(None)
+                }
+            })?;
+            if let Some(Some(b)) = current {
+                return Ok(Some(b));
+            }
+            if seq.0 > 0 {
+                if let Some(r) = log.record(seq, scope)? {
+                    if r.key == key && r.rv == rv && r.object.is_some() {
+                        return Ok(r.object);
+                    }
+                }
+            }
+            if let Some(after) = replaced_by {
+                if let Some(r) = log.record(after, scope)? {
+                    if r.key == key && r.old.is_some() {
+                        return Ok(r.old);
+                    }
+                }
+            }
+            Ok(None)
+        })
+        .await
+        .map_err(|e| StoreError::Aborted(format!("reading a cold object: {e}")))??;
+        match bytes {
+            None => Ok(None),
+            Some(b) => {
+                let k = serde_json::from_slice::<K>(&b)
+                    .map(Arc::new)
+                    .map_err(|e| StoreError::from(ObjectError::Json(e)))?;
+                self.fill(entry, b);
+                Ok(Some(k))
+            }
+        }
+    }
+}
+
+/// Reading an object's current metadata, whatever the cache's type.
+pub(crate) trait MetaLookup: Send + Sync {
+    fn meta(&self, key: &ObjectKey) -> Result<Option<Arc<ObjectMeta>>, StoreError>;
+}
+
+impl<K: DeserializeOwned + Send + Sync + 'static> MetaLookup for Cache<K> {
+    fn meta(&self, key: &ObjectKey) -> Result<Option<Arc<ObjectMeta>>, StoreError> {
+        if let Some(found) = self.entry(key) {
+            return Ok(found.map(|e| e.meta.clone()));
+        }
+        // Not loaded yet: redb.
+        self.store.get_with(key, |meta, _| Ok(Arc::new(meta.clone())))
+    }
+}
+
+/// A read of the table at one state.
+pub(crate) struct View<'a, K>(RwLockReadGuard<'a, State<K>>);
+
+impl<K> View<'_, K> {
+    pub(crate) fn named(&self, namespace: Option<&str>, name: &str) -> Option<&Arc<Entry<K>>> {
+        self.0.objects.named(namespace, name)
+    }
+
+    pub(crate) fn select(&self, namespace: Option<&str>, keep: impl FnMut(&ObjectMeta) -> bool) -> Vec<Arc<Entry<K>>> {
+        self.0.objects.select(namespace, keep)
+    }
+
+    pub(crate) fn by_index(&self, index: &str, value: &str) -> Option<Vec<Arc<Entry<K>>>> {
+        self.0.objects.by_index(index, value)
+    }
+}
+
+/// The error of an entry whose JSON does not decode as `K` (decoded again for the message).
+pub(crate) fn decode_error<K: DeserializeOwned>(bytes: Option<&Bytes>) -> StoreError {
+    match bytes.map(|b| serde_json::from_slice::<K>(b)) {
+        Some(Err(e)) => StoreError::from(ObjectError::Json(e)),
+        _ => StoreError::Aborted("the object does not decode".into()),
+    }
+}
+
+/// Every key, metadata and complete index of the scope in `snapshot`, and its position (JSON
+/// is left in redb: reads and changes bring it in).
+fn build<K>(snapshot: &Snapshot, indexes: &[IndexName]) -> Result<(Objects<K>, Seq), StoreError> {
+    let position = snapshot.position()?;
+    let mut values: HashMap<ObjectKey, Vec<(IndexName, Vec<String>)>> = HashMap::new();
+    let mut served = Vec::new();
+    for name in indexes {
+        // An index still being backfilled is answered by redb (which refuses until it is done).
+        if !matches!(snapshot.index_status(&name.0)?, IndexStatus::Ready) {
+            continue;
+        }
+        served.push(name.clone());
+        for (value, key) in snapshot.index_rows(name)? {
+            let v = values.entry(key).or_default();
+            match v.last_mut() {
+                Some((n, vals)) if n == name => vals.push(value.0),
+                _ => v.push((name.clone(), vec![value.0])),
+            }
+        }
+    }
+    let mut objects = Objects::with_indexes(&served);
+    let mut entries = Vec::new();
+    snapshot.scan(None, |key, meta, _| {
+        let vals = values.remove(&key).unwrap_or_default();
+        entries.push((
+            key,
+            Arc::new(Entry::new(Arc::new(meta.clone()), vals.into(), Seq(0), None)),
+        ));
+        Ok(None::<()>)
+    })?;
+    for (key, e) in entries {
+        objects.put(&key, Some(e));
+    }
+    Ok((objects, position))
+}

@@ -1,0 +1,444 @@
+//! The cache's table: every object of the scope by key (ordered for namespace scans, hashed by
+//! borrowed namespace and name for gets), the postings of the indexes it serves, and the byte
+//! budget for the objects' JSON and decoded forms.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::hash::{BuildHasher, Hash, Hasher};
+use std::sync::{Arc, OnceLock};
+
+use bytes::Bytes;
+use hashbrown::hash_table::{Entry as Slot, HashTable};
+use hashbrown::DefaultHashBuilder;
+use serde::de::DeserializeOwned;
+
+use crate::object::{ObjectKey, ObjectMeta};
+use crate::store::{IndexName, Seq};
+
+/// What an object's JSON costs against the budget: the JSON itself and its decoded form,
+/// estimated at twice the JSON (`benches/compare` measures the real RSS).
+fn charge(bytes: &Bytes) -> usize {
+    bytes.len().saturating_mul(3)
+}
+
+/// One version of one object, as the cache holds it. Never changed once shared: eviction puts
+/// a copy without the JSON in its place.
+pub(crate) struct Entry<K> {
+    pub(crate) meta: Arc<ObjectMeta>,
+    /// The index values of this version, to move its postings when it changes.
+    pub(crate) values: Arc<[(IndexName, Vec<String>)]>,
+    /// The log seq of the change that wrote it (`Seq(0)`: loaded from a snapshot, committed).
+    pub(crate) seq: Seq,
+    /// Names this version in the eviction queue.
+    gen: u64,
+    /// Its JSON and decoded object, unless evicted.
+    data: Option<Data<K>>,
+}
+
+struct Data<K> {
+    bytes: Bytes,
+    /// Decoded once, by the first reader (a handler, a lister), for all.
+    object: OnceLock<Result<Arc<K>, Arc<str>>>,
+}
+
+impl<K> Entry<K> {
+    pub(crate) fn new(
+        meta: Arc<ObjectMeta>,
+        values: Arc<[(IndexName, Vec<String>)]>,
+        seq: Seq,
+        bytes: Option<Bytes>,
+    ) -> Self {
+        Self {
+            meta,
+            values,
+            seq,
+            gen: 0,
+            data: bytes.map(|bytes| Data {
+                bytes,
+                object: OnceLock::new(),
+            }),
+        }
+    }
+
+    /// The JSON, unless evicted.
+    pub(crate) fn bytes(&self) -> Option<&Bytes> {
+        self.data.as_ref().map(|d| &d.bytes)
+    }
+
+    /// Whether `other` is the same version of the same object (same UID and resourceVersion).
+    pub(crate) fn same_version(&self, other: &Entry<K>) -> bool {
+        self.meta.resource_version == other.meta.resource_version && self.meta.uid == other.meta.uid
+    }
+
+    /// Whether `other` is the same object (not one deleted and created again under its name).
+    pub(crate) fn same_object(&self, other: &Entry<K>) -> bool {
+        self.meta.uid == other.meta.uid
+    }
+}
+
+impl<K: DeserializeOwned> Entry<K> {
+    /// The decoded object (decoded now if no reader did yet); `None` when evicted.
+    pub(crate) fn object(&self) -> Option<Result<Arc<K>, Arc<str>>> {
+        let d = self.data.as_ref()?;
+        Some(
+            d.object
+                .get_or_init(|| {
+                    serde_json::from_slice::<K>(&d.bytes)
+                        .map(Arc::new)
+                        .map_err(|e| Arc::from(e.to_string()))
+                })
+                .clone(),
+        )
+    }
+}
+
+pub(crate) type Postings = HashMap<IndexName, BTreeMap<String, BTreeSet<ObjectKey>>>;
+
+/// The table; see the module documentation.
+pub(crate) struct Objects<K> {
+    ordered: BTreeMap<ObjectKey, Arc<Entry<K>>>,
+    by_name: HashTable<Arc<Entry<K>>>,
+    hasher: DefaultHashBuilder,
+    /// Index name → value → keys, for the indexes the cache serves.
+    postings: Postings,
+    /// JSON held, as charged against the budget.
+    charged: usize,
+    /// Entries holding JSON, oldest first (an entry replaced since leaves a stale token).
+    queue: VecDeque<(ObjectKey, u64)>,
+    next_gen: u64,
+}
+
+fn name_hash(hasher: &DefaultHashBuilder, namespace: Option<&str>, name: &str) -> u64 {
+    let mut h = hasher.build_hasher();
+    namespace.hash(&mut h);
+    name.hash(&mut h);
+    h.finish()
+}
+
+fn is_named<K>(e: &Entry<K>, namespace: Option<&str>, name: &str) -> bool {
+    e.meta.name == name && e.meta.namespace.as_deref() == namespace
+}
+
+impl<K> Default for Objects<K> {
+    fn default() -> Self {
+        Self {
+            ordered: BTreeMap::new(),
+            by_name: HashTable::new(),
+            hasher: DefaultHashBuilder::default(),
+            postings: Postings::new(),
+            charged: 0,
+            queue: VecDeque::new(),
+            next_gen: 0,
+        }
+    }
+}
+
+impl<K> Objects<K> {
+    /// An empty table serving `indexes`.
+    pub(crate) fn with_indexes(indexes: &[IndexName]) -> Self {
+        let mut t = Self::default();
+        for name in indexes {
+            t.postings.insert(name.clone(), BTreeMap::new());
+        }
+        t
+    }
+
+    /// The entry named `name` in `namespace` (`None`: cluster-scoped): one hash probe with
+    /// borrowed strings.
+    pub(crate) fn named(&self, namespace: Option<&str>, name: &str) -> Option<&Arc<Entry<K>>> {
+        let hash = name_hash(&self.hasher, namespace, name);
+        self.by_name.find(hash, |e| is_named(e, namespace, name))
+    }
+
+    pub(crate) fn get(&self, key: &ObjectKey) -> Option<&Arc<Entry<K>>> {
+        self.named(key.namespace.as_deref(), &key.name)
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.ordered.len()
+    }
+
+    pub(crate) fn charged(&self) -> usize {
+        self.charged
+    }
+
+    pub(crate) fn with_json(&self) -> usize {
+        self.ordered.values().filter(|e| e.data.is_some()).count()
+    }
+
+    /// Every entry, in key order.
+    pub(crate) fn iter(&self) -> impl Iterator<Item = (&ObjectKey, &Arc<Entry<K>>)> {
+        self.ordered.iter()
+    }
+
+    /// The entries of one namespace (`Some("")`: cluster-scoped objects) or of the whole
+    /// scope, in key order, that `keep` accepts.
+    pub(crate) fn select(
+        &self,
+        namespace: Option<&str>,
+        mut keep: impl FnMut(&ObjectMeta) -> bool,
+    ) -> Vec<Arc<Entry<K>>> {
+        let pick = |(_, e): (&ObjectKey, &Arc<Entry<K>>)| keep(&e.meta).then(|| e.clone());
+        match namespace {
+            None => self.ordered.iter().filter_map(pick).collect(),
+            Some("") => self
+                .ordered
+                .iter()
+                .take_while(|(k, _)| k.namespace.is_none())
+                .filter_map(pick)
+                .collect(),
+            Some(ns) => self
+                .ordered
+                .range(ObjectKey::namespaced(ns, "")..)
+                .take_while(|(k, _)| k.namespace.as_deref() == Some(ns))
+                .filter_map(pick)
+                .collect(),
+        }
+    }
+
+    /// The entries indexed under `value`, or `None` when the cache does not serve this index.
+    pub(crate) fn by_index(&self, index: &str, value: &str) -> Option<Vec<Arc<Entry<K>>>> {
+        let postings = self.postings.get(&IndexName(index.to_owned()))?;
+        Some(
+            postings
+                .get(value)
+                .into_iter()
+                .flatten()
+                .filter_map(|k| self.get(k).cloned())
+                .collect(),
+        )
+    }
+
+    /// Makes `key` hold `entry` (or nothing), moving its postings and charges; returns what it
+    /// held before.
+    pub(crate) fn put(&mut self, key: &ObjectKey, entry: Option<Arc<Entry<K>>>) -> Option<Arc<Entry<K>>> {
+        let old = self.get(key).cloned();
+        // Only the values that changed move: an update rarely changes its labels.
+        let none: Arc<[(IndexName, Vec<String>)]> = Arc::from(Vec::new());
+        let before = old.as_ref().map_or_else(|| none.clone(), |e| e.values.clone());
+        let after = entry.as_ref().map_or(none, |e| e.values.clone());
+        let holds = |set: &[(IndexName, Vec<String>)], name: &IndexName, v: &String| {
+            set.iter().any(|(n, vs)| n == name && vs.contains(v))
+        };
+        for (name, vals) in before.iter() {
+            let Some(p) = self.postings.get_mut(name) else { continue };
+            for v in vals.iter().filter(|v| !holds(&after, name, v)) {
+                if let Some(keys) = p.get_mut(v) {
+                    keys.remove(key);
+                    if keys.is_empty() {
+                        p.remove(v);
+                    }
+                }
+            }
+        }
+        for (name, vals) in after.iter() {
+            let Some(p) = self.postings.get_mut(name) else { continue };
+            for v in vals.iter().filter(|v| !holds(&before, name, v)) {
+                p.entry(v.clone()).or_default().insert(key.clone());
+            }
+        }
+        if let Some(old) = &old {
+            self.uncharge(old);
+        }
+        match entry {
+            Some(mut entry) => {
+                debug_assert!(
+                    is_named(&entry, key.namespace.as_deref(), &key.name),
+                    "an entry under another key"
+                );
+                if let Some(cost) = entry.data.as_ref().map(|d| charge(&d.bytes)) {
+                    // A new entry takes a new generation; one put back (a rollback's) keeps its.
+                    let gen = self.next_gen;
+                    self.next_gen += 1;
+                    if let Some(e) = Arc::get_mut(&mut entry) {
+                        e.gen = gen;
+                    }
+                    self.charged += cost;
+                    self.queue.push_back((key.clone(), entry.gen));
+                }
+                self.insert(key.clone(), entry);
+            }
+            None => {
+                self.remove(key);
+            }
+        }
+        old
+    }
+
+    fn uncharge(&mut self, e: &Entry<K>) {
+        if let Some(d) = &e.data {
+            self.charged = self.charged.saturating_sub(charge(&d.bytes));
+        }
+    }
+
+    /// Drops the JSON (and decoded form) of the oldest entries over `budget`, except those
+    /// written after `committed` (redb does not have them yet, so they could not be read back).
+    pub(crate) fn evict(&mut self, budget: usize, committed: Seq) {
+        let mut kept = Vec::new();
+        while self.charged > budget {
+            let Some((k, gen)) = self.queue.pop_front() else { break };
+            let Some(e) = self.get(&k).cloned() else { continue };
+            if e.gen != gen || e.data.is_none() {
+                continue;
+            }
+            if e.seq > committed {
+                kept.push((k, gen));
+                continue;
+            }
+            let cold = Arc::new(Entry {
+                meta: e.meta.clone(),
+                values: e.values.clone(),
+                seq: e.seq,
+                gen,
+                data: None,
+            });
+            self.uncharge(&e);
+            self.insert(k, cold);
+        }
+        // Not yet committed: evictable later, still the oldest.
+        for t in kept.into_iter().rev() {
+            self.queue.push_front(t);
+        }
+        // Stale tokens (entries replaced since) are dropped now and then, in one pass bounded
+        // by the number of objects.
+        if self.queue.len() > 2 * self.ordered.len() + 1024 {
+            let ordered = &self.ordered;
+            self.queue
+                .retain(|(k, gen)| ordered.get(k).is_some_and(|e| e.gen == *gen && e.data.is_some()));
+        }
+    }
+
+    /// Puts the JSON read back from redb into `entry`, if the table still holds that version
+    /// and the budget allows.
+    pub(crate) fn fill(&mut self, entry: &Arc<Entry<K>>, bytes: Bytes, budget: usize) {
+        let key = entry.meta.key();
+        match self.get(&key) {
+            Some(e) if Arc::ptr_eq(e, entry) && e.data.is_none() => {}
+            _ => return,
+        }
+        if self.charged.saturating_add(charge(&bytes)) > budget {
+            return;
+        }
+        let filled = Arc::new(Entry::new(
+            entry.meta.clone(),
+            entry.values.clone(),
+            entry.seq,
+            Some(bytes),
+        ));
+        self.put(&key, Some(filled));
+    }
+
+    fn insert(&mut self, key: ObjectKey, entry: Arc<Entry<K>>) {
+        let (ns, name) = (key.namespace.as_deref(), key.name.as_str());
+        let hasher = &self.hasher;
+        let rehash = |e: &Arc<Entry<K>>| name_hash(hasher, e.meta.namespace.as_deref(), &e.meta.name);
+        match self
+            .by_name
+            .entry(name_hash(hasher, ns, name), |e| is_named(e, ns, name), rehash)
+        {
+            Slot::Occupied(mut o) => *o.get_mut() = entry.clone(),
+            Slot::Vacant(v) => {
+                v.insert(entry.clone());
+            }
+        }
+        self.ordered.insert(key, entry);
+        debug_assert_eq!(self.ordered.len(), self.by_name.len());
+    }
+
+    fn remove(&mut self, key: &ObjectKey) {
+        let (ns, name) = (key.namespace.as_deref(), key.name.as_str());
+        let hash = name_hash(&self.hasher, ns, name);
+        if let Ok(o) = self.by_name.find_entry(hash, |e| is_named(e, ns, name)) {
+            o.remove();
+        }
+        self.ordered.remove(key);
+        debug_assert_eq!(self.ordered.len(), self.by_name.len());
+    }
+
+    /// Whether postings and charges agree with the entries (tests and debug checks).
+    #[cfg(test)]
+    pub(crate) fn consistent(&self) -> bool {
+        let charged: usize = self
+            .ordered
+            .values()
+            .filter_map(|e| e.data.as_ref())
+            .map(|d| charge(&d.bytes))
+            .sum();
+        let mut want: Postings = self.postings.keys().map(|n| (n.clone(), BTreeMap::new())).collect();
+        for (k, e) in &self.ordered {
+            for (name, vals) in e.values.iter() {
+                if let Some(p) = want.get_mut(name) {
+                    for v in vals {
+                        p.entry(v.clone()).or_default().insert(k.clone());
+                    }
+                }
+            }
+        }
+        charged == self.charged && want == self.postings && self.ordered.len() == self.by_name.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(name: &str, seq: u64, app: &str, json: &'static [u8]) -> Arc<Entry<serde_json::Value>> {
+        Arc::new(Entry::new(
+            Arc::new(ObjectMeta {
+                namespace: Some("ns".into()),
+                name: name.into(),
+                resource_version: seq.to_string().into(),
+                ..ObjectMeta::default()
+            }),
+            Arc::from(vec![(IndexName("labels".into()), vec![format!("app={app}")])]),
+            Seq(seq),
+            Some(Bytes::from_static(json)),
+        ))
+    }
+
+    #[test]
+    fn postings_and_charges_follow_puts_and_evictions() {
+        let mut t = Objects::with_indexes(&[IndexName("labels".into())]);
+        let k = ObjectKey::namespaced("ns", "a");
+        t.put(&k, Some(entry("a", 1, "web", b"0123456789")));
+        t.put(
+            &ObjectKey::namespaced("ns", "b"),
+            Some(entry("b", 2, "web", b"0123456789")),
+        );
+        assert_eq!(t.by_index("labels", "app=web").map(|v| v.len()), Some(2));
+        t.put(&k, Some(entry("a", 3, "db", b"0123456789")));
+        assert_eq!(t.by_index("labels", "app=web").map(|v| v.len()), Some(1));
+        assert_eq!(t.by_index("labels", "app=db").map(|v| v.len()), Some(1));
+        assert!(t.consistent());
+        // Over the budget: the oldest committed JSON goes; the uncommitted stays.
+        t.evict(30, Seq(2));
+        assert_eq!(t.with_json(), 1, "b (seq 2) goes, a (seq 3, not committed) stays");
+        assert!(t
+            .get(&ObjectKey::namespaced("ns", "b"))
+            .is_some_and(|e| e.bytes().is_none()));
+        t.evict(30, Seq(3));
+        assert_eq!(t.with_json(), 1);
+        t.evict(0, Seq(3));
+        assert_eq!(t.with_json(), 0);
+        assert!(t.consistent());
+        t.put(&k, None);
+        assert_eq!(t.by_index("labels", "app=db").map(|v| v.len()), Some(0));
+        assert_eq!(t.len(), 1);
+        assert!(t.consistent());
+    }
+
+    #[test]
+    fn an_entry_decodes_once_and_a_cold_one_does_not_decode() {
+        let e = entry("a", 1, "web", br#"{"v":1}"#);
+        let first = e.object().expect("has JSON").expect("decodes");
+        let again = e.object().expect("has JSON").expect("decodes");
+        assert!(Arc::ptr_eq(&first, &again));
+        let mut t = Objects::default();
+        t.put(&ObjectKey::namespaced("ns", "a"), Some(e));
+        t.evict(0, Seq(1));
+        assert!(t
+            .get(&ObjectKey::namespaced("ns", "a"))
+            .expect("kept")
+            .object()
+            .is_none());
+    }
+}
