@@ -160,14 +160,20 @@ pub(crate) async fn run_volatile<K>(
     K: DeserializeOwned + Send + Sync + 'static,
 {
     let label = "volatile handler".to_owned();
-    let listener = cache.listen();
+    let listener = cache.listen(opts.queued.unwrap_or(super::cache::EXACT_LIMIT));
     let period = opts.resync.unwrap_or(Duration::MAX);
     let mut resync_at = tokio::time::Instant::now().checked_add(period);
     let mut wake = cache.waker();
     let mut applied = cache.applied();
+    let mut folds = 0;
     loop {
         if *stop.borrow() {
             break;
+        }
+        let (n, limit) = listener.folds();
+        if n > folds {
+            folds = n;
+            (ctx.report)(issue(&label, HandlerProblem::FellBehind { limit }));
         }
         if let Some(w) = wake.as_mut() {
             w.borrow_and_update();
@@ -259,21 +265,32 @@ async fn tell<K>(
 ) where
     K: DeserializeOwned + Send + Sync + 'static,
 {
-    let Next { key, dirty, current } = next;
+    let Next { dirty, after, folded } = next;
+    let key = dirty.key.clone();
     let report = &ctx.report;
-    // The state now, decoded; a cold one that cannot be read back is retried once the cache
-    // moved on (the object changed since, so the cache will hold a newer state).
-    let now = match &current {
+    // The state to tell, decoded. A cold one that cannot be read back any more has changed
+    // since: a folded key waits for the cache to hold its newer state; a change told one by
+    // one is followed by that newer change anyway.
+    let now = match &after {
         None => None,
         Some(c) => match object(cache, c, None).await {
             Ok(Some(k)) => Some((c.clone(), k)),
-            Ok(None) => {
-                l.put_back(key, dirty);
+            Ok(None) if folded => {
+                l.put_back(dirty);
                 tokio::time::sleep(Duration::from_millis(20)).await;
                 return;
             }
+            Ok(None) => {
+                report(undecodable(
+                    label,
+                    &key,
+                    Some(c.seq),
+                    "this version left the log before it was told",
+                ));
+                return;
+            }
             Err(e) => {
-                // Its JSON does not decode as K: reported, and the key counts as told.
+                // Its JSON does not decode as K: reported, and the change counts as told.
                 report(undecodable(label, &key, Some(c.seq), &e.to_string()));
                 return;
             }

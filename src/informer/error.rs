@@ -72,6 +72,14 @@ pub enum HandlerProblem {
         /// The decoder's message.
         message: String,
     },
+    /// A volatile handler fell more than `limit` changes behind: until it catches up it is
+    /// told each changed object's newest state (its intermediate states are skipped; memory
+    /// stays bounded).
+    #[error(" fell more than {limit} changes behind; it is told each object's newest state until it catches up")]
+    FellBehind {
+        /// The most changes told one by one.
+        limit: usize,
+    },
     /// Reading the log, the store or the cursor failed, or persisting the cursor did.
     #[error(": {context}{error}")]
     Store {

@@ -313,6 +313,7 @@ impl<K: Send + Sync + 'static, H: EventHandler<K>> EventHandler<K> for Filtering
 pub struct HandlerOptions {
     pub(crate) name: Option<CursorName>,
     pub(crate) resync: Option<Duration>,
+    pub(crate) queued: Option<usize>,
 }
 
 impl HandlerOptions {
@@ -327,10 +328,14 @@ impl HandlerOptions {
     /// handler that keeps its own state ends equal to the store. With
     /// `StoreConfig::fsync_delay(None)` watch events are told once on disk.
     ///
-    /// A handler slower than the changes holds at most one pending entry per object, and is
-    /// told each object's newest state (like a workqueue): `Update { old, new }` from the
-    /// state it was last told to the current one. Durable handlers
-    /// ([`durable`](Self::durable)) are told every logged change instead.
+    /// It is told every change, in order, while it is less than [`max_queued`](Self::max_queued)
+    /// (16,384) changes behind (they
+    /// queue in memory, sharing the cache's objects). Further behind, it is told each changed
+    /// object's newest state until it has caught up (like a workqueue: `Update { old, new }`
+    /// from the state it was last told to the current one; an object added and deleted
+    /// meanwhile is not told at all), and an issue says so: memory stays bounded by the number
+    /// of objects, never by how far behind a handler is. Durable handlers
+    /// ([`durable`](Self::durable)) are told every logged change, reading the log.
     #[must_use]
     pub fn volatile() -> Self {
         Self::default()
@@ -347,7 +352,24 @@ impl HandlerOptions {
         Self {
             name: Some(name.into()),
             resync: None,
+            queued: None,
         }
+    }
+
+    /// A volatile handler: the most changes queued for it one by one while it is behind
+    /// (default 16,384); further behind, it is told each changed object's newest state until
+    /// it has caught up. Each queued change costs about a hundred bytes (the objects are the
+    /// cache's, shared).
+    ///
+    /// ```
+    /// use durable_informer::informer::HandlerOptions;
+    /// let opts = HandlerOptions::volatile().max_queued(1_000);
+    /// # let _ = opts;
+    /// ```
+    #[must_use]
+    pub fn max_queued(mut self, changes: usize) -> Self {
+        self.queued = Some(changes);
+        self
     }
 
     /// Re-delivers every object as `Update { resync: true }` at this period.

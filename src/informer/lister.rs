@@ -113,9 +113,7 @@ impl<K: DeserializeOwned + Send + Sync + 'static> Lister<K> {
                     }
                 })?;
                 let Some(Some(bytes)) = bytes else { return Ok(None) };
-                let k = decode(&bytes)?;
-                cache.fill(e, bytes);
-                out[i] = Some(k);
+                out[i] = Some(cache.fill(e, bytes)?);
             }
         }
         debug_assert!(out.iter().all(Option::is_some));

@@ -829,7 +829,10 @@ where
         })
     }
 
-    /// The last durably committed resourceVersion.
+    /// The resourceVersion of the last batch the writer acknowledged (committed; a watch
+    /// batch reaches the disk within `StoreConfig::fsync_delay`), or the persisted one before
+    /// the reflector ran. Should commits be lost before reaching the disk, it goes back to
+    /// what the file holds when the reflector re-watches from there.
     #[must_use]
     pub fn last_synced_resource_version(&self) -> Option<ResourceVersion> {
         self.inner

@@ -37,7 +37,9 @@ pub struct ReflectorStatus {
     pub synced_seq: Option<Seq>,
     /// The store was restored from disk at start (no initial LIST was needed).
     pub restored: bool,
-    /// The last durably committed RV.
+    /// The RV of the last batch the writer acknowledged: committed, and on disk within
+    /// `StoreConfig::fsync_delay` (watch batches are deferred). After commits are lost before
+    /// reaching the disk, the RV the file holds (the reflector re-watches from there).
     pub committed_rv: Option<ResourceVersion>,
     /// Full lists made (initial + relists).
     pub lists: u64,

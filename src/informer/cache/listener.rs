@@ -1,16 +1,21 @@
-//! What a volatile handler has still to hear of: the keys whose state changed since it was last
-//! told, each with the state it was last told of.
+//! What a volatile handler has still to hear of.
 //!
-//! The invariant: for a key *not* pending, the handler's view equals the cache's state. The
-//! cache keeps it: a change to a key that is not pending marks it pending with the replaced
-//! state as the one told; a change to a pending key changes nothing here. Delivering a key
-//! tells the handler the cache's state at that moment (read under the same lock the cache
-//! changes under), so the invariant holds again. Events are derived from the two states: an
-//! add, an update (old: the state told), or a delete (the final state the server sent, when it
-//! did); a rollback is just one more change, so a handler told of a change that is then taken
-//! back hears of the restored state. A handler that falls behind holds one pending entry per
-//! key, never more: memory is bounded by the number of objects, and a slow handler sees the
-//! newest state of each key (like a workqueue), never a stale one.
+//! While a handler keeps up it is told every change, in order, exactly as the cache took it
+//! (client-go's behaviour): the changes queue up, each with the entries before and after. A
+//! handler further behind than [`EXACT_LIMIT`] changes is told each changed object's newest
+//! state instead (like a workqueue): the queue folds into one pending entry per key, with the
+//! state the handler was last told, until it has caught up. Memory is thus bounded by the
+//! limit or by the number of objects, never by how far behind a handler is.
+//!
+//! The invariant of the folded mode: for a key *not* pending, the handler's view equals the
+//! cache's state. The cache keeps it: a change to a key that is not pending marks it pending
+//! with the replaced state as the one told; a change to a pending key changes nothing here.
+//! Delivering a key tells the handler the cache's state at that moment (read under the lock
+//! the cache changes under), so the invariant holds again. In the exact mode the handler's view
+//! is the cache's state with the queued changes taken back, so folding the queue in order gives
+//! each key's pending entry the state the handler holds. A rollback is one more change to the
+//! handler either way, so a handler told of a change that is then taken back hears of the
+//! restored state.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
@@ -22,53 +27,79 @@ use crate::object::ObjectKey;
 use crate::store::Seq;
 use crate::util::Locked;
 
-/// One key a handler has to hear of.
+/// The most changes a handler is told one by one while behind; beyond, it is told each
+/// object's newest state.
+pub(crate) const EXACT_LIMIT: usize = 16_384;
+
+/// One change to tell, as the cache took it (exact mode), or one key with the state the
+/// handler was last told (folded mode: `after` is read from the cache at delivery).
 pub(crate) struct Dirty<K> {
-    /// The state the handler was last told of (`None`: nothing, or a delete).
+    pub(crate) key: ObjectKey,
+    /// The state the handler holds (`None`: nothing, or a delete).
     pub(crate) told: Option<Arc<Entry<K>>>,
-    /// A delete's final state as the server sent it, if the key was deleted since.
+    /// The state to tell (exact mode); `None` in the folded mode, where it is the cache's.
+    pub(crate) after: Option<Option<Arc<Entry<K>>>>,
+    /// A delete's final state as the server sent it.
     pub(crate) deleted: Option<Arc<Entry<K>>>,
-    /// The delete was found by a relist.
+    /// The delete was found by a relist (or is a rollback's).
     pub(crate) final_state_unknown: bool,
     /// A synthetic add of the handler's initial list (registration, or the cache's first load).
     pub(crate) initial: bool,
-    /// A periodic resync: tell the current state even if it did not change.
+    /// A periodic resync: tell the state even if it did not change.
     pub(crate) resync: bool,
-    /// The seq of the first change not yet told (for the handler's cursor, and `initial`).
+    /// The seq of the (first) change to tell (for the handler's cursor, and `initial`).
     pub(crate) since: Seq,
     /// Its place in the handler's order (for `has_synced`).
     ticket: u64,
 }
 
-#[derive(Default)]
+enum Mode<K> {
+    Exact(VecDeque<Dirty<K>>),
+    Folded {
+        order: VecDeque<ObjectKey>,
+        pending: HashMap<ObjectKey, Dirty<K>>,
+    },
+}
+
 struct State<K> {
-    order: VecDeque<ObjectKey>,
-    pending: HashMap<ObjectKey, Dirty<K>>,
+    mode: Mode<K>,
+    /// The most changes queued one by one (see [`EXACT_LIMIT`]).
+    limit: usize,
     next_ticket: u64,
     /// Entries with a ticket below this must be told before the handler is synced.
     barrier: Option<u64>,
-    /// How many of them are still pending.
+    /// How many of them are still to tell.
     below: usize,
     stopped: bool,
+    /// Times the queue was folded (for the issue it reports).
+    folds: u64,
 }
 
-/// One volatile handler's pending keys; see the module documentation.
+/// One volatile handler's changes to tell; see the module documentation.
 pub(crate) struct Listener<K> {
     state: Mutex<State<K>>,
-    /// Woken when a key becomes pending (or the cache reloaded).
+    /// Woken when there is something to tell (or the cache reloaded).
     pub(crate) notify: Notify,
 }
 
 impl<K> Default for Listener<K> {
     fn default() -> Self {
+        Self::new(EXACT_LIMIT)
+    }
+}
+
+impl<K> Listener<K> {
+    /// A listener telling at most `limit` changes one by one while behind.
+    pub(crate) fn new(limit: usize) -> Self {
         Self {
             state: Mutex::new(State {
-                order: VecDeque::new(),
-                pending: HashMap::new(),
+                mode: Mode::Exact(VecDeque::new()),
+                limit: limit.max(1),
                 next_ticket: 0,
                 barrier: None,
                 below: 0,
                 stopped: false,
+                folds: 0,
             }),
             notify: Notify::new(),
         }
@@ -78,14 +109,62 @@ impl<K> Default for Listener<K> {
 /// What changed about a key, for [`Listener::changed`].
 pub(crate) struct Change<'a, K> {
     pub(crate) key: &'a ObjectKey,
-    /// The state the change replaced (what a handler that is not behind was told).
+    /// The state the change replaced.
     pub(crate) before: Option<&'a Arc<Entry<K>>>,
+    /// The state after it.
+    pub(crate) after: Option<&'a Arc<Entry<K>>>,
     /// A delete's final state, when the server sent it.
     pub(crate) deleted: Option<&'a Arc<Entry<K>>>,
     pub(crate) final_state_unknown: bool,
     pub(crate) initial: bool,
     pub(crate) resync: bool,
     pub(crate) seq: Seq,
+}
+
+impl<K> State<K> {
+    fn len(&self) -> usize {
+        match &self.mode {
+            Mode::Exact(q) => q.len(),
+            Mode::Folded { pending, .. } => pending.len(),
+        }
+    }
+
+    fn below_barrier(&self, ticket: u64) -> bool {
+        self.barrier.is_some_and(|b| ticket < b)
+    }
+
+    /// Marks `d`'s key pending in the folded mode (a key already pending keeps what it was
+    /// told, its place and its ticket).
+    fn fold_in(order: &mut VecDeque<ObjectKey>, pending: &mut HashMap<ObjectKey, Dirty<K>>, d: Dirty<K>) -> bool {
+        match pending.get_mut(&d.key) {
+            Some(p) => {
+                if d.deleted.is_some() || d.final_state_unknown {
+                    p.deleted = d.deleted;
+                    p.final_state_unknown = d.final_state_unknown;
+                }
+                p.resync |= d.resync;
+                false
+            }
+            None => {
+                order.push_back(d.key.clone());
+                pending.insert(d.key.clone(), Dirty { after: None, ..d });
+                true
+            }
+        }
+    }
+
+    /// Turns the queue into one pending entry per key.
+    fn fold(&mut self) {
+        let Mode::Exact(queue) = &mut self.mode else { return };
+        let queue = std::mem::take(queue);
+        let (mut order, mut pending) = (VecDeque::new(), HashMap::new());
+        for d in queue {
+            State::fold_in(&mut order, &mut pending, d);
+        }
+        self.below = pending.values().filter(|d| self.below_barrier(d.ticket)).count();
+        self.mode = Mode::Folded { order, pending };
+        self.folds += 1;
+    }
 }
 
 impl<K> Listener<K> {
@@ -96,63 +175,82 @@ impl<K> Listener<K> {
         if st.stopped {
             return;
         }
-        if let Some(d) = st.pending.get_mut(c.key) {
-            // Already pending: what the handler was told stays as it is.
-            if c.deleted.is_some() || c.final_state_unknown {
-                d.deleted = c.deleted.cloned();
-                d.final_state_unknown = c.final_state_unknown;
-            }
-            d.resync |= c.resync;
-            return;
-        }
         let ticket = st.next_ticket;
         st.next_ticket += 1;
-        st.pending.insert(
-            c.key.clone(),
-            Dirty {
-                told: c.before.cloned(),
-                deleted: c.deleted.cloned(),
-                final_state_unknown: c.final_state_unknown,
-                initial: c.initial,
-                resync: c.resync,
-                since: c.seq,
-                ticket,
-            },
-        );
-        st.order.push_back(c.key.clone());
+        let d = Dirty {
+            key: c.key.clone(),
+            told: c.before.cloned(),
+            after: Some(c.after.cloned()),
+            deleted: c.deleted.cloned(),
+            final_state_unknown: c.final_state_unknown,
+            initial: c.initial,
+            resync: c.resync,
+            since: c.seq,
+            ticket,
+        };
+        let added = match &mut st.mode {
+            Mode::Exact(queue) => {
+                queue.push_back(d);
+                true
+            }
+            Mode::Folded { order, pending } => State::fold_in(order, pending, d),
+        };
+        if matches!(st.mode, Mode::Exact(ref q) if q.len() > st.limit) {
+            st.fold();
+        }
         drop(st);
-        self.notify.notify_one();
+        if added {
+            self.notify.notify_one();
+        }
     }
 
-    /// The oldest pending key, taken off (the caller reads the cache's state under the same
-    /// cache lock it held when calling this, and tells the handler).
-    pub(crate) fn pop(&self) -> Option<(ObjectKey, Dirty<K>)> {
+    /// The next change (or key) to tell, taken off (the caller reads the cache's state, for a
+    /// folded key, under the same cache lock it held when calling this).
+    pub(crate) fn pop(&self) -> Option<Dirty<K>> {
         let mut st = self.state.locked();
-        while let Some(key) = st.order.pop_front() {
-            if let Some(d) = st.pending.remove(&key) {
-                if st.barrier.is_some_and(|b| d.ticket < b) {
-                    st.below = st.below.saturating_sub(1);
+        let popped = match &mut st.mode {
+            Mode::Exact(queue) => queue.pop_front(),
+            Mode::Folded { order, pending } => {
+                let mut found = None;
+                while let Some(key) = order.pop_front() {
+                    if let Some(d) = pending.remove(&key) {
+                        found = Some(d);
+                        break;
+                    }
                 }
-                return Some((key, d));
+                found
+            }
+        };
+        if let Some(d) = &popped {
+            if st.below_barrier(d.ticket) {
+                st.below = st.below.saturating_sub(1);
             }
         }
-        None
+        // Caught up: back to telling every change.
+        if matches!(&st.mode, Mode::Folded { pending, .. } if pending.is_empty()) {
+            st.mode = Mode::Exact(VecDeque::new());
+        }
+        popped
     }
 
-    /// A key popped could not be told after all (its state could not be read): it is pending
-    /// again with what the handler was really told, first in line.
-    pub(crate) fn put_back(&self, key: ObjectKey, dirty: Dirty<K>) {
+    /// A folded key popped could not be told after all (its state could not be read): it is
+    /// pending again with what the handler really holds, first in line.
+    pub(crate) fn put_back(&self, dirty: Dirty<K>) {
         let mut st = self.state.locked();
-        let below = st.barrier.is_some_and(|b| dirty.ticket < b);
-        match st.pending.get_mut(&key) {
+        let below = st.below_barrier(dirty.ticket);
+        st.fold();
+        let Mode::Folded { order, pending } = &mut st.mode else {
+            return;
+        };
+        match pending.get_mut(&dirty.key) {
             Some(d) => {
                 d.told = dirty.told;
                 d.ticket = d.ticket.min(dirty.ticket);
                 d.since = d.since.min(dirty.since);
             }
             None => {
-                st.pending.insert(key.clone(), dirty);
-                st.order.push_front(key);
+                order.push_front(dirty.key.clone());
+                pending.insert(dirty.key.clone(), dirty);
             }
         }
         if below {
@@ -162,40 +260,53 @@ impl<K> Listener<K> {
         self.notify.notify_one();
     }
 
-    /// The handler is synced once everything pending now has been told.
+    /// The handler is synced once everything to tell now has been told.
     pub(crate) fn set_barrier(&self) {
         let mut st = self.state.locked();
         if st.barrier.is_none() {
             st.barrier = Some(st.next_ticket);
-            st.below = st.pending.len();
+            st.below = st.len();
+            drop(st);
+            // Its task looks at `synced` again (there may be nothing left to tell).
+            self.notify.notify_one();
         }
     }
 
-    /// Whether everything pending at the barrier has been told.
+    /// Whether everything to tell at the barrier has been told.
     pub(crate) fn synced(&self) -> bool {
         let st = self.state.locked();
         st.barrier.is_some() && st.below == 0
     }
 
-    /// The seq of the change that made the first key in line pending (about the oldest not
-    /// yet told), if any.
+    /// The seq of the next change to tell (about the oldest not yet told), if any.
     pub(crate) fn first_since(&self) -> Option<Seq> {
         let mut st = self.state.locked();
-        while let Some(k) = st.order.front() {
-            if let Some(d) = st.pending.get(k) {
-                return Some(d.since);
+        match &mut st.mode {
+            Mode::Exact(queue) => queue.front().map(|d| d.since),
+            Mode::Folded { order, pending } => {
+                while let Some(k) = order.front() {
+                    if let Some(d) = pending.get(k) {
+                        return Some(d.since);
+                    }
+                    order.pop_front();
+                }
+                None
             }
-            st.order.pop_front();
         }
-        None
+    }
+
+    /// How many times the handler fell so far behind that it was told newest states only, and
+    /// the limit it passed.
+    pub(crate) fn folds(&self) -> (u64, usize) {
+        let st = self.state.locked();
+        (st.folds, st.limit)
     }
 
     /// Stops taking changes (the handler was removed).
     pub(crate) fn stop(&self) {
         let mut st = self.state.locked();
         st.stopped = true;
-        st.pending.clear();
-        st.order.clear();
+        st.mode = Mode::Exact(VecDeque::new());
         drop(st);
         self.notify.notify_one();
     }
@@ -221,10 +332,16 @@ mod tests {
         ))
     }
 
-    fn change<'a>(key: &'a ObjectKey, before: Option<&'a E>, seq: u64) -> Change<'a, serde_json::Value> {
+    fn change<'a>(
+        key: &'a ObjectKey,
+        before: Option<&'a E>,
+        after: Option<&'a E>,
+        seq: u64,
+    ) -> Change<'a, serde_json::Value> {
         Change {
             key,
             before,
+            after,
             deleted: None,
             final_state_unknown: false,
             initial: false,
@@ -233,40 +350,74 @@ mod tests {
         }
     }
 
+    fn rv(e: &Option<E>) -> Option<String> {
+        e.as_ref().map(|e| e.meta.resource_version.to_string())
+    }
+
     #[test]
-    fn a_key_changed_twice_while_pending_keeps_what_was_told_and_its_place() {
+    fn a_handler_keeping_up_is_told_every_change_in_order() {
         let l = Listener::default();
-        let (a, b) = (ObjectKey::cluster("a"), ObjectKey::cluster("b"));
-        let a1 = e("a", 1);
-        l.changed(&change(&a, Some(&a1), 2));
-        l.changed(&change(&b, None, 3));
-        let a2 = e("a", 2);
-        l.changed(&change(&a, Some(&a2), 4));
-        assert_eq!(l.first_since(), Some(Seq(2)));
-        let (k, d) = l.pop().expect("a");
-        assert_eq!(k, a);
-        assert_eq!(d.told.expect("told").meta.resource_version.as_str(), "1");
-        assert_eq!(l.pop().expect("b").0, b);
+        let a = ObjectKey::cluster("a");
+        let (a1, a2) = (e("a", 1), e("a", 2));
+        l.changed(&change(&a, None, Some(&a1), 1));
+        l.changed(&change(&a, Some(&a1), Some(&a2), 2));
+        let first = l.pop().expect("the add");
+        assert_eq!(
+            (rv(&first.told), first.after.as_ref().map(rv)),
+            (None, Some(Some("1".into())))
+        );
+        let second = l.pop().expect("the update");
+        assert_eq!(
+            (rv(&second.told), second.after.as_ref().map(rv)),
+            (Some("1".into()), Some(Some("2".into())))
+        );
         assert!(l.pop().is_none());
     }
 
     #[test]
-    fn synced_once_everything_pending_at_the_barrier_is_told() {
+    fn far_behind_each_key_is_folded_keeping_what_was_told_and_its_place() {
+        let l = Listener::default();
+        let keys: Vec<ObjectKey> = (0..=EXACT_LIMIT).map(|i| ObjectKey::cluster(format!("k{i}"))).collect();
+        let a = ObjectKey::cluster("a");
+        let (a1, a2) = (e("a", 1), e("a", 2));
+        l.changed(&change(&a, Some(&a1), Some(&a2), 1));
+        for (i, k) in keys.iter().enumerate() {
+            l.changed(&change(k, None, None, 2 + i as u64));
+        }
+        assert_eq!(l.folds(), (1, EXACT_LIMIT));
+        let a3 = e("a", 3);
+        l.changed(&change(&a, Some(&a2), Some(&a3), 100_000));
+        let first = l.pop().expect("a");
+        assert_eq!(first.key, a);
+        assert_eq!(rv(&first.told), Some("1".into()), "still what the handler holds");
+        assert!(first.after.is_none(), "the cache's state is told");
+        assert_eq!(l.first_since(), Some(Seq(2)));
+        for _ in 0..=EXACT_LIMIT {
+            l.pop().expect("a key");
+        }
+        assert!(l.pop().is_none());
+        // Caught up: exact again.
+        l.changed(&change(&a, Some(&a3), None, 100_001));
+        assert!(l.pop().expect("the delete").after.is_some());
+    }
+
+    #[test]
+    fn synced_once_everything_at_the_barrier_is_told_in_either_mode() {
         let l: Listener<serde_json::Value> = Listener::default();
         let (a, b, c) = (
             ObjectKey::cluster("a"),
             ObjectKey::cluster("b"),
             ObjectKey::cluster("c"),
         );
-        l.changed(&change(&a, None, 1));
-        l.changed(&change(&b, None, 2));
+        l.changed(&change(&a, None, None, 1));
+        l.changed(&change(&b, None, None, 2));
         assert!(!l.synced(), "no barrier yet");
         l.set_barrier();
-        l.changed(&change(&c, None, 3));
+        l.changed(&change(&c, None, None, 3));
         let first = l.pop().expect("a");
         assert!(!l.synced());
-        // Put back: pending again, still before the barrier.
-        l.put_back(first.0, first.1);
+        // Put back (folds): pending again, still before the barrier.
+        l.put_back(first);
         assert!(!l.synced());
         l.pop();
         l.pop();

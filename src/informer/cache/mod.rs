@@ -44,7 +44,7 @@ use bytes::Bytes;
 use serde::de::DeserializeOwned;
 use tokio::sync::{watch, Notify};
 
-pub(crate) use listener::{Dirty, Listener};
+pub(crate) use listener::{Dirty, Listener, EXACT_LIMIT};
 pub(crate) use objects::Entry;
 use objects::Objects;
 
@@ -154,9 +154,11 @@ pub(crate) struct Cache<K> {
 /// What a volatile handler's next delivery needs: the key it pops, what it was told, and the
 /// cache's state now.
 pub(crate) struct Next<K> {
-    pub(crate) key: ObjectKey,
     pub(crate) dirty: Dirty<K>,
-    pub(crate) current: Option<Arc<Entry<K>>>,
+    /// The state to tell: the change's (told one by one), or the cache's now (folded).
+    pub(crate) after: Option<Arc<Entry<K>>>,
+    /// Told the cache's state now (the handler was far behind).
+    pub(crate) folded: bool,
 }
 
 impl<K> Cache<K>
@@ -288,6 +290,7 @@ where
                 l.changed(&listener::Change {
                     key,
                     before: before.as_ref(),
+                    after: after.as_ref(),
                     deleted: None,
                     final_state_unknown: deleted,
                     initial: first,
@@ -435,6 +438,7 @@ where
                     l.changed(&listener::Change {
                         key: &c.key,
                         before: before.as_ref(),
+                        after: after.as_ref(),
                         deleted: deleted.as_ref(),
                         final_state_unknown: c.final_state_unknown,
                         initial: false,
@@ -465,6 +469,7 @@ where
                         l.changed(&listener::Change {
                             key: &u.key,
                             before: phantom.as_ref(),
+                            after: u.before.as_ref(),
                             deleted: None,
                             final_state_unknown: u.before.is_none(),
                             initial: false,
@@ -485,6 +490,7 @@ where
                         l.changed(&listener::Change {
                             key: &key,
                             before: before.as_ref(),
+                            after: None,
                             deleted: None,
                             final_state_unknown: true,
                             initial: false,
@@ -554,14 +560,15 @@ where
 
     /// Registers a volatile handler: every object held now is pending for it as a synthetic
     /// add of its initial list (atomically with the changes the pump applies).
-    pub(crate) fn listen(&self) -> Arc<Listener<K>> {
-        let l = Arc::new(Listener::default());
+    pub(crate) fn listen(&self, limit: usize) -> Arc<Listener<K>> {
+        let l = Arc::new(Listener::new(limit));
         let st = self.state.writing();
         if st.phase == Phase::Ready {
-            for (key, _) in st.objects.iter() {
+            for (key, e) in st.objects.iter() {
                 l.changed(&listener::Change {
                     key,
                     before: None,
+                    after: Some(e),
                     deleted: None,
                     final_state_unknown: false,
                     initial: true,
@@ -591,6 +598,7 @@ where
             l.changed(&listener::Change {
                 key,
                 before: Some(e),
+                after: Some(e),
                 deleted: None,
                 final_state_unknown: false,
                 initial: false,
@@ -659,9 +667,12 @@ where
         if st.phase != Phase::Ready {
             return None;
         }
-        let (key, dirty) = l.pop()?;
-        let current = st.objects.get(&key).cloned();
-        Some(Next { key, dirty, current })
+        let mut dirty = l.pop()?;
+        let (after, folded) = match dirty.after.take() {
+            Some(after) => (after, false),
+            None => (st.objects.get(&dirty.key).cloned(), true),
+        };
+        Some(Next { dirty, after, folded })
     }
 
     /// The current entry of `key`, if the cache is loaded.
@@ -694,9 +705,16 @@ where
         (st.phase == Phase::Ready).then_some(View(st))
     }
 
-    /// Puts JSON read back from redb into a cold entry, when the budget allows.
-    pub(crate) fn fill(&self, entry: &Arc<Entry<K>>, bytes: Bytes) {
-        self.state.writing().objects.fill(entry, bytes, self.budget);
+    /// Puts JSON read back from redb into a cold entry, when the budget allows, and decodes
+    /// it there (once, for every later reader).
+    pub(crate) fn fill(&self, entry: &Arc<Entry<K>>, bytes: Bytes) -> Result<Arc<K>, StoreError> {
+        let filled = self.state.writing().objects.fill(entry, bytes.clone(), self.budget);
+        match filled.and_then(|e| e.object()) {
+            Some(k) => k.map_err(|_| decode_error::<K>(Some(&bytes))),
+            None => serde_json::from_slice::<K>(&bytes)
+                .map(Arc::new)
+                .map_err(|e| StoreError::from(ObjectError::Json(e))),
+        }
     }
 
     /// The decoded object of `entry`, reading a cold one back from redb (on a blocking thread):
@@ -744,13 +762,7 @@ where
         .map_err(|e| StoreError::Aborted(format!("reading a cold object: {e}")))??;
         match bytes {
             None => Ok(None),
-            Some(b) => {
-                let k = serde_json::from_slice::<K>(&b)
-                    .map(Arc::new)
-                    .map_err(|e| StoreError::from(ObjectError::Json(e)))?;
-                self.fill(entry, b);
-                Ok(Some(k))
-            }
+            Some(b) => self.fill(entry, b).map(Some),
         }
     }
 }

@@ -308,15 +308,15 @@ impl<K> Objects<K> {
     }
 
     /// Puts the JSON read back from redb into `entry`, if the table still holds that version
-    /// and the budget allows.
-    pub(crate) fn fill(&mut self, entry: &Arc<Entry<K>>, bytes: Bytes, budget: usize) {
+    /// and the budget allows; returns the entry now held.
+    pub(crate) fn fill(&mut self, entry: &Arc<Entry<K>>, bytes: Bytes, budget: usize) -> Option<Arc<Entry<K>>> {
         let key = entry.meta.key();
         match self.get(&key) {
             Some(e) if Arc::ptr_eq(e, entry) && e.data.is_none() => {}
-            _ => return,
+            _ => return None,
         }
         if self.charged.saturating_add(charge(&bytes)) > budget {
-            return;
+            return None;
         }
         let filled = Arc::new(Entry::new(
             entry.meta.clone(),
@@ -324,7 +324,8 @@ impl<K> Objects<K> {
             entry.seq,
             Some(bytes),
         ));
-        self.put(&key, Some(filled));
+        self.put(&key, Some(filled.clone()));
+        Some(filled)
     }
 
     fn insert(&mut self, key: ObjectKey, entry: Arc<Entry<K>>) {

@@ -149,7 +149,7 @@ impl LogReader {
         let s = &self.shared;
         let txn = self.begin()?;
         let log = txn.open_table(LOG).map_err(|e| s.storage(e))?;
-        // Seqs are dense and never reused (invariant 4), so a first entry beyond `after + 1`
+        // Seqs in the file are dense and increasing (invariant 4), so a first entry beyond `after + 1`
         // (or an empty log whose last handed-out seq is beyond `after`) means compaction.
         let first = match log.first().map_err(|e| s.storage(e))? {
             Some((k, _)) => k.value(),

@@ -70,8 +70,10 @@ impl WriterThread {
             Some(p) => p,
             None => {
                 let (plain, with_dict) = carried.split_at(before);
-                let mut packed = dict::pack_all(self.compression, None, plain).map_err(StoreError::from)?;
-                packed.extend(dict::pack_all(self.compression, dict.as_deref(), with_dict).map_err(StoreError::from)?);
+                let mut packed = dict::pack_all(self.dict.compression, None, plain).map_err(StoreError::from)?;
+                packed.extend(
+                    dict::pack_all(self.dict.compression, dict.as_deref(), with_dict).map_err(StoreError::from)?,
+                );
                 packed
             }
         };
@@ -100,7 +102,8 @@ impl WriterThread {
         }
         drop(next_blob);
         // Freed off this thread: the objects were allocated on the submitting threads.
-        self.garbage
+        self.commit
+            .garbage
             .borrow_mut()
             .push(Garbage::Batch(std::mem::take(&mut batch.deltas), packed));
         if let Some(rv) = batch.rv {
@@ -151,7 +154,7 @@ impl WriterThread {
                 Some(p) => Ok(p),
                 None => {
                     let dict = self.scope_dict_cached(scope);
-                    Ok(dict::pack(self.compression, dict.as_deref(), &obj.bytes).map_err(StoreError::from)?)
+                    Ok(dict::pack(self.dict.compression, dict.as_deref(), &obj.bytes).map_err(StoreError::from)?)
                 }
             }
         };
@@ -405,7 +408,8 @@ impl<'t> Tables<'t> {
 
 impl Drop for Tables<'_> {
     fn drop(&mut self) {
-        // Seqs are never reused, even when compaction empties the log (invariant 4).
+        // Seqs only move forward within a group, even when compaction empties the log
+        // (invariant 4); only a rolled-back group hands its seqs out again.
         debug_assert!(self.next_seq >= self.seq_cell.get(), "log seqs moved back");
         self.seq_cell.set(self.next_seq);
     }

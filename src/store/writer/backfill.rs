@@ -41,7 +41,7 @@ impl WriterThread {
         if record.indexes.contains(&name.0) {
             return Ok(true);
         }
-        if self.backfills.borrow().contains_key(&(scope, name.clone())) {
+        if self.upkeep.backfills.borrow().contains_key(&(scope, name.clone())) {
             // Running already: wait for it.
             return Ok(false);
         }
@@ -210,7 +210,7 @@ impl WriterThread {
             let mut range = objects
                 .range::<&[u8]>(start.as_slice()..scope_end.as_slice())
                 .map_err(|e| self.st(e))?;
-            for row in range.by_ref().take(self.backfill_step) {
+            for row in range.by_ref().take(self.upkeep.backfill_step) {
                 let (k, v) = row.map_err(|e| self.st(e))?;
                 let (h, inline) = codec::decode_object(v.value()).map_err(StoreError::from)?;
                 let json = self.stored_json(txn, &log, &h, inline)?;
@@ -247,17 +247,22 @@ impl WriterThread {
     }
 
     pub(super) fn defer_backfill(&self, ack: Ack<()>, scope: ScopeId, name: IndexName) {
-        self.backfills.borrow_mut().entry((scope, name)).or_default().push(ack);
+        self.upkeep
+            .backfills
+            .borrow_mut()
+            .entry((scope, name))
+            .or_default()
+            .push(ack);
     }
 
     pub(super) fn has_backfill_work(&self) -> bool {
-        !self.backfills.borrow().is_empty()
+        !self.upkeep.backfills.borrow().is_empty()
     }
 
     /// Runs one backfill transaction of the first running backfill; answers its callers when
     /// it completes or fails.
     pub(super) fn backfill_job_step(&self) {
-        let Some((scope, name)) = self.backfills.borrow().keys().next().cloned() else {
+        let Some((scope, name)) = self.upkeep.backfills.borrow().keys().next().cloned() else {
             return;
         };
         let result = match self.shared.indexes.get(scope, &name) {
@@ -276,7 +281,12 @@ impl WriterThread {
                 Err(e)
             }
         };
-        let acks = self.backfills.borrow_mut().remove(&(scope, name)).unwrap_or_default();
+        let acks = self
+            .upkeep
+            .backfills
+            .borrow_mut()
+            .remove(&(scope, name))
+            .unwrap_or_default();
         for ack in acks {
             drop(ack.send(finished.as_ref().copied().map_err(StoreError::to_aborted)));
         }
@@ -284,7 +294,7 @@ impl WriterThread {
 
     /// Fails every backfill caller (the store is closing; the progress stays persisted).
     pub(super) fn abandon_backfills(&self, e: &StoreError) {
-        for (_, acks) in std::mem::take(&mut *self.backfills.borrow_mut()) {
+        for (_, acks) in std::mem::take(&mut *self.upkeep.backfills.borrow_mut()) {
             for ack in acks {
                 drop(ack.send(Err(e.to_aborted())));
             }

@@ -6,11 +6,53 @@
 //! backfill step. While nothing is queued it runs steps back to back, checking the queue before
 //! each one.
 
+use std::cell::{Cell, RefCell};
+use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use redb::WriteTransaction;
 
-use super::{Deferred, Failure, Step, StoreError, WriterThread};
+use super::retention::{Compaction, Pins};
+use super::{Backfills, Deferred, Failure, Step, StoreError, WriterThread};
+
+/// What the writer keeps up between groups: compaction, retention, index backfills and the
+/// file size metric.
+pub(super) struct Upkeep {
+    pub(super) retention_entries: Option<u64>,
+    pub(super) retention_age: Option<Duration>,
+    /// Most log entries one compaction transaction removes.
+    pub(super) compact_step: usize,
+    /// Most objects one backfill transaction indexes.
+    pub(super) backfill_step: usize,
+    /// Compaction still to do (automatic retention and explicit `compact` calls).
+    pub(super) compaction: RefCell<Compaction>,
+    /// Backfills this writer runs, with the callers waiting for each. An index in here has its
+    /// function registered, so every write since maintained its rows.
+    pub(super) backfills: RefCell<Backfills>,
+    /// Whether the next idle step goes to a backfill (compaction and backfills take turns).
+    pub(super) backfill_turn: Cell<bool>,
+    /// When the file size was last published to the `database_bytes` metric.
+    pub(super) size_observed: Cell<Option<std::time::Instant>>,
+    /// Seqs readers are still delivering from without a durable cursor: compaction keeps them.
+    pub(super) pins: Arc<Pins>,
+}
+
+impl Upkeep {
+    pub(super) fn new(config: &super::super::StoreConfig, pins: Arc<Pins>) -> Self {
+        Self {
+            retention_entries: config.retention_entries,
+            retention_age: config.retention_age,
+            compact_step: config.compact_step,
+            backfill_step: config.backfill_step,
+            compaction: RefCell::new(Compaction::default()),
+            backfills: RefCell::new(BTreeMap::new()),
+            backfill_turn: Cell::new(false),
+            size_observed: Cell::new(None),
+            pins,
+        }
+    }
+}
 
 /// Shortest and longest idle wait between looks at the log's age.
 const AGE_POLL_MIN: Duration = Duration::from_secs(1);
@@ -19,7 +61,7 @@ const AGE_POLL_MAX: Duration = Duration::from_secs(60);
 impl WriterThread {
     /// Runs `f` in a transaction of its own, committed with the store's durability.
     pub(super) fn maintenance<T>(&self, f: impl FnOnce(&WriteTransaction) -> Step<T>) -> Result<T, StoreError> {
-        if self.poisoned.get() {
+        if self.commit.poisoned.get() {
             self.recover()?;
         }
         let db = self.shared.db()?;
@@ -28,7 +70,7 @@ impl WriterThread {
             self.note(&e);
             e
         })?;
-        if !self.durable {
+        if !self.commit.durable {
             let _ = txn.set_durability(redb::Durability::None);
         }
         let out = match f(&txn) {
@@ -63,14 +105,15 @@ impl WriterThread {
     /// How long to wait for commands while idle before looking at the log's age again (`None`:
     /// nothing ages).
     pub(super) fn idle_poll(&self) -> Option<Duration> {
-        self.retention_age
+        self.upkeep
+            .retention_age
             .map(|age| (age / 10).clamp(AGE_POLL_MIN, AGE_POLL_MAX))
     }
 
     /// One step while idle: compaction and backfill take turns.
     pub(super) fn background_step(&self) {
-        let backfill_turn = self.backfill_turn.get();
-        self.backfill_turn.set(!backfill_turn);
+        let backfill_turn = self.upkeep.backfill_turn.get();
+        self.upkeep.backfill_turn.set(!backfill_turn);
         if self.has_backfill_work() && (backfill_turn || !self.has_compaction_work()) {
             self.backfill_job_step();
         } else if self.has_compaction_work() {
@@ -83,34 +126,35 @@ impl WriterThread {
     /// `stat` per commit would cost more than the metric is worth), and always when `now`.
     pub(super) fn observe_size(&self, now: bool) {
         let due = self
+            .upkeep
             .size_observed
             .get()
             .is_none_or(|at| at.elapsed() >= std::time::Duration::from_secs(1));
         if now || due {
             crate::metrics::global().observe_db_size(&self.shared.path);
-            self.size_observed.set(Some(std::time::Instant::now()));
+            self.upkeep.size_observed.set(Some(std::time::Instant::now()));
         }
     }
 
     /// After a group commit that appended `appended` entries.
     pub(super) fn after_group(&self, appended: u64) {
-        if self.poisoned.get() {
+        if self.commit.poisoned.get() {
             return;
         }
         self.plan_retention();
         let mut removed = 0;
-        while self.has_compaction_work() && !self.poisoned.get() {
+        while self.has_compaction_work() && !self.commit.poisoned.get() {
             let n = self.compaction_step();
             removed += n;
             if n == 0 || removed >= appended {
                 break;
             }
         }
-        if self.has_backfill_work() && !self.poisoned.get() {
+        if self.has_backfill_work() && !self.commit.poisoned.get() {
             self.backfill_job_step();
         }
         // Idle: the size settles here; busy: once a second.
-        self.observe_size(self.rx.is_empty() && !self.has_background_work());
+        self.observe_size(self.commit.rx.is_empty() && !self.has_background_work());
     }
 
     /// The store is closing: callers still waiting hear so (backfill progress stays persisted).

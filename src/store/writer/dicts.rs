@@ -1,6 +1,8 @@
 //! Per-scope compression dictionaries: trained, stored with the group, published on commit.
 
 use crate::util::RwLocked;
+use std::cell::RefCell;
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -9,9 +11,36 @@ use redb::{ReadableTable, WriteTransaction};
 use super::super::codec::Compression;
 use super::super::dict::{self, EncDict};
 use super::super::schema::{ScopeId, DICTS};
-use super::{Step, WriterThread};
+use super::{PublishedDicts, Step, WriterThread};
 
 /// A scope's compression dictionary on the writer.
+/// The writer's compression dictionaries.
+pub(super) struct Dictionaries {
+    pub(super) compression: Compression,
+    /// Per-scope state for [`Compression::ZstdDict`].
+    pub(super) scopes: RefCell<HashMap<u32, ScopeDicts>>,
+    /// The highest dictionary id handed out per scope in this process, kept across rollbacks:
+    /// readers cache decoders by id for the process's life, so an id is never handed out twice.
+    pub(super) handed_out: RefCell<HashMap<u32, u32>>,
+    /// Scopes whose dictionary was trained in the open group: forgotten if it rolls back,
+    /// published once it commits.
+    pub(super) pending: RefCell<Vec<u32>>,
+    /// Committed dictionaries, for [`Writer::submit`](super::Writer::submit) to compress with.
+    pub(super) published: PublishedDicts,
+}
+
+impl Dictionaries {
+    pub(super) fn new(compression: Compression, published: PublishedDicts) -> Self {
+        Self {
+            compression,
+            scopes: RefCell::new(HashMap::new()),
+            handed_out: RefCell::new(HashMap::new()),
+            pending: RefCell::new(Vec::new()),
+            published,
+        }
+    }
+}
+
 #[derive(Default)]
 pub(super) struct ScopeDicts {
     /// Whether the newest committed dictionary was looked up.
@@ -23,11 +52,11 @@ pub(super) struct ScopeDicts {
 }
 
 impl WriterThread {
-    /// Dictionaries trained in a group that did not commit were never stored: drop them, so
-    /// their ids are handed out again and never cached for two different dictionaries.
+    /// Dictionaries trained in a group that did not commit were never stored: drop them (their
+    /// ids are not handed out again, see `Dictionaries::handed_out`).
     pub(super) fn forget_pending_dicts(&self) {
-        let mut dicts = self.dicts.borrow_mut();
-        for scope in self.pending_dicts.borrow_mut().drain(..) {
+        let mut dicts = self.dict.scopes.borrow_mut();
+        for scope in self.dict.pending.borrow_mut().drain(..) {
             dicts.remove(&scope);
         }
     }
@@ -44,10 +73,10 @@ impl WriterThread {
         scope: ScopeId,
         objects: &[&Bytes],
     ) -> Step<(Option<Arc<EncDict>>, usize)> {
-        let Compression::ZstdDict(level) = self.compression else {
+        let Compression::ZstdDict(level) = self.dict.compression else {
             return Ok((None, 0));
         };
-        let mut all = self.dicts.borrow_mut();
+        let mut all = self.dict.scopes.borrow_mut();
         let state = all.entry(scope.0).or_default();
         if !state.loaded {
             let table = txn.open_table(DICTS).map_err(|e| self.st(e))?;
@@ -90,13 +119,13 @@ impl WriterThread {
                         .map_or(1, |(k, _)| k.value().1 + 1);
                     // Never an id handed out before in this process, even one whose row a
                     // rollback took away: readers cache decoders by id for the process's life.
-                    let mut handed_out = self.dict_ids.borrow_mut();
+                    let mut handed_out = self.dict.handed_out.borrow_mut();
                     let id = handed_out.get(&scope.0).map_or(in_file, |last| in_file.max(last + 1));
                     handed_out.insert(scope.0, id);
                     drop(handed_out);
                     table.insert((scope.0, id), raw.as_slice()).map_err(|e| self.st(e))?;
                     state.current = Some(Arc::new(EncDict::new(scope.0, id, &raw, level)));
-                    self.pending_dicts.borrow_mut().push(scope.0);
+                    self.dict.pending.borrow_mut().push(scope.0);
                     tracing::debug!(%scope, id, bytes = raw.len(), "trained a zstd dictionary");
                 }
             }
@@ -108,11 +137,11 @@ impl WriterThread {
     }
 
     pub(super) fn publish(&self, scope: u32, dict: Arc<EncDict>) {
-        self.published.writing().insert(scope, dict);
+        self.dict.published.writing().insert(scope, dict);
     }
 
     /// The dictionary `scope_dict` last settled on (call that first in the command).
     pub(super) fn scope_dict_cached(&self, scope: ScopeId) -> Option<Arc<EncDict>> {
-        self.dicts.borrow().get(&scope.0).and_then(|s| s.current.clone())
+        self.dict.scopes.borrow().get(&scope.0).and_then(|s| s.current.clone())
     }
 }

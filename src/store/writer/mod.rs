@@ -32,7 +32,7 @@ pub use retention::LogPin;
 pub(super) use shards::in_shard;
 
 use std::cell::{Cell, RefCell};
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use crossbeam_channel::Sender;
@@ -47,8 +47,6 @@ use super::schema::{CursorName, IndexName, ScopeId, Seq, LOG, META, META_LAST_SE
 use super::{Shared, StoreConfig, StoreError};
 use crate::object::{RawObject, ResourceVersion};
 use apply::Tables;
-use dicts::ScopeDicts;
-use retention::Compaction;
 use thread::{Deferred, Failure, Garbage, Step, WriterThread};
 
 type Ack<T> = oneshot::Sender<Result<T, StoreError>>;
@@ -405,32 +403,22 @@ pub(crate) fn spawn(
         .ok()
         .map(|_| reap_tx);
     let state = WriterThread {
-        published: published.clone(),
-        garbage: RefCell::new(Vec::new()),
-        reaper,
         next_seq: Cell::new(last.0 + 1),
         shared,
-        rx,
+        commit: thread::GroupCommit {
+            rx,
+            fsync_delay: config.fsync_delay,
+            fsync_due: Cell::new(None),
+            durable: config.durable,
+            max_deltas: config.max_batch_deltas,
+            max_bytes: config.max_batch_bytes,
+            garbage: RefCell::new(Vec::new()),
+            reaper,
+            poisoned: Cell::new(false),
+        },
         publisher,
-        pins: pins.clone(),
-        fsync_delay: config.fsync_delay,
-        fsync_due: Cell::new(None),
-        durable: config.durable,
-        max_deltas: config.max_batch_deltas,
-        max_bytes: config.max_batch_bytes,
-        compression: config.compression,
-        retention_entries: config.retention_entries,
-        retention_age: config.retention_age,
-        compact_step: config.compact_step,
-        backfill_step: config.backfill_step,
-        compaction: RefCell::new(Compaction::default()),
-        backfills: RefCell::new(BTreeMap::new()),
-        backfill_turn: Cell::new(false),
-        dicts: RefCell::new(HashMap::new()),
-        dict_ids: RefCell::new(HashMap::new()),
-        pending_dicts: RefCell::new(Vec::new()),
-        poisoned: Cell::new(false),
-        size_observed: Cell::new(None),
+        upkeep: background::Upkeep::new(config, pins.clone()),
+        dict: dicts::Dictionaries::new(config.compression, published.clone()),
     };
     state.observe_size(true);
     let thread = std::thread::Builder::new()

@@ -139,7 +139,7 @@ fn time_of<T: ReadableTable<u64, u64>>(times: &T, seq: u64) -> Result<Option<u64
 
 impl WriterThread {
     fn slack(&self, entries: u64) -> u64 {
-        (entries / 10).min(self.compact_step as u64)
+        (entries / 10).min(self.upkeep.compact_step as u64)
     }
 
     /// Dates the entries `[start, last]` a commit appended (nothing when it appended none).
@@ -160,14 +160,14 @@ impl WriterThread {
         let last = self.next_seq.get().saturating_sub(1);
         Ok(Goal {
             count_target: keep
-                .or(self.retention_entries)
+                .or(self.upkeep.retention_entries)
                 .map_or(0, |k| last.saturating_sub(k).saturating_add(1)),
             cutoff_ms: self.age_cutoff(),
         })
     }
 
     fn age_cutoff(&self) -> Option<u64> {
-        let age = u64::try_from(self.retention_age?.as_millis()).unwrap_or(u64::MAX);
+        let age = u64::try_from(self.upkeep.retention_age?.as_millis()).unwrap_or(u64::MAX);
         Some(self.shared.config.now_ms().saturating_sub(age))
     }
 
@@ -175,7 +175,7 @@ impl WriterThread {
     /// plus slack, or its first entry is older than the age. Cheap (one read transaction, a few
     /// lookups); runs after every group commit and while idle.
     pub(super) fn plan_retention(&self) {
-        if self.retention_entries.is_none() && self.retention_age.is_none() {
+        if self.upkeep.retention_entries.is_none() && self.upkeep.retention_age.is_none() {
             return;
         }
         match self.retention_goal() {
@@ -195,12 +195,12 @@ impl WriterThread {
         };
         let last = self.next_seq.get().saturating_sub(1);
         let cursors = txn.open_table(CURSORS).map_err(|e| st(e.into()))?;
-        if first >= cursor_bound(&cursors).map_err(st)?.min(self.pins.bound()) {
+        if first >= cursor_bound(&cursors).map_err(st)?.min(self.upkeep.pins.bound()) {
             // A durable consumer holds the first entry: nothing can go.
             return Ok(None);
         }
         let len = last.saturating_sub(first) + 1;
-        let count_target = match self.retention_entries {
+        let count_target = match self.upkeep.retention_entries {
             Some(n) if len > n.saturating_add(self.slack(n)) => last - n + 1,
             _ => 0,
         };
@@ -218,35 +218,36 @@ impl WriterThread {
     }
 
     fn add_goal(&self, goal: Goal) {
-        let mut c = self.compaction.borrow_mut();
+        let mut c = self.upkeep.compaction.borrow_mut();
         c.goal = Some(c.goal.map_or(goal, |g| g.merge(goal)));
     }
 
     pub(super) fn defer_compact(&self, ack: Ack<CompactReport>, goal: Goal) {
         self.add_goal(goal);
-        self.compaction
+        self.upkeep
+            .compaction
             .borrow_mut()
             .waiters
             .push((goal, CompactReport::default(), ack));
     }
 
     pub(super) fn defer_settle(&self, ack: Ack<()>) {
-        self.compaction.borrow_mut().settles.push(ack);
+        self.upkeep.compaction.borrow_mut().settles.push(ack);
     }
 
     pub(super) fn has_compaction_work(&self) -> bool {
-        let c = self.compaction.borrow();
+        let c = self.upkeep.compaction.borrow();
         c.goal.is_some() || !c.waiters.is_empty() || !c.settles.is_empty()
     }
 
     /// Runs one compaction transaction and answers the callers it satisfied. Returns how many
     /// entries it removed.
     pub(super) fn compaction_step(&self) -> u64 {
-        let Some(goal) = self.compaction.borrow().goal else {
+        let Some(goal) = self.upkeep.compaction.borrow().goal else {
             self.finish_compaction(None);
             return 0;
         };
-        let limit = self.compact_step;
+        let limit = self.upkeep.compact_step;
         match self.maintenance(|txn| self.compact_range(txn, goal, limit)) {
             Ok(outcome) => {
                 let removed = outcome.removed;
@@ -266,7 +267,7 @@ impl WriterThread {
 
     /// Answers the callers a step satisfied (all of them when it was the last step).
     fn finish_compaction(&self, outcome: Option<&StepOutcome>) {
-        let mut c = self.compaction.borrow_mut();
+        let mut c = self.upkeep.compaction.borrow_mut();
         let done = outcome.is_none_or(|o| !o.more);
         let waiters = std::mem::take(&mut c.waiters);
         for (goal, mut report, ack) in waiters {
@@ -291,7 +292,7 @@ impl WriterThread {
 
     /// Fails every compaction caller (the store is closing, or a step failed).
     pub(super) fn abandon_compaction(&self, e: &StoreError) {
-        let mut c = self.compaction.borrow_mut();
+        let mut c = self.upkeep.compaction.borrow_mut();
         c.goal = None;
         for (_, _, ack) in c.waiters.drain(..) {
             drop(ack.send(Err(e.to_aborted())));
@@ -309,7 +310,9 @@ impl WriterThread {
         let last = self.next_seq.get().saturating_sub(1);
         let bound = {
             let cursors = txn.open_table(CURSORS).map_err(|e| self.st(e))?;
-            cursor_bound(&cursors).map_err(|e| self.st(e))?.min(self.pins.bound())
+            cursor_bound(&cursors)
+                .map_err(|e| self.st(e))?
+                .min(self.upkeep.pins.bound())
         };
         let mut t = Tables::open(self, txn)?;
         let mut times = txn.open_table(COMMIT_TIMES).map_err(|e| self.st(e))?;

@@ -2,7 +2,6 @@
 
 use crate::util::RwLocked;
 use std::cell::{Cell, RefCell};
-use std::collections::HashMap;
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -14,68 +13,52 @@ use super::super::codec::Compression;
 use super::super::read::Snapshot;
 use super::super::schema::{IndexName, ScopeId, Seq, META, META_LAST_SEQ};
 use super::super::{Shared, StoreError};
+use super::background::Upkeep;
+use super::dicts::Dictionaries;
 use super::publish::Publisher;
-use super::retention::{Compaction, Goal, Pins};
-use super::{
-    last_seq_read, Ack, Backfills, Command, Committed, CompactReport, Delta, Durability, PublishedDicts, RelistSummary,
-    ScopeDicts, Subscription,
-};
+use super::retention::Goal;
+use super::{last_seq_read, Ack, Command, Committed, CompactReport, Delta, Durability, RelistSummary, Subscription};
 
 /// First and longest wait between the writer's own attempts to reopen a poisoned database.
 const RETRY_FIRST: std::time::Duration = std::time::Duration::from_millis(10);
 const RETRY_MAX: std::time::Duration = std::time::Duration::from_secs(1);
 
+/// The writer thread's state: the log position, and one part per concern, each owning its
+/// fields (group commit here, [`Publisher`] in `publish`, [`Upkeep`] in `background`,
+/// [`Dictionaries`] in `dicts`).
 pub(super) struct WriterThread {
     /// Next log seq to hand out; reset to its value at the start of a group that rolls back.
     pub(super) next_seq: Cell<u64>,
     pub(super) shared: Arc<Shared>,
-    pub(super) rx: Receiver<Command>,
+    pub(super) commit: GroupCommit,
     /// The change streams and the applied, committed and durable positions.
     pub(super) publisher: Publisher,
-    /// Seqs readers are still delivering from without a durable cursor: compaction keeps them.
-    pub(super) pins: Arc<Pins>,
+    /// Compaction, retention and index backfills between groups.
+    pub(super) upkeep: Upkeep,
+    /// Compression dictionaries.
+    pub(super) dict: Dictionaries,
+}
+
+/// How groups are taken and committed.
+pub(super) struct GroupCommit {
+    pub(super) rx: Receiver<Command>,
     /// How long deferred batches may wait for their durable commit; `None`: they do not.
     pub(super) fsync_delay: Option<std::time::Duration>,
     /// When the durable commit of the deferred batches committed so far is due.
     pub(super) fsync_due: Cell<Option<std::time::Instant>>,
+    /// Whether the store fsyncs at all (`StoreConfig::durable`).
     pub(super) durable: bool,
     pub(super) max_deltas: usize,
     pub(super) max_bytes: usize,
-    pub(super) compression: Compression,
-    pub(super) retention_entries: Option<u64>,
-    pub(super) retention_age: Option<std::time::Duration>,
-    /// Most log entries one compaction transaction removes.
-    pub(super) compact_step: usize,
-    /// Most objects one backfill transaction indexes.
-    pub(super) backfill_step: usize,
-    /// Compaction still to do (automatic retention and explicit `compact` calls).
-    pub(super) compaction: RefCell<Compaction>,
-    /// Backfills this writer runs, with the callers waiting for each. An index in here has its
-    /// function registered, so every write since maintained its rows.
-    pub(super) backfills: RefCell<Backfills>,
-    /// Whether the next idle step goes to a backfill (compaction and backfills take turns).
-    pub(super) backfill_turn: Cell<bool>,
-    /// Per-scope dictionary state for [`Compression::ZstdDict`].
-    pub(super) dicts: RefCell<HashMap<u32, ScopeDicts>>,
-    /// The highest dictionary id handed out per scope in this process (kept across
-    /// rollbacks: see `scope_dict`).
-    pub(super) dict_ids: RefCell<HashMap<u32, u32>>,
-    /// Scopes whose dictionary was trained in the open group: forgotten if it rolls back,
-    /// published once it commits.
-    pub(super) pending_dicts: RefCell<Vec<u32>>,
-    /// Committed dictionaries, for [`Writer::submit`] to compress with.
-    pub(super) published: PublishedDicts,
     /// What the open group's batches held, freed by the `reaper` thread after the group: the
     /// objects were allocated on other threads, and freeing thousands of small allocations
-    /// from another thread's arena cost the writer about a fifth of its time (`perf`, replay).
+    /// from another thread's arena slowed the writer (`docs/benchmarks.md`).
     pub(super) garbage: RefCell<Vec<Garbage>>,
     /// Frees garbage; `None` (or full) frees it here.
     pub(super) reaper: Option<crossbeam_channel::Sender<Vec<Garbage>>>,
     /// An I/O error happened: redb refuses every later operation ("Previous I/O error
     /// occurred") until the database is reopened, which the next group does first.
     pub(super) poisoned: Cell<bool>,
-    /// When the file size was last published to the `database_bytes` metric.
-    pub(super) size_observed: Cell<Option<std::time::Instant>>,
 }
 
 /// What a group let go of, kept until the group is done and then freed by the reaper.
@@ -90,11 +73,11 @@ pub(super) struct Reap<'w>(&'w WriterThread);
 
 impl Drop for Reap<'_> {
     fn drop(&mut self) {
-        let garbage = std::mem::take(&mut *self.0.garbage.borrow_mut());
+        let garbage = std::mem::take(&mut *self.0.commit.garbage.borrow_mut());
         if garbage.is_empty() {
             return;
         }
-        if let Some(reaper) = &self.0.reaper {
+        if let Some(reaper) = &self.0.commit.reaper {
             // Full or gone: drop it here instead.
             let _ = reaper.try_send(garbage);
         }
@@ -147,15 +130,16 @@ impl WriterThread {
         while !stop {
             // Deferred batches wait at most `fsync_delay` for their durable commit.
             let due_in = self
+                .commit
                 .fsync_due
                 .get()
                 .map(|due| due.saturating_duration_since(std::time::Instant::now()));
-            if due_in == Some(std::time::Duration::ZERO) && !self.poisoned.get() {
+            if due_in == Some(std::time::Duration::ZERO) && !self.commit.poisoned.get() {
                 self.flush_deferred();
                 continue;
             }
-            let first = if self.poisoned.get() {
-                match self.rx.recv_timeout(retry) {
+            let first = if self.commit.poisoned.get() {
+                match self.commit.rx.recv_timeout(retry) {
                     Ok(cmd) => cmd,
                     Err(RecvTimeoutError::Timeout) => {
                         match self.recover() {
@@ -172,7 +156,7 @@ impl WriterThread {
             } else if self.has_background_work() {
                 // Background work (compaction, backfill) runs while nothing is queued.
                 retry = RETRY_FIRST;
-                match self.rx.try_recv() {
+                match self.commit.rx.try_recv() {
                     Ok(cmd) => cmd,
                     Err(TryRecvError::Empty) => {
                         self.background_step();
@@ -183,7 +167,7 @@ impl WriterThread {
             } else if let Some(poll) = self.idle_poll() {
                 // Entries age while nothing is written: look at them now and then.
                 retry = RETRY_FIRST;
-                match self.rx.recv_timeout(due_in.map_or(poll, |d| d.min(poll))) {
+                match self.commit.rx.recv_timeout(due_in.map_or(poll, |d| d.min(poll))) {
                     Ok(cmd) => cmd,
                     Err(RecvTimeoutError::Timeout) => {
                         self.plan_retention();
@@ -193,20 +177,20 @@ impl WriterThread {
                 }
             } else if let Some(due_in) = due_in {
                 retry = RETRY_FIRST;
-                match self.rx.recv_timeout(due_in) {
+                match self.commit.rx.recv_timeout(due_in) {
                     Ok(cmd) => cmd,
                     Err(RecvTimeoutError::Timeout) => continue,
                     Err(RecvTimeoutError::Disconnected) => break,
                 }
             } else {
                 retry = RETRY_FIRST;
-                let Ok(cmd) = self.rx.recv() else { break };
+                let Ok(cmd) = self.commit.rx.recv() else { break };
                 cmd
             };
             let mut group = vec![first];
             let (mut n, mut bytes) = group[0].weight();
-            while n < self.max_deltas && bytes < self.max_bytes {
-                match self.rx.try_recv() {
+            while n < self.commit.max_deltas && bytes < self.commit.max_bytes {
+                match self.commit.rx.try_recv() {
                     Ok(cmd) => {
                         let (dn, db) = cmd.weight();
                         n += dn;
@@ -226,7 +210,7 @@ impl WriterThread {
                 self.after_group(appended);
             }
         }
-        if self.fsync_due.get().is_some() && !self.poisoned.get() {
+        if self.commit.fsync_due.get().is_some() && !self.commit.poisoned.get() {
             self.flush_deferred();
         }
         self.abandon_background_work();
@@ -236,9 +220,9 @@ impl WriterThread {
     fn flush_deferred(&self) {
         let (ack, _) = oneshot::channel();
         self.commit_group(vec![Command::Flush(ack)]);
-        if self.poisoned.get() {
+        if self.commit.poisoned.get() {
             // Failed: `recover` drops the deferred commits with the rest.
-            self.fsync_due.set(None);
+            self.commit.fsync_due.set(None);
         }
     }
 
@@ -250,15 +234,15 @@ impl WriterThread {
         let last = last_seq_read(&self.shared)?;
         self.next_seq.set(last.0 + 1);
         // Dictionaries are looked up again from what the file holds.
-        self.dicts.borrow_mut().clear();
-        self.pending_dicts.borrow_mut().clear();
-        self.published.writing().clear();
-        self.poisoned.set(false);
+        self.dict.scopes.borrow_mut().clear();
+        self.dict.pending.borrow_mut().clear();
+        self.dict.published.writing().clear();
+        self.commit.poisoned.set(false);
         self.forget_group();
         // Commits not yet on disk are gone: readers shown them hear of a rollback to `last`
         // (and the reflector's next batch, which requires them, is refused; it re-watches
         // from what the file holds).
-        self.fsync_due.set(None);
+        self.commit.fsync_due.set(None);
         self.publisher.lost(last);
         tracing::info!(last_seq = last.0, "database reopened after an I/O error");
         Ok(())
@@ -268,7 +252,7 @@ impl WriterThread {
     pub(super) fn note(&self, e: &StoreError) {
         if let StoreError::Storage { source, .. } = e {
             if matches!(source, redb::Error::Io(_) | redb::Error::PreviousIo) {
-                self.poisoned.set(true);
+                self.commit.poisoned.set(true);
             }
         }
     }
@@ -285,7 +269,7 @@ impl WriterThread {
                     "the writer panicked in a group commit; reopening the database"
                 );
                 self.forget_group();
-                self.poisoned.set(true);
+                self.commit.poisoned.set(true);
                 0
             }
         }
@@ -297,7 +281,7 @@ impl WriterThread {
         group
             .iter()
             .map(|c| match c {
-                Command::Apply(b, _) if b.durability == Durability::Deferred && self.fsync_delay.is_none() => {
+                Command::Apply(b, _) if b.durability == Durability::Deferred && self.commit.fsync_delay.is_none() => {
                     Durability::Immediate
                 }
                 Command::Apply(b, _) => b.durability,
@@ -311,7 +295,7 @@ impl WriterThread {
     pub(super) fn commit_group(&self, group: Vec<Command>) -> u64 {
         let _span = tracing::debug_span!("commit", commands = group.len()).entered();
         let _reap = Reap(self);
-        if self.poisoned.get() {
+        if self.commit.poisoned.get() {
             if let Err(e) = self.recover() {
                 tracing::warn!(error = %e, "reopening the database after an I/O error failed");
                 fail_all(group, &e);
@@ -338,7 +322,7 @@ impl WriterThread {
         // Without an fsync (a relaxed or deferred group, or a store that never fsyncs) the
         // group is shown to readers as the writer decides it; with one, once on disk
         // (`fsync_delay(None)`: nothing deferred is seen before the disk has it).
-        let fsync = self.durable && durability == Durability::Immediate;
+        let fsync = self.commit.durable && durability == Durability::Immediate;
         if !fsync {
             let _ = txn.set_durability(redb::Durability::None);
         }
@@ -392,7 +376,7 @@ impl WriterThread {
             fail_replies(replies, &e);
             return 0;
         }
-        for scope in self.pending_dicts.borrow_mut().drain(..) {
+        for scope in self.dict.pending.borrow_mut().drain(..) {
             if let Some(d) = self.scope_dict_cached(ScopeId(scope)) {
                 self.publish(scope, d);
             }
@@ -401,13 +385,13 @@ impl WriterThread {
             self.publisher.show_group(last);
         }
         self.publisher.committed(last);
-        if fsync || !self.durable {
+        if fsync || !self.commit.durable {
             // On disk (or the store does not fsync at all): so is everything before it.
-            self.fsync_due.set(None);
+            self.commit.fsync_due.set(None);
             self.publisher.durable(last);
-        } else if durability == Durability::Deferred && self.fsync_due.get().is_none() {
-            let delay = self.fsync_delay.unwrap_or_default();
-            self.fsync_due.set(Some(std::time::Instant::now() + delay));
+        } else if durability == Durability::Deferred && self.commit.fsync_due.get().is_none() {
+            let delay = self.commit.fsync_delay.unwrap_or_default();
+            self.commit.fsync_due.set(Some(std::time::Instant::now() + delay));
         }
         for r in replies {
             match r {
