@@ -685,6 +685,7 @@ impl Harness {
             Opts {
                 allow_duplicates: true,
                 from_rv: 0,
+                allow_rollbacks: false,
             },
             &self.windows,
         ) {

@@ -32,11 +32,11 @@ const CONFLICT_RETRIES: usize = 5;
 /// ([`RingShard::responsibility`]).
 ///
 /// ```no_run
-/// # async fn f(shard: durable_informer::sharding::RingShard, configmaps: durable_informer::informer::Informer<k8s_openapi::api::core::v1::ConfigMap>, key: durable_informer::object::ObjectKey) -> Result<(), Box<dyn std::error::Error>> {
+/// # async fn f(shard: durable_informer::sharding::RingShard, informer: durable_informer::informer::Informer<k8s_openapi::api::core::v1::ConfigMap>, key: durable_informer::object::ObjectKey) -> Result<(), Box<dyn std::error::Error>> {
 /// use durable_informer::sharding::Responsibility;
 /// use k8s_openapi::api::core::v1::ConfigMap;
 /// let configmaps = kube::core::ApiResource::erase::<ConfigMap>(&());
-/// match shard.responsibility(&configmaps.metadata(), &key)? {
+/// match shard.responsibility(&informer.metadata(), &key)? {
 ///     Responsibility::Reconcile => println!("reconcile {key}"),
 ///     Responsibility::Drain { resource_version } => {
 ///         shard.acknowledge_drain(&configmaps, &key, &resource_version).await?;

@@ -46,6 +46,11 @@ pub struct Opts {
     pub allow_duplicates: bool,
     /// Server events at or below this RV are not expected (delivered before the handler existed).
     pub from_rv: u64,
+    /// A volatile handler told of changes before their commit: a commit that then failed is
+    /// taken back, so the handler may be told an object went back to a state it had (an update
+    /// to an older RV the server sent) or away (a delete carrying the state it was told), and
+    /// then forward again.
+    pub allow_rollbacks: bool,
 }
 
 /// An RV range `(lo, hi]` in which a list (the initial list or a relist after 410) may have
@@ -100,7 +105,15 @@ pub fn check_with_lists(delivered: &[Ev], server: &[Ev], opts: Opts, lists: &[Li
             && server_kind(&e.key, e.rv).is_some_and(|k| k != Kind::Delete)
             && window_of(e.rv).is_some();
         let listed_del = e.kind == Kind::Delete && !exact && listed_delete(e);
-        if !(exact || listed_state || listed_del) {
+        let prev = last.get(e.key.as_str()).copied();
+        let taken_back = opts.allow_rollbacks
+            && !exact
+            && server_kind(&e.key, e.rv).is_some_and(|k| k != Kind::Delete)
+            && match e.kind {
+                Kind::Delete => prev.is_some_and(|p| e.rv <= p),
+                _ => prev.is_some_and(|p| e.rv < p),
+            };
+        if !(exact || listed_state || listed_del || taken_back) {
             return Err(format!("#{i} {e:?} was delivered but the server never sent it"));
         }
         let repeat = seen.contains(&(e.key.as_str(), e.rv, e.kind));
@@ -110,13 +123,15 @@ pub fn check_with_lists(delivered: &[Ev], server: &[Ev], opts: Opts, lists: &[Li
         if let Some(&prev) = last.get(e.key.as_str()) {
             // A redelivery after a crash repeats an earlier event; a delete found by a list
             // carries the version delivered last; anything else must move forward.
-            let ok = e.rv > prev || (opts.allow_duplicates && repeat) || (listed_del && e.rv == prev);
+            let ok = e.rv > prev || (opts.allow_duplicates && repeat) || (listed_del && e.rv == prev) || taken_back;
             if !ok {
                 return Err(format!("#{i} {e:?}: RV not increasing for {} (previous {prev})", e.key));
             }
         }
         seen.insert((e.key.as_str(), e.rv, e.kind));
-        last.insert(e.key.as_str(), last.get(e.key.as_str()).copied().unwrap_or(0).max(e.rv));
+        // After a rollback the handler is told forward again from where it went back.
+        let next = if taken_back { e.rv } else { prev.unwrap_or(0).max(e.rv) };
+        last.insert(e.key.as_str(), next);
     }
     let delivered_rvs: BTreeSet<(&str, u64)> = delivered.iter().map(|e| (e.key.as_str(), e.rv)).collect();
     let delivered_keys: BTreeSet<&str> = delivered.iter().map(|e| e.key.as_str()).collect();
@@ -223,7 +238,7 @@ pub fn self_test() {
         &server,
         Opts {
             allow_duplicates: true,
-            from_rv: 0
+            ..Opts::default()
         }
     )
     .is_ok());
@@ -232,8 +247,8 @@ pub fn self_test() {
         &invented,
         &server,
         Opts {
-            allow_duplicates: false,
-            from_rv: 9
+            from_rv: 9,
+            ..Opts::default()
         }
     )
     .unwrap_err()
@@ -286,4 +301,47 @@ pub fn self_test() {
     assert!(check_with_lists(&no_delete, &server, Opts::default(), &window)
         .unwrap_err()
         .contains("gap"));
+
+    // A volatile handler told of "b" at 7 and "c" at 8 before their commit failed: "b" is
+    // taken back to its state at 3, "c" deleted, then both told again from the refetch.
+    let server2 = vec![
+        Ev::new("b", 3, Kind::Add),
+        Ev::new("b", 7, Kind::Update),
+        Ev::new("c", 8, Kind::Add),
+    ];
+    let told = vec![
+        Ev::new("b", 3, Kind::Add),
+        Ev::new("b", 7, Kind::Update),
+        Ev::new("c", 8, Kind::Add),
+        Ev::new("b", 3, Kind::Update),
+        Ev::new("c", 8, Kind::Delete),
+        Ev::new("b", 7, Kind::Update),
+        Ev::new("c", 8, Kind::Add),
+    ];
+    let rollbacks = Opts {
+        allow_duplicates: true,
+        allow_rollbacks: true,
+        ..Opts::default()
+    };
+    assert!(
+        check(&told, &server2, rollbacks).is_ok(),
+        "{:?}",
+        check(&told, &server2, rollbacks)
+    );
+    assert!(check(
+        &told,
+        &server2,
+        Opts {
+            allow_duplicates: true,
+            ..Opts::default()
+        }
+    )
+    .is_err());
+    // Going back to a state the server never had is still an invention.
+    let wrong = vec![
+        Ev::new("b", 3, Kind::Add),
+        Ev::new("b", 7, Kind::Update),
+        Ev::new("b", 5, Kind::Update),
+    ];
+    assert!(check(&wrong, &server2, rollbacks).unwrap_err().contains("never sent"));
 }
