@@ -217,6 +217,16 @@ fn decompress_with(dict: Option<&DecoderDictionary<'_>>, src: &[u8]) -> Result<B
     Ok(Bytes::from(out))
 }
 
+impl Compression {
+    /// Decompresses `bytes` stored with this tag the way a reader does, with `dict` as the row
+    /// of the dictionary a [`Compression::Dict`] tag names (`None`: the row is missing). The
+    /// entry point of the damaged-row fuzz targets and tests; exposed for fuzzing only.
+    #[doc(hidden)]
+    pub fn check_unpack(self, bytes: &[u8], dict: Option<&[u8]>) -> Result<Bytes, StoreError> {
+        DictCache::default().unpack(self, bytes, &|_, _| Ok(dict.map(<[u8]>::to_vec)))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
