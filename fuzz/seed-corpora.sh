@@ -7,7 +7,8 @@
 #                                     (tests/data/k8s-wire)
 #   fuzz/seed-corpora.sh --store      first rebuild the store targets' seeds (seeds/store_*/) from
 #                                     the rows of tests/golden/schema-v4.redb as this build
-#                                     migrates it (examples/store_seeds.rs)
+#                                     migrates it (store_rows.rs, run by an ignored test of
+#                                     tests/store_damaged_rows.rs)
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 targets="watch_line extract_meta list recording selectors continue_token
@@ -15,7 +16,8 @@ store_object_row store_log_row store_record store_key store_unpack"
 
 if [[ "${1:-}" == "--store" ]]; then
     rm -rf "$here"/seeds/store_*
-    (cd "$here" && cargo run --quiet --example store_seeds -- "$here/seeds")
+    (cd "$here/.." && STORE_SEEDS_DIR="$here/seeds" cargo test --all-features --test store_damaged_rows \
+        write_fuzz_seeds -- --ignored --exact)
 fi
 
 if [[ "${1:-}" == "--regen" ]]; then

@@ -4,16 +4,17 @@
 //! relisted without some objects (deletes whose final state is unknown) and given a shard range
 //! (a `scope_shards` row).
 //!
-//! Shared by `tests/store_damaged_rows.rs` (the rows its property tests damage) and
-//! `fuzz/examples/store_seeds.rs` (the fuzz targets' seeds).
+//! Included by `tests/store_damaged_rows.rs`: the rows its property tests damage, and
+//! [`write_seeds`], the store fuzz targets' seeds (`fuzz/seed-corpora.sh --store`).
 
+use std::collections::BTreeMap;
 use std::error::Error;
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 
 use durable_informer::object::{RawObject, ScopeSpec};
 use durable_informer::selector::ShardSelector;
-use durable_informer::store::{DurableStore, ShardRecord, StoreConfig};
+use durable_informer::store::{CodecError, Compression, DurableStore, ShardRecord, StoreConfig};
 use redb::{ReadableDatabase, ReadableTable, TableDefinition};
 
 /// Every stored row with a decoder, by table.
@@ -39,17 +40,21 @@ pub fn from_golden(golden: &Path, dir: &Path) -> Res<Rows> {
     let scope = db
         .writer()
         .register_scope_blocking(&ScopeSpec::new("", "v1", "configmaps"))?;
-    // A relist that misses every tenth object and changes one.
+    // A relist that misses every tenth object and changes one; `a` and `c` (the first two) keep
+    // the inline rows compaction gave them.
     let listed = db
         .store(scope)
         .list()?
         .into_iter()
         .enumerate()
-        .filter(|(i, _)| i % 10 != 0)
+        .filter(|(i, _)| i % 10 != 5)
         .map(|(i, o)| {
             let json = String::from_utf8_lossy(&o.bytes).into_owned();
-            let json = if i == 1 {
-                json.replace(&format!(r#""resourceVersion":"{}""#, o.meta.resource_version.as_str()), r#""resourceVersion":"1000""#)
+            let json = if i == 2 {
+                json.replace(
+                    &format!(r#""resourceVersion":"{}""#, o.meta.resource_version.as_str()),
+                    r#""resourceVersion":"1000""#,
+                )
             } else {
                 json
             };
@@ -109,4 +114,99 @@ fn read_all(path: &Path) -> Res<Rows> {
         rows.dicts.push((k.value(), v.value().to_vec()));
     }
     Ok(rows)
+}
+
+/// Rows kept per shape of row.
+const PER_SHAPE: usize = 3;
+
+/// A row's shape: its table and the tags of the object bytes it carries.
+fn shape(table: &str, value: &[u8]) -> String {
+    let tags = match CodecError::check_row(table, value) {
+        Ok((_, blobs)) => blobs
+            .iter()
+            .map(|(c, _)| format!("{c:?}"))
+            .collect::<Vec<_>>()
+            .join("+"),
+        Err(_) => "undecodable".to_owned(),
+    };
+    format!("{table}:{tags}")
+}
+
+/// Up to `n` items spread over `items`.
+fn spread<T: Clone>(items: &[T], n: usize) -> Vec<T> {
+    let step = items.len().div_ceil(n).max(1);
+    items.iter().step_by(step).cloned().collect()
+}
+
+fn put(out: &Path, target: &str, name: &str, bytes: &[u8]) -> Res<()> {
+    let dir = out.join(target);
+    std::fs::create_dir_all(&dir)?;
+    std::fs::write(dir.join(name), bytes)?;
+    Ok(())
+}
+
+/// Writes the store targets' seeds into `out/<target>/`, in the formats the targets read: a few
+/// rows of every shape (which object bytes a row carries, compressed how), keys of both kinds,
+/// and the object bytes the rows carry, two of them with their dictionary.
+pub fn write_seeds(rows: &Rows, out: &Path) -> Res<()> {
+    let mut shapes: BTreeMap<String, Vec<(&str, &[u8])>> = BTreeMap::new();
+    for (table, value) in &rows.values {
+        shapes.entry(shape(table, value)).or_default().push((table, value));
+    }
+    // The order of `store_record`'s tables.
+    let records = ["scopes", "scope_shards", "index_rev", "index_backfill"];
+    let mut blobs = Vec::new();
+    for (shape, group) in &shapes {
+        for (i, (table, value)) in spread(group, PER_SHAPE).into_iter().enumerate() {
+            let name = format!("{}-{i}", shape.replace(|c: char| !c.is_ascii_alphanumeric(), "_"));
+            match table {
+                "objects" => put(out, "store_object_row", &name, value)?,
+                "log" => put(out, "store_log_row", &name, value)?,
+                _ => {
+                    let which = records.iter().position(|t| *t == table).ok_or("unknown table")?;
+                    put(out, "store_record", &name, &[&[which as u8][..], value].concat())?;
+                }
+            }
+            if let Ok((_, carried)) = CodecError::check_row(table, value) {
+                blobs.extend(carried.into_iter().map(|(c, b)| (c, b.to_vec())));
+            }
+        }
+    }
+    for kind in ["objects", "index"] {
+        let keys: Vec<_> = rows.keys.iter().filter(|(t, _)| *t == kind).collect();
+        for (i, (_, key)) in spread(&keys, 6).into_iter().enumerate() {
+            put(
+                out,
+                "store_key",
+                &format!("{kind}-{i}"),
+                &[&[u8::from(kind == "index")][..], key].concat(),
+            )?;
+        }
+    }
+    // A dictionary is about 64 KiB: two seeds carry one, the others go without.
+    let mut with_dict = 0;
+    for (i, (tag, blob)) in spread(&blobs, 12).into_iter().enumerate() {
+        let (which, dict): (u8, &[u8]) = match tag {
+            Compression::None => (0, &[]),
+            Compression::Dict { .. } if with_dict >= 2 => (2, &[]),
+            Compression::Dict { scope, dict } => (
+                2,
+                rows.dicts
+                    .iter()
+                    .find(|(k, _)| *k == (scope, dict))
+                    .map(|(_, d)| d.as_slice())
+                    .ok_or("a blob names a missing dictionary")?,
+            ),
+            _ => (1, &[]),
+        };
+        with_dict += usize::from(!dict.is_empty());
+        let len = u32::try_from(dict.len())?.to_le_bytes();
+        put(
+            out,
+            "store_unpack",
+            &format!("blob-{i}-{which}"),
+            &[&[which][..], &len, dict, &blob].concat(),
+        )?;
+    }
+    Ok(())
 }

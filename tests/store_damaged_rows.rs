@@ -17,9 +17,7 @@ use std::process::Command;
 use std::sync::OnceLock;
 
 use durable_informer::object::{ObjectKey, ScopeSpec};
-use durable_informer::store::{
-    CodecError, Compression, DurableStore, ScopeId, Seq, StoreConfig, StoreError,
-};
+use durable_informer::store::{CodecError, Compression, DurableStore, ScopeId, Seq, StoreConfig, StoreError};
 use proptest::prelude::*;
 use redb::{ReadableDatabase, ReadableTable, TableDefinition};
 use stats_alloc::{Region, StatsAlloc, INSTRUMENTED_SYSTEM};
@@ -80,7 +78,9 @@ fn rows() -> &'static store_rows::Rows {
 
 /// The dictionary a tag names, as a reader would load it.
 fn dict_for(tag: Compression) -> Option<&'static [u8]> {
-    let Compression::Dict { scope, dict } = tag else { return None };
+    let Compression::Dict { scope, dict } = tag else {
+        return None;
+    };
     rows()
         .dicts
         .iter()
@@ -185,8 +185,12 @@ fn read_value(table: &str, value: &[u8]) -> Result<(), String> {
         Ok(ok) => ok,
         Err(e) => return Err(e.to_string()),
     };
-    let (again, _) = CodecError::check_row(table, &canonical).map_err(|e| format!("re-encoded row does not decode: {e}"))?;
-    assert_eq!(again, canonical, "a decoded {table} row encodes differently after a round trip");
+    let (again, _) =
+        CodecError::check_row(table, &canonical).map_err(|e| format!("re-encoded row does not decode: {e}"))?;
+    assert_eq!(
+        again, canonical,
+        "a decoded {table} row encodes differently after a round trip"
+    );
     for (tag, bytes) in blobs {
         let _ = tag.check_unpack(bytes, dict_for(tag));
     }
@@ -201,7 +205,14 @@ fn value_index() -> impl Strategy<Value = usize> {
 fn damaged_values_decode_or_fail_within_the_allocation_bound() {
     isolated("damaged_values_decode_or_fail_within_the_allocation_bound", || {
         // Every kind of row is among the rows damaged.
-        for table in ["objects", "log", "scopes", "scope_shards", "index_rev", "index_backfill"] {
+        for table in [
+            "objects",
+            "log",
+            "scopes",
+            "scope_shards",
+            "index_rev",
+            "index_backfill",
+        ] {
             let (_, value) = rows().values.iter().find(|(t, _)| *t == table).expect(table);
             read_value(table, value).unwrap_or_else(|e| panic!("an undamaged {table} row: {e}"));
         }
@@ -265,7 +276,8 @@ fn damaged_compressed_bytes_and_dictionaries_decompress_or_fail() {
             "the golden rows hold dictionary-compressed bytes"
         );
         for (tag, blob) in &blobs {
-            tag.check_unpack(blob, dict_for(*tag)).expect("an undamaged blob decompresses");
+            tag.check_unpack(blob, dict_for(*tag))
+                .expect("an undamaged blob decompresses");
         }
         let config = config();
         let n = blobs.len();
@@ -322,37 +334,49 @@ fn huge_length_is_an_error(table: &str, before: &[u8]) {
 #[test]
 fn a_huge_length_in_a_scope_record_is_an_error() {
     // `spec` is the record's first field.
-    isolated("a_huge_length_in_a_scope_record_is_an_error", || huge_length_is_an_error("scopes", &[]));
+    isolated("a_huge_length_in_a_scope_record_is_an_error", || {
+        huge_length_is_an_error("scopes", &[])
+    });
 }
 
 #[test]
 fn a_huge_length_in_an_object_header_is_an_error() {
     // `meta.namespace`: Some(…).
-    isolated("a_huge_length_in_an_object_header_is_an_error", || huge_length_is_an_error("objects", &[1]));
+    isolated("a_huge_length_in_an_object_header_is_an_error", || {
+        huge_length_is_an_error("objects", &[1])
+    });
 }
 
 #[test]
 fn a_huge_length_in_a_log_header_is_an_error() {
     // Scope 0, `Added`, then the key's namespace: Some(…).
-    isolated("a_huge_length_in_a_log_header_is_an_error", || huge_length_is_an_error("log", &[0, 0, 1]));
+    isolated("a_huge_length_in_a_log_header_is_an_error", || {
+        huge_length_is_an_error("log", &[0, 0, 1])
+    });
 }
 
 #[test]
 fn a_huge_length_in_a_shard_record_is_an_error() {
     // `range`: Some(…).
-    isolated("a_huge_length_in_a_shard_record_is_an_error", || huge_length_is_an_error("scope_shards", &[1]));
+    isolated("a_huge_length_in_a_shard_record_is_an_error", || {
+        huge_length_is_an_error("scope_shards", &[1])
+    });
 }
 
 #[test]
 fn a_huge_length_in_index_values_is_an_error() {
     // One value.
-    isolated("a_huge_length_in_index_values_is_an_error", || huge_length_is_an_error("index_rev", &[1]));
+    isolated("a_huge_length_in_index_values_is_an_error", || {
+        huge_length_is_an_error("index_rev", &[1])
+    });
 }
 
 #[test]
 fn a_huge_length_in_a_backfill_record_is_an_error() {
     // `after`: Some(key), its namespace Some(…).
-    isolated("a_huge_length_in_a_backfill_record_is_an_error", || huge_length_is_an_error("index_backfill", &[1, 1]));
+    isolated("a_huge_length_in_a_backfill_record_is_an_error", || {
+        huge_length_is_an_error("index_backfill", &[1, 1])
+    });
 }
 
 /// A zstd frame of `payload` (70,000 bytes: its header holds a 4-byte content size).
@@ -455,7 +479,10 @@ fn golden_db(dir: &Path) -> std::path::PathBuf {
     let path = dir.join("damaged.redb");
     std::fs::copy(GOLDEN, &path).expect("copy");
     std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).expect("mode");
-    DurableStore::open(StoreConfig::new(&path)).expect("opens").close().expect("closes");
+    DurableStore::open(StoreConfig::new(&path))
+        .expect("opens")
+        .close()
+        .expect("closes");
     path
 }
 
@@ -476,7 +503,9 @@ fn damaged_rows_on_disk_give_errors_through_the_public_api() {
         {
             let db = redb::Database::open(&path).expect("opens");
             let txn = db.begin_read().expect("txn");
-            let objects = txn.open_table(TableDefinition::<&[u8], &[u8]>::new("objects")).expect("objects");
+            let objects = txn
+                .open_table(TableDefinition::<&[u8], &[u8]>::new("objects"))
+                .expect("objects");
             let row = objects
                 .iter()
                 .expect("iter")
@@ -502,16 +531,25 @@ fn damaged_rows_on_disk_give_errors_through_the_public_api() {
         assert_codec_error("get", store.get(&key));
         assert_codec_error("list", store.list());
         // Undamaged rows still read.
-        assert!(store.get(&ObjectKey::namespaced("default", "a")).expect("get a").is_some());
+        assert!(store
+            .get(&ObjectKey::namespaced("default", "a"))
+            .expect("get a")
+            .is_some());
         assert_codec_error("log", db.log().read_after(Seq(last_seq.0 - 1), 10, None));
         let report = db.check().expect("check reports problems instead of failing");
         assert!(
-            report.problems.iter().any(|p| p.contains("d299") && p.contains("does not decode")),
+            report
+                .problems
+                .iter()
+                .any(|p| p.contains("d299") && p.contains("does not decode")),
             "{:?}",
             report.problems
         );
         assert!(
-            report.problems.iter().any(|p| p.contains(&format!("log entry {}", last_seq.0))),
+            report
+                .problems
+                .iter()
+                .any(|p| p.contains(&format!("log entry {}", last_seq.0))),
             "{:?}",
             report.problems
         );
@@ -533,22 +571,25 @@ fn damaged_rows_on_disk_give_errors_through_the_public_api() {
 
 #[test]
 fn a_damaged_dictionary_on_disk_gives_errors_through_the_public_api() {
-    isolated("a_damaged_dictionary_on_disk_gives_errors_through_the_public_api", || {
-        let dir = tempfile::tempdir().expect("temp dir");
-        let path = golden_db(dir.path());
-        let (id, dict) = rows().dicts.first().cloned().expect("the golden file has a dictionary");
-        let mut damaged = dict;
-        for b in &mut damaged[8..64] {
-            *b ^= 0xff;
-        }
-        damage_on_disk::<(u32, u32)>(&path, "dicts", id, &damaged);
-        let db = DurableStore::open(StoreConfig::new(&path)).expect("opens");
-        let scope = db.writer().register_scope_blocking(&spec()).expect("scope");
-        // d299 was stored after the dictionary was trained.
-        assert_codec_error("get", db.store(scope).get(&ObjectKey::namespaced("default", "d299")));
-        let records = db.log().read_after(Seq(0), 1000, None);
-        assert_codec_error("log", records);
-    });
+    isolated(
+        "a_damaged_dictionary_on_disk_gives_errors_through_the_public_api",
+        || {
+            let dir = tempfile::tempdir().expect("temp dir");
+            let path = golden_db(dir.path());
+            let (id, dict) = rows().dicts.first().cloned().expect("the golden file has a dictionary");
+            let mut damaged = dict;
+            for b in &mut damaged[8..64] {
+                *b ^= 0xff;
+            }
+            damage_on_disk::<(u32, u32)>(&path, "dicts", id, &damaged);
+            let db = DurableStore::open(StoreConfig::new(&path)).expect("opens");
+            let scope = db.writer().register_scope_blocking(&spec()).expect("scope");
+            // d299 was stored after the dictionary was trained.
+            assert_codec_error("get", db.store(scope).get(&ObjectKey::namespaced("default", "d299")));
+            let records = db.log().read_after(Seq(0), 1000, None);
+            assert_codec_error("log", records);
+        },
+    );
 }
 
 #[test]
@@ -577,4 +618,23 @@ fn a_damaged_dictionary_on_disk_fails_the_writer_with_an_error() {
         // The writer is still there for the next batch.
         assert!(db.writer().flush_blocking().is_ok());
     });
+}
+
+#[test]
+#[ignore = "writes the store fuzz targets' seeds (fuzz/seed-corpora.sh --store runs it)"]
+fn write_fuzz_seeds() {
+    let out = std::env::var_os("STORE_SEEDS_DIR").expect("STORE_SEEDS_DIR names the seeds directory");
+    let out = Path::new(&out);
+    store_rows::write_seeds(rows(), out).expect("writes the seeds");
+    for target in [
+        "store_object_row",
+        "store_log_row",
+        "store_record",
+        "store_key",
+        "store_unpack",
+    ] {
+        let n = std::fs::read_dir(out.join(target)).map_or(0, Iterator::count);
+        assert!(n > 0, "no seeds for {target}");
+        println!("{target}: {n} seeds");
+    }
 }

@@ -38,7 +38,10 @@ pub fn check_row(table: &str, value: &[u8]) {
     within_bound(value, 0, || {
         if let Ok((canonical, _)) = CodecError::check_row(table, value) {
             let (again, _) = CodecError::check_row(table, &canonical).expect("a re-encoded row decodes");
-            assert_eq!(again, canonical, "a decoded {table} row encodes differently after a round trip");
+            assert_eq!(
+                again, canonical,
+                "a decoded {table} row encodes differently after a round trip"
+            );
         }
     });
 }

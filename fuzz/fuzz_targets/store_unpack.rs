@@ -38,7 +38,9 @@ fn produced(bytes: &[u8], dict: Option<&[u8]>) -> usize {
 
 fuzz_target!(|data: &[u8]| {
     let Some((&tag, rest)) = data.split_first() else { return };
-    let Some((len, rest)) = rest.split_first_chunk::<4>() else { return };
+    let Some((len, rest)) = rest.split_first_chunk::<4>() else {
+        return;
+    };
     let len = (u32::from_le_bytes(*len) as usize).min(rest.len());
     let (dict, bytes) = rest.split_at(len);
     let dict = (!dict.is_empty()).then_some(dict);

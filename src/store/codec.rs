@@ -4,7 +4,6 @@
 //! length, a bincode header, then (for rows that carry object bytes) the object's bytes as they
 //! arrived, so reading the bytes back is a slice, not a decode.
 
-use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 
 use crate::object::{ObjectError, ObjectKey, ObjectMeta, ResourceVersion};
@@ -15,6 +14,30 @@ const ENVELOPE_V1: u8 = 1;
 
 fn config() -> bincode::config::Configuration {
     bincode::config::standard()
+}
+
+/// Largest bincode header written or read: far above any Kubernetes object's metadata (the API
+/// server limits annotations to 256 KiB and requests to 3 MiB).
+const MAX_HEADER: usize = 16 << 20;
+
+/// Decodes a bincode header with a byte limit tied to its length. bincode allocates a string's
+/// or a byte vector's length as read, before reading its bytes, so without a limit a damaged
+/// length would ask for up to 2^64 bytes (review finding F15). A valid header claims at most 8
+/// bytes of the limit per byte it holds (a one-byte varint counts as a `u64`), so a limit of 16
+/// times its length never refuses one.
+fn decode_header<T: serde::de::DeserializeOwned>(head: &[u8]) -> Result<T, CodecError> {
+    fn limited<T: serde::de::DeserializeOwned, const LIMIT: usize>(head: &[u8]) -> Result<T, CodecError> {
+        bincode::serde::decode_from_slice(head, config().with_limit::<LIMIT>())
+            .map(|(header, _)| header)
+            .map_err(CodecError::Decode)
+    }
+    match head.len() {
+        0..=4096 => limited::<T, { 64 << 10 }>(head),
+        4097..=65_536 => limited::<T, { 1 << 20 }>(head),
+        65_537..=1_048_576 => limited::<T, { 16 << 20 }>(head),
+        n if n <= MAX_HEADER => limited::<T, { 16 * MAX_HEADER }>(head),
+        n => Err(CodecError::HeaderTooLarge(n)),
+    }
 }
 
 /// A value that cannot be encoded or decoded.
@@ -33,6 +56,9 @@ pub enum CodecError {
     /// A stored header does not decode.
     #[error("stored value does not decode: {0}")]
     Decode(#[source] bincode::error::DecodeError),
+    /// A header is over the 16 MiB this build writes and reads (a stored one is damaged).
+    #[error("header of {0} bytes is over the 16 MiB limit")]
+    HeaderTooLarge(usize),
     /// A header does not encode (cannot happen for the types here, reported rather than panicking).
     #[error("value does not encode: {0}")]
     Encode(#[source] bincode::error::EncodeError),
@@ -78,20 +104,6 @@ impl Compression {
             Compression::Zstd(level) | Compression::ZstdDict(level) => {
                 zstd::bulk::compress(bytes, level).map_err(CodecError::Decompress)
             }
-        }
-    }
-
-    fn decompress(self, bytes: &[u8]) -> Result<Bytes, CodecError> {
-        match self {
-            Compression::None => Ok(Bytes::copy_from_slice(bytes)),
-            Compression::Zstd(_) | Compression::ZstdDict(_) => {
-                let mut out = Vec::new();
-                zstd::stream::copy_decode(bytes, &mut out).map_err(CodecError::Decompress)?;
-                Ok(Bytes::from(out))
-            }
-            Compression::Dict { .. } => Err(CodecError::Decompress(std::io::Error::other(
-                "dictionary-compressed bytes need their dictionary",
-            ))),
         }
     }
 }
@@ -189,6 +201,9 @@ pub struct ScopeRecord {
 
 fn encode_with_tail(header: &impl Serialize, tails: &[&[u8]]) -> Result<Vec<u8>, CodecError> {
     let head = bincode::serde::encode_to_vec(header, config()).map_err(CodecError::Encode)?;
+    if head.len() > MAX_HEADER {
+        return Err(CodecError::HeaderTooLarge(head.len()));
+    }
     let head_len = u32::try_from(head.len()).map_err(|_| CodecError::Truncated)?;
     let tail_len: usize = tails.iter().map(|t| t.len()).sum();
     let mut out = Vec::with_capacity(5 + head.len() + tail_len);
@@ -214,8 +229,7 @@ fn decode_with_tail<T: serde::de::DeserializeOwned>(value: &[u8]) -> Result<(T, 
     if rest.len() < head_len {
         return Err(CodecError::Truncated);
     }
-    let (header, _) = bincode::serde::decode_from_slice(&rest[..head_len], config()).map_err(CodecError::Decode)?;
-    Ok((header, &rest[head_len..]))
+    Ok((decode_header(&rest[..head_len])?, &rest[head_len..]))
 }
 
 /// Encodes an `objects` row.
@@ -268,11 +282,6 @@ pub fn decode_log(value: &[u8]) -> Result<(LogHeader, &[u8], &[u8]), CodecError>
     }
     let (data, prev) = tail.split_at(n);
     Ok((header, data, prev))
-}
-
-/// Decompresses stored object bytes that need no dictionary (see `dict::DictCache::unpack`).
-pub fn decompress(compression: Compression, bytes: &[u8]) -> Result<Bytes, CodecError> {
-    compression.decompress(bytes)
 }
 
 /// Encodes a scope record.
@@ -472,7 +481,7 @@ mod tests {
     fn zstd_round_trips() {
         let c = Compression::Zstd(1);
         let packed = c.compress(POD).unwrap();
-        assert_eq!(decompress(c, &packed).unwrap(), Bytes::from_static(POD));
-        assert!(decompress(c, b"garbage").is_err());
+        assert_eq!(c.check_unpack(&packed, None).unwrap(), bytes::Bytes::from_static(POD));
+        assert!(c.check_unpack(b"garbage", None).is_err());
     }
 }
