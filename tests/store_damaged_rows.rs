@@ -4,13 +4,12 @@
 //! never panics, never aborts, and never asks the allocator for more than a bound tied to the
 //! damaged input (review finding F15: a length of 2^50 aborted the process).
 //!
-//! The rows are real: the golden schema-v4 database, migrated by this build and given a shard
-//! range (`fuzz/store_rows.rs`, also the fuzz targets' seeds). Tests that decode damaged bytes
+//! The rows are real: the golden schema-v4 database, migrated by this build, relisted and given
+//! a shard range (`fuzz/store_rows.rs`, which also writes the fuzz targets' seeds). Tests that decode damaged bytes
 //! run in a child process ([`isolated`]), so a decoder that aborts fails its test instead of
 //! ending the suite, and so the allocation counts see only that test. `PROPTEST_CASES` raises
 //! the number of cases (default here: 512 per property).
 
-use std::alloc::System;
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::process::Command;
@@ -20,13 +19,15 @@ use durable_informer::object::{ObjectKey, ScopeSpec};
 use durable_informer::store::{CodecError, Compression, DurableStore, ScopeId, Seq, StoreConfig, StoreError};
 use proptest::prelude::*;
 use redb::{ReadableDatabase, ReadableTable, TableDefinition};
-use stats_alloc::{Region, StatsAlloc, INSTRUMENTED_SYSTEM};
 
 #[path = "../fuzz/store_rows.rs"]
 mod store_rows;
 
-#[global_allocator]
-static GLOBAL: &StatsAlloc<System> = &INSTRUMENTED_SYSTEM;
+/// The counting allocator and the allocation bound the fuzz targets check.
+#[path = "../fuzz/fuzz_targets/store_common.rs"]
+mod store_common;
+
+use store_common::{asked as allocated, bound};
 
 const CHILD: &str = "DURABLE_INFORMER_DAMAGED_ROWS_CHILD";
 const GOLDEN: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/golden/schema-v4.redb");
@@ -40,7 +41,14 @@ fn isolated(name: &str, body: impl FnOnce()) {
         return;
     }
     let out = Command::new(std::env::current_exe().expect("test binary path"))
-        .args([name, "--exact", "--nocapture", "--test-threads", "1"])
+        .args([
+            name,
+            "--exact",
+            "--include-ignored",
+            "--nocapture",
+            "--test-threads",
+            "1",
+        ])
         .env(CHILD, "1")
         .output()
         .expect("runs the test binary");
@@ -51,21 +59,6 @@ fn isolated(name: &str, body: impl FnOnce()) {
         "{name} failed in its child process ({}):\n{stdout}\n{stderr}",
         out.status
     );
-}
-
-/// What `f` returns, and the bytes it asked the allocator for (growth by `realloc` included).
-fn allocated<T>(f: impl FnOnce() -> T) -> (T, usize) {
-    let region = Region::new(GLOBAL);
-    let out = f();
-    let change = region.change();
-    let grown = usize::try_from(change.bytes_reallocated).unwrap_or(0);
-    (out, change.bytes_allocated + grown)
-}
-
-/// Most bytes decoding `len` damaged bytes may ask for: a small multiple of the input, plus
-/// serde's preallocation of a sequence (at most 1 MiB each) and zstd's first output buffer.
-fn bound(len: usize) -> usize {
-    64 * len + (4 << 20)
 }
 
 fn rows() -> &'static store_rows::Rows {
