@@ -166,10 +166,10 @@ async fn start(env: &EnvTest, path: &Path, shard: ShardSelector, streaming: bool
         .await
         .unwrap();
     informer.start();
-    tokio::time::timeout(Duration::from_secs(60), informer.wait_for_sync())
-        .await
-        .unwrap_or_else(|_| panic!("{}: not synced in 60 s: {:?}", env.server(), informer.status().borrow()))
-        .unwrap();
+    match tokio::time::timeout(Duration::from_secs(60), informer.wait_for_sync()).await {
+        Ok(synced) => synced.expect("cache synced"),
+        Err(_) => panic!("{}: not synced in 60 s: {:?}", env.server(), informer.status().borrow()),
+    }
     Sharded { db, informer, received }
 }
 

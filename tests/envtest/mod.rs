@@ -71,6 +71,7 @@ impl std::fmt::Display for Server {
 
 /// Declares the tests of `async fn $test(server: Server)`: one per server, `$test::v1_20_2`
 /// and `$test::v1_37_2`, or only the cases listed after a colon (`on_servers!(name: v1_37_2)`).
+#[allow(unused_macros)] // benches include this module without tests
 macro_rules! on_servers {
     ($test:ident) => {
         $crate::envtest::on_servers!($test: v1_20_2, v1_37_2);
@@ -155,10 +156,11 @@ impl Binaries {
     /// Whether every binary of `server` is installed (benches skip themselves when not).
     pub fn installed(server: Server) -> bool {
         let (_, b) = Self::expected(server);
-        [&b.kube_apiserver, &b.etcd, &b.etcdctl]
+        let paths: Vec<&PathBuf> = [&b.kube_apiserver, &b.etcd, &b.etcdctl]
             .into_iter()
             .chain(&b.etcdutl)
-            .all(|p| p.exists())
+            .collect();
+        paths.iter().all(|p| p.exists())
     }
 
     /// `server`'s binaries; panics with how to install them.
@@ -547,12 +549,16 @@ impl EnvTest {
         self.client_as(ADMIN).await
     }
 
-    /// The apiserver's audit log (list and watch requests), one JSON object per event.
+    /// The apiserver's audit log (list and watch requests), one JSON object per request, in
+    /// the order they first appear. A watch may be logged at several stages (v1.37 logs
+    /// `ResponseStarted` and `ResponseComplete`); only its first entry is kept.
     pub fn audit_events(&self) -> Vec<serde_json::Value> {
+        let mut seen = std::collections::HashSet::new();
         std::fs::read_to_string(self.path("audit.log"))
             .unwrap_or_default()
             .lines()
-            .filter_map(|l| serde_json::from_str(l).ok())
+            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+            .filter(|e| seen.insert(e["auditID"].as_str().unwrap_or_default().to_owned()))
             .collect()
     }
 
