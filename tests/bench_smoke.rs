@@ -3,6 +3,8 @@
 //! the ladder's bookkeeping), never speed. The Go peers (client-go, controller-runtime) are
 //! built through `scripts/build-peers` and driven over their line protocol the same way.
 
+#[path = "../benches/compare/charts.rs"]
+mod charts;
 #[path = "../benches/compare/peers.rs"]
 mod peers;
 #[path = "../benches/compare/scenarios.rs"]
@@ -169,4 +171,52 @@ async fn go_peers_speak_the_protocol() {
     let theirs = scenarios::theirs_reads(&sim, N, 10, 1).await.unwrap();
     let cg = peers::reads(&bin, peers::CLIENT_GO, &sim, N, 10, 1).await.unwrap();
     assert_eq!(cg.by_label_len, theirs.by_label_len);
+}
+
+/// A chart shows only what was measured: a panel with nothing to draw reports no data (the
+/// harness leaves it out), and a system with no point is not in the legend.
+#[test]
+fn charts_draw_only_what_was_measured() {
+    let point = |x: f64, y: f64| charts::Point {
+        x,
+        med: y,
+        min: y,
+        max: y,
+    };
+    let series = |label: &str, points: Vec<charts::Point>, color| charts::Series {
+        label: label.into(),
+        points,
+        color,
+        secondary: false,
+    };
+    let empty = charts::Panel {
+        title: "not measured".into(),
+        x_desc: "N".into(),
+        y_desc: "s".into(),
+        series: vec![
+            series("durable-informer", vec![], 0),
+            series("client-go", vec![point(1000.0, f64::NAN)], 2),
+        ],
+    };
+    assert!(!empty.has_data());
+    let measured = charts::Panel {
+        title: "measured".into(),
+        x_desc: "N".into(),
+        y_desc: "s".into(),
+        series: vec![
+            series("durable-informer", vec![point(1000.0, 0.5)], 0),
+            series("kube-runtime", vec![], 1),
+            series("client-go", vec![point(1000.0, 0.7)], 2),
+        ],
+    };
+    assert!(measured.has_data());
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("c.svg");
+    charts::write(&path, &[measured]).unwrap();
+    let svg = std::fs::read_to_string(&path).unwrap();
+    assert!(svg.contains("durable-informer") && svg.contains("client-go"), "{svg}");
+    assert!(
+        !svg.contains("kube-runtime"),
+        "a system with no point is not in the legend"
+    );
 }

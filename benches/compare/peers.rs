@@ -45,7 +45,7 @@ pub const CLIENT_GO_PROTOBUF: GoKind = GoKind {
     content_type: "protobuf",
     label: "client-go (protobuf)",
 };
-/// controller-runtime's cache with its defaults (it asks for protobuf for built-in kinds).
+/// controller-runtime's cache with its defaults, given the same JSON configuration as client-go.
 pub const CONTROLLER_RUNTIME: GoKind = GoKind {
     system: "controller-runtime",
     content_type: "json",

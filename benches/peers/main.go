@@ -37,6 +37,7 @@ import (
 	"k8s.io/klog/v2"
 	crcache "sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 )
 
 // syncTimeout bounds every wait: a benchmark must not hang.
@@ -404,6 +405,8 @@ func main() {
 		os.Exit(2)
 	}
 
+	// controller-runtime logs through klog, as client-go does (else it warns at the first line).
+	ctrllog.SetLogger(klog.NewKlogr())
 	o := &out{w: bufio.NewWriterSize(os.Stdout, 1<<16)}
 	c := &counter{clk: newClock(), ch: make(chan event, 1<<16)}
 	go writeEvents(o, c.ch)
