@@ -898,3 +898,36 @@ async fn a_cluster_restart_and_compaction_while_down_give_410_from_the_watch_cac
         .collect();
     assert_eq!(relists.len(), 2, "{server}: the first list and the relist: {relists:?}");
 }
+
+on_servers!(a_resume_after_a_consistent_list_syncs_within_seconds);
+/// The resume's sync target must stay reachable when a client read the resource meanwhile.
+/// On v1.37 a consistent LIST (this one, or the resume's own one-object probe) moves the
+/// watch cache's revision to the cluster-wide RV without an event of the resource, and the
+/// watch cache sends an ordinary watch a bookmark once a minute: fails there until the
+/// reflector gets a bookmark promptly (docs/kubernetes-versions.md, "Resume").
+async fn a_resume_after_a_consistent_list_syncs_within_seconds(server: Server) {
+    let env = EnvTest::start(server).await;
+    let client = env.client().await;
+    create_namespace(&client, NS).await;
+    create_cm(&client, "cm-0", "v").await;
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("db.redb");
+    let seen = Seen::default();
+    let r = start(&env, &db, config(), &seen).await;
+    r.synced().await;
+    r.stop().await;
+    // Something else moves the cluster-wide RV, then a client lists the ConfigMaps.
+    create_namespace(&client, "elsewhere").await;
+    listed::<ConfigMap>(&client).await;
+    let started = std::time::Instant::now();
+    let r = start(&env, &db, config(), &seen).await;
+    let synced = tokio::time::timeout(Duration::from_secs(10), r.cms.wait_for_sync()).await;
+    let status = r.cms.status().borrow().clone();
+    assert!(
+        synced.is_ok(),
+        "{server}: a resume not synced {:?} after its start: {status:?}",
+        started.elapsed()
+    );
+    assert_eq!(status.lists, 0, "{status:?}");
+    r.stop().await;
+}
