@@ -1,9 +1,10 @@
-//! Restart → synced against a real kube-apiserver v1.20.2 + etcd (the envtest build) while
-//! another resource changes, against kube-runtime's full relist of the same ConfigMaps, in one
-//! run (issue #25).
+//! Restart → synced against a real kube-apiserver + etcd (the envtest builds) while another
+//! resource changes, against kube-runtime's full relist of the same ConfigMaps, in one run
+//! (issues #25 and #34).
 //!
 //! `cargo bench --bench envtest_restart` (needs `scripts/envtest-install`; without the binaries
-//! it says so and exits 0). `ENVTEST_RESTART_N` sets the number of ConfigMaps (default 20,000),
+//! it says so and exits 0). `ENVTEST_RESTART_SERVER` picks the server (`v1.37.2`, the default,
+//! or `v1.20.2`), `ENVTEST_RESTART_N` sets the number of ConfigMaps (default 20,000),
 //! `ENVTEST_RESTART_REPS` the repetitions (default 7), `ENVTEST_RESTART_LEASE_HZ` how often the
 //! Lease in another namespace is renewed (default 20/s; 0 turns the churn off).
 //!
@@ -12,7 +13,7 @@
 //! probes, the resumed watch and the sync decision, not a process start). Each repetition of
 //! theirs runs `reflector(watcher(Api::<ConfigMap>::all))` until `InitDone`. The Lease keeps
 //! changing through every repetition of both. Prints medians and the ratio, and writes
-//! `target/bench-results/envtest_restart.json`.
+//! `target/bench-results/envtest_restart-<version>.json`.
 
 #[path = "../tests/common/churn.rs"]
 mod churn;
@@ -110,11 +111,20 @@ async fn theirs_once(env: &envtest::EnvTest) -> Res<(f64, usize)> {
     Ok((t.elapsed().as_secs_f64(), store.state().len()))
 }
 
-async fn run() -> Res<()> {
+/// The server named by `ENVTEST_RESTART_SERVER` (default v1.37.2).
+fn server() -> Res<envtest::Server> {
+    let want = std::env::var("ENVTEST_RESTART_SERVER").unwrap_or_else(|_| "v1.37.2".into());
+    envtest::Server::ALL
+        .into_iter()
+        .find(|s| s.version() == want)
+        .ok_or_else(|| format!("ENVTEST_RESTART_SERVER={want}: one of {:?}", envtest::Server::ALL).into())
+}
+
+async fn run(server: envtest::Server) -> Res<()> {
     let n = env_u64("ENVTEST_RESTART_N", 20_000)?;
     let reps = env_u64("ENVTEST_RESTART_REPS", 7)?.max(1);
     let hz = env_u64("ENVTEST_RESTART_LEASE_HZ", 20)?;
-    let env = envtest::EnvTest::start().await;
+    let env = envtest::EnvTest::start(server).await;
     let client = env.client().await;
     let t = Instant::now();
     create_configmaps(&client, n).await?;
@@ -156,7 +166,9 @@ async fn run() -> Res<()> {
         let (lo, hi) = v.iter().fold((f64::MAX, f64::MIN), |(a, b), x| (a.min(*x), b.max(*x)));
         format!("{:.1}–{:.1}", lo * 1e3, hi * 1e3)
     };
-    println!("restart → synced, {n} ConfigMaps, kube-apiserver v1.20.2, a Lease renewed {hz}/s ({renewals} renewals), {reps} repetitions");
+    println!(
+        "restart → synced, {n} ConfigMaps, {server}, a Lease renewed {hz}/s ({renewals} renewals), {reps} repetitions"
+    );
     println!("| system | median (ms) | min–max (ms) |");
     println!("|---|---|---|");
     println!("| durable-informer (resume) | {:.1} | {} |", o * 1e3, range(&ours));
@@ -165,9 +177,9 @@ async fn run() -> Res<()> {
     let out = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/bench-results");
     std::fs::create_dir_all(&out)?;
     std::fs::write(
-        out.join("envtest_restart.json"),
+        out.join(format!("envtest_restart-{}.json", server.version())),
         serde_json::to_vec_pretty(&serde_json::json!({
-            "configmaps": n, "leaseRenewalsPerSecond": hz, "renewals": renewals,
+            "server": server.version(), "configmaps": n, "leaseRenewalsPerSecond": hz, "renewals": renewals,
             "oursSeconds": ours, "theirsSeconds": theirs,
             "oursMedian": o, "theirsMedian": th, "ratio": o / th,
         }))?,
@@ -180,13 +192,14 @@ fn main() -> Res<()> {
     if std::env::args().any(|a| a == "--list" || a == "--test") {
         return Ok(());
     }
-    if !envtest::Binaries::installed() {
-        println!("envtest_restart: skipped (no envtest binaries: run scripts/envtest-install)");
+    let server = server()?;
+    if !envtest::Binaries::installed(server) {
+        println!("envtest_restart: skipped (no {server} binaries: run scripts/envtest-install)");
         return Ok(());
     }
     tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()?
-        .block_on(run())
+        .block_on(run(server))
 }

@@ -5,15 +5,26 @@
 #   fuzz/seed-corpora.sh              copy the committed seeds into corpus/
 #   fuzz/seed-corpora.sh --regen DIR  first rebuild seeds/ from recorded apiserver responses in DIR
 #                                     (tests/data/k8s-wire)
-#
-# tests/golden holds redb files only; no target opens a database, so nothing is taken from it.
+#   fuzz/seed-corpora.sh --store      first rebuild the store targets' seeds (seeds/store_*/) from
+#                                     the rows of tests/golden/schema-v4.redb as this build
+#                                     migrates it (store_rows.rs, run by an ignored test of
+#                                     tests/store_damaged_rows.rs)
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
-targets="watch_line extract_meta list recording selectors continue_token"
+targets="watch_line extract_meta list recording selectors continue_token
+store_object_row store_log_row store_record store_key store_unpack"
+
+if [[ "${1:-}" == "--store" ]]; then
+    rm -rf "$here"/seeds/store_*
+    (cd "$here/.." && STORE_SEEDS_DIR="$here/seeds" cargo test --all-features --test store_damaged_rows \
+        write_fuzz_seeds -- --ignored --exact)
+fi
 
 if [[ "${1:-}" == "--regen" ]]; then
     wire=${2:?usage: seed-corpora.sh --regen DIR}
-    rm -rf "$here/seeds"
+    for t in watch_line extract_meta list recording selectors continue_token; do
+        rm -rf "$here/seeds/$t"
+    done
     python3 - "$wire" "$here/seeds" <<'PY'
 import json, os, pathlib, re, sys
 wire, out = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2])

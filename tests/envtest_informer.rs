@@ -1,6 +1,8 @@
-//! End to end against a real kube-apiserver v1.20.2 and etcd 3.4.23 (issue #11): initial
-//! sync, restart without a LIST (checked in the apiserver's audit log), compaction while down,
-//! a persisted RV ahead of a restored cluster, and another cluster's database.
+//! End to end against real kube-apiservers, each test on v1.20.2 with etcd 3.4.23 and on
+//! v1.37.2 with etcd 3.7.3 (issues #11 and #34): initial sync (a streaming list where the server has
+//! them), restart without a LIST (checked in the apiserver's audit log), compaction while down
+//! (410 from etcd, and from the watch cache after a cluster restart), a persisted RV ahead of a
+//! restored cluster, another cluster's database, and a restart while another resource churns.
 //!
 //! Ignored by default: run `scripts/envtest-install` once, then
 //! `cargo test --all-features --test 'envtest_*' -- --ignored`.
@@ -19,7 +21,7 @@ use durable_informer::informer::{handler_fn, Event, HandlerOptions, Informer};
 use durable_informer::reflector::{BackoffConfig, ListReason, ReflectorConfig};
 use durable_informer::source::KubeSource;
 use durable_informer::store::{DurableStore, StoreConfig};
-use envtest::{eventually, EnvTest, Options};
+use envtest::{eventually, on_servers, EnvTest, Options, Server};
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Pod};
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams, VersionMatch};
 use kube::ResourceExt;
@@ -130,7 +132,7 @@ impl Running {
 }
 
 /// `namespace/name → resourceVersion` of a fresh LIST.
-async fn server<K>(client: &kube::Client) -> BTreeMap<String, String>
+async fn listed<K>(client: &kube::Client) -> BTreeMap<String, String>
 where
     K: kube::Resource<DynamicType = ()> + Clone + DeserializeOwned + std::fmt::Debug,
 {
@@ -170,9 +172,9 @@ async fn converged(r: &Running, client: &kube::Client) {
     for _ in 0..300 {
         last = (
             stored(&r.pods),
-            server::<Pod>(client).await,
+            listed::<Pod>(client).await,
             stored(&r.cms),
-            server::<ConfigMap>(client).await,
+            listed::<ConfigMap>(client).await,
         );
         if last.0 == last.1 && last.2 == last.3 {
             return;
@@ -296,10 +298,16 @@ fn informer_requests(env: &EnvTest, skip: usize) -> Vec<(String, String)> {
         .collect()
 }
 
-/// True for a LIST that reads the whole collection (anything but the one-object RV probe and
-/// the watch-cache revision probe, which matches no object).
+/// True for a request that reads the whole collection: a LIST (anything but the one-object RV
+/// probe and the watch-cache revision probe, which matches no object) or a streaming list (a
+/// watch with `sendInitialEvents=true`).
 fn is_full_list((verb, uri): &(String, String)) -> bool {
-    verb == "list" && !uri.split(['?', '&']).any(|p| p == "limit=1") && !uri.contains("_revision_probe_")
+    let param = |p: &str| uri.split(['?', '&']).any(|q| q == p);
+    match verb.as_str() {
+        "list" => !param("limit=1") && !uri.contains("_revision_probe_"),
+        "watch" => param("sendInitialEvents=true"),
+        _ => false,
+    }
 }
 
 /// The RV of a one-object LIST: the server's current resourceVersion.
@@ -315,6 +323,20 @@ async fn server_rv(client: &kube::Client) -> u64 {
         .unwrap()
 }
 
+/// Consistent reads of `resource` the watch cache served itself (no fallback to etcd), from
+/// the apiserver's metrics (v1.37; consistent reads from the cache are GA since v1.34).
+async fn consistent_reads_from_cache(env: &EnvTest, resource: &str) -> f64 {
+    env.metric_sum(
+        "apiserver_watch_cache_consistent_read_total",
+        &[
+            &format!("resource=\"{resource}\""),
+            "success=\"true\"",
+            "fallback=\"false\"",
+        ],
+    )
+    .await
+}
+
 fn persisted_rv(informer: &Informer<ConfigMap>) -> u64 {
     informer
         .last_synced_resource_version()
@@ -322,10 +344,9 @@ fn persisted_rv(informer: &Informer<ConfigMap>) -> u64 {
         .unwrap()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs envtest: scripts/envtest-install"]
-async fn initial_sync_of_pods_and_configmaps_equals_a_fresh_list() {
-    let env = EnvTest::start().await;
+on_servers!(initial_sync_of_pods_and_configmaps_equals_a_fresh_list);
+async fn initial_sync_of_pods_and_configmaps_equals_a_fresh_list(server: Server) {
+    let env = EnvTest::start(server).await;
     let client = env.client().await;
     create_namespace(&client, NS).await;
     for i in 0..12 {
@@ -369,17 +390,16 @@ async fn initial_sync_of_pods_and_configmaps_equals_a_fresh_list() {
             .unwrap()["v"],
         "changed"
     );
-    // Each informer listed once: a v1.20 server refuses the streaming list (422), so that
-    // is a paginated LIST.
+    // Each informer listed once: a streaming list on v1.37; v1.20 refuses it (422), so there
+    // it is a paginated LIST (`the_initial_list_streams_where_the_server_can` checks which).
     assert_eq!(r.cms.status().borrow().lists, 1);
     assert_eq!(r.pods.status().borrow().lists, 1);
     r.stop().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs envtest: scripts/envtest-install"]
-async fn restart_converges_on_changes_made_while_down_without_a_full_list() {
-    let env = EnvTest::start().await;
+on_servers!(restart_converges_on_changes_made_while_down_without_a_full_list);
+async fn restart_converges_on_changes_made_while_down_without_a_full_list(server: Server) {
+    let env = EnvTest::start(server).await;
     let client = env.client().await;
     create_namespace(&client, NS).await;
     for i in 0..4 {
@@ -430,6 +450,10 @@ async fn restart_converges_on_changes_made_while_down_without_a_full_list() {
     .await;
     assert_eq!(r.cms.status().borrow().lists, 0);
     assert_eq!(r.pods.status().borrow().lists, 0);
+    if server >= Server::V1_37_2 {
+        // The resume's one-object probe is a consistent read, served from the watch cache.
+        assert!(consistent_reads_from_cache(&env, "configmaps").await >= 1.0);
+    }
     r.stop().await;
     // A watch shows up in the audit log when it ends (ResponseStarted is logged at its first
     // write): read the log after stopping.
@@ -450,14 +474,17 @@ async fn restart_converges_on_changes_made_while_down_without_a_full_list() {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs envtest: scripts/envtest-install"]
-async fn compaction_while_down_gives_410_and_the_relist_diff_delivers_the_missed_deletes() {
+on_servers!(compaction_while_down_gives_410_and_the_relist_diff_delivers_the_missed_deletes);
+async fn compaction_while_down_gives_410_and_the_relist_diff_delivers_the_missed_deletes(server: Server) {
     // Without the watch cache a watch from a compacted RV reaches etcd: 410 at once.
-    let env = EnvTest::start_with(Options {
-        compaction_interval: Some(Duration::from_secs(1)),
-        watch_cache: false,
-    })
+    let env = EnvTest::start_with(
+        server,
+        Options {
+            compaction_interval: Some(Duration::from_secs(1)),
+            watch_cache: false,
+            ..Options::default()
+        },
+    )
     .await;
     let client = env.client().await;
     create_namespace(&client, NS).await;
@@ -520,10 +547,9 @@ async fn compaction_while_down_gives_410_and_the_relist_diff_delivers_the_missed
     r.stop().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs envtest: scripts/envtest-install"]
-async fn a_persisted_rv_ahead_of_a_restored_cluster_is_detected_and_relisted() {
-    let mut env = EnvTest::start().await;
+on_servers!(a_persisted_rv_ahead_of_a_restored_cluster_is_detected_and_relisted);
+async fn a_persisted_rv_ahead_of_a_restored_cluster_is_detected_and_relisted(server: Server) {
+    let mut env = EnvTest::start(server).await;
     let client = env.client().await;
     create_namespace(&client, NS).await;
     for i in 0..3 {
@@ -597,10 +623,9 @@ async fn kube_system_uid(client: &kube::Client) -> String {
         .unwrap()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs envtest: scripts/envtest-install"]
-async fn another_clusters_database_is_refused_with_both_identities() {
-    let (a, b) = tokio::join!(EnvTest::start(), EnvTest::start());
+on_servers!(another_clusters_database_is_refused_with_both_identities);
+async fn another_clusters_database_is_refused_with_both_identities(server: Server) {
+    let (a, b) = tokio::join!(EnvTest::start(server), EnvTest::start(server));
     let (ca, cb) = (a.client().await, b.client().await);
     create_namespace(&ca, NS).await;
     create_cm(&ca, "only-in-a", "a").await;
@@ -653,7 +678,7 @@ async fn another_clusters_database_is_refused_with_both_identities() {
         .await
         .unwrap()
         .expect("cache synced");
-    let want = server::<ConfigMap>(&cb).await;
+    let want = listed::<ConfigMap>(&cb).await;
     eventually("the store to equal B's LIST", 30, async || {
         (stored(&informer) == want).then_some(())
     })
@@ -665,10 +690,9 @@ async fn another_clusters_database_is_refused_with_both_identities() {
     tokio::task::spawn_blocking(move || db.close()).await.unwrap().unwrap();
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs envtest: scripts/envtest-install"]
-async fn a_restart_while_other_resources_change_syncs_on_the_caches_revision_losing_nothing() {
-    let env = EnvTest::start().await;
+on_servers!(a_restart_while_other_resources_change_syncs_on_the_caches_revision_losing_nothing);
+async fn a_restart_while_other_resources_change_syncs_on_the_caches_revision_losing_nothing(server: Server) {
+    let env = EnvTest::start(server).await;
     let client = env.client().await;
     create_namespace(&client, NS).await;
     for i in 0..4 {
@@ -697,7 +721,7 @@ async fn a_restart_while_other_resources_change_syncs_on_the_caches_revision_los
     create_cm(&client, "cm-new", "n").await;
     patch_cm(&client, "cm-0", "changed").await;
     delete_cm(&client, "cm-1").await;
-    let want = server::<ConfigMap>(&client).await;
+    let want = listed::<ConfigMap>(&client).await;
     let global_before = server_rv(&client).await;
     eventually("the Lease renewals to move the global RV", 10, async || {
         (server_rv(&client).await > global_before + 5).then_some(())
@@ -745,4 +769,165 @@ async fn a_restart_while_other_resources_change_syncs_on_the_caches_revision_los
             .any(|(v, uri)| v == "list" && uri.contains("_revision_probe_")),
         "the watch cache's revision was asked: {requests:?}"
     );
+}
+
+on_servers!(the_initial_list_streams_where_the_server_can);
+async fn the_initial_list_streams_where_the_server_can(server: Server) {
+    let env = EnvTest::start(server).await;
+    let client = env.client().await;
+    create_namespace(&client, NS).await;
+    for i in 0..120 {
+        create_cm(&client, &format!("cm-{i}"), "v").await;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let seen = Seen::default();
+    // Pages of 50: a paginated LIST of the ConfigMaps takes at least three requests.
+    let small_pages = ReflectorConfig {
+        page_size: 50,
+        ..config()
+    };
+    let r = start(&env, &dir.path().join("db.redb"), small_pages, &seen).await;
+    r.synced().await;
+    converged(&r, &client).await;
+    assert_eq!(r.cms.status().borrow().lists, 1);
+    r.stop().await;
+    let cms: Vec<(String, String)> = informer_requests(&env, 0)
+        .into_iter()
+        .filter(|(_, uri)| uri.contains("/configmaps"))
+        .collect();
+    let lists: Vec<_> = cms.iter().filter(|(v, _)| v == "list").collect();
+    let streams: Vec<_> = cms
+        .iter()
+        .filter(|(v, uri)| v == "watch" && uri.contains("sendInitialEvents=true"))
+        .collect();
+    if server.streams_lists() {
+        assert!(lists.is_empty(), "{server}: no LIST at all, the list streamed: {cms:?}");
+        assert_eq!(streams.len(), 1, "{server}: one streaming list: {cms:?}");
+    } else {
+        // v1.20 refuses sendInitialEvents: the informer falls back to a paginated LIST.
+        assert!(lists.len() >= 3, "{server}: a paginated LIST of 50 a page: {cms:?}");
+        assert!(
+            lists.iter().all(|(_, uri)| uri.contains("limit=50")),
+            "{server}: {lists:?}"
+        );
+    }
+}
+
+on_servers!(a_cluster_restart_and_compaction_while_down_give_410_from_the_watch_cache);
+async fn a_cluster_restart_and_compaction_while_down_give_410_from_the_watch_cache(server: Server) {
+    // The watch cache on (the default): after a restart its window starts at the current RV,
+    // so a watch from an older one gets 410 from the cache, and etcd has compacted it too.
+    let mut env = EnvTest::start_with(
+        server,
+        Options {
+            compaction_interval: Some(Duration::from_secs(1)),
+            ..Options::default()
+        },
+    )
+    .await;
+    let client = env.client().await;
+    create_namespace(&client, NS).await;
+    for i in 0..6 {
+        create_cm(&client, &format!("cm-{i}"), "v").await;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("db.redb");
+    let seen = Seen::default();
+    let r = start(&env, &db, config(), &seen).await;
+    r.synced().await;
+    converged(&r, &client).await;
+    let persisted = persisted_rv(&r.cms);
+    r.stop().await;
+
+    for i in 0..3 {
+        delete_cm(&client, &format!("cm-{i}")).await;
+    }
+    patch_cm(&client, "cm-3", "changed").await;
+    create_cm(&client, "cm-new", "n").await;
+    let cms = Api::<ConfigMap>::all(client.clone());
+    eventually("etcd to compact past the persisted RV", 60, async || {
+        let lp = ListParams {
+            resource_version: Some((persisted + 1).to_string()),
+            version_match: Some(VersionMatch::Exact),
+            limit: Some(1),
+            ..ListParams::default()
+        };
+        match cms.list_metadata(&lp).await {
+            Err(kube::Error::Api(s)) if s.code == 410 => Some(()),
+            _ => None,
+        }
+    })
+    .await;
+    env.restart().await;
+    let client = env.client().await;
+    seen.lock().unwrap().clear();
+
+    let r = start(&env, &db, config(), &seen).await;
+    r.synced().await;
+    converged(&r, &client).await;
+    wait_seen(
+        &seen,
+        &[
+            "delete cm e2e/cm-0 (unknown)",
+            "delete cm e2e/cm-1 (unknown)",
+            "delete cm e2e/cm-2 (unknown)",
+            "update cm e2e/cm-3",
+            "add cm e2e/cm-new",
+        ],
+    )
+    .await;
+    let status = r.cms.status().borrow().clone();
+    assert_eq!(status.relists, 1, "{status:?}");
+    assert!(
+        matches!(status.last_list_reason, Some(ListReason::Gone(_))),
+        "{status:?}"
+    );
+    if server >= Server::V1_37_2 {
+        assert!(
+            consistent_reads_from_cache(&env, "configmaps").await >= 1.0,
+            "the resume's probe was a consistent read from the cache"
+        );
+    }
+    r.stop().await;
+    // The relist streamed where the server can (v1.20's refusal of the streaming list, a 422,
+    // is in the log too: only the list form the server serves is counted).
+    let relists: Vec<_> = informer_requests(&env, 0)
+        .into_iter()
+        .filter(|r| r.1.contains("/configmaps") && is_full_list(r))
+        .filter(|(verb, _)| (verb == "watch") == server.streams_lists())
+        .collect();
+    assert_eq!(relists.len(), 2, "{server}: the first list and the relist: {relists:?}");
+}
+
+on_servers!(a_resume_after_a_consistent_list_syncs_within_seconds);
+/// The resume's sync target must stay reachable when a client read the resource meanwhile.
+/// On v1.37 a consistent LIST (this one, or the resume's own one-object probe) moves the
+/// watch cache's revision to the cluster-wide RV without an event of the resource, and the
+/// watch cache sends an ordinary watch a bookmark once a minute: fails there until the
+/// reflector gets a bookmark promptly (docs/kubernetes-versions.md, "Resume").
+async fn a_resume_after_a_consistent_list_syncs_within_seconds(server: Server) {
+    let env = EnvTest::start(server).await;
+    let client = env.client().await;
+    create_namespace(&client, NS).await;
+    create_cm(&client, "cm-0", "v").await;
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("db.redb");
+    let seen = Seen::default();
+    let r = start(&env, &db, config(), &seen).await;
+    r.synced().await;
+    r.stop().await;
+    // Something else moves the cluster-wide RV, then a client lists the ConfigMaps.
+    create_namespace(&client, "elsewhere").await;
+    listed::<ConfigMap>(&client).await;
+    let started = std::time::Instant::now();
+    let r = start(&env, &db, config(), &seen).await;
+    let synced = tokio::time::timeout(Duration::from_secs(10), r.cms.wait_for_sync()).await;
+    let status = r.cms.status().borrow().clone();
+    assert!(
+        synced.is_ok(),
+        "{server}: a resume not synced {:?} after its start: {status:?}",
+        started.elapsed()
+    );
+    assert_eq!(status.lists, 0, "{status:?}");
+    r.stop().await;
 }

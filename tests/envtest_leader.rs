@@ -1,6 +1,6 @@
-//! Leader election against a real kube-apiserver v1.20.2 (issue #21): two electors on one
-//! Lease, one leader at a time, a clean hand-over on stop, and a takeover after a killed
-//! leader's Lease expired.
+//! Leader election against real kube-apiservers, v1.20.2 and v1.37.2 (issues #21 and #34):
+//! two electors on one Lease, one leader at a time, a clean hand-over on stop, and a takeover
+//! after a killed leader's Lease expired.
 //!
 //! Ignored by default: run `scripts/envtest-install`, then
 //! `cargo test --all-features --test 'envtest_*' -- --ignored`.
@@ -10,7 +10,7 @@ mod envtest;
 use std::time::Duration;
 
 use durable_informer::leader::{KubeLeaseLock, LeaderElectionConfig, LeaderElector, LeaderError};
-use envtest::{eventually, EnvTest};
+use envtest::{eventually, on_servers, EnvTest, Server};
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::Api;
 use tokio::sync::watch;
@@ -69,10 +69,9 @@ fn leaders(replicas: &[&Replica]) -> Vec<&'static str> {
         .collect()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs envtest: scripts/envtest-install"]
-async fn two_electors_on_a_real_apiserver_one_leader_hand_over_and_takeover() {
-    let env = EnvTest::start().await;
+on_servers!(two_electors_on_a_real_apiserver_one_leader_hand_over_and_takeover);
+async fn two_electors_on_a_real_apiserver_one_leader_hand_over_and_takeover(server: Server) {
+    let env = EnvTest::start(server).await;
     let a = replica(&env, "a").await;
     let b = replica(&env, "b").await;
     let first = eventually("a leader", 10, async || {

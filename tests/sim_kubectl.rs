@@ -1,7 +1,8 @@
 //! A client nobody here wrote — `kubectl` — works against the simulated API server through the
 //! kubeconfig it writes, with every kubectl `scripts/install-kubectl` installs (v1.20.2 and the
-//! newest Debian has): get, create from manifests and with the generators (which send protobuf),
-//! apply (client- and server-side), edit, label, scale, rollout status, get --watch and delete.
+//! newest Debian has, from Debian's packages; v1.37.2, built from the Go module proxy): get,
+//! create from manifests and with the generators (which send protobuf), apply (client- and
+//! server-side), edit, label, scale, rollout status, get --watch and delete.
 //!
 //! The kubectl binaries are `<dir>/<version>/kubectl` in
 //! `${DURABLE_INFORMER_KUBECTL_DIR:-$HOME/.cache/durable-informer-kubectl}`, or the paths listed

@@ -1,5 +1,7 @@
 //! SVG charts of `benches/compare.rs` (plotters, SVG backend only): every chart is log–log,
-//! one line per series through the medians, with a min–max error bar at each point.
+//! one line per series through the medians, with a min–max error bar at each point. A series
+//! with nothing to draw is left out (not in the legend either), and callers leave out panels
+//! with no series to draw ([`Panel::has_data`]), so a chart shows only what a run measured.
 
 use std::path::Path;
 
@@ -27,7 +29,7 @@ pub struct Series {
     pub label: String,
     /// Points (non-positive or NaN values are left out: the axes are logarithmic).
     pub points: Vec<Point>,
-    /// Palette index (0 = ours, 1 = theirs, 2… = more).
+    /// Palette index (0 = ours, then one per peer).
     pub color: usize,
     /// Drawn with triangles and a thinner line (e.g. p99 next to p50).
     pub secondary: bool,
@@ -46,12 +48,21 @@ pub struct Panel {
     pub series: Vec<Series>,
 }
 
+impl Panel {
+    /// Whether any series has a point that can be drawn.
+    pub fn has_data(&self) -> bool {
+        self.series.iter().any(|s| s.points.iter().any(usable))
+    }
+}
+
 fn color(i: usize) -> RGBColor {
-    const PALETTE: [RGBColor; 4] = [
+    const PALETTE: [RGBColor; 6] = [
         RGBColor(31, 119, 180),
         RGBColor(214, 39, 40),
         RGBColor(44, 160, 44),
         RGBColor(148, 103, 189),
+        RGBColor(255, 127, 14),
+        RGBColor(140, 86, 75),
     ];
     PALETTE[i % PALETTE.len()]
 }
@@ -104,6 +115,9 @@ where
     for s in &panel.series {
         let c = color(s.color);
         let mut points: Vec<Point> = s.points.iter().copied().filter(usable).collect();
+        if points.is_empty() {
+            continue;
+        }
         points.sort_by(|a, b| a.x.total_cmp(&b.x));
         let width = if s.secondary { 1 } else { 2 };
         let line = points.iter().map(|p| (p.x, p.med));
@@ -176,13 +190,19 @@ fn trim(x: f64) -> String {
     s.trim_end_matches('0').trim_end_matches('.').to_string()
 }
 
-/// Writes `panels` side by side into one SVG at `path`.
+/// Writes `panels` into one SVG at `path`: side by side, two to a row from four panels on.
 pub fn write(path: &Path, panels: &[Panel]) -> Res<()> {
-    let cols = panels.len().max(1);
+    let cols = match panels.len() {
+        0 => 1,
+        k @ 1..=3 => k,
+        _ => 2,
+    };
+    let rows = panels.len().max(1).div_ceil(cols);
     let width = 560 * u32::try_from(cols).unwrap_or(1);
-    let root = SVGBackend::new(path, (width, 460)).into_drawing_area();
+    let height = 460 * u32::try_from(rows).unwrap_or(1);
+    let root = SVGBackend::new(path, (width, height)).into_drawing_area();
     root.fill(&WHITE).map_err(|e| e.to_string())?;
-    let areas = root.split_evenly((1, cols));
+    let areas = root.split_evenly((rows, cols));
     for (area, panel) in areas.iter().zip(panels) {
         draw_panel(area, panel)?;
     }

@@ -385,7 +385,7 @@ pub struct Lifecycle {
 }
 
 /// A Lease renewed every 5 ms through the API, after the global revision ran ahead a little.
-async fn lease_churn(sim: &Sim) -> Res<LeaseChurn> {
+pub async fn lease_churn(sim: &Sim) -> Res<LeaseChurn> {
     let churn = LeaseChurn::start(sim.client()?, "kube-node-lease", Duration::from_millis(5)).await?;
     tokio::time::sleep(Duration::from_millis(100)).await;
     Ok(churn)
@@ -393,7 +393,7 @@ async fn lease_churn(sim: &Sim) -> Res<LeaseChurn> {
 
 /// Changes 1% of the objects (at least one): updates of existing Pods' labels or status.
 /// `seed` varies per repetition so each one changes other objects.
-fn change_one_percent(sim: &Sim, n: usize, seed: u64) -> Res<u64> {
+pub fn change_one_percent(sim: &Sim, n: usize, seed: u64) -> Res<u64> {
     let k = (n / 100).max(1);
     let mut churn = Churn::new(seed, "pods", namespaces(n)).mix(0, 1, 0);
     churn.adopt_existing(sim)?;
@@ -707,7 +707,7 @@ fn percentiles(sent: &HashMap<u64, Instant>, seen: &HashMap<u64, Instant>) -> (f
 
 /// Runs the ladder against a consumer that is caught up with the sim and whose probe's
 /// `max_rv` is at least the sim's current revision.
-async fn ladder(sim: &Sim, n: usize, cfg: &Ladder, probe: &Probe) -> Res<Steady> {
+pub async fn ladder(sim: &Sim, n: usize, cfg: &Ladder, probe: &Probe) -> Res<Steady> {
     let mut out = Steady {
         ended_by: "top".into(),
         ..Steady::default()

@@ -14,8 +14,8 @@ use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
 
 use bytes::Bytes;
-use zstd::dict::{DecoderDictionary, EncoderDictionary};
-use zstd::zstd_safe;
+use zstd::dict::EncoderDictionary;
+use zstd::zstd_safe::{self, DDict};
 
 use super::codec::{CodecError, Compression};
 use super::StoreError;
@@ -27,6 +27,15 @@ pub(crate) const DICT_BYTES: usize = 64 << 10;
 /// Decompressed sizes above this are refused (a damaged frame header must not allocate
 /// gigabytes); Kubernetes objects are limited to a few MiB.
 const MAX_OBJECT_BYTES: u64 = 1 << 30;
+/// Most output one zstd block holds; every block takes at least 3 bytes of the frame.
+const BLOCK_MAX: u64 = 128 << 10;
+/// The first output buffer of a decompression: this many times the compressed size, at least
+/// [`FIRST_OUT_MIN`]. Grown only when zstd says it is too small, so a damaged frame that declares
+/// a huge size fails before the reader allocates it.
+const FIRST_OUT_RATIO: usize = 64;
+const FIRST_OUT_MIN: usize = 64 << 10;
+/// zstd's "destination buffer is too small" as its functions return it.
+const DST_TOO_SMALL: usize = (zstd_safe::zstd_sys::ZSTD_ErrorCode::ZSTD_error_dstSize_tooSmall as usize).wrapping_neg();
 
 thread_local! {
     static CCTX: RefCell<zstd_safe::CCtx<'static>> = RefCell::new(zstd_safe::CCtx::create());
@@ -137,19 +146,14 @@ pub(crate) fn train(samples: &[Bytes]) -> Option<Vec<u8>> {
 /// Prepared decompression dictionaries by (scope, dict id), shared by every reader.
 #[derive(Default)]
 pub(crate) struct DictCache {
-    decoders: RwLock<HashMap<(u32, u32), Arc<DecoderDictionary<'static>>>>,
+    decoders: RwLock<HashMap<(u32, u32), Arc<DDict<'static>>>>,
 }
 
 /// Loads a dictionary row: `Ok(None)` when it does not exist.
 pub(crate) type LoadDict<'a> = &'a dyn Fn(u32, u32) -> Result<Option<Vec<u8>>, StoreError>;
 
 impl DictCache {
-    fn decoder(
-        &self,
-        scope: u32,
-        id: u32,
-        load: LoadDict<'_>,
-    ) -> Result<Option<Arc<DecoderDictionary<'static>>>, StoreError> {
+    fn decoder(&self, scope: u32, id: u32, load: LoadDict<'_>) -> Result<Option<Arc<DDict<'static>>>, StoreError> {
         if let Some(d) = self
             .decoders
             .read()
@@ -159,7 +163,12 @@ impl DictCache {
             return Ok(Some(d.clone()));
         }
         let Some(bytes) = load(scope, id)? else { return Ok(None) };
-        let d = Arc::new(DecoderDictionary::copy(&bytes));
+        // zstd refuses a damaged dictionary whose entropy tables do not load.
+        let d = Arc::new(DDict::try_create(&bytes).ok_or_else(|| {
+            CodecError::Decompress(std::io::Error::other(format!(
+                "dictionary {id} of scope {scope} is damaged"
+            )))
+        })?);
         self.decoders
             .write()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -176,15 +185,8 @@ impl DictCache {
     ) -> Result<Bytes, StoreError> {
         let (scope, dict) = match compression {
             Compression::Dict { scope, dict } => (scope, dict),
-            // One-shot with a reused context (a fresh context per object costs more than the
-            // decompression); frames without a content size take the streaming path.
-            Compression::Zstd(_) | Compression::ZstdDict(_) => {
-                if let Ok(Some(_)) = zstd_safe::get_frame_content_size(bytes) {
-                    return Ok(decompress_with(None, bytes)?);
-                }
-                return Ok(super::codec::decompress(compression, bytes)?);
-            }
-            Compression::None => return Ok(super::codec::decompress(compression, bytes)?),
+            Compression::Zstd(_) | Compression::ZstdDict(_) => return Ok(decompress_with(None, bytes)?),
+            Compression::None => return Ok(Bytes::copy_from_slice(bytes)),
         };
         let Some(d) = self.decoder(scope, dict, load)? else {
             return Err(StoreError::Codec(CodecError::Decompress(std::io::Error::other(
@@ -195,26 +197,45 @@ impl DictCache {
     }
 }
 
-fn decompress_with(dict: Option<&DecoderDictionary<'_>>, src: &[u8]) -> Result<Bytes, CodecError> {
+/// One-shot decompression with a reused context (a fresh context per object costs more than the
+/// decompression). Every frame this store writes holds its content size; one without is refused.
+fn decompress_with(dict: Option<&DDict<'_>>, src: &[u8]) -> Result<Bytes, CodecError> {
+    let bad = |what: &str| CodecError::Decompress(std::io::Error::other(what.to_owned()));
+    let most = (src.len() as u64 / 3 + 1)
+        .saturating_mul(BLOCK_MAX)
+        .min(MAX_OBJECT_BYTES);
     let size = match zstd_safe::get_frame_content_size(src) {
-        Ok(Some(n)) if n <= MAX_OBJECT_BYTES => n as usize,
-        _ => return Err(CodecError::Decompress(std::io::Error::other("bad zstd frame header"))),
+        Ok(Some(n)) if n <= most => n as usize,
+        Ok(None) => return Err(bad("zstd frame without a content size")),
+        _ => return Err(bad("bad zstd frame header")),
     };
-    let mut out: Vec<u8> = Vec::with_capacity(size);
-    DCTX.with(|c| {
-        let mut c = c.borrow_mut();
-        match dict {
-            Some(d) => c.decompress_using_ddict(&mut out, src, d.as_ddict()),
-            None => c.decompress(&mut out, src),
+    let mut cap = size.min(src.len().saturating_mul(FIRST_OUT_RATIO).max(FIRST_OUT_MIN));
+    loop {
+        let mut out: Vec<u8> = Vec::with_capacity(cap);
+        let done = DCTX.with(|c| {
+            let mut c = c.borrow_mut();
+            match dict {
+                Some(d) => c.decompress_using_ddict(&mut out, src, d),
+                None => c.decompress(&mut out, src),
+            }
+        });
+        match done {
+            Ok(_) if out.len() == size => return Ok(Bytes::from(out)),
+            Ok(_) => return Err(bad("zstd frame size mismatch")),
+            Err(DST_TOO_SMALL) if cap < size => cap = size.min(cap.saturating_mul(4)),
+            Err(code) => return Err(zerr(code)),
         }
-    })
-    .map_err(zerr)?;
-    if out.len() != size {
-        return Err(CodecError::Decompress(std::io::Error::other(
-            "zstd frame size mismatch",
-        )));
     }
-    Ok(Bytes::from(out))
+}
+
+impl Compression {
+    /// Decompresses `bytes` stored with this tag the way a reader does, with `dict` as the row
+    /// of the dictionary a [`Compression::Dict`] tag names (`None`: the row is missing). The
+    /// entry point of the damaged-row fuzz targets and tests; exposed for fuzzing only.
+    #[doc(hidden)]
+    pub fn check_unpack(self, bytes: &[u8], dict: Option<&[u8]>) -> Result<Bytes, StoreError> {
+        DictCache::default().unpack(self, bytes, &|_, _| Ok(dict.map(<[u8]>::to_vec)))
+    }
 }
 
 #[cfg(test)]

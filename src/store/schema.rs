@@ -301,6 +301,31 @@ pub mod keys {
     }
 }
 
+impl ScopeId {
+    /// Decodes `key` as a key of the stored table `table` (`objects`, `relist` or `index`) the
+    /// way the store reads it, and returns what it read encoded again. An `index` key is decoded
+    /// with the scope and index name it starts with. The entry point of the damaged-row fuzz
+    /// targets and tests; exposed for fuzzing only.
+    #[doc(hidden)]
+    pub fn check_key(table: &str, key: &[u8]) -> Result<Vec<u8>, KeyError> {
+        match table {
+            "objects" | "relist" => {
+                let (scope, object) = keys::decode_object(key)?;
+                Ok(keys::object(scope, &object))
+            }
+            "index" => {
+                let scope = ScopeId(key.get(..4).map_or(0, |b| u32::from_be_bytes([b[0], b[1], b[2], b[3]])));
+                let rest = key.get(4..).unwrap_or_default();
+                let name = rest.split(|b| *b == SEP).next().unwrap_or_default();
+                let index = IndexName(String::from_utf8_lossy(name).into_owned());
+                let (value, object) = keys::decode_index(key, scope, &index)?;
+                Ok(keys::index(scope, &index, &value, &object))
+            }
+            _ => Err(KeyError::Malformed(key.to_vec())),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::keys;

@@ -1,13 +1,19 @@
-//! A real etcd and kube-apiserver for the end-to-end tests (`tests/envtest_*.rs`), built by
-//! `scripts/envtest-install` from Debian's packages.
+//! A real etcd and kube-apiserver for the end-to-end tests (`tests/envtest_*.rs`), one of
+//! each [`Server`] `scripts/envtest-install` builds: v1.20.2 (the oldest supported, from
+//! Debian's packages) and v1.37.2 (from the Go module proxy).
+//!
+//! Every test runs against each server in turn: [`on_servers!`] turns `async fn name(server:
+//! Server)` into the tests `name::v1_20_2` and `name::v1_37_2` (or only the servers named), so
+//! a failure names its server, and `-- ::v1_37_2` runs one server's tests.
 //!
 //! [`EnvTest::start`] picks free loopback ports, makes fresh certificates (openssl), a token
 //! file and an etcd data directory in a temporary directory, starts etcd and kube-apiserver,
-//! waits for `/readyz` and hands out `kube::Client`s. Dropping it kills and reaps both
-//! processes; they also get `SIGKILL` if the test process dies (`setpriv --pdeathsig`).
+//! waits for `/readyz`, checks that `/version` is the server asked for, and hands out
+//! `kube::Client`s. Dropping it kills and reaps both processes; they also get `SIGKILL` if the
+//! test process dies (`setpriv --pdeathsig`).
 //!
-//! The binaries are found through `KUBE_APISERVER`, `ETCD` and `ETCDCTL`, or in
-//! `${DURABLE_INFORMER_ENVTEST_DIR:-$HOME/.cache/durable-informer-envtest}/bin`.
+//! The binaries are `<version>/bin/{kube-apiserver,etcd,etcdctl}` in
+//! `${DURABLE_INFORMER_ENVTEST_DIR:-$HOME/.cache/durable-informer-envtest}`.
 #![allow(dead_code)] // each test file uses a part of it
 
 use std::fmt::Write as _;
@@ -17,6 +23,73 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use rand::Rng;
+
+/// A kube-apiserver version the tests run against, with the etcd of its time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Server {
+    /// kube-apiserver v1.20.2 + etcd 3.4.23 (Debian bookworm): the oldest supported. No
+    /// streaming lists, no `shardSelector`, a watch cache whose revision moves only with the
+    /// resource's own events.
+    V1_20_2,
+    /// kube-apiserver v1.37.2 + etcd 3.7.3: consistent reads from the cache (always on since
+    /// 1.34's GA), streaming lists (`WatchList`, on), KEP-5866 sharded list/watch (alpha, the
+    /// `ShardedListAndWatch` gate off unless [`Options::feature_gates`] turns it on).
+    V1_37_2,
+}
+
+impl Server {
+    /// Every server, oldest first.
+    pub const ALL: [Server; 2] = [Server::V1_20_2, Server::V1_37_2];
+
+    /// `v1.20.2`, as `/version` reports it and the cache directory is named.
+    pub fn version(self) -> &'static str {
+        match self {
+            Server::V1_20_2 => "v1.20.2",
+            Server::V1_37_2 => "v1.37.2",
+        }
+    }
+
+    /// The server of a test case name (`v1_20_2`), as [`on_servers!`] names them.
+    pub fn from_case(case: &str) -> Self {
+        Self::ALL
+            .into_iter()
+            .find(|s| s.version().replace('.', "_") == case)
+            .unwrap_or_else(|| panic!("no envtest server {case}: one of {:?}", Self::ALL))
+    }
+
+    /// Whether the server serves streaming lists (`sendInitialEvents`, KEP-3157).
+    pub fn streams_lists(self) -> bool {
+        self >= Server::V1_37_2
+    }
+}
+
+impl std::fmt::Display for Server {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "kube-apiserver {}", self.version())
+    }
+}
+
+/// Declares the tests of `async fn $test(server: Server)`: one per server, `$test::v1_20_2`
+/// and `$test::v1_37_2`, or only the cases listed after a colon (`on_servers!(name: v1_37_2)`).
+#[allow(unused_macros)] // benches include this module without tests
+macro_rules! on_servers {
+    ($test:ident) => {
+        $crate::envtest::on_servers!($test: v1_20_2, v1_37_2);
+    };
+    ($test:ident: $($case:ident),+ $(,)?) => {
+        mod $test {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                #[ignore = "needs the envtest servers: scripts/envtest-install"]
+                async fn $case() {
+                    super::$test($crate::envtest::Server::from_case(stringify!($case))).await
+                }
+            )+
+        }
+    };
+}
+#[allow(unused_imports)] // benches include this module without tests
+pub(crate) use on_servers;
 
 /// The user of [`EnvTest::client`]; [`EnvTest::client_as`] accepts the others in
 /// [`USERS`]. All are in `system:masters` (authorization is `AlwaysAllow` anyway); separate
@@ -33,6 +106,8 @@ pub struct Options {
     /// `--watch-cache` (default true). Off, a watch from a compacted RV reaches etcd and gets
     /// its 410 at once; on, the watch cache answers from its own window.
     pub watch_cache: bool,
+    /// `--feature-gates` entries (`ShardedListAndWatch=true`); for v1.37.2 only.
+    pub feature_gates: Vec<String>,
 }
 
 impl Default for Options {
@@ -40,6 +115,7 @@ impl Default for Options {
         Self {
             compaction_interval: None,
             watch_cache: true,
+            feature_gates: Vec::new(),
         }
     }
 }
@@ -50,41 +126,54 @@ pub struct Binaries {
     pub kube_apiserver: PathBuf,
     pub etcd: PathBuf,
     pub etcdctl: PathBuf,
+    /// Restores snapshots where etcdctl no longer does (etcd 3.6 on); `None` for etcd 3.4.
+    pub etcdutl: Option<PathBuf>,
 }
 
 impl Binaries {
-    /// Where the binaries are expected: the environment, or the default cache directory.
-    fn expected() -> (PathBuf, Self) {
-        let dir = std::env::var_os("DURABLE_INFORMER_ENVTEST_DIR")
+    /// The cache root of `scripts/envtest-install`.
+    fn cache() -> PathBuf {
+        std::env::var_os("DURABLE_INFORMER_ENVTEST_DIR")
             .map(PathBuf::from)
             .unwrap_or_else(|| {
                 PathBuf::from(std::env::var_os("HOME").unwrap_or_else(|| "/root".into()))
                     .join(".cache/durable-informer-envtest")
             })
-            .join("bin");
-        let at = |var: &str, name: &str| std::env::var_os(var).map_or_else(|| dir.join(name), PathBuf::from);
+    }
+
+    /// Where `server`'s binaries are expected.
+    fn expected(server: Server) -> (PathBuf, Self) {
+        let dir = Self::cache().join(server.version()).join("bin");
         let bins = Self {
-            kube_apiserver: at("KUBE_APISERVER", "kube-apiserver"),
-            etcd: at("ETCD", "etcd"),
-            etcdctl: at("ETCDCTL", "etcdctl"),
+            kube_apiserver: dir.join("kube-apiserver"),
+            etcd: dir.join("etcd"),
+            etcdctl: dir.join("etcdctl"),
+            etcdutl: (server >= Server::V1_37_2).then(|| dir.join("etcdutl")),
         };
         (dir, bins)
     }
 
-    /// Whether every binary is installed (benches skip themselves when not).
-    pub fn installed() -> bool {
-        let (_, b) = Self::expected();
-        [&b.kube_apiserver, &b.etcd, &b.etcdctl].iter().all(|p| p.exists())
+    /// Whether every binary of `server` is installed (benches skip themselves when not).
+    pub fn installed(server: Server) -> bool {
+        let (_, b) = Self::expected(server);
+        let paths: Vec<&PathBuf> = [&b.kube_apiserver, &b.etcd, &b.etcdctl]
+            .into_iter()
+            .chain(&b.etcdutl)
+            .collect();
+        paths.iter().all(|p| p.exists())
     }
 
-    /// From the environment or the default cache directory; panics with how to install.
-    pub fn find() -> Self {
-        let (dir, bins) = Self::expected();
-        for p in [&bins.kube_apiserver, &bins.etcd, &bins.etcdctl] {
+    /// `server`'s binaries; panics with how to install them.
+    pub fn find(server: Server) -> Self {
+        let (dir, bins) = Self::expected(server);
+        for p in [&bins.kube_apiserver, &bins.etcd, &bins.etcdctl]
+            .into_iter()
+            .chain(&bins.etcdutl)
+        {
             assert!(
                 p.exists(),
-                "{} not found (or in {}): run scripts/envtest-install first",
-                p.display(),
+                "{} of {server} not found in {}: run scripts/envtest-install first",
+                p.file_name().unwrap_or_default().to_string_lossy(),
                 dir.display()
             );
         }
@@ -94,6 +183,7 @@ impl Binaries {
 
 /// A running etcd + kube-apiserver pair.
 pub struct EnvTest {
+    server: Server,
     dir: tempfile::TempDir,
     bins: Binaries,
     options: Options,
@@ -112,6 +202,7 @@ impl std::fmt::Debug for EnvTest {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         // Never the tokens.
         f.debug_struct("EnvTest")
+            .field("server", &self.server)
             .field("url", &self.url())
             .field("etcd", &self.etcd_url())
             .field("dir", &self.dir.path())
@@ -160,19 +251,24 @@ fn stop_child(child: &mut Option<Child>) {
 }
 
 impl EnvTest {
-    /// Starts a fresh cluster with default options.
-    pub async fn start() -> Self {
-        Self::start_with(Options::default()).await
+    /// Starts a fresh cluster of `server` with default options.
+    pub async fn start(server: Server) -> Self {
+        Self::start_with(server, Options::default()).await
     }
 
-    /// Starts a fresh cluster.
-    pub async fn start_with(options: Options) -> Self {
-        let bins = Binaries::find();
+    /// Starts a fresh cluster of `server`.
+    pub async fn start_with(server: Server, options: Options) -> Self {
+        assert!(
+            options.feature_gates.is_empty() || server >= Server::V1_37_2,
+            "feature gates are for v1.37.2 only"
+        );
+        let bins = Binaries::find(server);
         let dir = tempfile::Builder::new()
             .prefix("envtest-")
             .tempdir()
             .expect("temporary directory");
         let mut env = Self {
+            server,
             data_dir: dir.path().join("etcd"),
             dir,
             bins,
@@ -190,13 +286,16 @@ impl EnvTest {
             env.peer_port = free_port();
             env.secure_port = free_port();
             match env.launch().await {
-                Ok(()) => return env,
+                Ok(()) => {
+                    eprintln!("envtest: {server} at {} ({})", env.url(), env.dir.path().display());
+                    return env;
+                }
                 Err(e) if attempt < 3 => {
-                    eprintln!("envtest: start attempt {attempt} failed, retrying on other ports: {e}");
+                    eprintln!("envtest: {server}: start attempt {attempt} failed, retrying on other ports: {e}");
                     env.stop();
                     let _ = std::fs::remove_dir_all(&env.data_dir);
                 }
-                Err(e) => panic!("envtest: cannot start etcd + kube-apiserver: {e}"),
+                Err(e) => panic!("envtest: cannot start etcd + {server}: {e}"),
             }
         }
         unreachable!()
@@ -295,7 +394,6 @@ impl EnvTest {
         api.arg(format!("--etcd-servers={}", self.etcd_url()))
             .arg("--bind-address=127.0.0.1")
             .arg(format!("--secure-port={}", self.secure_port))
-            .arg("--insecure-port=0")
             .arg(format!("--cert-dir={}", p("cert-dir")))
             .arg(format!("--tls-cert-file={}", p("server.crt")))
             .arg(format!("--tls-private-key-file={}", p("server.key")))
@@ -317,6 +415,17 @@ impl EnvTest {
         if let Some(i) = self.options.compaction_interval {
             api.arg(format!("--etcd-compaction-interval={}s", i.as_secs().max(1)));
         }
+        match self.server {
+            // Removed in v1.24; v1.20 serves plain HTTP on 8080 without it.
+            Server::V1_20_2 => {
+                api.arg("--insecure-port=0");
+            }
+            Server::V1_37_2 => {
+                if !self.options.feature_gates.is_empty() {
+                    api.arg(format!("--feature-gates={}", self.options.feature_gates.join(",")));
+                }
+            }
+        }
         self.apiserver = Some(api.spawn().map_err(|e| format!("kube-apiserver: {e}"))?);
 
         let deadline = Instant::now() + Duration::from_secs(90);
@@ -333,11 +442,20 @@ impl EnvTest {
             let req = http::Request::get("/readyz").body(Vec::new()).unwrap();
             if let Ok(body) = client.request_text(req).await {
                 if body.trim() == "ok" {
+                    let info = client.apiserver_version().await.map_err(|e| format!("/version: {e}"))?;
+                    if info.git_version != self.server.version() {
+                        return Err(format!(
+                            "{} is {}, not {}: run scripts/envtest-install",
+                            self.bins.kube_apiserver.display(),
+                            info.git_version,
+                            self.server.version()
+                        ));
+                    }
                     return Ok(());
                 }
             }
             if Instant::now() > deadline {
-                return Err(format!("kube-apiserver not ready after 90 s:\n{}", tail(&api_log, 30)));
+                return Err(format!("{} not ready after 90 s:\n{}", self.server, tail(&api_log, 30)));
             }
             tokio::time::sleep(Duration::from_millis(250)).await;
         }
@@ -359,6 +477,45 @@ impl EnvTest {
                 .collect();
             write_private(&path, &text);
         }
+    }
+
+    /// The server version this cluster runs.
+    pub fn server(&self) -> Server {
+        self.server
+    }
+
+    /// The value of the apiserver's `kubernetes_feature_enabled` metric for `gate` (`None`
+    /// where the server has no such metric or gate: v1.20 has neither).
+    pub async fn feature_enabled(&self, gate: &str) -> Option<bool> {
+        let want = format!("kubernetes_feature_enabled{{name=\"{gate}\"");
+        self.metrics()
+            .await
+            .lines()
+            .find(|l| l.starts_with(&want))
+            .and_then(|l| l.rsplit(' ').next())
+            .map(|v| v.trim() == "1")
+    }
+
+    /// The apiserver's `/metrics` text.
+    pub async fn metrics(&self) -> String {
+        let req = http::Request::get("/metrics").body(Vec::new()).unwrap();
+        self.client()
+            .await
+            .request_text(req)
+            .await
+            .unwrap_or_else(|e| panic!("{}: /metrics: {e}", self.server))
+    }
+
+    /// The sum of the samples of metric `name` whose labels contain every `labels` pair
+    /// (`resource="configmaps"`), from `/metrics`.
+    pub async fn metric_sum(&self, name: &str, labels: &[&str]) -> f64 {
+        self.metrics()
+            .await
+            .lines()
+            .filter(|l| l.starts_with(name) && l[name.len()..].starts_with(['{', ' ']))
+            .filter(|l| labels.iter().all(|want| l.contains(want)))
+            .filter_map(|l| l.rsplit(' ').next()?.trim().parse::<f64>().ok())
+            .sum()
     }
 
     /// `https://127.0.0.1:PORT` (the cluster URL, part of the cluster identity).
@@ -392,12 +549,16 @@ impl EnvTest {
         self.client_as(ADMIN).await
     }
 
-    /// The apiserver's audit log (list and watch requests), one JSON object per event.
+    /// The apiserver's audit log (list and watch requests), one JSON object per request, in
+    /// the order they first appear. A watch may be logged at several stages (v1.37 logs
+    /// `ResponseStarted` and `ResponseComplete`); only its first entry is kept.
     pub fn audit_events(&self) -> Vec<serde_json::Value> {
+        let mut seen = std::collections::HashSet::new();
         std::fs::read_to_string(self.path("audit.log"))
             .unwrap_or_default()
             .lines()
-            .filter_map(|l| serde_json::from_str(l).ok())
+            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+            .filter(|e| seen.insert(e["auditID"].as_str().unwrap_or_default().to_owned()))
             .collect()
     }
 
@@ -422,8 +583,15 @@ impl EnvTest {
         self.stop();
         let data_dir = self.path(&format!("etcd-restored-{}", self.generation));
         let peer = format!("http://127.0.0.1:{}", self.peer_port);
-        run(Command::new(&self.bins.etcdctl)
-            .env("ETCDCTL_API", "3")
+        let mut restore = match &self.bins.etcdutl {
+            Some(etcdutl) => Command::new(etcdutl),
+            None => {
+                let mut c = Command::new(&self.bins.etcdctl);
+                c.env("ETCDCTL_API", "3");
+                c
+            }
+        };
+        run(restore
             .arg("snapshot")
             .arg("restore")
             .arg(snapshot)
@@ -433,7 +601,16 @@ impl EnvTest {
             .arg(format!("--initial-advertise-peer-urls={peer}")));
         self.data_dir = data_dir;
         if let Err(e) = self.launch().await {
-            panic!("envtest: restart after restore failed: {e}");
+            panic!("envtest: {}: restart after restore failed: {e}", self.server);
+        }
+    }
+
+    /// Stops both processes and starts them again on the same ports and data: the same
+    /// cluster after a restart (the watch caches start anew at the current RV).
+    pub async fn restart(&mut self) {
+        self.stop();
+        if let Err(e) = self.launch().await {
+            panic!("envtest: {}: restart failed: {e}", self.server);
         }
     }
 
@@ -454,7 +631,7 @@ impl Drop for EnvTest {
                 let _ = std::fs::remove_file(self.path(&format!("kubeconfig-{user}")));
             }
             let dir = std::mem::replace(&mut self.dir, tempfile::tempdir().unwrap()).keep();
-            eprintln!("envtest: logs kept in {}", dir.display());
+            eprintln!("envtest: {}: logs kept in {}", self.server, dir.display());
         }
     }
 }
