@@ -61,6 +61,9 @@ pub struct Reflector<S: Source> {
     relaxed: bool,
     /// Where the last watch met a line it could not read (see [`WatchEnd::Malformed`]).
     malformed_at: Option<ResourceVersion>,
+    /// The next watch is a resume's first, not yet synced: it asks for a short timeout, so the
+    /// watch cache sends its bookmark soon.
+    short_watch: bool,
 }
 
 /// Where the reflector's loop is; [`Reflector::step`] takes one state to the next.
@@ -120,6 +123,7 @@ impl<S: Source> Reflector<S> {
             backoff,
             relaxed: false,
             malformed_at: None,
+            short_watch: false,
         }
     }
 
@@ -310,6 +314,10 @@ impl<S: Source> Reflector<S> {
         match state {
             State::Resume(rv) => {
                 self.phase(Phase::Probing);
+                // The watch cache's revision first: on servers that serve consistent reads
+                // from the cache (v1.34+), the consistent probe below moves that revision up
+                // to the cluster's, which no event of this resource may ever reach.
+                let revision = self.cache_revision().await;
                 match self.probe().await {
                     Ok(server_rv) if server_rv.is_older_than(&rv) => {
                         // etcd restored from an older backup (kubernetes#107457): a watch
@@ -320,9 +328,20 @@ impl<S: Source> Reflector<S> {
                         }))
                     }
                     Ok(server_rv) => {
-                        let sync_target = Some(self.sync_target(server_rv).await);
+                        let sync_target = Some(match revision {
+                            Some(rv) => SyncTarget { rv, exact: true },
+                            None => SyncTarget {
+                                rv: server_rv,
+                                exact: false,
+                            },
+                        });
                         let seq = *self.writer.committed().borrow();
                         self.mark_synced_if_caught_up(&rv, &sync_target, false, seq);
+                        // A target no event of this resource reaches (the cache's revision
+                        // moved with other clients' consistent reads) is reached by a bookmark,
+                        // which the watch cache sends a watch 2 s before its timeout and only
+                        // every minute otherwise: the first resumed watch is short (3 s).
+                        self.short_watch = !self.status.borrow().synced;
                         Some(State::Watch { from: rv, sync_target })
                     }
                     Err(e) => self.back_off(e, stop).await.then_some(State::Resume(rv)),
@@ -354,6 +373,9 @@ impl<S: Source> Reflector<S> {
             State::Watch { from, sync_target } => {
                 self.phase(Phase::Watching);
                 let end = self.watch_once(from.clone(), &sync_target, stop).await;
+                // A resume not synced yet keeps its watches short: a loaded server may register
+                // a watch too late to send the bookmark the first one was meant to bring.
+                self.short_watch = sync_target.as_ref().is_some_and(|t| t.exact) && !self.status.borrow().synced;
                 // Always continue from what is durably persisted, which may be ahead of what
                 // this loop saw acknowledged (a commit reported failed may be durable).
                 let persisted = self.persisted_rv(from, stop).await?;
@@ -427,16 +449,16 @@ impl<S: Source> Reflector<S> {
     }
 
     /// What a resume must have applied before it reports synced: the watch cache's revision of
-    /// this resource (an RV=0 LIST that matches no object), or `server_rv` when the server
-    /// does not say.
+    /// this resource (an RV=0 LIST that matches no object); `None` when the server does not
+    /// say (then the cluster-wide RV and a quiet period stand in).
     ///
     /// The resumed watch is served from that same cache, which sends every event it holds
     /// after our RV as soon as the watch opens; once the committed RV reaches the cache's
     /// revision, everything the server held for this resource when we asked is applied. The
-    /// cluster-wide `server_rv` is no target on a busy cluster: other resources move it, and
-    /// no event of this resource may ever reach it. Where the cache lags etcd, the view is
-    /// as fresh as client-go's initial list, which reads the same cache (`resourceVersion=0`).
-    async fn sync_target(&self, server_rv: ResourceVersion) -> SyncTarget {
+    /// cluster-wide RV is no target on a busy cluster: other resources move it, and no event of
+    /// this resource may ever reach it. Where the cache lags etcd, the view is as fresh as
+    /// client-go's initial list, which reads the same cache (`resourceVersion=0`).
+    async fn cache_revision(&self) -> Option<ResourceVersion> {
         metrics::global().list_requests.get_or_create(&self.labels()).inc();
         let req = ListRequest {
             resource_version: Some("0".into()),
@@ -444,23 +466,14 @@ impl<S: Source> Reflector<S> {
             ..ListRequest::default()
         };
         match self.source.list(req).await {
-            Ok(page) if page.resource_version.as_u64().is_some() => SyncTarget {
-                rv: page.resource_version,
-                exact: true,
-            },
+            Ok(page) if page.resource_version.as_u64().is_some() => Some(page.resource_version),
             Ok(page) => {
                 tracing::debug!(scope = %self.scope(), rv = %page.resource_version, "revision probe: no integer RV");
-                SyncTarget {
-                    rv: server_rv,
-                    exact: false,
-                }
+                None
             }
             Err(e) => {
                 tracing::debug!(scope = %self.scope(), error = %e, "revision probe failed; waiting for the server's RV");
-                SyncTarget {
-                    rv: server_rv,
-                    exact: false,
-                }
+                None
             }
         }
     }

@@ -98,7 +98,11 @@ impl<S: Source> Reflector<S> {
         sync_target: &Option<SyncTarget>,
         stop: &mut watch::Receiver<bool>,
     ) -> WatchEnd {
-        let timeout_secs = self.watch_timeout_secs();
+        let timeout_secs = if std::mem::take(&mut self.short_watch) {
+            RESUME_WATCH_SECS
+        } else {
+            self.watch_timeout_secs()
+        };
         let req = WatchRequest {
             resource_version: rv.clone(),
             timeout_secs,
@@ -476,6 +480,11 @@ pub(super) enum Watched {
     /// Refused (user function, size limit or failure); its identity-only tombstone, if any.
     Refused(Option<RawObject>),
 }
+
+/// The timeout of a resume's first watch: the watch cache sends a bookmark 2 s before a watch's
+/// timeout (otherwise once a minute; none at all for a watch shorter than 2 s), so this one
+/// brings the cache's revision within about a second.
+pub(super) const RESUME_WATCH_SECS: u32 = 3;
 
 /// Batches of one watch the writer may hold at once: one committing, one queued.
 pub(super) const MAX_INFLIGHT: usize = 2;
