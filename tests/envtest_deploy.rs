@@ -6,13 +6,14 @@
 //! the controller's informers need), each overlay's patches name objects of the base, and the
 //! example accepts every variant's arguments.
 //!
-//! Ignored (run `scripts/install-kubectl` and `scripts/envtest-install`, then
-//! `cargo test --all-features --test 'envtest_*' -- --ignored`): `kubectl kustomize` renders
-//! each variant, the same checks run on the result, and `kubectl apply --dry-run=server`
-//! accepts it; then the example binary runs with the StatefulSet's arguments and its volume at a
-//! temporary path, is killed with SIGKILL, changed under, restarted, and the apiserver's audit
-//! log shows the restart made no full LIST and every LIST and WATCH it made is allowed by the
-//! rendered RBAC.
+//! Ignored, on each envtest server (run `scripts/install-kubectl` and `scripts/envtest-install`,
+//! then `cargo test --all-features --test 'envtest_*' -- --ignored`): `kubectl kustomize`
+//! renders each variant, the same checks run on the result, and `kubectl apply
+//! --dry-run=server` accepts every object; the example binary runs with the StatefulSet's
+//! arguments and its volume at a temporary path, is killed with SIGKILL, changed under,
+//! restarted, and the apiserver's audit log shows the restart made no full LIST and every LIST
+//! and WATCH it made is allowed by the rendered RBAC; then the leader-election overlay's two
+//! replicas hand over on a clean stop.
 #![cfg(feature = "cli")]
 
 mod envtest;
@@ -26,7 +27,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use envtest::{eventually, EnvTest};
+use envtest::{eventually, on_servers, EnvTest, Server};
 use k8s_openapi::api::apps::v1::Deployment;
 use kube::api::{Api, ApiResource, DynamicObject, Patch, PatchParams, PostParams};
 use serde::Deserialize;
@@ -619,7 +620,7 @@ impl Controller {
     }
 
     async fn wait_ready(&mut self, port: u16) {
-        let end = Instant::now() + Duration::from_secs(120);
+        let end = Instant::now() + Duration::from_secs(180);
         loop {
             if let Some(status) = self.child.try_wait().unwrap() {
                 panic!("the controller exited with {status}: {}", self.output());
@@ -627,7 +628,7 @@ impl Controller {
             if let Some((200, _)) = http_get(port, "/readyz").await {
                 return;
             }
-            assert!(Instant::now() < end, "not ready after 120 s: {}", self.output());
+            assert!(Instant::now() < end, "not ready after 180 s: {}", self.output());
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
     }
@@ -665,35 +666,55 @@ fn container_args(sts: &Value, volume: &Path, port: u16) -> Vec<String> {
 /// The envtest user the controller authenticates as.
 const CONTROLLER: &str = "controller";
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs a kube-apiserver and kubectl: scripts/envtest-install, scripts/install-kubectl"]
-async fn manifests_pass_a_server_dry_run_and_the_controller_resumes_on_its_volume_without_a_list() {
-    let kubectl = kubectl();
-    let env = EnvTest::start().await;
-    let kc = env.kubeconfig(envtest::ADMIN);
-    let k = |args: &[&str], stdin: Option<&str>| {
-        let mut cmd = Command::new(&kubectl);
-        cmd.arg("--kubeconfig").arg(&kc).args(args);
-        run(&mut cmd, stdin)
-    };
+/// Every variant of `deploy/`, rendered by `kubectl kustomize`, checked ([`problems`]).
+fn render(kubectl: &Path) -> Vec<(&'static str, String, Vec<Value>)> {
+    VARIANTS
+        .into_iter()
+        .map(|variant| {
+            let dir = deploy_dir().join(variant);
+            let yaml = run(Command::new(kubectl).arg("kustomize").arg(&dir), None);
+            let docs = parse_docs(&yaml, variant);
+            assert_eq!(problems(&docs), Vec::<String>::new(), "{variant}");
+            (variant, yaml, docs)
+        })
+        .collect()
+}
 
-    // Rendered by kustomize, checked, then accepted by the server. The namespace exists first:
-    // a dry run does not create it, and the namespaced objects need it.
-    k(&["create", "namespace", "sample-controller"], None);
-    let mut rendered = Vec::new();
-    for variant in VARIANTS {
-        let dir = deploy_dir().join(variant);
-        let yaml = run(Command::new(&kubectl).arg("kustomize").arg(&dir), None);
-        let docs = parse_docs(&yaml, variant);
-        assert_eq!(problems(&docs), Vec::<String>::new(), "{variant}");
-        let out = k(&["apply", "--dry-run=server", "-f", "-"], Some(&yaml));
+/// `kubectl --kubeconfig <admin's>` on `env`.
+fn kubectl_on(kubectl: &Path, env: &EnvTest, args: &[&str], stdin: Option<&str>) -> String {
+    let mut cmd = Command::new(kubectl);
+    cmd.arg("--kubeconfig").arg(env.kubeconfig(envtest::ADMIN)).args(args);
+    run(&mut cmd, stdin)
+}
+
+// The aim is v1.37.2; v1.20.2 is the oldest server supported.
+on_servers!(every_variant_passes_a_server_dry_run);
+async fn every_variant_passes_a_server_dry_run(server: Server) {
+    let kubectl = kubectl();
+    let env = EnvTest::start(server).await;
+    // The namespace exists first: a dry run does not create it, and the namespaced objects
+    // need it.
+    kubectl_on(&kubectl, &env, &["create", "namespace", "sample-controller"], None);
+    for (variant, yaml, docs) in render(&kubectl) {
+        let out = kubectl_on(&kubectl, &env, &["apply", "--dry-run=server", "-f", "-"], Some(&yaml));
         assert_eq!(
             out.lines().filter(|l| l.ends_with("(server dry run)")).count(),
             docs.len(),
-            "{variant}: every object accepted: {out}"
+            "{server}, {variant}: every object accepted: {out}"
         );
-        rendered.push(docs);
     }
+}
+
+// On v1.37.2 each resume waits for the watch cache's once-a-minute bookmark until the
+// reflector's fix lands (docs/kubernetes-versions.md, "Resume"): the test takes about two
+// minutes there instead of 20 s, within its waits for readiness.
+on_servers!(the_controller_resumes_on_its_volume_without_a_list_and_fails_over);
+async fn the_controller_resumes_on_its_volume_without_a_list_and_fails_over(server: Server) {
+    let kubectl = kubectl();
+    let env = EnvTest::start(server).await;
+    let k = |args: &[&str], stdin: Option<&str>| kubectl_on(&kubectl, &env, args, stdin);
+    k(&["create", "namespace", "sample-controller"], None);
+    let rendered: Vec<Vec<Value>> = render(&kubectl).into_iter().map(|(_, _, docs)| docs).collect();
     let base = &rendered[0];
 
     // The CRD for real, then the controller as the StatefulSet's container: its arguments, with
@@ -741,13 +762,13 @@ async fn manifests_pass_a_server_dry_run_and_the_controller_resumes_on_its_volum
 
     let ar = ApiResource::erase::<sample::Foo>(&());
     let foos = Api::<DynamicObject>::namespaced_with(client.clone(), "default", &ar);
-    let foo: DynamicObject = serde_json::from_value(json!({
+    let web: DynamicObject = serde_json::from_value(json!({
         "apiVersion": "samplecontroller.k8s.io/v1alpha1", "kind": "Foo",
         "metadata": {"name": "web"},
         "spec": {"deploymentName": "web-deploy", "replicas": 1}
     }))
     .unwrap();
-    foos.create(&PostParams::default(), &foo).await.unwrap();
+    foos.create(&PostParams::default(), &web).await.unwrap();
     let deployments: Api<Deployment> = Api::namespaced(client.clone(), "default");
     let replicas = async |want: i32| {
         eventually(&format!("{want} replicas"), 60, async || {
