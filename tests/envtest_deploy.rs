@@ -663,6 +663,37 @@ fn container_args(sts: &Value, volume: &Path, port: u16) -> Vec<String> {
     args
 }
 
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free loopback port")
+}
+
+/// The audit events of the controller's user from the `from`-th event on.
+fn audited(audit: &[Value], from: usize) -> Vec<&Value> {
+    audit[from..]
+        .iter()
+        .filter(|e| e["user"]["username"] == CONTROLLER)
+        .collect()
+}
+
+/// Panics unless RBAC in `docs` allows ServiceAccount `sa` every request in `events` (audit
+/// events: the audit policy records LIST and WATCH).
+fn assert_allowed(docs: &[Value], sa: (&str, &str), events: &[&Value], what: &str) {
+    for e in events {
+        let o = &e["objectRef"];
+        let req = Request {
+            verb: e["verb"].as_str().unwrap(),
+            group: o["apiGroup"].as_str().unwrap_or(""),
+            resource: o["resource"].as_str().unwrap(),
+            namespace: o["namespace"].as_str(),
+            name: o["name"].as_str(),
+        };
+        assert!(allowed(docs, sa, &req), "not allowed by {what}: {req:?}");
+    }
+}
+
 /// The envtest user the controller authenticates as.
 const CONTROLLER: &str = "controller";
 
@@ -739,11 +770,7 @@ async fn the_controller_resumes_on_its_volume_without_a_list_and_fails_over(serv
     );
     let sts = of_kind(base, "StatefulSet").next().unwrap();
     let volume = tempfile::tempdir().unwrap();
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = free_port();
     let args = container_args(sts, volume.path(), port);
     let db = PathBuf::from(flag(&args, "--db").unwrap());
     assert!(db.starts_with(volume.path()), "{args:?}");
@@ -770,6 +797,12 @@ async fn the_controller_resumes_on_its_volume_without_a_list_and_fails_over(serv
     .unwrap();
     foos.create(&PostParams::default(), &web).await.unwrap();
     let deployments: Api<Deployment> = Api::namespaced(client.clone(), "default");
+    let scale = async |n: i32| {
+        let patch = json!({"spec": {"replicas": n}});
+        foos.patch("web", &PatchParams::default(), &Patch::Merge(patch))
+            .await
+            .unwrap();
+    };
     let replicas = async |want: i32| {
         eventually(&format!("{want} replicas"), 60, async || {
             let d = deployments.get_opt("web-deploy").await.ok().flatten()?;
@@ -782,13 +815,7 @@ async fn the_controller_resumes_on_its_volume_without_a_list_and_fails_over(serv
     // Killed as an OOM or a lost node kills it; changed while down; restarted on its volume.
     ctl.signal(nix::sys::signal::Signal::SIGKILL);
     ctl.wait_exit(30).await;
-    foos.patch(
-        "web",
-        &PatchParams::default(),
-        &Patch::Merge(json!({"spec": {"replicas": 4}})),
-    )
-    .await
-    .unwrap();
+    scale(4).await;
     let mark = env.audit_events().len();
     let mut ctl = Controller::start(&args, &env, volume.path().join("run-2.log"));
     ctl.wait_ready(port).await;
@@ -804,12 +831,7 @@ async fn the_controller_resumes_on_its_volume_without_a_list_and_fails_over(serv
     // The audit log, read once the process is gone: a watch with nothing to send is logged
     // only when it ends.
     let audit = env.audit_events();
-    let mine = |from: usize| -> Vec<&Value> {
-        audit[from..]
-            .iter()
-            .filter(|e| e["user"]["username"] == CONTROLLER)
-            .collect()
-    };
+    let mine = |from: usize| audited(&audit, from);
     // The restart made at most the resume's one-object RV probes and the watch cache's
     // revision probes (which match no object), then watched.
     let full: Vec<&str> = mine(mark)
@@ -836,17 +858,7 @@ async fn the_controller_resumes_on_its_volume_without_a_list_and_fails_over(serv
     );
     let all = mine(0);
     assert!(all.len() >= 8, "the controller's requests were audited: {}", all.len());
-    for e in all {
-        let o = &e["objectRef"];
-        let req = Request {
-            verb: e["verb"].as_str().unwrap(),
-            group: o["apiGroup"].as_str().unwrap_or(""),
-            resource: o["resource"].as_str().unwrap(),
-            namespace: o["namespace"].as_str(),
-            name: o["name"].as_str(),
-        };
-        assert!(allowed(base, sa, &req), "not allowed by deploy/base: {req:?}");
-    }
+    assert_allowed(base, sa, &all, "deploy/base");
 
     // The leader-election overlay: replica 0 on the same volume takes the free Lease and
     // reconciles; replica 1, on a new volume, syncs and stands by, watching the Lease. Replica
@@ -857,11 +869,7 @@ async fn the_controller_resumes_on_its_volume_without_a_list_and_fails_over(serv
     let args = container_args(sts, volume.path(), port);
     assert!(args.iter().any(|a| a == "--leader-elect"), "{args:?}");
     let volume_1 = tempfile::tempdir().unwrap();
-    let port_1 = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port_1 = free_port();
     let args_1 = container_args(sts, volume_1.path(), port_1);
     let mark = env.audit_events().len();
     let mut leader = Controller::start_as("sample-controller-0", &args, &env, volume.path().join("run-3.log"));
@@ -872,13 +880,7 @@ async fn the_controller_resumes_on_its_volume_without_a_list_and_fails_over(serv
     .await;
     let mut standby = Controller::start_as("sample-controller-1", &args_1, &env, volume_1.path().join("run-1.log"));
     standby.wait_ready(port_1).await;
-    foos.patch(
-        "web",
-        &PatchParams::default(),
-        &Patch::Merge(json!({"spec": {"replicas": 2}})),
-    )
-    .await
-    .unwrap();
+    scale(2).await;
     replicas(2).await;
     assert!(!standby.output().contains("leading: true"), "{}", standby.output());
     leader.signal(nix::sys::signal::Signal::SIGTERM);
@@ -888,40 +890,18 @@ async fn the_controller_resumes_on_its_volume_without_a_list_and_fails_over(serv
         standby.output().contains("leading: true").then_some(())
     })
     .await;
-    foos.patch(
-        "web",
-        &PatchParams::default(),
-        &Patch::Merge(json!({"spec": {"replicas": 3}})),
-    )
-    .await
-    .unwrap();
+    scale(3).await;
     replicas(3).await;
     standby.signal(nix::sys::signal::Signal::SIGTERM);
     let status = standby.wait_exit(30).await;
     assert!(status.success(), "exit {status}: {}", standby.output());
 
     let audit = env.audit_events();
-    let mine: Vec<&Value> = audit[mark..]
-        .iter()
-        .filter(|e| e["user"]["username"] == CONTROLLER)
-        .collect();
+    let mine = audited(&audit, mark);
     assert!(
         mine.iter()
             .any(|e| e["objectRef"]["resource"] == "leases" && e["verb"] == "watch"),
         "the standby watched the Lease: {mine:?}"
     );
-    for e in mine {
-        let o = &e["objectRef"];
-        let req = Request {
-            verb: e["verb"].as_str().unwrap(),
-            group: o["apiGroup"].as_str().unwrap_or(""),
-            resource: o["resource"].as_str().unwrap(),
-            namespace: o["namespace"].as_str(),
-            name: o["name"].as_str(),
-        };
-        assert!(
-            allowed(elected, sa, &req),
-            "not allowed by the leader-election overlay: {req:?}"
-        );
-    }
+    assert_allowed(elected, sa, &mine, "the leader-election overlay");
 }
