@@ -429,6 +429,31 @@ fn a_frame_without_a_content_size_is_refused() {
     });
 }
 
+/// A frame declaring 4 MiB, held by two RLE blocks of 2 MiB each (zstd's one-shot decoder
+/// accepts blocks over the format's 128 KiB), and bytes after it that are no frame: found by the
+/// `store_unpack` fuzz target.
+fn oversized_blocks() -> Vec<u8> {
+    let block = |last: u32| ((((2u32 << 20) - 1) << 3) | (1 << 1) | last).to_le_bytes();
+    let mut f = vec![0x28, 0xb5, 0x2f, 0xfd, 0x80, 0x56];
+    f.extend_from_slice(&((4u32 << 20) - 2).to_le_bytes());
+    for last in [0, 1] {
+        f.extend_from_slice(&block(last)[..3]);
+        f.push(b'x');
+    }
+    f.extend_from_slice(&[0x0a; 320]);
+    f
+}
+
+#[test]
+fn a_frame_with_oversized_blocks_allocates_little() {
+    isolated("a_frame_with_oversized_blocks_allocates_little", || {
+        let f = oversized_blocks();
+        let (decoded, bytes) = allocated(|| Compression::Zstd(3).check_unpack(&f, None));
+        assert!(decoded.is_err(), "decompressed {:?} bytes", decoded.map(|b| b.len()));
+        assert!(bytes <= bound(f.len()), "asked for {bytes} bytes");
+    });
+}
+
 #[test]
 fn a_damaged_dictionary_is_an_error() {
     isolated("a_damaged_dictionary_is_an_error", || {
