@@ -8,22 +8,42 @@
 //! ```text
 //! cargo run --features sim --example sample_controller                         # against the built-in simulated cluster
 //! cargo run --features sim --example sample_controller -- --kubeconfig ~/.kube/config --db foo.redb
+//! sample_controller --in-cluster --db /var/lib/sample-controller/cache.redb --health-addr 0.0.0.0:8080
 //! ```
-//! Against a real cluster, the Foo CRD must be installed (see Kubernetes' sample-controller).
+//! Against a real cluster, the Foo CRD must be installed (`deploy/base/crd-foo.yaml`).
+//! `deploy/` runs it as a StatefulSet (docs/deploying.md) with these options:
+//!
+//! * `--in-cluster`: kube's inferred configuration, `$KUBECONFIG` or the Pod's service account;
+//! * `--health-addr ADDR`: serve `/livez` (the database writer answers), `/readyz` (both
+//!   informers synced, and a durable commit within 30 s) and `/metrics`;
+//! * `--leader-elect`: reconcile only while holding the Lease `sample-controller` in
+//!   `$POD_NAMESPACE`, as `$POD_NAME`; a follower keeps its cache warm;
+//! * `--shards N` (`--shard-index I`, else the ordinal ending `$POD_NAME`): cache and reconcile
+//!   only shard I of N of the namespaces (KEP-5866 ranges of `metadata.namespace`);
+//! * `--retention-entries N`: keep at most N log entries (the store's default is 1,000,000),
+//!   which bounds the database's size (docs/deploying.md#sizing).
+//!
+//! SIGTERM or SIGINT stops it: queued keys are reconciled, the Lease is released, the database
+//! closed.
 
 #![allow(dead_code)] // shared with tests/sample_controller.rs, which uses other parts of it
 #![allow(missing_docs)] // an example; its items are described in the module docs
 #![allow(clippy::disallowed_names)] // `Foo` is the resource sample-controller is about
 
+use std::convert::Infallible;
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use durable_informer::controller::{Action, Controller};
 use durable_informer::informer::{Informer, Lister};
+use durable_informer::leader::{KubeLeaseLock, LeaderElectionConfig, LeaderElector};
 use durable_informer::object::ObjectKey;
+use durable_informer::reflector::{Phase, ReflectorStatus};
+use durable_informer::selector::ShardSelector;
 use durable_informer::source::KubeSource;
-use durable_informer::store::{DurableStore, StoreConfig};
+use durable_informer::store::{DurableStore, StoreConfig, StoreError, Writer};
 use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec};
 use k8s_openapi::api::core::v1::{Container, PodSpec, PodTemplateSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, OwnerReference};
@@ -292,6 +312,27 @@ async fn apply(key: &ObjectKey, foo: &Foo, ctx: &Ctx) -> Result<(), String> {
     Ok(())
 }
 
+/// How [`run_with`] runs in a cluster (the options of `main`, see the module docs).
+#[derive(Debug, Clone, Default)]
+pub struct RunOptions {
+    /// Serve `/livez`, `/readyz` and `/metrics` here.
+    pub health: Option<SocketAddr>,
+    /// Reconcile only while holding this Lease.
+    pub lease: Option<LeaseOptions>,
+    /// Cache and reconcile only this shard.
+    pub shard: Option<ShardSelector>,
+    /// Keep at most this many log entries (the store's default: 1,000,000).
+    pub retention_entries: Option<u64>,
+}
+
+/// The Lease of `--leader-elect`.
+#[derive(Debug, Clone)]
+pub struct LeaseOptions {
+    pub namespace: String,
+    pub name: String,
+    pub identity: String,
+}
+
 /// Runs the controller on `db` until `stop`; returns its context (what it did).
 pub async fn run(
     client: kube::Client,
@@ -300,14 +341,45 @@ pub async fn run(
     stop: tokio::sync::watch::Receiver<bool>,
     started: tokio::sync::oneshot::Sender<Arc<Ctx>>,
 ) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
-    let p = db_path.to_owned();
-    let db = tokio::task::spawn_blocking(move || DurableStore::open(StoreConfig::new(p))).await??;
-    let foos = Informer::<Foo>::builder(&db, KubeSource::typed::<Foo>(client.clone(), server))
-        .build()
-        .await?;
-    let deployments = Informer::<Deployment>::builder(&db, KubeSource::typed::<Deployment>(client.clone(), server))
-        .build()
-        .await?;
+    run_with(client, server, db_path, RunOptions::default(), stop, started).await
+}
+
+/// [`run`] with the options of a deployment (health endpoints, leader election, sharding).
+pub async fn run_with(
+    client: kube::Client,
+    server: &str,
+    db_path: &Path,
+    options: RunOptions,
+    stop: tokio::sync::watch::Receiver<bool>,
+    started: tokio::sync::oneshot::Sender<Arc<Ctx>>,
+) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+    let mut config = StoreConfig::new(db_path);
+    if let Some(n) = options.retention_entries {
+        config = config.retention_entries(Some(n));
+    }
+    let db = tokio::task::spawn_blocking(move || DurableStore::open(config)).await??;
+    let mut foos = Informer::<Foo>::builder(&db, KubeSource::typed::<Foo>(client.clone(), server));
+    let mut deployments = Informer::<Deployment>::builder(&db, KubeSource::typed::<Deployment>(client.clone(), server));
+    if let Some(shard) = &options.shard {
+        println!("shard: {shard}");
+        foos = foos.sharding(shard.clone());
+        deployments = deployments.sharding(shard.clone());
+    }
+    let foos = foos.build().await?;
+    let deployments = deployments.build().await?;
+    let health = match options.health {
+        Some(addr) => {
+            let listener = tokio::net::TcpListener::bind(addr).await?;
+            println!("health endpoints on http://{}", listener.local_addr()?);
+            let health = Arc::new(Health::new(vec![
+                ("foos", foos.status()),
+                ("deployments", deployments.status()),
+            ]));
+            tokio::spawn(watch_writer(health.clone(), db.writer(), stop.clone()));
+            Some(tokio::spawn(serve_health(listener, health, stop.clone())))
+        }
+        None => None,
+    };
     let recorder = Recorder::new(
         client.clone(),
         Reporter {
@@ -316,7 +388,7 @@ pub async fn run(
         },
     );
     let ctx = Arc::new(Ctx {
-        client,
+        client: client.clone(),
         recorder,
         foos: foos.lister(),
         deployments: deployments.lister(),
@@ -326,18 +398,249 @@ pub async fn run(
     let _ = started.send(ctx.clone());
     // `run` starts both informers; Deployments whose controlling owner is a Foo (group
     // samplecontroller.k8s.io, from the type) reconcile that Foo.
-    let summary = Controller::new(foos.clone())
+    let mut controller = Controller::new(foos.clone())
         .name("sample-controller")
         .owns(deployments.clone())
-        .workers(2)
-        .run(reconcile, error_policy, ctx, stop)
-        .await?;
+        .workers(2);
+    // The elector stops after the controller, so the Lease is released only once no
+    // reconcile runs any more.
+    let (elector_stop_tx, elector_stop) = tokio::sync::watch::channel(false);
+    let elector = match options.lease {
+        Some(l) => {
+            let lock = KubeLeaseLock::new(client.clone(), &l.namespace, &l.name, &l.identity);
+            let elector = LeaderElector::new(lock, LeaderElectionConfig::default());
+            controller = controller.leader_election(elector.fenced_leadership());
+            let mut leading = elector.leadership();
+            tokio::spawn(async move {
+                while leading.changed().await.is_ok() {
+                    let now = *leading.borrow_and_update();
+                    println!("leading: {now}");
+                }
+            });
+            Some(tokio::spawn(elector.run(elector_stop)))
+        }
+        None => None,
+    };
+    let summary = controller.run(reconcile, error_policy, ctx, stop).await;
+    let _ = elector_stop_tx.send(true);
+    if let Some(elector) = elector {
+        elector.await??;
+    }
+    if let Some(h) = health {
+        h.abort();
+    }
+    let summary = summary?;
     println!("reconciled {} times, {} failed", summary.reconciled, summary.failed);
     foos.shutdown().await?;
     deployments.shutdown().await?;
     drop((foos, deployments));
     tokio::task::spawn_blocking(move || db.close()).await??;
     Ok(())
+}
+
+/// The options of `main` beyond the cluster and the database (see the module docs); `env`
+/// reads the environment (`POD_NAME`, `POD_NAMESPACE`, `HOSTNAME`).
+pub fn cluster_options(args: &[String], env: impl Fn(&str) -> Option<String>) -> Result<RunOptions, String> {
+    let arg = |name: &str| {
+        args.iter()
+            .position(|a| a == name)
+            .map(|i| args.get(i + 1).cloned().ok_or(format!("{name} needs a value")))
+            .transpose()
+    };
+    let env = |name: &str| env(name).filter(|v| !v.is_empty());
+    let health = arg("--health-addr")?
+        .map(|a| a.parse::<SocketAddr>().map_err(|e| format!("--health-addr {a}: {e}")))
+        .transpose()?;
+    let lease = if args.iter().any(|a| a == "--leader-elect") {
+        Some(LeaseOptions {
+            namespace: env("POD_NAMESPACE").ok_or("--leader-elect needs POD_NAMESPACE (the Lease's namespace)")?,
+            name: "sample-controller".into(),
+            identity: env("POD_NAME")
+                .or_else(|| env("HOSTNAME"))
+                .ok_or("--leader-elect needs POD_NAME (this replica's identity)")?,
+        })
+    } else {
+        None
+    };
+    let shard = match arg("--shards")? {
+        Some(n) => {
+            let count: u32 = n.parse().map_err(|e| format!("--shards {n}: {e}"))?;
+            let index: u32 = match arg("--shard-index")? {
+                Some(i) => i.parse().map_err(|e| format!("--shard-index {i}: {e}"))?,
+                // A StatefulSet Pod's name ends in its ordinal: sample-controller-2.
+                None => env("POD_NAME")
+                    .and_then(|p| p.rsplit('-').next().and_then(|o| o.parse().ok()))
+                    .ok_or("--shards needs --shard-index I, or POD_NAME ending in -<ordinal>")?,
+            };
+            Some(ShardSelector::by_namespace(index, count).map_err(|e| format!("--shards {count}: {e}"))?)
+        }
+        None => None,
+    };
+    let retention_entries = arg("--retention-entries")?
+        .map(|n| n.parse::<u64>().map_err(|e| format!("--retention-entries {n}: {e}")))
+        .transpose()?;
+    Ok(RunOptions {
+        health,
+        lease,
+        shard,
+        retention_entries,
+    })
+}
+
+/// What the probes answer from: the informers' status, and what the database writer last
+/// did (checked every few seconds by [`watch_writer`], never on the probe's request).
+struct Health {
+    informers: Vec<(&'static str, tokio::sync::watch::Receiver<ReflectorStatus>)>,
+    writer: Mutex<WriterHealth>,
+}
+
+#[derive(Default)]
+struct WriterHealth {
+    /// When the writer last answered a flush, successfully or not.
+    answered: Option<Instant>,
+    /// When a flush last made everything durable.
+    durable: Option<Instant>,
+    /// The last flush's error.
+    error: Option<String>,
+    /// The writer thread is gone (it panicked, or the database was closed).
+    gone: bool,
+}
+
+/// Readiness wants a durable commit this recent; liveness an answer this recent.
+const READY_WITHIN: Duration = Duration::from_secs(30);
+const ALIVE_WITHIN: Duration = Duration::from_secs(60);
+
+impl Health {
+    fn new(informers: Vec<(&'static str, tokio::sync::watch::Receiver<ReflectorStatus>)>) -> Self {
+        Self {
+            informers,
+            writer: Mutex::new(WriterHealth::default()),
+        }
+    }
+
+    /// `/livez`: the writer thread is there and answers (a full disk is not a reason to
+    /// restart: the writer retries, and readiness reports it).
+    fn live(&self) -> Result<(), String> {
+        let w = self.writer.lock().unwrap_or_else(PoisonError::into_inner);
+        if w.gone {
+            return Err("the database writer is gone".into());
+        }
+        match w.answered {
+            Some(t) if t.elapsed() > ALIVE_WITHIN => {
+                Err(format!("the database writer has not answered for {:.0?}", t.elapsed()))
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// `/readyz`: every informer synced and running, and the database took a durable commit.
+    fn ready(&self) -> Result<(), String> {
+        for (name, status) in &self.informers {
+            let s = status.borrow();
+            if s.phase == Phase::Stopped {
+                return Err(format!(
+                    "{name}: stopped ({})",
+                    s.last_error.as_deref().unwrap_or("no error")
+                ));
+            }
+            if !s.synced {
+                return Err(format!("{name}: not synced yet ({:?})", s.phase));
+            }
+        }
+        self.live()?;
+        let w = self.writer.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(e) = &w.error {
+            return Err(format!("database: {e}"));
+        }
+        match w.durable {
+            Some(t) if t.elapsed() <= READY_WITHIN => Ok(()),
+            Some(t) => Err(format!("database: no durable commit for {:.0?}", t.elapsed())),
+            None => Err("database: no durable commit yet".into()),
+        }
+    }
+
+    fn answer(&self, path: &str) -> http::Response<http_body_util::Full<bytes::Bytes>> {
+        let (status, content_type, body) = match path {
+            "/livez" | "/healthz" => match self.live() {
+                Ok(()) => (200, "text/plain", "ok\n".to_string()),
+                Err(e) => (503, "text/plain", format!("{e}\n")),
+            },
+            "/readyz" => match self.ready() {
+                Ok(()) => (200, "text/plain", "ok\n".to_string()),
+                Err(e) => (503, "text/plain", format!("{e}\n")),
+            },
+            "/metrics" => (
+                200,
+                "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                durable_informer::metrics::encode(),
+            ),
+            _ => (404, "text/plain", "not found\n".to_string()),
+        };
+        http::Response::builder()
+            .status(status)
+            .header(http::header::CONTENT_TYPE, content_type)
+            .body(http_body_util::Full::new(bytes::Bytes::from(body)))
+            .unwrap_or_default()
+    }
+}
+
+/// Every 5 s, asks the writer for a durable commit and records how it went.
+async fn watch_writer(health: Arc<Health>, writer: Writer, mut stop: tokio::sync::watch::Receiver<bool>) {
+    loop {
+        let flushed = tokio::time::timeout(Duration::from_secs(20), writer.flush()).await;
+        {
+            let mut w = health.writer.lock().unwrap_or_else(PoisonError::into_inner);
+            let now = Instant::now();
+            match flushed {
+                Ok(Ok(())) => {
+                    w.answered = Some(now);
+                    w.durable = Some(now);
+                    w.error = None;
+                }
+                Ok(Err(StoreError::WriterGone)) => w.gone = true,
+                Ok(Err(e)) => {
+                    w.answered = Some(now);
+                    w.error = Some(e.to_string());
+                }
+                // No answer: `answered` ages until liveness fails.
+                Err(_) => {}
+            }
+        }
+        tokio::select! {
+            () = tokio::time::sleep(Duration::from_secs(5)) => {}
+            _ = stop.wait_for(|s| *s) => return,
+        }
+    }
+}
+
+/// Serves the probes and `/metrics` until `stop`.
+async fn serve_health(
+    listener: tokio::net::TcpListener,
+    health: Arc<Health>,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+) {
+    loop {
+        let accepted = tokio::select! {
+            accepted = listener.accept() => accepted,
+            _ = stop.wait_for(|s| *s) => return,
+        };
+        let Ok((stream, _)) = accepted else {
+            // Out of file descriptors, say: try again shortly rather than spin.
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            continue;
+        };
+        let health = health.clone();
+        tokio::spawn(async move {
+            let svc = hyper::service::service_fn(move |req: http::Request<hyper::body::Incoming>| {
+                let response = health.answer(req.uri().path());
+                async move { Ok::<_, Infallible>(response) }
+            });
+            let io = hyper_util::rt::TokioIo::new(stream);
+            let _ = hyper::server::conn::http1::Builder::new()
+                .serve_connection(io, svc)
+                .await;
+        });
+    }
 }
 
 #[tokio::main]
@@ -352,13 +655,35 @@ async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     let db = PathBuf::from(arg("--db").unwrap_or_else(|| "sample-controller.redb".into()));
     let (stop_tx, stop) = tokio::sync::watch::channel(false);
     let (started_tx, started) = tokio::sync::oneshot::channel();
-    if let Some(kubeconfig) = arg("--kubeconfig") {
+    let config = if let Some(kubeconfig) = arg("--kubeconfig") {
         let kc = kube::config::Kubeconfig::read_from(&kubeconfig)?;
-        let config = kube::Config::from_custom_kubeconfig(kc, &Default::default()).await?;
+        Some(kube::Config::from_custom_kubeconfig(kc, &Default::default()).await?)
+    } else if args.iter().any(|a| a == "--in-cluster") {
+        Some(kube::Config::infer().await?)
+    } else {
+        None
+    };
+    if let Some(config) = config {
+        // Logs go to stderr (RUST_LOG, default: warnings); stdout carries the example's lines.
+        tracing_subscriber::fmt()
+            .with_env_filter(
+                tracing_subscriber::EnvFilter::try_from_default_env()
+                    .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+            )
+            .with_writer(std::io::stderr)
+            .init();
+        let options = cluster_options(&args, |name| std::env::var(name).ok())?;
         let server = config.cluster_url.to_string();
         let client = kube::Client::try_from(config)?;
-        let ctrl = tokio::spawn(async move { run(client, &server, &db, stop, started_tx).await });
-        tokio::signal::ctrl_c().await?;
+        let mut ctrl = tokio::spawn(async move { run_with(client, &server, &db, options, stop, started_tx).await });
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+        tokio::select! {
+            // It ended by itself: an informer never synced (another cluster's database, …).
+            done = &mut ctrl => return done?,
+            _ = tokio::signal::ctrl_c() => {}
+            _ = term.recv() => {}
+        }
+        println!("stopping");
         let _ = stop_tx.send(true);
         let _ = started.await;
         return ctrl.await?;

@@ -24,7 +24,7 @@ mkdir -p artifacts
 for t in $targets; do
     start=$SECONDS
     "target-cov/$triple/release/$t" "corpus/$t" -max_total_time="$secs" $runs -print_final_stats=1 \
-        -artifact_prefix="artifacts/$t-" 2>&1 | grep -E "^#[0-9]+ +DONE|stat::number_of_executed_units|stat::new_units_added|ERROR|panicked" \
+        -artifact_prefix="artifacts/$t-" 2>&1 | grep -E "^#[0-9]+[[:space:]]+DONE|stat::number_of_executed_units|stat::new_units_added|ERROR|panicked" \
         | sed "s/^/$t: /"
     echo "$t: $((SECONDS - start)) s"
 done

@@ -172,6 +172,68 @@ fn demo_small_runs_end_to_end() {
     assert_eq!(table.lines().count(), want + 1, "{table}");
 }
 
+/// `demo --keep` leaves its temporary database closed and readable by the other commands;
+/// without it the temporary directory is gone when the demo exits.
+#[test]
+fn demo_keep_leaves_its_database_for_the_cli_and_without_it_nothing_is_left() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = bin()
+        .env("TMPDIR", tmp.path())
+        .args(["demo", "--size", "small", "--keep", "-o", "json"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(report["database"]["kept"], true, "{report}");
+    let db = std::path::PathBuf::from(report["database"]["path"].as_str().unwrap());
+    assert!(db.starts_with(tmp.path()) && db.is_file(), "{}", db.display());
+    let dir_mode = std::fs::metadata(db.parent().unwrap()).unwrap().permissions();
+    assert_eq!(
+        std::os::unix::fs::PermissionsExt::mode(&dir_mode) & 0o777,
+        0o700,
+        "the kept directory is private"
+    );
+    // Every Pod the server held at the end, read back offline.
+    let names = bin()
+        .args(["get", "pods", "-o", "name", "--db"])
+        .arg(&db)
+        .output()
+        .unwrap();
+    assert!(names.status.success(), "{}", String::from_utf8_lossy(&names.stderr));
+    let names = String::from_utf8(names.stdout).unwrap();
+    assert_eq!(
+        names.lines().count() as u64,
+        report["relist"]["objects"].as_u64().unwrap(),
+        "{names}"
+    );
+    assert!(names.lines().all(|l| l.starts_with("pod/")), "{names}");
+    let stats = bin().args(["stats", "-o", "json", "--db"]).arg(&db).output().unwrap();
+    assert!(stats.status.success(), "{}", String::from_utf8_lossy(&stats.stderr));
+
+    // Without --keep: the table names the database, which is gone afterwards with its folder.
+    let tmp2 = tempfile::tempdir().unwrap();
+    let out = bin()
+        .env("TMPDIR", tmp2.path())
+        .args(["demo", "--size", "small"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8(out.stdout).unwrap();
+    let line = text
+        .lines()
+        .find(|l| l.starts_with("database: "))
+        .expect("the database line");
+    let path = std::path::Path::new(line.trim_start_matches("database: "));
+    assert!(path.starts_with(tmp2.path()), "{text}");
+    assert!(!path.exists(), "{} was left behind", path.display());
+    assert!(!text.contains("database kept"), "{text}");
+    assert_eq!(
+        std::fs::read_dir(tmp2.path()).unwrap().count(),
+        0,
+        "nothing left in TMPDIR"
+    );
+}
+
 #[test]
 fn watch_prints_events_resumes_on_restart_and_the_database_can_be_inspected() {
     let sim = sim();

@@ -7,107 +7,21 @@
 //! with the same cargo, profile, target dir and features as this test binary.
 #![cfg(feature = "sim")]
 
+mod example_build;
+
 use std::io::{BufRead, BufReader};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::mpsc;
-use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use durable_informer::sim::{ResourceDef, Sim, SimConfig};
+use example_build::example;
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 
-const EXAMPLES: [&str; 8] = [
-    "ha_controller",
-    "ring_sharding",
-    "pod_informer",
-    "deployment_lister",
-    "mydemo_controller",
-    "sample_controller",
-    "controller_manager",
-    "sim_serve",
-];
-
 /// Generous: the examples finish in about 2 s, but the machine may be busy.
 const DEADLINE: Duration = Duration::from_secs(120);
-
-/// `target/<profile>`, from this test binary's own path (`target/<profile>/deps/<exe>`).
-fn profile_dir() -> PathBuf {
-    let exe = std::env::current_exe().expect("current_exe");
-    exe.parent()
-        .and_then(Path::parent)
-        .expect("test binary lives in target/<profile>/deps")
-        .to_path_buf()
-}
-
-/// The path of example `name`, built once for all tests of this file.
-fn example(name: &str) -> PathBuf {
-    static BUILT: OnceLock<Result<(), String>> = OnceLock::new();
-    let built = BUILT.get_or_init(|| {
-        let profile = profile_dir();
-        let target = profile.parent().ok_or("no target dir")?;
-        // The same feature set as this binary (`default` counts), so nothing is rebuilt.
-        let mut features = Vec::new();
-        if cfg!(feature = "default") {
-            features.push("default");
-        }
-        if cfg!(feature = "sim") {
-            features.push("sim");
-        }
-        if cfg!(feature = "cli") {
-            features.push("cli");
-        }
-        let mut cmd = Command::new(env!("CARGO"));
-        // Cargo sets these for the test process; some build scripts track them, so passing
-        // them on would rebuild dependencies.
-        for (key, _) in std::env::vars_os() {
-            let k = key.to_string_lossy();
-            if [
-                "CARGO_MANIFEST_",
-                "CARGO_PKG_",
-                "CARGO_CRATE_",
-                "CARGO_BIN_",
-                "CARGO_PRIMARY_",
-            ]
-            .iter()
-            .any(|p| k.starts_with(p))
-                || k == "CARGO_TARGET_TMPDIR"
-                || k == "OUT_DIR"
-            {
-                cmd.env_remove(&key);
-            }
-        }
-        cmd.current_dir(env!("CARGO_MANIFEST_DIR"))
-            .args(["build", "--quiet", "--no-default-features", "--features"])
-            .arg(features.join(","))
-            .arg("--target-dir")
-            .arg(target);
-        match profile.file_name().and_then(|n| n.to_str()) {
-            Some("debug") => {}
-            Some("release") => {
-                cmd.arg("--release");
-            }
-            Some(other) => {
-                cmd.args(["--profile", other]);
-            }
-            None => return Err("no profile dir".into()),
-        }
-        for e in EXAMPLES {
-            cmd.args(["--example", e]);
-        }
-        let status = cmd.status().map_err(|e| format!("running cargo: {e}"))?;
-        if status.success() {
-            Ok(())
-        } else {
-            Err(format!("building the examples: {status}"))
-        }
-    });
-    if let Err(e) = built {
-        panic!("{e}");
-    }
-    profile_dir().join("examples").join(name)
-}
 
 /// A running example: its stdout arrives line by line through a channel.
 struct Run {

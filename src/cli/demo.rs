@@ -228,7 +228,7 @@ fn diff(old: &BTreeMap<String, String>, new: &BTreeMap<String, String>) -> (u64,
 }
 
 #[allow(clippy::too_many_lines)] // one story, told top to bottom
-pub async fn run(size: Size, db: Option<PathBuf>, output: &Format) -> CliResult {
+pub async fn run(size: Size, db: Option<PathBuf>, keep: bool, output: &Format) -> CliResult {
     let plan = plan(size);
     let human = *output != Format::Json;
     let say = |s: String| -> CliResult {
@@ -237,14 +237,16 @@ pub async fn run(size: Size, db: Option<PathBuf>, output: &Format) -> CliResult 
         }
         Ok(())
     };
-    // A temporary directory only when no --db was given.
+    // A temporary directory only when no --db was given, removed at the end unless --keep.
     let (path, cleanup) = match db {
         Some(p) => (p, TempDir(None)),
         None => {
             let tmp = tempfile_dir()?;
-            (tmp.join("demo.redb"), TempDir(Some(tmp)))
+            let path = tmp.join("demo.redb");
+            (path, TempDir((!keep).then_some(tmp)))
         }
     };
+    let kept = cleanup.0.is_none();
 
     // The simulated cluster.
     let t0 = Instant::now();
@@ -423,6 +425,16 @@ pub async fn run(size: Size, db: Option<PathBuf>, output: &Format) -> CliResult 
         if equal { "yes" } else { "NO" }
     ))?;
     report.insert("storeEqualsServer".into(), json!(equal));
+    report.insert(
+        "database".into(),
+        json!({"path": path.display().to_string(), "kept": kept}),
+    );
+    if kept {
+        say(format!(
+            "database kept: {p}\n  look at it with: durable-informer get pods --db {p}   (or list, history, stats, check)",
+            p = path.display()
+        ))?;
+    }
     if !human {
         outln!("{}", serde_json::Value::Object(report))?;
     }
@@ -444,9 +456,25 @@ impl Drop for TempDir {
     }
 }
 
-/// A private temporary directory for the demo's database.
+/// A new private (0700) temporary directory for the demo's database: never one a kept demo
+/// left behind.
 fn tempfile_dir() -> CliResult<PathBuf> {
-    let dir = std::env::temp_dir().join(format!("durable-informer-demo-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).map_err(|e| CliError::runtime(format!("{}: {e}", dir.display())))?;
-    Ok(dir)
+    use std::os::unix::fs::DirBuilderExt;
+    let base = std::env::temp_dir();
+    let pid = std::process::id();
+    for n in 0..1000 {
+        let dir = base.join(match n {
+            0 => format!("durable-informer-demo-{pid}"),
+            _ => format!("durable-informer-demo-{pid}-{n}"),
+        });
+        match std::fs::DirBuilder::new().mode(0o700).create(&dir) {
+            Ok(()) => return Ok(dir),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
+            Err(e) => return Err(CliError::runtime(format!("{}: {e}", dir.display()))),
+        }
+    }
+    Err(CliError::runtime(format!(
+        "no free name for the demo's directory in {}",
+        base.display()
+    )))
 }

@@ -171,9 +171,13 @@ pub enum Command {
         /// Cluster size.
         #[arg(long, value_enum, default_value = "medium")]
         size: Size,
-        /// Database file (default: a temporary one).
+        /// Database file (default: a temporary one, removed at the end unless --keep).
         #[arg(long)]
         db: Option<PathBuf>,
+        /// Keep the temporary database and print where, for a look with `get`, `history` or
+        /// `stats` afterwards (a --db file is always kept).
+        #[arg(long)]
+        keep: bool,
         /// Output format of the summary: table or json.
         #[arg(long, short = 'o')]
         output: Option<String>,
@@ -516,9 +520,9 @@ async fn run(command: Command) -> CliResult {
     use output::{Format, REPORT};
     let report = |raw: Option<&str>, command: &str| Format::parse(raw, command, REPORT, Format::Table);
     match command {
-        Command::Demo { size, db, output } => {
+        Command::Demo { size, db, keep, output } => {
             let output = Format::parse(output.as_deref(), "demo", &["table", "json"], Format::Table)?;
-            demo::run(size, db, &output).await
+            demo::run(size, db, keep, &output).await
         }
         Command::Watch {
             scope,

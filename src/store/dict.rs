@@ -27,7 +27,7 @@ pub(crate) const DICT_BYTES: usize = 64 << 10;
 /// Decompressed sizes above this are refused (a damaged frame header must not allocate
 /// gigabytes); Kubernetes objects are limited to a few MiB.
 const MAX_OBJECT_BYTES: u64 = 1 << 30;
-/// Most output one zstd block holds; every block takes at least 3 bytes of the frame.
+/// Most bytes one zstd block holds (the format's Block_Maximum_Size).
 const BLOCK_MAX: u64 = 128 << 10;
 /// The first output buffer of a decompression: this many times the compressed size, at least
 /// [`FIRST_OUT_MIN`]. Grown only when zstd says it is too small, so a damaged frame that declares
@@ -201,8 +201,8 @@ impl DictCache {
 /// decompression). Every frame this store writes holds its content size; one without is refused.
 fn decompress_with(dict: Option<&DDict<'_>>, src: &[u8]) -> Result<Bytes, CodecError> {
     let bad = |what: &str| CodecError::Decompress(std::io::Error::other(what.to_owned()));
-    let most = (src.len() as u64 / 3 + 1)
-        .saturating_mul(BLOCK_MAX)
+    let most = blocks_hold(src)
+        .ok_or_else(|| bad("damaged zstd block header"))?
         .min(MAX_OBJECT_BYTES);
     let size = match zstd_safe::get_frame_content_size(src) {
         Ok(Some(n)) if n <= most => n as usize,
@@ -224,6 +224,48 @@ fn decompress_with(dict: Option<&DDict<'_>>, src: &[u8]) -> Result<Bytes, CodecE
             Ok(_) => return Err(bad("zstd frame size mismatch")),
             Err(DST_TOO_SMALL) if cap < size => cap = size.min(cap.saturating_mul(4)),
             Err(code) => return Err(zerr(code)),
+        }
+    }
+}
+
+/// The most bytes the blocks of the zstd frame at the start of `src` can hold, or `None` when a
+/// header does not fit the format (a block over 128 KiB, which zstd's one-shot decoder would
+/// still fill, or a frame cut short): what a damaged frame header may declare is checked
+/// against it before anything is allocated.
+fn blocks_hold(src: &[u8]) -> Option<u64> {
+    let descriptor = *src.get(4)?;
+    let single_segment = descriptor & 0x20 != 0;
+    let dict_id = [0, 1, 2, 4][usize::from(descriptor & 3)];
+    let content_size = match descriptor >> 6 {
+        0 => usize::from(single_segment),
+        1 => 2,
+        2 => 4,
+        _ => 8,
+    };
+    let mut at = 5 + usize::from(!single_segment) + dict_id + content_size;
+    let mut total = 0u64;
+    loop {
+        let h = src.get(at..at + 3)?;
+        let h = u32::from_le_bytes([h[0], h[1], h[2], 0]);
+        let size = u64::from(h >> 3);
+        if size > BLOCK_MAX {
+            return None;
+        }
+        // Raw: `size` bytes follow; RLE: one byte repeated `size` times; compressed: `size`
+        // bytes that hold up to a block.
+        let (follows, holds) = match (h >> 1) & 3 {
+            0 => (size, size),
+            1 => (1, size),
+            2 => (size, BLOCK_MAX),
+            _ => return None,
+        };
+        at = at.checked_add(3 + usize::try_from(follows).ok()?)?;
+        total += holds;
+        if at > src.len() {
+            return None;
+        }
+        if h & 1 == 1 {
+            return Some(total);
         }
     }
 }
