@@ -317,7 +317,10 @@ async fn shards_partition_the_configmaps(server: Server, gate_on: bool) {
     let st = r.informer.status().borrow().clone();
     assert_eq!(st.lists, 0, "no full list: {st:?}");
     let added = want.len() - on_server(&client, Some(&s0)).await.len();
-    assert_eq!(st.shard_fetched, Some(added as u64), "{st:?}");
+    // The fetch lists the added range at the persisted RV; what the range gained after it
+    // (another shard's last creations, past our last bookmark) comes by the watch.
+    let fetched = st.shard_fetched.unwrap_or_default();
+    assert!(fetched > 0 && fetched <= added as u64, "{added} added: {st:?}");
     let sent = if server_filters { added } else { all.len() } as u64;
     assert_eq!(r.received.objects(), sent, "objects the fetch received");
     r.stop().await;

@@ -507,6 +507,42 @@ async fn a_quiet_scope_reports_synced_at_the_first_bookmark_after_resume() {
     r2.stop().await;
 }
 
+/// A watch-cache-served watch with a selector (labels, fields, shard) counts the events it
+/// filtered out as sent, and sends no bookmark at the revision of the last one: a filtered
+/// resume whose target is such a revision falls back to the quiet period.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_filtered_resume_whose_revision_no_bookmark_reaches_syncs_after_the_quiet_period() {
+    let fake = Fake::new();
+    fake.upsert("a", "1");
+    let dir = tempfile::tempdir().unwrap();
+    let (db, scope, r) = running(&fake, &dir, config()).await;
+    r.stop().await;
+    fake.set_label_selector("app=web");
+    // A change the selector hides: the revision moves, nothing reaches the watch.
+    fake.bump_rv();
+    let mut r = start(&fake, &db, scope, cfg_quiet(200));
+    r.synced().await;
+    r.stop().await;
+    // Unfiltered, the same revision is exact: only a bookmark syncs it.
+    let fake = Fake::new();
+    fake.upsert("a", "1");
+    let dir = tempfile::tempdir().unwrap();
+    let (db, scope, r) = running(&fake, &dir, config()).await;
+    r.stop().await;
+    fake.bump_rv();
+    let r = start(&fake, &db, scope, cfg_quiet(200));
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    assert!(!r.status.borrow().synced, "an exact target waits for the bookmark");
+    r.stop().await;
+}
+
+fn cfg_quiet(ms: u64) -> ReflectorConfig {
+    ReflectorConfig {
+        resume_quiet_period: Some(Duration::from_millis(ms)),
+        ..config()
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_quiet_resumed_watch_reports_synced_after_the_quiet_period() {
     let fake = Fake::new();

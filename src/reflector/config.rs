@@ -27,11 +27,15 @@ pub struct ReflectorConfig {
     pub max_batch: usize,
     /// Wipe the database instead of failing when it belongs to another cluster (default false).
     pub reset_on_cluster_change: bool,
-    /// A fallback for servers that do not tell their watch cache's revision.
+    /// A fallback for servers that do not tell their watch cache's revision, and for
+    /// filtered scopes.
     ///
     /// After a resume the scope counts as synced when its committed RV reaches the watch
     /// cache's revision of the resource (an RV=0 LIST that matches no object): exact, and no
-    /// quiet period applies. A server that gives no such revision (watch cache off, non-integer
+    /// quiet period applies unless the server filters the watch (a label or field selector,
+    /// a shard): the watch cache sends no bookmark at the RV of an event it filtered out, so
+    /// when the resource's last change before the revision is not ours, only the next change
+    /// would reach it. A server that gives no such revision (watch cache off, non-integer
     /// RVs) leaves the cluster-wide RV of the one-object probe as the target, which an event
     /// or bookmark must reach — or, with this set, the resumed watch delivering its backlog and
     /// staying quiet this long (default 2 s). On a busy cluster the cluster-wide RV moves with

@@ -96,12 +96,17 @@ pub(crate) struct SyncTarget {
     /// period applies. Otherwise it is the cluster-wide RV, which a busy cluster moves past
     /// anything this resource's watch delivers.
     exact: bool,
+    /// The server filters the watch (labels, fields, shard). The watch cache counts the
+    /// events it filters out as sent and sends no bookmark at the RV of the last one
+    /// (`cacheWatcher.process` only sends newer ones), so even an exact revision may be
+    /// unreachable until the resource changes again: the quiet period stands in.
+    filtered: bool,
 }
 
 impl SyncTarget {
     /// Whether the quiet period may stand in for reaching the target.
     pub(crate) fn allows_quiet(&self) -> bool {
-        !self.exact
+        !self.exact || self.filtered
     }
 }
 
@@ -328,11 +333,21 @@ impl<S: Source> Reflector<S> {
                         }))
                     }
                     Ok(server_rv) => {
+                        let spec = self.source.scope();
+                        let selects = |s: &Option<String>| s.as_deref().is_some_and(|s| !s.is_empty());
+                        let filtered = selects(&spec.label_selector)
+                            || selects(&spec.field_selector)
+                            || self.config.sharding.is_some();
                         let sync_target = Some(match revision {
-                            Some(rv) => SyncTarget { rv, exact: true },
+                            Some(rv) => SyncTarget {
+                                rv,
+                                exact: true,
+                                filtered,
+                            },
                             None => SyncTarget {
                                 rv: server_rv,
                                 exact: false,
+                                filtered,
                             },
                         });
                         let seq = *self.writer.committed().borrow();

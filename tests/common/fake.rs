@@ -56,6 +56,9 @@ struct State {
     watchers: Vec<mpsc::UnboundedSender<Result<WatchEvent, SourceError>>>,
     identity: Option<String>,
     streaming: bool,
+    /// The label selector `scope()` reports (the fake does not filter: `bump_rv` stands in
+    /// for a change the selector hides).
+    label_selector: Option<String>,
 }
 
 /// The fake server; clones share state.
@@ -169,6 +172,11 @@ impl Fake {
     }
 
     /// Moves the cluster RV without an event for this resource (another resource changed).
+    /// Reports `selector` as the scope's label selector from now on.
+    pub fn set_label_selector(&self, selector: &str) {
+        self.state.lock().unwrap().label_selector = Some(selector.to_owned());
+    }
+
     pub fn bump_rv(&self) {
         self.state.lock().unwrap().rv += 1;
     }
@@ -454,6 +462,8 @@ impl Source for Fake {
     }
 
     fn scope(&self) -> durable_informer::object::ScopeSpec {
-        durable_informer::object::ScopeSpec::new("", "v1", "configmaps")
+        let mut scope = durable_informer::object::ScopeSpec::new("", "v1", "configmaps");
+        scope.label_selector = self.state.lock().unwrap().label_selector.clone();
+        scope
     }
 }
