@@ -19,6 +19,23 @@
 //!   Kubernetes API server for tests, benches and the demo; the `durable-informer` binary.
 //!
 //! [`Error`] wraps every module's own error enum; nothing in the crate imports it.
+//!
+//! The names most applications need are re-exported here:
+//!
+//! ```no_run
+//! use durable_informer::{DurableStore, Informer, StoreConfig};
+//! use k8s_openapi::api::core::v1::ConfigMap;
+//! use kube::{Api, Client};
+//!
+//! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+//! let client = Client::try_default().await?;
+//! let db = tokio::task::spawn_blocking(|| DurableStore::open(StoreConfig::new("cache.redb"))).await??;
+//! let configmaps = Informer::from_api(&db, Api::<ConfigMap>::all(client)).build().await?;
+//! configmaps.wait_for_sync().await?;
+//! println!("{} configmaps", configmaps.lister().state()?.len());
+//! # Ok(())
+//! # }
+//! ```
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 pub mod metrics;
@@ -45,6 +62,14 @@ mod util;
 
 pub use error::{Error, Result};
 pub use object::{ObjectKey, ResourceVersion};
+
+// The names an application uses, at the crate root (kube-rs style); each module keeps the rest.
+pub use controller::Controller;
+pub use informer::{handler_fn, Event, HandlerOptions, Informer, InformerFactory, Lister};
+pub use leader::{LeaderElectionConfig, LeaderElector};
+pub use queue::WorkQueue;
+pub use reflector::ReflectorConfig;
+pub use store::{Durability, DurableStore, StoreConfig};
 
 /// The README's examples, compiled (and the runnable ones run) as doc tests.
 #[cfg(all(doctest, feature = "sim"))]
