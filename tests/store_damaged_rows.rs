@@ -613,7 +613,6 @@ fn a_damaged_dictionary_on_disk_gives_errors_through_the_public_api() {
 }
 
 #[test]
-#[ignore = "fails until src/store/writer/dicts.rs (read-model engineer's file) handles a dictionary zstd refuses: it builds the scope's encoder with EncDict::new, whose EncoderDictionary::copy panics"]
 fn a_damaged_dictionary_on_disk_fails_the_writer_with_an_error() {
     use durable_informer::object::RawObject;
     use durable_informer::store::{Batch, DeltaKind};
@@ -634,6 +633,12 @@ fn a_damaged_dictionary_on_disk_fails_the_writer_with_an_error() {
         let applied = db
             .writer()
             .apply_blocking(Batch::new(scope).delta(DeltaKind::Added, obj).rv("500"));
+        let (scope_id, dict_id) = id;
+        let named = format!("dictionary {dict_id} of scope {scope_id}");
+        assert!(
+            applied.as_ref().is_err_and(|e| e.to_string().contains(&named)),
+            "the error names {named}: {applied:?}"
+        );
         assert_codec_error("apply", applied);
         // The writer is still there for the next batch.
         assert!(db.writer().flush_blocking().is_ok());

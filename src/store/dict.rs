@@ -14,8 +14,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
 
 use bytes::Bytes;
-use zstd::dict::EncoderDictionary;
-use zstd::zstd_safe::{self, DDict};
+use zstd::zstd_safe::{self, CDict, DDict};
 
 use super::codec::{CodecError, Compression};
 use super::StoreError;
@@ -50,17 +49,23 @@ fn zerr(code: usize) -> CodecError {
 pub(crate) struct EncDict {
     pub(crate) scope: u32,
     pub(crate) id: u32,
-    cdict: EncoderDictionary<'static>,
+    cdict: CDict<'static>,
 }
 
 impl EncDict {
-    pub(crate) fn new(scope: u32, id: u32, bytes: &[u8], level: i32) -> Self {
-        Self {
-            scope,
-            id,
-            cdict: EncoderDictionary::copy(bytes, level),
-        }
+    /// Prepares dictionary `id` of `scope`; an error when zstd refuses its bytes (a damaged
+    /// row: its entropy tables do not load).
+    pub(crate) fn new(scope: u32, id: u32, bytes: &[u8], level: i32) -> Result<Self, CodecError> {
+        let cdict = CDict::try_create(bytes, level).ok_or_else(|| damaged_dict(scope, id))?;
+        Ok(Self { scope, id, cdict })
     }
+}
+
+/// The error for a dictionary row zstd refuses.
+fn damaged_dict(scope: u32, id: u32) -> CodecError {
+    CodecError::Decompress(std::io::Error::other(format!(
+        "dictionary {id} of scope {scope} is damaged"
+    )))
 }
 
 /// Compresses `bytes` as the setting `setting` asks, with `dict` when the setting is
@@ -79,7 +84,7 @@ pub(crate) fn pack(
     CCTX.with(|c| {
         let mut c = c.borrow_mut();
         match dict {
-            Some(d) => c.compress_using_cdict(&mut out, bytes, d.cdict.as_cdict()),
+            Some(d) => c.compress_using_cdict(&mut out, bytes, &d.cdict),
             None => c.compress(&mut out, bytes, level),
         }
     })
@@ -98,11 +103,8 @@ pub(crate) fn pack(
 /// it, computed on any thread.
 pub(crate) fn pack_with(dict: &EncDict, bytes: &Bytes) -> Result<Bytes, CodecError> {
     let mut out: Vec<u8> = Vec::with_capacity(zstd_safe::compress_bound(bytes.len()));
-    CCTX.with(|c| {
-        c.borrow_mut()
-            .compress_using_cdict(&mut out, bytes, dict.cdict.as_cdict())
-    })
-    .map_err(zerr)?;
+    CCTX.with(|c| c.borrow_mut().compress_using_cdict(&mut out, bytes, &dict.cdict))
+        .map_err(zerr)?;
     Ok(Bytes::from(out))
 }
 
@@ -164,11 +166,7 @@ impl DictCache {
         }
         let Some(bytes) = load(scope, id)? else { return Ok(None) };
         // zstd refuses a damaged dictionary whose entropy tables do not load.
-        let d = Arc::new(DDict::try_create(&bytes).ok_or_else(|| {
-            CodecError::Decompress(std::io::Error::other(format!(
-                "dictionary {id} of scope {scope} is damaged"
-            )))
-        })?);
+        let d = Arc::new(DDict::try_create(&bytes).ok_or_else(|| damaged_dict(scope, id))?);
         self.decoders
             .write()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -299,7 +297,7 @@ mod tests {
     fn dictionary_blobs_round_trip_and_name_their_dictionary() {
         let samples: Vec<Bytes> = (0..TRAIN_SAMPLES).map(sample).collect();
         let raw = train(&samples).expect("trains");
-        let enc = EncDict::new(4, 2, &raw, 3);
+        let enc = EncDict::new(4, 2, &raw, 3).unwrap();
         let obj = sample(10_001);
         let (packed, tag) = pack(Compression::ZstdDict(3), Some(&enc), &obj).unwrap();
         assert_eq!(tag, Compression::Dict { scope: 4, dict: 2 });

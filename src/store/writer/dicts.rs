@@ -11,9 +11,9 @@ use redb::{ReadableTable, WriteTransaction};
 use super::super::codec::Compression;
 use super::super::dict::{self, EncDict};
 use super::super::schema::{ScopeId, DICTS};
-use super::{PublishedDicts, Step, WriterThread};
+use super::super::StoreError;
+use super::{Failure, PublishedDicts, Step, WriterThread};
 
-/// A scope's compression dictionary on the writer.
 /// The writer's compression dictionaries.
 pub(super) struct Dictionaries {
     pub(super) compression: Compression,
@@ -87,7 +87,12 @@ impl WriterThread {
                 .transpose()
                 .map_err(|e| self.st(e))?;
             if let Some((k, v)) = newest {
-                let d = Arc::new(EncDict::new(scope.0, k.value().1, v.value(), level));
+                // A damaged row: the command is refused before it wrote anything (the group's
+                // other commands commit), and so is every later one of the scope until the
+                // file is repaired; blobs it compressed do not read either.
+                let d = EncDict::new(scope.0, k.value().1, v.value(), level)
+                    .map_err(|e| Failure::Refused(StoreError::from(e)))?;
+                let d = Arc::new(d);
                 // Read from the file: committed, so callers may compress with it.
                 self.publish(scope.0, d.clone());
                 state.current = Some(d);
@@ -108,7 +113,15 @@ impl WriterThread {
             }
             if state.samples.len() >= dict::TRAIN_SAMPLES {
                 let samples = std::mem::take(&mut state.samples);
-                if let Some(raw) = dict::train(&samples) {
+                // A dictionary zstd trained but refuses to load counts as a failed training.
+                let trained = dict::train(&samples).and_then(|raw| match EncDict::new(scope.0, 0, &raw, level) {
+                    Ok(enc) => Some((raw, enc)),
+                    Err(e) => {
+                        tracing::warn!(error = %e, "zstd refused the dictionary it trained; objects stay compressed without one");
+                        None
+                    }
+                });
+                if let Some((raw, mut enc)) = trained {
                     let mut table = txn.open_table(DICTS).map_err(|e| self.st(e))?;
                     let in_file = table
                         .range((scope.0, 0)..=(scope.0, u32::MAX))
@@ -124,7 +137,8 @@ impl WriterThread {
                     handed_out.insert(scope.0, id);
                     drop(handed_out);
                     table.insert((scope.0, id), raw.as_slice()).map_err(|e| self.st(e))?;
-                    state.current = Some(Arc::new(EncDict::new(scope.0, id, &raw, level)));
+                    enc.id = id;
+                    state.current = Some(Arc::new(enc));
                     self.dict.pending.borrow_mut().push(scope.0);
                     tracing::debug!(%scope, id, bytes = raw.len(), "trained a zstd dictionary");
                 }
