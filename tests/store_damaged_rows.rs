@@ -645,6 +645,147 @@ fn a_damaged_dictionary_on_disk_fails_the_writer_with_an_error() {
     });
 }
 
+/// The encoded `objects` key of `default/<name>` in the closed database at `path`.
+fn object_row_key(path: &Path, name: &str) -> Vec<u8> {
+    let db = redb::Database::open(path).expect("opens");
+    let txn = db.begin_read().expect("txn");
+    let objects = txn
+        .open_table(TableDefinition::<&[u8], &[u8]>::new("objects"))
+        .expect("objects");
+    let suffix = format!("default\0{name}");
+    let key = objects
+        .iter()
+        .expect("iter")
+        .map(|r| r.expect("row").0.value().to_vec())
+        .find(|k| k.ends_with(suffix.as_bytes()))
+        .expect("the object's row");
+    key
+}
+
+fn configmap(name: &str, rv: &str, v: &str) -> durable_informer::object::RawObject {
+    durable_informer::object::RawObject::from_json(
+        format!(
+            r#"{{"metadata":{{"name":"{name}","namespace":"default","resourceVersion":"{rv}"}},"data":{{"v":"{v}"}}}}"#
+        )
+        .into_bytes(),
+    )
+    .expect("object")
+}
+
+/// Review finding F8 at the writer: the stored row of the version an update replaces does not
+/// decode. The update is written with no previous state (`old: None`) and counted, and the
+/// other deltas of the group commit; a delete of a damaged row removes it.
+#[test]
+fn a_damaged_old_object_row_does_not_fail_the_update() {
+    use durable_informer::store::{Batch, DeltaKind};
+    isolated("a_damaged_old_object_row_does_not_fail_the_update", || {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let path = golden_db(dir.path());
+        for name in ["d299", "d298"] {
+            damage_on_disk::<&[u8]>(&path, "objects", &object_row_key(&path, name), &huge_string_after(&[1]));
+        }
+        let db = DurableStore::open(StoreConfig::new(&path)).expect("opens");
+        let scope = db.writer().register_scope_blocking(&spec()).expect("scope");
+        let store = db.store(scope);
+        let before = store.list_keys().expect("keys").len();
+        assert_eq!(db.damaged_rows_skipped(), 0);
+        let committed = db
+            .writer()
+            .apply_blocking(
+                Batch::new(scope)
+                    .delta(DeltaKind::Updated, configmap("d299", "900", "new"))
+                    .delta(DeltaKind::Added, configmap("fresh", "901", "1"))
+                    .rv("901"),
+            )
+            .expect("the update of a damaged row commits");
+        assert_eq!(committed.entries, 2);
+        let now = store
+            .get(&ObjectKey::namespaced("default", "d299"))
+            .expect("reads again")
+            .expect("stored");
+        assert_eq!(now.meta.resource_version.as_str(), "900");
+        let log = db.log().read_after(Seq(committed.seq.0 - 2), 10, None).expect("log");
+        assert_eq!(log.len(), 2, "{log:?}");
+        assert_eq!(log[0].kind, DeltaKind::Updated, "the key was stored: an update");
+        assert_eq!(log[0].old, None, "its previous state does not decode");
+        assert_eq!(log[1].kind, DeltaKind::Added);
+        assert_eq!(db.damaged_rows_skipped(), 1, "the damaged previous state is counted");
+        assert_eq!(
+            store.list_keys().expect("keys").len(),
+            before + 1,
+            "d299 was replaced, not added"
+        );
+
+        // A delete of the other damaged row removes it.
+        let committed = db
+            .writer()
+            .apply_blocking(
+                Batch::new(scope)
+                    .delta(DeltaKind::Deleted, configmap("d298", "902", ""))
+                    .rv("902"),
+            )
+            .expect("the delete of a damaged row commits");
+        assert_eq!(committed.entries, 1);
+        assert_eq!(store.get(&ObjectKey::namespaced("default", "d298")).expect("get"), None);
+        let log = db.log().read_after(Seq(committed.seq.0 - 1), 10, None).expect("log");
+        assert_eq!(log[0].kind, DeltaKind::Deleted);
+        assert_eq!(log[0].old, None);
+        assert_eq!(db.damaged_rows_skipped(), 2);
+        assert_eq!(store.list_keys().expect("keys").len(), before);
+        let report = db.check().expect("check");
+        assert!(
+            !report.problems.iter().any(|p| p.contains("d299") || p.contains("d298")),
+            "the damaged rows were replaced: {:?}",
+            report.problems
+        );
+    });
+}
+
+/// A relist over damaged object rows heals them: a listed one is replaced whatever its RV
+/// (never counted unchanged), an unlisted one is deleted.
+#[test]
+fn a_relist_replaces_damaged_object_rows() {
+    isolated("a_relist_replaces_damaged_object_rows", || {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let path = golden_db(dir.path());
+        for name in ["d299", "d298"] {
+            damage_on_disk::<&[u8]>(&path, "objects", &object_row_key(&path, name), &huge_string_after(&[1]));
+        }
+        let db = DurableStore::open(StoreConfig::new(&path)).expect("opens");
+        let scope = db.writer().register_scope_blocking(&spec()).expect("scope");
+        let store = db.store(scope);
+        let keys = store.list_keys().expect("keys");
+        // Everything is listed again with the same RV, but d298 is gone and d299's row was damaged.
+        let listed: Vec<_> = keys
+            .iter()
+            .filter(|k| k.name != "d298")
+            .map(|k| match store.get(k) {
+                Ok(Some(o)) => durable_informer::object::RawObject::from_json(o.bytes.to_vec()).expect("object"),
+                _ => configmap(&k.name, "1", "relisted"),
+            })
+            .collect();
+        db.writer().stage_relist_blocking(scope, listed).expect("stages");
+        let summary = db
+            .writer()
+            .finish_relist_blocking(scope, "9999".into(), "test")
+            .expect("a relist over damaged rows commits");
+        assert_eq!((summary.updated, summary.deleted), (1, 1), "{summary:?}");
+        assert_eq!(summary.unchanged as usize, keys.len() - 2);
+        let d299 = store
+            .get(&ObjectKey::namespaced("default", "d299"))
+            .expect("reads again")
+            .expect("stored");
+        assert_eq!(d299.meta.resource_version.as_str(), "1");
+        assert_eq!(db.damaged_rows_skipped(), 2);
+        let report = db.check().expect("check");
+        assert!(
+            !report.problems.iter().any(|p| p.contains("d299") || p.contains("d298")),
+            "{:?}",
+            report.problems
+        );
+    });
+}
+
 #[test]
 #[ignore = "writes the store fuzz targets' seeds (fuzz/seed-corpora.sh --store runs it)"]
 fn write_fuzz_seeds() {

@@ -115,6 +115,7 @@ mod tests {
             indexes: Default::default(),
             dicts: Default::default(),
             config,
+            damaged_rows: Default::default(),
         }
     }
 

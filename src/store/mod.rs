@@ -441,6 +441,9 @@ pub(crate) struct Shared {
     pub(crate) dicts: dict::DictCache,
     /// How the database was opened: the writer reopens it the same way after an I/O error.
     config: StoreConfig,
+    /// Stored rows the writer found damaged and went past (see
+    /// [`DurableStore::damaged_rows_skipped`]).
+    pub(crate) damaged_rows: std::sync::atomic::AtomicU64,
 }
 
 impl Shared {
@@ -521,6 +524,7 @@ impl DurableStore {
             indexes: IndexRegistry::default(),
             dicts: dict::DictCache::default(),
             config: config.clone(),
+            damaged_rows: std::sync::atomic::AtomicU64::new(0),
         });
         migrate::run(&shared)?;
         let (writer, thread) = writer::spawn(shared.clone(), &config)?;
@@ -572,6 +576,23 @@ impl DurableStore {
     #[must_use]
     pub fn path(&self) -> &Path {
         &self.shared.path
+    }
+
+    /// How many damaged stored rows the writer went past since the store was opened: the
+    /// stored version of an object that an update or delete replaced did not decode, so the
+    /// change was written and logged with no previous state (handlers get `old` as `None`
+    /// from the log). Each is also logged as an error; [`check`](Self::check) lists the rows
+    /// still damaged.
+    ///
+    /// ```
+    /// # use durable_informer::store::{DurableStore, StoreConfig};
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// let db = DurableStore::open(StoreConfig::new(dir.path().join("db.redb"))).unwrap();
+    /// assert_eq!(db.damaged_rows_skipped(), 0);
+    /// ```
+    #[must_use]
+    pub fn damaged_rows_skipped(&self) -> u64 {
+        self.shared.damaged_rows.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Every scope in the database with its record.

@@ -161,17 +161,27 @@ impl WriterThread {
         let key = obj.key();
         let okey = keys::object(scope, &key);
         // The existing row is read once; its inline bytes (only present after compaction) are
-        // copied once, because the row is overwritten below.
+        // copied once, because the row is overwritten below. A row that does not decode is
+        // replaced (or removed) all the same: the change is logged with no previous state.
+        let mut damaged = false;
         let existing = match t.objects.get(okey.as_slice()).map_err(|e| self.st(e))? {
-            Some(v) => {
-                let (h, inline) = codec::decode_object(v.value()).map_err(StoreError::from)?;
-                let inline = if h.data == DataRef::Inline {
-                    inline.to_vec()
-                } else {
-                    Vec::new()
-                };
-                Some((h, inline))
-            }
+            Some(v) => match codec::decode_object(v.value()) {
+                Ok((h, inline)) => {
+                    let inline = if h.data == DataRef::Inline {
+                        inline.to_vec()
+                    } else {
+                        Vec::new()
+                    };
+                    Some((h, inline))
+                }
+                Err(e) => {
+                    damaged = kind != DeltaKind::Sync;
+                    if damaged {
+                        self.damaged_previous(scope, &key, &e);
+                    }
+                    None
+                }
+            },
             None => None,
         };
         let (prev, prev_inline): (PrevRef, &[u8]) = match &existing {
@@ -184,21 +194,26 @@ impl WriterThread {
         let seq = t.next_seq;
         match kind {
             DeltaKind::Deleted => {
-                let Some((old, _)) = &existing else { return Ok(false) };
+                // A damaged row's own metadata is unknown: the delete's (its key, at least).
+                let old_meta = match &existing {
+                    Some((old, _)) => &old.meta,
+                    None if damaged => &obj.meta,
+                    None => return Ok(false),
+                };
                 let (data, compression) = if final_state_unknown {
                     (Bytes::new(), Compression::None)
                 } else {
                     pack(packed)?
                 };
                 let rv = if final_state_unknown {
-                    old.meta.resource_version.clone()
+                    old_meta.resource_version.clone()
                 } else {
                     obj.meta.resource_version.clone()
                 };
                 if self.publisher.wants(scope) {
                     // Before the rows below: readers of a group without an fsync hear of it
                     // now (see `publish`).
-                    let meta = if final_state_unknown { &old.meta } else { &obj.meta };
+                    let meta = if final_state_unknown { old_meta } else { &obj.meta };
                     self.publisher.change(
                         scope,
                         Change {
@@ -255,7 +270,7 @@ impl WriterThread {
                         return Ok(false);
                     }
                 }
-                let stored_kind = if existing.is_some() {
+                let stored_kind = if existing.is_some() || damaged {
                     DeltaKind::Updated
                 } else {
                     DeltaKind::Added
@@ -305,12 +320,21 @@ impl WriterThread {
                 for (name, values) in &values {
                     self.set_index_values(t, scope, name, &key, values)?;
                 }
-                if existing.is_none() {
+                if existing.is_none() && !damaged {
                     record.object_count += 1;
                 }
                 Ok(true)
             }
         }
+    }
+
+    /// Counts and reports a stored row of `key` that does not decode, met while a change
+    /// replaces or removes it.
+    fn damaged_previous(&self, scope: ScopeId, key: &ObjectKey, e: &codec::CodecError) {
+        self.shared
+            .damaged_rows
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        tracing::error!(%scope, %key, error = %e, "the stored version of an object does not decode: its change is logged without a previous state");
     }
 
     #[allow(clippy::too_many_arguments)] // mirrors the log header's fields

@@ -54,13 +54,16 @@ impl WriterThread {
         let range = start.as_slice()..end.as_slice();
         // Stored objects' RVs, to diff against; keys only, so memory stays proportional to the
         // number of keys, not their bytes.
-        let mut stored: HashMap<Vec<u8>, ResourceVersion> = HashMap::new();
+        // `None`: a damaged row, replaced by what was listed (or deleted) whatever its RV.
+        let mut stored: HashMap<Vec<u8>, Option<ResourceVersion>> = HashMap::new();
         {
             let objects = txn.open_table(OBJECTS).map_err(|e| self.st(e))?;
             for row in objects.range::<&[u8]>(range.clone()).map_err(|e| self.st(e))? {
                 let (k, v) = row.map_err(|e| self.st(e))?;
-                let (h, _) = codec::decode_object(v.value()).map_err(StoreError::from)?;
-                stored.insert(k.value().to_vec(), h.meta.resource_version);
+                let rv = codec::decode_object(v.value())
+                    .ok()
+                    .map(|(h, _)| h.meta.resource_version);
+                stored.insert(k.value().to_vec(), rv);
             }
         }
         let mut summary = RelistSummary::default();
@@ -72,7 +75,7 @@ impl WriterThread {
             let (k, v) = row.map_err(|e| self.st(e))?;
             let (h, inline) = codec::decode_object(v.value()).map_err(StoreError::from)?;
             match stored.remove(k.value()) {
-                Some(old_rv) if old_rv == h.meta.resource_version => summary.unchanged += 1,
+                Some(Some(old_rv)) if old_rv == h.meta.resource_version => summary.unchanged += 1,
                 seen => {
                     let obj = RawObject::from_parts(h.meta, bytes::Bytes::copy_from_slice(inline));
                     self.apply_delta(
