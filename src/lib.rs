@@ -71,7 +71,6 @@ pub use queue::WorkQueue;
 pub use reflector::ReflectorConfig;
 pub use store::{Durability, DurableStore, StoreConfig};
 
-/// The README's examples, compiled (and the runnable ones run) as doc tests.
-#[cfg(all(doctest, feature = "sim"))]
-#[doc = include_str!("../README.md")]
-pub struct ReadmeDoctests;
+/// The README's and docs/' examples as doc tests.
+#[cfg(doctest)]
+mod doc_tests;
