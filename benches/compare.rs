@@ -31,7 +31,9 @@
 //!
 //! `BENCH_MEMORY_ONLY=1` runs only the child processes (scenarios 5 and 2's peak RSS);
 //! `BENCH_ONLY=reads,steady` runs only the named parts (`lifecycle` for 1, 2 and 4, `steady`,
-//! `reads`, `memory`), for working on one of them.
+//! `reads`, `memory`), for working on one of them. `BENCH_OBJECT_CACHE_BYTES` sets ours'
+//! object cache budget per informer (0: no object JSON held) and `BENCH_FSYNC_DELAY_MS` its
+//! `fsync_delay` (`off`: none), in every scenario.
 //!
 //! Large clusters (issue #34): `BENCH_SCALE=10000,100000,1000000` (with `BENCH_N=none` to run
 //! it alone) runs one system at a time per N, each in child processes: cold sync (time, rate,
@@ -545,13 +547,13 @@ fn metrics(s: &SystemRep) -> Vec<Metric> {
         m("6 reads", "select app=web (µs)", r.by_label_us);
         m("6 reads", "objects selected", r.by_label_len as f64);
         if let Some(c) = &r.cold {
-            m("6 reads", "hot tier off: get by key (µs)", c.get_us);
-            m("6 reads", "hot tier off: list one namespace (µs)", c.list_ns_us);
-            m("6 reads", "hot tier off: select app=web (µs)", c.by_label_us);
+            m("6 reads", "no JSON cached: get by key (µs)", c.get_us);
+            m("6 reads", "no JSON cached: list one namespace (µs)", c.list_ns_us);
+            m("6 reads", "no JSON cached: select app=web (µs)", c.by_label_us);
             m("6 reads", "decode one Pod's JSON alone (µs)", c.decode_us);
         }
-        if let Some(mib) = r.hot_tier_mib {
-            m("6 reads", "hot tier held, as charged (MiB)", mib);
+        if let Some(mib) = r.object_cache_mib {
+            m("6 reads", "object cache held, as charged (MiB)", mib);
         }
     }
     v

@@ -1,14 +1,16 @@
-//! Where an event's delivery time goes, stage by stage (issue #20): one ~4.5 KB Pod per batch,
-//! one batch per millisecond, into a store of N = 10,000 Pods with the label index, as the
-//! reflector sends them (`deferred_fsync`), then read back from the log as a volatile
-//! handler's dispatcher does (on a blocking thread) and decoded: every other event into `Pod`,
-//! the others into metadata only, as the controller's own handlers did before they read keys
-//! from the log entries' headers (timed too: the controller's queue now reads only those).
+//! Where an event's delivery time goes on the log path, stage by stage (issue #20): one
+//! ~4.5 KB Pod per batch, one batch per millisecond, into a store of N = 10,000 Pods with the
+//! label index, as the reflector sends them (`deferred_fsync`), then read back from the log as a
+//! durable handler's dispatcher does (on a blocking thread) and decoded: every other event into
+//! `Pod`, the others into metadata only; and the same entries' headers alone (keys, as the
+//! controller's queue once read them).
 //!
-//! `cargo bench --features sim --bench latency_stages` (`BENCH_HOT_TIER_BYTES=0` for the hot
-//! tier off; `BENCH_EVENTS` events, 3,000 by default). Prints p50 / p90 / p99 of each stage.
-//! No kube-runtime here: `benches/compare` has the end-to-end ratio; this tells which of our
-//! stages the difference is made of.
+//! Since issue #33 volatile handlers and the controller's queue no longer read the log: the
+//! informer's object cache tells them (`src/informer/cache/`), and this bench, which builds no
+//! informer, does not include it; `benches/compare` times that path end to end.
+//!
+//! `cargo bench --features sim --bench latency_stages` (`BENCH_EVENTS` events, 3,000 by
+//! default). Prints p50 / p90 / p99 of each stage.
 
 use std::time::{Duration, Instant};
 
@@ -18,7 +20,7 @@ use durable_informer::store::{Batch, DeltaKind, DurableStore, Indexer, StoreConf
 use k8s_openapi::api::core::v1::Pod;
 use serde_json::Value;
 
-/// What the controller's handlers decode of each event (the same shape as theirs).
+/// A decode of the metadata alone, beside the whole Pod's.
 #[derive(serde::Deserialize)]
 struct MetaOnly {
     #[serde(default)]
@@ -63,20 +65,16 @@ fn raw(pod: &Value, rv: u64) -> Res<RawObject> {
 
 fn main() -> Res<()> {
     let events = env_usize("BENCH_EVENTS")?.unwrap_or(3_000).max(1);
-    let tier = env_usize("BENCH_HOT_TIER_BYTES")?;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()?;
-    rt.block_on(run(events, tier))
+    rt.block_on(run(events))
 }
 
-async fn run(events: usize, tier: Option<usize>) -> Res<()> {
+async fn run(events: usize) -> Res<()> {
     let dir = tempfile::tempdir()?;
-    let mut config = StoreConfig::new(dir.path().join("stages.redb"));
-    if let Some(bytes) = tier {
-        config = config.object_cache_bytes(bytes);
-    }
+    let config = StoreConfig::new(dir.path().join("stages.redb"));
     let db = tokio::task::spawn_blocking(move || DurableStore::open(config)).await??;
     let writer = db.writer();
     let scope = writer.register_scope(&ScopeSpec::new("", "v1", "pods")).await?;
@@ -159,9 +157,8 @@ async fn run(events: usize, tier: Option<usize>) -> Res<()> {
         tokio::time::sleep(Duration::from_millis(1)).await;
     }
     println!(
-        "{events} single-Pod batches into {N} Pods, one per ms ({:.1} s), hot tier {}:",
-        started.elapsed().as_secs_f64(),
-        tier.map_or_else(|| "default".to_owned(), |b| format!("{b} bytes"))
+        "{events} single-Pod batches into {N} Pods, one per ms ({:.1} s):",
+        started.elapsed().as_secs_f64()
     );
     println!(
         "  submit → committed (redb commit, fsync deferred)  {}",
@@ -176,7 +173,7 @@ async fn run(events: usize, tier: Option<usize>) -> Res<()> {
         percentiles(read_full)
     );
     println!(
-        "    the same entries, headers only (controller)     {}",
+        "    the same entries, headers only (keys)           {}",
         percentiles(heads)
     );
     println!(
@@ -184,7 +181,7 @@ async fn run(events: usize, tier: Option<usize>) -> Res<()> {
         percentiles(decode)
     );
     println!(
-        "  metadata only, as the controller did (the others) {}",
+        "  metadata only (the others)                      {}",
         percentiles(meta)
     );
     drop((writer, log));

@@ -4,8 +4,9 @@
 //! HTTP, so a process's peak RSS (`VmHWM`) is the informer's alone.
 //!
 //! `cargo bench --features sim --bench sharding` (plain `main`, `harness = false`): N = 10,000
-//! generated ~4 KB Pods; `BENCH_N=100000` for another size, `BENCH_HOT_TIER_BYTES` for another
-//! hot-tier budget per informer (default 512 MiB). Runs, for a server that filters
+//! generated ~4 KB Pods; `BENCH_N=100000` for another size, `BENCH_OBJECT_CACHE_BYTES` for
+//! another object cache budget per informer (default 512 MiB; `BENCH_HOT_TIER_BYTES`, its name
+//! before issue #33, is still read). Runs, for a server that filters
 //! (`shardSelector` honoured) and one that does not (the informer filters):
 //!
 //! 1. one unsharded informer, then shards 0, 1 and 2 of 3 by UID, each a cold sync into a new
@@ -42,6 +43,9 @@ fn main() -> Res<()> {
     };
     if n == 0 {
         return Err("BENCH_N must be at least 1".into());
+    }
+    if std::env::var_os("BENCH_HOT_TIER_BYTES").is_some() {
+        eprintln!("BENCH_HOT_TIER_BYTES is deprecated: set BENCH_OBJECT_CACHE_BYTES");
     }
     let dir = tempfile::tempdir()?;
     println!("## Sharding, N = {n} Pods\n");
@@ -207,9 +211,12 @@ fn child() -> Res<()> {
         let t = Instant::now();
         let client = kube::Client::try_from(kube::Config::new(url.parse()?))?;
         let mut config = StoreConfig::new(db);
-        // As in benches/compare: the hot tier's budget (default 512 MiB per informer).
-        if let Some(bytes) = std::env::var("BENCH_HOT_TIER_BYTES").ok().and_then(|v| v.parse().ok()) {
-            config = config.object_cache_bytes(bytes);
+        // As in benches/compare: the object cache's budget (default 512 MiB per informer).
+        let budget = ["BENCH_OBJECT_CACHE_BYTES", "BENCH_HOT_TIER_BYTES"]
+            .into_iter()
+            .find_map(|name| std::env::var(name).ok().map(|v| (name, v)));
+        if let Some((name, v)) = budget {
+            config = config.object_cache_bytes(v.trim().parse().map_err(|e| format!("{name}={v:?}: {e}"))?);
         }
         let store = tokio::task::spawn_blocking(move || DurableStore::open(config)).await??;
         let mut builder =

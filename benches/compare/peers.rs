@@ -239,7 +239,7 @@ impl GoPeer {
             by_label_us: f(3)?,
             by_label_len: f(4)? as u64,
             cold: None,
-            hot_tier_mib: None,
+            object_cache_mib: None,
         })
     }
 

@@ -186,29 +186,46 @@ pub struct Ours {
     pub probe: Probe,
 }
 
-/// Opens (or reopens) the database at `path`, builds the informer with the label index,
-/// registers the counting handler and starts it. Does not wait for sync.
-/// Our store's configuration: the defaults, with `BENCH_HOT_TIER_BYTES` as the hot tier's
-/// budget when set (0 runs every scenario with the tier off, for an A/B of its cost).
-/// `BENCH_FSYNC_DELAY_MS` likewise sets `fsync_delay` (`off`: every watch batch fsynced first).
-pub fn store_config(path: PathBuf) -> StoreConfig {
-    let mut config = StoreConfig::new(path);
-    if let Some(bytes) = std::env::var("BENCH_HOT_TIER_BYTES").ok().and_then(|v| v.parse().ok()) {
-        config = config.object_cache_bytes(bytes);
+/// Each informer's object cache budget for every scenario, from `BENCH_OBJECT_CACHE_BYTES`
+/// (0: no object JSON held in memory, for an A/B of its cost). `BENCH_HOT_TIER_BYTES`, its
+/// name before the hot tier gave way to the object cache (issue #33), is still read.
+fn object_cache_bytes() -> Res<Option<usize>> {
+    let Some((name, v)) = ["BENCH_OBJECT_CACHE_BYTES", "BENCH_HOT_TIER_BYTES"]
+        .into_iter()
+        .find_map(|name| std::env::var(name).ok().map(|v| (name, v)))
+    else {
+        return Ok(None);
+    };
+    if name == "BENCH_HOT_TIER_BYTES" {
+        static WARNED: std::sync::Once = std::sync::Once::new();
+        WARNED.call_once(|| eprintln!("BENCH_HOT_TIER_BYTES is deprecated: set BENCH_OBJECT_CACHE_BYTES"));
     }
-    match std::env::var("BENCH_FSYNC_DELAY_MS").ok().as_deref() {
-        Some("off") => config.fsync_delay(None),
-        Some(ms) => match ms.parse() {
-            Ok(ms) => config.fsync_delay(Some(Duration::from_millis(ms))),
-            Err(_) => config,
-        },
-        None => config,
-    }
+    let bytes = v.trim().parse().map_err(|e| format!("{name}={v:?}: {e}"))?;
+    Ok(Some(bytes))
 }
 
+/// Our store's configuration: the defaults, with [`object_cache_bytes`] when set, and
+/// `BENCH_FSYNC_DELAY_MS` as `fsync_delay` (`off`: every watch batch fsynced first).
+pub fn store_config(path: PathBuf) -> Res<StoreConfig> {
+    let mut config = StoreConfig::new(path);
+    if let Some(bytes) = object_cache_bytes()? {
+        config = config.object_cache_bytes(bytes);
+    }
+    Ok(match std::env::var("BENCH_FSYNC_DELAY_MS").ok().as_deref() {
+        Some("off") => config.fsync_delay(None),
+        Some(ms) => {
+            let ms = ms.parse().map_err(|e| format!("BENCH_FSYNC_DELAY_MS={ms:?}: {e}"))?;
+            config.fsync_delay(Some(Duration::from_millis(ms)))
+        }
+        None => config,
+    })
+}
+
+/// Opens (or reopens) the database at `path`, builds the informer with the label index,
+/// registers the counting handler and starts it. Does not wait for sync.
 pub async fn ours_start(sim: &Sim, path: &Path) -> Res<Ours> {
-    let p = path.to_path_buf();
-    let db = tokio::task::spawn_blocking(move || DurableStore::open(store_config(p))).await??;
+    let config = store_config(path.to_path_buf())?;
+    let db = tokio::task::spawn_blocking(move || DurableStore::open(config)).await??;
     let source = KubeSource::typed::<Pod>(sim.client()?, &sim.url());
     let informer = Informer::<Pod>::builder(&db, source)
         .indexer(Indexer::labels())
@@ -824,13 +841,14 @@ pub struct Reads {
     pub list_ns_len: u64,
     /// Objects returned by the label select.
     pub by_label_len: u64,
-    /// Ours only: the same reads with the hot tier off (from redb).
+    /// Ours only: the same reads with no object JSON in the cache (from redb).
     pub cold: Option<ColdReads>,
-    /// Ours only: what the hot tier holds after the reads (MiB charged, objects with JSON).
-    pub hot_tier_mib: Option<f64>,
+    /// Ours only: what the object cache holds after the reads (MiB charged).
+    pub object_cache_mib: Option<f64>,
 }
 
-/// Ours' reads with the hot tier off, in microseconds per operation.
+/// Ours' reads with an object cache budget of 0 (every object read from redb), in
+/// microseconds per operation.
 #[derive(Debug, Clone, Default, serde::Serialize)]
 pub struct ColdReads {
     pub get_us: f64,
@@ -906,9 +924,10 @@ fn decode_alone(store: &durable_informer::store::Store, n: usize) -> Res<f64> {
     Ok(t.elapsed().as_secs_f64() * 1e6 / (rounds * objects.len()) as f64)
 }
 
-/// Reads through our lister (gets, namespace lists, the label index): with the default hot
-/// tier after a cold sync (every object read once first, as kube-runtime decoded each during
-/// its sync), then from redb alone (the database reopened with the tier off).
+/// Reads through our lister (gets, namespace lists, the label index): with the object cache's
+/// default budget after a cold sync (every object read once first, as kube-runtime decoded
+/// each during its sync), then from redb (the database reopened with a budget of 0: the cache
+/// holds keys, metadata and postings, no JSON).
 pub async fn ours_reads(sim: &Sim, n: usize, gets: usize, lists: usize, dir: &Path) -> Res<Reads> {
     let path = dir.join("compare.redb");
     let ours = ours_start(sim, &path).await?;
@@ -917,7 +936,7 @@ pub async fn ours_reads(sim: &Sim, n: usize, gets: usize, lists: usize, dir: &Pa
     let t = Instant::now();
     while !ours.informer.cache_stats().loaded {
         if t.elapsed() > TIMEOUT {
-            return Err("the hot tier did not load".into());
+            return Err("the object cache did not load".into());
         }
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
@@ -925,7 +944,7 @@ pub async fn ours_reads(sim: &Sim, n: usize, gets: usize, lists: usize, dir: &Pa
         lister.list(&LabelSelector::everything())?;
         lister_reads(&lister, n, gets, lists)
     })?;
-    let hot_tier_mib = Some(ours.informer.cache_stats().charged_bytes as f64 / f64::from(1 << 20));
+    let object_cache_mib = Some(ours.informer.cache_stats().charged_bytes as f64 / f64::from(1 << 20));
     drop(lister);
     ours.stop().await?;
     let p = path.clone();
@@ -949,7 +968,7 @@ pub async fn ours_reads(sim: &Sim, n: usize, gets: usize, lists: usize, dir: &Pa
         list_ns_len,
         by_label_len,
         cold: Some(cold),
-        hot_tier_mib,
+        object_cache_mib,
     })
 }
 
@@ -989,7 +1008,7 @@ pub async fn theirs_reads(sim: &Sim, n: usize, gets: usize, lists: usize) -> Res
         list_ns_len,
         by_label_len,
         cold: None,
-        hot_tier_mib: None,
+        object_cache_mib: None,
     })
 }
 
@@ -1027,8 +1046,8 @@ pub async fn memory_child(system: &str, url: &str, n: u64, db: &Path, restart: b
             if !restart {
                 let _ = std::fs::remove_file(db);
             }
-            let p = db.to_path_buf();
-            let store = tokio::task::spawn_blocking(move || DurableStore::open(store_config(p))).await??;
+            let config = store_config(db.to_path_buf())?;
+            let store = tokio::task::spawn_blocking(move || DurableStore::open(config)).await??;
             let informer = Informer::<Pod>::builder(&store, KubeSource::typed::<Pod>(client, url))
                 .indexer(Indexer::labels())
                 .build()
