@@ -1,0 +1,1013 @@
+//! The handler oracle: seeded schedules of faults against an informer with volatile and durable
+//! handlers, and after each schedule, for every handler, the events it was told, replayed,
+//! equal the server's final LIST (key → resourceVersion); so do the informer's lister, its
+//! index and the store.
+//!
+//! Each schedule (from its seed) picks how the store commits and a list of steps, each a fault
+//! armed while the simulated cluster churns (creates, updates, deletes from a seeded RNG):
+//!
+//! * storage faults through the fault-injecting redb backend (`common/faults.rs`): failed
+//!   fsyncs, a failed write at the k-th write of a commit (EIO), a full disk (ENOSPC), and a
+//!   lost deferred commit (a durable commit failing on a full disk);
+//! * server faults of the simulated API server: forced 410 relists (the server drops its
+//!   history and every watch), watches dropped after k events, cut and garbled watch lines,
+//!   500s on watches;
+//! * panics in user code: the transform (the reflector stops; the harness starts the informer
+//!   again, as a supervisor would), an index function (the group fails and is fetched again),
+//!   and handlers (after recording the event: the dispatcher must go on with the next ones);
+//! * informer restarts on the same database: graceful (`shutdown`, then a new informer, with the
+//!   store closed and reopened or not), and in-process kills (handlers stopped where they are,
+//!   the file copied as it is — what a SIGKILL leaves, deferred commits not yet fsynced
+//!   included — and the informer started again on the copy);
+//! * handlers registered late: volatile ones (synthetic adds from the cache) and durable ones
+//!   (synthetic adds from an on-disk snapshot).
+//!
+//! Store modes: fsync before acknowledging (`fsync_delay(None)`), deferred fsync (10 ms, and
+//! 150 ms for a wide window in which commits can be rolled back), and no fsync at all
+//! (`durable(false)`). `Durability::Relaxed` is not reachable from an informer (only replay
+//! sources commit relaxed), so it is not covered here. Kills are not scheduled with
+//! `durable(false)`: that mode documents that a crash loses acknowledged commits, which a
+//! durable handler may have been told of.
+//!
+//! Handlers: volatile ones registered before the start (a sync closure, an async one that is
+//! slow and may fall behind its queue of 2, and `HandlerFuncs`), volatile ones registered late,
+//! and durable ones whose state survives restarts and kills (it stands for a handler that keeps
+//! its own state on disk; delivery is at least once, and replaying is idempotent). A volatile
+//! handler's state lives as long as its informer: each restart starts it from nothing, and its
+//! synthetic adds.
+//!
+//! Failed fsyncs are left out of the mix by default: a commit whose fsync failed may turn out
+//! durable when the writer reopens the file, and then the informer's cache never shows it (the
+//! ignored `bug_…` test below, with the schedule that found it). `DI_ORACLE_FSYNC=1` puts them
+//! back.
+//!
+//! `DI_ORACLE_SCHEDULES` sets how many schedules run (seeds 1..=N; default 100, the ignored
+//! `_long` test 1,000); `DI_ORACLE_SEED=S` runs seed S alone. A failure prints its seed and
+//! schedule. The seed fixes the schedule, not the threads' interleaving: a failing seed
+//! usually, not always, fails again.
+
+#[path = "common/faults.rs"]
+mod faults;
+#[path = "common/fold.rs"]
+mod fold;
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, Once};
+use std::time::{Duration, Instant};
+
+use durable_informer::informer::{
+    async_handler_fn, handler_fn, Event, EventHandler, HandlerFuncs, HandlerOptions, Informer, Registration,
+};
+use durable_informer::reflector::{BackoffConfig, Phase, ReflectorConfig, Transform};
+use durable_informer::sim::{Failure, FaultTarget, Sim, SimConfig};
+use durable_informer::source::KubeSource;
+use durable_informer::store::{DurableStore, Indexer, StoreConfig, StoreError};
+use faults::Faults;
+use fold::State;
+use k8s_openapi::api::core::v1::ConfigMap;
+use serde_json::{json, Value};
+
+const NAMESPACES: [&str; 3] = ["a", "b", "c"];
+
+/// How the store commits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    /// fsync before each commit is acknowledged.
+    Immediate,
+    /// Watch batches acknowledged once committed, fsynced within this many ms.
+    Deferred(u64),
+    /// `durable(false)`: never fsynced.
+    NoFsync,
+}
+
+/// A fault, armed while the churn of its step runs (then cleared).
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Fault {
+    None,
+    FailSyncs(u64),
+    /// Fail one write after letting `skip` through (the k-th write of a commit).
+    FailWrite {
+        skip: u64,
+    },
+    DiskFull,
+    /// A full disk for one durable commit: what is not yet on disk is rolled back.
+    LoseDeferred,
+    /// The server drops its history and every watch: the re-watch gets 410 and relists.
+    Relist,
+    DropWatchesAfter(u64),
+    CutWatch,
+    GarbleWatch(u64),
+    WatchErrors(u32),
+    /// The user transform panics once: the reflector stops and is started again.
+    PanicTransform,
+    /// The index function panics this many times.
+    PanicIndex(u64),
+    /// Handlers panic this many times, each after recording its event.
+    PanicHandlers(u64),
+    LateVolatile,
+    LateDurable,
+    /// Graceful restart; `reopen`: the store is closed and opened again too.
+    Restart {
+        reopen: bool,
+    },
+    /// In-process kill: the file as it is, deferred commits included, is what the next run has.
+    Kill,
+}
+
+#[derive(Debug, Clone)]
+struct Step {
+    fault: Fault,
+    /// Writes to the server while the fault is armed.
+    churn: u32,
+}
+
+#[derive(Debug, Clone)]
+struct Schedule {
+    seed: u64,
+    mode: Mode,
+    streaming_list: bool,
+    objects: u32,
+    steps: Vec<Step>,
+}
+
+/// splitmix64: any seed (0 included) gives a good stream.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n.max(1)
+    }
+}
+
+impl Schedule {
+    /// The schedule of `seed`; failed fsyncs are in the mix only with `failed_fsyncs` (see the
+    /// module doc).
+    fn new(seed: u64, failed_fsyncs: bool) -> Self {
+        let mut rng = Rng(seed);
+        let mode = match rng.below(4) {
+            0 => Mode::Immediate,
+            1 => Mode::Deferred(10),
+            2 => Mode::Deferred(150),
+            _ => Mode::NoFsync,
+        };
+        let streaming_list = rng.below(2) == 0;
+        let objects = 3 + rng.below(20) as u32;
+        let n = 5 + rng.below(8);
+        let mut steps = Vec::new();
+        for _ in 0..n {
+            let fault = match rng.below(19) {
+                0 => Fault::None,
+                1 if failed_fsyncs => Fault::FailSyncs(1 + rng.below(3)),
+                1 => Fault::FailWrite { skip: rng.below(6) },
+                2 => Fault::FailWrite { skip: rng.below(6) },
+                3 => Fault::DiskFull,
+                4 => Fault::LoseDeferred,
+                5 => Fault::Relist,
+                6 => Fault::DropWatchesAfter(1 + rng.below(4)),
+                7 => Fault::CutWatch,
+                8 => Fault::GarbleWatch(rng.below(3)),
+                9 => Fault::WatchErrors(1 + rng.below(2) as u32),
+                10 => Fault::PanicTransform,
+                11 => Fault::PanicIndex(1 + rng.below(2)),
+                12 => Fault::PanicHandlers(1 + rng.below(4)),
+                13 => Fault::LateVolatile,
+                14 => Fault::LateDurable,
+                15 => Fault::Restart {
+                    reopen: rng.below(2) == 0,
+                },
+                16 | 17 if mode != Mode::NoFsync => Fault::Kill,
+                16 | 17 => Fault::Restart { reopen: true },
+                _ if failed_fsyncs => Fault::FailSyncs(1),
+                _ => Fault::LoseDeferred,
+            };
+            steps.push(Step {
+                fault,
+                churn: 2 + rng.below(14) as u32,
+            });
+        }
+        Self {
+            seed,
+            mode,
+            streaming_list,
+            objects,
+            steps,
+        }
+    }
+}
+
+/// The switches user code reads: each armed count makes that many calls panic.
+#[derive(Default)]
+struct Panics {
+    transform: AtomicU64,
+    index: AtomicU64,
+    handlers: AtomicU64,
+}
+
+/// Silences the injected panics' messages (hundreds per run); every other panic prints.
+fn quiet_injected_panics() {
+    static ONCE: Once = Once::new();
+    ONCE.call_once(|| {
+        let default = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            let injected = info
+                .payload()
+                .downcast_ref::<&str>()
+                .is_some_and(|m| m.starts_with("injected"));
+            if !injected {
+                default(info);
+            }
+        }));
+    });
+}
+
+/// One handler's replayed state and what it was told.
+struct Recorder {
+    name: String,
+    state: Mutex<State>,
+    log: Mutex<Vec<String>>,
+    panics: Arc<Panics>,
+}
+
+impl Recorder {
+    fn new(name: String, panics: &Arc<Panics>) -> Arc<Self> {
+        Arc::new(Self {
+            name,
+            state: Mutex::default(),
+            log: Mutex::default(),
+            panics: panics.clone(),
+        })
+    }
+
+    /// Records the event, then panics if a handler panic is armed.
+    fn record(&self, ev: &Event<ConfigMap>) {
+        let (kind, key, rv) = fold::line(ev);
+        fold::apply(&mut self.state.lock().expect("state"), kind, &key, &rv);
+        self.log.lock().expect("log").push(format!("{kind} {key} {rv}"));
+        if Faults::take(&self.panics.handlers) {
+            panic!("injected handler panic");
+        }
+    }
+
+    fn state(&self) -> State {
+        self.state.lock().expect("state").clone()
+    }
+
+    /// What it was told about `key`, in order.
+    fn told(&self, key: &str) -> Vec<String> {
+        let suffix = format!(" {key} ");
+        self.log
+            .lock()
+            .expect("log")
+            .iter()
+            .filter(|l| l.contains(&suffix))
+            .cloned()
+            .collect()
+    }
+}
+
+fn sync_handler(r: &Arc<Recorder>) -> impl EventHandler<ConfigMap> {
+    let r = r.clone();
+    handler_fn(move |ev: Event<ConfigMap>| -> Result<(), std::convert::Infallible> {
+        r.record(&ev);
+        Ok(())
+    })
+}
+
+/// A slow async handler: with a queue of 2 it falls behind and is told folded changes.
+fn slow_handler(r: &Arc<Recorder>) -> impl EventHandler<ConfigMap> {
+    let r = r.clone();
+    async_handler_fn(move |ev: Event<ConfigMap>| {
+        let r = r.clone();
+        async move {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+            r.record(&ev);
+            Ok::<(), std::convert::Infallible>(())
+        }
+    })
+}
+
+fn funcs_handler(r: &Arc<Recorder>) -> HandlerFuncs<ConfigMap> {
+    let (a, u, d) = (r.clone(), r.clone(), r.clone());
+    HandlerFuncs::new()
+        .on_add(move |o, initial| a.record(&Event::Add { object: o, initial }))
+        .on_update(move |old, new| {
+            u.record(&Event::Update {
+                old,
+                new,
+                resync: false,
+            });
+        })
+        .on_delete(move |o, unknown| {
+            d.record(&Event::Delete {
+                object: o,
+                final_state_unknown: unknown,
+            });
+        })
+}
+
+/// The server's writes, from a seeded RNG, and every write's answer (for failure messages).
+struct Churner {
+    sim: Arc<Sim>,
+    rng: Rng,
+    next: u64,
+    live: Vec<(String, String)>,
+    history: Vec<(String, &'static str, String)>,
+}
+
+impl Churner {
+    fn record(&mut self, obj: &Value, what: &'static str) {
+        let key = format!(
+            "{}/{}",
+            obj.pointer("/metadata/namespace").and_then(Value::as_str).unwrap_or(""),
+            obj.pointer("/metadata/name").and_then(Value::as_str).unwrap_or("")
+        );
+        let rv = obj
+            .pointer("/metadata/resourceVersion")
+            .and_then(Value::as_str)
+            .unwrap_or("")
+            .to_owned();
+        self.history.push((key, what, rv));
+    }
+
+    fn create(&mut self) {
+        let ns = NAMESPACES[self.rng.below(3) as usize];
+        self.next += 1;
+        let name = format!("cm-{}", self.next);
+        let obj = json!({"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": name, "namespace": ns}, "data": {"v": "0"}});
+        let got = self.sim.create("configmaps", Some(ns), obj).expect("create");
+        self.record(&got, "create");
+        self.live.push((ns.to_owned(), name));
+    }
+
+    /// One random write; the population stays small (around 15 objects).
+    fn step(&mut self) {
+        if self.live.is_empty() {
+            return self.create();
+        }
+        let i = self.rng.below(self.live.len() as u64) as usize;
+        match self.rng.below(10) {
+            0..=2 if self.live.len() < 25 => self.create(),
+            3..=4 if self.live.len() > 5 => {
+                let (ns, name) = self.live.swap_remove(i);
+                let got = self.sim.delete("configmaps", Some(&ns), &name).expect("delete");
+                self.record(&got, "delete");
+            }
+            _ => {
+                let (ns, name) = self.live[i].clone();
+                let v = self.rng.below(1_000_000).to_string();
+                let got = self
+                    .sim
+                    .patch("configmaps", Some(&ns), &name, &json!({"data": {"v": v}}))
+                    .expect("patch");
+                self.record(&got, "update");
+            }
+        }
+    }
+
+    fn churn(&mut self, writes: u32) {
+        for _ in 0..writes {
+            self.step();
+            std::thread::sleep(Duration::from_millis(1 + self.rng.below(3)));
+        }
+    }
+}
+
+/// One run of the informer (between two restarts) and its volatile handlers.
+struct Run {
+    informer: Informer<ConfigMap>,
+    registrations: Vec<Registration>,
+    volatile: Vec<Arc<Recorder>>,
+}
+
+#[derive(Default, Debug)]
+struct Figures {
+    schedules: u64,
+    storage_faults: u64,
+    restarts: u64,
+    kills: u64,
+    revived_after_panic: u64,
+    relists: u64,
+    writes: u64,
+    events_told: u64,
+}
+
+struct Harness<'a> {
+    schedule: &'a Schedule,
+    rt: &'a tokio::runtime::Runtime,
+    sim: Arc<Sim>,
+    churner: Churner,
+    dir: tempfile::TempDir,
+    db_path: PathBuf,
+    faults: Arc<Faults>,
+    panics: Arc<Panics>,
+    db: Option<DurableStore>,
+    run: Option<Run>,
+    durable: Vec<Arc<Recorder>>,
+    late: u32,
+    kills: u32,
+    /// Why each reflector stopped (for failure messages).
+    stops: Vec<String>,
+    fig: &'a mut Figures,
+}
+
+impl Harness<'_> {
+    fn store_config(&self) -> StoreConfig {
+        let config = faults::config(&self.db_path, &self.faults).retention_entries(None);
+        match self.schedule.mode {
+            Mode::Immediate => config.fsync_delay(None),
+            Mode::Deferred(ms) => config.fsync_delay(Some(Duration::from_millis(ms))),
+            Mode::NoFsync => config.durable(false),
+        }
+    }
+
+    /// Opens the store, retrying while the previous one's last reads still hold the file.
+    fn open(&mut self) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            match DurableStore::open(self.store_config()) {
+                Ok(db) => {
+                    self.db = Some(db);
+                    return;
+                }
+                Err(StoreError::Locked { .. }) if Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+                Err(e) => panic!("{}: open the store: {e}", self.context()),
+            }
+        }
+    }
+
+    fn reflector_config(&self) -> ReflectorConfig {
+        ReflectorConfig {
+            page_size: 4,
+            streaming_list: self.schedule.streaming_list,
+            max_batch: 4,
+            backoff: BackoffConfig {
+                initial: Duration::from_millis(5),
+                max: Duration::from_millis(40),
+                ..BackoffConfig::default()
+            },
+            resume_quiet_period: Some(Duration::from_millis(50)),
+            ..ReflectorConfig::default()
+        }
+    }
+
+    fn durable_handler(&self, r: &Arc<Recorder>, run: &mut Run) {
+        run.registrations.push(
+            run.informer
+                .add_event_handler(sync_handler(r), HandlerOptions::durable(r.name.as_str())),
+        );
+    }
+
+    fn late_volatile(&self, run: &mut Run) {
+        let r = Recorder::new(format!("volatile late {}", run.volatile.len()), &self.panics);
+        run.registrations.push(
+            run.informer
+                .add_event_handler(sync_handler(&r), HandlerOptions::volatile()),
+        );
+        run.volatile.push(r);
+    }
+
+    /// Builds and starts an informer on the open store with every durable handler and fresh
+    /// volatile ones.
+    fn start(&mut self) {
+        let db = self.db.as_ref().expect("an open store");
+        let panics = self.panics.clone();
+        let transform = Transform {
+            func: Some(Arc::new(move |json: &[u8]| {
+                if Faults::take(&panics.transform) {
+                    panic!("injected transform panic");
+                }
+                Ok(Some(json.to_vec()))
+            })),
+            ..Transform::default()
+        };
+        let panics = self.panics.clone();
+        let indexer = Indexer::new("ns", move |meta, _| {
+            if Faults::take(&panics.index) {
+                panic!("injected index panic");
+            }
+            meta.namespace.clone().into_iter().collect()
+        });
+        let client = {
+            let _guard = self.rt.enter();
+            self.sim.client().expect("client")
+        };
+        let source = KubeSource::typed::<ConfigMap>(client, &self.sim.url());
+        let informer = self
+            .rt
+            .block_on(
+                Informer::<ConfigMap>::builder(db, source)
+                    .reflector_config(self.reflector_config())
+                    .transform(transform)
+                    .indexer(indexer)
+                    .build(),
+            )
+            .unwrap_or_else(|e| panic!("{}: build the informer: {e}", self.context()));
+        let mut run = Run {
+            informer,
+            registrations: Vec::new(),
+            volatile: Vec::new(),
+        };
+        let _guard = self.rt.enter();
+        for r in &self.durable {
+            self.durable_handler(r, &mut run);
+        }
+        let early = Recorder::new("volatile early".to_owned(), &self.panics);
+        let slow = Recorder::new("volatile slow (queue of 2)".to_owned(), &self.panics);
+        let funcs = Recorder::new("volatile HandlerFuncs".to_owned(), &self.panics);
+        run.registrations.push(
+            run.informer
+                .add_event_handler(sync_handler(&early), HandlerOptions::volatile()),
+        );
+        run.registrations.push(
+            run.informer
+                .add_event_handler(slow_handler(&slow), HandlerOptions::volatile().max_queued(2)),
+        );
+        run.registrations.push(
+            run.informer
+                .add_event_handler(funcs_handler(&funcs), HandlerOptions::volatile()),
+        );
+        run.volatile.extend([early, slow, funcs]);
+        run.informer.start();
+        self.run = Some(run);
+    }
+
+    /// Stops the informer and its handlers where they are (the reflector first, then each
+    /// handler: nothing is told after this returns).
+    fn stop(&mut self, graceful: bool) {
+        let Some(run) = self.run.take() else { return };
+        self.fig.events_told += run
+            .volatile
+            .iter()
+            .map(|r| r.log.lock().expect("log").len() as u64)
+            .sum::<u64>();
+        self.rt.block_on(async {
+            if graceful {
+                // (an Err is the transform's panic, already seen)
+                let _ = tokio::time::timeout(Duration::from_secs(5), run.informer.shutdown()).await;
+            } else {
+                let _ = tokio::time::timeout(Duration::from_secs(5), run.informer.stop()).await;
+            }
+            for reg in run.registrations {
+                reg.remove().await;
+            }
+        });
+        self.fig.relists += run.informer.status().borrow().relists;
+    }
+
+    fn restart(&mut self, reopen: bool) {
+        self.fig.restarts += 1;
+        self.stop(true);
+        if reopen {
+            drop(self.db.take());
+            self.open();
+        }
+        self.start();
+    }
+
+    /// In-process kill: handlers and reflector stopped where they are, and the database file
+    /// copied as it is now (commits not yet fsynced may or may not be in it, as after SIGKILL);
+    /// the next run opens the copy.
+    fn kill(&mut self) {
+        self.fig.kills += 1;
+        self.stop(false);
+        self.kills += 1;
+        let copy = self.dir.path().join(format!("killed-{}.redb", self.kills));
+        std::fs::copy(&self.db_path, &copy).expect("copy the database file");
+        drop(self.db.take());
+        self.db_path = copy;
+        self.open();
+        self.start();
+    }
+
+    /// Starts the informer again if its reflector stopped (a transform panicked).
+    fn revive(&mut self) {
+        let stopped = self
+            .run
+            .as_ref()
+            .is_some_and(|r| r.informer.status().borrow().phase == Phase::Stopped);
+        if stopped {
+            let why = self
+                .run
+                .as_ref()
+                .and_then(|r| r.informer.status().borrow().last_error.clone());
+            self.stops.push(why.unwrap_or_default());
+            self.fig.revived_after_panic += 1;
+            self.restart(false);
+        }
+    }
+
+    fn clear_faults(&self) {
+        for c in [
+            &self.faults.fail_syncs,
+            &self.faults.fail_writes,
+            &self.faults.skip_writes,
+        ] {
+            c.store(0, Ordering::SeqCst);
+        }
+        self.faults.disk_full.store(false, Ordering::SeqCst);
+        self.panics.index.store(0, Ordering::SeqCst);
+        self.panics.handlers.store(0, Ordering::SeqCst);
+        self.sim.faults().clear();
+    }
+
+    fn step(&mut self, step: &Step) {
+        let churn = step.churn;
+        match step.fault {
+            Fault::None => self.churner.churn(churn),
+            Fault::FailSyncs(n) => {
+                self.faults.fail_syncs.store(n, Ordering::SeqCst);
+                self.churner.churn(churn);
+            }
+            Fault::FailWrite { skip } => {
+                self.faults.skip_writes.store(skip, Ordering::SeqCst);
+                self.faults.fail_writes.store(1, Ordering::SeqCst);
+                self.churner.churn(churn);
+            }
+            Fault::DiskFull => {
+                self.faults.disk_full.store(true, Ordering::SeqCst);
+                self.churner.churn(churn);
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            Fault::LoseDeferred => {
+                self.churner.churn(churn);
+                self.faults.disk_full.store(true, Ordering::SeqCst);
+                let writer = self.db.as_ref().expect("store").writer();
+                let _ = self.rt.block_on(writer.flush());
+                self.faults.disk_full.store(false, Ordering::SeqCst);
+            }
+            Fault::Relist => {
+                self.sim.restart();
+                self.churner.churn(churn);
+            }
+            Fault::DropWatchesAfter(n) => {
+                self.sim.faults().drop_watch_after(Some(n));
+                self.churner.churn(churn);
+            }
+            Fault::CutWatch => {
+                self.sim.faults().cut_next_watches(1);
+                self.sim.restart();
+                self.churner.churn(churn);
+            }
+            Fault::GarbleWatch(after) => {
+                self.sim.faults().garble_next_watch(after);
+                self.sim.faults().drop_watch_after(Some(1));
+                self.churner.churn(churn);
+            }
+            Fault::WatchErrors(n) => {
+                self.sim
+                    .faults()
+                    .fail_next(FaultTarget::Watch, Failure::InternalError, n);
+                self.sim.faults().drop_watch_after(Some(1));
+                self.churner.churn(churn);
+            }
+            Fault::PanicTransform => {
+                self.panics.transform.store(1, Ordering::SeqCst);
+                self.churner.churn(churn);
+                std::thread::sleep(Duration::from_millis(20));
+                // Not consumed (no object arrived): disarmed, so no later build meets it.
+                self.panics.transform.store(0, Ordering::SeqCst);
+            }
+            Fault::PanicIndex(n) => {
+                self.panics.index.store(n, Ordering::SeqCst);
+                self.churner.churn(churn);
+            }
+            Fault::PanicHandlers(n) => {
+                self.panics.handlers.store(n, Ordering::SeqCst);
+                self.churner.churn(churn);
+            }
+            Fault::LateVolatile => {
+                let mut run = self.run.take().expect("a run");
+                {
+                    let _guard = self.rt.enter();
+                    self.late_volatile(&mut run);
+                }
+                self.run = Some(run);
+                self.churner.churn(churn);
+            }
+            Fault::LateDurable => {
+                self.late += 1;
+                let r = Recorder::new(format!("durable-late-{}", self.late), &self.panics);
+                self.durable.push(r.clone());
+                let mut run = self.run.take().expect("a run");
+                {
+                    let _guard = self.rt.enter();
+                    self.durable_handler(&r, &mut run);
+                }
+                self.run = Some(run);
+                self.churner.churn(churn);
+            }
+            Fault::Restart { reopen } => {
+                self.clear_faults();
+                self.restart(reopen);
+                self.churner.churn(churn);
+            }
+            Fault::Kill => {
+                self.clear_faults();
+                self.kill();
+                self.churner.churn(churn);
+            }
+        }
+        self.fig.storage_faults += self.faults.injected.swap(0, Ordering::SeqCst);
+        self.clear_faults();
+        self.revive();
+    }
+
+    fn context(&self) -> String {
+        format!(
+            "seed {} (rerun alone: DI_ORACLE_SEED={} cargo test --all-features --test handler_oracle \
+             -- --nocapture)\nschedule {:?}",
+            self.schedule.seed, self.schedule.seed, self.schedule
+        )
+    }
+
+    /// The server's objects, by LIST.
+    fn server_list(&self) -> State {
+        self.rt.block_on(async {
+            let api: kube::Api<ConfigMap> = kube::Api::all(self.sim.client().expect("client"));
+            api.list(&Default::default())
+                .await
+                .expect("list")
+                .items
+                .iter()
+                .map(|c| (fold::key_of(c), fold::rv_of(c)))
+                .collect()
+        })
+    }
+
+    /// Every view to check, by name: each handler's replayed state, the lister, the lister by
+    /// index, and the store on disk. Reads that meet a store reopening are retried by the caller.
+    fn views(&self) -> Result<Vec<(String, State)>, StoreError> {
+        let run = self.run.as_ref().expect("a run");
+        let mut views = Vec::new();
+        for r in run.volatile.iter().chain(&self.durable) {
+            views.push((format!("handler {:?}", r.name), r.state()));
+        }
+        let lister = run.informer.lister();
+        let listed = lister.list(&Default::default())?;
+        views.push((
+            "lister".to_owned(),
+            listed.iter().map(|c| (fold::key_of(c), fold::rv_of(c))).collect(),
+        ));
+        let mut indexed = State::new();
+        for ns in NAMESPACES {
+            for c in lister.by_index("ns", ns)? {
+                indexed.insert(fold::key_of(&c), fold::rv_of(&c));
+            }
+        }
+        views.push(("lister by index".to_owned(), indexed));
+        let stored = run.informer.store().list()?;
+        views.push((
+            "store".to_owned(),
+            stored
+                .into_iter()
+                .map(|o| (o.key.to_string(), o.meta.resource_version.to_string()))
+                .collect(),
+        ));
+        Ok(views)
+    }
+
+    /// After the quiet period, every view equals the server's LIST (waiting up to 30 s).
+    fn check(&mut self) {
+        self.clear_faults();
+        self.revive();
+        let theirs = self.server_list();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let synced = self.run.as_ref().is_some_and(|r| r.informer.has_synced());
+            let views = self.views();
+            if let Ok(views) = &views {
+                if synced && views.iter().all(|(_, v)| *v == theirs) {
+                    break;
+                }
+            }
+            if Instant::now() > deadline {
+                self.fail(views, &theirs, synced);
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        self.stop(true);
+        self.fig.writes += self.churner.history.len() as u64;
+        self.fig.events_told += self
+            .durable
+            .iter()
+            .map(|r| r.log.lock().expect("log").len() as u64)
+            .sum::<u64>();
+    }
+
+    fn fail(&self, views: Result<Vec<(String, State)>, StoreError>, theirs: &State, synced: bool) -> ! {
+        let mut text = format!("{}\nsynced: {synced}\n", self.context());
+        match views {
+            Err(e) => text += &format!("the views could not be read: {e}\n"),
+            Ok(views) => {
+                for (name, view) in views.iter().filter(|(_, v)| v != theirs) {
+                    text += &format!("{name} differs from the server's LIST:\n");
+                    for (key, ours, server) in fold::diff(view, theirs) {
+                        text += &format!("  {key}: {name} has {ours:?}, the server {server:?}\n");
+                        let history: Vec<String> = self
+                            .churner
+                            .history
+                            .iter()
+                            .filter(|(k, _, _)| *k == key)
+                            .map(|(_, what, rv)| format!("{what}@{rv}"))
+                            .collect();
+                        text += &format!("    server writes: {history:?}\n");
+                        let recorders = self.run.iter().flat_map(|r| &r.volatile).chain(&self.durable);
+                        for r in recorders.filter(|r| name.contains(&r.name)) {
+                            text += &format!("    told: {:?}\n", r.told(&key));
+                        }
+                    }
+                }
+            }
+        }
+        if let Some(run) = &self.run {
+            text += &format!(
+                "status: {:?}\ncache: {:?}\nissues: {:#?}\n",
+                run.informer.status().borrow().clone(),
+                run.informer.cache_stats(),
+                run.informer.errors()
+            );
+        }
+        text += &format!("earlier reflectors stopped with: {:?}\n", self.stops);
+        panic!("{text}");
+    }
+}
+
+fn run_schedule(schedule: &Schedule, rt: &tokio::runtime::Runtime, fig: &mut Figures) {
+    let sim = Arc::new(Sim::start(SimConfig::default().bookmark_interval(Duration::from_millis(100))).expect("sim"));
+    let mut churner = Churner {
+        sim: sim.clone(),
+        rng: Rng(schedule.seed ^ 0x5DEE_CE66_D1CE_4E5B),
+        next: 0,
+        live: Vec::new(),
+        history: Vec::new(),
+    };
+    for _ in 0..schedule.objects {
+        churner.create();
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let db_path = dir.path().join("db.redb");
+    let panics = Arc::new(Panics::default());
+    let mut h = Harness {
+        schedule,
+        rt,
+        sim,
+        churner,
+        dir,
+        db_path,
+        faults: Arc::new(Faults::default()),
+        durable: vec![Recorder::new("durable".to_owned(), &panics)],
+        panics,
+        db: None,
+        run: None,
+        late: 0,
+        kills: 0,
+        stops: Vec::new(),
+        fig,
+    };
+    h.open();
+    h.start();
+    for step in &schedule.steps {
+        h.step(step);
+    }
+    h.check();
+    h.fig.schedules += 1;
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime")
+}
+
+fn run(default_schedules: u64) {
+    quiet_injected_panics();
+    if std::env::var("DI_TRACE").is_ok() {
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::from_env("DI_TRACE"))
+            .with_writer(std::io::stderr)
+            .try_init();
+    }
+    let seeds: Vec<u64> = match std::env::var("DI_ORACLE_SEED").ok().and_then(|s| s.parse().ok()) {
+        Some(seed) => vec![seed],
+        None => {
+            let n = std::env::var("DI_ORACLE_SCHEDULES")
+                .ok()
+                .and_then(|s| s.parse().ok())
+                .unwrap_or(default_schedules);
+            (1..=n).collect()
+        }
+    };
+    let failed_fsyncs = std::env::var_os("DI_ORACLE_FSYNC").is_some();
+    let rt = runtime();
+    let started = Instant::now();
+    let mut fig = Figures::default();
+    let mut modes: BTreeMap<String, u64> = BTreeMap::new();
+    for seed in &seeds {
+        let schedule = Schedule::new(*seed, failed_fsyncs);
+        *modes.entry(format!("{:?}", schedule.mode)).or_default() += 1;
+        run_schedule(&schedule, &rt, &mut fig);
+    }
+    assert_eq!(fig.schedules, seeds.len() as u64);
+    if seeds.len() >= 20 {
+        // The schedules reached what they aim at.
+        assert!(fig.storage_faults > 0, "no storage fault was injected: {fig:?}");
+        assert!(fig.kills > 0 && fig.restarts > 0, "no kill or restart: {fig:?}");
+        assert!(
+            fig.revived_after_panic > 0,
+            "no transform panic stopped a reflector: {fig:?}"
+        );
+        assert!(fig.relists > 0, "no relist: {fig:?}");
+    }
+    eprintln!(
+        "handler oracle: {} schedules (modes {modes:?}), 0 differences; {} storage faults injected, \
+         {} restarts ({} after a transform panic), {} kills, {} relists, {} server \
+         writes, {} events told to handlers, {:.1} s",
+        fig.schedules,
+        fig.storage_faults,
+        fig.restarts,
+        fig.revived_after_panic,
+        fig.kills,
+        fig.relists,
+        fig.writes,
+        fig.events_told,
+        started.elapsed().as_secs_f64()
+    );
+}
+
+/// Seed 11 with failed fsyncs in the mix, as the generator made it, written out. It fails in
+/// about one run of three, so it runs up to 20 times.
+///
+/// The bug: a group commit whose fsync fails is reported failed, and what it showed the
+/// informer's cache is taken back (`Publisher::abort_group`, a `Rollback` to the seq before
+/// it); the writer then reopens the file and finds the commit there after all
+/// (`WriterThread::recover`: "database reopened after an I/O error last_seq=12"), but
+/// `Publisher::lost(last)` publishes nothing when `last` is *above* what readers stand at. The
+/// store holds the commit, the cache (lister, index) and the volatile handlers do not, and
+/// nothing brings it back: the reflector's retry finds it stored (a relist diff calls those
+/// objects unchanged; a watch resumes after them). Durable handlers are fine (they read the
+/// log). Here: 8 objects of the initial list are missing from the lister and every volatile
+/// handler, for good.
+#[test]
+#[ignore = "bug: a commit whose fsync failed but that reopen finds durable never reaches the informer's cache or volatile handlers; see report"]
+fn bug_a_commit_whose_fsync_failed_but_survived_is_missing_from_the_cache() {
+    quiet_injected_panics();
+    let schedule = Schedule {
+        seed: 11,
+        mode: Mode::Deferred(10),
+        streaming_list: false,
+        objects: 12,
+        steps: vec![
+            Step {
+                fault: Fault::DiskFull,
+                churn: 4,
+            },
+            Step {
+                fault: Fault::Restart { reopen: true },
+                churn: 2,
+            },
+            Step {
+                fault: Fault::FailSyncs(1),
+                churn: 4,
+            },
+            Step {
+                fault: Fault::PanicIndex(2),
+                churn: 9,
+            },
+            Step {
+                fault: Fault::PanicHandlers(1),
+                churn: 2,
+            },
+        ],
+    };
+    let rt = runtime();
+    let mut fig = Figures::default();
+    for _ in 0..20 {
+        run_schedule(&schedule, &rt, &mut fig);
+    }
+}
+
+#[test]
+fn every_handler_replayed_equals_the_servers_list_after_faults() {
+    run(100);
+}
+
+#[test]
+#[ignore = "long run: 1,000 schedules (about 15 minutes on 2 cores)"]
+fn every_handler_replayed_equals_the_servers_list_after_faults_long() {
+    run(1000);
+}
