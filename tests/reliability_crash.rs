@@ -1,6 +1,6 @@
-//! Crash-kill harness: a child process runs an informer with a durable handler against the
-//! simulated cluster under churn; the parent kills it with SIGKILL at random moments and starts
-//! it again.
+//! Crash-kill harness: a child process runs an informer with a durable and a volatile handler
+//! against the simulated cluster under churn; the parent kills it with SIGKILL at random moments
+//! and starts it again.
 //!
 //! The truth is the server's own write log: every create, update and delete is made by the
 //! parent through the sim, which answers with the stored object and its RV. Every few rounds the
@@ -11,7 +11,9 @@
 //!   child repeated was committed but not acknowledged (its log seq is above the durable
 //!   handler's cursor read after the previous kill), and one child never delivers an event twice;
 //! * every 10 rounds the churn pauses, a child catches up to the server's RV (or the test fails),
-//!   and the store equals the server's LIST;
+//!   and the store equals the server's LIST; so does what that child's volatile handler was told
+//!   (its synthetic adds from the restored store, then every event, compensating ones
+//!   included), replayed;
 //! * at those points and at the end, the stream checker (`tests/common/stream_check.rs`): every
 //!   event of the server's log reached the durable handler at least once, ordered per key, with
 //!   nothing invented; only inside a list window may a list have collapsed events.
@@ -19,6 +21,8 @@
 //! `DI_CRASH_ROUNDS` sets the number of rounds of either test (default 100; the ignored `_long`
 //! test: 2,000).
 
+#[path = "common/fold.rs"]
+mod fold;
 #[path = "common/stream_check.rs"]
 mod stream_check;
 
@@ -30,7 +34,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use durable_informer::informer::{handler_fn, Event, HandlerOptions, Informer};
+use durable_informer::informer::{handler_fn, Event, EventHandler, HandlerOptions, Informer};
 use durable_informer::reflector::{BackoffConfig, ReflectorConfig};
 use durable_informer::sim::{Sim, SimConfig};
 use durable_informer::source::KubeSource;
@@ -58,9 +62,42 @@ fn reflector_config(paged: bool) -> ReflectorConfig {
     }
 }
 
+/// One `type key rv` line for the event (`type` as the watch would say it).
+fn event_line(ev: &Event<ConfigMap>) -> String {
+    let (kind, obj) = match ev {
+        Event::Add { object, initial: true } => ("INITIAL", object),
+        Event::Add { object, .. } => ("ADDED", object),
+        Event::Update { new, .. } => ("MODIFIED", new),
+        Event::Delete {
+            object,
+            final_state_unknown: true,
+        } => ("DELETED_UNKNOWN", object),
+        Event::Delete { object, .. } => ("DELETED", object),
+    };
+    format!("{kind} {} {}\n", fold::key_of(obj), fold::rv_of(obj))
+}
+
+/// A handler appending [`event_line`]s to `path`, one write per line: a kill leaves whole lines
+/// (the page cache survives SIGKILL).
+fn logging_handler(path: &str) -> impl EventHandler<ConfigMap> {
+    let file = Mutex::new(
+        std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+            .expect("handler log"),
+    );
+    handler_fn(move |ev: Event<ConfigMap>| -> Result<(), std::io::Error> {
+        file.lock()
+            .map_err(|_| std::io::Error::other("poisoned"))?
+            .write_all(event_line(&ev).as_bytes())
+    })
+}
+
 /// The child: run the informer; the durable handler appends `type key rv` lines to the audit
-/// file before returning (at-least-once: the cursor is persisted after the handler returns).
-fn child(db: &str, url: &str, audit: &str, paged: bool) -> ! {
+/// file before returning (at-least-once: the cursor is persisted after the handler returns),
+/// the volatile one to this child's own file.
+fn child(db: &str, url: &str, audit: &str, volatile: &str, paged: bool) -> ! {
     if std::env::var("DI_TRACE").is_ok() {
         let _ = tracing_subscriber::fmt()
             .with_max_level(tracing::Level::DEBUG)
@@ -81,39 +118,8 @@ fn child(db: &str, url: &str, audit: &str, paged: bool) -> ! {
             .build()
             .await
             .expect("build");
-        let file = Mutex::new(
-            std::fs::OpenOptions::new()
-                .create(true)
-                .append(true)
-                .open(audit)
-                .expect("audit"),
-        );
-        informer.add_event_handler(
-            handler_fn(move |ev: Event<ConfigMap>| -> Result<(), std::io::Error> {
-                let (kind, obj) = match &ev {
-                    Event::Add { object, initial: true } => ("INITIAL", object),
-                    Event::Add { object, .. } => ("ADDED", object),
-                    Event::Update { new, .. } => ("MODIFIED", new),
-                    Event::Delete {
-                        object,
-                        final_state_unknown: true,
-                    } => ("DELETED_UNKNOWN", object),
-                    Event::Delete { object, .. } => ("DELETED", object),
-                };
-                let m = &obj.metadata;
-                let line = format!(
-                    "{kind} {}/{} {}\n",
-                    m.namespace.as_deref().unwrap_or(""),
-                    m.name.as_deref().unwrap_or(""),
-                    m.resource_version.as_deref().unwrap_or("")
-                );
-                // One write per line: a kill leaves whole lines (the page cache survives SIGKILL).
-                file.lock()
-                    .map_err(|_| std::io::Error::other("poisoned"))?
-                    .write_all(line.as_bytes())
-            }),
-            HandlerOptions::durable("audit"),
-        );
+        informer.add_event_handler(logging_handler(audit), HandlerOptions::durable("audit"));
+        informer.add_event_handler(logging_handler(volatile), HandlerOptions::volatile());
         informer.start();
         while let Err(_elapsed) = tokio::time::timeout(Duration::from_secs(2), informer.wait_for_sync())
             .await
@@ -144,12 +150,13 @@ fn child(db: &str, url: &str, audit: &str, paged: bool) -> ! {
 
 /// Runs the child instead of the test when the parent started this process as one.
 fn maybe_child() {
-    if let (Ok(db), Ok(url), Ok(audit)) = (
+    if let (Ok(db), Ok(url), Ok(audit), Ok(volatile)) = (
         std::env::var("DI_DB"),
         std::env::var("DI_URL"),
         std::env::var("DI_AUDIT"),
+        std::env::var("DI_VOLATILE"),
     ) {
-        child(&db, &url, &audit, std::env::var("DI_PAGED").is_ok());
+        child(&db, &url, &audit, &volatile, std::env::var("DI_PAGED").is_ok());
     }
 }
 
@@ -327,6 +334,8 @@ struct Figures {
     compactions: u64,
     kills_during_lists: u64,
     catch_ups: u64,
+    /// Catch-ups at which the child's volatile handler, replayed, was compared with the LIST.
+    volatile_checks: u64,
     duplicates: u64,
     relists: u64,
 }
@@ -348,6 +357,8 @@ struct Harness {
     kill_notes: Vec<String>,
     fig: Figures,
     rt: tokio::runtime::Runtime,
+    /// Children started so far: each child's volatile handler logs to a file of its own.
+    children: u64,
 }
 
 impl Harness {
@@ -359,6 +370,11 @@ impl Harness {
         self.dir.path().join("audit.log")
     }
 
+    /// The volatile handler's log of the last child started.
+    fn volatile_path(&self) -> std::path::PathBuf {
+        self.dir.path().join(format!("volatile-{}.log", self.children))
+    }
+
     /// The children's stderr, its last 40 lines.
     fn stderr_log(&self) -> String {
         let text = std::fs::read_to_string(self.dir.path().join("child-stderr.log")).unwrap_or_default();
@@ -366,7 +382,10 @@ impl Harness {
         lines[lines.len().saturating_sub(40)..].join("\n")
     }
 
-    fn spawn(&self, paged: bool) -> Killer {
+    fn spawn(&mut self, paged: bool) -> Killer {
+        // The previous child's volatile log is not needed any more.
+        let _ = std::fs::remove_file(self.volatile_path());
+        self.children += 1;
         let err = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -383,6 +402,7 @@ impl Harness {
         .env("DI_DB", self.db())
         .env("DI_URL", self.sim.url())
         .env("DI_AUDIT", self.audit_path())
+        .env("DI_VOLATILE", self.volatile_path())
         .stdout(Stdio::null())
         .stderr(err);
         if paged {
@@ -522,6 +542,47 @@ impl Harness {
              final state unknown) {log:?}\naudit cursor {cursor:?}\nlast kills:\n{}",
             self.kill_notes[self.kill_notes.len().saturating_sub(30)..].join("\n")
         )
+    }
+
+    /// What the last child's volatile handler was told (synthetic adds of the restored store,
+    /// then every event), replayed, equals the server's LIST.
+    fn check_volatile(&mut self, round: u64, theirs: &fold::State, ch: &Churner) {
+        let text = std::fs::read_to_string(self.volatile_path()).unwrap_or_default();
+        // Whole lines only (a kill between two writes leaves none cut, but be strict).
+        let whole = text.rfind('\n').map_or(0, |i| i + 1);
+        let lines: Vec<Vec<&str>> = text[..whole].lines().map(|l| l.split(' ').collect()).collect();
+        let mut replayed = fold::State::new();
+        for p in &lines {
+            assert_eq!(p.len(), 3, "round {round}: bad volatile handler line {p:?}");
+            fold::apply(&mut replayed, p[0], p[1], p[2]);
+        }
+        if replayed != *theirs {
+            let diff: Vec<String> = fold::diff(&replayed, theirs)
+                .into_iter()
+                .map(|(k, ours, server)| {
+                    let history: Vec<(u64, Kind)> = ch
+                        .events
+                        .iter()
+                        .filter(|e| e.key == k)
+                        .map(|e| (e.rv, e.kind))
+                        .collect();
+                    let told: Vec<String> = lines.iter().filter(|p| p[1] == k).map(|p| p.join(" ")).collect();
+                    format!(
+                        "{k}: replayed {ours:?}, server {server:?}; server history {history:?}; this \
+                         child's volatile handler was told {told:?}"
+                    )
+                })
+                .collect();
+            panic!(
+                "round {round}: the volatile handler of child {} ({} events told), replayed, differs \
+                 from the server's LIST once caught up:\n{}\nchild stderr:\n{}",
+                self.children,
+                lines.len(),
+                diff.join("\n"),
+                self.stderr_log()
+            );
+        }
+        self.fig.volatile_checks += 1;
     }
 
     /// Compacts the server's history: the next child resumes from an expired RV and relists.
@@ -678,6 +739,8 @@ impl Harness {
             );
         }
 
+        self.check_volatile(round, &theirs, &ch);
+
         let delivered: Vec<Ev> = self.audit.lines.iter().map(Line::ev).collect();
         if let Err(e) = stream_check::check_with_lists(
             &delivered,
@@ -747,6 +810,7 @@ fn run(test: &'static str, default_rounds: u64) {
         list_notes: Vec::new(),
         kill_notes: Vec::new(),
         fig: Figures::default(),
+        children: 0,
         rt: tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
             .enable_all()
@@ -804,6 +868,10 @@ fn run(test: &'static str, default_rounds: u64) {
         "the churn produced {} events",
         ch.events.len()
     );
+    assert_eq!(
+        h.fig.volatile_checks, h.fig.catch_ups,
+        "a volatile handler was compared at every catch-up"
+    );
     assert!(
         h.fig.relists > 0 || rounds < 10,
         "no relist happened: the compactions did not reach the informer"
@@ -811,13 +879,15 @@ fn run(test: &'static str, default_rounds: u64) {
     let f = &h.fig;
     eprintln!(
         "crash harness: {rounds} rounds, {} kills ({} during a list), {} compactions, {} relists \
-         completed, {} catch-ups compared with the server, {} server events checked, {} delivered, \
-         {} redelivered (all committed but unacknowledged), final RV {}, {:.1} s",
+         completed, {} catch-ups compared with the server (the store, the durable handler's stream, \
+         and {} volatile handlers replayed), {} server events checked, {} delivered to the durable \
+         handler, {} redelivered (all committed but unacknowledged), final RV {}, {:.1} s",
         f.kills,
         f.kills_during_lists,
         f.compactions,
         f.relists,
         f.catch_ups,
+        f.volatile_checks,
         ch.events.len(),
         h.audit.lines.len(),
         f.duplicates,
