@@ -1,11 +1,15 @@
 //! Metric families (Prometheus text exposition through `prometheus-client`).
 //!
-//! The crate fills one set of families, process-wide: the reflector and the dispatcher
-//! (`durable_informer_*`, labelled by resource and, where it matters, the event type, the
-//! relist reason or the handler), every named [`WorkQueue`](crate::queue::WorkQueue) under
-//! client-go's `workqueue_*` names (label `name`), each [`Controller`](crate::controller::Controller)'s
-//! reconciles (`durable_informer_reconcile_*`, label `controller`, as controller-runtime's
-//! `controller_runtime_reconcile_*`) and each database's file size (label `database`).
+//! Each module owns its families and adds them here as a section when it first uses them;
+//! this module imports none of them, so it sits at the bottom of the crate, and a scrape
+//! shows what the process has used. The families, process-wide:
+//! the reflector's (`durable_informer_*`, labelled by resource and, where it matters, the
+//! event type or the relist reason), the informers' handler lag (label `handler`), every named
+//! [`WorkQueue`](crate::queue::WorkQueue) under client-go's `workqueue_*` names (labels `name`
+//! and `controller`, as controller-runtime's), each
+//! [`Controller`](crate::controller::Controller)'s reconciles (`durable_informer_reconcile_*`,
+//! label `controller`, as controller-runtime's `controller_runtime_reconcile_*`) and each
+//! database's file size (label `database`, the file's name).
 //!
 //! [`register`] adds them all to your own registry, next to your metrics; [`encode`] renders
 //! them alone, for a process without a registry of its own.
@@ -27,111 +31,65 @@
 //! # Ok::<(), std::fmt::Error>(())
 //! ```
 
-use crate::util::Locked;
+use std::collections::BTreeMap;
 use std::sync::{Mutex, OnceLock};
 use std::time::Duration;
 
 use prometheus_client::collector::Collector;
-use std::fmt::Write as _;
-
-use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeLabelValue, LabelValueEncoder};
+use prometheus_client::encoding::{
+    DescriptorEncoder, EncodeLabelSet, EncodeLabelValue, EncodeMetric, LabelValueEncoder,
+};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
-use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
-use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::Registry;
+use std::fmt::Write as _;
 
-use crate::queue::QueueMetrics;
+use crate::util::Locked;
 
-/// Labels: resource.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct ResourceLabels {
-    /// The resource.
-    pub resource: String,
+/// Encodes one module's families into a scrape.
+pub(crate) type Section = fn(&mut DescriptorEncoder<'_>) -> Result<(), std::fmt::Error>;
+
+/// The sections added so far, by name (the module's), in exposition order.
+static SECTIONS: Mutex<BTreeMap<&'static str, Section>> = Mutex::new(BTreeMap::new());
+
+/// Adds a module's families to every registry [`register`] filled, from the next scrape on.
+pub(crate) fn add_section(name: &'static str, section: Section) {
+    SECTIONS.locked().insert(name, section);
 }
 
-/// Labels: resource and event type.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct EventLabels {
-    /// The resource.
-    pub resource: String,
-    /// `ADDED`, `MODIFIED`, `DELETED`, `BOOKMARK`.
-    pub kind: String,
+/// Encodes `family` as `name` (the full name, `_total` added to counters by the encoder).
+pub(crate) fn encode_family(
+    encoder: &mut DescriptorEncoder<'_>,
+    name: &str,
+    help: &str,
+    family: &impl EncodeMetric,
+) -> Result<(), std::fmt::Error> {
+    family.encode(encoder.encode_descriptor(name, help, None, family.metric_type())?)
 }
 
-/// Why a full list ran: the `reason` label of `durable_informer_lists`.
-#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
-pub enum ListReasonLabel {
-    /// `initial`: the scope held no synced state.
-    Initial,
-    /// `gone`: the watch expired (410 Gone).
-    Gone,
-    /// `too_large_rv`: the server refused the persisted RV as too large (a cluster rebuilt or
-    /// restored).
-    TooLargeRv,
-    /// `rv_regression`: the server's RV went backwards.
-    RvRegression,
-    /// `skipped_event`: a watch line that may have carried a change could not be read.
-    SkippedEvent,
-}
+/// Every section, at each scrape.
+#[derive(Debug)]
+struct Sections;
 
-impl ListReasonLabel {
-    /// The label value.
-    #[must_use]
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Initial => "initial",
-            Self::Gone => "gone",
-            Self::TooLargeRv => "too_large_rv",
-            Self::RvRegression => "rv_regression",
-            Self::SkippedEvent => "skipped_event",
+impl Collector for Sections {
+    fn encode(&self, mut encoder: DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
+        let sections: Vec<Section> = SECTIONS.locked().values().copied().collect();
+        for section in sections {
+            section(&mut encoder)?;
         }
+        Ok(())
     }
 }
 
-impl EncodeLabelValue for ListReasonLabel {
-    fn encode(&self, encoder: &mut LabelValueEncoder<'_>) -> Result<(), std::fmt::Error> {
-        encoder.write_str(self.as_str())
-    }
+/// A histogram of seconds, 100 µs to ~13 s.
+pub(crate) fn seconds_histogram() -> Histogram {
+    Histogram::new(exponential_buckets(0.0001, 2.0, 18))
 }
 
-impl From<&crate::reflector::ListReason> for ListReasonLabel {
-    fn from(r: &crate::reflector::ListReason) -> Self {
-        use crate::reflector::ListReason as R;
-        match r {
-            R::Initial => Self::Initial,
-            R::Gone(_) => Self::Gone,
-            R::TooLargeRv { .. } => Self::TooLargeRv,
-            R::AheadOfServer { .. } => Self::RvRegression,
-            R::SkippedEvent(_) => Self::SkippedEvent,
-        }
-    }
-}
-
-/// Labels: resource and relist reason.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct ReasonLabels {
-    /// The resource.
-    pub resource: String,
-    /// Why the list ran.
-    pub reason: ListReasonLabel,
-}
-
-/// Labels: resource and handler.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct HandlerLabels {
-    /// The resource.
-    pub resource: String,
-    /// The handler's name (`volatile` for unnamed ones).
-    pub handler: String,
-}
-
-/// Labels: database file.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct DatabaseLabels {
-    /// The database file's path.
-    pub database: String,
+/// A histogram of seconds, 1 ms to ~9 min: reconciles that call other APIs can take minutes.
+fn long_seconds_histogram() -> Histogram {
+    Histogram::new(exponential_buckets(0.001, 2.0, 20))
 }
 
 /// Labels: controller.
@@ -185,114 +143,23 @@ pub struct ReconcileLabels {
     pub result: ReconcileResult,
 }
 
-/// Every metric family of the crate.
+/// The controllers' reconcile families.
+#[derive(Debug)]
 pub struct Metrics {
-    /// Watch events persisted, by type.
-    pub events: Family<EventLabels, Counter>,
-    /// Time from handing a batch to the writer to its durable acknowledgement, seconds.
-    pub commit_latency: Family<ResourceLabels, Histogram>,
-    /// Deltas per batch handed to the writer.
-    pub batch_size: Family<ResourceLabels, Histogram>,
-    /// Full lists, by reason.
-    pub lists: Family<ReasonLabels, Counter>,
-    /// LIST requests (pages and probes).
-    pub list_requests: Family<ResourceLabels, Counter>,
-    /// WATCH requests.
-    pub watch_requests: Family<ResourceLabels, Counter>,
-    /// Log entries a handler still has to read: the last committed seq minus its cursor,
-    /// updated as either moves (also while the handler is stuck in a callback).
-    pub handler_lag: Family<HandlerLabels, Gauge>,
-    /// Database file size in bytes, per file: the store's writer updates it after commits (at
-    /// most once a second while busy, and when it goes idle).
-    pub db_size: Family<DatabaseLabels, Gauge>,
     /// Reconciles, by controller and result.
     pub reconciles: Family<ReconcileLabels, Counter>,
     /// Reconciles that returned an error or panicked, by controller.
     pub reconcile_errors: Family<ControllerLabels, Counter>,
-    /// Time per reconcile, seconds, by controller.
+    /// Time per reconcile, seconds, by controller (1 ms to ~9 min).
     pub reconcile_time: Family<ControllerLabels, Histogram>,
-    /// The named workqueues, read at each scrape.
-    queues: Mutex<Vec<QueueProbe>>,
-}
-
-/// Reads one queue's metrics; `None` once the queue is gone.
-type QueueProbe = Box<dyn Fn() -> Option<QueueMetrics> + Send + Sync>;
-
-fn seconds_histogram() -> Histogram {
-    Histogram::new(exponential_buckets(0.0001, 2.0, 18))
-}
-
-fn size_histogram() -> Histogram {
-    Histogram::new(exponential_buckets(1.0, 2.0, 14))
 }
 
 impl Metrics {
     fn new() -> Self {
         Self {
-            events: Family::default(),
-            commit_latency: Family::new_with_constructor(seconds_histogram as fn() -> Histogram),
-            batch_size: Family::new_with_constructor(size_histogram as fn() -> Histogram),
-            lists: Family::default(),
-            list_requests: Family::default(),
-            watch_requests: Family::default(),
-            handler_lag: Family::default(),
-            db_size: Family::default(),
             reconciles: Family::default(),
             reconcile_errors: Family::default(),
-            reconcile_time: Family::new_with_constructor(seconds_histogram as fn() -> Histogram),
-            queues: Mutex::new(Vec::new()),
-        }
-    }
-
-    /// Adds every family to `registry` (the families are shared, not copied).
-    fn register_into(&'static self, registry: &mut Registry) {
-        let ours = registry.sub_registry_with_prefix("durable_informer");
-        ours.register("events", "Watch events persisted, by type", self.events.clone());
-        ours.register(
-            "commit_latency_seconds",
-            "Batch handed to the writer until durable",
-            self.commit_latency.clone(),
-        );
-        ours.register("batch_size", "Deltas per batch", self.batch_size.clone());
-        ours.register("lists", "Full lists by reason", self.lists.clone());
-        ours.register(
-            "list_requests",
-            "LIST requests (pages and probes)",
-            self.list_requests.clone(),
-        );
-        ours.register("watch_requests", "WATCH requests", self.watch_requests.clone());
-        ours.register(
-            "handler_lag_entries",
-            "Log entries a handler has not read yet",
-            self.handler_lag.clone(),
-        );
-        ours.register("database_bytes", "Database file size", self.db_size.clone());
-        ours.register(
-            "reconcile",
-            "Reconciles by controller and result",
-            self.reconciles.clone(),
-        );
-        ours.register(
-            "reconcile_errors",
-            "Reconciles that failed or panicked",
-            self.reconcile_errors.clone(),
-        );
-        ours.register(
-            "reconcile_time_seconds",
-            "Time per reconcile",
-            self.reconcile_time.clone(),
-        );
-        registry.register_collector(Box::new(QueueCollector(self)));
-    }
-
-    /// Records the size of the database file at `path`.
-    pub fn observe_db_size(&self, path: &std::path::Path) {
-        if let Ok(m) = std::fs::metadata(path) {
-            self.db_size
-                .get_or_create(&DatabaseLabels {
-                    database: path.display().to_string(),
-                })
-                .set(i64::try_from(m.len()).unwrap_or(i64::MAX));
+            reconcile_time: Family::new_with_constructor(long_seconds_histogram as fn() -> Histogram),
         }
     }
 
@@ -312,121 +179,44 @@ impl Metrics {
         }
         self.reconcile_time.get_or_create(&labels).observe(took.as_secs_f64());
     }
-
-    /// Reports a named queue's metrics at each scrape, while `probe` finds it.
-    pub(crate) fn add_queue(&self, probe: QueueProbe) {
-        let mut queues = self.queues.locked();
-        queues.retain(|p| p().is_some());
-        queues.push(probe);
-    }
 }
 
-/// client-go's workqueue metrics, read from the live queues at each scrape.
-struct QueueCollector(&'static Metrics);
-
-impl std::fmt::Debug for QueueCollector {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("QueueCollector")
-    }
-}
-
-impl Collector for QueueCollector {
-    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
-        let snapshots: Vec<QueueMetrics> = {
-            let queues = self.0.queues.locked();
-            queues.iter().filter_map(|p| p()).collect()
-        };
-        let named: Vec<(Vec<(String, String)>, &QueueMetrics)> = snapshots
-            .iter()
-            .filter_map(|m| m.name.clone().map(|n| (vec![("name".to_owned(), n)], m)))
-            .collect();
-        let gauge = |encoder: &mut DescriptorEncoder, name: &str, help: &str, value: &dyn Fn(&QueueMetrics) -> f64| {
-            let mut m = encoder.encode_descriptor(name, help, None, MetricType::Gauge)?;
-            for (labels, q) in &named {
-                m.encode_family(labels)?.encode_gauge(&value(q))?;
-            }
-            Ok::<(), std::fmt::Error>(())
-        };
-        let counter =
-            |encoder: &mut DescriptorEncoder, name: &str, help: &str, value: &dyn Fn(&QueueMetrics) -> u64| {
-                let mut m = encoder.encode_descriptor(name, help, None, MetricType::Counter)?;
-                for (labels, q) in &named {
-                    m.encode_family(labels)?
-                        .encode_counter::<Vec<(String, String)>, u64, f64>(&value(q), None)?;
-                }
-                Ok::<(), std::fmt::Error>(())
-            };
-        let histogram = |encoder: &mut DescriptorEncoder,
-                         name: &str,
-                         help: &str,
-                         value: &dyn Fn(&QueueMetrics) -> &crate::queue::DurationHistogram| {
-            let mut m = encoder.encode_descriptor(name, help, None, MetricType::Histogram)?;
-            for (labels, q) in &named {
-                let h = value(q);
-                let buckets: Vec<(f64, u64)> = h.buckets().map(|(b, c)| (b.as_secs_f64(), c)).collect();
-                m.encode_family(labels)?.encode_histogram::<Vec<(String, String)>>(
-                    h.sum().as_secs_f64(),
-                    h.count(),
-                    &buckets,
-                    None,
-                )?;
-            }
-            Ok::<(), std::fmt::Error>(())
-        };
-        #[allow(clippy::cast_precision_loss)] // queue depths are far below 2^52
-        gauge(&mut encoder, "workqueue_depth", "Current depth of workqueue", &|q| {
-            q.depth as f64
-        })?;
-        counter(
-            &mut encoder,
-            "workqueue_adds",
-            "Total number of adds handled by workqueue",
-            &|q| q.adds,
-        )?;
-        counter(
-            &mut encoder,
-            "workqueue_retries",
-            "Total number of retries handled by workqueue",
-            &|q| q.retries,
-        )?;
-        histogram(
-            &mut encoder,
-            "workqueue_queue_duration_seconds",
-            "How long in seconds an item stays in workqueue before being requested",
-            &|q| &q.queue_latency,
-        )?;
-        histogram(
-            &mut encoder,
-            "workqueue_work_duration_seconds",
-            "How long in seconds processing an item from workqueue takes",
-            &|q| &q.work_duration,
-        )?;
-        gauge(
-            &mut encoder,
-            "workqueue_unfinished_work_seconds",
-            "How many seconds of work has been done that is in progress and hasn't been observed by work_duration",
-            &|q| q.unfinished_work.as_secs_f64(),
-        )?;
-        gauge(
-            &mut encoder,
-            "workqueue_longest_running_processor_seconds",
-            "How many seconds has the longest running processor for workqueue been running",
-            &|q| q.longest_running_processor.as_secs_f64(),
-        )?;
-        Ok(())
-    }
-}
-
-/// The process-wide metrics.
+/// The controllers' reconcile metrics, process-wide.
 pub fn global() -> &'static Metrics {
     static METRICS: OnceLock<Metrics> = OnceLock::new();
-    METRICS.get_or_init(Metrics::new)
+    METRICS.get_or_init(|| {
+        add_section("controller", encode_reconciles);
+        Metrics::new()
+    })
+}
+
+fn encode_reconciles(encoder: &mut DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
+    let m = global();
+    encode_family(
+        encoder,
+        "durable_informer_reconcile",
+        "Reconciles by controller and result",
+        &m.reconciles,
+    )?;
+    encode_family(
+        encoder,
+        "durable_informer_reconcile_errors",
+        "Reconciles that failed or panicked",
+        &m.reconcile_errors,
+    )?;
+    encode_family(
+        encoder,
+        "durable_informer_reconcile_time_seconds",
+        "Time per reconcile",
+        &m.reconcile_time,
+    )
 }
 
 /// Adds every metric of the crate to `registry`: the informers' under `durable_informer_`,
-/// the named workqueues' under client-go's `workqueue_` names. Call it once per registry.
+/// the named workqueues' under client-go's `workqueue_` names. Call it once per registry; a
+/// family appears once its module first ran (an informer, a named queue, a controller).
 pub fn register(registry: &mut Registry) {
-    global().register_into(registry);
+    registry.register_collector(Box::new(Sections));
 }
 
 /// The Prometheus text exposition of every metric, from a registry of the crate's own.

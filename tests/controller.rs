@@ -253,7 +253,7 @@ async fn the_error_policy_decides_the_retry_of_a_failed_reconcile() {
         "{text}"
     );
     assert!(
-        text.contains(r#"workqueue_adds_total{name="flaky-controller"}"#),
+        text.contains(r#"workqueue_adds_total{name="flaky-controller",controller="flaky-controller"}"#),
         "{text}"
     );
     let summary = stopped(stop_tx, run).await;

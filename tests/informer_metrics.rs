@@ -8,29 +8,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::fake::Fake;
+use common::metrics_text::{eventually, sample};
 use durable_informer::informer::{async_handler_fn, Event, HandlerOptions, Informer};
 use durable_informer::store::{DurableStore, StoreConfig};
 use k8s_openapi::api::core::v1::ConfigMap;
-
-/// The value of the sample `name` whose labels include every `labels` pair.
-fn sample(text: &str, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
-    text.lines().filter(|l| !l.starts_with('#')).find_map(|l| {
-        let (series, value) = l.rsplit_once(' ')?;
-        let (n, rest) = series.split_once('{').unwrap_or((series, ""));
-        let matches = n == name && labels.iter().all(|(k, v)| rest.contains(&format!("{k}=\"{v}\"")));
-        matches.then(|| value.parse().ok()).flatten()
-    })
-}
-
-async fn eventually(what: &str, mut ok: impl FnMut(&str) -> bool) {
-    for _ in 0..500 {
-        if ok(&durable_informer::metrics::encode()) {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    panic!("{what} never held:\n{}", durable_informer::metrics::encode());
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_informer_reports_events_lists_commits_lag_and_database_size() {

@@ -738,9 +738,11 @@ pub(crate) async fn track_lag(
     committed: watch::Receiver<Seq>,
     position: watch::Receiver<Seq>,
     done: watch::Receiver<bool>,
-    labels: crate::metrics::HandlerLabels,
+    labels: super::metrics::HandlerLabels,
 ) {
-    let gauge = crate::metrics::global().handler_lag.get_or_create(&labels).clone();
+    let gauge = super::metrics::handler_lag().get_or_create(&labels).clone();
+    // A handler that is gone leaves no series behind.
+    let _remove = RemoveOnDrop(labels);
     let (mut committed, mut position, mut done) = (committed, position, done);
     loop {
         let lag = committed
@@ -753,5 +755,13 @@ pub(crate) async fn track_lag(
             r = position.changed() => if r.is_err() { return },
             _ = done.wait_for(|d| *d) => return,
         }
+    }
+}
+
+struct RemoveOnDrop(super::metrics::HandlerLabels);
+
+impl Drop for RemoveOnDrop {
+    fn drop(&mut self) {
+        super::metrics::handler_lag().remove(&self.0);
     }
 }

@@ -40,6 +40,7 @@ mod error;
 mod factory;
 mod handler;
 mod lister;
+mod metrics;
 
 use crate::util::Locked;
 use std::any::{Any, TypeId};
@@ -68,7 +69,7 @@ use crate::object::ResourceVersion;
 use crate::reflector::{Reflector, ReflectorConfig, ReflectorError, ReflectorStatus, Transform};
 use crate::selector::{RingMember, ShardSelector};
 use crate::source::Source;
-use crate::store::{DurableStore, Indexer, LogReader, ScopeId, Seq, Store, StoreError, Writer};
+use crate::store::{CursorName, DurableStore, Indexer, LogReader, ScopeId, Seq, Store, StoreError, Writer};
 
 /// Keeps `issue` among the last 100.
 fn keep_issue(issues: &Mutex<Vec<InformerIssue>>, issue: InformerIssue) {
@@ -632,13 +633,8 @@ where
         let (synced_tx, synced) = watch::channel(false);
         let (cursor_tx, cursor) = watch::channel(Seq(0));
         let (done_tx, done) = watch::channel(false);
-        let lag_labels = crate::metrics::HandlerLabels {
-            resource: self.inner.resource.clone(),
-            handler: options
-                .name
-                .as_ref()
-                .map_or_else(|| "volatile".to_owned(), ToString::to_string),
-        };
+        let lag_labels =
+            metrics::HandlerLabels::new(&self.inner.resource, options.name.as_ref().map(CursorName::as_str));
         tokio::spawn(dispatch::track_lag(
             self.inner.writer.committed(),
             cursor.clone(),

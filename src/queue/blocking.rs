@@ -46,6 +46,14 @@ pub struct BlockingWorkQueue<T> {
     shared: Arc<Shared<T>>,
 }
 
+impl<T: Clone + Eq + Hash + Send + Sync + 'static> WorkQueue<T> {
+    /// A handle whose waiting methods block the calling thread, for workers that are not async.
+    #[must_use]
+    pub fn blocking(&self) -> BlockingWorkQueue<T> {
+        BlockingWorkQueue::new(Arc::clone(self.shared()))
+    }
+}
+
 impl<T: Clone + Eq + Hash + Send + Sync + 'static> BlockingWorkQueue<T> {
     pub(crate) fn new(shared: Arc<Shared<T>>) -> Self {
         Self { shared }

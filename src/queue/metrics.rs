@@ -1,6 +1,15 @@
-//! Plain counters and histograms describing a queue; exporting them is someone else's job.
+//! Plain counters and histograms describing a queue, and their export under client-go's
+//! `workqueue_*` names (a section of [`crate::metrics`]).
 
+use std::collections::BTreeMap;
+use std::sync::Mutex;
 use std::time::Duration;
+
+use prometheus_client::encoding::DescriptorEncoder;
+use prometheus_client::metrics::MetricType;
+
+use crate::metrics::add_section;
+use crate::util::Locked;
 
 /// Upper bounds of [`DurationHistogram`] buckets: 10 ns to 10 s, factor 10, as client-go's
 /// workqueue metrics.
@@ -90,6 +99,138 @@ pub struct QueueMetrics {
     pub unfinished_work: Duration,
     /// Gauge: time since the longest-processing item was handed out, zero when idle.
     pub longest_running_processor: Duration,
+}
+
+/// Reads one queue's metrics; `None` once the queue is gone.
+pub(crate) type QueueProbe = Box<dyn Fn() -> Option<QueueMetrics> + Send + Sync>;
+
+/// The named queues, read at each scrape.
+static QUEUES: Mutex<Vec<QueueProbe>> = Mutex::new(Vec::new());
+
+/// Reports a named queue's metrics at each scrape, while `probe` finds it.
+pub(crate) fn add_queue(probe: QueueProbe) {
+    let mut queues = QUEUES.locked();
+    queues.retain(|p| p().is_some());
+    queues.push(probe);
+    add_section("queue", encode);
+}
+
+impl DurationHistogram {
+    fn merge(&mut self, other: &Self) {
+        for (a, b) in self.counts.iter_mut().zip(other.counts.iter()) {
+            *a += b;
+        }
+        self.count += other.count;
+        self.sum = self.sum.saturating_add(other.sum);
+    }
+}
+
+impl QueueMetrics {
+    /// Adds `other` (a queue of the same name) into `self`: one series per name, as two
+    /// series with equal labels would make the exposition invalid.
+    fn merge(&mut self, other: &Self) {
+        self.depth += other.depth;
+        self.processing += other.processing;
+        self.waiting += other.waiting;
+        self.adds += other.adds;
+        self.retries += other.retries;
+        self.queue_latency.merge(&other.queue_latency);
+        self.work_duration.merge(&other.work_duration);
+        self.unfinished_work += other.unfinished_work;
+        self.longest_running_processor = self.longest_running_processor.max(other.longest_running_processor);
+    }
+}
+
+type Labels = [(&'static str, String); 2];
+
+/// client-go's workqueue metrics, read from the live named queues at each scrape, labelled
+/// `name` and `controller` (both the queue's name, as controller-runtime does).
+fn encode(encoder: &mut DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
+    {
+        let mut by_name: BTreeMap<String, QueueMetrics> = BTreeMap::new();
+        for m in QUEUES.locked().iter().filter_map(|p| p()) {
+            let Some(name) = m.name.clone() else { continue };
+            by_name.entry(name).and_modify(|q| q.merge(&m)).or_insert(m);
+        }
+        let named: Vec<(Labels, &QueueMetrics)> = by_name
+            .iter()
+            .map(|(n, m)| ([("name", n.clone()), ("controller", n.clone())], m))
+            .collect();
+        let gauge = |encoder: &mut DescriptorEncoder, name: &str, help: &str, value: &dyn Fn(&QueueMetrics) -> f64| {
+            let mut m = encoder.encode_descriptor(name, help, None, MetricType::Gauge)?;
+            for (labels, q) in &named {
+                m.encode_family(labels)?.encode_gauge(&value(q))?;
+            }
+            Ok::<(), std::fmt::Error>(())
+        };
+        let counter =
+            |encoder: &mut DescriptorEncoder, name: &str, help: &str, value: &dyn Fn(&QueueMetrics) -> u64| {
+                let mut m = encoder.encode_descriptor(name, help, None, MetricType::Counter)?;
+                for (labels, q) in &named {
+                    m.encode_family(labels)?
+                        .encode_counter::<Vec<(String, String)>, u64, f64>(&value(q), None)?;
+                }
+                Ok::<(), std::fmt::Error>(())
+            };
+        let histogram = |encoder: &mut DescriptorEncoder,
+                         name: &str,
+                         help: &str,
+                         value: &dyn Fn(&QueueMetrics) -> &DurationHistogram| {
+            let mut m = encoder.encode_descriptor(name, help, None, MetricType::Histogram)?;
+            for (labels, q) in &named {
+                let h = value(q);
+                let buckets: Vec<(f64, u64)> = h.buckets().map(|(b, c)| (b.as_secs_f64(), c)).collect();
+                m.encode_family(labels)?.encode_histogram::<Vec<(String, String)>>(
+                    h.sum().as_secs_f64(),
+                    h.count(),
+                    &buckets,
+                    None,
+                )?;
+            }
+            Ok::<(), std::fmt::Error>(())
+        };
+        #[allow(clippy::cast_precision_loss)] // queue depths are far below 2^52
+        gauge(encoder, "workqueue_depth", "Current depth of workqueue", &|q| {
+            q.depth as f64
+        })?;
+        counter(
+            encoder,
+            "workqueue_adds",
+            "Total number of adds handled by workqueue",
+            &|q| q.adds,
+        )?;
+        counter(
+            encoder,
+            "workqueue_retries",
+            "Total number of retries handled by workqueue",
+            &|q| q.retries,
+        )?;
+        histogram(
+            encoder,
+            "workqueue_queue_duration_seconds",
+            "How long in seconds an item stays in workqueue before being requested",
+            &|q| &q.queue_latency,
+        )?;
+        histogram(
+            encoder,
+            "workqueue_work_duration_seconds",
+            "How long in seconds processing an item from workqueue takes",
+            &|q| &q.work_duration,
+        )?;
+        gauge(
+            encoder,
+            "workqueue_unfinished_work_seconds",
+            "How many seconds of work has been done that is in progress and hasn't been observed by work_duration",
+            &|q| q.unfinished_work.as_secs_f64(),
+        )?;
+        gauge(
+            encoder,
+            "workqueue_longest_running_processor_seconds",
+            "How many seconds has the longest running processor for workqueue been running",
+            &|q| q.longest_running_processor.as_secs_f64(),
+        )?;
+        Ok(())
+    }
 }
 
 #[cfg(test)]

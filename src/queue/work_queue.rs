@@ -10,7 +10,6 @@ use std::time::Duration;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-use super::blocking::BlockingWorkQueue;
 use super::lock;
 use super::metrics::{DurationHistogram, QueueMetrics};
 use super::rate_limiter::{default_controller_rate_limiter, RateLimiter};
@@ -356,7 +355,7 @@ impl<T: Clone + Eq + Hash + Send + Sync + 'static> WorkQueueBuilder<T> {
         if named {
             // Exported under client-go's `workqueue_*` names while the queue lives.
             let weak = Arc::downgrade(&queue.shared);
-            crate::metrics::global().add_queue(Box::new(move || {
+            super::metrics::add_queue(Box::new(move || {
                 weak.upgrade().map(|shared| WorkQueue::from_shared(shared).metrics())
             }));
         }
@@ -379,10 +378,8 @@ impl<T: Clone + Eq + Hash + Send + Sync + 'static> WorkQueue<T> {
         }
     }
 
-    /// A handle whose waiting methods block the calling thread, for workers that are not async.
-    #[must_use]
-    pub fn blocking(&self) -> BlockingWorkQueue<T> {
-        BlockingWorkQueue::new(Arc::clone(&self.shared))
+    pub(crate) fn shared(&self) -> &Arc<Shared<T>> {
+        &self.shared
     }
 
     pub(crate) fn from_shared(shared: Arc<Shared<T>>) -> Self {

@@ -8,9 +8,9 @@ use futures::{FutureExt, StreamExt};
 use tokio::sync::watch;
 use tracing::Instrument;
 
+use super::metrics;
 use super::watching::MAX_INFLIGHT;
 use super::{ListReason, Reflector, ReflectorError};
-use crate::metrics;
 use crate::object::{RawObject, ResourceVersion};
 use crate::source::{DecodeError, ListRequest, Source, SourceError, WatchEvent, WatchRequest};
 use crate::store::{DeltaKind, Seq, StoreError};

@@ -21,6 +21,7 @@ mod backoff;
 mod config;
 mod error;
 mod listing;
+pub mod metrics;
 mod sharding;
 mod status;
 mod transform;
@@ -38,7 +39,6 @@ pub use status::{ErrorHook, ListReason, Phase, ReflectorStatus, ShardMode};
 pub use transform::{strip_managed_fields, tombstone, OversizePolicy, Transform, TransformError, TransformFn};
 use watching::{WatchEnd, Watched};
 
-use crate::metrics;
 use crate::object::{RawObject, ResourceVersion};
 use crate::selector::ShardSelector;
 use crate::source::{ListRequest, Source, SourceError};

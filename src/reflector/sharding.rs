@@ -19,8 +19,8 @@ use tokio::sync::watch;
 use tracing::Instrument;
 
 use super::listing::PagePipe;
+use super::metrics;
 use super::{ListReason, Reflector, ReflectorError, ShardMode, State, SyncTarget};
-use crate::metrics;
 use crate::object::{RawObject, ResourceVersion};
 use crate::selector::{ShardField, ShardSelector};
 use crate::source::{ListRequest, Source};

@@ -9,8 +9,8 @@ use rand::Rng;
 use tokio::sync::{oneshot, watch};
 use tracing::Instrument;
 
+use super::metrics;
 use super::{Reflector, ReflectorError, SyncTarget};
-use crate::metrics;
 use crate::object::{RawObject, ResourceVersion};
 use crate::source::{Source, SourceError, WatchEvent, WatchRequest};
 use crate::store::{Batch, Committed, DeltaKind, StoreError};

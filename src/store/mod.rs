@@ -39,6 +39,7 @@ mod codec;
 mod dict;
 mod error;
 mod index;
+mod metrics;
 mod migrate;
 mod read;
 mod schema;

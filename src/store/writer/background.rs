@@ -131,7 +131,7 @@ impl WriterThread {
             .get()
             .is_none_or(|at| at.elapsed() >= std::time::Duration::from_secs(1));
         if now || due {
-            crate::metrics::global().observe_db_size(&self.shared.path);
+            crate::store::metrics::observe_db_size(&self.shared.path);
             self.upkeep.size_observed.set(Some(std::time::Instant::now()));
         }
     }

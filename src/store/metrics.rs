@@ -1,0 +1,43 @@
+//! The store's metric family (a section of [`crate::metrics`]).
+
+use std::path::Path;
+use std::sync::OnceLock;
+
+use prometheus_client::encoding::DescriptorEncoder;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+
+use crate::metrics::{add_section, encode_family};
+
+/// Labels: database file.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(crate) struct DatabaseLabels {
+    /// The database file's name: its directory is a deployment detail (a volume mount), and
+    /// a full path would change the series when the volume moves.
+    database: String,
+}
+
+fn db_size() -> &'static Family<DatabaseLabels, Gauge> {
+    static FAMILY: OnceLock<Family<DatabaseLabels, Gauge>> = OnceLock::new();
+    FAMILY.get_or_init(|| {
+        add_section("store", encode);
+        Family::default()
+    })
+}
+
+/// Records the size of the database file at `path` (`durable_informer_database_bytes`).
+pub(crate) fn observe_db_size(path: &Path) {
+    if let Ok(m) = std::fs::metadata(path) {
+        let database = path
+            .file_name()
+            .map_or_else(|| path.display().to_string(), |n| n.to_string_lossy().into_owned());
+        db_size()
+            .get_or_create(&DatabaseLabels { database })
+            .set(i64::try_from(m.len()).unwrap_or(i64::MAX));
+    }
+}
+
+fn encode(e: &mut DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
+    encode_family(e, "durable_informer_database_bytes", "Database file size", db_size())
+}
