@@ -15,10 +15,17 @@ use std::path::Path;
 use std::process::Command;
 use std::sync::OnceLock;
 
+use std::sync::{Arc, Mutex};
+
+use common::fake::Fake;
+use durable_informer::informer::{handler_fn, Event, HandlerOptions, HandlerProblem, Informer, InformerIssue};
 use durable_informer::object::{ObjectKey, ScopeSpec};
 use durable_informer::store::{CodecError, Compression, DurableStore, ScopeId, Seq, StoreConfig, StoreError};
+use k8s_openapi::api::core::v1::ConfigMap;
 use proptest::prelude::*;
 use redb::{ReadableDatabase, ReadableTable, TableDefinition};
+
+mod common;
 
 #[path = "../fuzz/store_rows.rs"]
 mod store_rows;
@@ -783,6 +790,179 @@ fn a_relist_replaces_damaged_object_rows() {
             "{:?}",
             report.problems
         );
+    });
+}
+
+// ---- Damaged log entries and durable handlers ----
+
+fn describe(ev: &Event<ConfigMap>) -> String {
+    let name = |c: &ConfigMap| c.metadata.name.clone().unwrap_or_default();
+    let val = |c: &ConfigMap| c.data.as_ref().and_then(|d| d.get("v").cloned()).unwrap_or_default();
+    match ev {
+        Event::Add { object, .. } => format!("add {} {}", name(object), val(object)),
+        Event::Update { old, new, resync } => format!(
+            "update {} {}->{}{}",
+            name(new),
+            val(old),
+            val(new),
+            if *resync { " (resync)" } else { "" }
+        ),
+        Event::Delete { object, .. } => format!("delete {}", name(object)),
+    }
+}
+
+type Seen = Arc<Mutex<Vec<String>>>;
+
+fn recorder(seen: &Seen) -> impl durable_informer::informer::EventHandler<ConfigMap> {
+    let seen = seen.clone();
+    handler_fn(move |ev: Event<ConfigMap>| -> Result<(), std::convert::Infallible> {
+        seen.lock().expect("seen").push(describe(&ev));
+        Ok(())
+    })
+}
+
+async fn wait_for(what: &str, mut done: impl FnMut() -> bool) {
+    for _ in 0..1000 {
+        if done() {
+            return;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    panic!("timed out waiting for {what}");
+}
+
+/// Runs an informer of `db` against `fake`, with the durable handler `audit` when `seen` is
+/// given, until `until` holds; then shuts it down.
+async fn run_informer(
+    db: &DurableStore,
+    fake: &Fake,
+    seen: Option<&Seen>,
+    until: impl FnMut() -> bool,
+) -> Vec<durable_informer::informer::InformerIssue> {
+    let inf = Informer::<ConfigMap>::builder(db, fake.clone())
+        .build()
+        .await
+        .expect("informer");
+    if let Some(seen) = seen {
+        inf.add_event_handler(recorder(seen), HandlerOptions::durable("audit"));
+    }
+    inf.start();
+    inf.wait_for_sync().await.expect("synced");
+    wait_for("the informer", until).await;
+    let issues = inf.issues();
+    inf.shutdown().await.expect("shuts down");
+    issues
+}
+
+/// Overwrites the first bytes of a log row's object bytes (its zstd magic): the header still
+/// decodes, the state does not.
+fn damage_log_data(path: &Path, seq: u64) {
+    let db = redb::Database::open(path).expect("opens");
+    let mut row = {
+        let txn = db.begin_read().expect("txn");
+        let log = txn.open_table(TableDefinition::<u64, &[u8]>::new("log")).expect("log");
+        let row = log.get(seq).expect("get").expect("the entry").value().to_vec();
+        row
+    };
+    let header = u32::from_le_bytes([row[1], row[2], row[3], row[4]]) as usize;
+    row[5 + header..9 + header].copy_from_slice(&[0, 0, 0, 0]);
+    drop(db);
+    damage_on_disk::<u64>(path, "log", seq, &row);
+}
+
+/// A damaged log entry does not stop a durable handler's cursor: it is skipped and reported,
+/// and what the handler may have missed is told again as resync updates (the key's current
+/// state when the entry's header names it, every object when it does not). An entry whose
+/// previous state alone is damaged is delivered with `old` = `new`.
+#[test]
+fn a_damaged_log_entry_is_skipped_reported_and_resynced_for_a_durable_handler() {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    rt.block_on(async {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let path = dir.path().join("db.redb");
+        let config = || StoreConfig::new(&path).compression(Compression::Zstd(3));
+        let fake = Fake::new();
+        for n in ["a", "b", "c"] {
+            fake.upsert(n, "1");
+        }
+        // The handler hears of a, b and c and persists its cursor.
+        let db = DurableStore::open(config()).expect("opens");
+        let seen = Seen::default();
+        run_informer(&db, &fake, Some(&seen), || seen.lock().expect("seen").len() >= 3).await;
+        let (scope, _) = db.scopes().expect("scopes").into_iter().next().expect("a scope");
+        let cursor = db.log().cursor(scope, "audit").expect("cursor").expect("persisted");
+        // Without the handler: four changes it has not read.
+        fake.upsert("a", "2");
+        fake.upsert("a", "3");
+        fake.upsert("d", "1");
+        fake.delete("b");
+        let store = db.store(scope);
+        run_informer(&db, &fake, None, || {
+            store.get(&ObjectKey::namespaced("ns", "b")).is_ok_and(|b| b.is_none())
+        })
+        .await;
+        let entries = db.log().read_after(cursor, 100, Some(scope)).expect("log");
+        let seqs: Vec<(String, u64)> = entries.iter().map(|r| (r.key.name.clone(), r.seq.0)).collect();
+        assert_eq!(
+            seqs.iter().map(|(n, _)| n.as_str()).collect::<Vec<_>>(),
+            ["a", "a", "d", "b"],
+            "{seqs:?}"
+        );
+        let last = seqs[3].1;
+        drop(store);
+        db.close().expect("closes");
+        // a=2 loses its state (so a=3 loses its previous state); the delete of b its header.
+        damage_log_data(&path, seqs[0].1);
+        damage_on_disk::<u64>(&path, "log", last, &huge_string_after(&[0, 0, 1]));
+
+        let db = DurableStore::open(config()).expect("a damaged database opens");
+        let seen = Seen::default();
+        let issues = run_informer(&db, &fake, Some(&seen), || seen.lock().expect("seen").len() >= 6).await;
+        assert_eq!(
+            *seen.lock().expect("seen"),
+            [
+                // a=2 is damaged: a's current state instead.
+                "update a 3->3 (resync)",
+                // a=3 without its previous state.
+                "update a 3->3",
+                "add d 1",
+                // The delete of b names no key: every object, as a resync (b's delete is lost).
+                "update a 3->3 (resync)",
+                "update c 1->1 (resync)",
+                "update d 1->1 (resync)",
+            ]
+        );
+        let damaged: Vec<(u64, Option<String>)> = issues
+            .iter()
+            .filter_map(|i| match i {
+                InformerIssue::Handler {
+                    problem: HandlerProblem::DamagedLogEntry { seq, key, .. },
+                    ..
+                } => Some((seq.0, key.as_ref().map(|k| k.name.clone()))),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(
+            damaged,
+            [
+                (seqs[0].1, Some("a".to_owned())),
+                (seqs[1].1, Some("a".to_owned())),
+                (last, None)
+            ],
+            "{issues:?}"
+        );
+        assert!(
+            db.log()
+                .cursor(scope, "audit")
+                .expect("cursor")
+                .is_some_and(|c| c.0 >= last),
+            "the cursor moved past the damaged entries"
+        );
+        db.close().expect("closes");
     });
 }
 

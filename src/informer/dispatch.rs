@@ -21,7 +21,8 @@ use super::error::{HandlerProblem, InformerIssue};
 use super::handler::{Event, EventHandler, HandlerOptions};
 use crate::object::{ObjectKey, ObjectMeta, ResourceVersion};
 use crate::store::{
-    CursorName, DeltaKind, LogReader, LogRecord, ScopeId, Seq, Snapshot, Store, StoreError, StoredObject, Writer,
+    CursorName, DamagedEntry, DeltaKind, LogEntry, LogReader, LogRecord, ScopeId, Seq, Snapshot, Store, StoreError,
+    StoredObject, Writer,
 };
 
 /// How many log entries one read takes.
@@ -477,7 +478,7 @@ pub(crate) async fn run_durable<K>(
         let bound = *durable.borrow_and_update();
         let (log, scope) = (ctx.log.clone(), ctx.scope);
         let read =
-            tokio::task::spawn_blocking(move || log.read_scope_after_contiguous_with(cursor, BATCH, scope, true)).await;
+            tokio::task::spawn_blocking(move || log.read_scope_entries_after_contiguous(cursor, BATCH, scope)).await;
         let (mut records, mut scanned) = match read {
             Ok(Ok(r)) => r,
             Ok(Err(e @ StoreError::LogCompacted { .. })) => {
@@ -508,7 +509,7 @@ pub(crate) async fn run_durable<K>(
         };
         retry = RETRY_FIRST;
         // Entries committed but not yet on disk wait for the durable commit.
-        records.retain(|r| r.seq <= bound);
+        records.retain(|r| r.seq() <= bound);
         scanned = scanned.min(bound).max(cursor);
         if records.is_empty() {
             if scanned > cursor {
@@ -539,11 +540,14 @@ pub(crate) async fn run_durable<K>(
             }
             continue;
         }
-        for rec in records {
+        for entry in records {
             if *stop.borrow() {
                 return;
             }
-            deliver(&ctx, &decode, &*handler, &label, rec).await;
+            match entry {
+                LogEntry::Record(rec) => deliver(&ctx, &decode, &*handler, &label, rec).await,
+                LogEntry::Damaged(d) => damaged(&ctx, &decode, &*handler, &label, d, &stop).await,
+            }
         }
         cursor = scanned;
         persist(&ctx, &name, cursor).await;
@@ -612,6 +616,84 @@ where
             }
         }
         DeltaKind::Sync => return,
+    };
+    call(&ctx.report, handler, label, ev).await;
+}
+
+/// A damaged log entry: reported and skipped, so the cursor moves on. What the handler may
+/// have missed is told again, as client-go answers missing state with a resync: the entry's
+/// previous state alone unreadable, the entry itself with `old` = `new`; its key known, that
+/// object's current state as a resync update (a delete when it is gone); nothing known, every
+/// stored object as resync updates. A delete the entry held for an object the handler knew
+/// is then told only when the key is known.
+async fn damaged<K>(
+    ctx: &Ctx,
+    decode: &Decode<K>,
+    handler: &dyn EventHandler<K>,
+    label: &str,
+    d: DamagedEntry,
+    stop: &watch::Receiver<bool>,
+) where
+    K: DeserializeOwned + Send + Sync + 'static,
+{
+    let recovery = match (&d.partial, &d.key) {
+        (Some(_), _) => "delivered without its previous state",
+        (None, Some(_)) => "the object's current state is delivered as a resync",
+        (None, None) => "every stored object is delivered as a resync; a delete it held is lost",
+    };
+    (ctx.report)(issue(
+        label,
+        HandlerProblem::DamagedLogEntry {
+            seq: d.seq,
+            key: d.key.clone(),
+            message: d.error.to_string(),
+            recovery,
+        },
+    ));
+    if let Some(rec) = d.partial {
+        deliver(ctx, decode, handler, label, rec).await;
+        return;
+    }
+    let snapshot = match durable_snapshot(ctx).await {
+        Ok((snapshot, _)) => Arc::new(snapshot),
+        Err(e) => {
+            (ctx.report)(store_issue(label, "reading the store after a damaged log entry: ", e));
+            return;
+        }
+    };
+    let Some(key) = d.key else {
+        if let Err(e) = snapshot_events(ctx, decode, handler, label, snapshot, true, stop).await {
+            (ctx.report)(store_issue(label, "resync could not read the store: ", e));
+        }
+        return;
+    };
+    let k = key.clone();
+    let current = tokio::task::spawn_blocking(move || snapshot.get(&k)).await;
+    let ev = match current {
+        Ok(Ok(Some(o))) => match decode.decode(&o.key, &o.meta.resource_version, &o.bytes) {
+            Ok(object) => Event::Update {
+                old: object.clone(),
+                new: object,
+                resync: true,
+            },
+            Err(e) => return (ctx.report)(undecodable(label, &key, None, &e.to_string())),
+        },
+        Ok(Ok(None)) => {
+            let meta = ObjectMeta {
+                namespace: key.namespace.clone(),
+                name: key.name.clone(),
+                ..ObjectMeta::default()
+            };
+            match from_meta::<K>(&meta) {
+                Some(object) => Event::Delete {
+                    object,
+                    final_state_unknown: true,
+                },
+                None => return,
+            }
+        }
+        Ok(Err(e)) => return (ctx.report)(store_issue(label, "reading the object of a damaged log entry: ", e)),
+        Err(_) => return,
     };
     call(&ctx.report, handler, label, ev).await;
 }

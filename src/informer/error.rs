@@ -80,6 +80,20 @@ pub enum HandlerProblem {
         /// The most changes told one by one.
         limit: usize,
     },
+    /// A log entry of a durable handler does not decode (a damaged row in the database,
+    /// which `durable-informer check` lists): the handler skipped it rather than stop there,
+    /// and what it may have missed was told again, as `recovery` says.
+    #[error(": log entry {} is damaged and was skipped ({message}); {recovery}", seq.0)]
+    DamagedLogEntry {
+        /// The entry's seq.
+        seq: crate::store::Seq,
+        /// Its object, when its header still decodes (`None`: any object of the scope).
+        key: Option<crate::object::ObjectKey>,
+        /// What does not decode.
+        message: String,
+        /// What the handler was told instead.
+        recovery: &'static str,
+    },
     /// Reading the log, the store or the cursor failed, or persisting the cursor did.
     #[error(": {context}{error}")]
     Store {

@@ -346,7 +346,9 @@ impl HandlerOptions {
     /// Informers of other scopes on the same database may use the same name: each keeps its
     /// own cursor. Delivery is **at least once**: the
     /// cursor is persisted after each batch was handled, so a crash can redeliver the events of
-    /// the batch in progress; nothing is lost.
+    /// the batch in progress; nothing is lost. A log entry damaged on disk is skipped and
+    /// reported ([`HandlerProblem::DamagedLogEntry`](super::HandlerProblem::DamagedLogEntry)),
+    /// and what it held is told again as resync updates of the current state.
     #[must_use]
     pub fn durable(name: impl Into<CursorName>) -> Self {
         Self {

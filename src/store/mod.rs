@@ -58,6 +58,7 @@ pub use check::CheckReport;
 pub use codec::{CodecError, Compression, DeltaKind, ScopeRecord, ShardRecord};
 pub use error::StoreError;
 pub use index::{IndexFunc, Indexer, LABELS, NAMESPACE};
+pub(crate) use read::{DamagedEntry, LogEntry};
 pub use read::{IndexStatus, LogReader, LogRecord, Snapshot, Store, StoredObject};
 pub use schema::{CursorName, IndexName, IndexValue, ScopeId, Seq};
 pub use writer::{Batch, Committed, CompactReport, Delta, Durability, LogPin, RelistSummary, Subscription, Writer};

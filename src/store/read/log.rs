@@ -34,6 +34,37 @@ pub struct LogRecord {
     pub final_state_unknown: bool,
 }
 
+/// What a tolerant read of the log found at one seq: an entry, or one that does not decode.
+#[derive(Debug)]
+pub(crate) enum LogEntry {
+    /// An entry that decoded.
+    Record(LogRecord),
+    /// An entry that did not (a damaged row).
+    Damaged(DamagedEntry),
+}
+
+impl LogEntry {
+    pub(crate) fn seq(&self) -> Seq {
+        match self {
+            LogEntry::Record(r) => r.seq,
+            LogEntry::Damaged(d) => d.seq,
+        }
+    }
+}
+
+/// A log entry that does not decode.
+#[derive(Debug)]
+pub(crate) struct DamagedEntry {
+    pub(crate) seq: Seq,
+    /// Its object, when its header decodes (it is then of the scope read); `None`: it may be
+    /// of any scope.
+    pub(crate) key: Option<ObjectKey>,
+    /// The entry without its previous state (`old: None`), when only that is damaged.
+    pub(crate) partial: Option<LogRecord>,
+    /// Why it does not decode.
+    pub(crate) error: StoreError,
+}
+
 /// A reader of the delta log.
 #[derive(Clone)]
 pub struct LogReader {
@@ -74,7 +105,7 @@ impl LogReader {
     }
 
     /// Up to `limit` entries after `after` (of `scope` only, when given), and the last seq
-    /// looked at; the objects' bytes only when `bytes`.
+    /// looked at; the objects' bytes only when `bytes`. The first damaged entry is an error.
     fn scan_after(
         &self,
         txn: &ReadTransaction,
@@ -83,6 +114,27 @@ impl LogReader {
         scope: Option<ScopeId>,
         bytes: bool,
     ) -> Result<(Vec<LogRecord>, Seq), StoreError> {
+        let (entries, scanned) = self.scan_entries(txn, after, limit, scope, bytes)?;
+        let records = entries
+            .into_iter()
+            .map(|e| match e {
+                LogEntry::Record(r) => Ok(r),
+                LogEntry::Damaged(d) => Err(d.error),
+            })
+            .collect::<Result<_, _>>()?;
+        Ok((records, scanned))
+    }
+
+    /// [`scan_after`](Self::scan_after), returning damaged entries in their place instead of
+    /// failing on them; only a storage error fails.
+    fn scan_entries(
+        &self,
+        txn: &ReadTransaction,
+        after: Seq,
+        limit: usize,
+        scope: Option<ScopeId>,
+        bytes: bool,
+    ) -> Result<(Vec<LogEntry>, Seq), StoreError> {
         let s = &self.shared;
         let log = txn.open_table(LOG).map_err(|e| s.storage(e))?;
         let load = txn_loader(s, txn);
@@ -94,8 +146,8 @@ impl LogReader {
             }
             let (k, v) = row.map_err(|e| s.storage(e))?;
             scanned = Seq(k.value());
-            if let Some(r) = decode_record(s, &log, k.value(), v.value(), scope, bytes, &load)? {
-                out.push(r);
+            if let Some(e) = decode_entry(s, &log, k.value(), v.value(), scope, bytes, &load)? {
+                out.push(e);
             }
         }
         Ok((out, scanned))
@@ -146,6 +198,26 @@ impl LogReader {
         scope: ScopeId,
         bytes: bool,
     ) -> Result<(Vec<LogRecord>, Seq), StoreError> {
+        let txn = self.contiguous(after)?;
+        self.scan_after(&txn, after, limit, Some(scope), bytes)
+    }
+
+    /// [`read_scope_after_contiguous`](Self::read_scope_after_contiguous), with damaged entries
+    /// in their place instead of an error: what a durable handler reads, so that one damaged
+    /// row does not hold its cursor for ever.
+    pub(crate) fn read_scope_entries_after_contiguous(
+        &self,
+        after: Seq,
+        limit: usize,
+        scope: ScopeId,
+    ) -> Result<(Vec<LogEntry>, Seq), StoreError> {
+        let txn = self.contiguous(after)?;
+        self.scan_entries(&txn, after, limit, Some(scope), true)
+    }
+
+    /// A read transaction in which the entries right after `after` were not compacted, or
+    /// [`StoreError::LogCompacted`].
+    fn contiguous(&self, after: Seq) -> Result<ReadTransaction, StoreError> {
         let s = &self.shared;
         let txn = self.begin()?;
         let log = txn.open_table(LOG).map_err(|e| s.storage(e))?;
@@ -162,7 +234,7 @@ impl LogReader {
             });
         }
         drop(log);
-        self.scan_after(&txn, after, limit, Some(scope), bytes)
+        Ok(txn)
     }
 
     /// The log entry at `seq`, with its states (`None` once compacted, or when it belongs to
@@ -175,7 +247,11 @@ impl LogReader {
         let Some(row) = log.get(seq.0).map_err(|e| s.storage(e))? else {
             return Ok(None);
         };
-        decode_record(s, &log, seq.0, row.value(), Some(scope), true, &load)
+        match decode_entry(s, &log, seq.0, row.value(), Some(scope), true, &load)? {
+            None => Ok(None),
+            Some(LogEntry::Record(r)) => Ok(Some(r)),
+            Some(LogEntry::Damaged(d)) => Err(d.error),
+        }
     }
 
     /// The first and last seq in the log (`None` when empty).
@@ -202,8 +278,8 @@ impl LogReader {
 }
 
 /// Decodes one log row into a record with the bytes a handler needs (`None` when it belongs to
-/// another scope than `scope`).
-fn decode_record<T: ReadableTable<u64, &'static [u8]>>(
+/// another scope than `scope`), or the damage found. Only a storage error fails.
+fn decode_entry<T: ReadableTable<u64, &'static [u8]>>(
     s: &Shared,
     log: &T,
     seq: u64,
@@ -211,36 +287,50 @@ fn decode_record<T: ReadableTable<u64, &'static [u8]>>(
     scope: Option<ScopeId>,
     bytes: bool,
     load: LoadDict<'_>,
-) -> Result<Option<LogRecord>, StoreError> {
+) -> Result<Option<LogEntry>, StoreError> {
+    let damaged = |key: Option<&ObjectKey>, partial: Option<LogRecord>, error: StoreError| {
+        Ok(Some(LogEntry::Damaged(DamagedEntry {
+            seq: Seq(seq),
+            key: key.cloned(),
+            partial,
+            error,
+        })))
+    };
     let unpack = |c, b: &[u8]| s.dicts.unpack(c, b, load);
-    let (h, data, prev_inline) = codec::decode_log(value)?;
+    let (h, data, prev_inline) = match codec::decode_log(value) {
+        Ok(d) => d,
+        Err(e) => return damaged(None, None, e.into()),
+    };
     if scope.is_some_and(|sc| sc.0 != h.scope) {
         return Ok(None);
     }
     // A keys-only reader (the controller's queue) skips reading and decompressing the states.
-    let object = if h.has_data && bytes {
-        Some(unpack(h.compression, data)?)
-    } else {
-        None
+    let object = match (h.has_data && bytes).then(|| unpack(h.compression, data)).transpose() {
+        Ok(o) => o,
+        Err(e) => return damaged(Some(&h.key), None, e),
     };
     let old = match h.prev {
-        _ if !bytes => None,
-        PrevRef::None => None,
-        PrevRef::Inline(c) => Some(unpack(c, prev_inline)?),
+        _ if !bytes => Ok(None),
+        PrevRef::None => Ok(None),
+        PrevRef::Inline(c) => unpack(c, prev_inline).map(Some),
         PrevRef::Log(p) => match log.get(p).map_err(|e| s.storage(e))? {
-            Some(row) => {
-                let (ph, pdata, _) = codec::decode_log(row.value())?;
-                ph.has_data.then(|| unpack(ph.compression, pdata)).transpose()?
-            }
-            None => None,
+            Some(row) => codec::decode_log(row.value())
+                .map_err(StoreError::from)
+                .and_then(|(ph, pdata, _)| ph.has_data.then(|| unpack(ph.compression, pdata)).transpose()),
+            None => Ok(None),
         },
+    };
+    let (old, old_error) = match old {
+        Ok(old) => (old, None),
+        Err(e) => (None, Some(e)),
     };
     let (object, old) = match h.kind {
         // A sync carries no bytes: its state is the previous (= current) one.
         DeltaKind::Sync => (old.clone(), old),
         _ => (object, old),
     };
-    Ok(Some(LogRecord {
+    let key = old_error.as_ref().map(|_| h.key.clone());
+    let record = LogRecord {
         seq: Seq(seq),
         scope: ScopeId(h.scope),
         kind: h.kind,
@@ -249,5 +339,9 @@ fn decode_record<T: ReadableTable<u64, &'static [u8]>>(
         object,
         old,
         final_state_unknown: h.final_state_unknown,
-    }))
+    };
+    match old_error {
+        Some(e) => damaged(key.as_ref(), Some(record), e),
+        None => Ok(Some(LogEntry::Record(record))),
+    }
 }

@@ -10,6 +10,7 @@ mod log;
 mod snapshot;
 
 pub use handle::Store;
+pub(crate) use log::{DamagedEntry, LogEntry};
 pub use log::{LogReader, LogRecord};
 pub use snapshot::{IndexStatus, Snapshot};
 
