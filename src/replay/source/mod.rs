@@ -312,7 +312,8 @@ impl Source for ReplaySource {
 
 impl ReplayHandle {
     /// Waits until the recording was read to its end (or to a stop point), then until the
-    /// reflector whose status is `status` has durably committed everything it was served.
+    /// reflector whose status is `status` has committed everything it was served (watch batches
+    /// reach the disk within `StoreConfig::fsync_delay`; `Writer::flush` waits for that).
     /// Fails with the recording's error (naming the line), or when the reflector stops first.
     ///
     /// Use it with an informer built over the [`ReplaySource`]:
