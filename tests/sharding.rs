@@ -9,13 +9,13 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use durable_informer::informer::{handler_fn, Event, HandlerOptions, Informer};
+use durable_informer::informer::{handler_fn, Event, HandlerOptions, Informer, Registration};
 use durable_informer::reflector::{ReflectorConfig, ShardMode};
 use durable_informer::selector::{fnv1a_64, ShardField, ShardSelector};
 use durable_informer::sim::workload::WorkloadGen;
 use durable_informer::sim::{Failure, FaultTarget, Sim, SimConfig};
 use durable_informer::source::KubeSource;
-use durable_informer::store::{DurableStore, StoreConfig};
+use durable_informer::store::{DurableStore, Seq, StoreConfig};
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, ListParams};
 use kube::ResourceExt;
@@ -279,7 +279,32 @@ async fn a_server_without_the_feature_ignores_the_selector_and_sends_no_shard_in
 
 // ---------------------------------------------------------------- informers
 
-type Seen = Arc<Mutex<Vec<(char, String)>>>;
+/// What the durable handler heard, and how far it got.
+struct Seen {
+    events: Arc<Mutex<Vec<(char, String)>>>,
+    reg: Registration,
+    committed: tokio::sync::watch::Receiver<Seq>,
+}
+
+impl Seen {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<(char, String)>> {
+        self.events.lock().unwrap()
+    }
+
+    /// Waits until the handler handled everything committed so far (it reads up to the last
+    /// durable commit, which follows within `fsync_delay`).
+    async fn settled(&self) {
+        let target = *self.committed.borrow();
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+        while self.reg.cursor() < target {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the handler never reached {target:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+}
 
 /// An informer of Pods holding `shard`, with a durable handler recording what it hears. A
 /// `page_size` of 0 makes the initial list a streaming one, any other a paginated one.
@@ -296,9 +321,9 @@ async fn informer(sim: &Sim, db: &DurableStore, shard: Option<ShardSelector>, pa
         .build()
         .await
         .expect("build");
-    let seen: Seen = Arc::default();
-    let s2 = seen.clone();
-    informer.add_event_handler(
+    let events: Arc<Mutex<Vec<(char, String)>>> = Arc::default();
+    let s2 = events.clone();
+    let reg = informer.add_event_handler(
         handler_fn(move |ev: Event<Pod>| -> Result<(), std::convert::Infallible> {
             let (kind, p) = match &ev {
                 Event::Add { object, .. } => ('A', object),
@@ -316,7 +341,8 @@ async fn informer(sim: &Sim, db: &DurableStore, shard: Option<ShardSelector>, pa
         .await
         .expect("synced in time")
         .expect("synced");
-    (informer, seen)
+    let committed = db.writer().committed();
+    (informer, Seen { events, reg, committed })
 }
 
 fn stored(informer: &Informer<Pod>) -> BTreeSet<String> {
@@ -340,7 +366,6 @@ async fn converge(informer: &Informer<Pod>, want: &BTreeSet<String>) {
 
 fn keys_of(seen: &Seen, kind: char) -> BTreeSet<String> {
     seen.lock()
-        .unwrap()
         .iter()
         .filter(|(k, _)| *k == kind)
         .map(|(_, key)| key.clone())
@@ -438,7 +463,7 @@ async fn resharding_three_to_four_keeps_owned_objects_and_fetches_only_the_moved
         let added: BTreeSet<String> = want.difference(&held).cloned().collect();
         let dropped: BTreeSet<String> = held.difference(&want).cloned().collect();
         // Handlers: adds for the added range, deletes for what moved out, nothing else.
-        tokio::time::sleep(Duration::from_millis(300)).await;
+        seen.settled().await;
         if old.is_some() {
             assert_eq!(keys_of(&seen, 'D'), dropped, "replica {i}: deletes");
             assert_eq!(
@@ -475,7 +500,7 @@ async fn resharding_three_to_four_keeps_owned_objects_and_fetches_only_the_moved
     let db = DurableStore::open(StoreConfig::new(path(1))).unwrap();
     sim.reset_counters();
     let (inf, seen) = informer(&sim, &db, Some(ShardSelector::by_uid(1, 4).unwrap()), 500).await;
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    seen.settled().await;
     let c = sim.counters();
     assert!(c.list_objects <= 1 && c.watch_events == 0, "{c:?}");
     assert!(keys_of(&seen, 'D').is_empty());
@@ -502,7 +527,7 @@ async fn a_range_change_on_a_server_without_the_feature_filters_on_the_client() 
     let (inf, seen) = informer(&sim, &db, Some(new.clone()), 50).await;
     let (held, want) = (shard_of(&all, &old), shard_of(&all, &new));
     converge(&inf, &want).await;
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    seen.settled().await;
     assert_eq!(keys_of(&seen, 'D'), held.difference(&want).cloned().collect());
     assert_eq!(
         keys_of(&seen, 'A').difference(&held).cloned().collect::<BTreeSet<_>>(),
@@ -542,7 +567,7 @@ async fn a_compacted_resource_version_falls_back_to_a_relist_that_reports_only_d
     let (inf, seen) = informer(&sim, &db, Some(new.clone()), 100).await;
     let want = shard_of(&after, &new);
     converge(&inf, &want).await;
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    seen.settled().await;
     let held = shard_of(&before, &old);
     // Deletes: the objects deleted while down (found by the relist); nothing moved out,
     // since half contains a third. Adds: what the new range added.
@@ -602,7 +627,7 @@ async fn a_stop_between_the_change_and_the_fetch_fetches_on_the_next_start() {
     let db = DurableStore::open(StoreConfig::new(&path)).unwrap();
     let (inf, seen) = informer(&sim, &db, Some(new.clone()), 100).await;
     converge(&inf, &want).await;
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    seen.settled().await;
     // The handler's cursor was held back: it hears the deletes of the first start too.
     assert_eq!(keys_of(&seen, 'D'), held.difference(&want).cloned().collect());
     assert_eq!(
@@ -626,8 +651,8 @@ async fn a_running_informer_moves_to_a_new_range_without_a_relist() {
     let (inf, seen) = informer(&sim, &db, Some(old.clone()), 100).await;
     let (held, want) = (shard_of(&all, &old), shard_of(&all, &new));
     converge(&inf, &held).await;
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    seen.lock().unwrap().clear();
+    seen.settled().await;
+    seen.lock().clear();
     sim.reset_counters();
     inf.set_sharding(Some(new.clone()));
     assert_eq!(inf.sharding(), Some(new.clone()));
@@ -638,7 +663,7 @@ async fn a_running_informer_moves_to_a_new_range_without_a_relist() {
         assert!(tokio::time::Instant::now() < deadline, "{:?}", inf.status().borrow());
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    seen.settled().await;
     assert_eq!(keys_of(&seen, 'D'), held.difference(&want).cloned().collect());
     assert_eq!(keys_of(&seen, 'A'), added);
     let n = fetched(&sim);
