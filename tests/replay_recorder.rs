@@ -130,6 +130,7 @@ impl Source for Scripted {
             namespace: None,
             label_selector: None,
             field_selector: None,
+            metadata_only: false,
         }
     }
 }

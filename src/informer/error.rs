@@ -28,6 +28,15 @@ pub enum InformerError {
     /// A blocking task (closing the database) panicked or was cancelled.
     #[error("closing the database: {0}")]
     Join(#[source] tokio::task::JoinError),
+    /// [`wait_for_sync`](super::Informer::wait_for_sync) (or a reader's `wait_until_ready`) on
+    /// an informer nobody started: it would never sync.
+    #[error("the informer of {resource} was not started within {grace:?} of waiting for its sync; call start() (or run()) first")]
+    NotStarted {
+        /// The resource (`pods`, `deployments.apps`).
+        resource: String,
+        /// How long the wait gave it to start.
+        grace: std::time::Duration,
+    },
     /// A handler stopped (removed, or its informer dropped) before it synced.
     #[error("the handler stopped before it synced")]
     HandlerStopped,

@@ -30,6 +30,9 @@ pub struct Lister<K> {
     store: Store,
     /// The informer's read model; until it has loaded, reads go to redb.
     cache: Option<Arc<Cache<K>>>,
+    /// Whether the informer was started, and its resource (for the error): `None` for a
+    /// lister over a store alone.
+    started: Option<(tokio::sync::watch::Receiver<bool>, Arc<str>)>,
     _k: PhantomData<fn() -> K>,
 }
 
@@ -38,6 +41,7 @@ impl<K> Clone for Lister<K> {
         Self {
             store: self.store.clone(),
             cache: self.cache.clone(),
+            started: self.started.clone(),
             _k: PhantomData,
         }
     }
@@ -48,7 +52,24 @@ impl<K: DeserializeOwned + Send + Sync + 'static> Lister<K> {
         Self {
             store,
             cache,
+            started: None,
             _k: PhantomData,
+        }
+    }
+
+    /// Refuses reads until `started` is true.
+    pub(crate) fn started(mut self, started: tokio::sync::watch::Receiver<bool>, resource: String) -> Self {
+        self.started = Some((started, resource.into()));
+        self
+    }
+
+    /// [`StoreError::NotStarted`] while the informer was never started.
+    fn check_started(&self) -> Result<(), StoreError> {
+        match &self.started {
+            Some((started, resource)) if !*started.borrow() => Err(StoreError::NotStarted {
+                resource: resource.to_string(),
+            }),
+            _ => Ok(()),
         }
     }
 
@@ -59,6 +80,7 @@ impl<K: DeserializeOwned + Send + Sync + 'static> Lister<K> {
     /// One object by namespace and name: a cached, decoded object is one hash probe and one
     /// `Arc` clone (no key is built unless redb must be read).
     fn get_named(&self, namespace: Option<&str>, name: &str) -> Result<Option<Arc<K>>, StoreError> {
+        self.check_started()?;
         if let Some(cache) = &self.cache {
             // The view (a read lock) ends with this statement: decoding happens outside it.
             let entry = cache.view().map(|v| v.named(namespace, name).cloned());
@@ -143,6 +165,7 @@ impl<K: DeserializeOwned + Send + Sync + 'static> Lister<K> {
     /// # let _ = web; Ok(()) }
     /// ```
     pub fn by_index(&self, index: &str, value: &str) -> Result<Vec<Arc<K>>, StoreError> {
+        self.check_started()?;
         let cached = self.cached(|view| {
             if index == NAMESPACE {
                 Some(view.select(Some(value), |_| true))
@@ -169,6 +192,7 @@ impl<K: DeserializeOwned + Send + Sync + 'static> Lister<K> {
     /// One scan: the selector runs on the metadata, and an object's JSON is read and decoded
     /// only when it matches and the cache does not hold it decoded.
     fn select(&self, namespace: Option<&str>, selector: &LabelSelector) -> Result<Vec<Arc<K>>, StoreError> {
+        self.check_started()?;
         if let Some(found) = self.cached(|view| Some(view.select(namespace, |m| selector.matches(&m.labels))))? {
             return Ok(found);
         }
@@ -235,6 +259,34 @@ impl<K: DeserializeOwned + Send + Sync + 'static> Lister<K> {
     /// # let _ = pending; Ok(()) }
     /// ```
     pub fn find(&self, mut pred: impl FnMut(&K) -> bool) -> Result<Option<Arc<K>>, StoreError> {
+        self.check_started()?;
+        // Object by object, stopping at the first match: only the objects before it are decoded.
+        if let Some(cache) = &self.cache {
+            if let Some(entries) = cache.view().map(|v| v.select(None, |_| true)) {
+                let mut fell_back = false;
+                for e in entries {
+                    let k = match e.object() {
+                        Some(k) => k.map_err(|_| decode_error::<K>(e.bytes()))?,
+                        None => match self.materialize(cache, vec![e])? {
+                            Some(mut one) => match one.pop() {
+                                Some(k) => k,
+                                None => continue,
+                            },
+                            None => {
+                                fell_back = true;
+                                break;
+                            }
+                        },
+                    };
+                    if pred(&k) {
+                        return Ok(Some(k));
+                    }
+                }
+                if !fell_back {
+                    return Ok(None);
+                }
+            }
+        }
         Ok(self.state()?.into_iter().find(|k| pred(k)))
     }
 

@@ -41,6 +41,7 @@ mod factory;
 mod handler;
 mod lister;
 mod metrics;
+mod reader;
 
 use crate::util::Locked;
 use std::any::{Any, TypeId};
@@ -64,6 +65,7 @@ pub use handler::{
     Registration,
 };
 pub use lister::{Lister, NamespaceLister};
+pub use reader::Reader;
 
 use crate::object::ResourceVersion;
 use crate::reflector::{Reflector, ReflectorConfig, ReflectorError, ReflectorStatus, Transform};
@@ -91,6 +93,9 @@ struct Inner {
     writer: Writer,
     status: watch::Receiver<ReflectorStatus>,
     run: Mutex<Option<RunFn>>,
+    /// Set by [`Informer::start`]: listers and readers of an informer never started refuse
+    /// to pass the database's last state off as current.
+    started: watch::Sender<bool>,
     stop: watch::Sender<bool>,
     task: Mutex<Option<tokio::task::JoinHandle<Result<(), ReflectorError>>>>,
     sync_seq: watch::Sender<Option<Seq>>,
@@ -373,6 +378,51 @@ impl<K> InformerBuilder<'_, K, crate::source::KubeSource> {
         self
     }
 
+    /// How the cluster is named in the database (see [`ClusterIdentity`](crate::source::ClusterIdentity);
+    /// the default reads the `kube-system` namespace UID and, without access to it, the
+    /// cluster's root CA in the informer's namespace).
+    #[must_use]
+    pub fn cluster_identity(mut self, identity: crate::source::ClusterIdentity) -> Self {
+        self.source = self.source.identity(identity);
+        self
+    }
+
+    /// Takes kube-runtime's `watcher::Config`: its label and field selectors go to the source
+    /// (added to any set before), its page size, watch timeout and initial list strategy to the
+    /// reflector (see [`ReflectorConfig`'s `From`](crate::reflector::ReflectorConfig) for each
+    /// field, and the two it ignores: `list_semantic` and `bookmarks`). A transform or shard
+    /// set on this builder stays.
+    ///
+    /// ```no_run
+    /// # async fn f(client: kube::Client, db: &durable_informer::store::DurableStore) -> Result<(), Box<dyn std::error::Error>> {
+    /// use durable_informer::informer::Informer;
+    /// use k8s_openapi::api::apps::v1::Deployment;
+    /// use kube::runtime::watcher;
+    ///
+    /// let wc = watcher::Config::default().labels("app=web").streaming_lists().page_size(200);
+    /// let deployments = Informer::from_api(db, kube::Api::<Deployment>::all(client)).watcher_config(&wc).build().await?;
+    /// # let _ = deployments; Ok(()) }
+    /// ```
+    #[must_use]
+    pub fn watcher_config(mut self, wc: &kube::runtime::watcher::Config) -> Self {
+        if let Some(l) = wc.label_selector.as_deref().filter(|l| !l.is_empty()) {
+            let merged = match self.source.label_selector() {
+                Some(mine) if !mine.is_empty() => format!("{mine},{l}"),
+                _ => l.to_owned(),
+            };
+            self.source = self.source.labels(&merged);
+        }
+        if let Some(f) = wc.field_selector.as_deref().filter(|f| !f.is_empty()) {
+            let merged = match self.source.field_selector() {
+                Some(mine) if !mine.is_empty() => format!("{mine},{f}"),
+                _ => f.to_owned(),
+            };
+            self.source = self.source.fields(&merged);
+        }
+        crate::source::apply_watcher_config(&mut self.config, wc);
+        self
+    }
+
     /// Puts your controller's agent first in the `User-Agent` of every request (see
     /// [`KubeSource::user_agent`](crate::source::KubeSource::user_agent)).
     #[must_use]
@@ -391,7 +441,8 @@ where
     /// returns the informer, not yet started. The store is readable at once.
     pub async fn build(self) -> Result<Informer<K>, InformerError> {
         let spec = self.source.scope();
-        if spec.group.is_empty() && spec.resource == "secrets" {
+        // Metadata alone carries no Secret data.
+        if spec.group.is_empty() && spec.resource == "secrets" && !spec.metadata_only {
             if !self.allow_secrets {
                 return Err(InformerError::SecretsNotAllowed);
             }
@@ -430,6 +481,7 @@ where
                 writer,
                 status,
                 run: Mutex::new(Some(run)),
+                started: watch::channel(false).0,
                 stop,
                 task: Mutex::new(None),
                 sync_seq,
@@ -452,7 +504,61 @@ where
     }
 }
 
+/// How long a wait for sync gives an informer not yet started to start.
+const START_GRACE: Duration = Duration::from_secs(2);
+
+impl<K> Informer<kube::core::PartialObjectMeta<K>>
+where
+    K: kube::Resource<DynamicType = ()> + Send + Sync + 'static,
+{
+    /// A metadata-only informer of what `api` reads (kube-runtime's `metadata_watcher`): it
+    /// lists and watches `PartialObjectMetadata` (names, labels, annotations, owner references,
+    /// finalizers, resourceVersion; no spec or status), stored and resumed like any informer
+    /// (a restart resumes its watch without a LIST), in a scope of its own. Its objects are
+    /// `PartialObjectMeta<K>`, which implements `kube::Resource` with `K`'s group, version and
+    /// kind, so it serves wherever an informer of `K` would only need metadata (readers,
+    /// handlers, a controller's owned or watched triggers).
+    ///
+    /// ```no_run
+    /// # async fn f(client: kube::Client, db: &durable_informer::store::DurableStore) -> Result<(), Box<dyn std::error::Error>> {
+    /// use durable_informer::informer::Informer;
+    /// use k8s_openapi::api::core::v1::Pod;
+    /// use kube::core::PartialObjectMeta;
+    /// use kube::runtime::reflector::ObjectRef;
+    ///
+    /// let pods = Informer::metadata_from_api(db, kube::Api::<Pod>::all(client)).build().await?;
+    /// let reader = pods.reader();
+    /// pods.start();
+    /// reader.wait_until_ready().await?;
+    /// let web: Option<std::sync::Arc<PartialObjectMeta<Pod>>> = reader.get(&ObjectRef::new("web-0").within("prod"));
+    /// println!("{:?}", web.map(|p| p.metadata.labels.clone()));
+    /// # Ok(()) }
+    /// ```
+    pub fn metadata_from_api(
+        db: &DurableStore,
+        api: kube::Api<K>,
+    ) -> InformerBuilder<'_, kube::core::PartialObjectMeta<K>, crate::source::KubeSource> {
+        Self::builder(db, crate::source::KubeSource::from_api(api).metadata_only())
+    }
+}
+
 impl Inner {
+    /// Waits (at most [`START_GRACE`]) for the informer to be started.
+    async fn wait_started(&self) -> Result<(), InformerError> {
+        let mut started = self.started.subscribe();
+        let ok = matches!(
+            tokio::time::timeout(START_GRACE, started.wait_for(|s| *s)).await,
+            Ok(Ok(_))
+        );
+        if ok {
+            return Ok(());
+        }
+        Err(InformerError::NotStarted {
+            resource: self.resource.clone(),
+            grace: START_GRACE,
+        })
+    }
+
     /// What handler tasks and caches report issues through.
     fn reporter(&self) -> dispatch::Report {
         let errors = self.errors.clone();
@@ -557,6 +663,7 @@ where
         let Some(run) = self.inner.run.locked().take() else {
             return;
         };
+        self.inner.started.send_replace(true);
         let fut = run(self.inner.stop.subscribe());
         // A store restored from disk has no initial list in this run: its catch-up and relist
         // deltas are changes to what handlers already saw.
@@ -793,10 +900,21 @@ where
         self.store()
     }
 
-    /// A typed lister.
+    /// A typed lister: fallible reads that fall back to redb for what the cache does not hold
+    /// (for kube-runtime's infallible `Store<K>`, see [`reader`](Self::reader)). Its reads fail
+    /// with [`StoreError::NotStarted`] until the informer is [started](Self::start).
     #[must_use]
     pub fn lister(&self) -> Lister<K> {
         Lister::new(self.inner.store.clone(), Some(self.inner.cache::<K>()))
+            .started(self.inner.started.subscribe(), self.inner.resource.clone())
+    }
+
+    /// A reader shaped like kube-runtime's `reflector::Store<K>`: infallible reads from memory
+    /// (see [`Reader`]). The first reader pins the informer's cache: every object's JSON is
+    /// held, whatever [`InformerBuilder::object_cache_bytes`] says.
+    #[must_use]
+    pub fn reader(&self) -> Reader<K> {
+        Reader::new(self.inner.clone(), self.inner.cache::<K>())
     }
 
     /// True once the store holds a complete, current view.
@@ -807,8 +925,11 @@ where
 
     /// Waits until [`has_synced`](Self::has_synced) (client-go's `WaitForCacheSync`), or fails
     /// with [`InformerError::NotSynced`] when the reflector stops first, so nothing runs on
-    /// a cache that will never be complete. Waits for ever on an informer never started.
+    /// a cache that will never be complete. An informer not [started](Self::start) within
+    /// 2 seconds of the call fails with [`InformerError::NotStarted`] rather than waiting for
+    /// ever (the grace covers a `run()` spawned just before).
     pub async fn wait_for_sync(&self) -> Result<(), InformerError> {
+        self.inner.wait_started().await?;
         let mut rx = self.inner.status.clone();
         let synced = rx
             .wait_for(|s| s.synced || s.phase == crate::reflector::Phase::Stopped)

@@ -16,6 +16,9 @@ pub struct ScopeSpec {
     pub label_selector: Option<String>,
     /// Field selector, as sent to the server.
     pub field_selector: Option<String>,
+    /// Objects as `meta.k8s.io/v1` `PartialObjectMetadata` (a metadata-only informer): a
+    /// scope of its own, apart from the full objects of the same resource.
+    pub metadata_only: bool,
 }
 
 impl ScopeSpec {
@@ -51,15 +54,28 @@ impl ScopeSpec {
         self
     }
 
+    /// Holds the objects' metadata only (`PartialObjectMetadata`).
+    #[must_use]
+    pub fn metadata_only(mut self) -> Self {
+        self.metadata_only = true;
+        self
+    }
+
     /// The canonical string that identifies the scope in the database:
-    /// `group/version/resource?ns=…&labels=…&fields=…`.
+    /// `group/version/resource?ns=…&labels=…&fields=…` (`resource;as=PartialObjectMetadata` for a
+    /// metadata-only scope).
     #[must_use]
     pub fn canonical(&self) -> String {
         format!(
-            "{}/{}/{}?ns={}&labels={}&fields={}",
+            "{}/{}/{}{}?ns={}&labels={}&fields={}",
             self.group,
             self.version,
             self.resource,
+            if self.metadata_only {
+                ";as=PartialObjectMetadata"
+            } else {
+                ""
+            },
             self.namespace.as_deref().unwrap_or(""),
             self.label_selector.as_deref().unwrap_or(""),
             self.field_selector.as_deref().unwrap_or("")

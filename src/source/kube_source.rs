@@ -22,14 +22,75 @@ use super::{
 /// Longest watch line accepted (one object); longer lines are reported as malformed.
 const MAX_LINE: usize = 64 << 20;
 
+/// How a [`KubeSource`] names its cluster in the database, so a database is never filled from
+/// two clusters: the name is stored at the first start and compared at every later one (a
+/// different name stops the informer with `ClusterMismatch`, unless the reflector is set to
+/// `reset_on_cluster_change`). Set it with [`KubeSource::identity`] or
+/// [`InformerBuilder::cluster_identity`](crate::informer::InformerBuilder::cluster_identity).
+///
+/// ```no_run
+/// # async fn f(client: kube::Client, db: &durable_informer::store::DurableStore) -> Result<(), Box<dyn std::error::Error>> {
+/// use durable_informer::informer::Informer;
+/// use durable_informer::source::ClusterIdentity;
+/// use k8s_openapi::api::core::v1::ConfigMap;
+/// // A namespace-scoped operator: no cluster-wide read, a name from its own configuration.
+/// let cms = Informer::from_api(db, kube::Api::<ConfigMap>::namespaced(client, "team-a"))
+///     .cluster_identity(ClusterIdentity::named("prod-eu-1"))
+///     .build()
+///     .await?;
+/// # let _ = cms; Ok(()) }
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum ClusterIdentity {
+    /// The default: the `kube-system` namespace UID (`<uid>@<server URL>`) when the client may
+    /// read it, as before. On 403/404, a source with a server URL uses the URL alone
+    /// (`@<url>`), and one without (built from an `Api` or a client) the cluster's root CA as
+    /// [`RootCa`](Self::RootCa) reads it: no cluster-wide RBAC is needed. The form depends on
+    /// access, so an operator whose RBAC may change should pin one of the others.
+    #[default]
+    Auto,
+    /// The `kube-system` namespace UID only (needs `get` on `namespaces/kube-system`); refused
+    /// without it.
+    KubeSystemUid,
+    /// A hash of the cluster's root CA certificate, from the `kube-root-ca.crt` ConfigMap that
+    /// Kubernetes (v1.20+) publishes in every namespace: in `namespace`, or the scope's, or the
+    /// client's default namespace. Needs only a namespaced Role with `get` on that ConfigMap.
+    /// A CA rotation changes it (the database is then refused as another cluster's).
+    RootCa {
+        /// The namespace to read `kube-root-ca.crt` from.
+        namespace: Option<String>,
+    },
+    /// A name you choose (from your own configuration): no request at all.
+    Named(String),
+}
+
+impl ClusterIdentity {
+    /// [`ClusterIdentity::Named`].
+    #[must_use]
+    pub fn named(name: impl Into<String>) -> Self {
+        Self::Named(name.into())
+    }
+
+    /// [`ClusterIdentity::RootCa`] of the scope's (or the client's default) namespace.
+    #[must_use]
+    pub fn root_ca() -> Self {
+        Self::RootCa { namespace: None }
+    }
+}
+
+/// The ConfigMap holding the cluster's root CA in every namespace (the root CA publisher's).
+const ROOT_CA_CONFIGMAP: &str = "kube-root-ca.crt";
+
 /// A [`Source`] over a live API server (or the simulated one) through `kube::Client`.
 ///
-/// Its cluster identity is `<kube-system namespace UID>@<server URL>`. When the client may
-/// not read that namespace (403) or it does not exist (404), the identity falls back to
-/// `@<server URL>`: the URL is then all that tells clusters apart. A source built from a
-/// client alone ([`from_api`](Self::from_api), [`for_client`](Self::for_client)) knows no URL:
-/// it identifies the cluster by the UID alone (`<uid>@`) and needs read access to
-/// `kube-system`. Two identities with the same non-empty UID name one cluster, whatever the
+/// Its cluster identity is chosen by [`ClusterIdentity`]; by default `<kube-system namespace
+/// UID>@<server URL>`. When the client may not read that namespace (403) or it does not exist
+/// (404), the identity falls back to `@<server URL>`: the URL is then all that tells clusters
+/// apart. A source built from a client alone ([`from_api`](Self::from_api),
+/// [`for_client`](Self::for_client)) knows no URL: it identifies the cluster by the UID alone
+/// (`<uid>@`), or without access to `kube-system` by its root CA (`ca:<hash>`, see
+/// [`ClusterIdentity::RootCa`]). Two identities with the same non-empty UID name one cluster, whatever the
 /// URLs (one cluster behind two addresses). The UID and URL-only forms differ, so a
 /// database written with one and opened with the other is refused as another cluster's (for
 /// example after losing RBAC on `kube-system`); restore the access, or open it with
@@ -45,6 +106,8 @@ pub struct KubeSource {
     cluster_scoped: Arc<std::sync::atomic::AtomicBool>,
     /// The `User-Agent` of every request (ours, after the caller's own when set).
     user_agent: http::HeaderValue,
+    /// How the cluster is named in the database.
+    identity: ClusterIdentity,
 }
 
 /// This crate's part of the `User-Agent`: `durable-informer/<version>`.
@@ -83,7 +146,24 @@ impl KubeSource {
             scope,
             cluster_scoped: Arc::default(),
             user_agent: http::HeaderValue::from_static(USER_AGENT),
+            identity: ClusterIdentity::Auto,
         }
+    }
+
+    /// How the cluster is named in the database (default [`ClusterIdentity::Auto`]).
+    ///
+    /// ```no_run
+    /// # fn f(client: kube::Client) {
+    /// use durable_informer::source::{ClusterIdentity, KubeSource};
+    /// let pods = KubeSource::for_client::<k8s_openapi::api::core::v1::Pod>(client)
+    ///     .namespace("team-a")
+    ///     .identity(ClusterIdentity::root_ca());
+    /// # let _ = pods; }
+    /// ```
+    #[must_use]
+    pub fn identity(mut self, identity: ClusterIdentity) -> Self {
+        self.identity = identity;
+        self
     }
 
     /// Puts your controller's own agent first in the `User-Agent` of every request
@@ -149,6 +229,18 @@ impl KubeSource {
             Some(ns) => source.namespace(&ns),
             None => source,
         }
+    }
+
+    /// Lists and watches the objects' metadata only (`meta.k8s.io/v1` `PartialObjectMetadata`,
+    /// as kube's `Api::list_metadata`/`watch_metadata` and its `metadata_watcher` do): what a
+    /// controller that reads labels, owners and annotations needs, at a fraction of the bytes.
+    /// The scope is one of its own, apart from a full-object informer of the same resource.
+    /// Read it as `kube::core::PartialObjectMeta<K>`; see
+    /// [`Informer::metadata_from_api`](crate::informer::Informer::metadata_from_api).
+    #[must_use]
+    pub fn metadata_only(mut self) -> Self {
+        self.scope = self.scope.metadata_only();
+        self
     }
 
     /// Watches one namespace only.
@@ -286,7 +378,13 @@ impl Source for KubeSource {
     }
 
     async fn cluster_identity(&self) -> Result<Option<String>, SourceError> {
-        self.identity().await
+        match &self.identity {
+            ClusterIdentity::Auto => self.kube_system_identity(true).await,
+            ClusterIdentity::KubeSystemUid => self.kube_system_identity(false).await,
+            ClusterIdentity::RootCa { namespace } => self.root_ca_identity(namespace.as_deref()).await.map(Some),
+            // `@` would make the store compare the part before it as a UID.
+            ClusterIdentity::Named(name) => Ok(Some(format!("name:{}", name.replace('@', "%40")))),
+        }
     }
 
     fn resource(&self) -> String {
@@ -323,7 +421,12 @@ impl KubeSource {
         if req.revision_only {
             return self.revision_probe(&lp).await;
         }
-        let http_req = self.request().list(&lp).map_err(|e| self.build_error(e))?;
+        let http_req = if self.scope.metadata_only {
+            self.request().list_metadata(&lp)
+        } else {
+            self.request().list(&lp)
+        }
+        .map_err(|e| self.build_error(e))?;
         self.list_at(with_shard(http_req, req.shard.as_ref())).await
     }
 
@@ -364,10 +467,12 @@ impl KubeSource {
             bookmarks: req.bookmarks || req.send_initial_events,
             send_initial_events: req.send_initial_events,
         };
-        let http_req = self
-            .request()
-            .watch(&wp, &req.resource_version.0)
-            .map_err(|e| self.build_error(e))?;
+        let http_req = if self.scope.metadata_only {
+            self.request().watch_metadata(&wp, &req.resource_version.0)
+        } else {
+            self.request().watch(&wp, &req.resource_version.0)
+        }
+        .map_err(|e| self.build_error(e))?;
         let http_req = with_shard(http_req, req.shard.as_ref());
         tracing::debug!(resource = %self.name(), rv = %req.resource_version, "watch");
         let res = self.send(http_req).await?;
@@ -376,10 +481,60 @@ impl KubeSource {
         Ok(LineReader::new(body, resource).into_stream())
     }
 
-    /// The `kube-system` UID plus the server URL, or the URL alone on 403/404 (see the type's
-    /// docs): a UID survives URL changes and tells apart clusters behind one URL, but needs
-    /// read access that not every controller has.
-    async fn identity(&self) -> Result<Option<String>, SourceError> {
+    /// `ca:<xxh64 of the root CA certificate>`, from `kube-root-ca.crt` in `namespace` (else
+    /// the scope's, else the client's default namespace).
+    async fn root_ca_identity(&self, namespace: Option<&str>) -> Result<String, SourceError> {
+        let ns = namespace
+            .or(self.scope.namespace.as_deref())
+            .unwrap_or_else(|| self.client.default_namespace())
+            .to_owned();
+        let req = Request::new(format!("/api/v1/namespaces/{ns}/configmaps"))
+            .get(ROOT_CA_CONFIGMAP, &Default::default())
+            .map_err(|e| self.build_error(e))?;
+        let body = match self.send(req).await {
+            Ok(res) => self.body(res).await?,
+            Err(SourceError::Api { status, .. }) if status.code == 404 || status.code == 403 => {
+                return Err(SourceError::Api {
+                    status: super::ApiStatus {
+                        message: format!(
+                            "cannot identify the cluster by its root CA: reading configmap {ns}/{ROOT_CA_CONFIGMAP} failed ({} {}); grant `get` on it with a Role in {ns}, or name the cluster with ClusterIdentity::Named",
+                            status.code, status.message
+                        ),
+                        ..status
+                    },
+                    resource: "configmaps".to_owned(),
+                })
+            }
+            Err(e) => return Err(e),
+        };
+        let cm: serde_json::Value = serde_json::from_slice(&body).map_err(|e| {
+            SourceError::decode(
+                "configmaps",
+                None,
+                DecodeError::NotAnObject(crate::object::ObjectError::Json(e)),
+            )
+        })?;
+        let Some(ca) = cm["data"]["ca.crt"].as_str().filter(|c| !c.trim().is_empty()) else {
+            return Err(SourceError::Api {
+                resource: "configmaps".to_owned(),
+                status: super::ApiStatus {
+                    code: 404,
+                    reason: "NotFound".to_owned(),
+                    message: format!("cannot identify the cluster by its root CA: configmap {ns}/{ROOT_CA_CONFIGMAP} has no data.ca.crt; name the cluster with ClusterIdentity::Named"),
+                    ..Default::default()
+                },
+            });
+        };
+        Ok(format!(
+            "ca:{:016x}",
+            xxhash_rust::xxh64::xxh64(ca.trim().as_bytes(), 0)
+        ))
+    }
+
+    /// The `kube-system` UID plus the server URL, or on 403/404 (see the type's docs) the URL
+    /// alone, or (without a URL, when `fallback`) the root CA: a UID survives URL changes and
+    /// tells apart clusters behind one URL, but needs read access that not every controller has.
+    async fn kube_system_identity(&self, fallback: bool) -> Result<Option<String>, SourceError> {
         let req = Request::new("/api/v1/namespaces")
             .get("kube-system", &Default::default())
             .map_err(|e| self.build_error(e))?;
@@ -390,6 +545,13 @@ impl KubeSource {
                     .map_err(|e| SourceError::decode("namespaces", None, DecodeError::NotAnObject(e)))?;
                 Ok(Some(format!("{}@{}", meta.uid.unwrap_or_default(), self.server)))
             }
+            // Without a URL, the root CA (readable with namespaced RBAC) tells clusters apart.
+            Err(SourceError::Api { status, .. })
+                if (status.code == 404 || status.code == 403) && self.server.is_empty() && fallback =>
+            {
+                tracing::info!(code = status.code, "the kube-system namespace is not readable; identifying the cluster by its root CA");
+                self.root_ca_identity(None).await.map(Some)
+            }
             // Without a URL nothing else tells clusters apart: refuse rather than risk mixing
             // two clusters' objects in one database.
             Err(SourceError::Api { status, .. })
@@ -398,7 +560,7 @@ impl KubeSource {
                 Err(SourceError::Api {
                     status: super::ApiStatus {
                         message: format!(
-                            "cannot identify the cluster: reading the kube-system namespace failed ({} {}), and a source built from a client alone has no server URL to fall back on; grant `get` on namespaces/kube-system or build the source with KubeSource::new(client, server_url, ..)",
+                            "cannot identify the cluster: reading the kube-system namespace failed ({} {}), and a source built from a client alone has no server URL to fall back on; grant `get` on namespaces/kube-system, or choose another ClusterIdentity (RootCa, Named)",
                             status.code, status.message
                         ),
                         ..status

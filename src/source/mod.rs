@@ -6,6 +6,7 @@
 
 mod decode;
 mod kube_source;
+mod watcher_config;
 
 use std::fmt;
 use std::future::Future;
@@ -16,7 +17,8 @@ use futures::stream::BoxStream;
 
 pub(crate) use decode::decode_recorded_bytes;
 pub use decode::{decode_list, decode_watch_line, DecodeError};
-pub use kube_source::{KubeSource, USER_AGENT};
+pub use kube_source::{ClusterIdentity, KubeSource, USER_AGENT};
+pub(crate) use watcher_config::apply as apply_watcher_config;
 
 use crate::object::{RawObject, ResourceVersion, ScopeSpec};
 use crate::selector::ShardSelector;

@@ -159,6 +159,13 @@ pub enum StoreError {
     /// Another command in the same group commit failed, so this one was not committed.
     #[error("not committed: {0}")]
     Aborted(String),
+    /// A lister of an informer that was never started: it would serve the database's last
+    /// state as if current.
+    #[error("the informer of {resource} was never started, so its lister would serve the database's last state as current; call start() (or run()) first, or read Informer::store() for the stored state as is")]
+    NotStarted {
+        /// The resource (`pods`, `deployments.apps`).
+        resource: String,
+    },
 }
 
 impl StoreError {

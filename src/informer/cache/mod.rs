@@ -37,6 +37,7 @@ mod listener;
 mod objects;
 
 use std::collections::{BTreeSet, HashMap, VecDeque};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard};
 use std::time::Duration;
 
@@ -137,7 +138,14 @@ pub(crate) struct Cache<K> {
     store: Store,
     log: LogReader,
     writer: Writer,
-    budget: usize,
+    /// The byte budget; `usize::MAX` once [pinned](Self::pin).
+    budget: AtomicUsize,
+    /// Pinned for a [`Reader`](super::Reader): loads read every object's JSON, nothing is
+    /// evicted, so sync reads never need redb.
+    pinned: AtomicBool,
+    /// Every object's JSON is held and the informer's sync point is in the table (set once, by
+    /// [`warm`](Self::warm)).
+    warm: watch::Sender<bool>,
     state: RwLock<State<K>>,
     pump: Mutex<Pump<K>>,
     listeners: Mutex<Vec<Arc<Listener<K>>>>,
@@ -178,7 +186,9 @@ where
             store,
             log,
             writer,
-            budget,
+            budget: AtomicUsize::new(budget),
+            pinned: AtomicBool::new(false),
+            warm: watch::channel(false).0,
             state: RwLock::new(State {
                 phase: Phase::Loading,
                 objects: Objects::default(),
@@ -257,7 +267,8 @@ where
         let sub = self.writer.subscribe(self.scope).await?;
         let indexes: Vec<IndexName> = self.store_indexes();
         let snapshot = sub.snapshot;
-        let (objects, position) = tokio::task::spawn_blocking(move || build::<K>(&snapshot, &indexes))
+        let with_json = self.pinned.load(Ordering::Acquire);
+        let (objects, position) = tokio::task::spawn_blocking(move || build::<K>(&snapshot, &indexes, with_json))
             .await
             .map_err(|e| StoreError::Aborted(format!("loading the cache: {e}")))??;
         let mut pump = self.pump.locked();
@@ -364,7 +375,7 @@ where
                 st.position = st.position.max(h);
             }
             let committed = *self.writer.committed().borrow();
-            st.objects.evict(self.budget, committed);
+            st.objects.evict(self.budget.load(Ordering::Relaxed), committed);
             if let Some(r) = pump.reader.as_ref() {
                 st.consumed = r.position();
             }
@@ -694,8 +705,113 @@ where
             objects: st.objects.len(),
             with_json: st.objects.with_json(),
             charged_bytes: st.objects.charged(),
-            budget_bytes: self.budget,
+            budget_bytes: self.budget.load(Ordering::Relaxed),
             seq: st.position,
+        }
+    }
+
+    /// Pins the cache for a [`Reader`](super::Reader): no budget, and loads read every
+    /// object's JSON. Returns whether it was pinned already.
+    pub(crate) fn pin(&self) -> bool {
+        self.budget.store(usize::MAX, Ordering::Relaxed);
+        self.pinned.swap(true, Ordering::AcqRel)
+    }
+
+    /// Set once every object's JSON is held at (or after) the informer's sync point.
+    pub(crate) fn warmed(&self) -> watch::Receiver<bool> {
+        self.warm.subscribe()
+    }
+
+    /// The table as it is, whatever the phase (a reload keeps serving the previous table until
+    /// the new one replaces it, as kube's reflector keeps its store until the relist ends),
+    /// once [warm](Self::warm): `None` before.
+    pub(crate) fn held(&self) -> Option<View<'_, K>> {
+        if !*self.warm.borrow() {
+            return None;
+        }
+        Some(View(self.fresh()))
+    }
+
+    /// A pinned cache's warm-up: waits for the informer's sync point to be in the table, then
+    /// reads the JSON of every object the table holds without it (on a blocking thread, one
+    /// snapshot per round) and sets [`warmed`](Self::warmed). Ends without setting it when the
+    /// informer is dropped.
+    pub(crate) async fn warm(cache: std::sync::Weak<Self>) {
+        let Some(c) = cache.upgrade() else { return };
+        let mut applied = c.applied();
+        let mut sync = c.sync_seq.clone();
+        drop(c);
+        loop {
+            let Some(c) = cache.upgrade() else { return };
+            if !c.reached_sync() {
+                drop(c);
+                tokio::select! {
+                    r = sync.changed() => if r.is_err() { return },
+                    r = applied.changed() => if r.is_err() { return },
+                    () = tokio::time::sleep(Duration::from_secs(1)) => {}
+                }
+                continue;
+            }
+            let cold: Vec<Arc<Entry<K>>> = match c.view() {
+                Some(v) => v
+                    .select(None, |_| true)
+                    .into_iter()
+                    .filter(|e| e.bytes().is_none())
+                    .collect(),
+                None => Vec::new(),
+            };
+            if cold.is_empty() && c.view().is_some() {
+                c.warm.send_replace(true);
+                return;
+            }
+            let store = c.store.clone();
+            let wanted: Vec<(ObjectKey, crate::object::ResourceVersion)> = cold
+                .iter()
+                .map(|e| (e.meta.key(), e.meta.resource_version.clone()))
+                .collect();
+            let read = tokio::task::spawn_blocking(move || -> Result<Vec<Option<Bytes>>, StoreError> {
+                let snapshot = store.snapshot()?;
+                wanted
+                    .iter()
+                    .map(|(key, rv)| {
+                        let found = snapshot.get_with(key, |meta, bytes| {
+                            if meta.resource_version == *rv {
+                                bytes().map(Some)
+                            } else {
+                                Ok(None)
+                            }
+                        })?;
+                        Ok(found.flatten())
+                    })
+                    .collect()
+            })
+            .await;
+            let mut filled = 0usize;
+            match read {
+                Ok(Ok(found)) => {
+                    // JSON only: each object is decoded by its first reader, as any other.
+                    let mut st = c.state.writing();
+                    for (e, bytes) in cold.iter().zip(found) {
+                        if let Some(b) = bytes {
+                            if st.objects.fill(e, b, usize::MAX).is_some() {
+                                filled += 1;
+                            }
+                        }
+                    }
+                }
+                Ok(Err(StoreError::WriterGone)) => return,
+                Ok(Err(e)) => tracing::warn!(scope = %c.scope, error = %e, "warming the informer's cache; retrying"),
+                Err(e) => tracing::warn!(scope = %c.scope, error = %e, "warming the informer's cache; retrying"),
+            }
+            drop(c);
+            if filled == 0 {
+                // What is left changed in redb since the table took it (the pump brings the
+                // new version with its JSON), or the read failed: wait a little.
+                tokio::select! {
+                    r = applied.changed() => if r.is_err() { return },
+                    () = tokio::time::sleep(Duration::from_millis(50)) => {}
+                }
+            }
         }
     }
 
@@ -708,7 +824,11 @@ where
     /// Puts JSON read back from redb into a cold entry, when the budget allows, and decodes
     /// it there (once, for every later reader).
     pub(crate) fn fill(&self, entry: &Arc<Entry<K>>, bytes: Bytes) -> Result<Arc<K>, StoreError> {
-        let filled = self.state.writing().objects.fill(entry, bytes.clone(), self.budget);
+        let filled = self
+            .state
+            .writing()
+            .objects
+            .fill(entry, bytes.clone(), self.budget.load(Ordering::Relaxed));
         match filled.and_then(|e| e.object()) {
             Some(k) => k.map_err(|_| decode_error::<K>(Some(&bytes))),
             None => serde_json::from_slice::<K>(&bytes)
@@ -786,6 +906,10 @@ impl<K: DeserializeOwned + Send + Sync + 'static> MetaLookup for Cache<K> {
 pub(crate) struct View<'a, K>(RwLockReadGuard<'a, State<K>>);
 
 impl<K> View<'_, K> {
+    pub(crate) fn len(&self) -> usize {
+        self.0.objects.len()
+    }
+
     pub(crate) fn named(&self, namespace: Option<&str>, name: &str) -> Option<&Arc<Entry<K>>> {
         self.0.objects.named(namespace, name)
     }
@@ -808,8 +932,8 @@ pub(crate) fn decode_error<K: DeserializeOwned>(bytes: Option<&Bytes>) -> StoreE
 }
 
 /// Every key, metadata and complete index of the scope in `snapshot`, and its position (JSON
-/// is left in redb: reads and changes bring it in).
-fn build<K>(snapshot: &Snapshot, indexes: &[IndexName]) -> Result<(Objects<K>, Seq), StoreError> {
+/// is left in redb, reads and changes bring it in, unless `with_json`: a pinned cache).
+fn build<K>(snapshot: &Snapshot, indexes: &[IndexName], with_json: bool) -> Result<(Objects<K>, Seq), StoreError> {
     let position = snapshot.position()?;
     let mut values: HashMap<ObjectKey, Vec<(IndexName, Vec<String>)>> = HashMap::new();
     let mut served = Vec::new();
@@ -829,11 +953,12 @@ fn build<K>(snapshot: &Snapshot, indexes: &[IndexName]) -> Result<(Objects<K>, S
     }
     let mut objects = Objects::with_indexes(&served);
     let mut entries = Vec::new();
-    snapshot.scan(None, |key, meta, _| {
+    snapshot.scan(None, |key, meta, bytes| {
         let vals = values.remove(&key).unwrap_or_default();
+        let json = if with_json { Some(bytes()?) } else { None };
         entries.push((
             key,
-            Arc::new(Entry::new(Arc::new(meta.clone()), vals.into(), Seq(0), None)),
+            Arc::new(Entry::new(Arc::new(meta.clone()), vals.into(), Seq(0), json)),
         ));
         Ok(None::<()>)
     })?;

@@ -146,14 +146,14 @@ pub(crate) fn decode_continue(s: &str) -> Result<ContinueToken, ApiError> {
     Ok(t)
 }
 
-pub(super) async fn list(shared: &Arc<Shared>, t: &Target, q: &Query) -> Resp {
-    match list_inner(shared, t, q).await {
+pub(super) async fn list(shared: &Arc<Shared>, t: &Target, q: &Query, partial: bool) -> Resp {
+    match list_inner(shared, t, q, partial).await {
         Ok(r) => r,
         Err(e) => status_response(shared, &e),
     }
 }
 
-pub(super) async fn list_inner(shared: &Arc<Shared>, t: &Target, q: &Query) -> Result<Resp, ApiError> {
+pub(super) async fn list_inner(shared: &Arc<Shared>, t: &Target, q: &Query, partial: bool) -> Result<Resp, ApiError> {
     let sel = Selectors::parse(&t.def, q, shared.config.sharded_list_watch)?;
     let limit = match q.get("limit").filter(|s| !s.is_empty()) {
         None => None,
@@ -322,8 +322,16 @@ pub(super) async fn list_inner(shared: &Arc<Shared>, t: &Target, q: &Query) -> R
     out.extend_from_slice(
         format!(
             r#"{{"kind":{},"apiVersion":{},"metadata":{{"resourceVersion":"{list_rv}""#,
-            json!(format!("{}List", t.def.kind)),
-            json!(t.def.api_version())
+            if partial {
+                json!("PartialObjectMetadataList")
+            } else {
+                json!(format!("{}List", t.def.kind))
+            },
+            if partial {
+                json!("meta.k8s.io/v1")
+            } else {
+                json!(t.def.api_version())
+            }
         )
         .as_bytes(),
     );
@@ -342,7 +350,11 @@ pub(super) async fn list_inner(shared: &Arc<Shared>, t: &Target, q: &Query) -> R
         if i > 0 {
             out.push(b',');
         }
-        o.write_item(&mut out);
+        if partial {
+            o.write_partial(&mut out);
+        } else {
+            o.write_item(&mut out);
+        }
     }
     out.extend_from_slice(b"]}\n");
     Ok(full_response(StatusCode::OK, Bytes::from(out)))

@@ -103,6 +103,9 @@ pub(super) struct Accept {
     prefers_protobuf: bool,
     /// JSON is acceptable (listed, `*/*`, `application/*`, or no header).
     json: bool,
+    /// `application/json;as=PartialObjectMetadata[List];g=meta.k8s.io;v=v1` comes first: the
+    /// metadata-only form (kube's `list_metadata`/`watch_metadata`, client-go's metadata client).
+    pub(super) partial: bool,
 }
 
 impl Accept {
@@ -110,12 +113,25 @@ impl Accept {
         let mut out = Accept {
             prefers_protobuf: false,
             json: header.trim().is_empty(),
+            partial: false,
         };
         for entry in header.split(',') {
             let mut parts = entry.split(';').map(str::trim);
             let media = parts.next().unwrap_or("");
+            let params: Vec<String> = parts.map(|p| p.replace(' ', "")).collect();
             // `q=0` means "not acceptable".
-            if parts.any(|p| p.replace(' ', "") == "q=0") {
+            if params.iter().any(|p| p == "q=0") {
+                continue;
+            }
+            let partial = params
+                .iter()
+                .any(|p| p == "as=PartialObjectMetadata" || p == "as=PartialObjectMetadataList")
+                && params.iter().any(|p| p == "g=meta.k8s.io");
+            if media == "application/json" && partial && !out.json && !out.prefers_protobuf {
+                out.partial = true;
+            }
+            // No protobuf form of the metadata-only kinds here: the JSON entry after it is used.
+            if media == pb::MEDIA_TYPE && params.iter().any(|p| p.starts_with("as=")) {
                 continue;
             }
             match media {
@@ -335,8 +351,8 @@ async fn resource_request(
         };
     }
     let result = match (&method, &t.name) {
-        (&Method::GET, None) if is_watch => return watch(shared, &t, q).await,
-        (&Method::GET, None) => return list(shared, &t, q).await,
+        (&Method::GET, None) if is_watch => return watch(shared, &t, q, accept.partial).await,
+        (&Method::GET, None) => return list(shared, &t, q, accept.partial).await,
         (&Method::GET, Some(name)) => shared
             .lock()
             .get(t.res, t.ns.as_deref(), name)
@@ -359,6 +375,11 @@ async fn resource_request(
     match result {
         Ok((code, obj)) if accept.prefers_protobuf && protobuf_ok => {
             object_response(code, &obj.value(), &answer_api_version, &answer_kind, accept)
+        }
+        Ok((code, obj)) if accept.partial => {
+            let mut out = Vec::new();
+            obj.write_partial(&mut out);
+            full_response(code, Bytes::from(out))
         }
         Ok((code, obj)) => full_response(code, obj.full.clone()),
         Err(e) => status_response(shared, &e),

@@ -42,15 +42,18 @@ pub(super) struct WatchPlan {
     cut: bool,
     garble: Option<u64>,
     delay_replay: Option<Duration>,
+    /// Objects as `PartialObjectMetadata` (a metadata-only client).
+    partial: bool,
 }
 
-pub(super) async fn watch(shared: &Arc<Shared>, t: &Target, q: &Query) -> Resp {
+pub(super) async fn watch(shared: &Arc<Shared>, t: &Target, q: &Query, partial: bool) -> Resp {
     // Subscribed before the plan reads any state: a restore that lands while the request
     // waits or while its task starts must still end the stream.
     let mut epoch = shared.epoch_tx.subscribe();
     epoch.mark_unchanged();
     match plan_watch(shared, t, q) {
-        Ok(plan) => {
+        Ok(mut plan) => {
+            plan.partial = partial;
             // Like the cacher's waitUntilFreshAndBlock: a streaming list for a revision the
             // server has not reached waits for it, then fails before the stream starts. The
             // `too_large_watches` fault does the same for plain watches from a future revision.
@@ -175,6 +178,7 @@ pub(super) fn plan_watch(shared: &Shared, t: &Target, q: &Query) -> Result<Watch
         cut,
         garble,
         delay_replay,
+        partial: false,
     })
 }
 
@@ -217,6 +221,31 @@ pub(super) fn event_line(out: &mut Vec<u8>, kind: &str, obj: &Obj) {
     out.extend_from_slice(b"\",\"object\":");
     out.extend_from_slice(&obj.full);
     out.extend_from_slice(b"}\n");
+}
+
+/// [`event_line`], with the object as `PartialObjectMetadata` when `partial`.
+fn event_line_as(out: &mut Vec<u8>, kind: &str, obj: &Obj, partial: bool) {
+    if !partial {
+        return event_line(out, kind, obj);
+    }
+    out.extend_from_slice(b"{\"type\":\"");
+    out.extend_from_slice(kind.as_bytes());
+    out.extend_from_slice(b"\",\"object\":");
+    obj.write_partial(out);
+    out.extend_from_slice(b"}\n");
+}
+
+/// [`bookmark_line`], as `PartialObjectMetadata` when `partial`.
+fn bookmark_line_as(def: &ResourceDef, rv: u64, initial_end: bool, partial: bool) -> Vec<u8> {
+    if !partial {
+        return bookmark_line(def, rv, initial_end);
+    }
+    let annotations = if initial_end {
+        r#","annotations":{"k8s.io/initial-events-end":"true"}"#
+    } else {
+        ""
+    };
+    format!("{{\"type\":\"BOOKMARK\",\"object\":{{\"kind\":\"PartialObjectMetadata\",\"apiVersion\":\"meta.k8s.io/v1\",\"metadata\":{{\"resourceVersion\":\"{rv}\",\"creationTimestamp\":null{annotations}}}}}}}\n").into_bytes()
 }
 
 pub(super) fn expired_line(watch_cache: bool, rv: u64, compact_rv: u64) -> Vec<u8> {
@@ -362,13 +391,14 @@ pub(super) async fn run_watch(
             }
             for o in objs.iter().filter(|o| plan.sel.matches(o)) {
                 let at = sink.buf.len();
-                event_line(&mut sink.buf, "ADDED", o);
+                event_line_as(&mut sink.buf, "ADDED", o, plan.partial);
                 if !sink.event(at).await {
                     return;
                 }
             }
             if end_bookmark {
-                sink.buf.extend_from_slice(&bookmark_line(&plan.def, rv, true));
+                sink.buf
+                    .extend_from_slice(&bookmark_line_as(&plan.def, rv, true, plan.partial));
                 shared.counters.bookmarks.fetch_add(1, Ordering::Relaxed);
             }
             if !sink.flush().await {
@@ -432,7 +462,7 @@ pub(super) async fn run_watch(
         for (kind, obj, prev) in &batch {
             if let Some(t) = visible(&plan.sel, *kind, obj, prev.as_deref()) {
                 let at = sink.buf.len();
-                event_line(&mut sink.buf, t, obj);
+                event_line_as(&mut sink.buf, t, obj, plan.partial);
                 if !sink.event(at).await {
                     return;
                 }
@@ -458,7 +488,7 @@ pub(super) async fn run_watch(
                 }
                 next_bookmark = now + interval;
                 if caught_up && cache_rv > start_rv {
-                    sink.buf.extend_from_slice(&bookmark_line(&plan.def, cache_rv, false));
+                    sink.buf.extend_from_slice(&bookmark_line_as(&plan.def, cache_rv, false, plan.partial));
                     shared.counters.bookmarks.fetch_add(1, Ordering::Relaxed);
                     if !sink.flush().await {
                         return;

@@ -39,6 +39,15 @@ impl Obj {
         out.extend_from_slice(&self.full[self.prefix_len..]);
     }
 
+    /// The object as `meta.k8s.io/v1` `PartialObjectMetadata` (what a client asking with
+    /// `Accept: application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1` receives).
+    pub fn write_partial(&self, out: &mut Vec<u8>) {
+        let metadata = self.value().get("metadata").cloned().unwrap_or(Value::Null);
+        out.extend_from_slice(br#"{"kind":"PartialObjectMetadata","apiVersion":"meta.k8s.io/v1","metadata":"#);
+        out.extend_from_slice(metadata.to_string().as_bytes());
+        out.push(b'}');
+    }
+
     /// The parsed object.
     pub fn value(&self) -> Value {
         serde_json::from_slice(&self.full).unwrap_or(Value::Null)
