@@ -56,6 +56,8 @@ pub mod sharding;
 pub mod replay;
 #[cfg(feature = "sim")]
 pub mod sim;
+#[cfg(feature = "testing")]
+pub mod testing;
 
 pub mod error;
 mod util;

@@ -62,6 +62,8 @@
 mod config;
 mod counters;
 mod faults;
+#[cfg(feature = "testing")]
+mod in_process;
 mod pb;
 mod resource;
 mod server;
@@ -81,6 +83,8 @@ pub use faults::{Failure, FaultTarget, Faults};
 pub use resource::ResourceDef;
 pub use store::{Backup, Prebuilt};
 
+#[cfg(feature = "testing")]
+pub(crate) use in_process::HistoryEvent;
 use store::{State, Window};
 
 /// Errors of the simulated server's handle.

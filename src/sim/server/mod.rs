@@ -20,7 +20,6 @@ use bytes::Bytes;
 use http::{header, HeaderValue, Method, Request, Response, StatusCode};
 use http_body_util::combinators::UnsyncBoxBody;
 use http_body_util::BodyExt;
-use hyper::body::Incoming;
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
@@ -144,7 +143,18 @@ impl Accept {
     }
 }
 
-async fn handle(shared: Arc<Shared>, req: Request<Incoming>) -> Resp {
+/// Serve one request without a socket: the controller test harness's `kube::Client` calls
+/// the server in-process, on the test's own runtime and clock.
+#[cfg(feature = "testing")]
+pub(crate) async fn handle_in_process(shared: Arc<Shared>, req: Request<http_body_util::Full<Bytes>>) -> Resp {
+    handle(shared, req).await
+}
+
+async fn handle<B>(shared: Arc<Shared>, req: Request<B>) -> Resp
+where
+    B: hyper::body::Body<Data = Bytes>,
+    B::Error: std::fmt::Display,
+{
     let delay = shared.faults.lock().delay;
     if !delay.is_zero() {
         tokio::time::sleep(delay).await;

@@ -71,6 +71,22 @@ pub(crate) struct State {
     /// kubelet or re-enacting a recording), not from a client over HTTP: it may set the
     /// deletion fields a client may not.
     pub server_write: bool,
+    /// Set for the controller test harness: uids, timestamps and generated names come from
+    /// a counter and a clock it sets instead of randomness and the wall clock, so two runs
+    /// of one schedule store the same bytes.
+    pub deterministic: Option<Deterministic>,
+}
+
+/// The harness's source of uids, generated names and the current time.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Deterministic {
+    /// Objects created so far: the next uid and name suffix derive from it.
+    pub created: u64,
+    /// What `creationTimestamp` and `deletionTimestamp` read (unix seconds).
+    pub now_secs: u64,
+    /// Names generated so far per `generateName` prefix: the n-th name of a prefix is the
+    /// same whatever else was created before it.
+    pub generated: std::collections::HashMap<String, u64>,
 }
 
 /// Key of [`State::remaining_memo`].
@@ -104,6 +120,38 @@ impl State {
             remaining_memo: VecDeque::new(),
             server_write: false,
             cache_rv: vec![1; n],
+            deterministic: None,
+        }
+    }
+
+    /// A new object's uid: random, or from the counter in deterministic mode.
+    fn new_uid(&mut self) -> String {
+        match &mut self.deterministic {
+            Some(d) => {
+                d.created += 1;
+                format!("00000000-0000-4000-8000-{:012x}", d.created)
+            }
+            None => util::new_uid(),
+        }
+    }
+
+    /// The current time as RFC 3339 (the harness's clock in deterministic mode).
+    fn now_rfc3339(&self) -> String {
+        match &self.deterministic {
+            Some(d) => util::rfc3339(d.now_secs),
+            None => util::now_rfc3339(),
+        }
+    }
+
+    /// The suffix of a `generateName` name.
+    fn name_suffix(&mut self, prefix: &str) -> String {
+        match &mut self.deterministic {
+            Some(d) => {
+                let n = d.generated.entry(prefix.to_string()).or_insert(0);
+                *n += 1;
+                format!("{:05x}", *n % 0x10_0000)
+            }
+            None => random_suffix(),
         }
     }
 
@@ -206,7 +254,10 @@ impl State {
         let name = match meta.get("name").and_then(Value::as_str) {
             Some(n) if !n.is_empty() => n.to_string(),
             _ => match meta.get("generateName").and_then(Value::as_str) {
-                Some(g) if !g.is_empty() => format!("{g}{}", random_suffix()),
+                Some(g) if !g.is_empty() => {
+                    let g = g.to_string();
+                    format!("{g}{}", self.name_suffix(&g))
+                }
                 _ => {
                     return Err(ApiError::invalid(
                         &def,
@@ -236,9 +287,10 @@ impl State {
         } else {
             meta.remove("namespace");
         }
-        meta.insert("uid".into(), json!(util::new_uid()));
+        let uid = self.new_uid();
+        meta.insert("uid".into(), json!(uid));
         meta.insert("resourceVersion".into(), json!(rv.to_string()));
-        meta.insert("creationTimestamp".into(), json!(util::now_rfc3339()));
+        meta.insert("creationTimestamp".into(), json!(self.now_rfc3339()));
         meta.remove("deletionTimestamp");
         if def.has_generation() {
             meta.insert("generation".into(), json!(1));
@@ -453,7 +505,7 @@ impl State {
                 return Ok((old, true));
             }
             meta.insert("resourceVersion".into(), json!(rv.to_string()));
-            meta.insert("deletionTimestamp".into(), json!(util::now_rfc3339()));
+            meta.insert("deletionTimestamp".into(), json!(self.now_rfc3339()));
             meta.insert("deletionGracePeriodSeconds".into(), json!(0));
             if let Some(g) = meta.get("generation").and_then(Value::as_i64).filter(|g| *g > 0) {
                 meta.insert("generation".into(), json!(g + 1));
@@ -468,7 +520,7 @@ impl State {
         meta.insert("resourceVersion".into(), json!(rv.to_string()));
         if def.plural == "pods" && def.group.is_empty() {
             // Pods are deleted gracefully on a real server; the final event carries these.
-            meta.insert("deletionTimestamp".into(), json!(util::now_rfc3339()));
+            meta.insert("deletionTimestamp".into(), json!(self.now_rfc3339()));
             meta.insert("deletionGracePeriodSeconds".into(), json!(0));
         }
         let obj = Arc::new(build_obj(&def, key, v)?);

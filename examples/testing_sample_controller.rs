@@ -1,0 +1,390 @@
+//! The sample-controller's logic in kube-runtime's shape (`reconcile(Arc<Foo>, Arc<Ctx>)`),
+//! tested by the harness of `durable_informer::testing` against a recording of Foos
+//! (`tests/data/recordings/foos.jsonl`), with faults at every event boundary. Besides the
+//! correct controller it has four variants, each with one planted bug of a class Sieve
+//! (OSDI '22) found in real controllers:
+//!
+//! * `stale-cache`: finds its Deployment in the informer cache by label and creates one with
+//!   a generated name when the cache shows none: a stale cache makes a second one;
+//! * `crash-create`: remembers its Deployment's generated name in the Foo's status, written
+//!   after the create: a crash between the two makes a second one;
+//! * `missed-delete`: no finalizer, no owner reference; deletes the Deployment when the
+//!   informer delivers the Foo's deletion: a relist never delivers it;
+//! * `status-overwrite`: writes the whole status from its cached Foo without a
+//!   resourceVersion: it overwrites a status field set since it read the Foo.
+//!
+//! ```text
+//! cargo run --features testing --example testing_sample_controller -- correct 200
+//! cargo run --features testing --example testing_sample_controller -- stale-cache 200
+//! ```
+
+#![allow(missing_docs)] // an example; its items are described in the module docs
+#![allow(clippy::disallowed_names)] // `Foo` is the resource sample-controller is about
+#![allow(dead_code)] // shared with tests/testing_harness.rs, which uses other parts of it
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use durable_informer::testing::{Env, Harness, Recording};
+use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec};
+use k8s_openapi::api::core::v1::{Container, PodSpec, PodTemplateSpec};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use kube::runtime::controller::Action;
+use kube::runtime::finalizer::{finalizer, Event as FinalizerEvent};
+use kube::runtime::reflector::{ObjectRef, Store};
+use kube::{CustomResource, Resource, ResourceExt};
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Value};
+
+/// `samplecontroller.k8s.io/v1alpha1` `Foo`: a Deployment of `spec.replicas`.
+#[derive(CustomResource, Clone, Debug, Default, Serialize, Deserialize)]
+#[kube(
+    group = "samplecontroller.k8s.io",
+    version = "v1alpha1",
+    kind = "Foo",
+    namespaced,
+    status = "FooStatus",
+    schema = "disabled"
+)]
+#[serde(rename_all = "camelCase")]
+pub struct FooSpec {
+    pub deployment_name: String,
+    pub replicas: Option<i32>,
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct FooStatus {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub available_replicas: Option<i32>,
+    /// Set by another party (an auditor, in the recording).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+    /// The generated name of the Deployment (`crash-create` only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deployment: Option<String>,
+}
+
+/// Which controller: the correct one or a planted bug.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Variant {
+    Correct,
+    StaleCache,
+    CrashCreate,
+    MissedDelete,
+    StatusOverwrite,
+}
+
+impl Variant {
+    pub const ALL: [Variant; 5] = [
+        Variant::Correct,
+        Variant::StaleCache,
+        Variant::CrashCreate,
+        Variant::MissedDelete,
+        Variant::StatusOverwrite,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Variant::Correct => "correct",
+            Variant::StaleCache => "stale-cache",
+            Variant::CrashCreate => "crash-create",
+            Variant::MissedDelete => "missed-delete",
+            Variant::StatusOverwrite => "status-overwrite",
+        }
+    }
+}
+
+const FINALIZER: &str = "samplecontroller.k8s.io/cleanup";
+const LABEL: &str = "samplecontroller.k8s.io/foo";
+
+pub struct Ctx {
+    pub client: kube::Client,
+    pub deployments: Store<Deployment>,
+    pub variant: Variant,
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct Error(String);
+
+fn err(e: impl std::fmt::Display) -> Error {
+    Error(e.to_string())
+}
+
+fn deployment_for(foo: &Foo, name: Option<&str>, owned: bool) -> Deployment {
+    let labels = BTreeMap::from([
+        ("app".to_string(), "nginx".to_string()),
+        (LABEL.to_string(), foo.name_any()),
+    ]);
+    Deployment {
+        metadata: ObjectMeta {
+            name: name.map(str::to_owned),
+            generate_name: name.is_none().then(|| format!("{}-", foo.name_any())),
+            namespace: foo.namespace(),
+            labels: Some(labels.clone()),
+            owner_references: if owned {
+                foo.controller_owner_ref(&()).map(|o| vec![o])
+            } else {
+                None
+            },
+            ..Default::default()
+        },
+        spec: Some(DeploymentSpec {
+            replicas: foo.spec.replicas,
+            selector: LabelSelector {
+                match_labels: Some(labels.clone()),
+                ..Default::default()
+            },
+            template: PodTemplateSpec {
+                metadata: Some(ObjectMeta {
+                    labels: Some(labels),
+                    ..Default::default()
+                }),
+                spec: Some(PodSpec {
+                    containers: vec![Container {
+                        name: "nginx".into(),
+                        image: Some("nginx:latest".into()),
+                        ..Default::default()
+                    }],
+                    ..Default::default()
+                }),
+            },
+            ..Default::default()
+        }),
+        status: None,
+    }
+}
+
+/// The Deployments in the cache labelled for `foo`, in name order (a store's order is a
+/// hash map's).
+fn cached_children(ctx: &Ctx, foo: &Foo) -> Vec<Arc<Deployment>> {
+    let mut v: Vec<Arc<Deployment>> = ctx
+        .deployments
+        .state()
+        .into_iter()
+        .filter(|d| d.namespace() == foo.namespace() && d.labels().get(LABEL) == Some(&foo.name_any()))
+        .collect();
+    v.sort_by_key(|d| d.name_any());
+    v
+}
+
+pub async fn reconcile(foo: Arc<Foo>, ctx: Arc<Ctx>) -> Result<Action, Error> {
+    let ns = foo.namespace().unwrap_or_default();
+    let foos: Api<Foo> = Api::namespaced(ctx.client.clone(), &ns);
+    match ctx.variant {
+        Variant::MissedDelete => apply(foo, &ctx).await,
+        _ => finalizer(&foos, FINALIZER, foo, |event| async {
+            match event {
+                FinalizerEvent::Apply(foo) => apply(foo, &ctx).await,
+                FinalizerEvent::Cleanup(foo) => cleanup(foo, &ctx).await,
+            }
+        })
+        .await
+        .map_err(err),
+    }
+}
+
+pub fn error_policy(_: Arc<Foo>, _: &Error, _: Arc<Ctx>) -> Action {
+    Action::requeue(Duration::from_secs(5))
+}
+
+/// The delete handler the `missed-delete` variant relies on.
+pub async fn on_delete(foo: Arc<Foo>, ctx: Arc<Ctx>) {
+    if ctx.variant == Variant::MissedDelete {
+        let _ = cleanup(foo, &ctx).await;
+    }
+}
+
+async fn cleanup(foo: Arc<Foo>, ctx: &Ctx) -> Result<Action, Error> {
+    let ns = foo.namespace().unwrap_or_default();
+    let api: Api<Deployment> = Api::namespaced(ctx.client.clone(), &ns);
+    let names: Vec<String> = match ctx.variant {
+        Variant::Correct => vec![foo.spec.deployment_name.clone()],
+        _ => cached_children(ctx, &foo).iter().map(|d| d.name_any()).collect(),
+    };
+    for name in names {
+        match api.delete(&name, &DeleteParams::default()).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(e)) if e.code == 404 => {}
+            Err(e) => return Err(err(e)),
+        }
+    }
+    Ok(Action::await_change())
+}
+
+async fn apply(foo: Arc<Foo>, ctx: &Ctx) -> Result<Action, Error> {
+    let ns = foo.namespace().unwrap_or_default();
+    let deployments: Api<Deployment> = Api::namespaced(ctx.client.clone(), &ns);
+    let foos: Api<Foo> = Api::namespaced(ctx.client.clone(), &ns);
+    if foo.spec.deployment_name.is_empty() {
+        return Ok(Action::await_change());
+    }
+    let deployment: Deployment = match ctx.variant {
+        Variant::Correct | Variant::StatusOverwrite => {
+            let key = ObjectRef::new(&foo.spec.deployment_name).within(&ns);
+            match ctx.deployments.get(&key) {
+                Some(d) => (*d).clone(),
+                // A stale cache makes this create fail with AlreadyExists: retried later.
+                None => deployments
+                    .create(
+                        &PostParams::default(),
+                        &deployment_for(&foo, Some(&foo.spec.deployment_name), true),
+                    )
+                    .await
+                    .map_err(err)?,
+            }
+        }
+        Variant::StaleCache => match cached_children(ctx, &foo).first() {
+            Some(d) => (**d).clone(),
+            // BUG: the cache may not show the Deployment created a moment ago.
+            None => deployments
+                .create(&PostParams::default(), &deployment_for(&foo, None, true))
+                .await
+                .map_err(err)?,
+        },
+        Variant::MissedDelete => match cached_children(ctx, &foo).first() {
+            Some(d) => (**d).clone(),
+            // BUG (with on_delete): no owner reference and no finalizer.
+            None => deployments
+                .create(
+                    &PostParams::default(),
+                    &deployment_for(&foo, Some(&foo.spec.deployment_name), false),
+                )
+                .await
+                .map_err(err)?,
+        },
+        Variant::CrashCreate => {
+            let fresh = foos.get(&foo.name_any()).await.map_err(err)?;
+            match fresh.status.as_ref().and_then(|s| s.deployment.clone()) {
+                Some(name) => deployments.get(&name).await.map_err(err)?,
+                None => {
+                    // BUG: the name is remembered only after the create; a crash in between
+                    // forgets a Deployment that exists.
+                    let d = deployments
+                        .create(&PostParams::default(), &deployment_for(&foo, None, true))
+                        .await
+                        .map_err(err)?;
+                    let patch = json!({"metadata": {"resourceVersion": fresh.resource_version()},
+                        "status": {"deployment": d.name_any()}});
+                    foos.patch_status(&foo.name_any(), &PatchParams::default(), &Patch::Merge(&patch))
+                        .await
+                        .map_err(err)?;
+                    d
+                }
+            }
+        }
+    };
+    let current = deployment.spec.as_ref().and_then(|s| s.replicas);
+    if foo.spec.replicas.is_some() && foo.spec.replicas != current {
+        // The resourceVersion read with it: a stale read gets a conflict, not a lost update.
+        let patch = json!({"metadata": {"resourceVersion": deployment.resource_version()},
+            "spec": {"replicas": foo.spec.replicas}});
+        deployments
+            .patch(&deployment.name_any(), &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .map_err(err)?;
+    }
+    let available = deployment
+        .status
+        .as_ref()
+        .and_then(|s| s.available_replicas)
+        .unwrap_or(0);
+    if foo.status.as_ref().and_then(|s| s.available_replicas) != Some(available) {
+        if ctx.variant == Variant::StatusOverwrite {
+            // BUG: the whole status from the cached Foo, without its resourceVersion.
+            let mut status = foo.status.clone().unwrap_or_default();
+            status.available_replicas = Some(available);
+            let mut obj = (*foo).clone();
+            obj.status = Some(status);
+            obj.metadata.resource_version = None;
+            obj.metadata.managed_fields = None;
+            foos.replace_status(&foo.name_any(), &PostParams::default(), &obj)
+                .await
+                .map_err(err)?;
+        } else {
+            let patch = json!({"metadata": {"resourceVersion": foo.resource_version()},
+                "status": {"availableReplicas": available}});
+            foos.patch_status(&foo.name_any(), &PatchParams::default(), &Patch::Merge(&patch))
+                .await
+                .map_err(err)?;
+        }
+    }
+    Ok(Action::requeue(Duration::from_secs(300)))
+}
+
+/// The Deployments labelled for each Foo in a state.
+fn children(deployments: &[Value]) -> BTreeMap<(String, String), Vec<String>> {
+    let mut out: BTreeMap<(String, String), Vec<String>> = BTreeMap::new();
+    for d in deployments {
+        if let Some(owner) = d.pointer(&format!("/metadata/labels/{}", LABEL.replace('/', "~1"))) {
+            let ns = d["metadata"]["namespace"].as_str().unwrap_or("").to_string();
+            out.entry((ns, owner.as_str().unwrap_or("").to_string()))
+                .or_default()
+                .push(d["metadata"]["name"].as_str().unwrap_or("").to_string());
+        }
+    }
+    out
+}
+
+/// The harness for `variant` over the Foo recording.
+pub fn harness(variant: Variant, recording: &str) -> Result<Harness<Foo, Ctx, Error>, Box<dyn std::error::Error>> {
+    let h = Harness::new(reconcile, error_policy, move |env: &Env| Ctx {
+        client: env.client(),
+        deployments: env.store::<Deployment>(),
+        variant,
+    })
+    .recording(Recording::open(recording)?)
+    .watches::<Deployment, _, _>(|d: Deployment| {
+        let owner = d.labels().get(LABEL).cloned();
+        owner.map(|o| ObjectRef::new(&o).within(&d.namespace().unwrap_or_default()))
+    })
+    .on_delete(on_delete)
+    .invariant("at most one Deployment per Foo", |w| {
+        for ((ns, foo), names) in children(&w.list("deployments.apps")) {
+            if names.len() > 1 {
+                return Err(format!("Foo {ns}/{foo} has Deployments {names:?}"));
+            }
+        }
+        Ok(())
+    })
+    .eventually("every Deployment belongs to a Foo, every Foo has its Deployment", |w| {
+        let foos: Vec<Foo> = w.objects();
+        let kids = children(&w.list("deployments.apps"));
+        for ((ns, foo), names) in &kids {
+            if !foos
+                .iter()
+                .any(|f| f.namespace().as_deref() == Some(ns) && &f.name_any() == foo)
+            {
+                return Err(format!("Deployments {names:?} of Foo {ns}/{foo}, which is gone"));
+            }
+        }
+        for f in &foos {
+            let key = (f.namespace().unwrap_or_default(), f.name_any());
+            if f.meta().deletion_timestamp.is_none() && !kids.contains_key(&key) {
+                return Err(format!("Foo {}/{} has no Deployment", key.0, key.1));
+            }
+        }
+        Ok(())
+    });
+    Ok(h)
+}
+
+#[allow(clippy::print_stdout)]
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let mut args = std::env::args().skip(1);
+    let name = args.next().unwrap_or_else(|| "correct".into());
+    let schedules: u64 = args.next().map_or(Ok(200), |s| s.parse())?;
+    let variant = Variant::ALL.into_iter().find(|v| v.name() == name).ok_or_else(|| {
+        format!("unknown variant {name:?}: one of correct, stale-cache, crash-create, missed-delete, status-overwrite")
+    })?;
+    let recording = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/recordings/foos.jsonl");
+    let start = std::time::Instant::now();
+    match harness(variant, recording)?.check(schedules) {
+        Ok(report) => println!("{name}: {report} in {:.1?}", start.elapsed()),
+        Err(e) => println!("{name}: {e}\n(in {:.1?})", start.elapsed()),
+    }
+    Ok(())
+}

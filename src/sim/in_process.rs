@@ -1,0 +1,116 @@
+//! What the controller test harness (`crate::testing`) needs from the server: a server with no
+//! socket and no runtime of its own, deterministic uids and clock, and direct reads of the
+//! history (the harness delivers events itself instead of over watches).
+
+use std::sync::{Arc, Mutex};
+
+use serde_json::Value;
+
+use super::store::{Deterministic, State, Window};
+use super::{AtomicCounters, Faults, Result, Shared, Sim, SimConfig, SimError};
+
+/// One event of the server's history, as the harness's informers deliver it.
+#[derive(Debug, Clone)]
+pub(crate) struct HistoryEvent {
+    /// The revision of the event.
+    pub rv: u64,
+    /// `ADDED`, `MODIFIED` or `DELETED`.
+    pub kind: &'static str,
+    /// The object as stored (for DELETED, its final state).
+    pub object: Arc<Value>,
+}
+
+impl Sim {
+    /// A server reached only in-process ([`handle`](Self::handle)): no listener, no runtime,
+    /// uids and timestamps from a counter and [`set_clock`](Self::set_clock).
+    pub(crate) fn in_process(config: SimConfig) -> Result<Sim> {
+        let window = Window {
+            max_events: config.history_max_events,
+            max_age: config.history_max_age,
+        };
+        let mut state = State::new(config.resources.clone(), window);
+        state.deterministic = Some(Deterministic::default());
+        let (rv_tx, _) = tokio::sync::watch::channel(state.rv);
+        let (epoch_tx, _) = tokio::sync::watch::channel(0);
+        let shared = Arc::new(Shared {
+            state: Mutex::new(state),
+            rv_tx,
+            epoch_tx,
+            counters: AtomicCounters::default(),
+            user_agents: Mutex::default(),
+            faults: Faults::default(),
+            config,
+        });
+        let sim = Sim {
+            shared,
+            addr: std::net::SocketAddr::from(([127, 0, 0, 1], 0)),
+            runtime: None,
+        };
+        if sim.shared.config.seed_namespaces {
+            for ns in ["default", "kube-system", "kube-public"] {
+                sim.create("namespaces", None, serde_json::json!({"metadata": {"name": ns}}))?;
+            }
+        }
+        Ok(sim)
+    }
+
+    /// Serve one HTTP request in-process.
+    pub(crate) async fn handle(
+        &self,
+        req: http::Request<http_body_util::Full<bytes::Bytes>>,
+    ) -> http::Response<super::server::Body> {
+        super::server::handle_in_process(self.shared.clone(), req).await
+    }
+
+    /// Whether `resource` (`plural` or `plural.group`) is registered.
+    pub(crate) fn knows(&self, resource: &str) -> bool {
+        self.shared.lock().find(resource).is_some()
+    }
+
+    /// Set the deterministic clock (unix seconds) of an in-process server.
+    pub(crate) fn set_clock(&self, secs: u64) {
+        if let Some(d) = self.shared.lock().deterministic.as_mut() {
+            d.now_secs = secs;
+        }
+    }
+
+    /// The events of `resource` after revision `after`, oldest first (at most `max`).
+    pub(crate) fn events_after(&self, resource: &str, after: u64, max: usize) -> Result<Vec<HistoryEvent>> {
+        let st = self.shared.lock();
+        let res = self.resource(&st, resource)?;
+        if after < st.compact_rv {
+            return Err(SimError::Api {
+                code: 410,
+                reason: "Expired".into(),
+                message: format!("too old resource version: {after} ({})", st.compact_rv),
+            });
+        }
+        let i = st.history.partition_point(|e| e.rv <= after);
+        Ok(st
+            .history
+            .range(i..)
+            .filter(|e| e.res == res)
+            .take(max)
+            .map(|e| HistoryEvent {
+                rv: e.rv,
+                kind: e.kind.as_str(),
+                object: Arc::new(e.obj.value()),
+            })
+            .collect())
+    }
+
+    /// The objects of `resource` at revision `rv` (the current state when `rv` is the current
+    /// revision), in key order; 410 when the history no longer reaches back to `rv`.
+    pub(crate) fn objects_at(&self, resource: &str, rv: u64) -> Result<Vec<Value>> {
+        let st = self.shared.lock();
+        let res = self.resource(&st, resource)?;
+        if rv < st.compact_rv || rv > st.rv {
+            return Err(SimError::Api {
+                code: 410,
+                reason: "Expired".into(),
+                message: format!("no state at resource version {rv}"),
+            });
+        }
+        Ok(st.snapshot_iter(res, rv, "", "").map(|o| o.value()).collect())
+    }
+}

@@ -1,0 +1,282 @@
+//! The controller's `kube::Client`: a tower service that calls the simulated server in-process,
+//! on the test's runtime and clock, and watches every request for the oracles (what the
+//! controller read, lost updates, invariants after each write, a crash right after a write).
+
+use std::collections::{HashMap, HashSet};
+use std::convert::Infallible;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use futures::future::BoxFuture;
+use futures::FutureExt;
+use http::{Method, Request, Response};
+use http_body_util::{BodyExt, Full};
+use serde_json::Value;
+
+use super::oracle::lost_update;
+use super::{Failure, Invariant, Oracle, World};
+use crate::sim::Sim;
+
+/// The key of an object in the harness's maps: `resource|namespace|name`.
+pub(crate) fn object_key(resource: &str, ns: Option<&str>, name: &str) -> String {
+    format!("{resource}|{}|{name}", ns.unwrap_or(""))
+}
+
+/// The key of an object value of `resource`.
+pub(crate) fn key_of_value(resource: &str, v: &Value) -> String {
+    let ns = v.pointer("/metadata/namespace").and_then(Value::as_str);
+    let name = v.pointer("/metadata/name").and_then(Value::as_str).unwrap_or("");
+    object_key(resource, ns, name)
+}
+
+/// An object's resourceVersion as a number.
+pub(crate) fn rv_of(v: &Value) -> u64 {
+    v.pointer("/metadata/resourceVersion")
+        .and_then(Value::as_str)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0)
+}
+
+/// State shared by the run loop and the client service of one schedule.
+pub(crate) struct RunShared {
+    pub trace: Vec<String>,
+    /// Per controller lifetime: the version of each object the controller last read (what
+    /// its informer cache holds, or a later GET/LIST answer).
+    pub read: HashMap<String, Arc<Value>>,
+    /// Per object: the state the controller's last successful write to it left.
+    pub own: HashMap<String, Arc<Value>>,
+    /// Controller writes so far (all lifetimes).
+    pub writes: u64,
+    /// Crash right after this write reaches the server.
+    pub crash_after_write: Option<u64>,
+    /// Set when that crash happened: the in-flight reconcile is dropped.
+    pub crashed: bool,
+    pub crash_notify: Arc<tokio::sync::Notify>,
+    /// Revisions written by the controller (the others come from the world or the collector).
+    pub controller_rvs: HashSet<u64>,
+    pub failure: Option<Failure>,
+    pub invariants: Arc<Vec<Invariant>>,
+    /// Check for lost updates.
+    pub check_lost_updates: bool,
+}
+
+impl RunShared {
+    pub(crate) fn new(invariants: Arc<Vec<Invariant>>, check_lost_updates: bool) -> Self {
+        Self {
+            trace: Vec::new(),
+            read: HashMap::new(),
+            own: HashMap::new(),
+            writes: 0,
+            crash_after_write: None,
+            crashed: false,
+            crash_notify: Arc::new(tokio::sync::Notify::new()),
+            controller_rvs: HashSet::new(),
+            failure: None,
+            invariants,
+            check_lost_updates,
+        }
+    }
+
+    /// Remembers that the controller read `v` (its cache moved, or it asked the server).
+    pub(crate) fn saw(&mut self, key: String, v: Arc<Value>) {
+        self.read.insert(key, v);
+    }
+
+    /// Records the first failure of the run.
+    pub(crate) fn fail(&mut self, oracle: Oracle, detail: String) {
+        if self.failure.is_none() {
+            self.trace.push(format!("  FAIL {}: {detail}", oracle.as_str()));
+            self.failure = Some(Failure::new(oracle, detail));
+        }
+    }
+}
+
+/// Locks, ignoring poisoning (a panicking reconcile is caught and reported; the data stays
+/// consistent because every update is a single assignment).
+pub(crate) fn lock(m: &Mutex<RunShared>) -> MutexGuard<'_, RunShared> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Runs the invariants against the server's state; the first broken one fails the run.
+pub(crate) fn check_invariants(sim: &Sim, shared: &mut RunShared, after: &str) {
+    if shared.failure.is_some() {
+        return;
+    }
+    let world = World { sim };
+    for inv in shared.invariants.clone().iter() {
+        if let Err(e) = (inv.check)(&world) {
+            shared.fail(Oracle::Invariant, format!("{:?} broken after {after}: {e}", inv.name));
+            return;
+        }
+    }
+}
+
+/// A string at `pointer` in `v`.
+fn named(v: Option<&Value>, pointer: &str) -> Option<String> {
+    v?.pointer(pointer)?.as_str().map(str::to_owned)
+}
+
+/// Which object a request path names: (`plural` or `plural.group`, namespace, name).
+fn target(path: &str) -> Option<(String, Option<String>, Option<String>)> {
+    let segs: Vec<&str> = path.split('/').filter(|s| !s.is_empty()).collect();
+    let (group, rest) = match segs.as_slice() {
+        ["api", "v1", rest @ ..] => ("", rest),
+        ["apis", g, _, rest @ ..] => (*g, rest),
+        _ => return None,
+    };
+    let (ns, rest) = match rest {
+        ["namespaces", ns, plural, rest @ ..] => (Some((*ns).to_string()), {
+            let mut v = vec![*plural];
+            v.extend_from_slice(rest);
+            v
+        }),
+        _ => (None, rest.to_vec()),
+    };
+    let plural = rest.first()?;
+    let resource = if group.is_empty() {
+        (*plural).to_string()
+    } else {
+        format!("{plural}.{group}")
+    };
+    Some((resource, ns, rest.get(1).map(|s| (*s).to_string())))
+}
+
+/// The in-process service behind the controller's `kube::Client`.
+#[derive(Clone)]
+pub(crate) struct InProcess {
+    pub sim: Arc<Sim>,
+    pub shared: Arc<Mutex<RunShared>>,
+}
+
+impl tower::Service<Request<kube::client::Body>> for InProcess {
+    type Response = Response<Full<Bytes>>;
+    type Error = Infallible;
+    type Future = BoxFuture<'static, Result<Self::Response, Infallible>>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: Request<kube::client::Body>) -> Self::Future {
+        let this = self.clone();
+        async move { Ok(this.serve(req).await) }.boxed()
+    }
+}
+
+impl InProcess {
+    async fn serve(self, req: Request<kube::client::Body>) -> Response<Full<Bytes>> {
+        let (parts, body) = req.into_parts();
+        let body = body.collect().await.map(|b| b.to_bytes()).unwrap_or_default();
+        let method = parts.method.clone();
+        let path = parts.uri.path().to_string();
+        let write = matches!(method, Method::POST | Method::PUT | Method::PATCH | Method::DELETE);
+        let target = target(&path);
+        let before = match (&target, write) {
+            (Some((res, ns, Some(name))), true) => self.sim.get(res, ns.as_deref(), name).ok(),
+            _ => None,
+        };
+        let sent: Option<Value> = serde_json::from_slice(&body).ok();
+        let precondition = sent.as_ref().is_some_and(|b| {
+            b.pointer("/metadata/resourceVersion")
+                .and_then(Value::as_str)
+                .is_some_and(|s| !s.is_empty())
+        });
+        let resp = self.sim.handle(Request::from_parts(parts, Full::new(body))).await;
+        let (rparts, rbody) = resp.into_parts();
+        let rbytes = rbody.collect().await.map(|b| b.to_bytes()).unwrap_or_default();
+        let code = rparts.status.as_u16();
+        let answer: Option<Value> = serde_json::from_slice(&rbytes).ok();
+        let crash = {
+            let mut sh = lock(&self.shared);
+            let ok = (200..300).contains(&code);
+            if write {
+                sh.writes += 1;
+                let n = sh.writes;
+                let what = target
+                    .as_ref()
+                    .map(|(r, ns, name)| {
+                        format!(
+                            "{r} {}{}",
+                            ns.as_deref().map(|n| format!("{n}/")).unwrap_or_default(),
+                            name.clone()
+                                .or_else(|| named(answer.as_ref().filter(|_| ok), "/metadata/name"))
+                                .or_else(|| named(sent.as_ref(), "/metadata/name"))
+                                .or_else(|| named(sent.as_ref(), "/metadata/generateName").map(|g| g + "*"))
+                                .unwrap_or_default()
+                        )
+                    })
+                    .unwrap_or_else(|| path.clone());
+                let status = if path.ends_with("/status") { " (status)" } else { "" };
+                let rv = answer.as_ref().filter(|_| ok).map(rv_of).unwrap_or(0);
+                sh.trace
+                    .push(format!("  write #{n} {method} {what}{status} -> {code} rv={rv}"));
+                if ok {
+                    if let (Some((res, _, _)), Some(after)) = (&target, &answer) {
+                        sh.controller_rvs.insert(rv);
+                        let key = key_of_value(res, after);
+                        if sh.check_lost_updates && !precondition && matches!(method, Method::PUT | Method::PATCH) {
+                            if let (Some(seen), Some(before)) = (sh.read.get(&key).cloned(), &before) {
+                                let own = sh.own.get(&key).cloned();
+                                let lost = lost_update(&seen, before, after, own.as_deref());
+                                if !lost.is_empty() {
+                                    let detail = format!(
+                                        "write #{n} {method} {what}{status} changed {lost:?}, which had changed since the controller read it at resourceVersion {} (server was at {})",
+                                        rv_of(&seen),
+                                        rv_of(before)
+                                    );
+                                    sh.fail(Oracle::LostUpdate, detail);
+                                }
+                            }
+                        }
+                        sh.own.insert(key, Arc::new(after.clone()));
+                    }
+                    check_invariants(&self.sim, &mut sh, &format!("write #{n}"));
+                }
+                if sh.crash_after_write == Some(n) {
+                    sh.crashed = true;
+                    sh.trace.push(format!("  CRASH after write #{n} (its answer is lost)"));
+                    sh.crash_notify.notify_one();
+                    true
+                } else {
+                    false
+                }
+            } else {
+                if let (true, Some((res, _, name)), Some(a)) = (ok && method == Method::GET, &target, &answer) {
+                    if name.is_some() {
+                        sh.saw(key_of_value(res, a), Arc::new(a.clone()));
+                    } else if let Some(items) = a.get("items").and_then(Value::as_array) {
+                        for it in items {
+                            sh.saw(key_of_value(res, it), Arc::new(it.clone()));
+                        }
+                    }
+                }
+                false
+            }
+        };
+        if crash {
+            // The process is gone: the answer never arrives.
+            futures::future::pending::<()>().await;
+        }
+        Response::from_parts(rparts, Full::new(rbytes))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::target;
+
+    #[test]
+    fn paths_name_their_objects() {
+        assert_eq!(
+            target("/apis/apps/v1/namespaces/ns/deployments/web/status"),
+            Some(("deployments.apps".into(), Some("ns".into()), Some("web".into())))
+        );
+        assert_eq!(
+            target("/api/v1/namespaces/a"),
+            Some(("namespaces".into(), None, Some("a".into())))
+        );
+        assert_eq!(target("/api/v1/pods"), Some(("pods".into(), None, None)));
+        assert_eq!(target("/version"), None);
+    }
+}

@@ -1,0 +1,720 @@
+//! Test a controller against recorded traffic, with a fault at every event boundary,
+//! deterministically (feature `testing`).
+//!
+//! A [`Harness`] takes one or more [`Recording`]s (what the world did: `durable-informer
+//! record` writes them) and a controller in kube-runtime's shape: `reconcile(Arc<K>,
+//! Arc<Ctx>) -> Result<Action, E>` and `error_policy(Arc<K>, &E, Arc<Ctx>) -> Action`, with a
+//! function that builds the context from an [`Env`] (a `kube::Client` and the informers'
+//! `kube::runtime::reflector::Store`s). For each schedule it
+//!
+//! * starts a simulated API server ([`crate::sim`]) in-process, on the test's thread, holding
+//!   the recording's initial state;
+//! * releases the recorded changes in order (a change is applied as a patch from the recorded
+//!   previous version, so what the controller wrote to the same object stays);
+//! * lets the controller's `kube::Client` write to that server (conflicts, resourceVersion
+//!   preconditions, finalizers as the server has them); a small garbage collector deletes
+//!   objects whose controlling owner is gone;
+//! * runs on tokio's paused clock, with one seeded scheduler deciding every interleaving:
+//!   which recorded change next, which informer delivers its next event, which queued object
+//!   is reconciled, when a requeue fires;
+//! * injects [`Fault`]s at event boundaries: crash and restart (from the database, from an
+//!   empty one, against a server view behind), a crash right after a write, one informer
+//!   delayed behind the others, a dropped watch with a 410 relist, events delivered again;
+//! * checks the [`Oracle`]s: no panic, invariants after every reconcile and write, the end
+//!   state after a quiet period equal to the fault-free run's, reconciles per trigger
+//!   bounded, no lost update (a write that changed what had changed since the controller
+//!   read it).
+//!
+//! The same schedule gives the same trace, byte for byte. A failure is shrunk to the fewest
+//! faults that still fail, and written out (schedule, trace and recordings) for
+//! [`Harness::replay`] to run again.
+//!
+//! ```no_run
+//! use std::sync::Arc;
+//! use std::time::Duration;
+//! use durable_informer::testing::{Env, Harness, Recording};
+//! use k8s_openapi::api::core::v1::ConfigMap;
+//! use kube::runtime::controller::Action;
+//!
+//! struct Ctx {
+//!     client: kube::Client,
+//! }
+//!
+//! async fn reconcile(cm: Arc<ConfigMap>, ctx: Arc<Ctx>) -> Result<Action, kube::Error> {
+//!     let _ = (cm, &ctx.client);
+//!     Ok(Action::requeue(Duration::from_secs(300)))
+//! }
+//!
+//! fn error_policy(_: Arc<ConfigMap>, _: &kube::Error, _: Arc<Ctx>) -> Action {
+//!     Action::requeue(Duration::from_secs(5))
+//! }
+//!
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let report = Harness::new(reconcile, error_policy, |env: &Env| Ctx { client: env.client() })
+//!     .recording(Recording::open("tests/data/recordings/configmaps.jsonl")?)
+//!     .invariant("no configmap named bad", |w| {
+//!         match w.list("configmaps").iter().any(|c| c["metadata"]["name"] == "bad") {
+//!             true => Err("found".into()),
+//!             false => Ok(()),
+//!         }
+//!     })
+//!     .check(200)?;
+//! println!("{report}");
+//! # Ok(()) }
+//! ```
+
+mod client;
+mod oracle;
+mod recording;
+mod run;
+mod schedule;
+
+use std::any::{Any, TypeId};
+use std::collections::HashMap;
+use std::fmt;
+use std::future::Future;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::future::BoxFuture;
+use futures::FutureExt;
+use kube::runtime::controller::Action;
+use kube::runtime::reflector::{ObjectRef, Store};
+use kube::Resource;
+use serde::de::DeserializeOwned;
+use serde_json::Value;
+
+pub use recording::Recording;
+pub use schedule::{Fault, FaultKinds, Restart, Schedule};
+
+use crate::sim::{ResourceDef, Sim};
+
+/// Errors setting up or running the harness (not a controller's failure: see [`Failure`]).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum HarnessError {
+    /// A recording could not be read.
+    #[error("recording: {0}")]
+    Recording(String),
+    /// The simulated server refused the setup (an unknown resource, a bad initial object).
+    #[error("simulated server: {0}")]
+    Sim(#[from] crate::sim::SimError),
+    /// A saved failure could not be read or written.
+    #[error("{path}: {detail}")]
+    Saved {
+        /// The file.
+        path: PathBuf,
+        /// What went wrong.
+        detail: String,
+    },
+    /// The controller failed a schedule (shrunk, written out).
+    #[error("{0}")]
+    Failed(Box<Failure>),
+    /// A replayed schedule did not give the saved trace.
+    #[error("replay of {path} diverged from the saved trace at line {line}:\n  saved: {saved}\n  now:   {now}")]
+    Diverged {
+        /// The saved trace.
+        path: PathBuf,
+        /// The first line that differs (1-based).
+        line: usize,
+        /// That line as saved.
+        saved: String,
+        /// That line now.
+        now: String,
+    },
+}
+
+/// Which oracle a failure broke.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Oracle {
+    /// The reconcile (or error policy, or delete handler) panicked.
+    Panic,
+    /// An invariant was broken after a reconcile or a write.
+    Invariant,
+    /// An invariant checked at the end (after the quiet period) was broken.
+    Eventually,
+    /// The end state differs from the fault-free run's.
+    EndState,
+    /// An object was reconciled more often than allowed without a change from the world.
+    HotLoop,
+    /// A write changed fields that had changed since the controller read the object.
+    LostUpdate,
+    /// A reconcile did not finish, or the run did not settle.
+    Stuck,
+    /// The harness could not deliver an object (it does not decode as its type).
+    Harness,
+}
+
+impl Oracle {
+    /// Its name in reports and saved schedules.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Oracle::Panic => "panic",
+            Oracle::Invariant => "invariant",
+            Oracle::Eventually => "eventually",
+            Oracle::EndState => "end-state",
+            Oracle::HotLoop => "hot-loop",
+            Oracle::LostUpdate => "lost-update",
+            Oracle::Stuck => "stuck",
+            Oracle::Harness => "harness",
+        }
+    }
+
+    fn parse(s: &str) -> Option<Self> {
+        [
+            Oracle::Panic,
+            Oracle::Invariant,
+            Oracle::Eventually,
+            Oracle::EndState,
+            Oracle::HotLoop,
+            Oracle::LostUpdate,
+            Oracle::Stuck,
+            Oracle::Harness,
+        ]
+        .into_iter()
+        .find(|o| o.as_str() == s)
+    }
+}
+
+/// A controller's failure on one schedule.
+#[derive(Debug, Clone)]
+pub struct Failure {
+    /// The oracle it broke.
+    pub oracle: Oracle,
+    /// What happened.
+    pub detail: String,
+    /// The schedule, shrunk when it came from a check.
+    pub schedule: Schedule,
+    /// How many faults the schedule had before shrinking.
+    pub faults_before_shrinking: usize,
+    /// Schedules run before this one failed.
+    pub schedules_run: u64,
+    /// Where the schedule, trace and recordings were written.
+    pub saved: Option<PathBuf>,
+    /// The last lines of the trace.
+    pub trace_tail: Vec<String>,
+}
+
+impl Failure {
+    pub(crate) fn new(oracle: Oracle, detail: String) -> Self {
+        Self {
+            oracle,
+            detail,
+            schedule: Schedule {
+                seed: 0,
+                faults: Vec::new(),
+            },
+            faults_before_shrinking: 0,
+            schedules_run: 0,
+            saved: None,
+            trace_tail: Vec::new(),
+        }
+    }
+}
+
+impl fmt::Display for Failure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(f, "controller failed [{}]: {}", self.oracle.as_str(), self.detail)?;
+        writeln!(
+            f,
+            "  schedule: {} (shrunk from {} faults; failed after {} schedules)",
+            self.schedule, self.faults_before_shrinking, self.schedules_run
+        )?;
+        if let Some(p) = &self.saved {
+            writeln!(
+                f,
+                "  saved: {} (rerun with Harness::replay(\"{}\"))",
+                p.display(),
+                p.display()
+            )?;
+        }
+        writeln!(f, "  trace (last lines):")?;
+        for l in &self.trace_tail {
+            writeln!(f, "    {l}")?;
+        }
+        Ok(())
+    }
+}
+
+/// What a passing check ran.
+#[derive(Debug, Clone)]
+pub struct Report {
+    /// Schedules run (the fault-free one included).
+    pub schedules: u64,
+    /// Faults injected over all schedules.
+    pub faults: u64,
+    /// Steps over all schedules.
+    pub steps: u64,
+    /// Reconciles over all schedules.
+    pub reconciles: u64,
+    /// The fault-free run's trace.
+    pub baseline_trace: String,
+}
+
+impl fmt::Display for Report {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} schedules passed ({} faults, {} steps, {} reconciles)",
+            self.schedules, self.faults, self.steps, self.reconciles
+        )
+    }
+}
+
+/// What a controller's context is built from, at each (re)start.
+pub struct Env {
+    client: kube::Client,
+    stores: HashMap<TypeId, Box<dyn Any + Send + Sync>>,
+}
+
+impl Env {
+    /// A `kube::Client` of the simulated server (in-process: no socket).
+    pub fn client(&self) -> kube::Client {
+        self.client.clone()
+    }
+
+    /// The cache of an informer the harness runs (the primary resource, or one added with
+    /// [`Harness::owns`] or [`Harness::watches`]); the harness decides when it sees each
+    /// event.
+    ///
+    /// # Panics
+    ///
+    /// When no informer of `T` was added: a mistake in the test's setup.
+    pub fn store<T: Resource + Clone + 'static>(&self) -> Store<T>
+    where
+        T::DynamicType: Eq + std::hash::Hash + Clone,
+    {
+        self.stores
+            .get(&TypeId::of::<T>())
+            .and_then(|s| s.downcast_ref::<Store<T>>())
+            .cloned()
+            .unwrap_or_else(|| {
+                panic!(
+                    "no informer of {} in this harness: add it with Harness::owns or Harness::watches",
+                    std::any::type_name::<T>()
+                )
+            })
+    }
+}
+
+/// The simulated server's state, for invariants.
+pub struct World<'a> {
+    pub(crate) sim: &'a Sim,
+}
+
+impl World<'_> {
+    /// The objects of `resource` (`pods`, `deployments.apps`, `foos.samplecontroller.k8s.io`)
+    /// in key order; none for an unknown resource.
+    pub fn list(&self, resource: &str) -> Vec<Value> {
+        let rv = self.sim.current_rv();
+        self.sim.objects_at(resource, rv).unwrap_or_default()
+    }
+
+    /// The objects of type `T`; one that does not decode as `T` is skipped.
+    pub fn objects<T: Resource<DynamicType = ()> + DeserializeOwned>(&self) -> Vec<T> {
+        self.list(&sim_resource::<T>())
+            .into_iter()
+            .filter_map(|v| serde_json::from_value(v).ok())
+            .collect()
+    }
+
+    /// One object, if it exists.
+    pub fn get(&self, resource: &str, namespace: Option<&str>, name: &str) -> Option<Value> {
+        self.sim.get(resource, namespace, name).ok()
+    }
+}
+
+/// A check over the server's state.
+pub(crate) type CheckFn = Arc<dyn Fn(&World<'_>) -> Result<(), String> + Send + Sync>;
+
+/// A named check over the server's state.
+#[derive(Clone)]
+pub(crate) struct Invariant {
+    pub name: String,
+    pub check: CheckFn,
+}
+
+/// The simulated server's name of `T`'s resource.
+pub(crate) fn sim_resource<T: Resource<DynamicType = ()>>() -> String {
+    let plural = T::plural(&());
+    let group = T::group(&());
+    if group.is_empty() {
+        plural.into_owned()
+    } else {
+        format!("{plural}.{group}")
+    }
+}
+
+/// The simulated server's definition of `T`, for kinds it does not know.
+fn resource_def<T: Resource<DynamicType = ()> + 'static>() -> ResourceDef
+where
+    T::Scope: 'static,
+{
+    let def = ResourceDef::custom(&T::group(&()), &T::version(&()), &T::kind(&()), &T::plural(&()));
+    if TypeId::of::<T::Scope>() == TypeId::of::<k8s_openapi::ClusterResourceScope>() {
+        def.cluster_scoped()
+    } else {
+        def
+    }
+}
+
+/// A typed informer cache the harness fills.
+pub(crate) trait Feed: Send {
+    /// An ADDED/MODIFIED (`deleted` false) or DELETED event.
+    fn apply(&mut self, deleted: bool, object: &Value) -> Result<(), String>;
+    /// A relist: the cache becomes exactly `objects`.
+    fn reset(&mut self, objects: &[Arc<Value>]) -> Result<(), String>;
+}
+
+struct TypedFeed<T: Resource + Clone + 'static>
+where
+    T::DynamicType: Eq + std::hash::Hash + Clone,
+{
+    writer: kube::runtime::reflector::store::Writer<T>,
+}
+
+impl<T> Feed for TypedFeed<T>
+where
+    T: Resource + Clone + DeserializeOwned + Send + Sync + 'static,
+    T::DynamicType: Eq + std::hash::Hash + Clone + Default + Send + Sync,
+{
+    fn apply(&mut self, deleted: bool, object: &Value) -> Result<(), String> {
+        let t: T = decode(object)?;
+        let ev = if deleted {
+            kube::runtime::watcher::Event::Delete(t)
+        } else {
+            kube::runtime::watcher::Event::Apply(t)
+        };
+        self.writer.apply_watcher_event(&ev);
+        Ok(())
+    }
+
+    fn reset(&mut self, objects: &[Arc<Value>]) -> Result<(), String> {
+        use kube::runtime::watcher::Event;
+        self.writer.apply_watcher_event(&Event::Init);
+        for o in objects {
+            self.writer.apply_watcher_event(&Event::InitApply(decode::<T>(o)?));
+        }
+        self.writer.apply_watcher_event(&Event::InitDone);
+        Ok(())
+    }
+}
+
+fn decode<T: DeserializeOwned>(v: &Value) -> Result<T, String> {
+    T::deserialize(v).map_err(|e| {
+        format!(
+            "{} {:?} does not decode as {}: {e}",
+            v.get("kind").and_then(Value::as_str).unwrap_or("object"),
+            v.pointer("/metadata/name").and_then(Value::as_str).unwrap_or(""),
+            std::any::type_name::<T>()
+        )
+    })
+}
+
+/// Which primary objects an event of a watched kind reconciles.
+pub(crate) type MapFn = Arc<dyn Fn(&Value) -> Vec<(Option<String>, String)> + Send + Sync>;
+
+/// One informer the harness runs.
+#[derive(Clone)]
+pub(crate) struct WatchSpec {
+    pub resource: String,
+    pub def: ResourceDef,
+    /// A fresh typed cache: its feed, and its `Store` for [`Env`].
+    #[allow(clippy::type_complexity)]
+    pub make: Arc<dyn Fn() -> (Box<dyn Feed>, TypeId, Box<dyn Any + Send + Sync>) + Send + Sync>,
+    pub map: MapFn,
+}
+
+fn watch_spec<T>(map: MapFn) -> WatchSpec
+where
+    T: Resource<DynamicType = ()> + Clone + DeserializeOwned + Send + Sync + 'static,
+    T::Scope: 'static,
+{
+    WatchSpec {
+        resource: sim_resource::<T>(),
+        def: resource_def::<T>(),
+        make: Arc::new(|| {
+            let writer = kube::runtime::reflector::store::Writer::<T>::default();
+            let store = writer.as_reader();
+            (Box::new(TypedFeed { writer }), TypeId::of::<T>(), Box::new(store))
+        }),
+        map,
+    }
+}
+
+type ReconcileFn<K, Ctx, E> = Arc<dyn Fn(Arc<K>, Arc<Ctx>) -> BoxFuture<'static, Result<Action, E>> + Send + Sync>;
+type ErrorPolicyFn<K, Ctx, E> = Arc<dyn Fn(Arc<K>, &E, Arc<Ctx>) -> Action + Send + Sync>;
+type DeleteFn<K, Ctx> = Arc<dyn Fn(Arc<K>, Arc<Ctx>) -> BoxFuture<'static, ()> + Send + Sync>;
+
+/// The test harness for one controller; see the [module documentation](self).
+pub struct Harness<K, Ctx, E> {
+    pub(crate) reconcile: ReconcileFn<K, Ctx, E>,
+    pub(crate) error_policy: ErrorPolicyFn<K, Ctx, E>,
+    pub(crate) context: Arc<dyn Fn(&Env) -> Ctx + Send + Sync>,
+    pub(crate) on_delete: Option<DeleteFn<K, Ctx>>,
+    pub(crate) recordings: Vec<Recording>,
+    pub(crate) resources: Vec<ResourceDef>,
+    pub(crate) watches: Vec<WatchSpec>,
+    pub(crate) invariants: Vec<Invariant>,
+    pub(crate) eventually: Vec<Invariant>,
+    pub(crate) volatile: Vec<String>,
+    pub(crate) quiet: Duration,
+    pub(crate) max_reconciles_per_trigger: u32,
+    pub(crate) kinds: FaultKinds,
+    pub(crate) max_faults: usize,
+    pub(crate) first_seed: u64,
+    pub(crate) lost_updates: bool,
+    pub(crate) garbage_collector: bool,
+    pub(crate) save_dir: Option<PathBuf>,
+    pub(crate) name: String,
+}
+
+impl<K, Ctx, E> Harness<K, Ctx, E>
+where
+    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + fmt::Debug + Send + Sync + 'static,
+    K::Scope: 'static,
+    Ctx: Send + Sync + 'static,
+    E: fmt::Display + Send + 'static,
+{
+    /// A harness for the controller `reconcile` of `K`, with its `error_policy`, and the
+    /// function that builds its context at each start (a restart builds a new one: whatever
+    /// the old one held in memory is lost, as in a real crash).
+    pub fn new<R, RF, P, C>(reconcile: R, error_policy: P, context: C) -> Self
+    where
+        R: Fn(Arc<K>, Arc<Ctx>) -> RF + Send + Sync + 'static,
+        RF: Future<Output = Result<Action, E>> + Send + 'static,
+        P: Fn(Arc<K>, &E, Arc<Ctx>) -> Action + Send + Sync + 'static,
+        C: Fn(&Env) -> Ctx + Send + Sync + 'static,
+    {
+        let primary = watch_spec::<K>(Arc::new(|v: &Value| {
+            let ns = v
+                .pointer("/metadata/namespace")
+                .and_then(Value::as_str)
+                .map(str::to_owned);
+            let name = v.pointer("/metadata/name").and_then(Value::as_str).unwrap_or("");
+            vec![(ns, name.to_string())]
+        }));
+        Self {
+            reconcile: Arc::new(move |k, c| reconcile(k, c).boxed()),
+            error_policy: Arc::new(error_policy),
+            context: Arc::new(context),
+            on_delete: None,
+            recordings: Vec::new(),
+            resources: Vec::new(),
+            watches: vec![primary],
+            invariants: Vec::new(),
+            eventually: Vec::new(),
+            volatile: Vec::new(),
+            quiet: Duration::from_secs(600),
+            max_reconciles_per_trigger: 20,
+            kinds: FaultKinds::ALL,
+            max_faults: 3,
+            first_seed: 1,
+            lost_updates: true,
+            garbage_collector: true,
+            save_dir: None,
+            name: std::any::type_name::<K>()
+                .rsplit("::")
+                .next()
+                .unwrap_or("controller")
+                .to_lowercase(),
+        }
+    }
+
+    /// Adds a recording: its initial state is on the server when the controller starts, its
+    /// changes are released during the run. Several recordings (of one cluster) are merged
+    /// by resourceVersion.
+    #[must_use]
+    pub fn recording(mut self, recording: Recording) -> Self {
+        self.recordings.push(recording);
+        self
+    }
+
+    /// Registers a resource the simulated server does not know (a CRD with an irregular
+    /// plural; the kinds the controller watches are registered by themselves).
+    #[must_use]
+    pub fn resource(mut self, def: ResourceDef) -> Self {
+        self.resources.push(def);
+        self
+    }
+
+    /// Watches `T` and reconciles the `K` that controls each (its `ownerReferences` entry
+    /// with `controller: true`), as kube's `Controller::owns`.
+    #[must_use]
+    pub fn owns<T>(mut self) -> Self
+    where
+        T: Resource<DynamicType = ()> + Clone + DeserializeOwned + Send + Sync + 'static,
+        T::Scope: 'static,
+    {
+        let (kind, api_version) = (K::kind(&()).into_owned(), K::api_version(&()).into_owned());
+        self.watches.push(watch_spec::<T>(Arc::new(move |v: &Value| {
+            let ns = v
+                .pointer("/metadata/namespace")
+                .and_then(Value::as_str)
+                .map(str::to_owned);
+            v.pointer("/metadata/ownerReferences")
+                .and_then(Value::as_array)
+                .into_iter()
+                .flatten()
+                .filter(|o| {
+                    o.get("controller").and_then(Value::as_bool) == Some(true)
+                        && o.get("kind").and_then(Value::as_str) == Some(kind.as_str())
+                        && o.get("apiVersion").and_then(Value::as_str) == Some(api_version.as_str())
+                })
+                .filter_map(|o| o.get("name").and_then(Value::as_str))
+                .map(|n| (ns.clone(), n.to_string()))
+                .collect()
+        })));
+        self
+    }
+
+    /// Watches `T` and reconciles the objects `mapper` names, as kube's
+    /// `Controller::watches`.
+    #[must_use]
+    pub fn watches<T, I, F>(mut self, mapper: F) -> Self
+    where
+        F: Fn(T) -> I + Send + Sync + 'static,
+        T: Resource<DynamicType = ()> + Clone + DeserializeOwned + Send + Sync + 'static,
+        T::Scope: 'static,
+        I: IntoIterator<Item = ObjectRef<K>>,
+    {
+        self.watches
+            .push(watch_spec::<T>(Arc::new(move |v: &Value| match T::deserialize(v) {
+                Ok(t) => mapper(t).into_iter().map(|r| (r.namespace, r.name)).collect(),
+                Err(_) => Vec::new(),
+            })));
+        self
+    }
+
+    /// Runs `handler` when the primary informer delivers a deletion (what a controller that
+    /// cleans up on delete events instead of with a finalizer relies on; a relist never
+    /// delivers the deletions it skipped).
+    #[must_use]
+    pub fn on_delete<F, Fut>(mut self, handler: F) -> Self
+    where
+        F: Fn(Arc<K>, Arc<Ctx>) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = ()> + Send + 'static,
+    {
+        self.on_delete = Some(Arc::new(move |k, c| handler(k, c).boxed()));
+        self
+    }
+
+    /// An invariant over the server's state, checked after every reconcile and every write
+    /// of the controller.
+    #[must_use]
+    pub fn invariant(
+        mut self,
+        name: &str,
+        check: impl Fn(&World<'_>) -> Result<(), String> + Send + Sync + 'static,
+    ) -> Self {
+        self.invariants.push(Invariant {
+            name: name.to_string(),
+            check: Arc::new(check),
+        });
+        self
+    }
+
+    /// An invariant checked once, at the end, after the recording and the quiet period.
+    #[must_use]
+    pub fn eventually(
+        mut self,
+        name: &str,
+        check: impl Fn(&World<'_>) -> Result<(), String> + Send + Sync + 'static,
+    ) -> Self {
+        self.eventually.push(Invariant {
+            name: name.to_string(),
+            check: Arc::new(check),
+        });
+        self
+    }
+
+    /// A field (a JSON pointer; `*` matches every array element) left out of the end-state
+    /// comparison, such as a timestamp the controller writes.
+    #[must_use]
+    pub fn volatile(mut self, pointer: &str) -> Self {
+        self.volatile.push(pointer.to_string());
+        self
+    }
+
+    /// How long (virtual time) the run goes on after the last recorded change (default
+    /// 10 minutes): requeues within it run.
+    #[must_use]
+    pub fn quiet_period(mut self, d: Duration) -> Self {
+        self.quiet = d;
+        self
+    }
+
+    /// How often one object may be reconciled without a change from the world (a recorded
+    /// change, a restart) before it counts as a hot loop (default 20).
+    #[must_use]
+    pub fn max_reconciles_per_trigger(mut self, n: u32) -> Self {
+        self.max_reconciles_per_trigger = n;
+        self
+    }
+
+    /// The fault kinds a check samples (default: all).
+    #[must_use]
+    pub fn faults(mut self, kinds: FaultKinds) -> Self {
+        self.kinds = kinds;
+        self
+    }
+
+    /// At most this many faults per schedule (default 3).
+    #[must_use]
+    pub fn max_faults(mut self, n: usize) -> Self {
+        self.max_faults = n;
+        self
+    }
+
+    /// The first schedule's seed (default 1); a check runs seeds `seed..seed+n`.
+    #[must_use]
+    pub fn seed(mut self, seed: u64) -> Self {
+        self.first_seed = seed;
+        self
+    }
+
+    /// Whether to check for lost updates (default on).
+    #[must_use]
+    pub fn lost_updates(mut self, on: bool) -> Self {
+        self.lost_updates = on;
+        self
+    }
+
+    /// Whether the harness deletes objects whose controlling owner is gone, as the cluster's
+    /// garbage collector does (default on).
+    #[must_use]
+    pub fn garbage_collector(mut self, on: bool) -> Self {
+        self.garbage_collector = on;
+        self
+    }
+
+    /// Where failures are written (default `target/controller-testing`, or
+    /// `$DURABLE_INFORMER_TESTING_DIR`); the name picks the subdirectory.
+    #[must_use]
+    pub fn save_to(mut self, dir: impl Into<PathBuf>, name: &str) -> Self {
+        self.save_dir = Some(dir.into());
+        self.name = name.to_string();
+        self
+    }
+
+    /// Runs one schedule and returns its trace, and its failure if it failed.
+    pub fn run(&self, schedule: &Schedule) -> Result<(String, Option<Failure>), HarnessError> {
+        let out = run::run_schedule(self, schedule)?;
+        Ok((out.trace, out.failure))
+    }
+
+    /// The fault-free run, then `schedules` sampled schedules (seeds `seed..seed+schedules`,
+    /// each with 1 to `max_faults` faults). The first failure is shrunk to the fewest faults
+    /// that still fail, written out, and returned as [`HarnessError::Failed`].
+    pub fn check(&self, schedules: u64) -> Result<Report, HarnessError> {
+        run::check(self, schedules)
+    }
+
+    /// Runs a schedule saved by a failed check (the directory, or its `schedule.json`) and
+    /// checks that it gives the saved trace byte for byte and fails the same way.
+    pub fn replay(&self, saved: impl AsRef<Path>) -> Result<Failure, HarnessError> {
+        run::replay(self, saved.as_ref())
+    }
+}

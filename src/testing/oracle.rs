@@ -1,0 +1,226 @@
+//! The pure parts of the oracles: comparing states up to volatile fields, and telling a write
+//! that overwrote a change its writer had not read.
+
+use std::collections::BTreeMap;
+
+use serde_json::{Map, Value};
+
+/// Fields the server sets, which differ between two runs that did the same thing: never
+/// compared. (`ownerReferences[*].uid` names a uid, which depends on creation order.)
+pub(crate) const SERVER_FIELDS: &[&str] = &[
+    "/metadata/resourceVersion",
+    "/metadata/uid",
+    "/metadata/creationTimestamp",
+    "/metadata/managedFields",
+    "/metadata/generation",
+    "/metadata/deletionTimestamp",
+    "/metadata/deletionGracePeriodSeconds",
+    "/metadata/ownerReferences/*/uid",
+];
+
+/// Removes the value at a JSON pointer in which `*` matches every element of an array (or
+/// every member of an object).
+pub(crate) fn remove_path(v: &mut Value, path: &str) {
+    let parts: Vec<String> = path
+        .split('/')
+        .skip(1)
+        .map(|p| p.replace("~1", "/").replace("~0", "~"))
+        .collect();
+    remove_parts(v, &parts);
+}
+
+fn remove_parts(v: &mut Value, parts: &[String]) {
+    let Some((first, rest)) = parts.split_first() else {
+        return;
+    };
+    if rest.is_empty() {
+        match v {
+            Value::Object(m) => {
+                if first == "*" {
+                    m.clear();
+                } else {
+                    m.remove(first);
+                }
+            }
+            Value::Array(a) if first == "*" => a.clear(),
+            Value::Array(a) => {
+                if let Ok(i) = first.parse::<usize>() {
+                    if i < a.len() {
+                        a.remove(i);
+                    }
+                }
+            }
+            _ => {}
+        }
+        return;
+    }
+    match v {
+        Value::Object(m) if first == "*" => m.values_mut().for_each(|c| remove_parts(c, rest)),
+        Value::Object(m) => {
+            if let Some(c) = m.get_mut(first) {
+                remove_parts(c, rest);
+            }
+        }
+        Value::Array(a) if first == "*" => a.iter_mut().for_each(|c| remove_parts(c, rest)),
+        Value::Array(a) => {
+            if let Some(c) = first.parse::<usize>().ok().and_then(|i| a.get_mut(i)) {
+                remove_parts(c, rest);
+            }
+        }
+        _ => {}
+    }
+}
+
+/// An object without the server's fields and the user's volatile ones.
+pub(crate) fn normalize(v: &Value, volatile: &[String]) -> Value {
+    let mut v = v.clone();
+    for p in SERVER_FIELDS {
+        remove_path(&mut v, p);
+    }
+    for p in volatile {
+        remove_path(&mut v, p);
+    }
+    v
+}
+
+/// The leaves of a JSON value by pointer (arrays are leaves: their elements have no identity
+/// to compare by).
+pub(crate) fn leaves(v: &Value) -> BTreeMap<String, Value> {
+    let mut out = BTreeMap::new();
+    walk(v, String::new(), &mut out);
+    out
+}
+
+fn walk(v: &Value, at: String, out: &mut BTreeMap<String, Value>) {
+    match v {
+        Value::Object(m) if !m.is_empty() => {
+            for (k, c) in m {
+                walk(c, format!("{at}/{}", k.replace('~', "~0").replace('/', "~1")), out);
+            }
+        }
+        _ => {
+            out.insert(at, v.clone());
+        }
+    }
+}
+
+/// The pointers whose values differ between `a` and `b`.
+pub(crate) fn differing(a: &Value, b: &Value) -> Vec<String> {
+    let (la, lb) = (leaves(a), leaves(b));
+    let mut out: Vec<String> = la
+        .iter()
+        .filter(|(k, v)| lb.get(*k) != Some(*v))
+        .map(|(k, _)| k.clone())
+        .collect();
+    out.extend(lb.keys().filter(|k| !la.contains_key(*k)).cloned());
+    out.sort();
+    out.dedup();
+    out
+}
+
+/// Fields a write may change without having read them: the server moves them on every write.
+fn server_moved(path: &str) -> bool {
+    path.starts_with("/metadata/resourceVersion")
+        || path.starts_with("/metadata/managedFields")
+        || path.starts_with("/metadata/generation")
+}
+
+/// A lost update: the fields that changed between what the writer had read (`read`) and what
+/// the server held before the write (`before`), which the write then changed again (`after`).
+/// Disjoint changes (a merge patch of other fields) are no loss, and neither is overwriting a
+/// value the writer itself wrote last (`own`: what its last write to the object left).
+pub(crate) fn lost_update(read: &Value, before: &Value, after: &Value, own: Option<&Value>) -> Vec<String> {
+    let (lb, la) = (leaves(before), leaves(after));
+    let lo = own.map(leaves).unwrap_or_default();
+    let changed_since_read = differing(read, before);
+    changed_since_read
+        .into_iter()
+        .filter(|p| !server_moved(p))
+        .filter(|p| own.is_none() || covered(&lo, p) != covered(&lb, p))
+        .filter(|p| covered(&lb, p) != covered(&la, p))
+        .collect()
+}
+
+/// The value at leaf pointer `p`, or `None`.
+fn covered(l: &BTreeMap<String, Value>, p: &str) -> Option<Value> {
+    l.get(p).cloned()
+}
+
+/// A JSON merge patch (RFC 7386) taking `old` to `new`.
+pub(crate) fn merge_diff(old: &Value, new: &Value) -> Option<Value> {
+    match (old, new) {
+        (Value::Object(o), Value::Object(n)) => {
+            let mut patch = Map::new();
+            for (k, nv) in n {
+                match o.get(k) {
+                    Some(ov) => {
+                        if let Some(d) = merge_diff(ov, nv) {
+                            patch.insert(k.clone(), d);
+                        }
+                    }
+                    None => {
+                        patch.insert(k.clone(), nv.clone());
+                    }
+                }
+            }
+            for k in o.keys() {
+                if !n.contains_key(k) {
+                    patch.insert(k.clone(), Value::Null);
+                }
+            }
+            (!patch.is_empty()).then_some(Value::Object(patch))
+        }
+        _ if old == new => None,
+        _ => Some(new.clone()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn normalize_drops_server_and_volatile_fields() {
+        let v = json!({"metadata": {"name": "a", "uid": "u", "resourceVersion": "5",
+            "ownerReferences": [{"name": "o", "uid": "x"}]}, "status": {"at": 1, "n": 2}});
+        let n = normalize(&v, &["/status/at".to_string()]);
+        assert_eq!(
+            n,
+            json!({"metadata": {"name": "a", "ownerReferences": [{"name": "o"}]}, "status": {"n": 2}})
+        );
+    }
+
+    #[test]
+    fn a_write_over_an_unread_change_is_a_lost_update() {
+        let read = json!({"status": {"a": 1, "b": 1}});
+        let before = json!({"status": {"a": 1, "b": 2}});
+        // The writer puts back b=1: it overwrote b=2, which it never read.
+        let after = json!({"status": {"a": 3, "b": 1}});
+        assert_eq!(lost_update(&read, &before, &after, None), vec!["/status/b".to_string()]);
+        // b=2 was the writer's own: overwriting it loses nobody's change.
+        assert!(lost_update(&read, &before, &after, Some(&before)).is_empty());
+        // Putting back what it read (b absent) over b=2 loses b=2 too.
+        let after = json!({"status": {"a": 3}});
+        assert_eq!(
+            lost_update(&json!({"status": {"a": 1}}), &before, &after, None),
+            vec!["/status/b".to_string()]
+        );
+        // A patch of `a` alone keeps b=2: no loss.
+        let after = json!({"status": {"a": 3, "b": 2}});
+        assert!(lost_update(&read, &before, &after, None).is_empty());
+        // Having read b=2, writing b=5 loses nothing.
+        assert!(lost_update(&before, &before, &json!({"status": {"a": 1, "b": 5}}), None).is_empty());
+    }
+
+    #[test]
+    fn merge_diff_round_trips() {
+        let old = json!({"spec": {"a": 1, "b": [1], "c": {"d": 1}}, "x": 1});
+        let new = json!({"spec": {"a": 2, "b": [1, 2]}, "y": 2});
+        let p = merge_diff(&old, &new).expect("differs");
+        let mut out = old.clone();
+        json_patch::merge(&mut out, &p);
+        assert_eq!(out, new);
+        assert_eq!(merge_diff(&new, &new), None);
+    }
+}

@@ -1,0 +1,1218 @@
+//! One schedule, start to end: the server, the world's changes, the informers, the queue, the
+//! controller's lifetimes, the faults and the oracles; and the check loop around it
+//! (baseline, sampling, shrinking, saving, replay).
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::fmt;
+use std::panic::AssertUnwindSafe;
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::FutureExt;
+use kube::runtime::controller::Action;
+use kube::runtime::reflector::{ObjectRef, Store};
+use kube::Resource;
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use serde::de::DeserializeOwned;
+use serde_json::{json, Value};
+use tokio::time::Instant;
+
+use super::client::{check_invariants, key_of_value, lock, object_key, rv_of, InProcess, RunShared};
+use super::oracle::{differing, merge_diff, normalize};
+use super::recording::{merge, Change, WorldEvent};
+use super::schedule::{sample, save, Extent, Saved};
+use super::{
+    Env, Failure, Fault, Feed, Harness, HarnessError, Oracle, Recording, Report, Restart, Schedule, WatchSpec, World,
+};
+use crate::sim::{HistoryEvent, Sim, SimConfig};
+
+/// Virtual time per step: requeue timers interleave with the recorded changes.
+const STEP: Duration = Duration::from_millis(10);
+/// A reconcile still running after this much virtual time is stuck.
+const RECONCILE_TIMEOUT: Duration = Duration::from_secs(600);
+/// The simulated clock's start (unix seconds): 2026-01-01T00:00:00Z.
+const CLOCK_BASE: u64 = 1_767_225_600;
+/// Lines of the trace a failure shows.
+const TAIL: usize = 40;
+
+/// What one schedule did.
+pub(crate) struct Outcome {
+    pub trace: String,
+    pub failure: Option<Failure>,
+    pub end: BTreeMap<String, Value>,
+    pub steps: u64,
+    pub writes: u64,
+    pub reconciles: u64,
+    pub revisions: u64,
+}
+
+/// A primary object's key.
+type Key = (Option<String>, String);
+
+fn show(k: &Key) -> String {
+    match &k.0 {
+        Some(ns) => format!("{ns}/{}", k.1),
+        None => k.1.clone(),
+    }
+}
+
+/// One informer: its cache (typed, for the controller), what its database holds, and where
+/// its watch is.
+struct Informer {
+    spec: WatchSpec,
+    feed: Box<dyn Feed>,
+    /// The revision delivered up to.
+    cursor: u64,
+    /// The persisted cache: what a restart from the database starts with.
+    db: BTreeMap<String, Arc<Value>>,
+    /// No deliveries before this step.
+    delayed_until: u64,
+    /// The revisions of the last events delivered (for duplicates).
+    recent: VecDeque<u64>,
+    /// The next event, once looked up (the history only grows).
+    next: Option<HistoryEvent>,
+    /// The server revision at which there was no next event.
+    none_at: Option<u64>,
+}
+
+/// One lifetime of the controller process.
+struct Lifetime<K: Resource<DynamicType = ()> + Clone + 'static, Ctx> {
+    /// `None` before the first start.
+    ctx: Option<Arc<Ctx>>,
+    primary: Store<K>,
+    queue: VecDeque<Key>,
+    timers: BTreeMap<(Instant, u64), Key>,
+    /// Reconciles of each object since a change from the world.
+    counts: HashMap<Key, u32>,
+}
+
+enum Guarded<T> {
+    Done(T),
+    Crashed,
+    Panicked(String),
+    TimedOut,
+}
+
+fn panic_message(p: &(dyn std::any::Any + Send)) -> String {
+    p.downcast_ref::<&str>()
+        .map(|s| (*s).to_string())
+        .or_else(|| p.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "(non-string panic)".into())
+}
+
+/// Parses the requeue delay out of kube's `Action`, which keeps it private (its `Debug` is
+/// `Action { requeue_after: Some(5s) }`).
+fn requeue_after(a: &Action) -> Option<Duration> {
+    if *a == Action::await_change() {
+        return None;
+    }
+    let dbg = format!("{a:?}");
+    let inner = dbg.split("Some(").nth(1)?.split(')').next()?;
+    let (num, unit) = inner
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .map(|i| inner.split_at(i))?;
+    let n: f64 = num.parse().ok()?;
+    let secs = match unit {
+        "s" => n,
+        "ms" => n / 1e3,
+        "µs" | "us" => n / 1e6,
+        "ns" => n / 1e9,
+        _ => return None,
+    };
+    Some(Duration::from_secs_f64(secs))
+}
+
+/// An object with the fields only the server sets removed (what the world "sends").
+fn world_body(v: &Value) -> Value {
+    let mut v = v.clone();
+    if let Some(m) = v.get_mut("metadata").and_then(Value::as_object_mut) {
+        for k in [
+            "resourceVersion",
+            "uid",
+            "creationTimestamp",
+            "managedFields",
+            "generation",
+            "deletionTimestamp",
+            "deletionGracePeriodSeconds",
+            "selfLink",
+        ] {
+            m.remove(k);
+        }
+    }
+    v
+}
+
+/// `plural` or `plural.group` of an owner reference's kind.
+fn owner_resource(o: &Value) -> Option<String> {
+    let kind = o.get("kind")?.as_str()?;
+    let api_version = o.get("apiVersion")?.as_str()?;
+    let plural = crate::replay::plural_of(kind);
+    Some(match api_version.split_once('/') {
+        Some((g, _)) => format!("{plural}.{g}"),
+        None => plural,
+    })
+}
+
+struct Run<'h, K: Resource<DynamicType = ()> + Clone + 'static, Ctx, E> {
+    h: &'h Harness<K, Ctx, E>,
+    sim: Arc<Sim>,
+    shared: Arc<Mutex<RunShared>>,
+    rng: ChaCha8Rng,
+    world: VecDeque<WorldEvent>,
+    /// The recorded previous version of each object (changes are applied as its diff).
+    world_prev: HashMap<String, Arc<Value>>,
+    informers: Vec<Informer>,
+    life: Lifetime<K, Ctx>,
+    step: u64,
+    faults: Vec<Fault>,
+    start: Instant,
+    /// The revision after the initial state was loaded (time travel goes no further back).
+    start_rv: u64,
+    last_world: Instant,
+    reconciles: u64,
+    /// Resources compared at the end.
+    compared: BTreeSet<String>,
+    /// The revision up to which the collector looked.
+    gc_seen: u64,
+    seq: u64,
+}
+
+impl<'h, K, Ctx, E> Run<'h, K, Ctx, E>
+where
+    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + fmt::Debug + Send + Sync + 'static,
+    K::Scope: 'static,
+    Ctx: Send + Sync + 'static,
+    E: fmt::Display + Send + 'static,
+{
+    fn new(h: &'h Harness<K, Ctx, E>, recordings: &[Recording], schedule: &Schedule) -> Result<Self, HarnessError> {
+        let sim = Sim::in_process(
+            SimConfig::default()
+                .history_max_events(usize::MAX)
+                .history_max_age(Duration::from_secs(100 * 365 * 86_400)),
+        )?;
+        sim.set_clock(CLOCK_BASE);
+        let known: BTreeSet<String> = h.watches.iter().map(|w| w.resource.clone()).collect();
+        for def in &h.resources {
+            sim.register_crd(def.clone());
+        }
+        for w in &h.watches {
+            if !sim.knows(&w.resource) {
+                sim.register_crd(w.def.clone());
+            }
+        }
+        let sim = Arc::new(sim);
+        let shared = Arc::new(Mutex::new(RunShared::new(
+            Arc::new(h.invariants.clone()),
+            h.lost_updates,
+        )));
+        let (initial, events) = merge(recordings);
+        let mut world_prev = HashMap::new();
+        let mut compared = known;
+        for ev in &initial {
+            compared.insert(ev.resource.clone());
+            let ns = ev.object.pointer("/metadata/namespace").and_then(Value::as_str);
+            sim.create(&ev.resource, ns, world_body(&ev.object))
+                .map_err(|e| HarnessError::Recording(format!("{}: the initial object is refused: {e}", ev.origin)))?;
+            world_prev.insert(key_of_value(&ev.resource, &ev.object), ev.object.clone());
+        }
+        for ev in &events {
+            compared.insert(ev.resource.clone());
+        }
+        let start_rv = sim.current_rv();
+        let informers = h
+            .watches
+            .iter()
+            .map(|spec| {
+                let (feed, _, _) = (spec.make)();
+                Informer {
+                    spec: spec.clone(),
+                    feed,
+                    cursor: start_rv,
+                    db: BTreeMap::new(),
+                    delayed_until: 0,
+                    recent: VecDeque::new(),
+                    next: None,
+                    none_at: None,
+                }
+            })
+            .collect();
+        let life = Lifetime {
+            ctx: None,
+            primary: kube::runtime::reflector::store::Writer::<K>::default().as_reader(),
+            queue: VecDeque::new(),
+            timers: BTreeMap::new(),
+            counts: HashMap::new(),
+        };
+        let now = Instant::now();
+        Ok(Run {
+            h,
+            sim,
+            shared,
+            rng: ChaCha8Rng::seed_from_u64(schedule.seed),
+            world: events.into(),
+            world_prev,
+            informers,
+            life,
+            step: 0,
+            faults: schedule.faults.clone(),
+            start: now,
+            start_rv,
+            last_world: now,
+            reconciles: 0,
+            compared,
+            gc_seen: start_rv,
+            seq: 0,
+        })
+    }
+
+    /// A fresh client and fresh typed caches; `feeds` receives the caches' feeds in
+    /// informer order (empty when only the environment is wanted).
+    fn env(
+        h: &Harness<K, Ctx, E>,
+        sim: &Arc<Sim>,
+        shared: &Arc<Mutex<RunShared>>,
+        feeds: &mut Vec<Box<dyn Feed>>,
+    ) -> (Env, Store<K>) {
+        let client = kube::Client::new(
+            InProcess {
+                sim: sim.clone(),
+                shared: shared.clone(),
+            },
+            "default",
+        );
+        let mut stores = HashMap::new();
+        for spec in &h.watches {
+            let (feed, id, store) = (spec.make)();
+            feeds.push(feed);
+            stores.entry(id).or_insert(store);
+        }
+        let primary = stores
+            .get(&std::any::TypeId::of::<K>())
+            .and_then(|s| s.downcast_ref::<Store<K>>())
+            .cloned()
+            .unwrap_or_else(|| kube::runtime::reflector::store::Writer::<K>::default().as_reader());
+        (Env { client, stores }, primary)
+    }
+
+    fn trace(&self, line: String) {
+        let ms = (Instant::now() - self.start).as_millis();
+        lock(&self.shared)
+            .trace
+            .push(format!("[{:>5} {ms:>8}ms] {line}", self.step));
+    }
+
+    fn failed(&self) -> bool {
+        lock(&self.shared).failure.is_some()
+    }
+
+    fn fail(&self, oracle: Oracle, detail: String) {
+        lock(&self.shared).fail(oracle, detail);
+    }
+
+    /// Starts a controller lifetime: informers as `restart` says, a new context, every
+    /// primary object queued (as kube's controller does on start).
+    fn start_lifetime(&mut self, restart: Restart) {
+        let current = self.sim.current_rv();
+        {
+            let mut sh = lock(&self.shared);
+            sh.read.clear();
+            sh.crashed = false;
+        }
+        let mut feeds = Vec::new();
+        let (env, primary) = Self::env(self.h, &self.sim, &self.shared, &mut feeds);
+        let view = match restart {
+            Restart::FromDatabase => None,
+            Restart::Empty => Some(current),
+            Restart::TimeTravel { behind } => Some(current.saturating_sub(behind).max(self.start_rv)),
+        };
+        for (inf, feed) in self.informers.iter_mut().zip(feeds) {
+            inf.feed = feed;
+            inf.delayed_until = 0;
+            inf.recent.clear();
+            if let Some(rv) = view {
+                let objects = match self.sim.objects_at(&inf.spec.resource, rv) {
+                    Ok(o) => o,
+                    Err(e) => {
+                        lock(&self.shared).fail(Oracle::Harness, format!("listing {}: {e}", inf.spec.resource));
+                        Vec::new()
+                    }
+                };
+                inf.db = objects
+                    .into_iter()
+                    .map(|o| (key_of_value(&inf.spec.resource, &o), Arc::new(o)))
+                    .collect();
+                inf.cursor = rv;
+                inf.next = None;
+                inf.none_at = None;
+            }
+            let objects: Vec<Arc<Value>> = inf.db.values().cloned().collect();
+            if let Err(e) = inf.feed.reset(&objects) {
+                lock(&self.shared).fail(Oracle::Harness, e);
+            }
+            let mut sh = lock(&self.shared);
+            for (k, o) in &inf.db {
+                sh.saw(k.clone(), o.clone());
+            }
+        }
+        self.life = Lifetime {
+            ctx: Some(Arc::new((self.h.context)(&env))),
+            primary,
+            queue: VecDeque::new(),
+            timers: BTreeMap::new(),
+            counts: HashMap::new(),
+        };
+        let keys: Vec<Key> = self.informers[0]
+            .db
+            .values()
+            .flat_map(|o| (self.informers[0].spec.map)(o))
+            .collect();
+        for k in keys {
+            self.enqueue(k, true);
+        }
+        let cursors: Vec<String> = self.informers.iter().map(|i| i.cursor.to_string()).collect();
+        self.trace(format!(
+            "start {restart:?}: informers at rv {}, {} queued",
+            cursors.join(","),
+            self.life.queue.len()
+        ));
+    }
+
+    fn enqueue(&mut self, k: Key, from_world: bool) {
+        if from_world {
+            self.life.counts.insert(k.clone(), 0);
+        }
+        if !self.life.queue.contains(&k) {
+            self.life.queue.push_back(k);
+        }
+    }
+
+    /// The next event of informer `i`, if any.
+    fn peek(&mut self, i: usize) -> Option<&HistoryEvent> {
+        let rv = self.sim.current_rv();
+        let inf = &mut self.informers[i];
+        if inf.next.is_none() && inf.none_at != Some(rv) {
+            match self.sim.events_after(&inf.spec.resource, inf.cursor, 1) {
+                Ok(mut v) => inf.next = v.pop(),
+                Err(e) => {
+                    lock(&self.shared).fail(Oracle::Harness, format!("watching {}: {e}", inf.spec.resource));
+                }
+            }
+            if inf.next.is_none() {
+                inf.none_at = Some(rv);
+            }
+        }
+        self.informers[i].next.as_ref()
+    }
+
+    fn apply_fault(&mut self, f: Fault) {
+        self.trace(format!("FAULT {f}"));
+        match f {
+            Fault::Crash { restart, .. } => self.start_lifetime(restart),
+            Fault::CrashAfterWrite { .. } => {}
+            Fault::Delay { informer, steps, .. } => {
+                if let Some(inf) = self.informers.get_mut(informer) {
+                    inf.delayed_until = self.step + steps;
+                }
+            }
+            Fault::Relist { informer, .. } => {
+                if informer < self.informers.len() {
+                    self.relist(informer);
+                }
+            }
+            Fault::Duplicate { informer, events, .. } => {
+                if let Some(inf) = self.informers.get_mut(informer) {
+                    let n = usize::try_from(events).unwrap_or(usize::MAX);
+                    let back = inf.recent.len().saturating_sub(n);
+                    if let Some(&rv) = inf.recent.get(back) {
+                        inf.cursor = rv - 1;
+                        inf.next = None;
+                        inf.none_at = None;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Informer `i`'s watch is gone and its history with it: list the current state.
+    fn relist(&mut self, i: usize) {
+        let rv = self.sim.current_rv();
+        let inf = &mut self.informers[i];
+        let objects = self.sim.objects_at(&inf.spec.resource, rv).unwrap_or_default();
+        inf.db = objects
+            .into_iter()
+            .map(|o| (key_of_value(&inf.spec.resource, &o), Arc::new(o)))
+            .collect();
+        inf.cursor = rv;
+        inf.next = None;
+        inf.none_at = None;
+        let objects: Vec<Arc<Value>> = inf.db.values().cloned().collect();
+        if let Err(e) = inf.feed.reset(&objects) {
+            lock(&self.shared).fail(Oracle::Harness, e);
+        }
+        let keys: Vec<Key> = objects.iter().flat_map(|o| (inf.spec.map)(o)).collect();
+        {
+            let mut sh = lock(&self.shared);
+            for (k, o) in &self.informers[i].db {
+                sh.saw(k.clone(), o.clone());
+            }
+        }
+        for k in keys {
+            self.enqueue(k, true);
+        }
+    }
+
+    /// Applies the next recorded change to the server.
+    fn release(&mut self) {
+        let Some(ev) = self.world.pop_front() else {
+            return;
+        };
+        self.last_world = Instant::now();
+        let key = key_of_value(&ev.resource, &ev.object);
+        let ns = ev.object.pointer("/metadata/namespace").and_then(Value::as_str);
+        let name = ev
+            .object
+            .pointer("/metadata/name")
+            .and_then(Value::as_str)
+            .unwrap_or("");
+        let res = &ev.resource;
+        let outcome = match ev.change {
+            Change::Added => {
+                let mut body = world_body(&ev.object);
+                self.fix_owner_uids(&mut body, ns);
+                self.sim.create(res, ns, body).map(|v| rv_of(&v).to_string())
+            }
+            Change::Modified => {
+                let prev = self.world_prev.get(&key).cloned();
+                let patch = match &prev {
+                    Some(p) => merge_diff(&world_body(p), &world_body(&ev.object)),
+                    None => Some(world_body(&ev.object)),
+                };
+                match patch {
+                    None => Ok("no change".to_string()),
+                    Some(mut p) => {
+                        let status = p.as_object_mut().and_then(|m| m.remove("status"));
+                        let mut out = Ok("no change".to_string());
+                        if p.as_object().is_some_and(|m| !m.is_empty()) {
+                            out = self.sim.patch(res, ns, name, &p).map(|v| rv_of(&v).to_string());
+                        }
+                        if let (Some(s), true) = (status, out.is_ok()) {
+                            out = self
+                                .sim
+                                .patch_status(res, ns, name, &json!({ "status": s }))
+                                .map(|v| rv_of(&v).to_string());
+                        }
+                        out
+                    }
+                }
+            }
+            Change::Deleted => self.sim.delete(res, ns, name).map(|v| rv_of(&v).to_string()),
+        };
+        self.world_prev.insert(key, ev.object.clone());
+        let what = format!(
+            "release {} {res} {}{name} ({})",
+            ev.change.as_str(),
+            ns.map(|n| format!("{n}/")).unwrap_or_default(),
+            ev.origin.rsplit('/').next().unwrap_or(&ev.origin)
+        );
+        match outcome {
+            Ok(rv) => self.trace(format!("{what} -> rv={rv}")),
+            Err(e) => self.trace(format!("{what} -> skipped: {e}")),
+        }
+    }
+
+    /// Points a recorded object's owner references at the simulated owners' uids.
+    fn fix_owner_uids(&self, body: &mut Value, ns: Option<&str>) {
+        let Some(refs) = body
+            .pointer_mut("/metadata/ownerReferences")
+            .and_then(Value::as_array_mut)
+        else {
+            return;
+        };
+        for r in refs {
+            let (Some(res), Some(name)) = (owner_resource(r), r.get("name").and_then(Value::as_str)) else {
+                continue;
+            };
+            let owner = self.sim.get(&res, ns, name).or_else(|_| self.sim.get(&res, None, name));
+            if let Some(uid) = owner.ok().and_then(|o| o.pointer("/metadata/uid").cloned()) {
+                r["uid"] = uid;
+            }
+        }
+    }
+
+    /// Objects whose owners are all gone (what the garbage collector deletes), in key order.
+    fn orphans(&mut self) -> Vec<(String, Option<String>, String)> {
+        let rv = self.sim.current_rv();
+        if !self.h.garbage_collector || rv == self.gc_seen {
+            return Vec::new();
+        }
+        let mut out = Vec::new();
+        for res in &self.compared {
+            for o in self.sim.objects_at(res, rv).unwrap_or_default() {
+                let Some(refs) = o.pointer("/metadata/ownerReferences").and_then(Value::as_array) else {
+                    continue;
+                };
+                let ns = o.pointer("/metadata/namespace").and_then(Value::as_str);
+                let alive = refs.iter().any(|r| {
+                    let (Some(ores), Some(name)) = (owner_resource(r), r.get("name").and_then(Value::as_str)) else {
+                        return true;
+                    };
+                    let owner = self
+                        .sim
+                        .get(&ores, ns, name)
+                        .or_else(|_| self.sim.get(&ores, None, name));
+                    match owner {
+                        Ok(ow) => ow.pointer("/metadata/uid") == r.get("uid") || r.get("uid").is_none(),
+                        Err(crate::sim::SimError::UnknownResource(_)) => true,
+                        Err(_) => false,
+                    }
+                });
+                let terminating = o.pointer("/metadata/deletionTimestamp").is_some();
+                if !alive && !terminating {
+                    let name = o.pointer("/metadata/name").and_then(Value::as_str).unwrap_or("");
+                    out.push((res.clone(), ns.map(str::to_owned), name.to_string()));
+                }
+            }
+        }
+        if out.is_empty() {
+            self.gc_seen = rv;
+        }
+        out
+    }
+
+    async fn guarded<T>(&self, fut: impl std::future::Future<Output = T>) -> Guarded<T> {
+        let notify = lock(&self.shared).crash_notify.clone();
+        let fut = AssertUnwindSafe(fut).catch_unwind();
+        tokio::select! {
+            biased;
+            () = notify.notified() => Guarded::Crashed,
+            r = tokio::time::timeout(RECONCILE_TIMEOUT, fut) => match r {
+                Ok(Ok(v)) => Guarded::Done(v),
+                Ok(Err(p)) => Guarded::Panicked(panic_message(&*p)),
+                Err(_) => Guarded::TimedOut,
+            },
+        }
+    }
+
+    /// Handles a crash inside a reconcile or handler: restart as the fault says.
+    fn crashed(&mut self) {
+        let n = lock(&self.shared).writes;
+        let restart = self
+            .faults
+            .iter()
+            .find_map(|f| match f {
+                Fault::CrashAfterWrite { write, restart } if *write == n => Some(*restart),
+                _ => None,
+            })
+            .unwrap_or(Restart::FromDatabase);
+        self.start_lifetime(restart);
+    }
+
+    async fn deliver(&mut self, i: usize) {
+        let Some(ev) = self.informers[i].next.take() else {
+            return;
+        };
+        let inf = &mut self.informers[i];
+        inf.cursor = ev.rv;
+        inf.recent.push_back(ev.rv);
+        if inf.recent.len() > 8 {
+            inf.recent.pop_front();
+        }
+        let deleted = ev.kind == "DELETED";
+        let key = key_of_value(&inf.spec.resource, &ev.object);
+        if let Err(e) = inf.feed.apply(deleted, &ev.object) {
+            lock(&self.shared).fail(Oracle::Harness, e);
+        }
+        if deleted {
+            inf.db.remove(&key);
+        } else {
+            inf.db.insert(key.clone(), ev.object.clone());
+        }
+        let targets = (inf.spec.map)(&ev.object);
+        let resource = inf.spec.resource.clone();
+        let from_world = {
+            let mut sh = lock(&self.shared);
+            sh.saw(key, ev.object.clone());
+            !sh.controller_rvs.contains(&ev.rv)
+        };
+        let name = ev
+            .object
+            .pointer("/metadata/name")
+            .and_then(Value::as_str)
+            .unwrap_or("");
+        let ns = ev.object.pointer("/metadata/namespace").and_then(Value::as_str);
+        self.trace(format!(
+            "deliver {i}:{resource} {} {}{name} rv={} -> {}",
+            ev.kind,
+            ns.map(|n| format!("{n}/")).unwrap_or_default(),
+            ev.rv,
+            targets.iter().map(show).collect::<Vec<_>>().join(",")
+        ));
+        for t in targets {
+            self.enqueue(t, from_world);
+        }
+        if deleted && i == 0 {
+            if let (Some(handler), Some(ctx), Ok(obj)) = (
+                self.h.on_delete.clone(),
+                self.life.ctx.clone(),
+                K::deserialize(&*ev.object),
+            ) {
+                let fut = handler(Arc::new(obj), ctx);
+                match self.guarded(fut).await {
+                    Guarded::Done(()) => {}
+                    Guarded::Crashed => self.crashed(),
+                    Guarded::Panicked(m) => self.fail(Oracle::Panic, format!("delete handler panicked: {m}")),
+                    Guarded::TimedOut => self.fail(Oracle::Stuck, "the delete handler did not finish".into()),
+                }
+            }
+        }
+    }
+
+    async fn reconcile(&mut self, qi: usize) {
+        let Some(key) = self.life.queue.remove(qi) else {
+            return;
+        };
+        let mut oref = ObjectRef::<K>::new(&key.1);
+        if let Some(ns) = &key.0 {
+            oref = oref.within(ns);
+        }
+        let Some(obj) = self.life.primary.get(&oref) else {
+            self.trace(format!("reconcile {}: not in the cache, skipped", show(&key)));
+            return;
+        };
+        self.reconciles += 1;
+        let count = {
+            let c = self.life.counts.entry(key.clone()).or_insert(0);
+            *c += 1;
+            *c
+        };
+        self.trace(format!(
+            "reconcile {} (rv={})",
+            show(&key),
+            obj.meta().resource_version.as_deref().unwrap_or("")
+        ));
+        if count > self.h.max_reconciles_per_trigger {
+            self.fail(
+                Oracle::HotLoop,
+                format!(
+                    "{} reconciled {count} times without a change from the world (limit {})",
+                    show(&key),
+                    self.h.max_reconciles_per_trigger
+                ),
+            );
+            return;
+        }
+        let Some(ctx) = self.life.ctx.clone() else {
+            return;
+        };
+        let fut = (self.h.reconcile)(obj.clone(), ctx.clone());
+        let action = match self.guarded(fut).await {
+            Guarded::Done(Ok(a)) => {
+                self.trace(format!("  -> ok, requeue {:?}", requeue_after(&a)));
+                a
+            }
+            Guarded::Done(Err(e)) => {
+                let policy = self.h.error_policy.clone();
+                match std::panic::catch_unwind(AssertUnwindSafe(|| policy(obj.clone(), &e, ctx))) {
+                    Ok(a) => {
+                        self.trace(format!("  -> error: {e}; requeue {:?}", requeue_after(&a)));
+                        a
+                    }
+                    Err(p) => {
+                        self.fail(Oracle::Panic, format!("error_policy panicked: {}", panic_message(&*p)));
+                        return;
+                    }
+                }
+            }
+            Guarded::Crashed => {
+                self.crashed();
+                return;
+            }
+            Guarded::Panicked(m) => {
+                self.fail(Oracle::Panic, format!("reconcile of {} panicked: {m}", show(&key)));
+                return;
+            }
+            Guarded::TimedOut => {
+                self.fail(Oracle::Stuck, format!("reconcile of {} did not finish", show(&key)));
+                return;
+            }
+        };
+        self.life.timers.retain(|_, k| *k != key);
+        if let Some(d) = requeue_after(&action) {
+            self.seq += 1;
+            self.life.timers.insert((Instant::now() + d, self.seq), key.clone());
+        }
+        let mut sh = lock(&self.shared);
+        check_invariants(&self.sim, &mut sh, &format!("reconcile of {}", show(&key)));
+    }
+
+    async fn collect_garbage(&mut self, victims: Vec<(String, Option<String>, String)>) {
+        for (res, ns, name) in victims {
+            let r = self.sim.delete(&res, ns.as_deref(), &name);
+            let ns_s = ns.map(|n| format!("{n}/")).unwrap_or_default();
+            match r {
+                Ok(v) => self.trace(format!("gc delete {res} {ns_s}{name} -> rv={}", rv_of(&v))),
+                Err(e) => self.trace(format!("gc delete {res} {ns_s}{name} -> {e}")),
+            }
+        }
+    }
+
+    async fn go(mut self, baseline: Option<&BTreeMap<String, Value>>) -> Outcome {
+        self.start_lifetime(Restart::Empty);
+        let budget = 10_000 + 100 * (self.world.len() as u64 + self.sim.current_rv());
+        loop {
+            if self.failed() {
+                break;
+            }
+            self.step += 1;
+            if self.step > budget {
+                self.fail(Oracle::Stuck, format!("the run did not settle within {budget} steps"));
+                break;
+            }
+            tokio::time::advance(STEP).await;
+            let secs = (Instant::now() - self.start).as_secs();
+            self.sim.set_clock(CLOCK_BASE + secs);
+            let due: Vec<Fault> = self
+                .faults
+                .iter()
+                .filter(|f| f.step() == Some(self.step))
+                .copied()
+                .collect();
+            for f in due {
+                self.apply_fault(f);
+            }
+            {
+                let mut sh = lock(&self.shared);
+                sh.crash_after_write = self.faults.iter().find_map(|f| match f {
+                    Fault::CrashAfterWrite { write, .. } if *write > sh.writes => Some(*write),
+                    _ => None,
+                });
+            }
+            let now = Instant::now();
+            while let Some((&(at, seq), _)) = self.life.timers.first_key_value() {
+                if at > now {
+                    break;
+                }
+                if let Some(k) = self.life.timers.remove(&(at, seq)) {
+                    self.trace(format!("requeue {} fires", show(&k)));
+                    self.enqueue(k, false);
+                }
+            }
+            // The choices: release a change, deliver an event, reconcile, collect garbage.
+            let mut deliverable = Vec::new();
+            for i in 0..self.informers.len() {
+                if self.informers[i].delayed_until <= self.step && self.peek(i).is_some() {
+                    deliverable.push(i);
+                }
+            }
+            let orphans = self.orphans();
+            let mut kinds: Vec<u8> = Vec::new();
+            if !self.world.is_empty() {
+                kinds.push(0);
+            }
+            if !deliverable.is_empty() {
+                kinds.push(1);
+            }
+            if !self.life.queue.is_empty() {
+                kinds.push(2);
+            }
+            if !orphans.is_empty() {
+                kinds.push(3);
+            }
+            if kinds.is_empty() {
+                if self.informers.iter().any(|i| i.delayed_until > self.step) {
+                    self.trace("idle: delays end".into());
+                    self.informers.iter_mut().for_each(|i| i.delayed_until = 0);
+                    continue;
+                }
+                let deadline = self.last_world + self.h.quiet;
+                match self.life.timers.first_key_value() {
+                    Some((&(at, _), _)) if at <= deadline => {
+                        let now = Instant::now();
+                        if at > now {
+                            tokio::time::advance(at - now).await;
+                        }
+                        continue;
+                    }
+                    _ => break,
+                }
+            }
+            match kinds[self.rng.random_range(0..kinds.len())] {
+                0 => self.release(),
+                1 => {
+                    let i = deliverable[self.rng.random_range(0..deliverable.len())];
+                    self.deliver(i).await;
+                }
+                2 => {
+                    let qi = self.rng.random_range(0..self.life.queue.len());
+                    self.reconcile(qi).await;
+                }
+                _ => self.collect_garbage(orphans).await,
+            }
+        }
+        self.finish(baseline)
+    }
+
+    fn end_state(&self) -> BTreeMap<String, Value> {
+        let rv = self.sim.current_rv();
+        let mut out = BTreeMap::new();
+        for res in &self.compared {
+            for o in self.sim.objects_at(res, rv).unwrap_or_default() {
+                out.insert(
+                    object_key(res, None, "") + &key_of_value("", &o),
+                    normalize(&o, &self.h.volatile),
+                );
+            }
+        }
+        out
+    }
+
+    fn finish(self, baseline: Option<&BTreeMap<String, Value>>) -> Outcome {
+        let end = self.end_state();
+        if !self.failed() {
+            let world = World { sim: &self.sim };
+            for inv in &self.h.eventually {
+                if let Err(e) = (inv.check)(&world) {
+                    self.fail(Oracle::Eventually, format!("{:?} broken at the end: {e}", inv.name));
+                    break;
+                }
+            }
+        }
+        if let (false, Some(base)) = (self.failed(), baseline) {
+            let mut diffs = Vec::new();
+            for k in base.keys().chain(end.keys()).collect::<BTreeSet<_>>() {
+                match (base.get(k), end.get(k)) {
+                    (Some(_), None) => diffs.push(format!("{k}: missing")),
+                    (None, Some(_)) => diffs.push(format!("{k}: extra")),
+                    (Some(a), Some(b)) if a != b => diffs.push(format!("{k}: {:?} differ", differing(a, b))),
+                    _ => {}
+                }
+            }
+            if !diffs.is_empty() {
+                let n = diffs.len();
+                diffs.truncate(5);
+                self.fail(
+                    Oracle::EndState,
+                    format!(
+                        "the end state differs from the fault-free run's in {n} objects: {}",
+                        diffs.join("; ")
+                    ),
+                );
+            }
+        }
+        self.trace(format!(
+            "end: {} steps, {} reconciles, rv {}",
+            self.step,
+            self.reconciles,
+            self.sim.current_rv()
+        ));
+        let mut sh = lock(&self.shared);
+        let mut trace = sh.trace.join("\n");
+        trace.push('\n');
+        let failure = sh.failure.take().map(|mut f| {
+            f.trace_tail = sh.trace.iter().rev().take(TAIL).rev().cloned().collect();
+            f
+        });
+        Outcome {
+            trace,
+            failure,
+            end,
+            steps: self.step,
+            writes: sh.writes,
+            reconciles: self.reconciles,
+            revisions: self.sim.current_rv().saturating_sub(self.start_rv),
+        }
+    }
+}
+
+/// Runs one schedule on a fresh current-thread runtime with a paused clock.
+pub(crate) fn run_with<K, Ctx, E>(
+    h: &Harness<K, Ctx, E>,
+    recordings: &[Recording],
+    schedule: &Schedule,
+    baseline: Option<&BTreeMap<String, Value>>,
+) -> Result<Outcome, HarnessError>
+where
+    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + fmt::Debug + Send + Sync + 'static,
+    K::Scope: 'static,
+    Ctx: Send + Sync + 'static,
+    E: fmt::Display + Send + 'static,
+{
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .start_paused(true)
+        .build()
+        .map_err(|e| HarnessError::Sim(crate::sim::SimError::Io(e)))?;
+    rt.block_on(async {
+        let mut out = Run::new(h, recordings, schedule)?.go(baseline).await;
+        if let Some(f) = &mut out.failure {
+            f.schedule = schedule.clone();
+            f.faults_before_shrinking = schedule.faults.len();
+        }
+        Ok(out)
+    })
+}
+
+pub(crate) fn run_schedule<K, Ctx, E>(h: &Harness<K, Ctx, E>, schedule: &Schedule) -> Result<Outcome, HarnessError>
+where
+    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + fmt::Debug + Send + Sync + 'static,
+    K::Scope: 'static,
+    Ctx: Send + Sync + 'static,
+    E: fmt::Display + Send + 'static,
+{
+    let base = if schedule.faults.is_empty() {
+        None
+    } else {
+        Some(
+            run_with(
+                h,
+                &h.recordings,
+                &Schedule {
+                    seed: 0,
+                    faults: Vec::new(),
+                },
+                None,
+            )?
+            .end,
+        )
+    };
+    run_with(h, &h.recordings, schedule, base.as_ref())
+}
+
+/// Removes faults one at a time while the schedule still fails the same oracle.
+fn shrink<K, Ctx, E>(
+    h: &Harness<K, Ctx, E>,
+    recordings: &[Recording],
+    failing: Schedule,
+    out: Outcome,
+    base: &BTreeMap<String, Value>,
+) -> Result<(Schedule, Outcome), HarnessError>
+where
+    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + fmt::Debug + Send + Sync + 'static,
+    K::Scope: 'static,
+    Ctx: Send + Sync + 'static,
+    E: fmt::Display + Send + 'static,
+{
+    let oracle = out.failure.as_ref().map(|f| f.oracle);
+    let (mut cur, mut cur_out) = (failing, out);
+    loop {
+        let mut smaller = None;
+        for i in 0..cur.faults.len() {
+            let mut cand = cur.clone();
+            cand.faults.remove(i);
+            let o = run_with(h, recordings, &cand, Some(base))?;
+            if o.failure.as_ref().map(|f| f.oracle) == oracle {
+                smaller = Some((cand, o));
+                break;
+            }
+        }
+        match smaller {
+            Some((s, o)) => (cur, cur_out) = (s, o),
+            None => return Ok((cur, cur_out)),
+        }
+    }
+}
+
+fn save_dir<K, Ctx, E>(h: &Harness<K, Ctx, E>, seed: u64) -> std::path::PathBuf {
+    let root = h
+        .save_dir
+        .clone()
+        .or_else(|| std::env::var_os("DURABLE_INFORMER_TESTING_DIR").map(Into::into))
+        .unwrap_or_else(|| "target/controller-testing".into());
+    root.join(format!("{}-seed{seed}", h.name))
+}
+
+pub(crate) fn check<K, Ctx, E>(h: &Harness<K, Ctx, E>, schedules: u64) -> Result<Report, HarnessError>
+where
+    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + fmt::Debug + Send + Sync + 'static,
+    K::Scope: 'static,
+    Ctx: Send + Sync + 'static,
+    E: fmt::Display + Send + 'static,
+{
+    let recordings = &h.recordings;
+    let base = run_with(
+        h,
+        recordings,
+        &Schedule {
+            seed: 0,
+            faults: Vec::new(),
+        },
+        None,
+    )?;
+    let mut report = Report {
+        schedules: 1,
+        faults: 0,
+        steps: base.steps,
+        reconciles: base.reconciles,
+        baseline_trace: base.trace.clone(),
+    };
+    if base.failure.is_some() {
+        return Err(finish_failure(
+            h,
+            Schedule {
+                seed: 0,
+                faults: Vec::new(),
+            },
+            base,
+            0,
+        ));
+    }
+    let extent = Extent {
+        steps: base.steps,
+        writes: base.writes,
+        informers: h.watches.len(),
+        revisions: base.revisions,
+    };
+    for i in 0..schedules {
+        let schedule = sample(h.first_seed + i, h.kinds, h.max_faults, extent);
+        let out = run_with(h, recordings, &schedule, Some(&base.end))?;
+        report.schedules += 1;
+        report.faults += schedule.faults.len() as u64;
+        report.steps += out.steps;
+        report.reconciles += out.reconciles;
+        if out.failure.is_some() {
+            let before = schedule.faults.len();
+            let (small, small_out) = shrink(h, recordings, schedule, out, &base.end)?;
+            let mut err = finish_failure(h, small, small_out, report.schedules);
+            if let HarnessError::Failed(f) = &mut err {
+                f.faults_before_shrinking = before;
+            }
+            return Err(err);
+        }
+    }
+    Ok(report)
+}
+
+/// Writes a failure out and wraps it.
+fn finish_failure<K, Ctx, E>(h: &Harness<K, Ctx, E>, schedule: Schedule, out: Outcome, run: u64) -> HarnessError {
+    let Some(mut failure) = out.failure else {
+        return HarnessError::Recording("internal: a failure without a failure".into());
+    };
+    failure.schedule = schedule.clone();
+    failure.schedules_run = run;
+    let dir = save_dir(h, schedule.seed);
+    let files: Vec<&Path> = h
+        .recordings
+        .iter()
+        .flat_map(|r| r.files.iter().map(std::path::PathBuf::as_path))
+        .collect();
+    let saved = Saved {
+        schedule,
+        oracle: failure.oracle.as_str().to_string(),
+        detail: failure.detail.clone(),
+        recordings: files
+            .iter()
+            .enumerate()
+            .map(|(i, p)| {
+                format!(
+                    "recording-{i}/{}",
+                    p.file_name()
+                        .map(|n| n.to_string_lossy().into_owned())
+                        .unwrap_or_default()
+                )
+            })
+            .collect(),
+    };
+    match save(&dir, &saved, &out.trace, &files) {
+        Ok(()) => failure.saved = Some(dir),
+        Err(e) => failure
+            .detail
+            .push_str(&format!(" (could not save to {}: {e})", dir.display())),
+    }
+    HarnessError::Failed(Box::new(failure))
+}
+
+pub(crate) fn replay<K, Ctx, E>(h: &Harness<K, Ctx, E>, path: &Path) -> Result<Failure, HarnessError>
+where
+    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + fmt::Debug + Send + Sync + 'static,
+    K::Scope: 'static,
+    Ctx: Send + Sync + 'static,
+    E: fmt::Display + Send + 'static,
+{
+    let dir = if path.is_dir() {
+        path.to_owned()
+    } else {
+        path.parent().unwrap_or(Path::new(".")).to_owned()
+    };
+    let bad = |p: &Path, d: String| HarnessError::Saved {
+        path: p.to_owned(),
+        detail: d,
+    };
+    let sched_path = dir.join("schedule.json");
+    let text = std::fs::read_to_string(&sched_path).map_err(|e| bad(&sched_path, e.to_string()))?;
+    let saved: Saved = serde_json::from_str(&text).map_err(|e| bad(&sched_path, e.to_string()))?;
+    let trace_path = dir.join("trace.txt");
+    let want = std::fs::read_to_string(&trace_path).map_err(|e| bad(&trace_path, e.to_string()))?;
+    let originals: Vec<&Recording> = h.recordings.iter().collect();
+    let mut recordings = Vec::new();
+    for (i, name) in saved.recordings.iter().enumerate() {
+        let p = dir.join(name);
+        let rec = match originals.get(i) {
+            Some(o) => Recording::open_as(&p, &o.resource)?,
+            None => Recording::open(&p)?,
+        };
+        recordings.push(rec);
+    }
+    let base = run_with(
+        h,
+        &recordings,
+        &Schedule {
+            seed: 0,
+            faults: Vec::new(),
+        },
+        None,
+    )?;
+    let out = run_with(h, &recordings, &saved.schedule, Some(&base.end))?;
+    if out.trace != want {
+        let (line, saved_l, now_l) = want
+            .lines()
+            .zip(out.trace.lines())
+            .enumerate()
+            .find(|(_, (a, b))| a != b)
+            .map(|(i, (a, b))| (i + 1, a.to_string(), b.to_string()))
+            .unwrap_or_else(|| {
+                let n = want.lines().count().min(out.trace.lines().count());
+                (n + 1, "(end)".into(), "(end)".into())
+            });
+        return Err(HarnessError::Diverged {
+            path: trace_path,
+            line,
+            saved: saved_l,
+            now: now_l,
+        });
+    }
+    let want_oracle = Oracle::parse(&saved.oracle);
+    match out.failure {
+        Some(f) if Some(f.oracle) == want_oracle => Ok(f),
+        other => Err(bad(
+            &sched_path,
+            format!(
+                "the saved schedule failed {:?} before; now: {}",
+                saved.oracle,
+                other.map_or_else(|| "passes".to_string(), |f| f.oracle.as_str().to_string())
+            ),
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::requeue_after;
+    use kube::runtime::controller::Action;
+    use std::time::Duration;
+
+    #[test]
+    fn requeue_delays_are_read_back_from_actions() {
+        for d in [
+            Duration::from_secs(300),
+            Duration::from_millis(1500),
+            Duration::from_millis(5),
+            Duration::from_micros(7),
+        ] {
+            let got = requeue_after(&Action::requeue(d)).expect("a delay");
+            assert!(got.abs_diff(d) < Duration::from_micros(1), "{d:?} read as {got:?}");
+        }
+        assert_eq!(requeue_after(&Action::await_change()), None);
+    }
+}

@@ -1,0 +1,135 @@
+//! The controller test harness (`durable_informer::testing`) on the sample controller and its
+//! planted-bug variants (examples/testing_sample_controller.rs), over
+//! tests/data/recordings/foos.jsonl.
+
+#![allow(clippy::disallowed_names)] // `Foo` is the resource sample-controller is about
+
+#[path = "../examples/testing_sample_controller.rs"]
+#[allow(unreachable_pub)]
+mod sample;
+
+use durable_informer::testing::{Fault, HarnessError, Oracle, Restart, Schedule};
+use sample::{harness, Variant};
+
+const RECORDING: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/recordings/foos.jsonl");
+
+/// Schedules per check in CI; the ignored test runs 1,000.
+const CI_SCHEDULES: u64 = 100;
+
+fn faulty_schedule(seed: u64) -> Schedule {
+    Schedule {
+        seed,
+        faults: vec![
+            Fault::Delay {
+                at: 5,
+                informer: 1,
+                steps: 20,
+            },
+            Fault::Crash {
+                at: 30,
+                restart: Restart::FromDatabase,
+            },
+            Fault::Relist { at: 45, informer: 0 },
+            Fault::Duplicate {
+                at: 60,
+                informer: 1,
+                events: 2,
+            },
+            Fault::CrashAfterWrite {
+                write: 9,
+                restart: Restart::TimeTravel { behind: 6 },
+            },
+        ],
+    }
+}
+
+#[test]
+fn one_seed_gives_one_trace_100_times_out_of_100() {
+    let h = harness(Variant::Correct, RECORDING).expect("harness");
+    let (first, failure) = h.run(&faulty_schedule(7)).expect("run");
+    assert!(failure.is_none(), "{failure:?}");
+    for needle in [
+        "FAULT",
+        "reconcile",
+        "write #",
+        "release",
+        "deliver",
+        "CRASH after write #9",
+    ] {
+        assert!(first.contains(needle), "the trace has no {needle:?}:\n{first}");
+    }
+    for run in 1..100 {
+        let (again, _) = h.run(&faulty_schedule(7)).expect("run");
+        assert!(again == first, "run {run} gave another trace");
+    }
+    // Another seed interleaves differently: the trace is not a constant.
+    let (other, _) = h.run(&faulty_schedule(8)).expect("run");
+    assert_ne!(other, first);
+}
+
+#[test]
+fn the_correct_controller_passes_sampled_schedules() {
+    let report = harness(Variant::Correct, RECORDING)
+        .expect("harness")
+        .check(CI_SCHEDULES)
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(report.schedules, CI_SCHEDULES + 1);
+    assert!(report.faults >= CI_SCHEDULES, "{report}");
+}
+
+#[test]
+#[ignore = "long: 1,000 schedules (about a minute in release); CI runs the_correct_controller_passes_sampled_schedules"]
+fn the_correct_controller_passes_1000_schedules() {
+    let report = harness(Variant::Correct, RECORDING)
+        .expect("harness")
+        .check(1000)
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(report.schedules, 1001);
+}
+
+/// Checks `variant` with 200 schedules: it must fail one of `oracles`, shrunk to at most 3
+/// faults, and the saved failure must replay to the same trace.
+fn planted_bug_is_found(variant: Variant, oracles: &[Oracle]) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let h = harness(variant, RECORDING)
+        .expect("harness")
+        .save_to(dir.path(), variant.name());
+    let failure = match h.check(200) {
+        Err(HarnessError::Failed(f)) => f,
+        Err(e) => panic!("{}: harness error {e}", variant.name()),
+        Ok(report) => panic!("{}: the planted bug was not found: {report}", variant.name()),
+    };
+    eprintln!("{}: {failure}", variant.name());
+    assert!(
+        oracles.contains(&failure.oracle),
+        "{}: failed {:?}, expected one of {oracles:?}: {failure}",
+        variant.name(),
+        failure.oracle
+    );
+    assert!(failure.schedule.faults.len() <= 3, "{failure}");
+    assert!(failure.schedule.faults.len() <= failure.faults_before_shrinking);
+    let saved = failure.saved.clone().expect("saved");
+    let again = h.replay(&saved).unwrap_or_else(|e| panic!("replay: {e}"));
+    assert_eq!(again.oracle, failure.oracle);
+    assert_eq!(again.detail, failure.detail);
+}
+
+#[test]
+fn planted_bug_stale_cache_is_found() {
+    planted_bug_is_found(Variant::StaleCache, &[Oracle::Invariant]);
+}
+
+#[test]
+fn planted_bug_crash_create_is_found() {
+    planted_bug_is_found(Variant::CrashCreate, &[Oracle::Invariant]);
+}
+
+#[test]
+fn planted_bug_missed_delete_is_found() {
+    planted_bug_is_found(Variant::MissedDelete, &[Oracle::Eventually, Oracle::EndState]);
+}
+
+#[test]
+fn planted_bug_status_overwrite_is_found() {
+    planted_bug_is_found(Variant::StatusOverwrite, &[Oracle::LostUpdate]);
+}
