@@ -951,15 +951,20 @@ pub async fn ours_reads(sim: &Sim, n: usize, gets: usize, lists: usize, dir: &Pa
     let db =
         tokio::task::spawn_blocking(move || DurableStore::open(StoreConfig::new(p).object_cache_bytes(0))).await??;
     let source = KubeSource::typed::<Pod>(sim.client()?, &sim.url());
-    // Not started: its store answers from what the database holds.
+    // Resumed (a lister of an informer never started refuses to read), with nothing changed
+    // meanwhile: every read below is of an object the cache holds no JSON of.
     let informer = Informer::<Pod>::builder(&db, source)
         .indexer(Indexer::labels())
         .build()
         .await?;
+    informer.start();
+    tokio::time::timeout(TIMEOUT, informer.wait_for_sync()).await??;
     let lister = informer.lister();
     let (mut cold, _, _) = tokio::task::block_in_place(|| lister_reads(&lister, n, gets, lists))?;
     cold.decode_us = tokio::task::block_in_place(|| decode_alone(&informer.store(), n))?;
-    drop((lister, informer));
+    drop(lister);
+    informer.shutdown().await?;
+    drop(informer);
     tokio::task::spawn_blocking(move || db.close()).await??;
     Ok(Reads {
         get_us: hot.get_us,
