@@ -165,6 +165,22 @@ impl Stream {
         self.end.send_replace(end);
     }
 
+    /// Sends every reader back to redb: the stream no longer leads to the file's state (a
+    /// commit reported failed was found on disk when the writer reopened the file, and was
+    /// never published). Each reader's next read is [`StreamRead::Lagged`], so it subscribes
+    /// again and reloads; `head` is where the file stands.
+    pub(crate) fn invalidate(&self, head: Seq) {
+        let mut st = self.state.locked();
+        // One past the end: every reader, even one at the end, is behind the first item.
+        st.first = st.end() + 1;
+        st.entries.clear();
+        st.head = st.head.max(head);
+        let end = st.end();
+        self.published.store(end, std::sync::atomic::Ordering::Release);
+        drop(st);
+        self.end.send_replace(end);
+    }
+
     /// The position after the newest item (one atomic load).
     #[must_use]
     pub fn published(&self) -> u64 {
@@ -354,6 +370,26 @@ mod tests {
             s.push(change(i, "o"));
         }
         assert!(matches!(slow.read(10), StreamRead::Lagged));
+    }
+
+    #[test]
+    fn an_invalidated_stream_sends_every_reader_back_and_new_readers_read_on() {
+        let s = Stream::new(ScopeId(1), Seq(0));
+        let mut behind = s.reader();
+        s.push(change(1, "a"));
+        let mut at_end = s.reader();
+        s.invalidate(Seq(3));
+        assert!(matches!(behind.read(10), StreamRead::Lagged));
+        assert!(matches!(at_end.read(10), StreamRead::Lagged));
+        let mut fresh = s.reader();
+        s.push(change(4, "b"));
+        match fresh.read(10) {
+            StreamRead::Items(items, head) => {
+                assert_eq!(items.len(), 1);
+                assert_eq!(head, Some(Seq(4)));
+            }
+            StreamRead::Lagged => panic!("a reader subscribed after the invalidation lagged"),
+        }
     }
 
     #[tokio::test]

@@ -148,14 +148,24 @@ impl Publisher {
 
     /// Commits after `last` never reached the disk (a failed fsync, an I/O error): what was
     /// shown of them is taken back in every stream, and every position goes back to `last`.
+    ///
+    /// The file may also hold *more* than was shown: a commit whose fsync failed is reported
+    /// failed, yet redb may have written it whole. Nothing in the streams leads there, so every
+    /// reader is sent back to redb to reload.
     pub(super) fn lost(&self, last: Seq) {
         self.held.borrow_mut().clear();
         self.touched.borrow_mut().clear();
-        if *self.applied.borrow() > last {
+        let applied = *self.applied.borrow();
+        if applied > last {
             for stream in self.streams.borrow().values() {
                 stream.push(Item::Rollback { to: last });
             }
             self.take_back(last);
+        } else if applied < last {
+            for stream in self.streams.borrow().values() {
+                stream.invalidate(last);
+            }
+            self.applied.send_replace(last);
         }
         for tx in [&self.committed, &self.applied, &self.durable] {
             tx.send_if_modified(|seq| std::mem::replace(seq, last) != last);
