@@ -8,7 +8,7 @@
 #[allow(unreachable_pub)]
 mod sample;
 
-use durable_informer::testing::{Fault, HarnessError, Oracle, Restart, Schedule};
+use durable_informer::testing::{Fault, FaultKinds, HarnessError, Oracle, Restart, Schedule};
 use sample::{harness, Variant};
 
 const RECORDING: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/recordings/foos.jsonl");
@@ -78,7 +78,7 @@ fn the_correct_controller_passes_sampled_schedules() {
 }
 
 #[test]
-#[ignore = "long: 1,000 schedules (about a minute in release); CI runs the_correct_controller_passes_sampled_schedules"]
+#[ignore = "long: 1,000 schedules (90 s in a debug build); CI runs the_correct_controller_passes_sampled_schedules"]
 fn the_correct_controller_passes_1000_schedules() {
     let report = harness(Variant::Correct, RECORDING)
         .expect("harness")
@@ -132,4 +132,55 @@ fn planted_bug_missed_delete_is_found() {
 #[test]
 fn planted_bug_status_overwrite_is_found() {
     planted_bug_is_found(Variant::StatusOverwrite, &[Oracle::LostUpdate]);
+}
+
+#[test]
+fn the_correct_controller_survives_a_crash_at_every_boundary() {
+    let kinds = FaultKinds {
+        crash: true,
+        crash_after_write: true,
+        time_travel: false,
+        delay: false,
+        relist: false,
+        duplicate: false,
+    };
+    let report = harness(Variant::Correct, RECORDING)
+        .expect("harness")
+        .faults(kinds)
+        .check_every_boundary()
+        .unwrap_or_else(|e| panic!("{e}"));
+    // Two restarts before each step and after each write of the fault-free run (> 40 steps).
+    assert!(report.schedules > 2 * 40, "{report}");
+}
+
+#[test]
+#[ignore = "long: every fault kind at every boundary (about 600 schedules, a minute in debug); CI runs the crashes"]
+fn the_correct_controller_passes_a_fault_at_every_boundary() {
+    let report = harness(Variant::Correct, RECORDING)
+        .expect("harness")
+        .check_every_boundary()
+        .unwrap_or_else(|e| panic!("{e}"));
+    // Each step of the fault-free run gets 3 restarts and 3 faults per informer (2).
+    let per_step = 3 + 3 * 2;
+    assert!(report.schedules > per_step * 40, "{report}");
+}
+
+#[test]
+fn a_crash_between_create_and_status_is_found_at_its_boundary() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let h = harness(Variant::CrashCreate, RECORDING)
+        .expect("harness")
+        .save_to(dir.path(), "crash-create-boundaries");
+    match h.check_every_boundary() {
+        Err(HarnessError::Failed(f)) => {
+            assert_eq!(f.oracle, Oracle::Invariant, "{f}");
+            assert!(
+                matches!(f.schedule.faults.as_slice(), [Fault::CrashAfterWrite { .. }]),
+                "{f}"
+            );
+            let again = h.replay(f.saved.as_ref().expect("saved")).expect("replay");
+            assert_eq!(again.detail, f.detail);
+        }
+        other => panic!("not found: {other:?}"),
+    }
 }

@@ -99,6 +99,16 @@ impl Sim {
             .collect())
     }
 
+    /// Whether any object was created or deleted after revision `after` (the harness's garbage
+    /// collector looks again only then).
+    pub(crate) fn created_or_deleted_since(&self, after: u64) -> bool {
+        let st = self.shared.lock();
+        let i = st.history.partition_point(|e| e.rv <= after);
+        st.history
+            .range(i..)
+            .any(|e| matches!(e.kind.as_str(), "ADDED" | "DELETED"))
+    }
+
     /// The objects of `resource` at revision `rv` (the current state when `rv` is the current
     /// revision), in key order; 410 when the history no longer reaches back to `rv`.
     pub(crate) fn objects_at(&self, resource: &str, rv: u64) -> Result<Vec<Value>> {

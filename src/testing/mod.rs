@@ -540,8 +540,8 @@ where
         self
     }
 
-    /// Watches `T` and reconciles the `K` that controls each (its `ownerReferences` entry
-    /// with `controller: true`), as kube's `Controller::owns`.
+    /// Watches `T` and reconciles the `K`s that own each (its `ownerReferences` entries of
+    /// `K`'s kind), as kube's `Controller::owns`.
     #[must_use]
     pub fn owns<T>(mut self) -> Self
     where
@@ -559,8 +559,7 @@ where
                 .into_iter()
                 .flatten()
                 .filter(|o| {
-                    o.get("controller").and_then(Value::as_bool) == Some(true)
-                        && o.get("kind").and_then(Value::as_str) == Some(kind.as_str())
+                    o.get("kind").and_then(Value::as_str) == Some(kind.as_str())
                         && o.get("apiVersion").and_then(Value::as_str) == Some(api_version.as_str())
                 })
                 .filter_map(|o| o.get("name").and_then(Value::as_str))
@@ -710,6 +709,17 @@ where
     /// that still fail, written out, and returned as [`HarnessError::Failed`].
     pub fn check(&self, schedules: u64) -> Result<Report, HarnessError> {
         run::check(self, schedules)
+    }
+
+    /// The fault-free run (seed [`seed`](Self::seed)), then one schedule per event boundary
+    /// and fault kind: the same interleaving with one fault, after each of its writes (crash,
+    /// restart from the database or empty) and before each of its steps (crash and restart
+    /// from the database, from an empty one, 5 revisions behind; each informer delayed 10
+    /// steps, relisting, getting 2 events again). Only the kinds of
+    /// [`faults`](Self::faults) are injected. The first failure is written out and
+    /// returned as [`HarnessError::Failed`].
+    pub fn check_every_boundary(&self) -> Result<Report, HarnessError> {
+        run::check_every_boundary(self)
     }
 
     /// Runs a schedule saved by a failed check (the directory, or its `schedule.json`) and

@@ -547,6 +547,10 @@ where
         if !self.h.garbage_collector || rv == self.gc_seen {
             return Vec::new();
         }
+        if !self.sim.created_or_deleted_since(self.gc_seen) {
+            self.gc_seen = rv;
+            return Vec::new();
+        }
         let mut out = Vec::new();
         for res in &self.compared {
             for o in self.sim.objects_at(res, rv).unwrap_or_default() {
@@ -1056,6 +1060,7 @@ where
             },
             base,
             0,
+            0,
         ));
     }
     let extent = Extent {
@@ -1074,7 +1079,7 @@ where
         if out.failure.is_some() {
             let before = schedule.faults.len();
             let (small, small_out) = shrink(h, recordings, schedule, out, &base.end)?;
-            let mut err = finish_failure(h, small, small_out, report.schedules);
+            let mut err = finish_failure(h, small, small_out, report.schedules, 0);
             if let HarnessError::Failed(f) = &mut err {
                 f.faults_before_shrinking = before;
             }
@@ -1084,8 +1089,125 @@ where
     Ok(report)
 }
 
+/// The faults of [`Harness::check_every_boundary`]: each enabled kind, alone, at each step
+/// and after each write of the fault-free run.
+fn every_boundary(kinds: super::FaultKinds, extent: Extent) -> Vec<Fault> {
+    let mut out = Vec::new();
+    if kinds.crash_after_write {
+        for write in 1..=extent.writes {
+            for restart in [Restart::FromDatabase, Restart::Empty] {
+                out.push(Fault::CrashAfterWrite { write, restart });
+            }
+        }
+    }
+    for at in 1..=extent.steps {
+        if kinds.crash {
+            out.push(Fault::Crash {
+                at,
+                restart: Restart::FromDatabase,
+            });
+            out.push(Fault::Crash {
+                at,
+                restart: Restart::Empty,
+            });
+        }
+        if kinds.time_travel {
+            out.push(Fault::Crash {
+                at,
+                restart: Restart::TimeTravel { behind: 5 },
+            });
+        }
+        for informer in 0..extent.informers {
+            if kinds.delay {
+                out.push(Fault::Delay {
+                    at,
+                    informer,
+                    steps: 10,
+                });
+            }
+            if kinds.relist {
+                out.push(Fault::Relist { at, informer });
+            }
+            if kinds.duplicate {
+                out.push(Fault::Duplicate {
+                    at,
+                    informer,
+                    events: 2,
+                });
+            }
+        }
+    }
+    out
+}
+
+pub(crate) fn check_every_boundary<K, Ctx, E>(h: &Harness<K, Ctx, E>) -> Result<Report, HarnessError>
+where
+    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + fmt::Debug + Send + Sync + 'static,
+    K::Scope: 'static,
+    Ctx: Send + Sync + 'static,
+    E: fmt::Display + Send + 'static,
+{
+    let recordings = &h.recordings;
+    let seed = h.first_seed;
+    let base = run_with(
+        h,
+        recordings,
+        &Schedule {
+            seed,
+            faults: Vec::new(),
+        },
+        None,
+    )?;
+    let mut report = Report {
+        schedules: 1,
+        faults: 0,
+        steps: base.steps,
+        reconciles: base.reconciles,
+        baseline_trace: base.trace.clone(),
+    };
+    if base.failure.is_some() {
+        return Err(finish_failure(
+            h,
+            Schedule {
+                seed,
+                faults: Vec::new(),
+            },
+            base,
+            0,
+            seed,
+        ));
+    }
+    let extent = Extent {
+        steps: base.steps,
+        writes: base.writes,
+        informers: h.watches.len(),
+        revisions: base.revisions,
+    };
+    for fault in every_boundary(h.kinds, extent) {
+        let schedule = Schedule {
+            seed,
+            faults: vec![fault],
+        };
+        let out = run_with(h, recordings, &schedule, Some(&base.end))?;
+        report.schedules += 1;
+        report.faults += 1;
+        report.steps += out.steps;
+        report.reconciles += out.reconciles;
+        if out.failure.is_some() {
+            return Err(finish_failure(h, schedule, out, report.schedules, seed));
+        }
+    }
+    Ok(report)
+}
+
 /// Writes a failure out and wraps it.
-fn finish_failure<K, Ctx, E>(h: &Harness<K, Ctx, E>, schedule: Schedule, out: Outcome, run: u64) -> HarnessError {
+fn finish_failure<K, Ctx, E>(
+    h: &Harness<K, Ctx, E>,
+    schedule: Schedule,
+    out: Outcome,
+    run: u64,
+    baseline_seed: u64,
+) -> HarnessError {
     let Some(mut failure) = out.failure else {
         return HarnessError::Recording("internal: a failure without a failure".into());
     };
@@ -1099,6 +1221,7 @@ fn finish_failure<K, Ctx, E>(h: &Harness<K, Ctx, E>, schedule: Schedule, out: Ou
         .collect();
     let saved = Saved {
         schedule,
+        baseline_seed,
         oracle: failure.oracle.as_str().to_string(),
         detail: failure.detail.clone(),
         recordings: files

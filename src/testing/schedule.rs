@@ -245,6 +245,9 @@ pub(crate) fn sample(seed: u64, kinds: FaultKinds, max_faults: usize, extent: Ex
 #[derive(Debug, Serialize, Deserialize)]
 pub(crate) struct Saved {
     pub schedule: Schedule,
+    /// The seed of the fault-free run the end state was compared with.
+    #[serde(default)]
+    pub baseline_seed: u64,
     pub oracle: String,
     pub detail: String,
     /// The recordings' file names in the directory, in order.

@@ -1,0 +1,94 @@
+//! How fast the controller test harness runs: generates a recording of Foos with `EVENTS`
+//! changes (creates, scales, status messages from another party, deletes; seeded), then
+//! checks the sample controller (examples/testing_sample_controller.rs) with `SCHEDULES`
+//! sampled schedules and prints the rate. Build it in release for figures:
+//!
+//! ```text
+//! cargo run --release --features testing --example testing_speed -- 10000 200
+//! ```
+
+#![allow(missing_docs)] // an example
+#![allow(clippy::disallowed_names)] // `Foo` is the resource sample-controller is about
+
+#[path = "testing_sample_controller.rs"]
+#[allow(unreachable_pub, dead_code)]
+mod sample;
+
+use std::io::Write;
+use std::time::Instant;
+
+use rand::{Rng, SeedableRng};
+use serde_json::json;
+
+/// Writes a recording of `events` changes of Foos in namespace `default`.
+fn generate(path: &std::path::Path, events: usize, seed: u64) -> std::io::Result<()> {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let mut out = std::io::BufWriter::new(std::fs::File::create(path)?);
+    let mut rv = 1000u64;
+    let mut live: Vec<(String, i64, bool)> = Vec::new();
+    let mut next = 0;
+    let foo = |name: &str, replicas: i64, message: bool, rv: u64| {
+        let mut o = json!({"apiVersion": "samplecontroller.k8s.io/v1alpha1", "kind": "Foo",
+            "metadata": {"name": name, "namespace": "default", "resourceVersion": rv.to_string()},
+            "spec": {"deploymentName": name, "replicas": replicas}});
+        if message {
+            o["status"] = json!({"message": "audited"});
+        }
+        o
+    };
+    for _ in 0..20 {
+        rv += 1;
+        let name = format!("foo-{next}");
+        next += 1;
+        writeln!(out, "{}", json!({"type": "ADDED", "object": foo(&name, 1, false, rv)}))?;
+        live.push((name, 1, false));
+    }
+    for _ in 0..events {
+        rv += 1;
+        let pick = rng.random_range(0..10);
+        if live.is_empty() || pick < 3 {
+            let name = format!("foo-{next}");
+            next += 1;
+            writeln!(out, "{}", json!({"type": "ADDED", "object": foo(&name, 1, false, rv)}))?;
+            live.push((name, 1, false));
+        } else if pick < 7 {
+            let i = rng.random_range(0..live.len());
+            live[i].1 = rng.random_range(1..5);
+            let (n, r, m) = &live[i];
+            writeln!(out, "{}", json!({"type": "MODIFIED", "object": foo(n, *r, *m, rv)}))?;
+        } else if pick < 8 {
+            let i = rng.random_range(0..live.len());
+            live[i].2 = true;
+            let (n, r, m) = &live[i];
+            writeln!(out, "{}", json!({"type": "MODIFIED", "object": foo(n, *r, *m, rv)}))?;
+        } else {
+            let i = rng.random_range(0..live.len());
+            let (n, r, m) = live.swap_remove(i);
+            writeln!(out, "{}", json!({"type": "DELETED", "object": foo(&n, r, m, rv)}))?;
+        }
+    }
+    out.flush()
+}
+
+#[allow(clippy::print_stdout)]
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let mut args = std::env::args().skip(1);
+    let events: usize = args.next().map_or(Ok(10_000), |s| s.parse())?;
+    let schedules: u64 = args.next().map_or(Ok(200), |s| s.parse())?;
+    let dir = tempfile::tempdir()?;
+    let path = dir.path().join("foos.jsonl");
+    generate(&path, events, 42)?;
+    let h = sample::harness(sample::Variant::Correct, path.to_str().ok_or("path")?)?;
+    let start = Instant::now();
+    let result = h.check(schedules);
+    let secs = start.elapsed().as_secs_f64();
+    match result {
+        Ok(report) => println!(
+            "{events} events, {report}: {secs:.1} s, {:.2} schedules/s, {:.0} steps/s",
+            report.schedules as f64 / secs,
+            report.steps as f64 / secs
+        ),
+        Err(e) => println!("{events} events: {e}\n({secs:.1} s)"),
+    }
+    Ok(())
+}
