@@ -1011,3 +1011,105 @@ fn every_handler_replayed_equals_the_servers_list_after_faults() {
 fn every_handler_replayed_equals_the_servers_list_after_faults_long() {
     run(1000);
 }
+
+/// The same bug, directed: one watch batch whose fsync fails. Its commit is reported failed,
+/// yet the reopened file holds it; the reflector resumes after it, so nothing fetches it again,
+/// and the lister and a volatile handler never show it, while the store does.
+#[test]
+#[ignore = "bug: a commit whose fsync failed but that reopen finds durable never reaches the informer's cache or volatile handlers; see report"]
+fn bug_a_watch_batch_whose_fsync_failed_but_survived_is_missing_from_the_lister() {
+    let sim = Arc::new(Sim::start(SimConfig::default().bookmark_interval(Duration::from_millis(100))).expect("sim"));
+    let mut churner = Churner {
+        sim: sim.clone(),
+        rng: Rng(1),
+        next: 0,
+        live: Vec::new(),
+        history: Vec::new(),
+    };
+    for _ in 0..5 {
+        churner.create();
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let faults = Arc::new(Faults::default());
+    let db = DurableStore::open(faults::config(&dir.path().join("db.redb"), &faults).fsync_delay(None)).expect("open");
+    let rt = runtime();
+    let panics = Arc::new(Panics::default());
+    let handler = Recorder::new("volatile".to_owned(), &panics);
+    let informer = rt.block_on(async {
+        let source = KubeSource::typed::<ConfigMap>(sim.client().expect("client"), &sim.url());
+        let informer = Informer::<ConfigMap>::builder(&db, source)
+            .reflector_config(ReflectorConfig {
+                backoff: BackoffConfig {
+                    initial: Duration::from_millis(5),
+                    max: Duration::from_millis(40),
+                    ..BackoffConfig::default()
+                },
+                ..ReflectorConfig::default()
+            })
+            .build()
+            .await
+            .expect("build");
+        informer.add_event_handler(sync_handler(&handler), HandlerOptions::volatile());
+        informer.start();
+        informer.wait_for_sync().await.expect("synced");
+        informer
+    });
+    faults.fail_syncs.store(1, Ordering::SeqCst);
+    for _ in 0..3 {
+        churner.create();
+    }
+    let stored = || -> State {
+        informer
+            .store()
+            .list()
+            .map(|l| {
+                l.into_iter()
+                    .map(|o| (o.key.to_string(), o.meta.resource_version.to_string()))
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    let listed = || -> State {
+        informer
+            .lister()
+            .list(&Default::default())
+            .expect("list")
+            .iter()
+            .map(|c| (fold::key_of(c), fold::rv_of(c)))
+            .collect()
+    };
+    let server = {
+        let _guard = rt.enter();
+        rt.block_on(async {
+            let api: kube::Api<ConfigMap> = kube::Api::all(sim.client().expect("client"));
+            api.list(&Default::default())
+                .await
+                .expect("list")
+                .items
+                .iter()
+                .map(|c| (fold::key_of(c), fold::rv_of(c)))
+                .collect::<State>()
+        })
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while (stored() != server || listed() != server || handler.state() != server) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(
+        faults.injected.load(Ordering::SeqCst),
+        1,
+        "the fsync failure was injected"
+    );
+    assert_eq!(stored(), server, "the store caught up with the server");
+    assert_eq!(
+        fold::diff(&listed(), &server),
+        Vec::new(),
+        "the lister vs the server (and the store); issues: {:?}",
+        informer.errors()
+    );
+    assert_eq!(
+        fold::diff(&handler.state(), &server),
+        Vec::new(),
+        "the volatile handler, replayed, vs the server"
+    );
+}
