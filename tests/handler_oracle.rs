@@ -23,7 +23,7 @@
 //!   (synthetic adds from an on-disk snapshot).
 //!
 //! Store modes: fsync before acknowledging (`fsync_delay(None)`), deferred fsync (10 ms, and
-//! 150 ms for a wide window in which commits can be rolled back), and no fsync at all
+//! 150 ms and 1 s for wide windows in which commits can be rolled back or lost), and no fsync at all
 //! (`durable(false)`). `Durability::Relaxed` is not reachable from an informer (only replay
 //! sources commit relaxed), so it is not covered here. Kills are not scheduled with
 //! `durable(false)`: that mode documents that a crash loses acknowledged commits, which a
@@ -36,15 +36,21 @@
 //! handler's state lives as long as its informer: each restart starts it from nothing, and its
 //! synthetic adds.
 //!
-//! Failed fsyncs are in the mix (`DI_ORACLE_FSYNC=0` leaves them out). They found the one bug
-//! of this harness: a commit whose fsync failed may turn out durable when the writer reopens the
-//! file, and the informer's cache never showed it (the test with the schedule that found it is
-//! below; the writer now sends every stream reader back to redb in that case).
+//! Kept out of the mix, each for a bug the oracle found (ignored `bug_…` tests below, failing):
+//! * failed fsyncs (`DI_ORACLE_FSYNC=1` puts them back): a commit whose fsync failed may turn
+//!   out durable when the writer reopens the file, and the informer's cache never shows it;
+//! * faults while a reflector starts: the harness waits until it lists or watches before the
+//!   next fault (a storage error in its start's commits stops it for good);
+//! * faults and kills before a durable handler has persisted its first cursor: the harness
+//!   waits for it (its initial adds told again from a newer view never delete what the first
+//!   round told).
+//!
+//! A reflector stopped by anything but the injected transform panic fails the schedule.
 //!
 //! `DI_ORACLE_SCHEDULES` sets how many schedules run (seeds 1..=N; default 100, the ignored
 //! `_long` test 1,000); `DI_ORACLE_SEED=S` runs seed S alone. A failure prints its seed and
 //! schedule. The seed fixes the schedule, not the threads' interleaving: a failing seed
-//! usually, not always, fails again.
+//! usually, not always, fails again (`DI_ORACLE_REPEAT=N` runs each schedule N times).
 
 #[path = "common/faults.rs"]
 mod faults;
@@ -154,10 +160,11 @@ impl Schedule {
     /// module doc).
     fn new(seed: u64, failed_fsyncs: bool) -> Self {
         let mut rng = Rng(seed);
-        let mode = match rng.below(4) {
+        let mode = match rng.below(5) {
             0 => Mode::Immediate,
             1 => Mode::Deferred(10),
             2 => Mode::Deferred(150),
+            3 => Mode::Deferred(1000),
             _ => Mode::NoFsync,
         };
         let streaming_list = rng.below(2) == 0;
@@ -396,6 +403,10 @@ struct Figures {
     storage_faults: u64,
     restarts: u64,
     kills: u64,
+    /// Kills whose copied file lacked commits the writer had acknowledged.
+    kills_losing_commits: u64,
+    /// Rollbacks the writers published (failed or lost commits already shown to readers).
+    rollbacks: u64,
     revived_after_panic: u64,
     relists: u64,
     writes: u64,
@@ -542,6 +553,39 @@ impl Harness<'_> {
         run.volatile.extend([early, slow, funcs]);
         run.informer.start();
         self.run = Some(run);
+        self.wait_started();
+    }
+
+    /// Waits until the reflector is past its start (the cluster identity's commit and the scope
+    /// record's read: a storage error there stops it for good, `bug_a_storage_error_…`) and
+    /// every durable handler has persisted a cursor (a storage error or a kill before that
+    /// loses deletes, `bug_a_durable_handler_…`), so that no fault lands there.
+    fn wait_started(&self) {
+        let run = self.run.as_ref().expect("a run");
+        let log = self.db.as_ref().expect("an open store").log();
+        let scope = run.informer.scope();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let phase = run.informer.status().borrow().phase;
+            let started = matches!(
+                phase,
+                Phase::Listing | Phase::Probing | Phase::Watching | Phase::Stopped
+            );
+            let cursors = self
+                .durable
+                .iter()
+                .all(|r| matches!(log.cursor(scope, r.name.as_str()), Ok(Some(_))));
+            if started && cursors {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{}: the informer did not start: phase {phase:?}, every durable handler's cursor \
+                 persisted: {cursors}",
+                self.context()
+            );
+            std::thread::sleep(Duration::from_millis(2));
+        }
     }
 
     /// Stops the informer and its handlers where they are (the reflector first, then each
@@ -571,7 +615,7 @@ impl Harness<'_> {
         self.fig.restarts += 1;
         self.stop(true);
         if reopen {
-            drop(self.db.take());
+            self.close();
             self.open();
         }
         self.start();
@@ -585,11 +629,31 @@ impl Harness<'_> {
         self.stop(false);
         self.kills += 1;
         let copy = self.dir.path().join(format!("killed-{}.redb", self.kills));
+        let committed = *self.db.as_ref().expect("store").writer().committed().borrow();
         std::fs::copy(&self.db_path, &copy).expect("copy the database file");
-        drop(self.db.take());
+        self.close();
         self.db_path = copy;
         self.open();
+        let kept = self
+            .db
+            .as_ref()
+            .expect("store")
+            .log()
+            .bounds()
+            .ok()
+            .flatten()
+            .map_or(0, |b| b.1 .0);
+        if kept < committed.0 {
+            self.fig.kills_losing_commits += 1;
+        }
         self.start();
+    }
+
+    /// Closes the store, counting its rollbacks.
+    fn close(&mut self) {
+        if let Some(db) = self.db.take() {
+            self.fig.rollbacks += db.writer().rollbacks().borrow().0;
+        }
     }
 
     /// Starts the informer again if its reflector stopped (a transform panicked).
@@ -603,7 +667,15 @@ impl Harness<'_> {
                 .run
                 .as_ref()
                 .and_then(|r| r.informer.status().borrow().last_error.clone());
-            self.stops.push(why.unwrap_or_default());
+            let why = why.unwrap_or_default();
+            // Only the injected transform panic may stop a reflector.
+            assert!(
+                why.contains("injected transform panic"),
+                "{}\nthe reflector stopped: {why}\nearlier stops: {:?}",
+                self.context(),
+                self.stops
+            );
+            self.stops.push(why);
             self.fig.revived_after_panic += 1;
             self.restart(false);
         }
@@ -643,6 +715,8 @@ impl Harness<'_> {
             }
             Fault::LoseDeferred => {
                 self.churner.churn(churn);
+                // Let the reflector commit the last writes first.
+                std::thread::sleep(Duration::from_millis(5));
                 self.faults.disk_full.store(true, Ordering::SeqCst);
                 let writer = self.db.as_ref().expect("store").writer();
                 let _ = self.rt.block_on(writer.flush());
@@ -707,6 +781,7 @@ impl Harness<'_> {
                     self.durable_handler(&r, &mut run);
                 }
                 self.run = Some(run);
+                self.wait_started();
                 self.churner.churn(churn);
             }
             Fault::Restart { reopen } => {
@@ -799,6 +874,7 @@ impl Harness<'_> {
             std::thread::sleep(Duration::from_millis(10));
         }
         self.stop(true);
+        self.close();
         self.fig.writes += self.churner.history.len() as u64;
         self.fig.events_told += self
             .durable
@@ -917,12 +993,18 @@ fn run(default_schedules: u64) {
     let started = Instant::now();
     let mut fig = Figures::default();
     let mut modes: BTreeMap<String, u64> = BTreeMap::new();
+    let repeat: u64 = std::env::var("DI_ORACLE_REPEAT")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(1);
     for seed in &seeds {
         let schedule = Schedule::new(*seed, failed_fsyncs);
-        *modes.entry(format!("{:?}", schedule.mode)).or_default() += 1;
-        run_schedule(&schedule, &rt, &mut fig);
+        *modes.entry(format!("{:?}", schedule.mode)).or_default() += repeat;
+        for _ in 0..repeat {
+            run_schedule(&schedule, &rt, &mut fig);
+        }
     }
-    assert_eq!(fig.schedules, seeds.len() as u64);
+    assert_eq!(fig.schedules, seeds.len() as u64 * repeat);
     if seeds.len() >= 20 {
         // The schedules reached what they aim at.
         assert!(fig.storage_faults > 0, "no storage fault was injected: {fig:?}");
@@ -932,16 +1014,19 @@ fn run(default_schedules: u64) {
             "no transform panic stopped a reflector: {fig:?}"
         );
         assert!(fig.relists > 0, "no relist: {fig:?}");
+        assert!(fig.rollbacks > 0, "no commit shown to readers was taken back: {fig:?}");
     }
     eprintln!(
         "handler oracle: {} schedules (modes {modes:?}), 0 differences; {} storage faults injected, \
-         {} restarts ({} after a transform panic), {} kills, {} relists, {} server \
-         writes, {} events told to handlers, {:.1} s",
+         {} rollbacks, {} restarts ({} after a transform panic), {} kills ({} losing acknowledged \
+         commits), {} relists, {} server writes, {} events told to handlers, {:.1} s",
         fig.schedules,
         fig.storage_faults,
+        fig.rollbacks,
         fig.restarts,
         fig.revived_after_panic,
         fig.kills,
+        fig.kills_losing_commits,
         fig.relists,
         fig.writes,
         fig.events_told,
@@ -949,7 +1034,7 @@ fn run(default_schedules: u64) {
     );
 }
 
-/// Seed 11 with failed fsyncs in the mix, as the generator made it, written out. It fails in
+/// Seed 11 with failed fsyncs in the mix, as the generator made it when it found the bug. It fails in
 /// about one run of three, so it runs up to 20 times.
 ///
 /// The bug (fixed): a group commit whose fsync fails is reported failed, and what it showed the
@@ -1112,4 +1197,148 @@ fn bug_a_watch_batch_whose_fsync_failed_but_survived_is_missing_from_the_lister(
         Vec::new(),
         "the volatile handler, replayed, vs the server"
     );
+}
+
+/// A simulated server with `names` in namespace `ns`, and a store on the fault-injecting
+/// backend that fsyncs every commit.
+fn sim_and_store(names: &[&str]) -> (Arc<Sim>, tempfile::TempDir, Arc<Faults>, DurableStore) {
+    let sim = Arc::new(Sim::start(SimConfig::default().bookmark_interval(Duration::from_millis(100))).expect("sim"));
+    for name in names {
+        let obj = json!({"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": name, "namespace": "ns"}, "data": {"v": "0"}});
+        sim.create("configmaps", Some("ns"), obj).expect("create");
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let faults = Arc::new(Faults::default());
+    let db = DurableStore::open(faults::config(&dir.path().join("db.redb"), &faults).fsync_delay(None)).expect("open");
+    (sim, dir, faults, db)
+}
+
+async fn sim_informer(db: &DurableStore, sim: &Sim) -> Informer<ConfigMap> {
+    let source = KubeSource::typed::<ConfigMap>(sim.client().expect("client"), &sim.url());
+    Informer::<ConfigMap>::builder(db, source)
+        .reflector_config(ReflectorConfig {
+            backoff: BackoffConfig {
+                initial: Duration::from_millis(5),
+                max: Duration::from_millis(40),
+                ..BackoffConfig::default()
+            },
+            ..ReflectorConfig::default()
+        })
+        .build()
+        .await
+        .expect("build")
+}
+
+/// Found by the oracle once the harness stopped restarting reflectors that stopped on their
+/// own: a storage error while the reflector starts (here the commit of the cluster identity
+/// fails with EIO once) stops the informer for good, although `Informer::run` documents only
+/// another cluster's database as fatal and the same error a moment later is retried.
+/// `Reflector::check_identity` (and the scope record's read and `reconcile_shard` after it)
+/// return the store error from `run_inner` instead of backing off and retrying.
+#[test]
+#[ignore = "bug: a storage error while the reflector starts (cluster identity commit) stops the informer for good; see report"]
+fn bug_a_storage_error_at_reflector_start_stops_the_informer_for_good() {
+    let rt = runtime();
+    // The k-th write after the start fails once: one of them lands in the start's commits.
+    for skip in 0..6 {
+        let (sim, _dir, faults, db) = sim_and_store(&["a", "b"]);
+        rt.block_on(async {
+            let informer = sim_informer(&db, &sim).await;
+            faults.skip_writes.store(skip, Ordering::SeqCst);
+            faults.fail_writes.store(1, Ordering::SeqCst);
+            informer.start();
+            let synced = tokio::time::timeout(Duration::from_secs(10), informer.wait_for_sync()).await;
+            assert_eq!(
+                faults.injected.load(Ordering::SeqCst),
+                1,
+                "the write failure was injected"
+            );
+            assert!(
+                matches!(synced, Ok(Ok(()))),
+                "write {skip} after the start failed once, and the informer never syncs: {synced:?}; \
+                 status {:?}",
+                informer.status().borrow().clone()
+            );
+        });
+    }
+}
+
+/// Found by the oracle once the harness stopped masking it: a durable handler told its initial
+/// adds whose first cursor then fails to persist (a full disk) is given its initial adds again
+/// from a newer view, and nothing deletes what the first round told it of and the newer view
+/// no longer has (`dispatch::run_durable` retries `initial_adds` from scratch). A handler that
+/// keeps its own state keeps a deleted object for good. The same happens when the process
+/// dies between the initial adds and the cursor's commit (the oracle's in-process kills).
+#[test]
+#[ignore = "bug: a durable handler's initial adds retried after its first cursor failed to persist never delete what the first round told; see report"]
+fn bug_a_durable_handler_whose_first_cursor_failed_keeps_a_deleted_object() {
+    use tokio::sync::Notify;
+    let (sim, _dir, faults, db) = sim_and_store(&["gone", "keep"]);
+    let rt = runtime();
+    let panics = Arc::new(Panics::default());
+    let recorder = Recorder::new("late".to_owned(), &panics);
+    rt.block_on(async {
+        let informer = sim_informer(&db, &sim).await;
+        informer.start();
+        informer.wait_for_sync().await.expect("synced");
+        // A durable handler that blocks in its first event until released.
+        let (blocked, release) = (Arc::new(Notify::new()), Arc::new(Notify::new()));
+        let first = Arc::new(std::sync::atomic::AtomicBool::new(true));
+        let handler = {
+            let (r, blocked, release, first) = (recorder.clone(), blocked.clone(), release.clone(), first.clone());
+            async_handler_fn(move |ev: Event<ConfigMap>| {
+                let (r, blocked, release, first) = (r.clone(), blocked.clone(), release.clone(), first.clone());
+                async move {
+                    if first.swap(false, Ordering::SeqCst) {
+                        blocked.notify_one();
+                        release.notified().await;
+                    }
+                    r.record(&ev);
+                    Ok::<(), std::convert::Infallible>(())
+                }
+            })
+        };
+        let _reg = informer.add_event_handler(handler, HandlerOptions::durable("late"));
+        tokio::time::timeout(Duration::from_secs(10), blocked.notified())
+            .await
+            .expect("the handler's initial adds began");
+        // Deleted on the server (and in the store) while the first round is being told.
+        sim.delete("configmaps", Some("ns"), "gone").expect("delete");
+        let store = informer.store();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while store.list().expect("list").iter().any(|o| o.key.name == "gone") {
+            assert!(Instant::now() < deadline, "the store never dropped the deleted object");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        // The first cursor's commit fails on a full disk; then the disk has space again.
+        faults.disk_full.store(true, Ordering::SeqCst);
+        release.notify_one();
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        faults.disk_full.store(false, Ordering::SeqCst);
+        let issues = informer.errors();
+        assert!(
+            issues.iter().any(|i| i.contains("its initial adds")),
+            "the first cursor's commit did not fail: {issues:?}"
+        );
+        let log = db.log();
+        let scope = informer.scope();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !matches!(log.cursor(scope, "late"), Ok(Some(_))) {
+            assert!(Instant::now() < deadline, "the handler's cursor was never persisted");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let server: State = [(
+            "ns/keep".to_owned(),
+            recorder.state().get("ns/keep").cloned().unwrap_or_default(),
+        )]
+        .into();
+        assert_eq!(
+            fold::diff(&recorder.state(), &server),
+            Vec::new(),
+            "the durable handler, replayed, vs the server; it was told {:?}",
+            recorder.log.lock().expect("log")
+        );
+    });
 }
