@@ -43,9 +43,19 @@
 //!   next fault (a storage error in its start's commits stops it for good);
 //! * faults and kills before a durable handler has persisted its first cursor: the harness
 //!   waits for it (its initial adds told again from a newer view never delete what the first
-//!   round told).
+//!   round told);
+//! * storage faults while a handler is told its synthetic adds: the harness waits until every
+//!   handler is synced after each start and registration (a volatile handler told of an
+//!   object whose JSON is read back while the writer reopens the file never hears of it).
 //!
 //! A reflector stopped by anything but the injected transform panic fails the schedule.
+//!
+//! Tolerated, counted and printed (`DI_ORACLE_STRICT=1` fails instead): a schedule whose only
+//! differences are volatile handlers missing objects, each of which the informer reported as
+//! read while the store was closed (`bug_a_volatile_handler_told_…`). The writer closes the
+//! file to reopen it after every I/O error, and a cache reload after a rollback, which such
+//! errors cause, tells handlers of objects it reads back then, so no fault mix avoids it; on a
+//! loaded machine it shows in about one schedule in 200.
 //!
 //! `DI_ORACLE_SCHEDULES` sets how many schedules run (seeds 1..=N; default 100, the ignored
 //! `_long` test 1,000); `DI_ORACLE_SEED=S` runs seed S alone. A failure prints its seed and
@@ -407,6 +417,8 @@ struct Figures {
     kills_losing_commits: u64,
     /// Rollbacks the writers published (failed or lost commits already shown to readers).
     rollbacks: u64,
+    /// Schedules whose only differences were the known bug of `bug_a_volatile_handler_told_…`.
+    known_bug_hits: u64,
     revived_after_panic: u64,
     relists: u64,
     writes: u64,
@@ -557,9 +569,11 @@ impl Harness<'_> {
     }
 
     /// Waits until the reflector is past its start (the cluster identity's commit and the scope
-    /// record's read: a storage error there stops it for good, `bug_a_storage_error_…`) and
-    /// every durable handler has persisted a cursor (a storage error or a kill before that
-    /// loses deletes, `bug_a_durable_handler_…`), so that no fault lands there.
+    /// record's read: a storage error there stops it for good, `bug_a_storage_error_…`), every
+    /// durable handler has persisted a cursor (a storage error or a kill before that loses
+    /// deletes, `bug_a_durable_handler_…`) and every handler is synced (a store reopening
+    /// while a volatile one is told its synthetic adds drops them,
+    /// `bug_a_volatile_handler_told_…`), so that no fault lands there.
     fn wait_started(&self) {
         let run = self.run.as_ref().expect("a run");
         let log = self.db.as_ref().expect("an open store").log();
@@ -575,14 +589,16 @@ impl Harness<'_> {
                 .durable
                 .iter()
                 .all(|r| matches!(log.cursor(scope, r.name.as_str()), Ok(Some(_))));
-            if started && cursors {
+            let handlers = run.registrations.iter().all(Registration::has_synced);
+            if started && cursors && handlers {
                 return;
             }
             assert!(
                 Instant::now() < deadline,
                 "{}: the informer did not start: phase {phase:?}, every durable handler's cursor \
-                 persisted: {cursors}",
-                self.context()
+                 persisted: {cursors}, every handler synced: {handlers}; issues {:?}",
+                self.context(),
+                run.informer.errors()
             );
             std::thread::sleep(Duration::from_millis(2));
         }
@@ -769,6 +785,7 @@ impl Harness<'_> {
                     self.late_volatile(&mut run);
                 }
                 self.run = Some(run);
+                self.wait_started();
                 self.churner.churn(churn);
             }
             Fault::LateDurable => {
@@ -859,12 +876,18 @@ impl Harness<'_> {
         self.clear_faults();
         self.revive();
         let theirs = self.server_list();
-        let deadline = Instant::now() + Duration::from_secs(30);
+        let started = Instant::now();
+        let deadline = started + Duration::from_secs(30);
+        let strict = std::env::var_os("DI_ORACLE_STRICT").is_some();
         loop {
             let synced = self.run.as_ref().is_some_and(|r| r.informer.has_synced());
             let views = self.views();
             if let Ok(views) = &views {
                 if synced && views.iter().all(|(_, v)| *v == theirs) {
+                    break;
+                }
+                if synced && !strict && started.elapsed() > Duration::from_secs(2) && self.known_bug(views, &theirs) {
+                    self.fig.known_bug_hits += 1;
                     break;
                 }
             }
@@ -881,6 +904,25 @@ impl Harness<'_> {
             .iter()
             .map(|r| r.log.lock().expect("log").len() as u64)
             .sum::<u64>();
+    }
+
+    /// Whether every difference is the known bug of `bug_a_volatile_handler_told_…`: only
+    /// volatile handlers differ, only by missing objects, and for each of those keys the
+    /// informer reported a volatile handler's read of it failing on the closed store.
+    fn known_bug(&self, views: &[(String, State)], theirs: &State) -> bool {
+        let issues = self.run.as_ref().map(|r| r.informer.errors()).unwrap_or_default();
+        views.iter().filter(|(_, v)| v != theirs).all(|(name, view)| {
+            name.starts_with("handler \"volatile")
+                && fold::diff(view, theirs).iter().all(|(key, ours, server)| {
+                    ours.is_none()
+                        && server.is_some()
+                        && issues.iter().any(|i| {
+                            let about_key = i.starts_with(&format!("volatile handler: {key} "))
+                                || i.starts_with(&format!("volatile handler: {key}:"));
+                            about_key && i.contains("does not decode") && i.contains("the database was closed")
+                        })
+                })
+        })
     }
 
     fn fail(&self, views: Result<Vec<(String, State)>, StoreError>, theirs: &State, synced: bool) -> ! {
@@ -999,6 +1041,9 @@ fn run(default_schedules: u64) {
         .unwrap_or(1);
     for seed in &seeds {
         let schedule = Schedule::new(*seed, failed_fsyncs);
+        if seeds.len() == 1 {
+            eprintln!("{schedule:?}");
+        }
         *modes.entry(format!("{:?}", schedule.mode)).or_default() += repeat;
         for _ in 0..repeat {
             run_schedule(&schedule, &rt, &mut fig);
@@ -1019,7 +1064,8 @@ fn run(default_schedules: u64) {
     eprintln!(
         "handler oracle: {} schedules (modes {modes:?}), 0 differences; {} storage faults injected, \
          {} rollbacks, {} restarts ({} after a transform panic), {} kills ({} losing acknowledged \
-         commits), {} relists, {} server writes, {} events told to handlers, {:.1} s",
+         commits), {} relists, {} server writes, {} events told to handlers, {} schedules passed only \
+         with the known bug (a volatile handler's read meeting the closed store), {:.1} s",
         fig.schedules,
         fig.storage_faults,
         fig.rollbacks,
@@ -1030,6 +1076,7 @@ fn run(default_schedules: u64) {
         fig.relists,
         fig.writes,
         fig.events_told,
+        fig.known_bug_hits,
         started.elapsed().as_secs_f64()
     );
 }
@@ -1339,6 +1386,75 @@ fn bug_a_durable_handler_whose_first_cursor_failed_keeps_a_deleted_object() {
             Vec::new(),
             "the durable handler, replayed, vs the server; it was told {:?}",
             recorder.log.lock().expect("log")
+        );
+    });
+}
+
+/// Found by the oracle under load: a volatile handler told of an object whose JSON the
+/// informer's cache does not hold (a cache loaded on a restart holds metadata only) reads it
+/// back from redb; while the writer reopens the file after an I/O error that read fails with
+/// `StoreError::Closed`, and `dispatch::tell` reports it as "does not decode" and counts the
+/// change as told: the handler never hears of the object. (The oracle also saw "this version
+/// left the log before it was told" for such initial adds, dropped the same way.)
+#[test]
+#[ignore = "bug: a volatile handler's synthetic add that meets a store reopening is dropped as undecodable; see report"]
+fn bug_a_volatile_handler_told_while_the_store_reopens_misses_objects() {
+    use durable_informer::object::ScopeSpec;
+    let (sim, _dir, faults, db) = sim_and_store(&["a", "b", "c"]);
+    let rt = runtime();
+    let panics = Arc::new(Panics::default());
+    let recorder = Recorder::new("volatile".to_owned(), &panics);
+    rt.block_on(async {
+        let first = sim_informer(&db, &sim).await;
+        first.start();
+        first.wait_for_sync().await.expect("synced");
+        let _ = first.shutdown().await;
+        drop(first);
+        // Restarted on the same store (not started: nothing else reads or writes).
+        let informer = sim_informer(&db, &sim).await;
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !informer.cache_stats().loaded {
+            assert!(Instant::now() < deadline, "the cache never loaded");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let stored: State = informer
+            .store()
+            .list()
+            .expect("list")
+            .into_iter()
+            .map(|o| (o.key.to_string(), o.meta.resource_version.to_string()))
+            .collect();
+        assert_eq!(stored.len(), 3);
+        // A commit fails on a full disk; the writer's reopens fail while it stays full, and
+        // reads meanwhile get `Closed`.
+        faults.disk_full.store(true, Ordering::SeqCst);
+        let failed = db.writer().register_scope(&ScopeSpec::new("", "v1", "services")).await;
+        assert!(failed.is_err(), "the commit failed on the full disk");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !matches!(informer.store().list(), Err(StoreError::Closed { .. })) {
+            assert!(
+                Instant::now() < deadline,
+                "the store never closed: {:?}",
+                informer.store().list().err()
+            );
+            let _ = db.writer().flush().await;
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let _reg = informer.add_event_handler(sync_handler(&recorder), HandlerOptions::volatile());
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        faults.disk_full.store(false, Ordering::SeqCst);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while db.writer().flush().await.is_err() || informer.store().list().is_err() || recorder.state() != stored {
+            if Instant::now() > deadline {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert_eq!(
+            fold::diff(&recorder.state(), &stored),
+            Vec::new(),
+            "the volatile handler, replayed, vs the store (= the server); issues: {:?}",
+            informer.errors()
         );
     });
 }
