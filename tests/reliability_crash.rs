@@ -633,16 +633,24 @@ impl Harness {
         let target = ch.events.last().unwrap().rv;
         // Caught up = the persisted RV reached the target and the durable cursor the end of the
         // log. A relist diff delivers its deletes after the listed objects, so the target's line
-        // alone is not enough: wait until it is there and the audit file has stopped growing
-        // (the churn is paused), kill, check in the file, and start another child if needed.
+        // alone is not enough: wait until it is there and the audit file and the volatile
+        // handler's have stopped growing (the churn is paused), kill, check in the file, and
+        // start another child if needed.
         let deadline = Instant::now() + Duration::from_secs(60);
         loop {
             let child = self.spawn(paged);
             let suffix = format!(" {target}");
             let mut seen = self.audit.seen.iter().any(|l| l.rv == target);
-            let (mut len, mut quiet_since) = (0, Instant::now());
+            let (mut len, mut volatile_len, mut quiet_since) = (0, 0, Instant::now());
             loop {
                 std::thread::sleep(Duration::from_millis(20));
+                // The volatile handler too must have stopped being told (a relist diff reaches
+                // it one read-back at a time, and it may trail the durable one).
+                let now_volatile = std::fs::metadata(self.volatile_path()).map_or(0, |m| m.len());
+                if now_volatile != volatile_len {
+                    volatile_len = now_volatile;
+                    quiet_since = Instant::now();
+                }
                 let now_len = std::fs::metadata(self.audit_path()).map_or(0, |m| m.len());
                 if now_len != len {
                     len = now_len;
