@@ -25,14 +25,15 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use durable_informer::controller::{default_error_policy, Action, Controller};
+use durable_informer::controller::{default_error_policy, Action, Controller, Relation};
 use durable_informer::informer::{InformerFactory, Lister};
-use durable_informer::object::ObjectKey;
 use durable_informer::selector::LabelSelector;
 use durable_informer::store::{DurableStore, ScopeId, StoreConfig};
+use futures::StreamExt;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{ConfigMap, Pod};
 use kube::api::{Api, DeleteParams, Patch, PatchParams};
+use kube::runtime::reflector::ObjectRef;
 
 pub const RUNNING_PODS: &str = "example.dev/running-pods";
 pub const DATA_HASH: &str = "example.dev/data-hash";
@@ -69,6 +70,27 @@ impl Ctx {
     }
 }
 
+/// A reconcile's failure, as text.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct Failed(String);
+
+/// `namespace/name` of an object.
+fn key(meta: &kube::core::ObjectMeta) -> String {
+    format!(
+        "{}/{}",
+        meta.namespace.as_deref().unwrap_or_default(),
+        meta.name.as_deref().unwrap_or_default()
+    )
+}
+
+/// Logs a failed reconcile of any of the controllers.
+async fn log_errors<T>(res: Result<T, durable_informer::controller::Error<Failed>>) {
+    if let Err(e) = res {
+        tracing::warn!(error = %e, "reconcile");
+    }
+}
+
 fn is_terminal(pod: &Pod) -> bool {
     matches!(
         pod.status.as_ref().and_then(|s| s.phase.as_deref()),
@@ -90,26 +112,19 @@ fn selects(selector: &BTreeMap<String, String>, pod: &Pod) -> bool {
 }
 
 /// replica-counter's reconcile.
-pub async fn count_replicas(key: ObjectKey, ctx: Arc<Ctx>) -> Result<Action, String> {
-    let ns = key.namespace.clone().unwrap_or_default();
-    let Some(d) = ctx
-        .deployments
-        .namespace(&ns)
-        .get(&key.name)
-        .map_err(|e| e.to_string())?
-    else {
-        return Ok(Action::await_change());
-    };
+pub async fn count_replicas(d: Arc<Deployment>, ctx: Arc<Ctx>) -> Result<Action, Failed> {
+    let ns = d.metadata.namespace.clone().unwrap_or_default();
+    let name = d.metadata.name.clone().unwrap_or_default();
     let Some(selector) = selector_of(&d) else {
         return Ok(Action::await_change());
     };
     let text: Vec<String> = selector.iter().map(|(k, v)| format!("{k}={v}")).collect();
-    let parsed: LabelSelector = text.join(",").parse().map_err(|e| format!("selector: {e}"))?;
+    let parsed: LabelSelector = text.join(",").parse().map_err(|e| Failed(format!("selector: {e}")))?;
     let running = ctx
         .pods
         .namespace(&ns)
         .list(&parsed)
-        .map_err(|e| e.to_string())?
+        .map_err(|e| Failed(e.to_string()))?
         .iter()
         .filter(|p| !is_terminal(p))
         .count()
@@ -120,30 +135,31 @@ pub async fn count_replicas(key: ObjectKey, ctx: Arc<Ctx>) -> Result<Action, Str
     }
     let patch = serde_json::json!({"metadata": {"annotations": {RUNNING_PODS: running}}});
     Api::<Deployment>::namespaced(ctx.client.clone(), &ns)
-        .patch(&key.name, &PatchParams::default(), &Patch::Merge(&patch))
+        .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
         .await
-        .map_err(|e| format!("annotating deployment: {e}"))?;
-    ctx.record(format!("replica-counter: {key} has {running} running pods"));
+        .map_err(|e| Failed(format!("annotating deployment: {e}")))?;
+    ctx.record(format!(
+        "replica-counter: {} has {running} running pods",
+        key(&d.metadata)
+    ));
     Ok(Action::await_change())
 }
 
 /// pod-gc's reconcile.
-pub async fn collect_pod(key: ObjectKey, ctx: Arc<Ctx>) -> Result<Action, String> {
-    let ns = key.namespace.clone().unwrap_or_default();
-    let Some(pod) = ctx.pods.namespace(&ns).get(&key.name).map_err(|e| e.to_string())? else {
-        return Ok(Action::await_change());
-    };
+pub async fn collect_pod(pod: Arc<Pod>, ctx: Arc<Ctx>) -> Result<Action, Failed> {
+    let ns = pod.metadata.namespace.clone().unwrap_or_default();
+    let name = pod.metadata.name.clone().unwrap_or_default();
     if !is_terminal(&pod) || pod.metadata.deletion_timestamp.is_some() {
         return Ok(Action::await_change());
     }
     match Api::<Pod>::namespaced(ctx.client.clone(), &ns)
-        .delete(&key.name, &DeleteParams::default())
+        .delete(&name, &DeleteParams::default())
         .await
     {
-        Ok(_) => ctx.record(format!("pod-gc: deleted finished pod {key}")),
+        Ok(_) => ctx.record(format!("pod-gc: deleted finished pod {}", key(&pod.metadata))),
         // Someone else deleted it first: the goal is reached.
         Err(kube::Error::Api(e)) if e.code == 404 => {}
-        Err(e) => return Err(format!("deleting pod: {e}")),
+        Err(e) => return Err(Failed(format!("deleting pod: {e}"))),
     }
     Ok(Action::await_change())
 }
@@ -162,26 +178,19 @@ pub fn data_hash(data: Option<&BTreeMap<String, String>>) -> String {
 }
 
 /// configmap-hasher's reconcile.
-pub async fn hash_configmap(key: ObjectKey, ctx: Arc<Ctx>) -> Result<Action, String> {
-    let ns = key.namespace.clone().unwrap_or_default();
-    let Some(cm) = ctx
-        .configmaps
-        .namespace(&ns)
-        .get(&key.name)
-        .map_err(|e| e.to_string())?
-    else {
-        return Ok(Action::await_change());
-    };
+pub async fn hash_configmap(cm: Arc<ConfigMap>, ctx: Arc<Ctx>) -> Result<Action, Failed> {
+    let ns = cm.metadata.namespace.clone().unwrap_or_default();
+    let name = cm.metadata.name.clone().unwrap_or_default();
     let hash = data_hash(cm.data.as_ref());
     if cm.metadata.annotations.as_ref().and_then(|a| a.get(DATA_HASH)) == Some(&hash) {
         return Ok(Action::await_change());
     }
     let patch = serde_json::json!({"metadata": {"annotations": {DATA_HASH: hash}}});
     Api::<ConfigMap>::namespaced(ctx.client.clone(), &ns)
-        .patch(&key.name, &PatchParams::default(), &Patch::Merge(&patch))
+        .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
         .await
-        .map_err(|e| format!("annotating configmap: {e}"))?;
-    ctx.record(format!("configmap-hasher: {key} data hash {hash}"));
+        .map_err(|e| Failed(format!("annotating configmap: {e}")))?;
+    ctx.record(format!("configmap-hasher: {} data hash {hash}", key(&cm.metadata)));
     Ok(Action::await_change())
 }
 
@@ -229,35 +238,38 @@ pub async fn run(
 
     // Pods → the Deployments of their namespace whose selector matches them.
     let deployment_lister = deployments.lister();
-    let owners_of_pod = move |pod: &Pod| -> Vec<ObjectKey> {
+    let owners_of_pod = move |pod: Pod| -> Vec<ObjectRef<Deployment>> {
         let ns = pod.metadata.namespace.clone().unwrap_or_default();
         let Ok(candidates) = deployment_lister.namespace(&ns).list(&Default::default()) else {
             return Vec::new();
         };
         candidates
             .iter()
-            .filter(|d| selector_of(d).is_some_and(|s| selects(&s, pod)))
-            .filter_map(|d| durable_informer::controller::key_of(d.as_ref()))
+            .filter(|d| selector_of(d).is_some_and(|s| selects(&s, &pod)))
+            .map(|d| ObjectRef::from_obj(d.as_ref()))
             .collect()
     };
-    let replica_counter = Controller::new(deployments)
+    // Each controller stops with `stop`, and logs what failed.
+    let stopped = |mut stop: tokio::sync::watch::Receiver<bool>| async move {
+        let _ = stop.wait_for(|s| *s).await;
+    };
+    let replica_counter = Controller::for_informer(deployments)
         .name("replica-counter")
-        .watches(pods_for_counter, owners_of_pod)
-        .run(count_replicas, default_error_policy, ctx.clone(), stop.clone());
-    let pod_gc =
-        Controller::new(pods_for_gc)
-            .name("pod-gc")
-            .run(collect_pod, default_error_policy, ctx.clone(), stop.clone());
-    let hasher = Controller::new(configmaps).name("configmap-hasher").run(
-        hash_configmap,
-        default_error_policy,
-        ctx.clone(),
-        stop,
-    );
-    let (a, b, c) = tokio::join!(replica_counter, pod_gc, hasher);
-    for summary in [a?, b?, c?] {
-        tracing::info!(?summary, "controller stopped");
-    }
+        .watches_informer(pods_for_counter, owners_of_pod, Relation::new())
+        .graceful_shutdown_on(stopped(stop.clone()))
+        .run(count_replicas, default_error_policy, ctx.clone())
+        .for_each(log_errors);
+    let pod_gc = Controller::for_informer(pods_for_gc)
+        .name("pod-gc")
+        .graceful_shutdown_on(stopped(stop.clone()))
+        .run(collect_pod, default_error_policy, ctx.clone())
+        .for_each(log_errors);
+    let hasher = Controller::for_informer(configmaps)
+        .name("configmap-hasher")
+        .graceful_shutdown_on(stopped(stop))
+        .run(hash_configmap, default_error_policy, ctx.clone())
+        .for_each(log_errors);
+    tokio::join!(replica_counter, pod_gc, hasher);
     factory.shutdown().await?;
     Ok(())
 }

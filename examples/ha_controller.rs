@@ -30,10 +30,11 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use durable_informer::controller::{default_error_policy, Action, Controller};
-use durable_informer::informer::{Informer, Lister};
+use durable_informer::informer::Informer;
 use durable_informer::leader::{KubeLeaseLock, LeaderElectionConfig, LeaderElector, Leadership};
 use durable_informer::object::ObjectKey;
 use durable_informer::store::{DurableStore, StoreConfig};
+use futures::StreamExt;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, Patch, PatchParams};
 use nix::sys::signal::{kill, Signal};
@@ -82,15 +83,18 @@ fn timings(args: &[String], lease: u64, renew: u64, retry: u64) -> Result<Leader
 
 pub struct Ctx {
     client: kube::Client,
-    configmaps: Lister<ConfigMap>,
     id: String,
     leadership: Leadership,
 }
 
 /// Reconciles one key and prints `R <replica> <key> <start ns> <end ns> <outcome>`.
-async fn reconcile(key: ObjectKey, ctx: Arc<Ctx>) -> Result<Action, String> {
+async fn reconcile(cm: Arc<ConfigMap>, ctx: Arc<Ctx>) -> Result<Action, StepError> {
     let start = now_ns();
-    let outcome = step(&key, &ctx).await;
+    let key = ObjectKey {
+        namespace: cm.metadata.namespace.clone(),
+        name: cm.metadata.name.clone().unwrap_or_default(),
+    };
+    let outcome = step(&key, &cm, &ctx).await;
     let word = match &outcome {
         Ok(Some(rv)) => format!("wrote:{rv}"),
         Ok(None) => "noop".into(),
@@ -98,14 +102,16 @@ async fn reconcile(key: ObjectKey, ctx: Arc<Ctx>) -> Result<Action, String> {
         Err(_) => "error".into(),
     };
     println!("R {} {key} {start} {} {word}", ctx.id, now_ns());
-    outcome.map(|_| Action::await_change())
+    outcome.map(|_| Action::await_change()).map_err(StepError)
 }
 
+/// A failed step, as text.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct StepError(String);
+
 /// The resourceVersion written, if it wrote.
-async fn step(key: &ObjectKey, ctx: &Ctx) -> Result<Option<u64>, String> {
-    let Some(cm) = ctx.configmaps.get_by_key(key).map_err(|e| e.to_string())? else {
-        return Ok(None);
-    };
+async fn step(key: &ObjectKey, cm: &ConfigMap, ctx: &Ctx) -> Result<Option<u64>, String> {
     let gen = cm.data.as_ref().and_then(|d| d.get("gen")).cloned();
     let observed = cm.metadata.annotations.as_ref().and_then(|a| a.get(OBSERVED)).cloned();
     if gen.is_none() || gen == observed {
@@ -168,15 +174,19 @@ async fn replica(args: &[String]) -> Result<(), Error> {
     });
     let ctx = Arc::new(Ctx {
         client,
-        configmaps: configmaps.lister(),
         id,
         leadership: leadership.clone(),
     });
-    Controller::new(configmaps.clone())
+    let mut stopping = stop.clone();
+    Controller::for_informer(configmaps.clone())
         .name("ha-controller")
         .leader_election(leadership)
-        .run(reconcile, default_error_policy, ctx, stop)
-        .await?;
+        .graceful_shutdown_on(async move {
+            let _ = stopping.wait_for(|s| *s).await;
+        })
+        .run(reconcile, default_error_policy, ctx)
+        .for_each(|_| async {})
+        .await;
     elector_task.await??;
     configmaps.shutdown().await?;
     drop(configmaps);

@@ -1,8 +1,7 @@
 //! A controller for a `Mydemo` custom resource (`crddemo.k8s.io/v1`, plural `mydemos`, with
 //! `spec.ip` and `spec.port`), after the well-known "crddemo" controller tutorial: an event
-//! handler logs every add, update (with the resourceVersion change, old → new) and delete, and
-//! the reconciler reads the object from the lister — when it is already gone from the cache it
-//! logs "deleted" instead of failing.
+//! handler logs every add, update (with the resourceVersion change, old → new) and delete, the
+//! reconciler logs the object's address, and the controller's delete hook logs "deleted".
 //!
 //! ```text
 //! cargo run --features sim --example mydemo_controller                         # against the built-in simulated cluster
@@ -19,9 +18,9 @@ use std::time::Duration;
 
 use durable_informer::controller::{default_error_policy, Action, Controller};
 use durable_informer::informer::{HandlerFuncs, HandlerOptions, Informer, Lister};
-use durable_informer::object::ObjectKey;
 use durable_informer::source::KubeSource;
 use durable_informer::store::{DurableStore, StoreConfig};
+use futures::StreamExt;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use kube::CustomResource;
 use serde::{Deserialize, Serialize};
@@ -110,13 +109,9 @@ fn event_logger(ctx: &Arc<Ctx>) -> HandlerFuncs<Mydemo> {
         })
 }
 
-/// The sync handler: reads the object from the cache; an object no longer there was deleted.
-pub async fn reconcile(key: ObjectKey, ctx: Arc<Ctx>) -> Result<Action, String> {
-    let ns = key.namespace.clone().unwrap_or_default();
-    let Some(m) = ctx.mydemos.namespace(&ns).get(&key.name).map_err(|e| e.to_string())? else {
-        ctx.log.push(format!("sync {key}: deleted"));
-        return Ok(Action::await_change());
-    };
+/// The sync handler (a deleted object reaches the delete hook instead).
+pub async fn reconcile(m: Arc<Mydemo>, ctx: Arc<Ctx>) -> Result<Action, std::convert::Infallible> {
+    let (key, _) = describe(&m);
     if m.spec.ip.parse::<std::net::IpAddr>().is_err() || !(1..=65535).contains(&m.spec.port) {
         // An invalid spec: retrying will not make it valid.
         ctx.log
@@ -146,10 +141,27 @@ pub async fn run(
     });
     let logger = mydemos.add_event_handler(event_logger(&ctx), HandlerOptions::volatile());
     let _ = started.send(ctx.clone());
-    Controller::new(mydemos.clone())
+    let on_delete = ctx.clone();
+    let mut stop = stop;
+    Controller::for_informer(mydemos.clone())
         .name("mydemo")
-        .run(reconcile, default_error_policy, ctx, stop)
-        .await?;
+        .on_delete(move |m: Arc<Mydemo>| {
+            let ctx = on_delete.clone();
+            async move {
+                ctx.log.push(format!("sync {}: deleted", describe(&m).0));
+                Ok::<(), std::convert::Infallible>(())
+            }
+        })
+        .graceful_shutdown_on(async move {
+            let _ = stop.wait_for(|s| *s).await;
+        })
+        .run(reconcile, default_error_policy, ctx)
+        .for_each(|res| async move {
+            if let Err(e) = res {
+                eprintln!("{e}");
+            }
+        })
+        .await;
     logger.remove().await;
     mydemos.shutdown().await?;
     drop(mydemos);

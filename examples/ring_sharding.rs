@@ -13,12 +13,12 @@ use std::time::{Duration, Instant};
 use durable_informer::controller::{default_error_policy, Action, Controller};
 use durable_informer::informer::Informer;
 use durable_informer::leader::LeaderElectionConfig;
-use durable_informer::object::ObjectKey;
 use durable_informer::selector::RingLabels;
 use durable_informer::sharding::{shard_lease, RingShard, ShardedResource, Sharder, SharderStatus};
 use durable_informer::sim::{Sim, SimConfig};
 use durable_informer::source::KubeSource;
 use durable_informer::store::{DurableStore, StoreConfig};
+use futures::StreamExt;
 use k8s_openapi::api::core::v1::ConfigMap;
 use serde_json::json;
 use tokio::sync::watch;
@@ -52,13 +52,15 @@ async fn start_shard(sim: &Sim, dir: &std::path::Path, id: &str) -> Result<Shard
     let lease = shard_lease(client, "default", &me, config);
     let holding = lease.fenced_leadership();
     let (stop, rx) = watch::channel(false);
-    let reconcile = |_key: ObjectKey, _ctx: Arc<()>| async { Ok::<_, String>(Action::await_change()) };
-    let controller = Controller::new(informer.clone()).leader_election(holding).run(
-        shard.guard(&informer, reconcile),
-        default_error_policy,
-        Arc::new(()),
-        rx.clone(),
-    );
+    let reconcile = |_cm: Arc<ConfigMap>, _ctx: Arc<()>| async { Ok::<_, std::io::Error>(Action::await_change()) };
+    let mut stopping = rx.clone();
+    let controller = Controller::for_informer(informer.clone())
+        .leader_election(holding)
+        .graceful_shutdown_on(async move {
+            let _ = stopping.wait_for(|s| *s).await;
+        })
+        .run(shard.guard(&informer, reconcile), default_error_policy, Arc::new(()))
+        .for_each(|_| async {});
     let tasks = vec![
         tokio::spawn(async move {
             let _ = lease.run(rx).await;

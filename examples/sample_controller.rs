@@ -23,8 +23,12 @@
 //! * `--retention-entries N`: keep at most N log entries (the store's default is 1,000,000),
 //!   which bounds the database's size (docs/deploying.md#sizing).
 //!
-//! SIGTERM or SIGINT stops it: queued keys are reconciled, the Lease is released, the database
-//! closed.
+//! SIGTERM or SIGINT stops it: the reconciles in flight finish, the Lease is released, the
+//! database closed.
+//!
+//! The reconcile is written as for kube-runtime (`Arc<Foo>` in, kube's `Action` out, through
+//! kube's `finalizer` helper, whose `Action` is returned as is); the controller's delete hook
+//! records each Foo that is gone.
 
 #![allow(dead_code)] // shared with tests/sample_controller.rs, which uses other parts of it
 #![allow(missing_docs)] // an example; its items are described in the module docs
@@ -36,14 +40,14 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use durable_informer::controller::{Action, Controller};
+use durable_informer::controller::{requeue_rate_limited, Action, Config, Controller, Relation};
 use durable_informer::informer::{Informer, Lister};
 use durable_informer::leader::{KubeLeaseLock, LeaderElectionConfig, LeaderElector};
-use durable_informer::object::ObjectKey;
 use durable_informer::reflector::{Phase, ReflectorStatus};
 use durable_informer::selector::ShardSelector;
 use durable_informer::source::KubeSource;
 use durable_informer::store::{DurableStore, StoreConfig, StoreError, Writer};
+use futures::StreamExt;
 use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec};
 use k8s_openapi::api::core::v1::{Container, PodSpec, PodTemplateSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, OwnerReference};
@@ -160,21 +164,29 @@ fn new_deployment(foo: &Foo) -> Deployment {
     }
 }
 
-/// The reconcile function of sample-controller's `syncHandler`.
+/// `namespace/name` of a Foo.
+fn key_of(foo: &Foo) -> String {
+    format!(
+        "{}/{}",
+        foo.metadata.namespace.as_deref().unwrap_or_default(),
+        foo.metadata.name.as_deref().unwrap_or_default()
+    )
+}
+
 /// Records the failure, then retries through the rate limiter (client-go's policy).
-pub fn error_policy(key: &ObjectKey, error: &String, ctx: Arc<Ctx>) -> Action {
+pub fn error_policy(foo: Arc<Foo>, error: &StepError, ctx: Arc<Ctx>) -> Action {
     ctx.errors
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner)
-        .push(format!("{key}: {error}"));
-    Action::requeue_rate_limited()
+        .push(format!("{}: {error}", key_of(&foo)));
+    requeue_rate_limited()
 }
 
 /// The finalizer this controller puts on each Foo, so that deleting a Foo waits for
 /// [`cleanup`] (kube's finalizer helper adds and removes it).
 pub const FINALIZER: &str = "samplecontroller.k8s.io/deployment";
 
-/// A reconcile step's failure (kube's finalizer helper wants a `std::error::Error`).
+/// A reconcile's failure (kube's finalizer helper wants a `std::error::Error`).
 #[derive(Debug, thiserror::Error)]
 #[error("{0}")]
 pub struct StepError(String);
@@ -185,30 +197,32 @@ impl From<String> for StepError {
     }
 }
 
-pub async fn reconcile(key: ObjectKey, ctx: Arc<Ctx>) -> Result<Action, String> {
-    let ns = key.namespace.clone().unwrap_or_default();
-    let Some(foo) = ctx.foos.namespace(&ns).get(&key.name).map_err(|e| e.to_string())? else {
-        // Gone from the cache: the finalizer's cleanup ran before the server let it go.
-        println!("foo {key} no longer exists");
-        ctx.events
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .push(format!("Deleted: {key}"));
-        return Ok(Action::await_change());
-    };
+/// The reconcile function of sample-controller's `syncHandler`.
+pub async fn reconcile(foo: Arc<Foo>, ctx: Arc<Ctx>) -> Result<Action, StepError> {
+    let ns = foo.metadata.namespace.clone().unwrap_or_default();
     let foos: Api<Foo> = Api::namespaced(ctx.client.clone(), &ns);
     // Adds the finalizer first (a patch; the change comes back as an event), then either
-    // applies the Foo or, once it is being deleted, cleans up and removes the finalizer.
+    // applies the Foo or, once it is being deleted, cleans up and removes the finalizer. The
+    // Action chosen inside is the one returned.
     finalizer(&foos, FINALIZER, foo, |event| async {
         match event {
-            FinalizerEvent::Apply(foo) => apply(&key, &foo, &ctx).await?,
-            FinalizerEvent::Cleanup(foo) => cleanup(&key, &foo, &ctx).await?,
+            FinalizerEvent::Apply(foo) => apply(&foo, &ctx).await,
+            FinalizerEvent::Cleanup(foo) => cleanup(&foo, &ctx).await,
         }
-        Ok::<_, StepError>(kube::runtime::controller::Action::await_change())
     })
     .await
-    .map_err(|e| e.to_string())?;
-    Ok(Action::await_change())
+    .map_err(|e| StepError(e.to_string()))
+}
+
+/// The delete hook: the Foo is gone (its finalizer's cleanup ran before the server let it go).
+async fn deleted(foo: Arc<Foo>, ctx: Arc<Ctx>) -> Result<(), Infallible> {
+    let key = key_of(&foo);
+    println!("foo {key} no longer exists");
+    ctx.events
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .push(format!("Deleted: {key}"));
+    Ok(())
 }
 
 fn owns(foo: &Foo, deployment: &Deployment) -> bool {
@@ -223,8 +237,8 @@ fn owns(foo: &Foo, deployment: &Deployment) -> bool {
 /// A Foo being deleted: delete the Deployment it owns (a cluster's garbage collector would do
 /// it too, after the Foo is gone; the finalizer makes it happen before, and on the simulated
 /// cluster, which has no collector, at all).
-async fn cleanup(key: &ObjectKey, foo: &Foo, ctx: &Ctx) -> Result<(), String> {
-    let ns = key.namespace.clone().unwrap_or_default();
+async fn cleanup(foo: &Foo, ctx: &Ctx) -> Result<Action, StepError> {
+    let ns = foo.metadata.namespace.clone().unwrap_or_default();
     let name = &foo.spec.deployment_name;
     let owned = ctx
         .deployments
@@ -237,20 +251,21 @@ async fn cleanup(key: &ObjectKey, foo: &Foo, ctx: &Ctx) -> Result<(), String> {
         match deployments.delete(name, &DeleteParams::background()).await {
             Ok(_) => {}
             Err(kube::Error::Api(s)) if s.code == 404 => {}
-            Err(e) => return Err(format!("deleting deployment: {e}")),
+            Err(e) => return Err(StepError(format!("deleting deployment: {e}"))),
         }
         record_event(ctx, foo, "Normal", "Cleanup", &format!("Deployment {name:?} deleted")).await;
     }
-    Ok(())
+    Ok(Action::await_change())
 }
 
 /// sample-controller's `syncHandler` for a Foo that is not being deleted.
-async fn apply(key: &ObjectKey, foo: &Foo, ctx: &Ctx) -> Result<(), String> {
-    let ns = key.namespace.clone().unwrap_or_default();
+async fn apply(foo: &Foo, ctx: &Ctx) -> Result<Action, StepError> {
+    let ns = foo.metadata.namespace.clone().unwrap_or_default();
+    let key = key_of(foo);
     if foo.spec.deployment_name.is_empty() {
         // Invalid object: retrying will not help.
         println!("foo {key}: deployment name must be specified");
-        return Ok(());
+        return Ok(Action::await_change());
     }
     let deployments: Api<Deployment> = Api::namespaced(ctx.client.clone(), &ns);
     let deployment = match ctx
@@ -268,7 +283,7 @@ async fn apply(key: &ObjectKey, foo: &Foo, ctx: &Ctx) -> Result<(), String> {
     if !owns(foo, &deployment) {
         let msg = format!("Resource {:?} {MESSAGE_RESOURCE_EXISTS}", foo.spec.deployment_name);
         record_event(ctx, foo, "Warning", "ErrResourceExists", &msg).await;
-        return Err(msg);
+        return Err(StepError(msg));
     }
     let current = deployment.spec.as_ref().and_then(|s| s.replicas);
     let deployment = if foo.spec.replicas.is_some() && foo.spec.replicas != current {
@@ -296,7 +311,8 @@ async fn apply(key: &ObjectKey, foo: &Foo, ctx: &Ctx) -> Result<(), String> {
     if foo.status.as_ref().map(|s| s.available_replicas) != Some(available) {
         let foos: Api<Foo> = Api::namespaced(ctx.client.clone(), &ns);
         let patch = serde_json::json!({"status": {"availableReplicas": available}});
-        foos.patch_status(&key.name, &PatchParams::default(), &Patch::Merge(&patch))
+        let name = foo.metadata.name.clone().unwrap_or_default();
+        foos.patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch))
             .await
             .map_err(|e| format!("updating foo status: {e}"))?;
     }
@@ -309,7 +325,7 @@ async fn apply(key: &ObjectKey, foo: &Foo, ctx: &Ctx) -> Result<(), String> {
     {
         record_event(ctx, foo, "Normal", "Synced", &format!("Foo {key} synced successfully")).await;
     }
-    Ok(())
+    Ok(Action::await_change())
 }
 
 /// How [`run_with`] runs in a cluster (the options of `main`, see the module docs).
@@ -398,10 +414,16 @@ pub async fn run_with(
     let _ = started.send(ctx.clone());
     // `run` starts both informers; Deployments whose controlling owner is a Foo (group
     // samplecontroller.k8s.io, from the type) reconcile that Foo.
-    let mut controller = Controller::new(foos.clone())
+    let hook_ctx = ctx.clone();
+    let mut stopping = stop.clone();
+    let mut controller = Controller::for_informer(foos.clone())
         .name("sample-controller")
-        .owns(deployments.clone())
-        .workers(2);
+        .owns_informer(deployments.clone(), Relation::new().controller_only())
+        .with_config(Config::default().concurrency(2))
+        .on_delete(move |foo| deleted(foo, hook_ctx.clone()))
+        .graceful_shutdown_on(async move {
+            let _ = stopping.wait_for(|s| *s).await;
+        });
     // The elector stops after the controller, so the Lease is released only once no
     // reconcile runs any more.
     let (elector_stop_tx, elector_stop) = tokio::sync::watch::channel(false);
@@ -421,7 +443,16 @@ pub async fn run_with(
         }
         None => None,
     };
-    let summary = controller.run(reconcile, error_policy, ctx, stop).await;
+    let (mut reconciled, mut failed) = (0_u64, 0_u64);
+    let mut results = std::pin::pin!(controller.run(reconcile, error_policy, ctx));
+    let mut fatal = None;
+    while let Some(res) = results.next().await {
+        match res {
+            Ok(_) => reconciled += 1,
+            Err(e @ durable_informer::controller::Error::Informer(_)) => fatal = Some(e.to_string()),
+            Err(_) => failed += 1,
+        }
+    }
     let _ = elector_stop_tx.send(true);
     if let Some(elector) = elector {
         elector.await??;
@@ -429,8 +460,10 @@ pub async fn run_with(
     if let Some(h) = health {
         h.abort();
     }
-    let summary = summary?;
-    println!("reconciled {} times, {} failed", summary.reconciled, summary.failed);
+    if let Some(e) = fatal {
+        return Err(e.into());
+    }
+    println!("reconciled {reconciled} times, {failed} failed");
     foos.shutdown().await?;
     deployments.shutdown().await?;
     drop((foos, deployments));

@@ -1,21 +1,25 @@
-//! The controller runner with real informers over the scripted in-memory server: informers the
-//! controller starts itself, caches synced before the first reconcile, and a panicking
-//! reconcile that neither stalls the controller nor its shutdown. The worker loop's timing
-//! (requeue_after, backoff, concurrency, drain) is unit-tested on paused time in
-//! `src/controller/mod.rs`.
+//! kube-runtime's `Controller` shapes on durable informers, over the scripted in-memory server:
+//! `owns` (every owner reference, or the controlling one), `watches` mappers, predicates on the
+//! primary and on related objects, concurrency, `reconcile_on` / `reconcile_all_on`, graceful
+//! shutdown, the `Action` kube's `finalizer()` returns, the stream's items (errors included),
+//! deletions (only through finalizers, or the opt-in hook, durable across restarts), and the
+//! reconcile span. The debounce is unit-tested on paused time in `src/controller/schedule.rs`.
 
 mod common;
 
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use common::fake::Fake;
-use durable_informer::controller::{default_error_policy, Action, Controller, ControllerError, RunSummary};
-use durable_informer::informer::{Informer, Lister};
-use durable_informer::object::ObjectKey;
+use durable_informer::controller::{
+    default_error_policy, predicates, requeue_rate_limited, Action, Config, Controller, Error, Relation,
+};
+use durable_informer::informer::Informer;
 use durable_informer::store::{DurableStore, StoreConfig};
+use futures::StreamExt;
 use k8s_openapi::api::core::v1::ConfigMap;
-use tokio::sync::watch;
+use kube::runtime::reflector::ObjectRef;
 
 /// Opens a database in `dir` and builds an informer of `fake`'s ConfigMaps, not started. Each
 /// fake gets its own database: they would share a scope in one.
@@ -25,41 +29,40 @@ async fn informer(dir: &tempfile::TempDir, file: &str, fake: &Fake) -> (DurableS
     (db, inf)
 }
 
-/// A secondary ConfigMap points at its primary by name in `data.v`.
-fn primary_of(cm: &ConfigMap) -> Vec<ObjectKey> {
-    let v = cm.data.as_ref().and_then(|d| d.get("v"));
-    v.map(|name| ObjectKey::namespaced("ns", name)).into_iter().collect()
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+struct Fail(String);
+
+type Outcome = Result<(String, Action), String>;
+
+/// Reconciles of a run, by name, with their start and end; and the stream's items.
+#[derive(Default)]
+struct Seen {
+    started: Mutex<Vec<(String, Instant)>>,
+    finished: Mutex<Vec<String>>,
+    items: Mutex<Vec<Outcome>>,
+    in_flight: Mutex<(usize, usize)>,
 }
 
-struct Ctx {
-    children: Lister<ConfigMap>,
-    /// (key, names of the children in the secondary cache at the time).
-    calls: Mutex<Vec<(String, Vec<String>)>>,
-    errors: Mutex<Vec<String>>,
-}
-
-impl Ctx {
-    fn calls_of(&self, name: &str) -> Vec<Vec<String>> {
-        let calls = self.calls.lock().unwrap();
-        calls
-            .iter()
-            .filter(|(k, _)| k == name)
-            .map(|(_, c)| c.clone())
-            .collect()
+impl Seen {
+    fn count(&self, name: &str) -> usize {
+        self.started.lock().unwrap().iter().filter(|(n, _)| n == name).count()
+    }
+    fn total(&self) -> usize {
+        self.started.lock().unwrap().len()
+    }
+    fn items(&self) -> Vec<Outcome> {
+        self.items.lock().unwrap().clone()
     }
 }
 
-/// Stops a controller's `run` and returns its summary once it returned (within 10 s).
-async fn stopped(
-    stop_tx: watch::Sender<bool>,
-    run: tokio::task::JoinHandle<Result<RunSummary, ControllerError>>,
-) -> RunSummary {
-    stop_tx.send(true).unwrap();
-    tokio::time::timeout(Duration::from_secs(10), run)
-        .await
-        .expect("run returns after stop")
-        .unwrap()
-        .expect("the caches synced")
+fn name_of(cm: &ConfigMap) -> String {
+    cm.metadata.name.clone().unwrap_or_default()
+}
+
+async fn note(cm: Arc<ConfigMap>, seen: Arc<Seen>) -> Result<Action, Fail> {
+    seen.started.lock().unwrap().push((name_of(&cm), Instant::now()));
+    Ok(Action::await_change())
 }
 
 async fn eventually(what: &str, mut f: impl FnMut() -> bool) {
@@ -72,317 +75,51 @@ async fn eventually(what: &str, mut f: impl FnMut() -> bool) {
     panic!("timed out waiting for {what}");
 }
 
-async fn reconcile(key: ObjectKey, ctx: Arc<Ctx>) -> Result<Action, String> {
-    let mut children: Vec<String> = ctx
-        .children
-        .namespace("ns")
-        .list(&Default::default())
-        .map_err(|e| e.to_string())?
-        .iter()
-        .filter_map(|c| c.metadata.name.clone())
-        .collect();
-    children.sort();
-    let first = {
-        let mut calls = ctx.calls.lock().unwrap();
-        calls.push((key.name.clone(), children));
-        calls.iter().filter(|(k, _)| *k == key.name).count() == 1
-    };
-    if key.name == "fragile" && first {
-        panic!("fragile breaks on its first reconcile");
-    }
-    Ok(Action::await_change())
+/// A controller's stream, consumed by a task that records its items in `seen`; `stop()` shuts
+/// it down gracefully and waits (at most 10 s) until the stream ended.
+struct Running {
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    task: tokio::task::JoinHandle<()>,
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn run_starts_a_watched_informer_that_was_never_started_and_reconciles_its_changes() {
-    let (primaries, secondaries) = (Fake::new(), Fake::new());
-    primaries.upsert("parent", "");
-    secondaries.upsert("child0", "parent");
-    let dir = tempfile::tempdir().unwrap();
-    let (_db1, primary) = informer(&dir, "primary.redb", &primaries).await;
-    let (_db2, secondary) = informer(&dir, "secondary.redb", &secondaries).await;
-    let ctx = Arc::new(Ctx {
-        children: secondary.lister(),
-        calls: Mutex::default(),
-        errors: Mutex::default(),
-    });
-    let (stop_tx, stop) = watch::channel(false);
-    let run = tokio::spawn(Controller::new(primary).watches(secondary.clone(), primary_of).run(
-        reconcile,
-        default_error_policy,
-        ctx.clone(),
-        stop,
-    ));
-
-    eventually("the first reconcile", || !ctx.calls_of("parent").is_empty()).await;
-    assert!(secondary.has_synced(), "run started the secondary informer");
-    assert_eq!(
-        ctx.calls_of("parent")[0],
-        ["child0"],
-        "the first reconcile sees the secondary cache synced"
-    );
-
-    // A change to a secondary object reconciles its primary.
-    secondaries.upsert("child1", "parent");
-    eventually("a reconcile for the new child", || {
-        ctx.calls_of("parent").iter().any(|c| c.contains(&"child1".to_owned()))
-    })
-    .await;
-
-    stopped(stop_tx, run).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_informer_started_before_run_is_not_started_again() {
-    let (primaries, secondaries) = (Fake::new(), Fake::new());
-    primaries.upsert("parent", "");
-    secondaries.upsert("child0", "parent");
-    let dir = tempfile::tempdir().unwrap();
-    let (_db1, primary) = informer(&dir, "primary.redb", &primaries).await;
-    let (_db2, secondary) = informer(&dir, "secondary.redb", &secondaries).await;
-    secondary.start();
-    secondary.wait_for_sync().await.expect("cache synced");
-    let ctx = Arc::new(Ctx {
-        children: secondary.lister(),
-        calls: Mutex::default(),
-        errors: Mutex::default(),
-    });
-    let (stop_tx, stop) = watch::channel(false);
-    let run = tokio::spawn(Controller::new(primary).watches(secondary.clone(), primary_of).run(
-        reconcile,
-        default_error_policy,
-        ctx.clone(),
-        stop,
-    ));
-    eventually("the first reconcile", || !ctx.calls_of("parent").is_empty()).await;
-    secondaries.upsert("child1", "parent");
-    eventually("a reconcile for the new child", || ctx.calls_of("parent").len() >= 2).await;
-    assert_eq!(
-        secondaries.full_lists(),
-        1,
-        "one reflector: {:?}",
-        secondaries.requests()
-    );
-    stopped(stop_tx, run).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_panicking_reconcile_is_retried_and_run_still_stops() {
-    let fake = Fake::new();
-    fake.upsert("fragile", "");
-    fake.upsert("sturdy", "");
-    let dir = tempfile::tempdir().unwrap();
-    let (_db, primary) = informer(&dir, "db.redb", &fake).await;
-    let ctx = Arc::new(Ctx {
-        children: primary.lister(),
-        calls: Mutex::default(),
-        errors: Mutex::default(),
-    });
-    let (stop_tx, stop) = watch::channel(false);
-    let policy_ctx = ctx.clone();
-    let run = tokio::spawn(Controller::new(primary).run(
-        reconcile,
-        move |k: &ObjectKey, e: &String, _ctx| {
-            policy_ctx.errors.lock().unwrap().push(format!("{k}: {e}"));
-            Action::requeue_rate_limited()
-        },
-        ctx.clone(),
-        stop,
-    ));
-    eventually("fragile retried", || ctx.calls_of("fragile").len() >= 2).await;
-    eventually("sturdy reconciled", || ctx.calls_of("sturdy").len() == 1).await;
-    let errors = ctx.errors.lock().unwrap().clone();
-    assert!(errors.is_empty(), "a panic is not an Err of the reconcile: {errors:?}");
-
-    // Still serving: a change is reconciled after the panic.
-    fake.upsert("fragile", "2");
-    eventually("fragile after a change", || ctx.calls_of("fragile").len() >= 3).await;
-
-    let summary = stopped(stop_tx, run).await;
-    assert_eq!(summary.panicked, 1, "{summary:?}");
-    assert_eq!(summary.failed, 0, "{summary:?}");
-    assert_eq!(summary.reconciled, 3, "{summary:?}");
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_error_policy_decides_the_retry_of_a_failed_reconcile() {
-    let fake = Fake::new();
-    fake.upsert("flaky", "");
-    let dir = tempfile::tempdir().unwrap();
-    let (_db, primary) = informer(&dir, "db.redb", &fake).await;
-    let calls = Arc::new(Mutex::new(Vec::<std::time::Instant>::new()));
-    let seen = Arc::new(Mutex::new(Vec::<String>::new()));
-    let (stop_tx, stop) = watch::channel(false);
-    let c = calls.clone();
-    let s = seen.clone();
-    let run = tokio::spawn(Controller::new(primary).name("flaky-controller").run(
-        move |_key: ObjectKey, _ctx: Arc<()>| {
-            let c = c.clone();
-            async move {
-                let n = {
-                    let mut calls = c.lock().unwrap();
-                    calls.push(std::time::Instant::now());
-                    calls.len()
-                };
-                // A typed error: the policy receives it as it was returned.
-                if n == 1 {
-                    Err(std::io::Error::other("first attempt fails"))
-                } else {
-                    Ok(Action::await_change())
-                }
-            }
-        },
-        move |key: &ObjectKey, e: &std::io::Error, _ctx: Arc<()>| {
-            s.lock().unwrap().push(format!("{key}: {e} ({:?})", e.kind()));
-            Action::requeue(Duration::from_millis(300))
-        },
-        Arc::new(()),
-        stop,
-    ));
-    eventually("the retry", || calls.lock().unwrap().len() == 2).await;
-    let gap = {
-        let calls = calls.lock().unwrap();
-        calls[1] - calls[0]
-    };
-    // The policy's 300 ms, not the rate limiter's 5 ms.
-    assert!(gap >= Duration::from_millis(300), "{gap:?}");
-    assert_eq!(*seen.lock().unwrap(), ["ns/flaky: first attempt fails (Other)"]);
-    let text = durable_informer::metrics::encode();
-    assert!(
-        text.contains(r#"durable_informer_reconcile_total{controller="flaky-controller",result="error"} 1"#),
-        "{text}"
-    );
-    assert!(
-        text.contains(r#"workqueue_adds_total{name="flaky-controller",controller="flaky-controller"}"#),
-        "{text}"
-    );
-    let summary = stopped(stop_tx, run).await;
-    assert_eq!((summary.reconciled, summary.failed), (1, 1));
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn run_fails_without_reconciling_when_a_cache_never_syncs() {
-    let fake = Fake::new();
-    fake.upsert("a", "");
-    let dir = tempfile::tempdir().unwrap();
-    // The database belongs to another cluster: the reflector stops before any sync.
-    {
-        let (db, inf) = informer(&dir, "db.redb", &fake).await;
-        inf.start();
-        inf.wait_for_sync().await.expect("cache synced");
-        inf.shutdown().await.unwrap();
-        drop(inf);
-        db.close().unwrap();
-    }
-    fake.set_identity("another-uid@another");
-    let (_db, primary) = informer(&dir, "db.redb", &fake).await;
-    let reconciled = Arc::new(Mutex::new(0_u32));
-    let r = reconciled.clone();
-    let (_stop_tx, stop) = watch::channel(false);
-    let result = tokio::time::timeout(
-        Duration::from_secs(20),
-        Controller::new(primary.clone()).run(
-            move |_key: ObjectKey, _ctx: Arc<()>| {
-                *r.lock().unwrap() += 1;
-                async { Ok::<_, String>(Action::await_change()) }
-            },
-            default_error_policy,
-            Arc::new(()),
-            stop,
-        ),
-    )
-    .await
-    .expect("run returns instead of waiting for ever");
-    let err = result.expect_err("a cache that cannot sync is an error");
-    assert!(err.to_string().contains("another"), "{err}");
-    assert_eq!(*reconciled.lock().unwrap(), 0);
-    let synced = primary.wait_for_sync().await;
-    assert!(synced.is_err(), "wait_for_sync reports it too");
-}
-
-/// Reconciles of a run, by key name.
-#[derive(Default)]
-struct Seen(Mutex<Vec<String>>);
-
-impl Seen {
-    fn count(&self, name: &str) -> usize {
-        self.0.lock().unwrap().iter().filter(|n| *n == name).count()
+impl Running {
+    async fn stop(mut self) {
+        if let Some(s) = self.stop.take() {
+            let _ = s.send(());
+        }
+        tokio::time::timeout(Duration::from_secs(10), self.task)
+            .await
+            .expect("the stream ends after a graceful shutdown")
+            .unwrap();
     }
 }
 
-async fn note(key: ObjectKey, seen: Arc<Seen>) -> Result<Action, String> {
-    seen.0.lock().unwrap().push(key.name);
-    Ok(Action::await_change())
-}
-
-/// Runs `controller` until `f` returns; then stops it and checks it stopped cleanly.
-async fn running<K, F, Fut>(controller: Controller<K>, seen: Arc<Seen>, f: F)
+fn run_with<F, Fut, P>(controller: Controller<ConfigMap>, seen: &Arc<Seen>, reconcile: F, error_policy: P) -> Running
 where
-    K: kube::Resource + serde::de::DeserializeOwned + Send + Sync + 'static,
-    F: FnOnce() -> Fut,
-    Fut: std::future::Future<Output = ()>,
+    F: Fn(Arc<ConfigMap>, Arc<Seen>) -> Fut + Send + Sync + 'static,
+    Fut: std::future::Future<Output = Result<Action, Fail>> + Send + 'static,
+    P: Fn(Arc<ConfigMap>, &Fail, Arc<Seen>) -> Action + Send + Sync + 'static,
 {
-    let (stop_tx, stop) = watch::channel(false);
-    let run = tokio::spawn(controller.run(note, default_error_policy, seen, stop));
-    f().await;
-    stopped(stop_tx, run).await;
-}
-
-/// A `creationTimestamp` that is not a time: the store keeps the object (its metadata scan
-/// reads no timestamp), but it decodes neither as a `ConfigMap` nor as kube's `ObjectMeta`.
-const BAD_TIME: &str = r#","creationTimestamp":"yesterday""#;
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_controller_enqueues_keys_without_decoding_objects() {
-    let fake = Fake::new();
-    fake.upsert_raw("odd", BAD_TIME, "{}");
-    fake.upsert("plain", "x");
-    let dir = tempfile::tempdir().unwrap();
-    let (_db, primary) = informer(&dir, "db.redb", &fake).await;
-    let seen = Arc::new(Seen::default());
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let stream = controller
+        .graceful_shutdown_on(async move {
+            let _ = stopped.await;
+        })
+        .run(reconcile, error_policy, seen.clone());
     let s = seen.clone();
-    running(Controller::new(primary), seen, || async move {
-        eventually("both keys reconciled", || s.count("odd") == 1 && s.count("plain") == 1).await;
-        // An update of the undecodable object reaches the queue too.
-        fake.upsert_raw("odd", BAD_TIME, r#"{"v":"2"}"#);
-        eventually("the update reconciled", || s.count("odd") == 2).await;
-    })
-    .await;
+    let task = tokio::spawn(stream.for_each(move |item| {
+        let item = match item {
+            Ok((r, a)) => Ok((r.name, a)),
+            Err(e) => Err(e.to_string()),
+        };
+        s.items.lock().unwrap().push(item);
+        async {}
+    }));
+    Running { stop: Some(stop), task }
 }
 
-fn generation(g: i64) -> String {
-    format!(r#","generation":{g}"#)
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn predicates_let_through_only_updates_whose_value_changed() {
-    use durable_informer::controller::predicates;
-    let fake = Fake::new();
-    fake.upsert_raw("a", &generation(1), r#"{"v":"1"}"#);
-    fake.upsert_raw("marker", &generation(1), "{}");
-    let dir = tempfile::tempdir().unwrap();
-    let (_db, primary) = informer(&dir, "db.redb", &fake).await;
-    let seen = Arc::new(Seen::default());
-    let s = seen.clone();
-    let controller = Controller::new(primary).with_predicate(predicates::generation());
-    running(controller, seen, || async move {
-        eventually("the initial reconciles", || s.count("a") == 1 && s.count("marker") == 1).await;
-        // A status-like write: same generation. Then a spec change of the marker; events
-        // reach the queue in order, so once the marker is reconciled, `a`'s update was seen.
-        fake.upsert_raw("a", &generation(1), r#"{"v":"2"}"#);
-        fake.upsert_raw("marker", &generation(2), "{}");
-        eventually("the marker's spec change", || s.count("marker") == 2).await;
-        assert_eq!(s.count("a"), 1, "an update with the same generation is filtered out");
-        fake.upsert_raw("a", &generation(2), r#"{"v":"2"}"#);
-        eventually("a's spec change", || s.count("a") == 2).await;
-        // Metadata that does not decode passes: a reconcile too many, never one too few.
-        fake.upsert_raw("a", &format!("{}{BAD_TIME}", generation(2)), r#"{"v":"3"}"#);
-        eventually("the undecodable update", || s.count("a") == 3).await;
-        // Deletes always pass.
-        fake.delete("a");
-        eventually("the delete", || s.count("a") == 4).await;
-    })
-    .await;
+fn run(controller: Controller<ConfigMap>, seen: &Arc<Seen>) -> Running {
+    run_with(controller, seen, note, default_error_policy)
 }
 
 /// `,"ownerReferences":[…]` naming ConfigMaps `(name, controller)`.
@@ -399,7 +136,7 @@ fn owned_by(owners: &[(&str, bool)]) -> String {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn owns_reconciles_the_controlling_owner_of_each_state() {
+async fn owns_follows_every_matching_owner_reference_as_kube_does() {
     let (parents, children) = (Fake::new(), Fake::new());
     for p in ["p1", "p2", "p3"] {
         parents.upsert(p, "");
@@ -408,30 +145,557 @@ async fn owns_reconciles_the_controlling_owner_of_each_state() {
     let (_db1, primary) = informer(&dir, "parents.redb", &parents).await;
     let (_db2, owned) = informer(&dir, "children.redb", &children).await;
     let seen = Arc::new(Seen::default());
-    let s = seen.clone();
-    let lister = owned.lister();
-    running(Controller::new(primary).owns(owned), seen, || async move {
-        eventually("the initial reconciles", || {
-            (1..=3).all(|i| s.count(&format!("p{i}")) == 1)
-        })
-        .await;
-        // p3 is only a non-controlling owner: never enqueued through the child.
-        children.upsert_raw("c", &owned_by(&[("p1", true), ("p3", false)]), "{}");
-        eventually("the child in the cache", || {
-            lister.namespace("ns").get("c").unwrap().is_some()
-        })
-        .await;
-        eventually("the controlling owner", || s.count("p1") == 2).await;
-        // The child moves to p2: the old owner and the new one.
-        children.upsert_raw("c", &owned_by(&[("p2", true), ("p3", false)]), "{}");
-        eventually("both owners after the move", || {
-            s.count("p1") == 3 && s.count("p2") == 2
-        })
-        .await;
-        children.delete_raw("c", &owned_by(&[("p2", true)]), "{}");
-        eventually("the owner of a deleted child", || s.count("p2") == 3).await;
-        assert_eq!(s.count("p3"), 1, "a non-controlling owner is not enqueued");
-        assert_eq!(s.count("c"), 0, "children are not primaries");
+    let running = run(
+        Controller::for_informer(primary).owns_informer(owned, Relation::new()),
+        &seen,
+    );
+    eventually("the initial reconciles", || {
+        (1..=3).all(|i| seen.count(&format!("p{i}")) == 1)
     })
     .await;
+    // p3 is a non-controlling owner: kube's `owns` follows it too.
+    children.upsert_raw("c", &owned_by(&[("p1", true), ("p3", false)]), "{}");
+    eventually("both owners", || seen.count("p1") == 2 && seen.count("p3") == 2).await;
+    // The child moves from p1 to p2: the old owner and the new one.
+    children.upsert_raw("c", &owned_by(&[("p2", true)]), "{}");
+    eventually("both owners after the move", || {
+        seen.count("p1") == 3 && seen.count("p2") == 2
+    })
+    .await;
+    children.delete_raw("c", &owned_by(&[("p2", true)]), "{}");
+    eventually("the owner of a deleted child", || seen.count("p2") == 3).await;
+    assert_eq!(seen.count("c"), 0, "children are not primaries");
+    running.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn owns_controller_only_skips_non_controlling_owners() {
+    let (parents, children) = (Fake::new(), Fake::new());
+    for p in ["p1", "p3", "marker"] {
+        parents.upsert(p, "");
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (_db1, primary) = informer(&dir, "parents.redb", &parents).await;
+    let (_db2, owned) = informer(&dir, "children.redb", &children).await;
+    let seen = Arc::new(Seen::default());
+    let running = run(
+        Controller::for_informer(primary).owns_informer(owned, Relation::new().controller_only()),
+        &seen,
+    );
+    eventually("the initial reconciles", || seen.total() == 3).await;
+    children.upsert_raw("c", &owned_by(&[("p3", false), ("p1", true)]), "{}");
+    // Events reach the queue in order: once the marker's child is seen, c's was too.
+    children.upsert_raw("m", &owned_by(&[("marker", true)]), "{}");
+    eventually("the controlling owners", || {
+        seen.count("p1") == 2 && seen.count("marker") == 2
+    })
+    .await;
+    assert_eq!(seen.count("p3"), 1, "a non-controlling owner is not enqueued");
+    running.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watches_reconciles_what_the_mapper_names_before_and_after_a_change() {
+    let (primaries, related) = (Fake::new(), Fake::new());
+    for p in ["a", "b"] {
+        primaries.upsert(p, "");
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (_db1, primary) = informer(&dir, "primary.redb", &primaries).await;
+    let (_db2, other) = informer(&dir, "related.redb", &related).await;
+    // A related ConfigMap names its primary in `data.v`.
+    let mapper = |cm: ConfigMap| {
+        let v = cm.data.and_then(|d| d.get("v").cloned());
+        v.map(|name| ObjectRef::<ConfigMap>::new(&name).within("ns"))
+    };
+    let seen = Arc::new(Seen::default());
+    let running = run(
+        Controller::for_informer(primary).watches_informer(other, mapper, Relation::new()),
+        &seen,
+    );
+    eventually("the initial reconciles", || {
+        seen.count("a") == 1 && seen.count("b") == 1
+    })
+    .await;
+    related.upsert("r", "a");
+    eventually("a through r", || seen.count("a") == 2).await;
+    // r now points at b: a (old state) and b (new state).
+    related.upsert("r", "b");
+    eventually("both", || seen.count("a") == 3 && seen.count("b") == 2).await;
+    related.delete_raw("r", "", r#"{"v":"b"}"#);
+    eventually("b through the deleted r", || seen.count("b") == 3).await;
+    // A mapper naming an object that does not exist: an item of the stream, as in kube.
+    related.upsert("r2", "ghost");
+    eventually("ObjectNotFound", || {
+        seen.items()
+            .iter()
+            .any(|i| matches!(i, Err(e) if e.contains("ghost") && e.contains("not found")))
+    })
+    .await;
+    running.stop().await;
+}
+
+fn generation(g: i64) -> String {
+    format!(r#","generation":{g}"#)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn predicates_filter_updates_of_the_primary_and_of_related_objects() {
+    let (primaries, related) = (Fake::new(), Fake::new());
+    primaries.upsert_raw("a", &generation(1), r#"{"v":"1"}"#);
+    primaries.upsert_raw("marker", &generation(1), "{}");
+    let dir = tempfile::tempdir().unwrap();
+    let (_db1, primary) = informer(&dir, "primary.redb", &primaries).await;
+    let (_db2, other) = informer(&dir, "related.redb", &related).await;
+    let mapper = |cm: ConfigMap| {
+        let v = cm.data.and_then(|d| d.get("v").cloned());
+        v.map(|name| ObjectRef::<ConfigMap>::new(&name).within("ns"))
+    };
+    let seen = Arc::new(Seen::default());
+    let controller = Controller::for_informer(primary)
+        .with_predicate(predicates::generation)
+        .watches_informer(other, mapper, Relation::new().predicate(predicates::generation));
+    let running = run(controller, &seen);
+    eventually("the initial reconciles", || {
+        seen.count("a") == 1 && seen.count("marker") == 1
+    })
+    .await;
+    // A status-like write (same generation), then a spec change of the marker; events reach the
+    // queue in order, so once the marker is reconciled, a's update was seen.
+    primaries.upsert_raw("a", &generation(1), r#"{"v":"2"}"#);
+    primaries.upsert_raw("marker", &generation(2), "{}");
+    eventually("the marker's spec change", || seen.count("marker") == 2).await;
+    assert_eq!(seen.count("a"), 1, "an update with the same generation is filtered out");
+    primaries.upsert_raw("a", &generation(2), r#"{"v":"2"}"#);
+    eventually("a's spec change", || seen.count("a") == 2).await;
+
+    // The related object's own predicate: its add passes, a same-generation update does not.
+    related.upsert_raw("r", &generation(1), r#"{"v":"a"}"#);
+    eventually("a through r's add", || seen.count("a") == 3).await;
+    related.upsert_raw("r", &generation(1), r#"{"v":"a","x":"status"}"#);
+    related.upsert_raw("r2", &generation(1), r#"{"v":"marker"}"#);
+    eventually("the marker through r2", || seen.count("marker") == 3).await;
+    assert_eq!(seen.count("a"), 3, "r's same-generation update is filtered out");
+    related.upsert_raw("r", &generation(2), r#"{"v":"a"}"#);
+    eventually("a through r's spec change", || seen.count("a") == 4).await;
+    running.stop().await;
+}
+
+/// A reconcile that takes `ms` and records how many ran at once.
+fn slow(
+    ms: u64,
+) -> impl Fn(Arc<ConfigMap>, Arc<Seen>) -> futures::future::BoxFuture<'static, Result<Action, Fail>> + Send + Sync {
+    move |cm, seen| {
+        Box::pin(async move {
+            seen.started.lock().unwrap().push((name_of(&cm), Instant::now()));
+            {
+                let mut f = seen.in_flight.lock().unwrap();
+                f.0 += 1;
+                f.1 = f.1.max(f.0);
+            }
+            tokio::time::sleep(Duration::from_millis(ms)).await;
+            seen.in_flight.lock().unwrap().0 -= 1;
+            seen.finished.lock().unwrap().push(name_of(&cm));
+            Ok(Action::await_change())
+        })
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrency_bounds_the_reconciles_in_flight_and_zero_means_no_bound() {
+    let fake = Fake::new();
+    for i in 0..8 {
+        fake.upsert(&format!("o{i}"), "");
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (_db, primary) = informer(&dir, "db.redb", &fake).await;
+    for (concurrency, want) in [(2_u16, 2_usize), (0, 8)] {
+        let seen = Arc::new(Seen::default());
+        let controller = Controller::for_informer(primary.clone())
+            .name(&format!("concurrency-{concurrency}"))
+            .with_config(Config::default().concurrency(concurrency));
+        let running = run_with(controller, &seen, slow(300), default_error_policy);
+        eventually("every object", || seen.finished.lock().unwrap().len() == 8).await;
+        let peak = seen.in_flight.lock().unwrap().1;
+        assert_eq!(peak, want, "concurrency {concurrency}");
+        running.stop().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reconcile_on_and_reconcile_all_on_enqueue_from_outside() {
+    let fake = Fake::new();
+    for p in ["a", "b", "c"] {
+        fake.upsert(p, "");
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (_db, primary) = informer(&dir, "db.redb", &fake).await;
+    let (one_tx, one_rx) = futures::channel::mpsc::unbounded::<ObjectRef<ConfigMap>>();
+    let (all_tx, all_rx) = futures::channel::mpsc::unbounded::<()>();
+    let seen = Arc::new(Seen::default());
+    let controller = Controller::for_informer(primary)
+        .reconcile_on(one_rx)
+        .reconcile_all_on(all_rx);
+    let running = run(controller, &seen);
+    eventually("the initial reconciles", || seen.total() == 3).await;
+    one_tx.unbounded_send(ObjectRef::new("b").within("ns")).unwrap();
+    eventually("b on demand", || seen.count("b") == 2).await;
+    assert_eq!((seen.count("a"), seen.count("c")), (1, 1));
+    all_tx.unbounded_send(()).unwrap();
+    eventually("all on demand", || {
+        ["a", "b", "c"].iter().all(|n| seen.count(n) >= 2) && seen.count("b") == 3
+    })
+    .await;
+    one_tx.unbounded_send(ObjectRef::new("ghost").within("ns")).unwrap();
+    eventually("ObjectNotFound for a missing object", || {
+        seen.items().iter().any(|i| matches!(i, Err(e) if e.contains("ghost")))
+    })
+    .await;
+    running.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn graceful_shutdown_lets_reconciles_in_flight_finish_and_starts_no_more() {
+    let fake = Fake::new();
+    for p in ["a", "b", "c"] {
+        fake.upsert(p, "");
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (_db, primary) = informer(&dir, "db.redb", &fake).await;
+    let seen = Arc::new(Seen::default());
+    let controller = Controller::for_informer(primary).with_config(Config::default().concurrency(1));
+    let running = run_with(controller, &seen, slow(1000), default_error_policy);
+    eventually("the first reconcile started", || seen.total() == 1).await;
+    let started = Instant::now();
+    running.stop().await;
+    assert!(
+        started.elapsed() >= Duration::from_millis(500),
+        "the stream waited for the reconcile"
+    );
+    assert_eq!(
+        seen.finished.lock().unwrap().len(),
+        1,
+        "the reconcile in flight finished"
+    );
+    assert_eq!(seen.total(), 1, "no reconcile started after the shutdown");
+    let items = seen.items();
+    assert_eq!(items.len(), 1, "its result is on the stream: {items:?}");
+    assert!(items[0].is_ok());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_action_kubes_finalizer_returns_is_honoured() {
+    use kube::runtime::finalizer::{finalizer, Event as Finalizer};
+    let fake = Fake::new();
+    // The finalizer is there already and no deletion is under way: finalizer() calls the
+    // apply branch without a request to the server.
+    fake.upsert_raw("a", r#","finalizers":["test.example.com/cleanup"]"#, "{}");
+    let dir = tempfile::tempdir().unwrap();
+    let (_db, primary) = informer(&dir, "db.redb", &fake).await;
+    let config = kube::Config::new("http://127.0.0.1:9".parse().unwrap());
+    let api: kube::Api<ConfigMap> = kube::Api::namespaced(kube::Client::try_from(config).unwrap(), "ns");
+    let api = Arc::new(api);
+    let reconcile = move |cm: Arc<ConfigMap>, seen: Arc<Seen>| {
+        let api = api.clone();
+        async move {
+            finalizer(&api, "test.example.com/cleanup", cm, |ev| async move {
+                match ev {
+                    Finalizer::Apply(cm) => {
+                        seen.started.lock().unwrap().push((name_of(&cm), Instant::now()));
+                        Ok::<_, Fail>(Action::requeue(Duration::from_millis(300)))
+                    }
+                    Finalizer::Cleanup(_) => Ok(Action::await_change()),
+                }
+            })
+            .await
+            .map_err(|e| Fail(e.to_string()))
+        }
+    };
+    let seen = Arc::new(Seen::default());
+    let running = run_with(
+        Controller::for_informer(primary),
+        &seen,
+        reconcile,
+        default_error_policy,
+    );
+    eventually("three reconciles", || seen.count("a") >= 3).await;
+    let times: Vec<Instant> = seen.started.lock().unwrap().iter().map(|(_, t)| *t).collect();
+    for w in times.windows(2) {
+        assert!(
+            w[1] - w[0] >= Duration::from_millis(290),
+            "requeued after 300 ms: {:?}",
+            w[1] - w[0]
+        );
+    }
+    let items = seen.items();
+    assert_eq!(items[0], Ok(("a".into(), Action::requeue(Duration::from_millis(300)))));
+    running.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failures_and_panics_are_stream_items_and_the_error_policy_decides_the_retry() {
+    let fake = Fake::new();
+    fake.upsert("flaky", "");
+    fake.upsert("fragile", "");
+    let dir = tempfile::tempdir().unwrap();
+    let (_db, primary) = informer(&dir, "db.redb", &fake).await;
+    let policy: Arc<Mutex<Vec<String>>> = Arc::default();
+    let p = policy.clone();
+    let reconcile = |cm: Arc<ConfigMap>, seen: Arc<Seen>| async move {
+        let name = name_of(&cm);
+        let first = {
+            let mut s = seen.started.lock().unwrap();
+            s.push((name.clone(), Instant::now()));
+            s.iter().filter(|(n, _)| *n == name).count() == 1
+        };
+        match (name.as_str(), first) {
+            ("flaky", true) => Err(Fail("flaky fails once".into())),
+            ("fragile", true) => panic!("fragile breaks once"),
+            _ => Ok(Action::await_change()),
+        }
+    };
+    let error_policy = move |cm: Arc<ConfigMap>, e: &Fail, _seen: Arc<Seen>| {
+        p.lock().unwrap().push(format!("{}: {e}", name_of(&cm)));
+        Action::requeue(Duration::from_millis(200))
+    };
+    let seen = Arc::new(Seen::default());
+    let running = run_with(Controller::for_informer(primary), &seen, reconcile, error_policy);
+    eventually("both retried", || {
+        seen.count("flaky") == 2 && seen.count("fragile") == 2
+    })
+    .await;
+    eventually("four items", || seen.items().len() == 4).await;
+    let items = seen.items();
+    let has = |f: &dyn Fn(&Outcome) -> bool| items.iter().any(f);
+    assert!(
+        has(&|i| matches!(i, Err(e) if e.contains("flaky fails once") && e.contains("flaky"))),
+        "{items:?}"
+    );
+    assert!(
+        has(&|i| matches!(i, Err(e) if e.contains("panicked") && e.contains("fragile breaks once"))),
+        "{items:?}"
+    );
+    assert!(
+        has(&|i| *i == Ok(("flaky".into(), Action::await_change()))),
+        "{items:?}"
+    );
+    assert!(
+        has(&|i| *i == Ok(("fragile".into(), Action::await_change()))),
+        "{items:?}"
+    );
+    assert_eq!(
+        *policy.lock().unwrap(),
+        ["flaky: flaky fails once"],
+        "a panic is not the reconcile's error"
+    );
+    running.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deletions_reach_reconcile_only_while_a_finalizer_holds_the_object() {
+    let fake = Fake::new();
+    fake.upsert("plain", "");
+    fake.upsert_raw("held", r#","finalizers":["x/y"]"#, "{}");
+    let dir = tempfile::tempdir().unwrap();
+    let (_db, primary) = informer(&dir, "db.redb", &fake).await;
+    let seen = Arc::new(Seen::default());
+    let running = run(Controller::for_informer(primary), &seen);
+    eventually("the initial reconciles", || seen.total() == 2).await;
+    fake.delete("plain");
+    // A deletion held by a finalizer: an update with a deletionTimestamp.
+    fake.upsert_raw(
+        "held",
+        r#","finalizers":["x/y"],"deletionTimestamp":"2026-01-01T00:00:00Z""#,
+        "{}",
+    );
+    eventually("the deletion under way", || seen.count("held") == 2).await;
+    assert_eq!(seen.count("plain"), 1, "a deleted object is not reconciled");
+    assert!(
+        seen.items().iter().all(Result::is_ok),
+        "and no ObjectNotFound for it: {:?}",
+        seen.items()
+    );
+    running.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_delete_hook_sees_the_last_state_also_of_deletions_made_while_stopped() {
+    let fake = Fake::new();
+    fake.upsert("a", "1");
+    fake.upsert("b", "1");
+    let dir = tempfile::tempdir().unwrap();
+    let deleted: Arc<Mutex<Vec<(String, String)>>> = Arc::default();
+    let hook = |deleted: Arc<Mutex<Vec<(String, String)>>>| {
+        move |cm: Arc<ConfigMap>| {
+            let deleted = deleted.clone();
+            async move {
+                let v = cm.data.as_ref().and_then(|d| d.get("v").cloned()).unwrap_or_default();
+                deleted.lock().unwrap().push((name_of(&cm), v));
+                Ok::<(), Fail>(())
+            }
+        }
+    };
+    {
+        let (db, primary) = informer(&dir, "db.redb", &fake).await;
+        let seen = Arc::new(Seen::default());
+        let running = run(
+            Controller::for_informer(primary.clone()).on_delete(hook(deleted.clone())),
+            &seen,
+        );
+        eventually("the initial reconciles", || seen.total() == 2).await;
+        fake.delete_raw("a", "", r#"{"v":"last"}"#);
+        eventually("a's hook", || deleted.lock().unwrap().len() == 1).await;
+        assert_eq!(deleted.lock().unwrap()[0], ("a".into(), "last".into()));
+        assert_eq!(seen.count("a"), 1, "reconcile never sees the deletion");
+        running.stop().await;
+        let items = seen.items();
+        assert!(
+            items.iter().all(Result::is_ok),
+            "no ObjectNotFound after the hook: {items:?}"
+        );
+        primary.shutdown().await.unwrap();
+        drop(primary);
+        db.close().unwrap();
+    }
+    // Deleted while no controller runs: the durable handler delivers it at the next start.
+    fake.delete_raw("b", "", r#"{"v":"final"}"#);
+    let (_db, primary) = informer(&dir, "db.redb", &fake).await;
+    let seen = Arc::new(Seen::default());
+    let running = run(
+        Controller::for_informer(primary).on_delete(hook(deleted.clone())),
+        &seen,
+    );
+    eventually("b's hook after the restart", || deleted.lock().unwrap().len() == 2).await;
+    assert_eq!(deleted.lock().unwrap()[1], ("b".into(), "final".into()));
+    assert_eq!(deleted.lock().unwrap().len(), 2, "a's deletion is not delivered twice");
+    running.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cache_that_never_syncs_ends_the_stream_with_an_error_and_no_reconcile() {
+    let fake = Fake::new();
+    fake.upsert("a", "");
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let (db, inf) = informer(&dir, "db.redb", &fake).await;
+        inf.start();
+        inf.wait_for_sync().await.expect("cache synced");
+        inf.shutdown().await.unwrap();
+        drop(inf);
+        db.close().unwrap();
+    }
+    fake.set_identity("another-uid@another");
+    let (_db, primary) = informer(&dir, "db.redb", &fake).await;
+    let seen = Arc::new(Seen::default());
+    let items: Vec<_> = tokio::time::timeout(
+        Duration::from_secs(20),
+        Controller::for_informer(primary)
+            .run(note, default_error_policy, seen.clone())
+            .collect::<Vec<_>>(),
+    )
+    .await
+    .expect("the stream ends instead of waiting for ever");
+    assert_eq!(items.len(), 1);
+    let Err(e @ Error::Informer(_)) = &items[0] else {
+        panic!("{:?}", items[0].as_ref().map(|(r, _)| r.to_string()))
+    };
+    assert!(e.to_string().contains("another"), "{e}");
+    assert_eq!(seen.total(), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requeue_rate_limited_backs_off_per_object() {
+    let fake = Fake::new();
+    fake.upsert("a", "");
+    let dir = tempfile::tempdir().unwrap();
+    let (_db, primary) = informer(&dir, "db.redb", &fake).await;
+    let reconcile = |cm: Arc<ConfigMap>, seen: Arc<Seen>| async move {
+        let n = {
+            let mut s = seen.started.lock().unwrap();
+            s.push((name_of(&cm), Instant::now()));
+            s.len()
+        };
+        Ok(if n < 6 {
+            requeue_rate_limited()
+        } else {
+            Action::await_change()
+        })
+    };
+    let seen = Arc::new(Seen::default());
+    let running = run_with(
+        Controller::for_informer(primary),
+        &seen,
+        reconcile,
+        default_error_policy,
+    );
+    eventually("six reconciles", || seen.total() == 6).await;
+    let times: Vec<Instant> = seen.started.lock().unwrap().iter().map(|(_, t)| *t).collect();
+    let gaps: Vec<Duration> = times.windows(2).map(|w| w[1] - w[0]).collect();
+    // 5, 10, 20, 40, 80 ms: client-go's per-item exponential limiter.
+    for (gap, want) in gaps.iter().zip([5_u64, 10, 20, 40, 80]) {
+        assert!(*gap >= Duration::from_millis(want), "{gaps:?}");
+    }
+    running.stop().await;
+}
+
+/// Records the spans opened, with their fields, on the current thread.
+#[derive(Clone, Default)]
+struct Spans(Arc<Mutex<Vec<SpanSeen>>>);
+
+/// A span's name and fields.
+type SpanSeen = (String, HashMap<String, String>);
+
+struct Fields<'a>(&'a mut HashMap<String, String>);
+
+impl tracing::field::Visit for Fields<'_> {
+    fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+        self.0.insert(field.name().to_owned(), format!("{value:?}"));
+    }
+    fn record_str(&mut self, field: &tracing::field::Field, value: &str) {
+        self.0.insert(field.name().to_owned(), value.to_owned());
+    }
+}
+
+impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for Spans {
+    fn on_new_span(
+        &self,
+        attrs: &tracing::span::Attributes<'_>,
+        _id: &tracing::span::Id,
+        _ctx: tracing_subscriber::layer::Context<'_, S>,
+    ) {
+        let mut fields = HashMap::new();
+        attrs.record(&mut Fields(&mut fields));
+        self.0
+            .lock()
+            .unwrap()
+            .push((attrs.metadata().name().to_owned(), fields));
+    }
+}
+
+// One thread: the subscriber is the thread's default, and every task runs on it.
+#[tokio::test(flavor = "current_thread")]
+async fn each_reconcile_runs_in_kubes_span_under_the_controllers_name() {
+    use tracing_subscriber::layer::SubscriberExt;
+    let spans = Spans::default();
+    let _guard = tracing::subscriber::set_default(tracing_subscriber::registry().with(spans.clone()));
+    let fake = Fake::new();
+    fake.upsert("a", "");
+    let dir = tempfile::tempdir().unwrap();
+    let (_db, primary) = informer(&dir, "db.redb", &fake).await;
+    let seen = Arc::new(Seen::default());
+    let running = run(Controller::for_informer(primary).name("spanned"), &seen);
+    eventually("a", || seen.count("a") == 1).await;
+    running.stop().await;
+    let spans = spans.0.lock().unwrap().clone();
+    let controller = spans
+        .iter()
+        .find(|(n, _)| n == "controller")
+        .expect("a controller span");
+    assert_eq!(controller.1.get("controller").map(String::as_str), Some("spanned"));
+    let rec = spans
+        .iter()
+        .find(|(n, _)| n == "reconciling object")
+        .expect("a reconcile span");
+    assert_eq!(rec.1.get("object.ref").map(String::as_str), Some("ConfigMap.v1./a.ns"));
+    assert_eq!(rec.1.get("object.reason").map(String::as_str), Some("object updated"));
 }

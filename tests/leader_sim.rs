@@ -12,6 +12,7 @@ use durable_informer::object::ObjectKey;
 use durable_informer::sim::{Sim, SimConfig};
 use durable_informer::source::KubeSource;
 use durable_informer::store::{DurableStore, StoreConfig};
+use futures::StreamExt;
 use k8s_openapi::api::core::v1::ConfigMap;
 use serde_json::json;
 use tokio::sync::watch;
@@ -146,21 +147,32 @@ async fn a_controller_reconciles_only_while_it_leads_and_catches_up_on_winning()
     let (lead, leading) = watch::channel(false);
     let seen: Arc<Mutex<Vec<String>>> = Arc::default();
     let s2 = seen.clone();
-    let reconcile = move |key: ObjectKey, _ctx: Arc<()>| {
+    let reconcile = move |cm: Arc<ConfigMap>, _ctx: Arc<()>| {
         let seen = s2.clone();
         async move {
+            let key = ObjectKey {
+                namespace: cm.metadata.namespace.clone(),
+                name: cm.metadata.name.clone().unwrap_or_default(),
+            };
             seen.lock().unwrap().push(key.to_string());
-            Ok::<_, String>(Action::await_change())
+            Ok::<_, std::io::Error>(Action::await_change())
         }
     };
-    let (stop_tx, stop) = watch::channel(false);
-    let controller = Controller::new(informer.clone()).leader_election(leading);
-    let run = tokio::spawn(controller.run(
-        reconcile,
-        durable_informer::controller::default_error_policy,
-        Arc::new(()),
-        stop,
-    ));
+    let (stop_tx, stop) = tokio::sync::oneshot::channel::<()>();
+    let controller = Controller::for_informer(informer.clone())
+        .leader_election(leading)
+        .graceful_shutdown_on(async move {
+            let _ = stop.await;
+        });
+    let run = tokio::spawn(
+        controller
+            .run(
+                reconcile,
+                durable_informer::controller::default_error_policy,
+                Arc::new(()),
+            )
+            .collect::<Vec<_>>(),
+    );
     informer.wait_for_sync().await.expect("cache synced");
     // A warm follower: synced and queued, reconciling nothing.
     tokio::time::sleep(Duration::from_millis(300)).await;
@@ -203,7 +215,11 @@ async fn a_controller_reconciles_only_while_it_leads_and_catches_up_on_winning()
     // Won again: every key once more (what the other leader did is unknown), the change included.
     lead.send_replace(true);
     wait_for(all).await;
-    stop_tx.send(true).unwrap();
-    run.await.unwrap().expect("caches synced");
+    stop_tx.send(()).unwrap();
+    let items = run.await.unwrap();
+    assert!(
+        items.iter().all(Result::is_ok),
+        "caches synced, every reconcile succeeded"
+    );
     informer.shutdown().await.unwrap();
 }

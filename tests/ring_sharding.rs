@@ -7,7 +7,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use durable_informer::controller::{default_error_policy, Action, Controller, RunSummary};
+use durable_informer::controller::{default_error_policy, Action, Config, Controller};
 use durable_informer::informer::{handler_fn, Event, HandlerOptions, Informer};
 use durable_informer::leader::{LeaderElectionConfig, LeaderError};
 use durable_informer::object::ObjectKey;
@@ -18,6 +18,7 @@ use durable_informer::sharding::{
 use durable_informer::sim::{Sim, SimConfig};
 use durable_informer::source::KubeSource;
 use durable_informer::store::{DurableStore, StoreConfig};
+use futures::StreamExt;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, ListParams};
 use kube::core::ApiResource;
@@ -106,7 +107,7 @@ struct ShardProc {
     shard: RingShard,
     stop: watch::Sender<bool>,
     lease_stop: watch::Sender<bool>,
-    controller: JoinHandle<RunSummary>,
+    controller: JoinHandle<()>,
     lease: JoinHandle<Result<(), LeaderError>>,
     /// The database lives as long as the replica.
     _db: DurableStore,
@@ -128,24 +129,33 @@ async fn start_shard(sim: &Sim, dir: &std::path::Path, id: &str, tracker: Arc<Tr
     let lease = tokio::spawn(lease.run(lease_rx));
     let (stop, stop_rx) = watch::channel(false);
     let name = id.to_owned();
-    let reconcile = move |key: ObjectKey, _ctx: Arc<()>| {
+    let reconcile = move |cm: Arc<ConfigMap>, _ctx: Arc<()>| {
         let (tracker, name) = (tracker.clone(), name.clone());
         async move {
+            let key = ObjectKey {
+                namespace: cm.metadata.namespace.clone(),
+                name: cm.metadata.name.clone().unwrap_or_default(),
+            };
             tracker.reconcile(&name, &key).await;
             // Reconcile again soon: a shard that kept a key it no longer owns would show.
-            Ok::<_, String>(Action::requeue(Duration::from_millis(100)))
+            Ok::<_, std::io::Error>(Action::requeue(Duration::from_millis(100)))
         }
     };
-    let controller = Controller::new(informer.clone())
-        .workers(4)
+    let mut stop_rx = stop_rx;
+    let controller = Controller::for_informer(informer.clone())
+        .with_config(Config::default().concurrency(4))
         .leader_election(holding)
-        .run(
-            shard.guard(&informer, reconcile),
-            default_error_policy,
-            Arc::new(()),
-            stop_rx,
+        .graceful_shutdown_on(async move {
+            let _ = stop_rx.wait_for(|s| *s).await;
+        })
+        .run(shard.guard(&informer, reconcile), default_error_policy, Arc::new(()));
+    let controller = tokio::spawn(controller.for_each(|item| {
+        assert!(
+            !matches!(item, Err(durable_informer::controller::Error::Informer(_))),
+            "caches synced"
         );
-    let controller = tokio::spawn(async move { controller.await.expect("caches synced") });
+        async {}
+    }));
     ShardProc {
         id: id.to_owned(),
         informer,

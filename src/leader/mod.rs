@@ -189,19 +189,6 @@ impl Leadership {
     pub fn flag(&self) -> watch::Receiver<bool> {
         self.flag.clone()
     }
-
-    /// Waits until the flag turns off or the term changes (a renewal or its end).
-    pub(crate) async fn changed(&mut self) {
-        match &mut self.until {
-            Some(u) => tokio::select! {
-                _ = self.flag.wait_for(|l| !*l) => {}
-                _ = u.changed() => {}
-            },
-            None => {
-                let _ = self.flag.wait_for(|l| !*l).await;
-            }
-        }
-    }
 }
 
 impl From<watch::Receiver<bool>> for Leadership {

@@ -18,7 +18,7 @@ use kube::core::{ApiResource, DynamicObject, Resource};
 use serde_json::json;
 
 use super::ShardingError;
-use crate::controller::Action;
+use crate::controller::{requeue_rate_limited, Action};
 use crate::informer::Informer;
 use crate::informer::Metadata;
 use crate::object::ObjectKey;
@@ -67,14 +67,14 @@ pub enum Responsibility {
 /// use durable_informer::controller::{default_error_policy, Action, Controller};
 /// use durable_informer::informer::Informer;
 /// use durable_informer::leader::LeaderElectionConfig;
-/// use durable_informer::object::ObjectKey;
 /// use durable_informer::selector::RingLabels;
 /// use durable_informer::sharding::{shard_lease, RingShard};
 /// use durable_informer::store::{DurableStore, StoreConfig};
+/// use futures::StreamExt;
 /// use k8s_openapi::api::apps::v1::Deployment;
 ///
-/// async fn reconcile(key: ObjectKey, _ctx: Arc<()>) -> Result<Action, String> {
-///     println!("reconcile {key}");
+/// async fn reconcile(d: Arc<Deployment>, _ctx: Arc<()>) -> Result<Action, std::io::Error> {
+///     println!("reconcile {:?}", d.metadata.name);
 ///     Ok(Action::await_change())
 /// }
 ///
@@ -88,13 +88,17 @@ pub enum Responsibility {
 ///     .await?;
 /// let shard = RingShard::new(client.clone(), me.clone());
 /// let lease = shard_lease(client, "default", &me, LeaderElectionConfig::default());
-/// let controller = Controller::new(deployments.clone()).leader_election(lease.fenced_leadership());
+/// let controller = Controller::for_informer(deployments.clone()).leader_election(lease.fenced_leadership());
 /// let (stop_tx, stop) = tokio::sync::watch::channel(false);
-/// tokio::spawn(lease.run(stop.clone())); // stop the controller first: the Lease is released last
+/// let lease_task = tokio::spawn(lease.run(stop)); // stop the controller first: the Lease is released last
 /// controller
-///     .run(shard.guard(&deployments, reconcile), default_error_policy, Arc::new(()), stop)
-///     .await?;
-/// # let _ = stop_tx; Ok(()) }
+///     .shutdown_on_signal()
+///     .run(shard.guard(&deployments, reconcile), default_error_policy, Arc::new(()))
+///     .for_each(|_| async {})
+///     .await;
+/// stop_tx.send(true)?;
+/// lease_task.await??;
+/// # Ok(()) }
 /// ```
 #[derive(Clone)]
 pub struct RingShard {
@@ -207,19 +211,19 @@ impl RingShard {
         })
     }
 
-    /// `reconcile`, run only for the keys this shard is responsible for: a drained key is
-    /// acknowledged instead, a key not in the cache or assigned elsewhere is skipped (as
+    /// `reconcile`, run only for the objects this shard is responsible for: a drained object
+    /// is acknowledged instead, one not in the cache or assigned elsewhere is skipped (as
     /// timebertt's shard library does: use finalizers for work on deletion). A failed
     /// acknowledgement is retried through the rate limiter.
     pub fn guard<K, Ctx, F, Fut, E>(
         &self,
         informer: &Informer<K>,
         reconcile: F,
-    ) -> impl Fn(ObjectKey, Arc<Ctx>) -> BoxFuture<'static, Result<Action, E>> + Send + Sync + 'static
+    ) -> impl Fn(Arc<K>, Arc<Ctx>) -> BoxFuture<'static, Result<Action, E>> + Send + Sync + 'static
     where
         K: Resource<DynamicType = ()> + serde::de::DeserializeOwned + Send + Sync + 'static,
         Ctx: Send + Sync + 'static,
-        F: Fn(ObjectKey, Arc<Ctx>) -> Fut + Send + Sync + 'static,
+        F: Fn(Arc<K>, Arc<Ctx>) -> Fut + Send + Sync + 'static,
         Fut: Future<Output = Result<Action, E>> + Send + 'static,
         E: Send + 'static,
     {
@@ -227,31 +231,37 @@ impl RingShard {
     }
 
     /// [`guard`](Self::guard) for a resource named at run time, with the informer's metadata.
-    pub fn guard_dynamic<Ctx, F, Fut, E>(
+    pub fn guard_dynamic<K, Ctx, F, Fut, E>(
         &self,
         resource: ApiResource,
         metadata: Metadata,
         reconcile: F,
-    ) -> impl Fn(ObjectKey, Arc<Ctx>) -> BoxFuture<'static, Result<Action, E>> + Send + Sync + 'static
+    ) -> impl Fn(Arc<K>, Arc<Ctx>) -> BoxFuture<'static, Result<Action, E>> + Send + Sync + 'static
     where
+        K: Resource + Send + Sync + 'static,
         Ctx: Send + Sync + 'static,
-        F: Fn(ObjectKey, Arc<Ctx>) -> Fut + Send + Sync + 'static,
+        F: Fn(Arc<K>, Arc<Ctx>) -> Fut + Send + Sync + 'static,
         Fut: Future<Output = Result<Action, E>> + Send + 'static,
         E: Send + 'static,
     {
         let shard = self.clone();
         let resource = Arc::new(resource);
-        move |key: ObjectKey, ctx: Arc<Ctx>| {
+        move |obj: Arc<K>, ctx: Arc<Ctx>| {
+            let meta = obj.meta();
+            let key = ObjectKey {
+                namespace: meta.namespace.clone(),
+                name: meta.name.clone().unwrap_or_default(),
+            };
             let decided = shard.responsibility(&metadata, &key);
             match decided {
-                Ok(Responsibility::Reconcile) => reconcile(key, ctx).boxed(),
+                Ok(Responsibility::Reconcile) => reconcile(obj, ctx).boxed(),
                 Ok(Responsibility::NotOurs) => async { Ok(Action::await_change()) }.boxed(),
                 Ok(Responsibility::Drain { resource_version }) => {
                     let (shard, resource) = (shard.clone(), resource.clone());
                     async move {
                         if let Err(e) = shard.acknowledge_drain(&resource, &key, &resource_version).await {
                             tracing::warn!(shard = shard.member.shard(), object = %key, error = %e, "acknowledging a drain failed; retrying");
-                            return Ok(Action::requeue_rate_limited());
+                            return Ok(requeue_rate_limited());
                         }
                         Ok(Action::await_change())
                     }
@@ -259,7 +269,7 @@ impl RingShard {
                 }
                 Err(e) => {
                     tracing::warn!(object = %key, error = %e, "reading the cache to check the shard failed; retrying");
-                    async { Ok(Action::requeue_rate_limited()) }.boxed()
+                    async { Ok(requeue_rate_limited()) }.boxed()
                 }
             }
         }

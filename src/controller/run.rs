@@ -1,0 +1,626 @@
+//! The controller's run: build and sync the informers, then hand due keys to reconciles (at most
+//! `concurrency` at once, one per key), each in its own task and span, and stream the results.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::panic::AssertUnwindSafe;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use futures::future::{self, BoxFuture};
+use futures::{FutureExt, Stream, StreamExt};
+use kube::core::DynamicObject;
+use kube::runtime::controller::ReconcileReason;
+use kube::runtime::reflector::ObjectRef;
+use kube::Resource;
+use serde::de::DeserializeOwned;
+use tokio::sync::{mpsc, oneshot};
+use tokio::task::JoinSet;
+use tracing::Instrument;
+
+use super::action::{requeue_rate_limited, Action, Next};
+use super::schedule::Enqueue;
+use super::trigger::{passes_entries, Armed};
+use super::{Controller, DeleteHook, Error};
+use crate::informer::{async_handler_fn, Event, HandlerOptions, Informer, InformerError, Lister, Watched};
+use crate::leader::Leadership;
+use crate::metrics::ReconcileResult;
+use crate::object::ObjectKey;
+use crate::queue::WorkQueue;
+use crate::util::Locked;
+
+/// Results not yet read by the stream's consumer; reconciles wait (holding their slot) when
+/// it is full, so a consumer that stops reading slows the controller down instead of growing
+/// memory.
+const RESULTS_BUFFERED: usize = 64;
+
+/// How often a follower looks at a fenced leadership that may have been renewed.
+const LEADERSHIP_POLL: Duration = Duration::from_millis(100);
+
+type Item<K, E> = Result<(ObjectRef<K>, Action), Error<E>>;
+
+/// The stream [`Controller::run`] returns: the results channel, and the driver task, started on
+/// the first poll and aborted when the stream is dropped.
+struct RunStream<T> {
+    rx: mpsc::Receiver<T>,
+    start: Option<BoxFuture<'static, ()>>,
+    driver: Option<AbortOnDrop>,
+}
+
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+impl<T> Stream for RunStream<T> {
+    type Item = T;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<T>> {
+        if let Some(start) = self.start.take() {
+            self.driver = Some(AbortOnDrop(tokio::spawn(start)));
+        }
+        self.rx.poll_recv(cx)
+    }
+}
+
+pub(super) fn stream<K, Ctx, F, Fut, E, P>(
+    controller: Controller<K>,
+    reconcile: F,
+    error_policy: P,
+    ctx: Arc<Ctx>,
+) -> impl Stream<Item = Item<K, E>> + Send + 'static
+where
+    K: Resource<DynamicType = ()> + DeserializeOwned + Send + Sync + 'static,
+    Ctx: Send + Sync + 'static,
+    F: Fn(Arc<K>, Arc<Ctx>) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Result<Action, E>> + Send + 'static,
+    E: std::error::Error + Send + 'static,
+    P: Fn(Arc<K>, &E, Arc<Ctx>) -> Action + Send + Sync + 'static,
+{
+    let (tx, rx) = mpsc::channel(RESULTS_BUFFERED);
+    let span = tracing::info_span!("controller", controller = %controller.name);
+    let reconciler = Arc::new(Reconciler {
+        reconcile,
+        error_policy,
+        ctx,
+        tx,
+        name: controller.name.clone(),
+    });
+    RunStream {
+        rx,
+        start: Some(drive(controller, reconciler).instrument(span).boxed()),
+        driver: None,
+    }
+}
+
+/// Widens a trigger's error (which carries no reconcile error) to the stream's.
+fn widen<E: std::error::Error>(e: Error<std::convert::Infallible>) -> Error<E> {
+    match e {
+        Error::Informer(e) => Error::Informer(e),
+        Error::NoDatabase(what) => Error::NoDatabase(what),
+        Error::Store(e, r) => Error::Store(e, r),
+        Error::ObjectNotFound(r) => Error::ObjectNotFound(r),
+        Error::ReconcilerPanicked(m, r) => Error::ReconcilerPanicked(m, r),
+        Error::DeleteHookFailed(e, r) => Error::DeleteHookFailed(e, r),
+        Error::ReconcilerFailed(never, _) => match never {},
+    }
+}
+
+/// The first of `futures` to resolve; never, when there is none.
+fn first_of(futures: Vec<BoxFuture<'static, ()>>) -> BoxFuture<'static, ()> {
+    if futures.is_empty() {
+        future::pending().boxed()
+    } else {
+        future::select_all(futures).map(|_| ()).boxed()
+    }
+}
+
+/// Deleted objects waiting for the delete hook, with the handler calls waiting for it to succeed.
+type Tombstones<K> = Arc<Mutex<HashMap<ObjectKey, (Arc<K>, Vec<oneshot::Sender<()>>)>>>;
+
+async fn drive<K, Ctx, F, Fut, E, P>(controller: Controller<K>, rec: Arc<Reconciler<Ctx, F, P, Item<K, E>>>)
+where
+    K: Resource<DynamicType = ()> + DeserializeOwned + Send + Sync + 'static,
+    Ctx: Send + Sync + 'static,
+    F: Fn(Arc<K>, Arc<Ctx>) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Result<Action, E>> + Send + 'static,
+    E: std::error::Error + Send + 'static,
+    P: Fn(Arc<K>, &E, Arc<Ctx>) -> Action + Send + Sync + 'static,
+{
+    let Controller {
+        db,
+        primary,
+        triggers,
+        predicates,
+        config,
+        name,
+        queue,
+        leading,
+        reconcile_on,
+        reconcile_all_on,
+        graceful,
+        forceful,
+        on_delete,
+    } = controller;
+    let mut forceful = first_of(forceful);
+    let mut graceful = first_of(graceful);
+    let enqueue = Enqueue::new(queue.clone(), config.debounce);
+    let mut aux = JoinSet::new();
+    aux.spawn(enqueue.clone().run_debounce());
+
+    let primary = match primary.informer(db.as_deref(), "Controller::new").await {
+        Ok(i) => i,
+        Err(e) => {
+            let _ = rec.tx.send(Err(widen(e))).await;
+            return;
+        }
+    };
+    // Keys as the informer's cache takes each change: with no predicate, no object is decoded
+    // (its metadata was scanned once, on arrival). Deletes go to the delete hook, if any.
+    let enq = enqueue.clone();
+    let on_change = move |c: Watched<'_, K>| {
+        let Some(new) = c.new else { return };
+        if let Some(old) = c.old {
+            if !Arc::ptr_eq(old, new) && !passes_entries(&predicates, old, new) {
+                return;
+            }
+        }
+        enq.add(c.key.clone(), || ReconcileReason::ObjectUpdated);
+    };
+    let mut registrations = vec![primary.watch_changes(on_change, HandlerOptions::volatile())];
+    primary.start();
+    let mut waits: Vec<BoxFuture<'static, Result<(), InformerError>>> = Vec::new();
+    let mut related = Vec::new();
+    for t in triggers {
+        match t(db.clone(), enqueue.clone()).await {
+            Ok(Armed {
+                registration,
+                synced,
+                informer,
+            }) => {
+                registrations.push(registration);
+                waits.push(synced);
+                related.push(informer);
+            }
+            Err(e) => {
+                let _ = rec.tx.send(Err(widen(e))).await;
+                remove_all(registrations).await;
+                return;
+            }
+        }
+    }
+    let tombstones: Tombstones<K> = Arc::default();
+    // Not waited for: its backlog of deletions waits for reconciles, which wait for sync.
+    let delete_handler = on_delete
+        .as_ref()
+        .map(|_| delete_handler(&primary, &name, &enqueue, &tombstones));
+
+    // Every cache before the first reconcile (client-go's WaitForCacheSync).
+    let all_synced = async {
+        primary.wait_for_sync().await?;
+        for w in waits {
+            w.await?;
+        }
+        for r in &registrations {
+            r.wait_for_sync().await?;
+        }
+        Ok::<_, InformerError>(())
+    };
+    let synced = tokio::select! {
+        r = all_synced => Some(r),
+        () = &mut graceful => None,
+        () = &mut forceful => None,
+    };
+    match synced {
+        Some(Ok(())) => {}
+        stopped_or_failed => {
+            if let Some(Err(e)) = stopped_or_failed {
+                let _ = rec.tx.send(Err(Error::Informer(e))).await;
+            }
+            remove_all(registrations.into_iter().chain(delete_handler)).await;
+            return;
+        }
+    }
+    for trigger in reconcile_on {
+        let enq = enqueue.clone();
+        aux.spawn(trigger.for_each(move |r| {
+            let key = ObjectKey {
+                namespace: r.namespace,
+                name: r.name,
+            };
+            enq.add(key, || ReconcileReason::Unknown);
+            future::ready(())
+        }));
+    }
+    for trigger in reconcile_all_on {
+        let (enq, primary) = (enqueue.clone(), primary.clone());
+        aux.spawn(trigger.for_each(move |()| {
+            let (enq, primary) = (enq.clone(), primary.clone());
+            async move { enqueue_all(&primary, &enq, || ReconcileReason::BulkReconcile).await }
+        }));
+    }
+
+    let shared = Shared {
+        lister: primary.lister(),
+        enqueue: enqueue.clone(),
+        tombstones,
+        on_delete,
+    };
+    let concurrency = usize::from(config.concurrency);
+    let mut in_flight = JoinSet::new();
+    let mut lead = leading.map(Lead::new);
+    if lead.is_none() {
+        tracing::info!(concurrency, "caches synced; reconciling");
+    }
+    let mut shutting_down = false;
+    loop {
+        if let Some(l) = &mut lead {
+            l.observe(&primary, &enqueue).await;
+        }
+        let may_take = !shutting_down
+            && lead.as_ref().is_none_or(|l| l.was_leading)
+            && (concurrency == 0 || in_flight.len() < concurrency);
+        tokio::select! {
+            biased;
+            () = &mut forceful => {
+                tracing::info!("forced shutdown: not waiting for {} reconciles", in_flight.len());
+                return;
+            }
+            () = &mut graceful, if !shutting_down => {
+                tracing::info!(in_flight = in_flight.len(), "graceful shutdown: finishing the reconciles in flight");
+                shutting_down = true;
+                queue.shutdown();
+            }
+            Some(done) = in_flight.join_next(), if !in_flight.is_empty() => {
+                if let Err(e) = done {
+                    tracing::error!(error = %e, "reconcile task failed");
+                }
+            }
+            key = queue.get(), if may_take => {
+                let Some(key) = key else {
+                    // Shut down from outside (`queue().shutdown()`): as a graceful shutdown.
+                    shutting_down = true;
+                    continue;
+                };
+                if lead.as_ref().is_some_and(|l| !l.leadership.is_leading()) {
+                    // The term ran out (a pause?) before the elector noticed: hand it back.
+                    queue.add(key.clone());
+                    queue.done(&key);
+                    continue;
+                }
+                let reason = enqueue.take_reason(&key);
+                let obj_ref = object_ref::<K>(&key);
+                let span = tracing::info_span!(
+                    "reconciling object",
+                    "object.ref" = %obj_ref,
+                    object.reason = %reason,
+                );
+                let (rec, shared, queue) = (rec.clone(), shared.clone(), queue.clone());
+                in_flight.spawn(
+                    async move {
+                        let _done = Done(queue, key.clone());
+                        rec.process(&shared, key, obj_ref).await;
+                    }
+                    .instrument(span),
+                );
+            }
+            () = lead_changed(lead.as_mut()), if lead.is_some() && !shutting_down => {}
+        }
+        if shutting_down && in_flight.is_empty() {
+            break;
+        }
+    }
+    remove_all(registrations.into_iter().chain(delete_handler)).await;
+    // Held until here: the related informers run as long as the controller.
+    drop(related);
+    tracing::info!("controller stopped");
+}
+
+async fn remove_all(registrations: impl IntoIterator<Item = crate::informer::Registration>) {
+    for r in registrations {
+        r.remove().await;
+    }
+}
+
+/// Enqueues every primary object (the keys read off the runtime: it is a scan of redb).
+async fn enqueue_all<K>(primary: &Informer<K>, enqueue: &Enqueue, reason: impl Fn() -> ReconcileReason)
+where
+    K: DeserializeOwned + Send + Sync + 'static,
+{
+    let store = primary.store();
+    match tokio::task::spawn_blocking(move || store.list_keys()).await {
+        Ok(Ok(keys)) => keys.into_iter().for_each(|k| enqueue.add(k, &reason)),
+        Ok(Err(e)) => tracing::warn!(error = %e, "listing the objects to reconcile failed"),
+        Err(e) => tracing::warn!(error = %e, "listing the objects to reconcile failed"),
+    }
+}
+
+/// The durable handler that turns deletions into tombstones for the delete hook, and returns
+/// only once the hook has succeeded (or the controller stops).
+fn delete_handler<K>(
+    primary: &Informer<K>,
+    name: &str,
+    enqueue: &Enqueue,
+    tombstones: &Tombstones<K>,
+) -> crate::informer::Registration
+where
+    K: Resource + DeserializeOwned + Send + Sync + 'static,
+{
+    let (enqueue, tombstones) = (enqueue.clone(), tombstones.clone());
+    let handler = async_handler_fn(move |ev: Event<K>| {
+        let (enqueue, tombstones) = (enqueue.clone(), tombstones.clone());
+        async move {
+            let Event::Delete { object, .. } = ev else {
+                return Ok(());
+            };
+            let meta = object.meta();
+            let Some(name) = meta.name.clone() else {
+                return Ok(());
+            };
+            let key = ObjectKey {
+                namespace: meta.namespace.clone(),
+                name,
+            };
+            let (tx, rx) = oneshot::channel();
+            {
+                let mut t = tombstones.locked();
+                let slot = t.entry(key.clone()).or_insert_with(|| (object.clone(), Vec::new()));
+                slot.0 = object;
+                slot.1.push(tx);
+            }
+            enqueue.add(key, || ReconcileReason::Custom {
+                reason: "object deleted".into(),
+            });
+            rx.await
+                .map_err(|_| "the controller stopped before the delete hook succeeded")
+        }
+    });
+    primary.add_event_handler(handler, HandlerOptions::durable(format!("{name}-deletes")))
+}
+
+/// A primary object's reference, from its key.
+fn object_ref<K: Resource<DynamicType = ()>>(key: &ObjectKey) -> ObjectRef<K> {
+    let mut r = ObjectRef::<K>::new(&key.name);
+    r.namespace = key.namespace.clone();
+    r
+}
+
+fn erase<K: Resource<DynamicType = ()>>(r: &ObjectRef<K>) -> Box<ObjectRef<DynamicObject>> {
+    Box::new(r.clone().erase())
+}
+
+/// Marks its key done when dropped (also when the task is aborted or the error policy panics:
+/// otherwise the key is never handed out again).
+struct Done(WorkQueue<ObjectKey>, ObjectKey);
+
+impl Drop for Done {
+    fn drop(&mut self) {
+        self.0.done(&self.1);
+    }
+}
+
+/// What every reconcile task of one run shares besides the reconciler.
+struct Shared<K> {
+    lister: Lister<K>,
+    enqueue: Enqueue,
+    tombstones: Tombstones<K>,
+    on_delete: Option<DeleteHook<K>>,
+}
+
+impl<K> Clone for Shared<K> {
+    fn clone(&self) -> Self {
+        Self {
+            lister: self.lister.clone(),
+            enqueue: self.enqueue.clone(),
+            tombstones: self.tombstones.clone(),
+            on_delete: self.on_delete.clone(),
+        }
+    }
+}
+
+struct Reconciler<Ctx, F, P, T> {
+    reconcile: F,
+    error_policy: P,
+    ctx: Arc<Ctx>,
+    tx: mpsc::Sender<T>,
+    name: String,
+}
+
+impl<K, Ctx, F, Fut, E, P> Reconciler<Ctx, F, P, Item<K, E>>
+where
+    K: Resource<DynamicType = ()> + DeserializeOwned + Send + Sync + 'static,
+    Ctx: Send + Sync + 'static,
+    F: Fn(Arc<K>, Arc<Ctx>) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Result<Action, E>> + Send + 'static,
+    E: std::error::Error + Send + 'static,
+    P: Fn(Arc<K>, &E, Arc<Ctx>) -> Action + Send + Sync + 'static,
+{
+    /// One turn of `key`: the delete hook if it was deleted, else a reconcile of its current
+    /// state; then what comes next, and the result on the stream.
+    async fn process(&self, shared: &Shared<K>, key: ObjectKey, obj_ref: ObjectRef<K>) {
+        let queue = &shared.enqueue.queue;
+        let tombstone = shared.tombstones.locked().get(&key).map(|(o, _)| o.clone());
+        if let (Some(deleted), Some(hook)) = (tombstone, &shared.on_delete) {
+            match AssertUnwindSafe(hook(deleted)).catch_unwind().await {
+                Ok(Ok(())) => {
+                    if let Some((_, waiters)) = shared.tombstones.locked().remove(&key) {
+                        for w in waiters {
+                            let _ = w.send(());
+                        }
+                    }
+                    queue.forget(&key);
+                    // Created again under its name meanwhile: reconcile that one too.
+                    if !matches!(shared.lister.get_by_key(&key), Ok(Some(_))) {
+                        return;
+                    }
+                }
+                Ok(Err(e)) => {
+                    tracing::warn!(error = %e, "delete hook failed");
+                    queue.add_rate_limited(key.clone());
+                    let _ = self.tx.send(Err(Error::DeleteHookFailed(e, erase(&obj_ref)))).await;
+                    return;
+                }
+                Err(panic) => {
+                    let msg = crate::util::panic_message(panic.as_ref());
+                    tracing::error!(panic = msg, "delete hook panicked");
+                    queue.add_rate_limited(key.clone());
+                    let _ = self.tx.send(Err(Error::ReconcilerPanicked(msg, erase(&obj_ref)))).await;
+                    return;
+                }
+            }
+        }
+        let obj = match shared.lister.get_by_key(&key) {
+            Ok(Some(obj)) => obj,
+            Ok(None) => {
+                let _ = self.tx.send(Err(Error::ObjectNotFound(erase(&obj_ref)))).await;
+                return;
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "reading the object from the cache failed");
+                queue.add_rate_limited(key);
+                let _ = self.tx.send(Err(Error::Store(e, erase(&obj_ref)))).await;
+                return;
+            }
+        };
+        let started = std::time::Instant::now();
+        let (reconcile, ctx, o) = (&self.reconcile, self.ctx.clone(), obj.clone());
+        // Inside the async block, so that a panic in the call itself is caught too.
+        let result = AssertUnwindSafe(async move { reconcile(o, ctx).await })
+            .catch_unwind()
+            .await;
+        let took = started.elapsed();
+        let item = match result {
+            Ok(Ok(action)) => {
+                let next = Next::of(&action);
+                let outcome = match next {
+                    Next::AwaitChange => ReconcileResult::Success,
+                    Next::After(_) => ReconcileResult::RequeueAfter,
+                    Next::RateLimited => ReconcileResult::Requeue,
+                };
+                self.observe(outcome, took);
+                if next != Next::RateLimited {
+                    queue.forget(&key);
+                }
+                self.schedule(shared, &key, next, ReconcileReason::ReconcilerRequestedRetry);
+                Ok((obj_ref, action))
+            }
+            Ok(Err(e)) => {
+                self.observe(ReconcileResult::Error, took);
+                tracing::warn!(error = %e, requeues = queue.num_requeues(&key), "reconcile failed");
+                let action = (self.error_policy)(obj, &e, self.ctx.clone());
+                self.schedule(
+                    shared,
+                    &key,
+                    Next::of(&action),
+                    ReconcileReason::ErrorPolicyRequestedRetry,
+                );
+                Err(Error::ReconcilerFailed(e, erase(&obj_ref)))
+            }
+            Err(panic) => {
+                self.observe(ReconcileResult::Panic, took);
+                let msg = crate::util::panic_message(panic.as_ref());
+                tracing::error!(panic = msg, "reconcile panicked");
+                self.schedule(
+                    shared,
+                    &key,
+                    Next::of(&requeue_rate_limited()),
+                    ReconcileReason::ErrorPolicyRequestedRetry,
+                );
+                Err(Error::ReconcilerPanicked(msg, erase(&obj_ref)))
+            }
+        };
+        let _ = self.tx.send(item).await;
+    }
+
+    fn observe(&self, result: ReconcileResult, took: Duration) {
+        crate::metrics::global().observe_reconcile(&self.name, result, took);
+    }
+
+    fn schedule(&self, shared: &Shared<K>, key: &ObjectKey, next: Next, reason: ReconcileReason) {
+        let queue = &shared.enqueue.queue;
+        match next {
+            Next::AwaitChange => {}
+            Next::After(d) => {
+                shared.enqueue.note(key, || reason);
+                queue.add_after(key.clone(), d);
+            }
+            Next::RateLimited => {
+                shared.enqueue.note(key, || reason);
+                queue.add_rate_limited(key.clone());
+            }
+        }
+    }
+}
+
+/// Leadership as the run loop follows it.
+struct Lead {
+    leadership: Leadership,
+    flag: tokio::sync::watch::Receiver<bool>,
+    was_leading: bool,
+    elector_gone: bool,
+}
+
+impl Lead {
+    fn new(leadership: Leadership) -> Self {
+        tracing::info!("caches synced; waiting for leadership");
+        Self {
+            flag: leadership.flag(),
+            leadership,
+            was_leading: false,
+            elector_gone: false,
+        }
+    }
+
+    /// Notes a change of leadership: on winning, every object is enqueued (what the previous
+    /// leader did is unknown).
+    async fn observe<K>(&mut self, primary: &Informer<K>, enqueue: &Enqueue)
+    where
+        K: DeserializeOwned + Send + Sync + 'static,
+    {
+        // A dropped elector keeps its last value, which must not count as leadership.
+        let leading = !self.elector_gone && self.leadership.is_leading();
+        if leading && !self.was_leading {
+            enqueue_all(primary, enqueue, || ReconcileReason::Custom {
+                reason: "leadership acquired".into(),
+            })
+            .await;
+            tracing::info!("leading; reconciling");
+        } else if !leading && self.was_leading {
+            tracing::warn!("leadership lost; no new reconciles");
+        }
+        self.was_leading = leading;
+    }
+}
+
+/// Resolves when leadership may have changed: the flag moved, or (not leading) a poll, since a
+/// fenced term is renewed without moving the flag.
+async fn lead_changed(lead: Option<&mut Lead>) {
+    let Some(l) = lead else {
+        return future::pending().await;
+    };
+    if l.elector_gone {
+        return future::pending().await;
+    }
+    let was_leading = l.was_leading;
+    let poll = async move {
+        if was_leading {
+            future::pending::<()>().await;
+        } else {
+            tokio::time::sleep(LEADERSHIP_POLL).await;
+        }
+    };
+    tokio::select! {
+        r = l.flag.changed() => if r.is_err() {
+            l.elector_gone = true;
+            if was_leading {
+                tracing::warn!("the elector is gone; no new reconciles");
+            }
+        },
+        () = poll => {}
+    }
+}
