@@ -459,7 +459,12 @@ async fn failures_and_panics_are_stream_items_and_the_error_policy_decides_the_r
         Action::requeue(Duration::from_millis(200))
     };
     let seen = Arc::new(Seen::default());
-    let running = run_with(Controller::for_informer(primary), &seen, reconcile, error_policy);
+    let running = run_with(
+        Controller::for_informer(primary).name("flaky-controller"),
+        &seen,
+        reconcile,
+        error_policy,
+    );
     eventually("both retried", || {
         seen.count("flaky") == 2 && seen.count("fragile") == 2
     })
@@ -488,7 +493,17 @@ async fn failures_and_panics_are_stream_items_and_the_error_policy_decides_the_r
         ["flaky: flaky fails once"],
         "a panic is not the reconcile's error"
     );
+    // The controller's metrics, under its name (its queue's while it runs).
+    let text = durable_informer::metrics::encode();
     running.stop().await;
+    for want in [
+        r#"durable_informer_reconcile_total{controller="flaky-controller",result="error"} 1"#,
+        r#"durable_informer_reconcile_total{controller="flaky-controller",result="panic"} 1"#,
+        r#"durable_informer_reconcile_total{controller="flaky-controller",result="success"} 2"#,
+        r#"workqueue_adds_total{name="flaky-controller",controller="flaky-controller"}"#,
+    ] {
+        assert!(text.contains(want), "{want} in\n{text}");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -247,6 +247,7 @@ where
 
     let shared = Shared {
         lister: primary.lister(),
+        metadata: primary.metadata(),
         enqueue: enqueue.clone(),
         tombstones,
         on_delete,
@@ -407,6 +408,7 @@ impl Drop for Done {
 /// What every reconcile task of one run shares besides the reconciler.
 struct Shared<K> {
     lister: Lister<K>,
+    metadata: crate::informer::Metadata,
     enqueue: Enqueue,
     tombstones: Tombstones<K>,
     on_delete: Option<DeleteHook<K>>,
@@ -416,6 +418,7 @@ impl<K> Clone for Shared<K> {
     fn clone(&self) -> Self {
         Self {
             lister: self.lister.clone(),
+            metadata: self.metadata.clone(),
             enqueue: self.enqueue.clone(),
             tombstones: self.tombstones.clone(),
             on_delete: self.on_delete.clone(),
@@ -454,8 +457,9 @@ where
                         }
                     }
                     queue.forget(&key);
-                    // Created again under its name meanwhile: reconcile that one too.
-                    if !matches!(shared.lister.get_by_key(&key), Ok(Some(_))) {
+                    // Created again under its name meanwhile: reconcile that one too (its
+                    // metadata, from memory, tells).
+                    if !matches!(shared.metadata.get(&key), Ok(Some(_))) {
                         return;
                     }
                 }
@@ -474,7 +478,17 @@ where
                 }
             }
         }
-        let obj = match shared.lister.get_by_key(&key) {
+        // Off the runtime: an object the cache evicted is read from redb.
+        let (lister, k) = (shared.lister.clone(), key.clone());
+        let read = tokio::task::spawn_blocking(move || lister.get_by_key(&k))
+            .await
+            .unwrap_or_else(|e| {
+                Err(crate::store::StoreError::Panicked {
+                    what: "a cache read".into(),
+                    message: e.to_string(),
+                })
+            });
+        let obj = match read {
             Ok(Some(obj)) => obj,
             Ok(None) => {
                 let _ = self.tx.send(Err(Error::ObjectNotFound(erase(&obj_ref)))).await;

@@ -112,9 +112,8 @@ where
     }
 }
 
-/// An informer of `api` narrowed by `wc`: its selectors, page size, streaming list and watch
-/// timeout. (`list_semantic` does not apply: a resume needs no LIST, and a relist reads the
-/// newest state; bookmarks are always asked for.)
+/// An informer of `api` narrowed by `wc` (see
+/// [`InformerBuilder::watcher_config`](crate::informer::InformerBuilder::watcher_config)).
 pub(crate) async fn build_informer<C>(
     db: &DurableStore,
     api: kube::Api<C>,
@@ -123,24 +122,7 @@ pub(crate) async fn build_informer<C>(
 where
     C: Resource<DynamicType = ()> + DeserializeOwned + Send + Sync + 'static,
 {
-    let mut config = crate::reflector::ReflectorConfig::default();
-    if let Some(n) = wc.page_size {
-        config.page_size = n;
-    }
-    if wc.initial_list_strategy == watcher::InitialListStrategy::StreamingList {
-        config.streaming_list = true;
-    }
-    if let Some(t) = wc.timeout {
-        let t = std::time::Duration::from_secs(u64::from(t));
-        config.watch_timeout = (t, t);
-    }
-    let mut b = Informer::from_api(db, api).reflector_config(config);
-    if let Some(l) = &wc.label_selector {
-        b = b.labels(l);
-    }
-    if let Some(f) = &wc.field_selector {
-        b = b.fields(f);
-    }
+    let b = Informer::from_api(db, api).watcher_config(wc);
     b.build().await
 }
 
