@@ -793,6 +793,56 @@ fn a_relist_replaces_damaged_object_rows() {
     });
 }
 
+/// `check` decompresses every stored state: compressed bytes that no longer decompress are
+/// found (in the log entry and in the object whose current state it is), though every row's
+/// header still decodes.
+#[test]
+fn check_finds_compressed_bytes_that_do_not_decompress() {
+    use durable_informer::store::{Batch, DeltaKind};
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("db.redb");
+    let config = || StoreConfig::new(&path).compression(Compression::Zstd(3));
+    let db = DurableStore::open(config()).expect("opens");
+    let scope = db.writer().register_scope_blocking(&spec()).expect("scope");
+    let committed = db
+        .writer()
+        .apply_blocking(
+            Batch::new(scope)
+                .delta(DeltaKind::Added, configmap("x", "10", "1"))
+                .delta(DeltaKind::Added, configmap("y", "11", "1"))
+                .rv("11"),
+        )
+        .expect("applies");
+    let x_seq = committed.seq.0 - 1;
+    assert!(db.check().expect("check").is_ok(), "an undamaged database");
+    db.close().expect("closes");
+    damage_log_data(&path, x_seq);
+    let db = DurableStore::open(config()).expect("opens");
+    let report = db.check().expect("check");
+    let log_problem = format!("log entry {x_seq}");
+    assert!(
+        report
+            .problems
+            .iter()
+            .any(|p| p.starts_with(&log_problem) && p.contains("decompress")),
+        "{:?}",
+        report.problems
+    );
+    assert!(
+        report
+            .problems
+            .iter()
+            .any(|p| p.contains("object default/x") && p.contains("decompress")),
+        "{:?}",
+        report.problems
+    );
+    assert!(
+        !report.problems.iter().any(|p| p.contains("default/y")),
+        "{:?}",
+        report.problems
+    );
+}
+
 // ---- Damaged log entries and durable handlers ----
 
 fn describe(ev: &Event<ConfigMap>) -> String {

@@ -42,6 +42,7 @@ mod index;
 mod metrics;
 mod migrate;
 mod read;
+mod rules;
 mod schema;
 mod writer;
 

@@ -12,19 +12,14 @@
 //! repairs every key the log shows was written since the last step (ahead of the cursor too: a
 //! deleted object's rows there would never be visited by a step).
 
-use std::collections::BTreeSet;
-
 use redb::{ReadableTable, WriteTransaction};
 
 use super::super::codec::{self, BackfillProgress};
 use super::super::index::Indexer;
+use super::super::rules;
 use super::super::schema::{keys, IndexName, ScopeId, DICTS, INDEX_BACKFILL, LOG, OBJECTS};
 use super::{Ack, Failure, Step, StoreError, Tables, WriterThread};
 use crate::object::ObjectKey;
-
-/// Most log entries a resume reads to find keys written since the last step; beyond that it
-/// starts the backfill over instead.
-pub(crate) const RESUME_SCAN: u64 = 10_000;
 
 impl WriterThread {
     /// Starts (or resumes) the backfill of `name` over `scope`, running its first step in this
@@ -102,30 +97,14 @@ impl WriterThread {
         if last <= progress.seq {
             return Ok(progress);
         }
-        let mut touched = BTreeSet::new();
-        let complete = {
+        let touched = {
             let log = txn.open_table(LOG).map_err(|e| self.st(e))?;
-            let first = log
-                .first()
-                .map_err(|e| self.st(e))?
-                .map_or(last + 1, |(k, _)| k.value());
-            if first > progress.seq + 1 || last - progress.seq > RESUME_SCAN {
-                false
-            } else {
-                for row in log.range(progress.seq + 1..=last).map_err(|e| self.st(e))? {
-                    let (_, v) = row.map_err(|e| self.st(e))?;
-                    let (h, _, _) = codec::decode_log(v.value()).map_err(StoreError::from)?;
-                    if h.scope == scope.0 {
-                        touched.insert(h.key);
-                    }
-                }
-                true
-            }
+            rules::keys_written_since(&log, scope, progress.seq, last).map_err(|e| self.st(e))?
         };
-        if !complete {
+        let Some(touched) = touched else {
             tracing::info!(%scope, index = %ix.name, "index backfill starts over: the log no longer shows every write since it stopped");
             return Ok(BackfillProgress { after: None, seq: last });
-        }
+        };
         let rows = self.index_values(txn, scope, ix, touched)?;
         let mut t = Tables::open(self, txn)?;
         for (key, values) in rows {

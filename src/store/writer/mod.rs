@@ -25,11 +25,9 @@ mod shards;
 mod thread;
 
 use crate::util::RwLocked;
-pub(crate) use backfill::RESUME_SCAN;
 pub use batch::{Batch, Committed, CompactReport, Delta, Durability, RelistSummary};
 pub(crate) use batch::{Packed, PublishedDicts};
 pub use retention::LogPin;
-pub(super) use shards::in_shard;
 
 use std::cell::{Cell, RefCell};
 use std::collections::BTreeMap;

@@ -4,20 +4,10 @@
 use redb::{ReadableTable, WriteTransaction};
 
 use super::super::codec::{self, ShardRecord};
+use super::super::rules::in_shard;
 use super::super::schema::{keys, ScopeId, Seq, OBJECTS, SHARDS};
 use super::super::StoreError;
 use super::{RelistSummary, Step, Tables, WriterThread};
-use crate::object::ObjectMeta;
-use crate::selector::{ShardField, ShardSelector};
-
-/// Whether a stored object belongs to `range` (the same hash of the same field as the server).
-/// `selector` knows nothing of object metadata: it is shared with the simulated server.
-pub(in crate::store) fn in_shard(range: &ShardSelector, meta: &ObjectMeta) -> bool {
-    range.matches(|f| match f {
-        ShardField::Uid => meta.uid.as_deref(),
-        ShardField::Namespace => meta.namespace.as_deref(),
-    })
-}
 
 impl WriterThread {
     pub(super) fn load_shard(&self, txn: &WriteTransaction, scope: ScopeId) -> Step<ShardRecord> {
