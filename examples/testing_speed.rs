@@ -11,7 +11,7 @@
 #![allow(clippy::disallowed_names)] // `Foo` is the resource sample-controller is about
 
 #[path = "testing_sample_controller.rs"]
-#[allow(unreachable_pub, dead_code)]
+#[allow(unreachable_pub)]
 mod sample;
 
 use std::io::Write;

@@ -99,14 +99,25 @@ impl Sim {
             .collect())
     }
 
-    /// Whether any object was created or deleted after revision `after` (the harness's garbage
-    /// collector looks again only then).
-    pub(crate) fn created_or_deleted_since(&self, after: u64) -> bool {
+    /// What the harness's garbage collector must look at after revision `after`: whether any
+    /// object was deleted (its dependents may be orphans now), and the objects created since
+    /// that name owners (their owners may be gone already), with their resource.
+    pub(crate) fn gc_changes_since(&self, after: u64) -> (bool, Vec<(String, Value)>) {
         let st = self.shared.lock();
         let i = st.history.partition_point(|e| e.rv <= after);
-        st.history
-            .range(i..)
-            .any(|e| matches!(e.kind.as_str(), "ADDED" | "DELETED"))
+        let mut deleted = false;
+        let mut added = Vec::new();
+        for e in st.history.range(i..) {
+            match e.kind.as_str() {
+                "DELETED" => deleted = true,
+                "ADDED" if memchr::memmem::find(&e.obj.full, b"\"ownerReferences\"").is_some() => {
+                    let res = st.resources.get(e.res).map(|d| d.resource_group()).unwrap_or_default();
+                    added.push((res, e.obj.value()));
+                }
+                _ => {}
+            }
+        }
+        (deleted, added)
     }
 
     /// The objects of `resource` at revision `rv` (the current state when `rv` is the current

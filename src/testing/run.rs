@@ -542,43 +542,54 @@ where
     }
 
     /// Objects whose owners are all gone (what the garbage collector deletes), in key order.
+    /// It looks at every object after a deletion, and at new objects after a create.
     fn orphans(&mut self) -> Vec<(String, Option<String>, String)> {
         let rv = self.sim.current_rv();
         if !self.h.garbage_collector || rv == self.gc_seen {
             return Vec::new();
         }
-        if !self.sim.created_or_deleted_since(self.gc_seen) {
-            self.gc_seen = rv;
-            return Vec::new();
-        }
+        let (deleted, added) = self.sim.gc_changes_since(self.gc_seen);
+        let candidates: Vec<(String, Value)> = if deleted {
+            let compared: Vec<String> = self.compared.iter().cloned().collect();
+            compared
+                .into_iter()
+                .flat_map(|res| {
+                    let objects = self.sim.objects_at(&res, rv).unwrap_or_default();
+                    objects.into_iter().map(move |o| (res.clone(), o))
+                })
+                .collect()
+        } else {
+            added
+        };
         let mut out = Vec::new();
-        for res in &self.compared {
-            for o in self.sim.objects_at(res, rv).unwrap_or_default() {
-                let Some(refs) = o.pointer("/metadata/ownerReferences").and_then(Value::as_array) else {
-                    continue;
+        for (res, o) in candidates {
+            let Some(refs) = o.pointer("/metadata/ownerReferences").and_then(Value::as_array) else {
+                continue;
+            };
+            let ns = o.pointer("/metadata/namespace").and_then(Value::as_str);
+            let name = o.pointer("/metadata/name").and_then(Value::as_str).unwrap_or("");
+            let alive = refs.iter().any(|r| {
+                let (Some(ores), Some(oname)) = (owner_resource(r), r.get("name").and_then(Value::as_str)) else {
+                    return true;
                 };
-                let ns = o.pointer("/metadata/namespace").and_then(Value::as_str);
-                let alive = refs.iter().any(|r| {
-                    let (Some(ores), Some(name)) = (owner_resource(r), r.get("name").and_then(Value::as_str)) else {
-                        return true;
-                    };
-                    let owner = self
-                        .sim
-                        .get(&ores, ns, name)
-                        .or_else(|_| self.sim.get(&ores, None, name));
-                    match owner {
-                        Ok(ow) => ow.pointer("/metadata/uid") == r.get("uid") || r.get("uid").is_none(),
-                        Err(crate::sim::SimError::UnknownResource(_)) => true,
-                        Err(_) => false,
-                    }
-                });
-                let terminating = o.pointer("/metadata/deletionTimestamp").is_some();
-                if !alive && !terminating {
-                    let name = o.pointer("/metadata/name").and_then(Value::as_str).unwrap_or("");
-                    out.push((res.clone(), ns.map(str::to_owned), name.to_string()));
+                let owner = self.sim.get(&ores, ns, oname).or_else(|_| self.sim.get(&ores, None, oname));
+                match owner {
+                    Ok(ow) => r.get("uid").is_none() || ow.pointer("/metadata/uid") == r.get("uid"),
+                    Err(crate::sim::SimError::UnknownResource(_)) => true,
+                    Err(_) => false,
                 }
+            });
+            // Still there (a new object may be gone again), and not already going.
+            let current = self.sim.get(&res, ns, name).ok();
+            let terminating = current
+                .as_ref()
+                .is_none_or(|c| c.pointer("/metadata/deletionTimestamp").is_some());
+            if !alive && !terminating {
+                out.push((res.clone(), ns.map(str::to_owned), name.to_string()));
             }
         }
+        out.sort();
+        out.dedup();
         if out.is_empty() {
             self.gc_seen = rv;
         }
