@@ -16,6 +16,7 @@
 //! ```text
 //! cargo run --features testing --example testing_sample_controller -- correct 200
 //! cargo run --features testing --example testing_sample_controller -- stale-cache 200
+//! cargo run --features testing --example testing_sample_controller -- correct boundaries
 //! ```
 
 #![allow(missing_docs)] // an example; its items are described in the module docs
@@ -376,13 +377,18 @@ pub fn harness(variant: Variant, recording: &str) -> Result<Harness<Foo, Ctx, Er
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut args = std::env::args().skip(1);
     let name = args.next().unwrap_or_else(|| "correct".into());
-    let schedules: u64 = args.next().map_or(Ok(200), |s| s.parse())?;
+    let how = args.next().unwrap_or_else(|| "200".into());
     let variant = Variant::ALL.into_iter().find(|v| v.name() == name).ok_or_else(|| {
         format!("unknown variant {name:?}: one of correct, stale-cache, crash-create, missed-delete, status-overwrite")
     })?;
     let recording = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/recordings/foos.jsonl");
     let start = std::time::Instant::now();
-    match harness(variant, recording)?.check(schedules) {
+    let h = harness(variant, recording)?;
+    let result = match how.as_str() {
+        "boundaries" => h.check_every_boundary(),
+        n => h.check(n.parse()?),
+    };
+    match result {
         Ok(report) => println!("{name}: {report} in {:.1?}", start.elapsed()),
         Err(e) => println!("{name}: {e}\n(in {:.1?})", start.elapsed()),
     }
