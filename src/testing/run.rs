@@ -572,7 +572,10 @@ where
                 let (Some(ores), Some(oname)) = (owner_resource(r), r.get("name").and_then(Value::as_str)) else {
                     return true;
                 };
-                let owner = self.sim.get(&ores, ns, oname).or_else(|_| self.sim.get(&ores, None, oname));
+                let owner = self
+                    .sim
+                    .get(&ores, ns, oname)
+                    .or_else(|_| self.sim.get(&ores, None, oname));
                 match owner {
                     Ok(ow) => r.get("uid").is_none() || ow.pointer("/metadata/uid") == r.get("uid"),
                     Err(crate::sim::SimError::UnknownResource(_)) => true,
