@@ -1150,7 +1150,7 @@ fn every_handler_replayed_equals_the_servers_list_after_faults() {
 }
 
 #[test]
-#[ignore = "long run: 1,000 schedules (about 15 minutes on 2 cores)"]
+#[ignore = "long run: 1,000 schedules (about 20 minutes on 2 cores, more when loaded)"]
 fn every_handler_replayed_equals_the_servers_list_after_faults_long() {
     run(1000);
 }
