@@ -1,6 +1,7 @@
 //! Fault injection for the simulated server: dropped watches, delays, 429/500, stalls and
 //! cut chunks. Switches apply to requests that start after they are set.
 
+use crate::util::Locked;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -47,7 +48,7 @@ pub struct Faults {
 
 impl Faults {
     pub(crate) fn lock(&self) -> MutexGuard<'_, FaultState> {
-        self.inner.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+        self.inner.locked()
     }
 
     /// End every watch opened from now on after it has sent `events` events (bookmarks

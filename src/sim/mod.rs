@@ -71,6 +71,7 @@ mod store;
 mod util;
 pub mod workload;
 
+use crate::util::Locked;
 use std::path::Path;
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -150,7 +151,7 @@ impl Shared {
     pub fn lock(&self) -> MutexGuard<'_, State> {
         // A panic while holding the lock leaves consistent data (every method either completes
         // or returns an error before mutating), so poisoning is ignored.
-        self.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+        self.state.locked()
     }
 
     /// Publish the current revision to watchers.
@@ -339,13 +340,7 @@ impl Sim {
 
     /// The distinct `User-Agent` headers of the requests so far (the first 64), in order.
     pub fn user_agents(&self) -> Vec<String> {
-        self.shared
-            .user_agents
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .iter()
-            .cloned()
-            .collect()
+        self.shared.user_agents.locked().iter().cloned().collect()
     }
 
     /// Delete an object; returns its final state (with the deletion's resourceVersion), or, for

@@ -18,6 +18,7 @@ use zstd::zstd_safe::{self, CDict, DDict};
 
 use super::codec::{CodecError, Compression};
 use super::StoreError;
+use crate::util::RwLocked;
 
 /// Objects a scope's first dictionary is trained on.
 pub(crate) const TRAIN_SAMPLES: usize = 256;
@@ -156,21 +157,13 @@ pub(crate) type LoadDict<'a> = &'a dyn Fn(u32, u32) -> Result<Option<Vec<u8>>, S
 
 impl DictCache {
     fn decoder(&self, scope: u32, id: u32, load: LoadDict<'_>) -> Result<Option<Arc<DDict<'static>>>, StoreError> {
-        if let Some(d) = self
-            .decoders
-            .read()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .get(&(scope, id))
-        {
+        if let Some(d) = self.decoders.reading().get(&(scope, id)) {
             return Ok(Some(d.clone()));
         }
         let Some(bytes) = load(scope, id)? else { return Ok(None) };
         // zstd refuses a damaged dictionary whose entropy tables do not load.
         let d = Arc::new(DDict::try_create(&bytes).ok_or_else(|| damaged_dict(scope, id))?);
-        self.decoders
-            .write()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .insert((scope, id), d.clone());
+        self.decoders.writing().insert((scope, id), d.clone());
         Ok(Some(d))
     }
 

@@ -10,6 +10,7 @@ mod list;
 mod response;
 mod watch;
 
+use crate::util::Locked;
 use std::convert::Infallible;
 use std::io;
 use std::sync::atomic::Ordering;
@@ -167,10 +168,7 @@ where
         shared.counters.bearer_requests.fetch_add(1, Ordering::Relaxed);
     }
     if let Some(agent) = req.headers().get(header::USER_AGENT).and_then(|v| v.to_str().ok()) {
-        let mut seen = shared
-            .user_agents
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut seen = shared.user_agents.locked();
         if seen.len() < super::MAX_USER_AGENTS && !seen.contains(agent) {
             seen.insert(agent.to_owned());
         }
