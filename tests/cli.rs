@@ -512,10 +512,11 @@ fn errors_are_one_clear_line_with_documented_exit_codes() {
         txn.commit().unwrap();
     }
     fails_with_one_line(bin().args(["stats", "--db"]).arg(&newer), 4, "upgrade durable-informer");
-    // A database locked by another process (this one).
+    // A database another process (this one) writes: a command that writes is refused (reading
+    // beside a writer is tests/cli_live.rs's).
     let locked = dir.path().join("locked.redb");
     let held = durable_informer::store::DurableStore::open(durable_informer::store::StoreConfig::new(&locked)).unwrap();
-    fails_with_one_line(bin().args(["stats", "--db"]).arg(&locked), 4, "locked");
+    fails_with_one_line(bin().args(["compact", "--db"]).arg(&locked), 4, "locked");
     drop(held);
     // Another cluster's database: both identities are named.
     let other = dir.path().join("other.redb");

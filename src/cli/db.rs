@@ -4,7 +4,9 @@ use std::path::Path;
 
 use durable_informer::object::ObjectKey;
 use durable_informer::selector::{FieldSelector, LabelSelector};
-use durable_informer::store::{DeltaKind, DurableStore, ScopeId, ScopeRecord, Seq, Store, StoreConfig, StoredObject};
+use durable_informer::store::{
+    DeltaKind, DurableStore, ReadOnlyStore, ScopeId, ScopeRecord, Seq, Store, StoreConfig, StoreError, StoredObject,
+};
 use serde_json::{json, Value};
 
 use super::columns;
@@ -13,16 +15,41 @@ use super::progress::spinner;
 use super::resource::{builtin_kind, builtin_lookup, name_prefix, Wanted};
 use super::{CliError, CliResult, PrintArgs, QueryArgs};
 
-pub fn open(path: &Path) -> CliResult<DurableStore> {
-    if !path.exists() {
-        return Err(CliError::new(
-            4,
-            format!(
-                "{}: no such database; create one with `durable-informer watch --db …` or `replay`",
-                path.display()
-            ),
-        ));
+fn must_exist(path: &Path) -> CliResult {
+    if path.exists() {
+        return Ok(());
     }
+    Err(CliError::new(
+        4,
+        format!(
+            "{}: no such database; create one with `durable-informer watch --db …` or `replay`",
+            path.display()
+        ),
+    ))
+}
+
+/// Opens a database for an inspection command: read-only, at one commit, beside the process
+/// that writes it (if any); never written, migrated or recovered (see docs/cli.md).
+pub fn open(path: &Path) -> CliResult<ReadOnlyStore> {
+    must_exist(path)?;
+    ReadOnlyStore::open(path).map_err(|e| {
+        let locked = matches!(e, StoreError::Locked { .. });
+        let mut err = CliError::from(e);
+        if locked {
+            // A writer in redb's exclusive mode (a release before read-only inspection)
+            // excludes readers too.
+            err.message = format!(
+                "{}: the process that has this database open does not share it with readers (a durable-informer build older than its read-only inspection, or another program); stop it, or inspect a copy",
+                path.display()
+            );
+        }
+        err
+    })
+}
+
+/// Opens a database for a command that writes it (`compact`): it must not be open elsewhere.
+pub fn open_writable(path: &Path) -> CliResult<DurableStore> {
+    must_exist(path)?;
     Ok(DurableStore::open(StoreConfig::new(path))?)
 }
 
@@ -59,7 +86,7 @@ pub fn parse_spec(spec: &str) -> (String, String, String, String, String, String
 }
 
 /// The `kind` of a scope's objects, from one stored object (cheap: the first key only).
-fn stored_kind(db: &DurableStore, scope: ScopeId) -> Option<String> {
+fn stored_kind(db: &ReadOnlyStore, scope: ScopeId) -> Option<String> {
     let first = db.store(scope).snapshot().ok()?.list_after(None, 1).ok()?;
     let v: Value = serde_json::from_slice(&first.first()?.bytes).ok()?;
     v["kind"].as_str().map(str::to_owned)
@@ -67,7 +94,7 @@ fn stored_kind(db: &DurableStore, scope: ScopeId) -> Option<String> {
 
 /// The scope of `resource` (any of kubectl's spellings) in the database, preferring the one
 /// for `namespace`, then the all-namespaces one.
-pub fn find_scope(db: &DurableStore, resource: &str, namespace: Option<&str>) -> CliResult<(ScopeId, ScopeRecord)> {
+pub fn find_scope(db: &ReadOnlyStore, resource: &str, namespace: Option<&str>) -> CliResult<(ScopeId, ScopeRecord)> {
     let wanted = Wanted::parse(resource);
     let scopes = db.scopes()?;
     let matching = |kinds: bool| -> Vec<(ScopeId, ScopeRecord)> {
@@ -597,7 +624,7 @@ pub fn stats(path: &Path, output: &Format) -> CliResult {
 }
 
 /// A wall-clock time in milliseconds since the epoch, as RFC 3339 UTC (seconds precision).
-fn time_ms(ms: u64) -> String {
+pub fn time_ms(ms: u64) -> String {
     i64::try_from(ms / 1000)
         .ok()
         .and_then(|s| k8s_openapi::jiff::Timestamp::from_second(s).ok())
@@ -643,7 +670,7 @@ pub fn check(path: &Path, output: &Format) -> CliResult {
 }
 
 pub fn compact(path: &Path, keep: Option<u64>, output: &Format) -> CliResult {
-    let db = open(path)?;
+    let db = open_writable(path)?;
     let before = std::fs::metadata(path).map(|m| m.len()).unwrap_or(0);
     let pb = spinner(&format!("compacting {}", path.display()));
     let report = db.writer().compact_blocking(keep)?;

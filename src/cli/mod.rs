@@ -34,6 +34,7 @@ mod output;
 mod progress;
 mod record;
 mod resource;
+mod scopes;
 mod sim;
 
 use std::fmt;
@@ -330,6 +331,19 @@ pub enum Command {
         #[arg(long, short = 'o')]
         output: Option<String>,
     },
+    /// The scopes of a database: what each watches, its objects, size and last use.
+    /// `scopes drop ID…` removes scopes nothing uses any more (a selector change leaves the
+    /// old one behind).
+    Scopes {
+        #[command(subcommand)]
+        command: Option<ScopesCommand>,
+        /// Database file.
+        #[arg(long, global = true)]
+        db: Option<PathBuf>,
+        /// Output format: table, json or yaml.
+        #[arg(long, short = 'o', global = true)]
+        output: Option<String>,
+    },
     /// Verify the database's invariants; exit 0 only when they hold.
     Check {
         /// Database file.
@@ -361,6 +375,18 @@ pub enum Command {
         /// Shell.
         #[arg(value_enum)]
         shell: clap_complete::Shell,
+    },
+}
+
+/// `scopes` subcommands.
+#[derive(Subcommand, Debug)]
+pub enum ScopesCommand {
+    /// Remove scopes: their objects, indexes and cursors (their log entries stay until
+    /// retention removes them). Refused while another process writes the database.
+    Drop {
+        /// Scope ids, as `scopes` lists them.
+        #[arg(required = true)]
+        ids: Vec<u32>,
     },
 }
 
@@ -428,6 +454,8 @@ impl From<StoreError> for CliError {
         let code = match e {
             StoreError::Locked { .. }
             | StoreError::NewerSchema { .. }
+            | StoreError::OlderSchema { .. }
+            | StoreError::NeedsRecovery { .. }
             | StoreError::NotADatabase { .. }
             | StoreError::Corrupted { .. }
             | StoreError::ClusterMismatch { .. } => 4,
@@ -620,6 +648,15 @@ async fn run(command: Command) -> CliResult {
             db::history(&db, resource.as_deref(), &args, namespace.as_deref(), &output)
         }
         Command::Stats { db, output } => db::stats(&db, &report(output.as_deref(), "stats")?),
+        Command::Scopes { command, db, output } => {
+            let db = db.ok_or_else(|| CliError::new(2, "scopes needs --db FILE"))?;
+            match command {
+                None => scopes::list(&db, &report(output.as_deref(), "scopes")?),
+                Some(ScopesCommand::Drop { ids }) => {
+                    scopes::drop(&db, &ids, &report(output.as_deref(), "scopes drop")?)
+                }
+            }
+        }
         Command::Check { db, output } => db::check(&db, &report(output.as_deref(), "check")?),
         Command::Compact { db, keep, output } => db::compact(&db, keep, &report(output.as_deref(), "compact")?),
         Command::Sim { command } => match command {

@@ -51,6 +51,18 @@ pub enum InformerIssue {
     /// The reflector met an error.
     #[error(transparent)]
     Reflector(#[from] ReflectorError),
+    /// Building the informer created a new scope beside another of the same resource and
+    /// namespace that no informer of this process uses: a selector, version or namespace
+    /// change leaves the old scope in the file until it is dropped.
+    #[error("{old} ({spec}, {objects} objects) is another scope of this resource that no informer of this process uses (a selector change leaves the old scope behind); drop it with `durable-informer scopes drop` or Writer::drop_scope, or set StoreConfig::drop_unused_scopes_after")]
+    ScopeLeftBehind {
+        /// The other scope.
+        old: crate::store::ScopeId,
+        /// Its canonical spec.
+        spec: String,
+        /// How many objects it holds.
+        objects: u64,
+    },
     /// A handler failed, panicked, or could not be given an event.
     #[error("{handler}{problem}")]
     Handler {

@@ -449,7 +449,8 @@ where
             tracing::warn!(path = %self.db.path().display(), "caching Secrets: they are stored on disk in the database file");
         }
         let writer = self.db.writer();
-        let scope = writer.register_scope(&spec).await?;
+        let registration = writer.register_scope_reporting(&spec).await?;
+        let scope = registration.scope;
         for ix in self.indexers {
             let name = ix.name.clone();
             self.db.register_index(scope, ix);
@@ -461,6 +462,17 @@ where
         let record = store.record()?;
         let restored = record.synced && record.rv.is_some();
         let errors: Arc<Mutex<Vec<InformerIssue>>> = Arc::default();
+        for (old, record) in registration.left_behind {
+            // The writer logged it; the informer's issues keep it for whoever looks there.
+            keep_issue(
+                &errors,
+                InformerIssue::ScopeLeftBehind {
+                    old,
+                    spec: record.spec,
+                    objects: record.object_count,
+                },
+            );
+        }
         let e2 = errors.clone();
         let (sharding, shard_rx) = watch::channel(self.config.sharding.clone());
         let reflector = Reflector::new(self.source, writer.clone(), store.clone(), self.config)

@@ -61,6 +61,33 @@ impl ScopeSpec {
         self
     }
 
+    /// Parses what [`canonical`](Self::canonical) writes (`None` for anything else).
+    ///
+    /// ```
+    /// use durable_informer::object::ScopeSpec;
+    /// let spec = ScopeSpec::new("apps", "v1", "deployments").namespace("prod").labels("app=web,tier in (a,b)");
+    /// assert_eq!(ScopeSpec::from_canonical(&spec.canonical()), Some(spec.clone()));
+    /// let meta = spec.metadata_only();
+    /// assert_eq!(ScopeSpec::from_canonical(&meta.canonical()), Some(meta));
+    /// ```
+    #[must_use]
+    pub fn from_canonical(canonical: &str) -> Option<Self> {
+        let (path, query) = canonical.split_once("?ns=")?;
+        let mut parts = path.splitn(3, '/');
+        let (group, version, resource) = (parts.next()?, parts.next()?, parts.next()?);
+        let (resource, metadata_only) = match resource.strip_suffix(";as=PartialObjectMetadata") {
+            Some(r) => (r, true),
+            None => (resource, false),
+        };
+        // Selectors may hold `&`: the keys are found from the left, in their fixed order.
+        let (ns, rest) = query.split_once("&labels=")?;
+        let (labels, fields) = rest.split_once("&fields=")?;
+        let mut spec = Self::new(group, version, resource).labels(labels).fields(fields);
+        spec.namespace = Some(ns.to_owned()).filter(|n| !n.is_empty());
+        spec.metadata_only = metadata_only;
+        Some(spec)
+    }
+
     /// The canonical string that identifies the scope in the database:
     /// `group/version/resource?ns=…&labels=…&fields=…` (`resource;as=PartialObjectMetadata` for a
     /// metadata-only scope).

@@ -8,7 +8,7 @@ use super::format::{encode_line, type_meta_of};
 use super::ReplayError;
 use crate::object::{ObjectKey, ResourceVersion};
 use crate::source::{ApiStatus, WatchEvent};
-use crate::store::{DeltaKind, DurableStore, LogReader, LogRecord, ScopeId, Seq};
+use crate::store::{DeltaKind, LogReader, LogRecord, ScopeId, Seq};
 
 /// What an export wrote.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -66,6 +66,8 @@ const PAGE: usize = 4096;
 /// scope, so such a file is for reading, not for replay: export each scope on its own to
 /// replay it.
 ///
+/// `db` is a [`DurableStore`](crate::store::DurableStore), a
+/// [`ReadOnlyStore`](crate::store::ReadOnlyStore) or a [`LogReader`] (by reference).
 /// Blocking (it reads the database in pages of 4096 entries).
 ///
 /// ```no_run
@@ -78,11 +80,11 @@ const PAGE: usize = 4096;
 /// # Ok(()) }
 /// ```
 pub fn export_log(
-    db: &DurableStore,
+    db: impl Into<LogReader>,
     scope: Option<ScopeId>,
     out: &mut impl Write,
 ) -> Result<ExportReport, ReplayError> {
-    let log = db.log();
+    let log: LogReader = db.into();
     let mut report = ExportReport::default();
     let mut after = Seq(0);
     let mut line = Vec::with_capacity(4096);
@@ -267,10 +269,11 @@ fn write_entry(
 /// [`export_log`] into a file, zstd-compressed when the path ends in `.zst`. The file is
 /// created with mode 0600 (a log may hold Secrets).
 pub fn export_log_file(
-    db: &DurableStore,
+    db: impl Into<LogReader>,
     scope: Option<ScopeId>,
     path: impl AsRef<Path>,
 ) -> Result<ExportReport, ReplayError> {
+    let db: LogReader = db.into();
     let path = path.as_ref();
     let io = |source| ReplayError::Io {
         path: path.to_owned(),

@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::os::unix::fs::PermissionsExt;
 
 use bytes::Bytes;
-use redb::{ReadOnlyTable, ReadTransaction, ReadableDatabase, ReadableTable};
+use redb::{ReadOnlyTable, ReadableTable};
 
 use super::codec::{self, BackfillProgress, Compression, DataRef, ObjectHeader, PrevRef, ScopeRecord};
 use super::rules::{in_shard, keys_written_since};
@@ -78,7 +78,7 @@ struct Object {
 /// The open read transaction, its tables and what was found so far.
 struct Check<'a> {
     shared: &'a Shared,
-    txn: ReadTransaction,
+    txn: super::ReadTxn,
     scopes: ReadOnlyTable<u32, &'static [u8]>,
     objects: ReadOnlyTable<&'static [u8], &'static [u8]>,
     log: ReadOnlyTable<u64, &'static [u8]>,

@@ -43,6 +43,24 @@ pub enum StoreError {
         /// The newest schema version this build knows.
         supported: u32,
     },
+    /// A read-only open found an older schema: reading never migrates (the writing process does
+    /// that when it opens the file).
+    #[error("{path}: database schema version {found} is older than this build reads ({supported}); a read-only open never upgrades it: open it once with the program that writes it, or use a build of that release")]
+    OlderSchema {
+        /// The file.
+        path: PathBuf,
+        /// The schema version found.
+        found: u32,
+        /// The schema version this build reads.
+        supported: u32,
+    },
+    /// A read-only open found a file a writer left unclean and no live writer recovering it;
+    /// recovery writes, which a read-only open never does.
+    #[error("{path}: the database was not closed cleanly and needs recovery, which a read-only open never does; start the program that writes it (it recovers on open)")]
+    NeedsRecovery {
+        /// The file.
+        path: PathBuf,
+    },
     /// The database was filled from another cluster.
     #[error("database belongs to cluster {stored:?}, but the server is cluster {found:?}; use another database file, or reset it to rebuild from this cluster")]
     ClusterMismatch {
@@ -99,6 +117,10 @@ pub enum StoreError {
     /// No scope with that id.
     #[error("{0}: no such scope in this database")]
     UnknownScope(ScopeId),
+    /// A scope cannot be dropped while an informer of this process uses it (it registered the
+    /// scope since the store was opened).
+    #[error("{0} is in use by this process (an informer registered it since the database was opened); drop it from a process that does not use it")]
+    ScopeInUse(ScopeId),
     /// No index of that name on the scope.
     #[error("{scope}: no index named {name:?} (register it with the informer's indexers)")]
     UnknownIndex {

@@ -5,6 +5,7 @@ use std::sync::OnceLock;
 
 use prometheus_client::encoding::DescriptorEncoder;
 use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 
@@ -26,18 +27,41 @@ fn db_size() -> &'static Family<DatabaseLabels, Gauge> {
     })
 }
 
+fn scopes_dropped() -> &'static Family<DatabaseLabels, Counter> {
+    static FAMILY: OnceLock<Family<DatabaseLabels, Counter>> = OnceLock::new();
+    FAMILY.get_or_init(|| {
+        db_size();
+        Family::default()
+    })
+}
+
+fn labels(path: &Path) -> DatabaseLabels {
+    let database = path
+        .file_name()
+        .map_or_else(|| path.display().to_string(), |n| n.to_string_lossy().into_owned());
+    DatabaseLabels { database }
+}
+
 /// Records the size of the database file at `path` (`durable_informer_database_bytes`).
 pub(crate) fn observe_db_size(path: &Path) {
     if let Ok(m) = std::fs::metadata(path) {
-        let database = path
-            .file_name()
-            .map_or_else(|| path.display().to_string(), |n| n.to_string_lossy().into_owned());
         db_size()
-            .get_or_create(&DatabaseLabels { database })
+            .get_or_create(&labels(path))
             .set(i64::try_from(m.len()).unwrap_or(i64::MAX));
     }
 }
 
+/// Counts a scope dropped for being unused (`durable_informer_scopes_dropped_total`).
+pub(crate) fn scope_dropped(path: &Path) {
+    scopes_dropped().get_or_create(&labels(path)).inc();
+}
+
 fn encode(e: &mut DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
-    encode_family(e, "durable_informer_database_bytes", "Database file size", db_size())
+    encode_family(e, "durable_informer_database_bytes", "Database file size", db_size())?;
+    encode_family(
+        e,
+        "durable_informer_scopes_dropped",
+        "Scopes dropped for being unused longer than StoreConfig::drop_unused_scopes_after",
+        scopes_dropped(),
+    )
 }

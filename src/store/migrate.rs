@@ -1,8 +1,6 @@
 //! The migration driver: applies the numbered steps of `migrations/` oldest to newest, in one
 //! transaction, on open. A database from a newer schema is refused.
 
-use redb::ReadableDatabase;
-
 use super::schema::{META, META_CREATED_BY, META_SCHEMA_VERSION};
 use super::{Shared, StoreError};
 
@@ -37,7 +35,7 @@ const STEPS: &[Step] = &[
 /// The schema version after every step ran.
 pub(crate) const LATEST: u32 = STEPS.len() as u32;
 
-fn read_version(shared: &Shared) -> Result<u32, StoreError> {
+pub(crate) fn read_version(shared: &Shared) -> Result<u32, StoreError> {
     let txn = shared.db()?.begin_read().map_err(|e| shared.storage(e))?;
     let table = match txn.open_table(META) {
         Ok(t) => t,
@@ -100,8 +98,6 @@ fn run_steps(shared: &Shared, steps: &[Step]) -> Result<(), StoreError> {
 mod tests {
     use std::sync::{Arc, RwLock};
 
-    use redb::ReadableDatabase;
-
     use super::*;
     use crate::store::schema::{COMMIT_TIMES, CURSORS, CURSORS_V1, LOG, SCOPES};
     use crate::store::StoreConfig;
@@ -110,7 +106,7 @@ mod tests {
         let config = StoreConfig::new(path);
         let db = crate::store::open_database(&config).unwrap();
         Shared {
-            db: RwLock::new(Some(Arc::new(db))),
+            db: RwLock::new(Some(Arc::new(crate::store::DbHandle::Rw(db)))),
             path: path.to_owned(),
             indexes: Default::default(),
             dicts: Default::default(),

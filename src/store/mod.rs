@@ -39,6 +39,7 @@ mod codec;
 mod dict;
 mod error;
 mod index;
+mod inspect;
 mod metrics;
 mod migrate;
 mod read;
@@ -59,10 +60,13 @@ pub use check::CheckReport;
 pub use codec::{CodecError, Compression, DeltaKind, ScopeRecord, ShardRecord};
 pub use error::StoreError;
 pub use index::{IndexFunc, Indexer, LABELS, NAMESPACE};
+pub use inspect::{ReadOnlyStore, ScopeUsage};
 pub(crate) use read::{DamagedEntry, LogEntry};
 pub use read::{IndexStatus, LogReader, LogRecord, Snapshot, Store, StoredObject};
 pub use schema::{CursorName, IndexName, IndexValue, ScopeId, Seq};
-pub use writer::{Batch, Committed, CompactReport, Delta, Durability, LogPin, RelistSummary, Subscription, Writer};
+pub use writer::{
+    Batch, Committed, CompactReport, Delta, Durability, LogPin, RelistSummary, ScopeRegistration, Subscription, Writer,
+};
 
 use crate::object::ScopeSpec;
 
@@ -89,6 +93,7 @@ pub struct StoreConfig {
     pub(crate) backfill_step: usize,
     pub(crate) object_cache_bytes: usize,
     pub(crate) fsync_delay: Option<Duration>,
+    pub(crate) drop_unused_scopes_after: Option<Duration>,
 }
 
 /// Default [`StoreConfig::fsync_delay`]: 10 ms.
@@ -156,7 +161,32 @@ impl StoreConfig {
             backfill_step: BACKFILL_STEP,
             object_cache_bytes: DEFAULT_OBJECT_CACHE_BYTES,
             fsync_delay: Some(DEFAULT_FSYNC_DELAY),
+            drop_unused_scopes_after: None,
         }
+    }
+
+    /// Drops the scopes no process has used for longer than `period` (default `None`: scopes
+    /// stay until dropped by hand, with [`Writer::drop_scope`] or `durable-informer scopes drop`).
+    ///
+    /// A scope is in use while an informer of a process that has the database open registered
+    /// it: the writer records its last use when it is registered, every few minutes while it
+    /// stays registered, and when the store closes. A selector, namespace or version change
+    /// makes a new scope and leaves the old one unused; with this set it is dropped once the
+    /// period has passed. The writer looks right after open and then every `period / 10`
+    /// (at least every 10 minutes), so set it well above the longest time a process may be
+    /// stopped: a scope dropped that way that comes back later starts cold (a full LIST).
+    /// Each drop is logged and counted (`durable_informer_scopes_dropped_total`).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use durable_informer::store::StoreConfig;
+    /// let config = StoreConfig::new("/tmp/cache.redb").drop_unused_scopes_after(Some(Duration::from_secs(7 * 24 * 3600)));
+    /// # let _ = config;
+    /// ```
+    #[must_use]
+    pub fn drop_unused_scopes_after(mut self, period: Option<Duration>) -> Self {
+        self.drop_unused_scopes_after = period;
+        self
     }
 
     /// How long a [deferred](Durability::Deferred) batch (every watch batch) may wait for the
@@ -386,6 +416,11 @@ impl redb::StorageBackend for BoxedBackend {
     }
 }
 
+/// How every handle of this crate shares a file with other processes: one writing process (the
+/// [`DurableStore`]), and any number of [`ReadOnlyStore`]s in other processes reading alongside
+/// it (redb's byte-range lock protocol; a second writer is still refused as [`StoreError::Locked`]).
+const CONCURRENCY: redb::ConcurrencyMode = redb::ConcurrencyMode::SingleWriter;
+
 /// Opens (or creates, with mode 0600) the redb file of `config`, through its backend wrapper.
 fn open_database(config: &StoreConfig) -> Result<redb::Database, StoreError> {
     let path = config.path.clone();
@@ -412,6 +447,7 @@ fn open_database(config: &StoreConfig) -> Result<redb::Database, StoreError> {
     let backend = redb::backends::FileBackend::new(file).map_err(|e| classify_open(&path, e))?;
     let mut builder = redb::Builder::new();
     builder.set_cache_size(config.cache_bytes);
+    builder.set_concurrency_mode(CONCURRENCY);
     builder.set_check_integrity_on_open(config.check_integrity);
     // redb may panic on a damaged file instead of returning an error; a damaged file must give
     // an error that names it, so the panic is caught here, at the one place files are opened.
@@ -433,11 +469,61 @@ fn open_database(config: &StoreConfig) -> Result<redb::Database, StoreError> {
     }
 }
 
+/// The redb handle under a [`Shared`]: read-write for a [`DurableStore`], read-only (and pinned
+/// to one commit) for a [`ReadOnlyStore`].
+pub(crate) enum DbHandle {
+    /// A writer's database.
+    Rw(redb::Database),
+    /// An inspection handle: every read uses the one transaction taken at open, so a whole
+    /// command sees one commit. Declared before the database it reads, so it is dropped first.
+    Ro {
+        pinned: Arc<redb::ReadTransaction>,
+        _db: redb::ReadOnlyDatabase,
+    },
+}
+
+impl DbHandle {
+    /// A read transaction at the latest commit (the pinned one for a read-only handle).
+    pub(crate) fn begin_read(&self) -> Result<ReadTxn, redb::TransactionError> {
+        use redb::ReadableDatabase as _;
+        match self {
+            Self::Rw(db) => db.begin_read().map(ReadTxn::Own),
+            Self::Ro { pinned, .. } => Ok(ReadTxn::Pinned(pinned.clone())),
+        }
+    }
+
+    /// A write transaction; a read-only handle has none (nothing in it writes).
+    pub(crate) fn begin_write(&self) -> Result<redb::WriteTransaction, redb::TransactionError> {
+        match self {
+            Self::Rw(db) => db.begin_write(),
+            Self::Ro { .. } => Err(redb::TransactionError::Storage(redb::StorageError::Io(
+                std::io::Error::new(std::io::ErrorKind::PermissionDenied, "the database is open read-only"),
+            ))),
+        }
+    }
+}
+
+/// A read transaction of its own, or the one a read-only handle is pinned to.
+pub(crate) enum ReadTxn {
+    Own(redb::ReadTransaction),
+    Pinned(Arc<redb::ReadTransaction>),
+}
+
+impl std::ops::Deref for ReadTxn {
+    type Target = redb::ReadTransaction;
+    fn deref(&self) -> &redb::ReadTransaction {
+        match self {
+            Self::Own(t) => t,
+            Self::Pinned(t) => t,
+        }
+    }
+}
+
 /// State shared by the writer and every read handle.
 pub(crate) struct Shared {
     /// `None` once the store was closed: read handles that outlive it get [`StoreError::Closed`]
     /// instead of keeping the file (and its lock) open.
-    db: std::sync::RwLock<Option<Arc<redb::Database>>>,
+    db: std::sync::RwLock<Option<Arc<DbHandle>>>,
     pub(crate) path: PathBuf,
     pub(crate) indexes: IndexRegistry,
     /// Prepared zstd dictionaries for readers.
@@ -450,13 +536,13 @@ pub(crate) struct Shared {
 }
 
 impl Shared {
-    pub(crate) fn db(&self) -> Result<Arc<redb::Database>, StoreError> {
+    pub(crate) fn db(&self) -> Result<Arc<DbHandle>, StoreError> {
         self.db.reading().clone().ok_or_else(|| StoreError::Closed {
             path: self.path.clone(),
         })
     }
 
-    fn take_db(&self) -> Option<Arc<redb::Database>> {
+    fn take_db(&self) -> Option<Arc<DbHandle>> {
         self.db.writing().take()
     }
 
@@ -489,7 +575,7 @@ impl Shared {
             }
         }
         let db = open_database(&self.config)?;
-        *self.db.writing() = Some(Arc::new(db));
+        *self.db.writing() = Some(Arc::new(DbHandle::Rw(db)));
         Ok(())
     }
 
@@ -522,7 +608,7 @@ impl DurableStore {
         let db = open_database(&config)?;
         let path = config.path.clone();
         let shared = Arc::new(Shared {
-            db: std::sync::RwLock::new(Some(Arc::new(db))),
+            db: std::sync::RwLock::new(Some(Arc::new(DbHandle::Rw(db)))),
             path,
             indexes: IndexRegistry::default(),
             dicts: dict::DictCache::default(),
@@ -608,6 +694,12 @@ impl DurableStore {
         read::meta_string(&self.shared, schema::META_CLUSTER_IDENTITY)
     }
 
+    /// Every scope with its size and last use (see [`ScopeUsage`]). Reads the whole log once:
+    /// proportional to the file.
+    pub fn scope_usage(&self) -> Result<Vec<ScopeUsage>, StoreError> {
+        inspect::scope_usage(&self.shared)
+    }
+
     /// Stops the writer after everything queued was committed, and waits for it.
     pub fn close(mut self) -> Result<(), StoreError> {
         self.stop()
@@ -622,7 +714,7 @@ impl DurableStore {
         }
         let path = self.shared.path.clone();
         match self.shared.take_db().map(Arc::try_unwrap) {
-            Some(Ok(mut db)) => db.compact().map_err(|e| StoreError::Storage { path, source: e.into() }),
+            Some(Ok(DbHandle::Rw(mut db))) => db.compact().map_err(|e| StoreError::Storage { path, source: e.into() }),
             _ => Ok(false),
         }
     }
@@ -635,6 +727,12 @@ impl DurableStore {
         // Closes the file once in-flight reads finish, even if read handles remain.
         drop(self.shared.take_db());
         Ok(())
+    }
+}
+
+impl From<&DurableStore> for LogReader {
+    fn from(db: &DurableStore) -> Self {
+        db.log()
     }
 }
 

@@ -19,6 +19,7 @@
 //! | `commit_times` | seq of the first log entry a commit wrote | unix milliseconds of that commit (schema v3) |
 //! | `index_backfill` | (scope id, index name) | [`super::codec::BackfillProgress`] of an index still being backfilled (schema v3) |
 //! | `scope_shards` | [`ScopeId`] | [`super::codec::ShardRecord`]: the scope's shard range and ranges still to fetch (schema v5) |
+//! | `scope_last_use` | [`ScopeId`] | unix milliseconds when a process last had the scope registered (created on first use; a file without it reads as "never recorded") |
 
 use std::fmt;
 
@@ -69,6 +70,14 @@ pub const INDEX_BACKFILL: TableDefinition<(u32, &str), &[u8]> = TableDefinition:
 /// scope without a row holds every object of its resource.
 pub const SHARDS: TableDefinition<u32, &[u8]> = TableDefinition::new("scope_shards");
 
+/// When a process last had each scope registered (unix milliseconds): written when a scope is
+/// registered, every few minutes while it stays registered, and when the store closes. Created
+/// by the first write; readers take a missing table as empty, so it needs no migration.
+pub const SCOPE_USE: TableDefinition<u32, u64> = TableDefinition::new("scope_last_use");
+
+/// `meta` key holding the highest scope id ever handed out (u32, big endian), so that a dropped
+/// scope's id is never given to another: its log entries stay until retention removes them.
+pub const META_SCOPE_ID_HIGH: &str = "scope_id_high";
 /// `meta` key holding the schema version (u32, big endian).
 pub const META_SCHEMA_VERSION: &str = "schema_version";
 /// `meta` key holding the cluster identity (UTF-8).

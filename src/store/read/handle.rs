@@ -3,7 +3,6 @@
 use std::sync::Arc;
 
 use bytes::Bytes;
-use redb::ReadableDatabase;
 use serde::de::DeserializeOwned;
 
 use super::super::codec::{ScopeRecord, ShardRecord};

@@ -3,7 +3,7 @@
 use std::sync::Arc;
 
 use bytes::Bytes;
-use redb::{ReadTransaction, ReadableDatabase, ReadableTable};
+use redb::{ReadTransaction, ReadableTable};
 
 use super::super::codec::{self, DeltaKind, PrevRef};
 use super::super::dict::LoadDict;
@@ -82,7 +82,7 @@ impl LogReader {
         Self { shared }
     }
 
-    fn begin(&self) -> Result<ReadTransaction, StoreError> {
+    fn begin(&self) -> Result<super::super::ReadTxn, StoreError> {
         let s = &self.shared;
         s.db()?.begin_read().map_err(|e| s.storage(e))
     }
@@ -90,7 +90,7 @@ impl LogReader {
     /// Up to `limit` entries with seq greater than `after`, in order; only those of `scope` when
     /// given.
     pub fn read_after(&self, after: Seq, limit: usize, scope: Option<ScopeId>) -> Result<Vec<LogRecord>, StoreError> {
-        Ok(self.scan_after(&self.begin()?, after, limit, scope, true)?.0)
+        Ok(self.scan_after(&*self.begin()?, after, limit, scope, true)?.0)
     }
 
     /// Like [`read_after`](Self::read_after) for one scope, and also says how far it looked:
@@ -101,7 +101,7 @@ impl LogReader {
         limit: usize,
         scope: ScopeId,
     ) -> Result<(Vec<LogRecord>, Seq), StoreError> {
-        self.scan_after(&self.begin()?, after, limit, Some(scope), true)
+        self.scan_after(&*self.begin()?, after, limit, Some(scope), true)
     }
 
     /// Up to `limit` entries after `after` (of `scope` only, when given), and the last seq
@@ -217,7 +217,7 @@ impl LogReader {
 
     /// A read transaction in which the entries right after `after` were not compacted, or
     /// [`StoreError::LogCompacted`].
-    fn contiguous(&self, after: Seq) -> Result<ReadTransaction, StoreError> {
+    fn contiguous(&self, after: Seq) -> Result<super::super::ReadTxn, StoreError> {
         let s = &self.shared;
         let txn = self.begin()?;
         let log = txn.open_table(LOG).map_err(|e| s.storage(e))?;

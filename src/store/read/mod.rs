@@ -15,7 +15,7 @@ pub use log::{LogReader, LogRecord};
 pub use snapshot::{IndexStatus, Snapshot};
 
 use bytes::Bytes;
-use redb::{ReadTransaction, ReadableDatabase, ReadableTable};
+use redb::{ReadTransaction, ReadableTable};
 use serde::de::DeserializeOwned;
 
 use super::codec::{self, DataRef, ObjectHeader, ScopeRecord};

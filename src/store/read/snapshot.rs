@@ -3,7 +3,9 @@
 use std::sync::Arc;
 
 use bytes::Bytes;
-use redb::{ReadTransaction, ReadableTable};
+use redb::ReadableTable;
+
+use super::super::ReadTxn;
 
 use super::super::codec::{self, ScopeRecord, ShardRecord};
 use super::super::index::NAMESPACE;
@@ -35,13 +37,13 @@ pub enum IndexStatus {
 /// A consistent view of the database at one commit.
 pub struct Snapshot {
     pub(super) shared: Arc<Shared>,
-    pub(super) txn: ReadTransaction,
+    pub(super) txn: ReadTxn,
     pub(super) scope: ScopeId,
 }
 
 impl Snapshot {
     /// A view over an open read transaction.
-    pub(crate) fn from_txn(shared: Arc<Shared>, txn: ReadTransaction, scope: ScopeId) -> Self {
+    pub(crate) fn from_txn(shared: Arc<Shared>, txn: ReadTxn, scope: ScopeId) -> Self {
         Self { shared, txn, scope }
     }
 

@@ -36,6 +36,8 @@ pub(super) struct Upkeep {
     pub(super) size_observed: Cell<Option<std::time::Instant>>,
     /// Seqs readers are still delivering from without a durable cursor: compaction keeps them.
     pub(super) pins: Arc<Pins>,
+    /// When scopes were last used, and dropping those unused for long.
+    pub(super) scopes: super::scopes::ScopeLife,
 }
 
 impl Upkeep {
@@ -50,6 +52,7 @@ impl Upkeep {
             backfill_turn: Cell::new(false),
             size_observed: Cell::new(None),
             pins,
+            scopes: super::scopes::ScopeLife::new(config.drop_unused_scopes_after),
         }
     }
 }
@@ -102,12 +105,25 @@ impl WriterThread {
         self.has_compaction_work() || self.has_backfill_work()
     }
 
-    /// How long to wait for commands while idle before looking at the log's age again (`None`:
-    /// nothing ages).
+    /// How long to wait for commands while idle before looking at the log's age and the
+    /// scopes' use again.
     pub(super) fn idle_poll(&self) -> Option<Duration> {
-        self.upkeep
-            .retention_age
-            .map(|age| (age / 10).clamp(AGE_POLL_MIN, AGE_POLL_MAX))
+        let scopes = self.upkeep.scopes.due_in();
+        Some(
+            self.upkeep
+                .retention_age
+                .map_or(scopes, |age| (age / 10).clamp(AGE_POLL_MIN, AGE_POLL_MAX).min(scopes)),
+        )
+    }
+
+    /// Nothing came in for [`idle_poll`](Self::idle_poll): what is due by time.
+    pub(super) fn idle_tick(&self) {
+        if self.upkeep.retention_age.is_some() {
+            self.plan_retention();
+        }
+        if self.scope_life_due() {
+            self.scope_life_step();
+        }
     }
 
     /// One step while idle: compaction and backfill take turns.
@@ -152,6 +168,9 @@ impl WriterThread {
         }
         if self.has_backfill_work() && !self.commit.poisoned.get() {
             self.backfill_job_step();
+        }
+        if self.scope_life_due() && !self.commit.poisoned.get() {
+            self.scope_life_step();
         }
         // Idle: the size settles here; busy: once a second.
         self.observe_size(self.commit.rx.is_empty() && !self.has_background_work());

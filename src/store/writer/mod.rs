@@ -53,7 +53,7 @@ type Ack<T> = oneshot::Sender<Result<T, StoreError>>;
 type Backfills = BTreeMap<(ScopeId, IndexName), Vec<Ack<()>>>;
 
 enum Command {
-    RegisterScope(String, Ack<ScopeId>),
+    RegisterScope(String, Ack<ScopeRegistration>),
     Apply(Batch, Ack<Committed>),
     Stage(ScopeId, Vec<RawObject>, Ack<()>),
     FinishRelist(ScopeId, ResourceVersion, String, Ack<RelistSummary>),
@@ -67,6 +67,7 @@ enum Command {
     Flush(Ack<()>),
     Identity(String, bool, Ack<bool>),
     ResetScope(ScopeId, Ack<()>),
+    DropScope(ScopeId, Ack<()>),
     ChangeShard(ScopeId, ShardRecord, Ack<RelistSummary>),
     ShardFetched(ScopeId, Ack<()>),
     /// A reader of a scope's change stream and a snapshot of what precedes it (after the
@@ -97,6 +98,22 @@ pub struct Writer {
     rollbacks: watch::Receiver<(u64, Seq)>,
     dicts: PublishedDicts,
     pins: Arc<retention::Pins>,
+}
+
+/// What registering a scope found.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct ScopeRegistration {
+    /// The scope.
+    pub scope: ScopeId,
+    /// Whether this registration created it (no process had registered that spec before).
+    pub created: bool,
+    /// When it was created: the other scopes of the same resource (any version) and namespace
+    /// that no informer of this process has registered, with their records. A selector,
+    /// version or namespace change leaves the old scope behind like this: its rows stay until
+    /// it is dropped ([`Writer::drop_scope`],
+    /// [`StoreConfig::drop_unused_scopes_after`](super::StoreConfig::drop_unused_scopes_after)).
+    pub left_behind: Vec<(ScopeId, super::ScopeRecord)>,
 }
 
 /// A reader of one scope's [change stream](super::changes) from a point between two group
@@ -151,16 +168,24 @@ impl Writer {
 
     /// Registers a scope, or finds the one with the same spec.
     pub async fn register_scope(&self, spec: &super::ScopeSpec) -> Result<ScopeId, StoreError> {
-        let (ack, rx) = oneshot::channel();
-        self.send(Command::RegisterScope(spec.canonical(), ack))?;
-        rx.await.map_err(|_| StoreError::WriterGone)?
+        Ok(self.register_scope_reporting(spec).await?.scope)
     }
 
     /// Registers a scope, or finds the one with the same spec. Blocking.
     pub fn register_scope_blocking(&self, spec: &super::ScopeSpec) -> Result<ScopeId, StoreError> {
         let (ack, rx) = oneshot::channel();
         self.send(Command::RegisterScope(spec.canonical(), ack))?;
-        futures::executor::block_on(rx).map_err(|_| StoreError::WriterGone)?
+        Ok(futures::executor::block_on(rx)
+            .map_err(|_| StoreError::WriterGone)??
+            .scope)
+    }
+
+    /// [`register_scope`](Self::register_scope), also saying whether the scope is new and
+    /// which scopes it may leave behind (see [`ScopeRegistration`]).
+    pub async fn register_scope_reporting(&self, spec: &super::ScopeSpec) -> Result<ScopeRegistration, StoreError> {
+        let (ack, rx) = oneshot::channel();
+        self.send(Command::RegisterScope(spec.canonical(), ack))?;
+        rx.await.map_err(|_| StoreError::WriterGone)?
     }
 
     /// Queues a batch now and returns a receiver for its commit, so a caller can keep reading
@@ -260,6 +285,24 @@ impl Writer {
         ```");
     request!(reset_scope, reset_scope_blocking, (scope: ScopeId) -> (), ResetScope,
         "Forgets a scope's objects, indexes and RV (its log entries stay, for cursors).");
+    request!(drop_scope, drop_scope_blocking, (scope: ScopeId) -> (), DropScope,
+        "Removes a scope from the database: its record, objects, indexes, durable cursors, shard range and use record, in one transaction. Its log entries stay until retention removes them, and its id is never handed out again. Refused with `StoreError::ScopeInUse` for a scope registered through this store since it was opened (an informer of this process uses it), and `StoreError::UnknownScope` for one that does not exist.\n\n\
+        `DurableStore::scope_usage` lists the scopes with their size and last use; \
+        `StoreConfig::drop_unused_scopes_after` drops the unused ones on its own.\n\n\
+        ```\n\
+        use durable_informer::object::ScopeSpec;\n\
+        use durable_informer::store::{DurableStore, StoreConfig};\n\
+        # let dir = tempfile::tempdir().unwrap();\n\
+        # let path = dir.path().join(\"db.redb\");\n\
+        # let old = DurableStore::open(StoreConfig::new(&path)).unwrap();\n\
+        # old.writer().register_scope_blocking(&ScopeSpec::new(\"\", \"v1\", \"pods\").labels(\"app=old\")).unwrap();\n\
+        # old.close().unwrap();\n\
+        let db = DurableStore::open(StoreConfig::new(&path)).unwrap();\n\
+        // A scope an earlier run left behind (this process never registered it):\n\
+        let (old, _) = db.scopes().unwrap().into_iter().next().unwrap();\n\
+        db.writer().drop_scope_blocking(old).unwrap();\n\
+        assert!(db.scopes().unwrap().is_empty());\n\
+        ```");
 
     request!(change_shard, change_shard_blocking, (scope: ScopeId, record: ShardRecord) -> RelistSummary, ChangeShard,
         "Gives the scope a shard range, in one transaction: every stored object outside `record.range` is deleted (logged as a delete with its final state unknown, as a relist's, so handlers see it; `deleted` counts them, `unchanged` the objects kept) and `record` is saved. `record.pending` names the ranges still to fetch at the scope's RV; [`Writer::shard_fetched`] or a relist clears it.");
@@ -441,7 +484,6 @@ pub(crate) fn spawn(
 }
 
 fn last_seq_read(shared: &Shared) -> Result<Seq, StoreError> {
-    use redb::ReadableDatabase;
     let txn = shared.db()?.begin_read().map_err(|e| shared.storage(e))?;
     let log = txn.open_table(LOG).map_err(|e| shared.storage(e))?;
     let in_log = log.last().map_err(|e| shared.storage(e))?.map_or(0, |(k, _)| k.value());

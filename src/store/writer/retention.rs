@@ -8,7 +8,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use redb::{ReadableDatabase, ReadableTable, WriteTransaction};
+use redb::{ReadableTable, WriteTransaction};
 
 use super::super::codec::{self, Compression, DataRef, DeltaKind, PrevRef};
 use super::super::schema::{keys, ScopeId, Seq, COMMIT_TIMES, CURSORS, LOG};

@@ -86,7 +86,10 @@ impl Drop for Reap<'_> {
 
 /// A command's reply, held until the transaction commits.
 pub(super) enum Reply {
-    Scope(Ack<ScopeId>, Result<ScopeId, StoreError>),
+    Scope(
+        Ack<super::ScopeRegistration>,
+        Result<super::ScopeRegistration, StoreError>,
+    ),
     Committed(Ack<Committed>, Result<u64, StoreError>),
     Unit(Ack<()>, Result<(), StoreError>),
     Relist(Ack<RelistSummary>, Result<RelistSummary, StoreError>),
@@ -170,7 +173,7 @@ impl WriterThread {
                 match self.commit.rx.recv_timeout(due_in.map_or(poll, |d| d.min(poll))) {
                     Ok(cmd) => cmd,
                     Err(RecvTimeoutError::Timeout) => {
-                        self.plan_retention();
+                        self.idle_tick();
                         continue;
                     }
                     Err(RecvTimeoutError::Disconnected) => break,
@@ -213,6 +216,7 @@ impl WriterThread {
         if self.commit.fsync_due.get().is_some() && !self.commit.poisoned.get() {
             self.flush_deferred();
         }
+        self.scope_life_close();
         self.abandon_background_work();
     }
 
@@ -453,6 +457,7 @@ impl WriterThread {
             Command::Flush(ack) => Ok(Reply::Unit(ack, Ok(()))),
             Command::Identity(id, reset, ack) => run!(Bool, ack, self.identity(txn, &id, reset)),
             Command::ResetScope(scope, ack) => run!(Unit, ack, self.reset_scope(txn, scope)),
+            Command::DropScope(scope, ack) => run!(Unit, ack, self.drop_scope(txn, scope)),
             Command::ChangeShard(scope, record, ack) => run!(Relist, ack, self.change_shard(txn, scope, &record)),
             Command::ShardFetched(scope, ack) => run!(Unit, ack, self.shard_fetched(txn, scope)),
             Command::Subscribe(scope, ack) => Ok(Reply::Subscribe(ack, scope)),
@@ -468,7 +473,6 @@ impl WriterThread {
     /// A reader of `scope`'s changes from here on, with a read snapshot of everything before
     /// (between two groups, so nothing is in flight).
     fn subscribe(&self, scope: ScopeId) -> Result<Subscription, StoreError> {
-        use redb::ReadableDatabase;
         let reader = self.publisher.subscribe(scope);
         let txn = self.shared.db()?.begin_read().map_err(|e| self.st(e))?;
         Ok(Subscription {
@@ -531,6 +535,7 @@ pub(super) fn fail_all(cmds: Vec<Command>, e: &StoreError) {
             | Command::SetCursor(_, _, _, a)
             | Command::DeleteCursor(_, _, a)
             | Command::ResetScope(_, a)
+            | Command::DropScope(_, a)
             | Command::ShardFetched(_, a) => drop(a.send(Err(err))),
             Command::Subscribe(_, a) => drop(a.send(Err(err))),
             Command::FinishRelist(_, _, _, a) | Command::ChangeShard(_, _, a) => drop(a.send(Err(err))),
