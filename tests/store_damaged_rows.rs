@@ -679,6 +679,27 @@ fn configmap(name: &str, rv: &str, v: &str) -> durable_informer::object::RawObje
     .expect("object")
 }
 
+/// The golden database with the object rows of d299 and d298 damaged, opened, and its scope.
+fn golden_with_damaged_d299_and_d298(dir: &Path) -> (DurableStore, ScopeId) {
+    let path = golden_db(dir);
+    for name in ["d299", "d298"] {
+        damage_on_disk::<&[u8]>(&path, "objects", &object_row_key(&path, name), &huge_string_after(&[1]));
+    }
+    let db = DurableStore::open(StoreConfig::new(&path)).expect("opens");
+    let scope = db.writer().register_scope_blocking(&spec()).expect("scope");
+    (db, scope)
+}
+
+/// `check` finds nothing wrong with d299 and d298 any more.
+fn assert_d299_and_d298_healed(db: &DurableStore) {
+    let report = db.check().expect("check");
+    assert!(
+        !report.problems.iter().any(|p| p.contains("d299") || p.contains("d298")),
+        "the damaged rows were replaced: {:?}",
+        report.problems
+    );
+}
+
 /// Review finding F8 at the writer: the stored row of the version an update replaces does not
 /// decode. The update is written with no previous state (`old: None`) and counted, and the
 /// other deltas of the group commit; a delete of a damaged row removes it.
@@ -687,12 +708,7 @@ fn a_damaged_old_object_row_does_not_fail_the_update() {
     use durable_informer::store::{Batch, DeltaKind};
     isolated("a_damaged_old_object_row_does_not_fail_the_update", || {
         let dir = tempfile::tempdir().expect("temp dir");
-        let path = golden_db(dir.path());
-        for name in ["d299", "d298"] {
-            damage_on_disk::<&[u8]>(&path, "objects", &object_row_key(&path, name), &huge_string_after(&[1]));
-        }
-        let db = DurableStore::open(StoreConfig::new(&path)).expect("opens");
-        let scope = db.writer().register_scope_blocking(&spec()).expect("scope");
+        let (db, scope) = golden_with_damaged_d299_and_d298(dir.path());
         let store = db.store(scope);
         let before = store.list_keys().expect("keys").len();
         assert_eq!(db.damaged_rows_skipped(), 0);
@@ -739,12 +755,7 @@ fn a_damaged_old_object_row_does_not_fail_the_update() {
         assert_eq!(log[0].old, None);
         assert_eq!(db.damaged_rows_skipped(), 2);
         assert_eq!(store.list_keys().expect("keys").len(), before);
-        let report = db.check().expect("check");
-        assert!(
-            !report.problems.iter().any(|p| p.contains("d299") || p.contains("d298")),
-            "the damaged rows were replaced: {:?}",
-            report.problems
-        );
+        assert_d299_and_d298_healed(&db);
     });
 }
 
@@ -754,12 +765,7 @@ fn a_damaged_old_object_row_does_not_fail_the_update() {
 fn a_relist_replaces_damaged_object_rows() {
     isolated("a_relist_replaces_damaged_object_rows", || {
         let dir = tempfile::tempdir().expect("temp dir");
-        let path = golden_db(dir.path());
-        for name in ["d299", "d298"] {
-            damage_on_disk::<&[u8]>(&path, "objects", &object_row_key(&path, name), &huge_string_after(&[1]));
-        }
-        let db = DurableStore::open(StoreConfig::new(&path)).expect("opens");
-        let scope = db.writer().register_scope_blocking(&spec()).expect("scope");
+        let (db, scope) = golden_with_damaged_d299_and_d298(dir.path());
         let store = db.store(scope);
         let keys = store.list_keys().expect("keys");
         // Everything is listed again with the same RV, but d298 is gone and d299's row was damaged.
@@ -784,12 +790,7 @@ fn a_relist_replaces_damaged_object_rows() {
             .expect("stored");
         assert_eq!(d299.meta.resource_version.as_str(), "1");
         assert_eq!(db.damaged_rows_skipped(), 2);
-        let report = db.check().expect("check");
-        assert!(
-            !report.problems.iter().any(|p| p.contains("d299") || p.contains("d298")),
-            "{:?}",
-            report.problems
-        );
+        assert_d299_and_d298_healed(&db);
     });
 }
 
