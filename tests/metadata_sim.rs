@@ -265,3 +265,38 @@ async fn metadata_from_api_with_a_named_cluster_and_secrets_without_their_data()
         .await;
     assert!(refused.is_err());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_factory_shares_metadata_scopes_apart_from_full_ones() {
+    let sim = tokio::task::spawn_blocking(sim).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let factory = durable_informer::informer::InformerFactory::new(
+        DurableStore::open(StoreConfig::new(dir.path().join("f.redb"))).unwrap(),
+        sim.client().unwrap(),
+        &sim.url(),
+    );
+    let meta = factory.metadata_informer::<Pod>(None).await.unwrap();
+    let again = factory.metadata_informer::<Pod>(None).await.unwrap();
+    let full = factory.informer::<Pod>(None).await.unwrap();
+    let web = factory
+        .informer_with::<Pod>(None, &kube::runtime::watcher::Config::default().labels("tier=frontend"))
+        .await
+        .unwrap();
+    assert_eq!(meta.scope(), again.scope());
+    assert_ne!(meta.scope(), full.scope());
+    assert_ne!(web.scope(), full.scope(), "the selector is part of the scope");
+    factory.start();
+    tokio::time::timeout(Duration::from_secs(20), factory.wait_for_cache_sync())
+        .await
+        .unwrap()
+        .unwrap();
+    let metas = meta.lister().state().unwrap();
+    assert_eq!(metas.len(), PODS);
+    assert_eq!(full.lister().state().unwrap().len(), PODS);
+    let frontend = web.lister().state().unwrap();
+    assert!(!frontend.is_empty() && frontend.len() < PODS);
+    assert!(frontend
+        .iter()
+        .all(|p| p.labels().get("tier").map(String::as_str) == Some("frontend")));
+    factory.shutdown().await.unwrap();
+}

@@ -125,6 +125,68 @@ impl InformerFactory {
             .await
     }
 
+    /// The shared informer of a typed resource with kube-runtime's `watcher::Config`: its
+    /// selectors are part of the scope; its page size, timeout and list strategy apply when the
+    /// informer is created (see
+    /// [`InformerBuilder::watcher_config`](super::InformerBuilder::watcher_config)).
+    ///
+    /// ```no_run
+    /// # async fn f(factory: durable_informer::informer::InformerFactory) -> Result<(), Box<dyn std::error::Error>> {
+    /// use kube::runtime::watcher;
+    /// let web = factory
+    ///     .informer_with::<k8s_openapi::api::core::v1::Pod>(None, &watcher::Config::default().labels("app=web"))
+    ///     .await?;
+    /// # let _ = web; Ok(()) }
+    /// ```
+    pub async fn informer_with<K>(
+        &self,
+        namespace: Option<&str>,
+        wc: &kube::runtime::watcher::Config,
+    ) -> Result<Informer<K>, InformerError>
+    where
+        K: Resource<DynamicType = ()> + DeserializeOwned + Send + Sync + 'static,
+    {
+        self.make(
+            ApiResource::erase::<K>(&()),
+            namespace,
+            wc.label_selector.as_deref(),
+            wc.field_selector.as_deref(),
+            Vec::new(),
+            false,
+            Some(wc),
+        )
+        .await
+    }
+
+    /// The shared metadata-only informer of a typed resource (see
+    /// [`Informer::metadata_from_api`](super::Informer::metadata_from_api)): a scope apart from
+    /// the full objects'.
+    ///
+    /// ```no_run
+    /// # async fn f(factory: durable_informer::informer::InformerFactory) -> Result<(), Box<dyn std::error::Error>> {
+    /// use k8s_openapi::api::core::v1::Pod;
+    /// let pods = factory.metadata_informer::<Pod>(None).await?;
+    /// # let _ = pods; Ok(()) }
+    /// ```
+    pub async fn metadata_informer<K>(
+        &self,
+        namespace: Option<&str>,
+    ) -> Result<Informer<kube::core::PartialObjectMeta<K>>, InformerError>
+    where
+        K: Resource<DynamicType = ()> + Send + Sync + 'static,
+    {
+        self.make(
+            ApiResource::erase::<K>(&()),
+            namespace,
+            None,
+            None,
+            Vec::new(),
+            true,
+            None,
+        )
+        .await
+    }
+
     /// The shared informer of any resource, with selectors and indexers. Indexers apply when the
     /// informer is created; a later call for the same scope returns it as it is.
     pub async fn informer_for<K>(
@@ -138,7 +200,36 @@ impl InformerFactory {
     where
         K: DeserializeOwned + Send + Sync + 'static,
     {
+        self.make(
+            resource,
+            namespace,
+            label_selector,
+            field_selector,
+            indexers,
+            false,
+            None,
+        )
+        .await
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    async fn make<K>(
+        &self,
+        resource: ApiResource,
+        namespace: Option<&str>,
+        label_selector: Option<&str>,
+        field_selector: Option<&str>,
+        indexers: Vec<Indexer>,
+        metadata_only: bool,
+        wc: Option<&kube::runtime::watcher::Config>,
+    ) -> Result<Informer<K>, InformerError>
+    where
+        K: DeserializeOwned + Send + Sync + 'static,
+    {
         let mut source = KubeSource::new(self.client.clone(), &self.server, resource);
+        if metadata_only {
+            source = source.metadata_only();
+        }
         if let Some(ns) = namespace {
             source = source.namespace(ns);
         }
@@ -159,7 +250,11 @@ impl InformerFactory {
         }
         let db = self.db.locked().clone();
         let db = db.ok_or(StoreError::WriterGone)?;
-        let mut b = Informer::<K>::builder(&db, source).reflector_config(self.config.clone());
+        let mut config = self.config.clone();
+        if let Some(wc) = wc {
+            crate::source::apply_watcher_config(&mut config, wc);
+        }
+        let mut b = Informer::<K>::builder(&db, source).reflector_config(config);
         for ix in indexers {
             b = b.indexer(ix);
         }
