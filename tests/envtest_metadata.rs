@@ -115,23 +115,28 @@ async fn a_metadata_informer_syncs_stores_metadata_and_resumes_without_a_list(se
     assert_eq!(cms.status().borrow().lists, 0, "no relist");
     cms.shutdown().await.unwrap();
     // Every request the informer made after the restart: no LIST beyond one-object probes, and
-    // the watch asked for metadata.
-    let requests: Vec<(String, String)> = env
-        .audit_events()
-        .into_iter()
-        .skip(audit_mark)
-        .filter(|e| e["user"]["username"] == INFORMER)
-        .map(|e| {
-            (
-                e["verb"].as_str().unwrap_or_default().to_owned(),
-                e["requestURI"].as_str().unwrap_or_default().to_owned(),
-            )
-        })
-        .collect();
-    let full: Vec<_> = requests
+    // a watch (logged when it ends, so waited for).
+    let requests = |env: &EnvTest| -> Vec<(String, String)> {
+        env.audit_events()
+            .into_iter()
+            .skip(audit_mark)
+            .filter(|e| e["user"]["username"] == INFORMER)
+            .map(|e| {
+                (
+                    e["verb"].as_str().unwrap_or_default().to_owned(),
+                    e["requestURI"].as_str().unwrap_or_default().to_owned(),
+                )
+            })
+            .collect()
+    };
+    let seen = envtest::eventually("the resumed watch in the audit log", 30, async || {
+        let r = requests(&env);
+        r.iter().any(|(v, _)| v == "watch").then_some(r)
+    })
+    .await;
+    let full: Vec<_> = seen
         .iter()
         .filter(|(v, uri)| v == "list" && !uri.contains("limit=1") && !uri.contains("_revision_probe_"))
         .collect();
     assert!(full.is_empty(), "full LISTs after the restart: {full:?}");
-    assert!(requests.iter().any(|(v, _)| v == "watch"), "{requests:?}");
 }
