@@ -1020,8 +1020,8 @@ async fn a_resync_larger_than_a_page_delivers_each_object_once() {
 }
 
 /// A volatile handler hears of a change as soon as the writer decides it, before redb has its
-/// rows (the hot tier's feed): the lister it reads then, and the store's metadata the sharding
-/// guard reads, already answer that version or a newer one, never an older one.
+/// rows (the change stream, through the informer's cache): the lister it reads then, and the
+/// metadata the sharding guard reads, already answer that version or a newer one, never an older one.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_volatile_handler_finds_its_lister_at_the_version_it_was_told_of() {
     let fake = Fake::new();

@@ -31,8 +31,8 @@ impl WriterThread {
     }
 
     /// Gives the scope the shard `record`: every stored object outside `record.range` is
-    /// deleted (a log entry each, so handlers hear of it, with index rows and the hot tier
-    /// updated) and the record saved, all in this transaction, so no state mixes two ranges.
+    /// deleted (a log entry each, published on the change stream, so caches and handlers hear
+    /// of it, with index rows updated) and the record saved, all in this transaction, so no state mixes two ranges.
     pub(super) fn change_shard(
         &self,
         txn: &WriteTransaction,
