@@ -31,6 +31,9 @@ const BATCH: usize = 256;
 /// The first and longest wait before a handler retries after a store error.
 const RETRY_FIRST: Duration = Duration::from_millis(50);
 const RETRY_MAX: Duration = Duration::from_secs(5);
+/// The wait before telling a key whose version to tell left the store: the cache applies the
+/// newer one meanwhile.
+const RETRY_COLD: Duration = Duration::from_millis(20);
 
 pub(crate) type Report = Arc<dyn Fn(InformerIssue) + Send + Sync>;
 
@@ -270,25 +273,23 @@ async fn tell<K>(
     let key = dirty.key.clone();
     let report = &ctx.report;
     // The state to tell, decoded. A cold one that cannot be read back any more has changed
-    // since: a folded key waits for the cache to hold its newer state; a change told one by
-    // one is followed by that newer change anyway.
+    // since, and one that cannot be read now (the writer reopening the file after an I/O
+    // error): the key is put back, and told from the cache's state once it reads.
     let now = match &after {
         None => None,
         Some(c) => match object(cache, c, None).await {
             Ok(Some(k)) => Some((c.clone(), k)),
-            Ok(None) if folded => {
+            Ok(None) => {
+                // Told from the cache's state (a newer one) instead.
                 l.put_back(dirty);
-                tokio::time::sleep(Duration::from_millis(20)).await;
+                tokio::time::sleep(RETRY_COLD).await;
                 return;
             }
-            Ok(None) => {
-                report(undecodable(
-                    label,
-                    &key,
-                    Some(c.seq),
-                    "this version left the log before it was told",
-                ));
-                return;
+            Err(e) if transient(&e) => {
+                report(store_issue(label, "reading an object to tell (retried): ", e));
+                let mut dirty = dirty;
+                dirty.after = (!folded).then(|| after.clone());
+                return retry_later(l, dirty, RETRY_FIRST).await;
             }
             Err(e) => {
                 // Its JSON does not decode as K: reported, and the change counts as told.
@@ -302,6 +303,12 @@ async fn tell<K>(
         Some(t) => match object(cache, t, Some(dirty.since)).await {
             Ok(Some(k)) => Some((t.clone(), Some(k))),
             Ok(None) => Some((t.clone(), None)),
+            Err(e) if transient(&e) => {
+                report(store_issue(label, "reading an object to tell (retried): ", e));
+                let mut dirty = dirty;
+                dirty.after = (!folded).then(|| after.clone());
+                return retry_later(l, dirty, RETRY_FIRST).await;
+            }
             Err(e) => {
                 report(undecodable(label, &key, None, &e.to_string()));
                 Some((t.clone(), None))
@@ -359,6 +366,25 @@ async fn tell<K>(
             call(report, handler, label, ev).await;
         }
     }
+}
+
+/// Puts `dirty` back, first in line, to be told again after `wait`.
+async fn retry_later<K>(l: &Listener<K>, dirty: Dirty<K>, wait: Duration) {
+    l.retry(dirty);
+    tokio::time::sleep(wait).await;
+}
+
+/// Whether a read failed for a while only (the file reopening after an I/O error, a full
+/// disk), not for what it read: retried rather than reported as an undecodable object.
+fn transient(e: &StoreError) -> bool {
+    matches!(
+        e,
+        StoreError::Closed { .. }
+            | StoreError::Storage { .. }
+            | StoreError::Io { .. }
+            | StoreError::WriterGone
+            | StoreError::Locked { .. }
+    )
 }
 
 /// Tells the handler `key` is gone: with the final state the server sent, else the last state

@@ -100,6 +100,8 @@ pub struct ReflectorMetrics {
     pub list_requests: Family<ResourceLabels, Counter>,
     /// WATCH requests.
     pub watch_requests: Family<ResourceLabels, Counter>,
+    /// Store errors met (each retried after the backoff, unless permanent).
+    pub store_errors: Family<ResourceLabels, Counter>,
 }
 
 fn size_histogram() -> Histogram {
@@ -118,6 +120,7 @@ pub fn global() -> &'static ReflectorMetrics {
             lists: Family::default(),
             list_requests: Family::default(),
             watch_requests: Family::default(),
+            store_errors: Family::default(),
         }
     })
 }
@@ -149,5 +152,11 @@ fn encode(e: &mut DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
         "durable_informer_watch_requests",
         "WATCH requests",
         &m.watch_requests,
+    )?;
+    encode_family(
+        e,
+        "durable_informer_reflector_store_errors",
+        "Store errors a reflector met (retried after the backoff unless permanent)",
+        &m.store_errors,
     )
 }

@@ -42,7 +42,7 @@ use watching::{WatchEnd, Watched};
 use crate::object::{RawObject, ResourceVersion};
 use crate::selector::ShardSelector;
 use crate::source::{ListRequest, Source, SourceError};
-use crate::store::{Batch, ScopeId, Seq, Store, StoreError, Writer};
+use crate::store::{Batch, ScopeId, ScopeRecord, Seq, Store, StoreError, Writer};
 use backoff::Backoff;
 
 /// The reflector of one scope.
@@ -197,6 +197,9 @@ impl<S: Source> Reflector<S> {
 
     fn report(&self, err: &ReflectorError) {
         tracing::warn!(scope = %self.scope(), error = %err, "reflector");
+        if matches!(err, ReflectorError::Store { .. } | ReflectorError::ClusterMismatch(_)) {
+            metrics::global().store_errors.get_or_create(&self.labels()).inc();
+        }
         self.status.send_modify(|s| s.last_error = Some(err.to_string()));
         if let Some(h) = &self.on_error {
             h(err);
@@ -269,26 +272,8 @@ impl<S: Source> Reflector<S> {
     }
 
     async fn run_inner(&mut self, stop: &mut watch::Receiver<bool>) -> Result<(), ReflectorError> {
-        self.check_identity(stop).await?;
-        let record = match self.store.record() {
-            Ok(r) => r,
-            Err(e) => {
-                let err = self.store_err(e);
-                self.report(&err);
-                return Err(err);
-            }
-        };
-        if let Some(rx) = &mut self.shard_rx {
-            self.config.sharding = rx.borrow_and_update().clone();
-        }
-        // After the identity check: a database reset for another cluster holds nothing to keep.
-        let pending = match self.reconcile_shard().await {
-            Ok(p) => p,
-            Err(e) => {
-                let err = self.store_err(e);
-                self.report(&err);
-                return Err(err);
-            }
+        let Some((record, pending)) = self.start(stop).await? else {
+            return Ok(());
         };
         let mut state = match record.rv.clone() {
             Some(rv) if record.synced => {
@@ -427,40 +412,76 @@ impl<S: Source> Reflector<S> {
         }
     }
 
-    async fn check_identity(&mut self, stop: &mut watch::Receiver<bool>) -> Result<(), ReflectorError> {
+    /// The cluster identity's check, the scope record and the shard range, before the first
+    /// list or watch; `None` when stopped. A store error there (a failed commit, the file
+    /// reopening after an I/O error) is reported and retried after the backoff, as it is once
+    /// running; only a permanent one (another cluster's database, an unusable file) ends the
+    /// run.
+    async fn start(
+        &mut self,
+        stop: &mut watch::Receiver<bool>,
+    ) -> Result<Option<(ScopeRecord, Option<ShardSelector>)>, ReflectorError> {
+        loop {
+            let err = match self.start_once(stop).await {
+                Ok(started) => return Ok(started),
+                Err(e @ StoreError::ClusterMismatch { .. }) => {
+                    let err = ReflectorError::ClusterMismatch(Arc::new(e));
+                    self.report(&err);
+                    return Err(err);
+                }
+                Err(e) if permanent(&e) => {
+                    let err = self.store_err(e);
+                    self.report(&err);
+                    return Err(err);
+                }
+                Err(e) => self.store_err(e),
+            };
+            self.report(&err);
+            let delay = self.backoff.delay(None);
+            if !self.sleep(delay, stop).await {
+                return Ok(None);
+            }
+        }
+    }
+
+    async fn start_once(
+        &mut self,
+        stop: &mut watch::Receiver<bool>,
+    ) -> Result<Option<(ScopeRecord, Option<ShardSelector>)>, StoreError> {
+        if !self.check_identity(stop).await? {
+            return Ok(None);
+        }
+        let record = self.store.record()?;
+        if let Some(rx) = &mut self.shard_rx {
+            self.config.sharding = rx.borrow_and_update().clone();
+        }
+        // After the identity check: a database reset for another cluster holds nothing to keep.
+        let pending = self.reconcile_shard().await?;
+        Ok(Some((record, pending)))
+    }
+
+    /// Checks (and on a new database records) the server's cluster identity; false when
+    /// stopped while the server could not tell it.
+    async fn check_identity(&mut self, stop: &mut watch::Receiver<bool>) -> Result<bool, StoreError> {
         let identity = loop {
             match self.source.cluster_identity().await {
                 Ok(id) => break id,
                 Err(e) => {
                     if !self.back_off(e, stop).await {
-                        return Ok(());
+                        return Ok(false);
                     }
                 }
             }
         };
-        let Some(identity) = identity else { return Ok(()) };
-        match self
+        let Some(identity) = identity else { return Ok(true) };
+        let wiped = self
             .writer
             .cluster_identity(&identity, self.config.reset_on_cluster_change)
-            .await
-        {
-            Ok(wiped) => {
-                if wiped {
-                    tracing::warn!(%identity, "database belonged to another cluster and was reset");
-                }
-                Ok(())
-            }
-            Err(e @ StoreError::ClusterMismatch { .. }) => {
-                let err = ReflectorError::ClusterMismatch(Arc::new(e));
-                self.report(&err);
-                Err(err)
-            }
-            Err(e) => {
-                let err = self.store_err(e);
-                self.report(&err);
-                Err(err)
-            }
+            .await?;
+        if wiped {
+            tracing::warn!(%identity, "database belonged to another cluster and was reset");
         }
+        Ok(true)
     }
 
     /// What a resume must have applied before it reports synced: the watch cache's revision of
@@ -590,4 +611,20 @@ impl<S: Source> Reflector<S> {
             }
         }
     }
+}
+
+/// Whether a store error met while starting stays whatever the reflector does: retrying it
+/// cannot succeed until someone acts on the file (each such error says what to do).
+fn permanent(e: &StoreError) -> bool {
+    matches!(
+        e,
+        StoreError::ClusterMismatch { .. }
+            | StoreError::NotADatabase { .. }
+            | StoreError::Locked { .. }
+            | StoreError::Corrupted { .. }
+            | StoreError::NewerSchema { .. }
+            | StoreError::OlderSchema { .. }
+            | StoreError::NeedsRecovery { .. }
+            | StoreError::UnknownScope(_)
+    )
 }

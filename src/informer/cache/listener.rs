@@ -238,7 +238,10 @@ impl<K> Listener<K> {
     pub(crate) fn put_back(&self, dirty: Dirty<K>) {
         let mut st = self.state.locked();
         let below = st.below_barrier(dirty.ticket);
+        // Not a handler falling behind: no fold counted.
+        let folds = st.folds;
         st.fold();
+        st.folds = folds;
         let Mode::Folded { order, pending } = &mut st.mode else {
             return;
         };
@@ -253,6 +256,23 @@ impl<K> Listener<K> {
                 pending.insert(dirty.key.clone(), dirty);
             }
         }
+        if below {
+            st.below += 1;
+        }
+        drop(st);
+        self.notify.notify_one();
+    }
+
+    /// A change popped could not be told for a while (its state could not be read): it is
+    /// first in line again as it was, its state to tell included.
+    pub(crate) fn retry(&self, dirty: Dirty<K>) {
+        let mut st = self.state.locked();
+        let below = st.below_barrier(dirty.ticket);
+        let Mode::Exact(queue) = &mut st.mode else {
+            drop(st);
+            return self.put_back(Dirty { after: None, ..dirty });
+        };
+        queue.push_front(dirty);
         if below {
             st.below += 1;
         }
