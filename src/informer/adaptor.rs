@@ -11,11 +11,12 @@ use serde::de::DeserializeOwned;
 
 use super::Informer;
 use crate::object::ObjectKey;
-use crate::store::{DeltaKind, LogReader, ScopeId, Seq, Store};
+use crate::store::{DamagedEntry, DeltaKind, LogEntry, LogReader, ObjectEntry, ScopeId, Seq, Store};
 
 enum Phase {
     Start,
-    Initial(Option<ObjectKey>, Seq),
+    /// Listing: the encoded key of the last row read, and the position the list started at.
+    Initial(Option<Vec<u8>>, Seq),
     Live(Seq),
 }
 
@@ -34,10 +35,22 @@ fn decode<K: DeserializeOwned>(bytes: &[u8]) -> Result<K, watcher::Error> {
     serde_json::from_slice(bytes).map_err(|e| watcher::Error::WatchFailed(kube::Error::SerdeError(e)))
 }
 
+/// The error item standing for a damaged stored row (an object row or a log entry), which is
+/// skipped: the stream goes on past it.
+fn damaged(what: &str, key: Option<&ObjectKey>, error: &crate::store::StoreError) -> watcher::Error {
+    let key = key.map_or_else(|| "an object".to_owned(), ToString::to_string);
+    let message = format!("{what} of {key} is damaged and was skipped: {error}");
+    watcher::Error::WatchFailed(kube::Error::ReadEvents(std::io::Error::new(
+        std::io::ErrorKind::InvalidData,
+        message,
+    )))
+}
+
 /// The informer's store as an initial list (`Init`, `InitApply`…, `InitDone`) followed by its
 /// live changes (`Apply`, `Delete`), read from the durable log. Relists that find deletes
 /// produce `Delete` with the last known state. A stored object that does not decode as `K`
-/// (a CRD's schema changed, say) is an `Err` item in its place; the stream goes on.
+/// (a CRD's schema changed, say), and a damaged stored row or log entry, is an `Err` item in
+/// its place; the stream goes on.
 ///
 /// Feed it to `kube::runtime::reflector` and `Controller::for_stream` (kube-runtime's
 /// `unstable-runtime-stream-control` feature, which the application enables; this crate
@@ -106,30 +119,36 @@ where
                     let store = st.store.clone();
                     let from = after.clone();
                     let page = tokio::task::spawn_blocking(move || {
-                        store.snapshot().and_then(|s| s.list_after(from.as_ref(), 256))
+                        store
+                            .snapshot()
+                            .and_then(|s| s.list_entries_after(from.as_deref(), 256))
                     })
                     .await;
-                    let Ok(Ok(page)) = page else {
+                    let Ok(Ok((page, last))) = page else {
                         st.phase = Phase::Initial(after, pos);
                         tokio::time::sleep(Duration::from_millis(200)).await;
                         continue;
                     };
-                    if page.is_empty() {
+                    let Some(last) = last else {
                         st.queue.push_back(Ok(watcher::Event::InitDone));
                         st.phase = Phase::Live(pos);
                         continue;
+                    };
+                    for entry in page {
+                        st.queue.push_back(match entry {
+                            ObjectEntry::Object(o) => decode::<K>(&o.bytes).map(watcher::Event::InitApply),
+                            ObjectEntry::Damaged { key, error } => Err(damaged("the stored row", key.as_ref(), &error)),
+                        });
                     }
-                    let last = page.last().map(|o| o.key.clone());
-                    for o in page {
-                        st.queue.push_back(decode::<K>(&o.bytes).map(watcher::Event::InitApply));
-                    }
-                    st.phase = Phase::Initial(last, pos);
+                    st.phase = Phase::Initial(Some(last), pos);
                 }
                 Phase::Live(cursor) => {
                     let log = st.log.clone();
                     let scope = st.scope;
-                    let read =
-                        tokio::task::spawn_blocking(move || log.read_scope_after_contiguous(cursor, 256, scope)).await;
+                    let read = tokio::task::spawn_blocking(move || {
+                        log.read_scope_entries_after_contiguous(cursor, 256, scope)
+                    })
+                    .await;
                     let (records, scanned) = match read {
                         Ok(Ok(r)) => r,
                         Ok(Err(e @ crate::store::StoreError::LogCompacted { .. })) => {
@@ -153,7 +172,20 @@ where
                         }
                         continue;
                     }
-                    for r in records {
+                    for entry in records {
+                        let r = match entry {
+                            LogEntry::Record(r) => r,
+                            // Only its previous state is damaged: the change itself is whole.
+                            LogEntry::Damaged(DamagedEntry { partial: Some(r), .. }) => r,
+                            LogEntry::Damaged(d) => {
+                                st.queue.push_back(Err(damaged(
+                                    &format!("log entry {}", d.seq.0),
+                                    d.key.as_ref(),
+                                    &d.error,
+                                )));
+                                continue;
+                            }
+                        };
                         let ev = match r.kind {
                             DeltaKind::Added | DeltaKind::Updated | DeltaKind::Replaced => {
                                 r.object.map(|b| decode::<K>(&b).map(watcher::Event::Apply))

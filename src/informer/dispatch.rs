@@ -21,8 +21,8 @@ use super::error::{HandlerProblem, InformerIssue};
 use super::handler::{Event, EventHandler, HandlerOptions};
 use crate::object::{ObjectKey, ObjectMeta, ResourceVersion};
 use crate::store::{
-    CursorName, DamagedEntry, DeltaKind, LogEntry, LogReader, LogRecord, ScopeId, Seq, Snapshot, Store, StoreError,
-    StoredObject, Writer,
+    CursorName, DamagedEntry, DeltaKind, LogEntry, LogReader, LogRecord, ObjectEntry, ScopeId, Seq, Snapshot, Store,
+    StoreError, Writer,
 };
 
 /// How many log entries one read takes.
@@ -808,18 +808,32 @@ async fn snapshot_events<K>(
 where
     K: DeserializeOwned + Send + Sync + 'static,
 {
-    let mut after: Option<ObjectKey> = None;
+    let mut after: Option<Vec<u8>> = None;
     loop {
         if *stop.borrow() {
             return Ok(false);
         }
         let (snap, from) = (snapshot.clone(), after.clone());
-        let page: Vec<StoredObject> = tokio::task::spawn_blocking(move || snap.list_after(from.as_ref(), BATCH))
+        let (page, last) = tokio::task::spawn_blocking(move || snap.list_entries_after(from.as_deref(), BATCH))
             .await
             .map_err(|e| StoreError::Aborted(format!("reading the store: {e}")))??;
-        let Some(last) = page.last() else { return Ok(true) };
-        after = Some(last.key.clone());
-        for o in page {
+        let Some(last) = last else { return Ok(true) };
+        after = Some(last);
+        for entry in page {
+            let o = match entry {
+                ObjectEntry::Object(o) => o,
+                // Skipped and reported, as a damaged log entry is: the handler hears of the
+                // object once the reflector writes it again (a relist replaces damaged rows).
+                ObjectEntry::Damaged { key: Some(key), error } => {
+                    let message = format!("its stored row is damaged and was skipped: {error}");
+                    (ctx.report)(undecodable(label, &key, None, &message));
+                    continue;
+                }
+                ObjectEntry::Damaged { key: None, error } => {
+                    (ctx.report)(store_issue(label, "a damaged stored row was skipped: ", error));
+                    continue;
+                }
+            };
             match decode.decode(&o.key, &o.meta.resource_version, &o.bytes) {
                 Ok(object) => {
                     let ev = if resync {

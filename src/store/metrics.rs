@@ -35,6 +35,14 @@ fn scopes_dropped() -> &'static Family<DatabaseLabels, Counter> {
     })
 }
 
+fn damaged_rows() -> &'static Family<DatabaseLabels, Counter> {
+    static FAMILY: OnceLock<Family<DatabaseLabels, Counter>> = OnceLock::new();
+    FAMILY.get_or_init(|| {
+        db_size();
+        Family::default()
+    })
+}
+
 fn labels(path: &Path) -> DatabaseLabels {
     let database = path
         .file_name()
@@ -56,6 +64,12 @@ pub(crate) fn scope_dropped(path: &Path) {
     scopes_dropped().get_or_create(&labels(path)).inc();
 }
 
+/// Counts a damaged stored row that a reader or the writer went past
+/// (`durable_informer_damaged_rows_skipped_total`).
+pub(crate) fn damaged_row_skipped(path: &Path) {
+    damaged_rows().get_or_create(&labels(path)).inc();
+}
+
 fn encode(e: &mut DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
     encode_family(e, "durable_informer_database_bytes", "Database file size", db_size())?;
     encode_family(
@@ -63,5 +77,11 @@ fn encode(e: &mut DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
         "durable_informer_scopes_dropped",
         "Scopes dropped for being unused longer than StoreConfig::drop_unused_scopes_after",
         scopes_dropped(),
+    )?;
+    encode_family(
+        e,
+        "durable_informer_damaged_rows_skipped",
+        "Damaged stored rows (objects, log entries) a reader or the writer went past; DurableStore::check lists those still damaged",
+        damaged_rows(),
     )
 }

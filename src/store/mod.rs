@@ -61,7 +61,7 @@ pub use codec::{CodecError, Compression, DeltaKind, ScopeRecord, ShardRecord};
 pub use error::StoreError;
 pub use index::{IndexFunc, Indexer, LABELS, NAMESPACE};
 pub use inspect::{ReadOnlyStore, ScopeUsage};
-pub(crate) use read::{DamagedEntry, LogEntry};
+pub(crate) use read::{DamagedEntry, LogEntry, ObjectEntry};
 pub use read::{IndexStatus, LogReader, LogRecord, Snapshot, Store, StoredObject};
 pub use schema::{CursorName, IndexName, IndexValue, ScopeId, Seq};
 pub use writer::{

@@ -204,7 +204,8 @@ impl LogReader {
 
     /// [`read_scope_after_contiguous`](Self::read_scope_after_contiguous), with damaged entries
     /// in their place instead of an error: what a durable handler reads, so that one damaged
-    /// row does not hold its cursor for ever.
+    /// row does not hold its cursor for ever. Each damaged entry is counted
+    /// (`durable_informer_damaged_rows_skipped_total`).
     pub(crate) fn read_scope_entries_after_contiguous(
         &self,
         after: Seq,
@@ -212,7 +213,11 @@ impl LogReader {
         scope: ScopeId,
     ) -> Result<(Vec<LogEntry>, Seq), StoreError> {
         let txn = self.contiguous(after)?;
-        self.scan_entries(&txn, after, limit, Some(scope), true)
+        let (entries, scanned) = self.scan_entries(&txn, after, limit, Some(scope), true)?;
+        for _ in entries.iter().filter(|e| matches!(e, LogEntry::Damaged(_))) {
+            crate::store::metrics::damaged_row_skipped(&self.shared.path);
+        }
+        Ok((entries, scanned))
     }
 
     /// A read transaction in which the entries right after `after` were not compacted, or

@@ -12,6 +12,7 @@ mod snapshot;
 pub use handle::Store;
 pub(crate) use log::{DamagedEntry, LogEntry};
 pub use log::{LogReader, LogRecord};
+pub(crate) use snapshot::ObjectEntry;
 pub use snapshot::{IndexStatus, Snapshot};
 
 use bytes::Bytes;

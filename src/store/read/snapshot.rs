@@ -34,6 +34,16 @@ pub enum IndexStatus {
     Absent,
 }
 
+/// What a tolerant read of the objects found in one row: an object, or a row that does not
+/// decode.
+#[derive(Debug)]
+pub(crate) enum ObjectEntry {
+    /// A row that decoded.
+    Object(StoredObject),
+    /// A damaged row: its key (`None` when that does not decode either) and why.
+    Damaged { key: Option<ObjectKey>, error: StoreError },
+}
+
 /// A consistent view of the database at one commit.
 pub struct Snapshot {
     pub(super) shared: Arc<Shared>,
@@ -169,6 +179,63 @@ impl Snapshot {
     pub fn list_after(&self, after: Option<&ObjectKey>, limit: usize) -> Result<Vec<StoredObject>, StoreError> {
         let (start, end) = self.range_after(after);
         self.objects_in_limited(&start, &end, limit)
+    }
+
+    /// Like [`list_after`](Self::list_after), with damaged rows in their place instead of
+    /// an error (only a storage error fails), and paged by the rows' encoded keys, so that a
+    /// row whose key itself does not decode is stepped over too: what synthetic adds and
+    /// resyncs read, so that one damaged row does not stop them for ever. Returns the rows and
+    /// the encoded key of the last one (where the next page starts after; `None`: no row).
+    /// Each damaged row is counted (`durable_informer_damaged_rows_skipped_total`).
+    pub(crate) fn list_entries_after(
+        &self,
+        after: Option<&[u8]>,
+        limit: usize,
+    ) -> Result<(Vec<ObjectEntry>, Option<Vec<u8>>), StoreError> {
+        let s = &self.shared;
+        let (scope_start, end) = keys::scope_range(self.scope);
+        let start = match after {
+            // The smallest encoded key greater than `after`.
+            Some(k) => {
+                let mut v = k.to_vec();
+                v.push(0);
+                v
+            }
+            None => scope_start,
+        };
+        let objects = self.txn.open_table(OBJECTS).map_err(|e| s.storage(e))?;
+        let log = self.txn.open_table(LOG).map_err(|e| s.storage(e))?;
+        let load = txn_loader(s, &self.txn);
+        let (mut out, mut last) = (Vec::new(), None);
+        for row in objects
+            .range::<&[u8]>(start.as_slice()..end.as_slice())
+            .map_err(|e| s.storage(e))?
+        {
+            if out.len() >= limit {
+                break;
+            }
+            let (k, v) = row.map_err(|e| s.storage(e))?;
+            let raw = k.value();
+            last = Some(raw.to_vec());
+            let key = keys::decode_object(raw).map(|(_, key)| key);
+            let decoded = key.clone().map_err(StoreError::from).and_then(|key| {
+                let (h, inline) = codec::decode_object(v.value())?;
+                let bytes = object_bytes(s, &log, &h, inline, &load)?;
+                Ok(StoredObject {
+                    key,
+                    meta: h.meta,
+                    bytes,
+                })
+            });
+            out.push(match decoded {
+                Ok(o) => ObjectEntry::Object(o),
+                Err(error) => {
+                    crate::store::metrics::damaged_row_skipped(&s.path);
+                    ObjectEntry::Damaged { key: key.ok(), error }
+                }
+            });
+        }
+        Ok((out, last))
     }
 
     /// The last log seq committed when this view was taken: every log entry up to it is

@@ -334,6 +334,7 @@ impl WriterThread {
         self.shared
             .damaged_rows
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        crate::store::metrics::damaged_row_skipped(&self.shared.path);
         tracing::error!(%scope, %key, error = %e, "the stored version of an object does not decode: its change is logged without a previous state");
     }
 
