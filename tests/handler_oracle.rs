@@ -41,25 +41,13 @@
 //! the file, and the informer's cache never showed it (the tests with the schedule that found it
 //! and a directed one are below; the writer now sends every stream reader back to redb then).
 //!
-//! Kept out of the mix, each for a bug the oracle found (ignored `bug_…` tests below, failing):
-//! * faults while a reflector starts: the harness waits until it lists or watches before the
-//!   next fault (a storage error in its start's commits stops it for good);
-//! * faults and kills before a durable handler has persisted its first cursor: the harness
-//!   waits for it (its initial adds told again from a newer view never delete what the first
-//!   round told);
-//! * storage faults while a handler is told its synthetic adds: the harness waits until every
-//!   handler is synced after each start and registration (a volatile handler told of an
-//!   object whose JSON is read back while the writer reopens the file never hears of it).
-//!
-//! A reflector stopped by anything but the injected transform panic fails the schedule.
-//!
-//! Tolerated, counted and printed (`DI_ORACLE_STRICT=1` fails instead): a schedule whose only
-//! differences are volatile handlers missing objects or holding an older version of them, each
-//! of which the informer reported as read while the store was closed
-//! (`bug_a_volatile_handler_told_…`). The writer closes the
-//! file to reopen it after every I/O error, and a cache reload after a rollback, which such
-//! errors cause, tells handlers of objects it reads back then, so no fault mix avoids it; on a
-//! loaded machine it shows in about one schedule in 200.
+//! Faults land anywhere, starts included: while a reflector starts, before a durable handler
+//! has persisted its first cursor, while handlers are told their synthetic adds. The harness
+//! once waited past those windows for three bugs the oracle found (each now fixed, with its
+//! test below: a storage error at a reflector's start stopped it for good; a durable handler's
+//! initial adds told again after a failure never deleted what the first round told; a volatile
+//! handler told while the store reopened missed objects). A reflector stopped by anything but
+//! the injected transform panic fails the schedule, and so does any difference.
 //!
 //! `DI_ORACLE_SCHEDULES` sets how many schedules run (seeds 1..=N; default 100, the ignored
 //! `_long` test 1,000); `DI_ORACLE_SEED=S` runs seed S alone. A failure prints its seed and
@@ -421,8 +409,6 @@ struct Figures {
     kills_losing_commits: u64,
     /// Rollbacks the writers published (failed or lost commits already shown to readers).
     rollbacks: u64,
-    /// Schedules whose only differences were the known bug of `bug_a_volatile_handler_told_…`.
-    known_bug_hits: u64,
     revived_after_panic: u64,
     relists: u64,
     writes: u64,
@@ -445,8 +431,6 @@ struct Harness<'a> {
     kills: u32,
     /// Why each reflector stopped (for failure messages).
     stops: Vec<String>,
-    /// Starts that did not complete in time (for failure messages).
-    notes: Vec<String>,
     fig: &'a mut Figures,
 }
 
@@ -571,46 +555,6 @@ impl Harness<'_> {
         run.volatile.extend([early, slow, funcs]);
         run.informer.start();
         self.run = Some(run);
-        self.wait_started();
-    }
-
-    /// Waits until the reflector is past its start (the cluster identity's commit and the scope
-    /// record's read: a storage error there stops it for good, `bug_a_storage_error_…`), every
-    /// durable handler has persisted a cursor (a storage error or a kill before that loses
-    /// deletes, `bug_a_durable_handler_…`) and every handler is synced (a store reopening
-    /// while a volatile one is told its synthetic adds drops them,
-    /// `bug_a_volatile_handler_told_…`), so that no fault lands there.
-    fn wait_started(&mut self) {
-        let run = self.run.as_ref().expect("a run");
-        let log = self.db.as_ref().expect("an open store").log();
-        let scope = run.informer.scope();
-        let deadline = Instant::now() + Duration::from_secs(20);
-        loop {
-            let phase = run.informer.status().borrow().phase;
-            let started = matches!(
-                phase,
-                Phase::Listing | Phase::Probing | Phase::Watching | Phase::Stopped
-            );
-            let cursors = self
-                .durable
-                .iter()
-                .all(|r| matches!(log.cursor(scope, r.name.as_str()), Ok(Some(_))));
-            let handlers = run.registrations.iter().all(Registration::has_synced);
-            if started && cursors && handlers {
-                return;
-            }
-            if Instant::now() > deadline {
-                // Slow or stuck: the final comparison tells which (a stuck handler differs).
-                let note = format!(
-                    "a start not complete after 20 s: phase {phase:?}, every durable handler's \
-                     cursor persisted: {cursors}, every handler synced: {handlers}; issues {:?}",
-                    run.informer.errors()
-                );
-                self.notes.push(note);
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(2));
-        }
     }
 
     /// Stops the informer and its handlers where they are (the reflector first, then each
@@ -794,7 +738,6 @@ impl Harness<'_> {
                     self.late_volatile(&mut run);
                 }
                 self.run = Some(run);
-                self.wait_started();
                 self.churner.churn(churn);
             }
             Fault::LateDurable => {
@@ -807,7 +750,6 @@ impl Harness<'_> {
                     self.durable_handler(&r, &mut run);
                 }
                 self.run = Some(run);
-                self.wait_started();
                 self.churner.churn(churn);
             }
             Fault::Restart { reopen } => {
@@ -887,16 +829,11 @@ impl Harness<'_> {
         let theirs = self.server_list();
         let started = Instant::now();
         let deadline = started + Duration::from_secs(30);
-        let strict = std::env::var_os("DI_ORACLE_STRICT").is_some();
         loop {
             let synced = self.run.as_ref().is_some_and(|r| r.informer.has_synced());
             let views = self.views();
             if let Ok(views) = &views {
                 if synced && views.iter().all(|(_, v)| *v == theirs) {
-                    break;
-                }
-                if synced && !strict && started.elapsed() > Duration::from_secs(2) && self.known_bug(views, &theirs) {
-                    self.fig.known_bug_hits += 1;
                     break;
                 }
             }
@@ -913,25 +850,6 @@ impl Harness<'_> {
             .iter()
             .map(|r| r.log.lock().expect("log").len() as u64)
             .sum::<u64>();
-    }
-
-    /// Whether every difference is the known bug of `bug_a_volatile_handler_told_…`: only
-    /// volatile handlers differ, only by objects missing or at an older version, and for each
-    /// of those keys the informer reported a volatile handler's read of it failing on the
-    /// closed store.
-    fn known_bug(&self, views: &[(String, State)], theirs: &State) -> bool {
-        let issues = self.run.as_ref().map(|r| r.informer.errors()).unwrap_or_default();
-        views.iter().filter(|(_, v)| v != theirs).all(|(name, view)| {
-            name.starts_with("handler \"volatile")
-                && fold::diff(view, theirs).iter().all(|(key, _, server)| {
-                    server.is_some()
-                        && issues.iter().any(|i| {
-                            let about_key = i.starts_with(&format!("volatile handler: {key} "))
-                                || i.starts_with(&format!("volatile handler: {key}:"));
-                            about_key && i.contains("does not decode") && i.contains("the database was closed")
-                        })
-                })
-        })
     }
 
     fn fail(&self, views: Result<Vec<(String, State)>, StoreError>, theirs: &State, synced: bool) -> ! {
@@ -968,7 +886,6 @@ impl Harness<'_> {
             );
         }
         text += &format!("earlier reflectors stopped with: {:?}\n", self.stops);
-        text += &format!("notes: {:#?}\n", self.notes);
         panic!("{text}");
     }
 }
@@ -1003,7 +920,6 @@ fn run_schedule(schedule: &Schedule, rt: &tokio::runtime::Runtime, fig: &mut Fig
         late: 0,
         kills: 0,
         stops: Vec::new(),
-        notes: Vec::new(),
         fig,
     };
     h.open();
@@ -1075,8 +991,7 @@ fn run(default_schedules: u64) {
     eprintln!(
         "handler oracle: {} schedules (modes {modes:?}), 0 differences; {} storage faults injected, \
          {} rollbacks, {} restarts ({} after a transform panic), {} kills ({} losing acknowledged \
-         commits), {} relists, {} server writes, {} events told to handlers, {} schedules passed only \
-         with the known bug (a volatile handler's read meeting the closed store), {:.1} s",
+         commits), {} relists, {} server writes, {} events told to handlers, {:.1} s",
         fig.schedules,
         fig.storage_faults,
         fig.rollbacks,
@@ -1087,7 +1002,6 @@ fn run(default_schedules: u64) {
         fig.relists,
         fig.writes,
         fig.events_told,
-        fig.known_bug_hits,
         started.elapsed().as_secs_f64()
     );
 }
@@ -1334,15 +1248,16 @@ fn a_storage_error_at_reflector_start_is_retried() {
     );
 }
 
-/// Found by the oracle once the harness stopped masking it: a durable handler told its initial
-/// adds whose first cursor then fails to persist (a full disk) is given its initial adds again
-/// from a newer view, and nothing deletes what the first round told it of and the newer view
-/// no longer has (`dispatch::run_durable` retries `initial_adds` from scratch). A handler that
-/// keeps its own state keeps a deleted object for good. The same happens when the process
-/// dies between the initial adds and the cursor's commit (the oracle's in-process kills).
+/// Found by the oracle once the harness stopped masking it. The bug (fixed): a durable handler
+/// told its initial adds whose first cursor then fails to persist (a full disk) is given its
+/// initial adds again from a newer view, and nothing deleted what the first round told it of
+/// and the newer view no longer has (`dispatch::run_durable` retried `initial_adds` from
+/// scratch): a handler that keeps its own state kept a deleted object for good. The same
+/// happened when the process died between the initial adds and the cursor's commit (the
+/// oracle's in-process kills). Now a round persists a marker at its view's position first; the
+/// next round tells a delete of each object the log deleted since and its view lacks.
 #[test]
-#[ignore = "bug: a durable handler's initial adds retried after its first cursor failed to persist never delete what the first round told; see report"]
-fn bug_a_durable_handler_whose_first_cursor_failed_keeps_a_deleted_object() {
+fn a_durable_handler_whose_first_cursor_failed_is_told_the_delete() {
     use tokio::sync::Notify;
     let (sim, _dir, faults, db) = sim_and_store(&["gone", "keep"]);
     let rt = runtime();
@@ -1399,6 +1314,11 @@ fn bug_a_durable_handler_whose_first_cursor_failed_keeps_a_deleted_object() {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
+        assert_eq!(
+            log.cursor(scope, "late#initial-adds").expect("read"),
+            None,
+            "the marker of the initial adds is gone with them"
+        );
         let server: State = [(
             "ns/keep".to_owned(),
             recorder.state().get("ns/keep").cloned().unwrap_or_default(),

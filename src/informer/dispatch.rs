@@ -471,7 +471,10 @@ pub(crate) async fn run_durable<K>(
         let log = ctx.log.clone();
         let (scope, n) = (ctx.scope, name.clone());
         match tokio::task::spawn_blocking(move || log.cursor(scope, n)).await {
-            Ok(Ok(Some(c))) => break c,
+            Ok(Ok(Some(c))) => {
+                remove_leftover_marker(&ctx, &label, &name).await;
+                break c;
+            }
             Ok(Ok(None)) => match initial_adds(&ctx, &decode, &*handler, &label, &name, &stop).await {
                 Ok(Some(c)) => break c,
                 Ok(None) => return,
@@ -578,6 +581,18 @@ pub(crate) async fn run_durable<K>(
         cursor = scanned;
         persist(&ctx, &name, cursor).await;
         progress.position.send_replace(cursor);
+    }
+}
+
+/// Removes the marker of initial adds whose cursor was persisted but whose marker could not
+/// be removed (it would hold compaction back for good).
+async fn remove_leftover_marker(ctx: &Ctx, label: &str, name: &CursorName) {
+    let (log, scope, marker) = (ctx.log.clone(), ctx.scope, pending_marker(name));
+    let m = marker.clone();
+    if let Ok(Ok(Some(_))) = tokio::task::spawn_blocking(move || log.cursor(scope, m)).await {
+        if let Err(e) = ctx.writer.delete_cursor(ctx.scope, marker).await {
+            (ctx.report)(store_issue(label, "cannot remove its initial adds' marker: ", e));
+        }
     }
 }
 
@@ -748,9 +763,22 @@ async fn durable_snapshot(ctx: &Ctx) -> Result<(Snapshot, Seq), StoreError> {
     }
 }
 
+/// The name of the marker a durable handler's initial adds leave while they run: the
+/// position of the first view they were told from (see [`initial_adds`]).
+fn pending_marker(name: &CursorName) -> CursorName {
+    CursorName(format!("{name}#initial-adds"))
+}
+
 /// Synthetic adds of what is on disk, read from one view in pages, and the view's position,
 /// persisted as the handler's cursor once they were all delivered (`None` when stopped). The
 /// log after the view is pinned meanwhile, so compaction keeps what the handler reads next.
+///
+/// A round can fail halfway (a store error, a crash) after telling some adds; the next round
+/// tells them again from a newer view, which no longer holds what was deleted in between. So
+/// before telling anything, the round persists a marker cursor at its view's position (it
+/// also holds compaction there, across restarts); a round that finds the marker of an earlier
+/// one tells a delete (`final_state_unknown`) of each object deleted in the log since then
+/// and absent from its own view. The cursor replaces the marker once the round is complete.
 async fn initial_adds<K>(
     ctx: &Ctx,
     decode: &Decode<K>,
@@ -762,13 +790,109 @@ async fn initial_adds<K>(
 where
     K: DeserializeOwned + Send + Sync + 'static,
 {
+    let marker = pending_marker(name);
+    let (log, scope, m) = (ctx.log.clone(), ctx.scope, marker.clone());
+    let earlier = tokio::task::spawn_blocking(move || log.cursor(scope, m))
+        .await
+        .map_err(|e| StoreError::Aborted(format!("reading the store: {e}")))??;
     let (snapshot, position) = durable_snapshot(ctx).await?;
-    let _pin = ctx.writer.pin(position);
-    if !snapshot_events(ctx, decode, handler, label, Arc::new(snapshot), false, stop).await? {
+    let _pin = ctx.writer.pin(earlier.unwrap_or(position).min(position));
+    if earlier.is_none() {
+        ctx.writer.set_cursor(ctx.scope, marker.clone(), position).await?;
+    }
+    let snapshot = Arc::new(snapshot);
+    if !snapshot_events(ctx, decode, handler, label, snapshot.clone(), false, stop).await? {
         return Ok(None);
     }
-    ctx.writer.set_cursor(ctx.scope, name.clone(), position).await?;
+    if let Some(from) = earlier.filter(|e| *e < position) {
+        if !deleted_since(ctx, decode, handler, label, snapshot, from, position, stop).await? {
+            return Ok(None);
+        }
+    }
+    let (set, unmark) = tokio::join!(
+        ctx.writer.set_cursor(ctx.scope, name.clone(), position),
+        ctx.writer.delete_cursor(ctx.scope, marker)
+    );
+    set?;
+    if let Err(e) = unmark {
+        // Left behind, it only holds compaction back: removed at the handler's next start.
+        (ctx.report)(store_issue(label, "cannot remove its initial adds' marker: ", e));
+    }
     Ok(Some(position))
+}
+
+/// After an earlier round of initial adds from the view at `from` failed: a delete of every
+/// object the log deleted in `(from, to]` that `snapshot` (at `to`) does not hold, so the
+/// handler drops what that round told it and no longer exists. `Ok(false)` when stopped.
+#[allow(clippy::too_many_arguments)] // one caller
+async fn deleted_since<K>(
+    ctx: &Ctx,
+    decode: &Decode<K>,
+    handler: &dyn EventHandler<K>,
+    label: &str,
+    snapshot: Arc<Snapshot>,
+    from: Seq,
+    to: Seq,
+    stop: &watch::Receiver<bool>,
+) -> Result<bool, StoreError>
+where
+    K: DeserializeOwned + Send + Sync + 'static,
+{
+    let mut deleted: std::collections::BTreeMap<ObjectKey, Option<LogRecord>> = std::collections::BTreeMap::new();
+    let mut cursor = from;
+    while cursor < to {
+        let (log, scope) = (ctx.log.clone(), ctx.scope);
+        let (entries, scanned) =
+            tokio::task::spawn_blocking(move || log.read_scope_entries_after_contiguous(cursor, BATCH, scope))
+                .await
+                .map_err(|e| StoreError::Aborted(format!("reading the log: {e}")))??;
+        for entry in entries.into_iter().filter(|e| e.seq() <= to) {
+            match entry {
+                LogEntry::Record(r) if r.kind == DeltaKind::Deleted => {
+                    deleted.insert(r.key.clone(), Some(r));
+                }
+                LogEntry::Record(_) => {}
+                LogEntry::Damaged(d) => {
+                    if let Some(key) = d.key {
+                        deleted.entry(key).or_insert(None);
+                    }
+                }
+            }
+        }
+        if scanned <= cursor {
+            break;
+        }
+        cursor = scanned;
+    }
+    for (key, rec) in deleted {
+        if *stop.borrow() {
+            return Ok(false);
+        }
+        let (snap, k) = (snapshot.clone(), key.clone());
+        let held = tokio::task::spawn_blocking(move || snap.get_with(&k, |_, _| Ok(())))
+            .await
+            .map_err(|e| StoreError::Aborted(format!("reading the store: {e}")))??;
+        if held.is_some() {
+            continue;
+        }
+        let last_state = rec.as_ref().and_then(|r| {
+            let bytes = r.object.as_ref().or(r.old.as_ref())?;
+            decode.decode(&key, &ResourceVersion::default(), bytes).ok()
+        });
+        let meta = ObjectMeta {
+            namespace: key.namespace.clone(),
+            name: key.name.clone(),
+            ..ObjectMeta::default()
+        };
+        if let Some(object) = last_state.or_else(|| from_meta::<K>(&meta)) {
+            let ev = Event::Delete {
+                object,
+                final_state_unknown: true,
+            };
+            call(&ctx.report, handler, label, ev).await;
+        }
+    }
+    Ok(true)
 }
 
 /// A resync: `Update { old = new }` for every stored object, read from one view in pages.
