@@ -27,6 +27,34 @@ struct State<K> {
     committed: tokio::sync::watch::Receiver<Seq>,
     phase: Phase,
     queue: VecDeque<Result<watcher::Event<K>, watcher::Error>>,
+    /// The pause before the next retry after a store error (doubles up to [`RETRY_MAX`]).
+    retry: Duration,
+    /// Set by an error: taken after the error item was yielded, before the retry.
+    pause: Option<Duration>,
+}
+
+const RETRY_FIRST: Duration = Duration::from_millis(200);
+const RETRY_MAX: Duration = Duration::from_secs(5);
+
+/// A store error (or a blocking read that did not finish) as the stream's error item: `list`
+/// for the initial list, the watch otherwise, as kube's watcher reports its own.
+fn store_error(e: impl std::fmt::Display, list: bool) -> watcher::Error {
+    let source = kube::Error::Service(format!("the informer's store: {e}").into());
+    if list {
+        watcher::Error::InitialListFailed(source)
+    } else {
+        watcher::Error::WatchFailed(source)
+    }
+}
+
+impl<K> State<K> {
+    /// Logs `e` and queues it as an error item; the retry waits for the pause.
+    fn failed(&mut self, e: watcher::Error) {
+        tracing::warn!(scope = %self.scope, error = %e, retry_in = ?self.retry, "watcher stream: reading the store failed");
+        self.queue.push_back(Err(e));
+        self.pause = Some(self.retry);
+        self.retry = (self.retry * 2).min(RETRY_MAX);
+    }
 }
 
 /// Decodes a stored object; one that does not decode as `K` is an error item of the stream
@@ -51,6 +79,9 @@ fn damaged(what: &str, key: Option<&ObjectKey>, error: &crate::store::StoreError
 /// produce `Delete` with the last known state. A stored object that does not decode as `K`
 /// (a CRD's schema changed, say), and a damaged stored row or log entry, is an `Err` item in
 /// its place; the stream goes on.
+/// A store read that fails (the database closed or reopening after an I/O error) is logged
+/// and is an `Err` item too (`InitialListFailed` or `WatchFailed`), retried after a pause
+/// that doubles from 200 ms to 5 s.
 ///
 /// Feed it to `kube::runtime::reflector` and `Controller::for_stream` (kube-runtime's
 /// `unstable-runtime-stream-control` feature, which the application enables; this crate
@@ -93,11 +124,16 @@ where
         committed: informer.inner.writer.committed(),
         phase: Phase::Start,
         queue: VecDeque::new(),
+        retry: RETRY_FIRST,
+        pause: None,
     };
     futures::stream::unfold(state, |mut st| async move {
         loop {
             if let Some(ev) = st.queue.pop_front() {
                 return Some((ev, st));
+            }
+            if let Some(p) = st.pause.take() {
+                tokio::time::sleep(p).await;
             }
             match std::mem::replace(&mut st.phase, Phase::Start) {
                 Phase::Start => {
@@ -105,11 +141,16 @@ where
                     let pos = tokio::task::spawn_blocking(move || store.snapshot().and_then(|s| s.position())).await;
                     let pos = match pos {
                         Ok(Ok(p)) => p,
-                        _ => {
-                            tokio::time::sleep(Duration::from_millis(200)).await;
+                        Ok(Err(e)) => {
+                            st.failed(store_error(e, true));
+                            continue;
+                        }
+                        Err(e) => {
+                            st.failed(store_error(e, true));
                             continue;
                         }
                     };
+                    st.retry = RETRY_FIRST;
                     st.queue.push_back(Ok(watcher::Event::Init));
                     st.phase = Phase::Initial(None, pos);
                 }
@@ -124,11 +165,20 @@ where
                             .and_then(|s| s.list_entries_after(from.as_deref(), 256))
                     })
                     .await;
-                    let Ok(Ok((page, last))) = page else {
-                        st.phase = Phase::Initial(after, pos);
-                        tokio::time::sleep(Duration::from_millis(200)).await;
-                        continue;
+                    let (page, last) = match page {
+                        Ok(Ok(page)) => page,
+                        Ok(Err(e)) => {
+                            st.phase = Phase::Initial(after, pos);
+                            st.failed(store_error(e, true));
+                            continue;
+                        }
+                        Err(e) => {
+                            st.phase = Phase::Initial(after, pos);
+                            st.failed(store_error(e, true));
+                            continue;
+                        }
                     };
+                    st.retry = RETRY_FIRST;
                     let Some(last) = last else {
                         st.queue.push_back(Ok(watcher::Event::InitDone));
                         st.phase = Phase::Live(pos);
@@ -159,12 +209,18 @@ where
                             st.phase = Phase::Start;
                             continue;
                         }
-                        _ => {
+                        Ok(Err(e)) => {
                             st.phase = Phase::Live(cursor);
-                            tokio::time::sleep(Duration::from_millis(200)).await;
+                            st.failed(store_error(e, false));
+                            continue;
+                        }
+                        Err(e) => {
+                            st.phase = Phase::Live(cursor);
+                            st.failed(store_error(e, false));
                             continue;
                         }
                     };
+                    st.retry = RETRY_FIRST;
                     st.phase = Phase::Live(scanned);
                     if records.is_empty() && scanned == cursor {
                         if st.committed.changed().await.is_err() {

@@ -115,6 +115,9 @@ struct Inner {
     resource: String,
     /// The shard range the reflector holds (see [`Informer::set_sharding`]).
     sharding: watch::Sender<Option<ShardSelector>>,
+    /// Keeps the store's writer running while the informer lives, even if the application
+    /// dropped its `DurableStore` first.
+    _store: Arc<crate::store::Lifetime>,
 }
 
 /// The current metadata of an informer's objects; see [`Informer::metadata`].
@@ -507,6 +510,7 @@ where
                 runtime: tokio::runtime::Handle::current(),
                 resource,
                 sharding,
+                _store: self.db.keepalive(),
             }),
             _k: PhantomData,
         };

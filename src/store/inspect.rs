@@ -68,6 +68,7 @@ impl ReadOnlyStore {
             dicts: dict::DictCache::default(),
             config: StoreConfig::new(&path),
             damaged_rows: std::sync::atomic::AtomicU64::new(0),
+            memory: Arc::new(super::MemoryBudget::new(usize::MAX)),
         });
         let found = migrate::read_version(&shared)?;
         let supported = migrate::LATEST;

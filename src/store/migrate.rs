@@ -112,6 +112,7 @@ mod tests {
             dicts: Default::default(),
             config,
             damaged_rows: Default::default(),
+            memory: Arc::new(crate::store::MemoryBudget::new(usize::MAX)),
         }
     }
 

@@ -40,6 +40,7 @@ mod dict;
 mod error;
 mod index;
 mod inspect;
+mod memory;
 mod metrics;
 mod migrate;
 mod read;
@@ -61,6 +62,7 @@ pub use codec::{CodecError, Compression, DeltaKind, ScopeRecord, ShardRecord};
 pub use error::StoreError;
 pub use index::{IndexFunc, Indexer, LABELS, NAMESPACE};
 pub use inspect::{ReadOnlyStore, ScopeUsage};
+pub(crate) use memory::MemoryBudget;
 pub(crate) use read::{DamagedEntry, LogEntry, ObjectEntry};
 pub use read::{IndexStatus, LogReader, LogRecord, Snapshot, Store, StoredObject};
 pub use schema::{CursorName, IndexName, IndexValue, ScopeId, Seq};
@@ -92,6 +94,7 @@ pub struct StoreConfig {
     pub(crate) compact_step: usize,
     pub(crate) backfill_step: usize,
     pub(crate) object_cache_bytes: usize,
+    pub(crate) memory_budget: usize,
     pub(crate) fsync_delay: Option<Duration>,
     pub(crate) drop_unused_scopes_after: Option<Duration>,
 }
@@ -101,6 +104,10 @@ pub const DEFAULT_FSYNC_DELAY: Duration = Duration::from_millis(10);
 
 /// Default byte budget of an informer's object cache: 512 MiB (about 40,000 objects of 4 KB).
 pub const DEFAULT_OBJECT_CACHE_BYTES: usize = 512 << 20;
+
+/// Default [`StoreConfig::memory_budget`]: 1 GiB for the object caches of every informer of
+/// one store together.
+pub const DEFAULT_MEMORY_BUDGET: usize = 1 << 30;
 
 /// Most log entries one compaction transaction removes (automatic or explicit).
 pub const COMPACT_STEP: usize = 4096;
@@ -160,6 +167,7 @@ impl StoreConfig {
             compact_step: COMPACT_STEP,
             backfill_step: BACKFILL_STEP,
             object_cache_bytes: DEFAULT_OBJECT_CACHE_BYTES,
+            memory_budget: DEFAULT_MEMORY_BUDGET,
             fsync_delay: Some(DEFAULT_FSYNC_DELAY),
             drop_unused_scopes_after: None,
         }
@@ -218,6 +226,31 @@ impl StoreConfig {
     #[must_use]
     pub fn object_cache_bytes(mut self, bytes: usize) -> Self {
         self.object_cache_bytes = bytes;
+        self
+    }
+
+    /// The bytes the object caches of every informer on this store may hold together
+    /// (default [`DEFAULT_MEMORY_BUDGET`], 1 GiB): one budget per process, however many
+    /// informers it runs. Each cache charges its keys, metadata and index postings (always
+    /// held: listers and handlers need them) and the JSON and decoded form of the objects it
+    /// keeps (charged three times their JSON). When the total is over, the cache that took it
+    /// over evicts its own least recently written or read objects' JSON, and if it has none
+    /// left the other caches evict theirs; evicted objects are read back from redb when
+    /// needed. [`object_cache_bytes`](Self::object_cache_bytes) stays a cap per informer.
+    ///
+    /// redb's page cache ([`cache_bytes`](Self::cache_bytes)) comes on top: a process needs
+    /// about `memory_budget + cache_bytes` plus its runtime. `docs/deploying.md#sizing` has
+    /// the bytes per object measured, and the command that measures them.
+    ///
+    /// ```
+    /// use durable_informer::store::StoreConfig;
+    /// // Twenty informers in 300 MiB of object caches, plus 64 MiB of redb page cache.
+    /// let config = StoreConfig::new("/tmp/cache.redb").memory_budget(300 << 20).cache_bytes(64 << 20);
+    /// # let _ = config;
+    /// ```
+    #[must_use]
+    pub fn memory_budget(mut self, bytes: usize) -> Self {
+        self.memory_budget = bytes;
         self
     }
 
@@ -533,6 +566,8 @@ pub(crate) struct Shared {
     /// Stored rows the writer found damaged and went past (see
     /// [`DurableStore::damaged_rows_skipped`]).
     pub(crate) damaged_rows: std::sync::atomic::AtomicU64,
+    /// The object caches' shared budget ([`StoreConfig::memory_budget`]).
+    pub(crate) memory: Arc<MemoryBudget>,
 }
 
 impl Shared {
@@ -589,12 +624,63 @@ impl Shared {
 
 /// An open database: the writer thread plus the factory for read handles.
 ///
-/// Dropping it (or calling [`close`](Self::close)) stops the writer after it committed
-/// everything queued; read handles keep the file open until they are dropped too.
+/// The writer runs while the store or any [`Informer`](crate::informer::Informer) built on it
+/// is alive: dropping the store while informers still run leaves their writes going, and the
+/// last of them stops the writer when it is dropped. [`close`](Self::close) stops it at once,
+/// after it committed everything queued (informers still running then report
+/// [`StoreError::WriterGone`]); read handles keep the file open until they are dropped too.
 pub struct DurableStore {
     shared: Arc<Shared>,
     writer: Writer,
-    thread: Option<std::thread::JoinHandle<()>>,
+    life: Arc<Lifetime>,
+}
+
+/// Keeps a store's writer running: held by the [`DurableStore`] and by every informer built on
+/// it, so that dropping the store first does not silently stop the informers' writes.
+pub(crate) struct Lifetime {
+    shared: Arc<Shared>,
+    writer: Writer,
+    thread: std::sync::Mutex<Option<std::thread::JoinHandle<()>>>,
+}
+
+impl Lifetime {
+    /// Stops the writer after everything queued was committed, waits for it, and closes the
+    /// file once in-flight reads finish (even if read handles remain).
+    fn stop(&self) -> Result<(), StoreError> {
+        use crate::util::Locked;
+        self.writer.shutdown();
+        let thread = self.thread.locked().take();
+        if let Some(t) = thread {
+            t.join().map_err(|_| StoreError::WriterGone)?;
+        }
+        drop(self.shared.take_db());
+        Ok(())
+    }
+}
+
+impl Drop for Lifetime {
+    fn drop(&mut self) {
+        use crate::util::Locked;
+        // The last holder may be an informer dropped on an async task, which must not block
+        // on the writer's last commit: the join then happens on a thread of its own.
+        if tokio::runtime::Handle::try_current().is_ok() {
+            self.writer.shutdown();
+            let thread = self.thread.locked().take();
+            let shared = self.shared.clone();
+            let closer = std::thread::Builder::new()
+                .name("durable-informer-close".into())
+                .spawn(move || {
+                    if let Some(t) = thread {
+                        let _ = t.join();
+                    }
+                    drop(shared.take_db());
+                });
+            if closer.is_ok() {
+                return;
+            }
+        }
+        let _ = self.stop();
+    }
 }
 
 const REDB_MAGIC: [u8; 9] = [b'r', b'e', b'd', b'b', 0x1A, 0x0A, 0xA9, 0x0D, 0x0A];
@@ -614,20 +700,27 @@ impl DurableStore {
             dicts: dict::DictCache::default(),
             config: config.clone(),
             damaged_rows: std::sync::atomic::AtomicU64::new(0),
+            memory: Arc::new(MemoryBudget::new(config.memory_budget)),
         });
         migrate::run(&shared)?;
         let (writer, thread) = writer::spawn(shared.clone(), &config)?;
-        Ok(Self {
-            shared,
-            writer,
-            thread: Some(thread),
-        })
+        let life = Arc::new(Lifetime {
+            shared: shared.clone(),
+            writer: writer.clone(),
+            thread: std::sync::Mutex::new(Some(thread)),
+        });
+        Ok(Self { shared, writer, life })
     }
 
     /// The handle through which every write goes. Cheap to clone.
     #[must_use]
     pub fn writer(&self) -> Writer {
         self.writer.clone()
+    }
+
+    /// What keeps the writer running, for an informer to hold.
+    pub(crate) fn keepalive(&self) -> Arc<Lifetime> {
+        self.life.clone()
     }
 
     /// A read handle over one scope.
@@ -641,6 +734,20 @@ impl DurableStore {
     #[must_use]
     pub fn object_cache_bytes(&self) -> usize {
         self.shared.config.object_cache_bytes
+    }
+
+    /// The object caches' shared budget ([`StoreConfig::memory_budget`]) and what they
+    /// charge against it now, in bytes: `(used, budget)`.
+    ///
+    /// ```
+    /// # use durable_informer::store::{DurableStore, StoreConfig};
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// let db = DurableStore::open(StoreConfig::new(dir.path().join("db.redb")).memory_budget(64 << 20)).unwrap();
+    /// assert_eq!(db.memory_usage(), (0, 64 << 20));
+    /// ```
+    #[must_use]
+    pub fn memory_usage(&self) -> (usize, usize) {
+        (self.shared.memory.used(), self.shared.memory.limit())
     }
 
     /// A reader of the delta log.
@@ -707,9 +814,11 @@ impl DurableStore {
 
     /// Closes the database and compacts the file (returns whether redb compacted anything).
     /// Every read handle must have been dropped; otherwise the file is closed uncompacted.
-    pub fn close_and_compact(mut self) -> Result<bool, StoreError> {
+    pub fn close_and_compact(self) -> Result<bool, StoreError> {
+        use crate::util::Locked;
         self.writer.shutdown();
-        if let Some(t) = self.thread.take() {
+        let thread = self.life.thread.locked().take();
+        if let Some(t) = thread {
             t.join().map_err(|_| StoreError::WriterGone)?;
         }
         let path = self.shared.path.clone();
@@ -720,13 +829,7 @@ impl DurableStore {
     }
 
     fn stop(&mut self) -> Result<(), StoreError> {
-        self.writer.shutdown();
-        if let Some(t) = self.thread.take() {
-            t.join().map_err(|_| StoreError::WriterGone)?;
-        }
-        // Closes the file once in-flight reads finish, even if read handles remain.
-        drop(self.shared.take_db());
-        Ok(())
+        self.life.stop()
     }
 }
 
@@ -738,7 +841,11 @@ impl From<&DurableStore> for LogReader {
 
 impl Drop for DurableStore {
     fn drop(&mut self) {
-        let _ = self.stop();
+        // Alone, it closes the file before it returns (a reopen right after finds it free);
+        // with informers still alive, the last of them stops the writer.
+        if Arc::strong_count(&self.life) == 1 {
+            let _ = self.stop();
+        }
     }
 }
 

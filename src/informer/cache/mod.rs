@@ -74,6 +74,9 @@ pub struct CacheStats {
     pub with_json: usize,
     /// Bytes charged against the budget (three times each held object's JSON).
     pub charged_bytes: usize,
+    /// Bytes of keys, metadata and index postings (always held), as estimated and charged
+    /// against the store's shared [`memory_budget`](crate::store::StoreConfig::memory_budget).
+    pub held_bytes: usize,
     /// The budget.
     pub budget_bytes: usize,
     /// The last log seq it reflects.
@@ -181,6 +184,8 @@ where
         budget: usize,
         sync_seq: watch::Receiver<Option<Seq>>,
     ) -> Arc<Self> {
+        let mut objects = Objects::default();
+        objects.attach(store.memory().clone());
         Arc::new(Self {
             scope: store.scope(),
             store,
@@ -191,7 +196,7 @@ where
             warm: watch::channel(false).0,
             state: RwLock::new(State {
                 phase: Phase::Loading,
-                objects: Objects::default(),
+                objects,
                 position: Seq(0),
                 stream: None,
                 consumed: 0,
@@ -215,6 +220,7 @@ where
     pub(crate) async fn run(cache: std::sync::Weak<Self>) {
         let Some(c) = cache.upgrade() else { return };
         let mut sync = c.sync_seq.clone();
+        let mut pressure = c.store.memory().pressure();
         drop(c);
         let mut first = true;
         let mut backoff = Duration::from_millis(10);
@@ -250,6 +256,10 @@ where
                 // next load says so).
                 _ = wake.changed() => {}
                 () = reload => {}
+                // Another cache of the store is over the shared budget with nothing left to evict.
+                _ = pressure.changed() => if let Some(c) = cache.upgrade() {
+                    c.relieve();
+                },
                 changed = sync.changed() => if changed.is_err() {
                     // The informer is gone.
                     return;
@@ -268,9 +278,11 @@ where
         let indexes: Vec<IndexName> = self.store_indexes();
         let snapshot = sub.snapshot;
         let with_json = self.pinned.load(Ordering::Acquire);
-        let (objects, position) = tokio::task::spawn_blocking(move || build::<K>(&snapshot, &indexes, with_json))
-            .await
-            .map_err(|e| StoreError::Aborted(format!("loading the cache: {e}")))??;
+        let memory = self.store.memory().clone();
+        let (objects, position) =
+            tokio::task::spawn_blocking(move || build::<K>(&snapshot, &indexes, with_json, memory))
+                .await
+                .map_err(|e| StoreError::Aborted(format!("loading the cache: {e}")))??;
         let mut pump = self.pump.locked();
         let mut st = self.state.writing();
         let old = std::mem::replace(&mut st.objects, objects);
@@ -705,9 +717,17 @@ where
             objects: st.objects.len(),
             with_json: st.objects.with_json(),
             charged_bytes: st.objects.charged(),
+            held_bytes: st.objects.held(),
             budget_bytes: self.budget.load(Ordering::Relaxed),
             seq: st.position,
         }
+    }
+
+    /// Evicts this cache's own objects while the store's shared budget is over.
+    fn relieve(&self) {
+        let committed = *self.writer.committed().borrow();
+        let cap = self.budget.load(Ordering::Relaxed);
+        self.state.writing().objects.relieve(cap, committed);
     }
 
     /// Pins the cache for a [`Reader`](super::Reader): no budget, and loads read every
@@ -933,7 +953,12 @@ pub(crate) fn decode_error<K: DeserializeOwned>(bytes: Option<&Bytes>) -> StoreE
 
 /// Every key, metadata and complete index of the scope in `snapshot`, and its position (JSON
 /// is left in redb, reads and changes bring it in, unless `with_json`: a pinned cache).
-fn build<K>(snapshot: &Snapshot, indexes: &[IndexName], with_json: bool) -> Result<(Objects<K>, Seq), StoreError> {
+fn build<K>(
+    snapshot: &Snapshot,
+    indexes: &[IndexName],
+    with_json: bool,
+    memory: Arc<crate::store::MemoryBudget>,
+) -> Result<(Objects<K>, Seq), StoreError> {
     let position = snapshot.position()?;
     let mut values: HashMap<ObjectKey, Vec<(IndexName, Vec<String>)>> = HashMap::new();
     let mut served = Vec::new();
@@ -952,6 +977,7 @@ fn build<K>(snapshot: &Snapshot, indexes: &[IndexName], with_json: bool) -> Resu
         }
     }
     let mut objects = Objects::with_indexes(&served);
+    objects.attach(memory);
     let mut entries = Vec::new();
     snapshot.scan(None, |key, meta, bytes| {
         let vals = values.remove(&key).unwrap_or_default();

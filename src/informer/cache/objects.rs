@@ -1,6 +1,8 @@
 //! The cache's table: every object of the scope by key (ordered for namespace scans, hashed by
-//! borrowed namespace and name for gets), the postings of the indexes it serves, and the byte
-//! budget for the objects' JSON and decoded forms.
+//! borrowed namespace and name for gets), the postings of the indexes it serves, and what it
+//! charges: its own cap on the objects' JSON and decoded forms, and the store's
+//! [`MemoryBudget`] shared with every other informer's cache, which also counts the keys,
+//! metadata and postings (always held).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::hash::{BuildHasher, Hash, Hasher};
@@ -12,12 +14,80 @@ use hashbrown::DefaultHashBuilder;
 use serde::de::DeserializeOwned;
 
 use crate::object::{ObjectKey, ObjectMeta};
-use crate::store::{IndexName, Seq};
+use crate::store::{IndexName, MemoryBudget, Seq};
 
 /// What an object's JSON costs against the budget: the JSON itself and its decoded form,
 /// estimated at twice the JSON (`benches/compare` measures the real RSS).
 fn charge(bytes: &Bytes) -> usize {
     bytes.len().saturating_mul(3)
+}
+
+/// What the allocator takes per allocation beyond the bytes asked for (glibc: a 16-byte
+/// header, rounded to 16).
+const ALLOC: usize = 24;
+/// A map node's share per element beyond the element itself (B-tree nodes are about
+/// two-thirds full; the hash table has one control byte and 1/8 spare slots).
+const NODE: usize = 16;
+
+fn string(s: &str) -> usize {
+    if s.is_empty() {
+        0
+    } else {
+        s.len() + ALLOC
+    }
+}
+
+fn key_strings(key: &ObjectKey) -> usize {
+    key.namespace.as_deref().map_or(0, string) + string(&key.name)
+}
+
+/// What an entry's always-held part costs, by estimate (`benches/memory.rs` compares it with
+/// the process's RSS): the entry and its metadata, their strings, its index values, its
+/// copies of the key (the ordered map, the hash table, each posting, the eviction queue) and
+/// the map nodes around them.
+fn held<K>(key: &ObjectKey, e: &Entry<K>) -> usize {
+    use std::mem::size_of;
+    let m = &e.meta;
+    let pairs = |map: &BTreeMap<String, String>| {
+        map.iter()
+            .map(|(k, v)| string(k) + string(v) + size_of::<(String, String)>() + NODE)
+            .sum::<usize>()
+    };
+    let owners: usize = m
+        .owner_references
+        .iter()
+        .map(|o| {
+            size_of::<crate::object::OwnerReference>()
+                + string(&o.api_version)
+                + string(&o.kind)
+                + string(&o.name)
+                + string(&o.uid)
+        })
+        .sum();
+    let meta = size_of::<ObjectMeta>()
+        + ALLOC
+        + m.namespace.as_deref().map_or(0, string)
+        + string(&m.name)
+        + m.uid.as_deref().map_or(0, string)
+        + string(&m.resource_version.0)
+        + m.deletion_timestamp.as_deref().map_or(0, string)
+        + pairs(&m.labels)
+        + pairs(&m.annotations)
+        + owners;
+    let mut values = ALLOC;
+    for (_, vals) in e.values.iter() {
+        values += size_of::<(IndexName, Vec<String>)>() + ALLOC;
+        // Each value is also a posting: another copy of the key in a set.
+        values += vals
+            .iter()
+            .map(|v| size_of::<String>() + string(v) + size_of::<ObjectKey>() + NODE + key_strings(key))
+            .sum::<usize>();
+    }
+    let entry = size_of::<Entry<K>>() + ALLOC;
+    // The ordered map's key, the hash table's slot, an eviction token.
+    let table = size_of::<(ObjectKey, Arc<Entry<K>>)>() + NODE + 2 * key_strings(key) + size_of::<usize>() + NODE;
+    let token = size_of::<(ObjectKey, u64)>() + key_strings(key);
+    entry + meta + values + table + token
 }
 
 /// One version of one object, as the cache holds it. Never changed once shared: eviction puts
@@ -100,8 +170,12 @@ pub(crate) struct Objects<K> {
     hasher: DefaultHashBuilder,
     /// Index name → value → keys, for the indexes the cache serves.
     postings: Postings,
-    /// JSON held, as charged against the budget.
+    /// JSON held, as charged against the cap (and the shared budget).
     charged: usize,
+    /// The always-held part, as charged against the shared budget.
+    held: usize,
+    /// The store's budget shared by every informer's cache (`None`: a table of its own).
+    memory: Option<Arc<MemoryBudget>>,
     /// Entries holding JSON, oldest first (an entry replaced since leaves a stale token).
     queue: VecDeque<(ObjectKey, u64)>,
     next_gen: u64,
@@ -126,6 +200,8 @@ impl<K> Default for Objects<K> {
             hasher: DefaultHashBuilder::default(),
             postings: Postings::new(),
             charged: 0,
+            held: 0,
+            memory: None,
             queue: VecDeque::new(),
             next_gen: 0,
         }
@@ -140,6 +216,17 @@ impl<K> Objects<K> {
             t.postings.insert(name.clone(), BTreeMap::new());
         }
         t
+    }
+
+    /// Charges this table, from now on, against the store's shared `memory` budget.
+    pub(crate) fn attach(&mut self, memory: Arc<MemoryBudget>) {
+        if let Some(old) = self.memory.take() {
+            old.uncharge(self.held, true);
+            old.uncharge(self.charged, false);
+        }
+        memory.charge(self.held, true);
+        memory.charge(self.charged, false);
+        self.memory = Some(memory);
     }
 
     /// The entry named `name` in `namespace` (`None`: cluster-scoped): one hash probe with
@@ -159,6 +246,11 @@ impl<K> Objects<K> {
 
     pub(crate) fn charged(&self) -> usize {
         self.charged
+    }
+
+    /// The always-held part's estimated bytes (keys, metadata, postings).
+    pub(crate) fn held(&self) -> usize {
+        self.held
     }
 
     pub(crate) fn with_json(&self) -> usize {
@@ -238,9 +330,19 @@ impl<K> Objects<K> {
         }
         if let Some(old) = &old {
             self.uncharge(old);
+            let h = held(key, old);
+            self.held = self.held.saturating_sub(h);
+            if let Some(m) = &self.memory {
+                m.uncharge(h, true);
+            }
         }
         match entry {
             Some(mut entry) => {
+                let h = held(key, &entry);
+                self.held += h;
+                if let Some(m) = &self.memory {
+                    m.charge(h, true);
+                }
                 debug_assert!(
                     is_named(&entry, key.namespace.as_deref(), &key.name),
                     "an entry under another key"
@@ -253,6 +355,9 @@ impl<K> Objects<K> {
                         e.gen = gen;
                     }
                     self.charged += cost;
+                    if let Some(m) = &self.memory {
+                        m.charge(cost, false);
+                    }
                     self.queue.push_back((key.clone(), entry.gen));
                 }
                 self.insert(key.clone(), entry);
@@ -266,15 +371,42 @@ impl<K> Objects<K> {
 
     fn uncharge(&mut self, e: &Entry<K>) {
         if let Some(d) = &e.data {
-            self.charged = self.charged.saturating_sub(charge(&d.bytes));
+            let cost = charge(&d.bytes);
+            self.charged = self.charged.saturating_sub(cost);
+            if let Some(m) = &self.memory {
+                m.uncharge(cost, false);
+            }
         }
     }
 
-    /// Drops the JSON (and decoded form) of the oldest entries over `budget`, except those
-    /// written after `committed` (redb does not have them yet, so they could not be read back).
-    pub(crate) fn evict(&mut self, budget: usize, committed: Seq) {
+    /// Whether the shared budget is over, for a table `cap` does not exempt.
+    fn pressed(&self, cap: usize) -> bool {
+        cap != usize::MAX && self.memory.as_ref().is_some_and(|m| m.over())
+    }
+
+    /// Drops the JSON (and decoded form) of the oldest entries while this table is over its
+    /// `cap` or the shared budget is over, except those written after `committed` (redb does
+    /// not have them yet, so they could not be read back). A `cap` of `usize::MAX` (a pinned
+    /// cache) evicts nothing. When the shared budget is still over after this table gave all
+    /// it could, the other caches of the store are asked to evict theirs.
+    pub(crate) fn evict(&mut self, cap: usize, committed: Seq) {
+        self.evict_while(cap, committed);
+        if self.pressed(cap) {
+            if let Some(m) = &self.memory {
+                m.press();
+            }
+        }
+    }
+
+    /// [`evict`](Self::evict) for another cache's [press](MemoryBudget::press): never presses
+    /// in turn (caches with nothing left to evict would wake each other for ever).
+    pub(crate) fn relieve(&mut self, cap: usize, committed: Seq) {
+        self.evict_while(cap, committed);
+    }
+
+    fn evict_while(&mut self, cap: usize, committed: Seq) {
         let mut kept = Vec::new();
-        while self.charged > budget {
+        while self.charged > cap || self.pressed(cap) {
             let Some((k, gen)) = self.queue.pop_front() else { break };
             let Some(e) = self.get(&k).cloned() else { continue };
             if e.gen != gen || e.data.is_none() {
@@ -308,14 +440,19 @@ impl<K> Objects<K> {
     }
 
     /// Puts the JSON read back from redb into `entry`, if the table still holds that version
-    /// and the budget allows; returns the entry now held.
-    pub(crate) fn fill(&mut self, entry: &Arc<Entry<K>>, bytes: Bytes, budget: usize) -> Option<Arc<Entry<K>>> {
+    /// and both its `cap` and the shared budget allow (a `cap` of `usize::MAX`: whatever the
+    /// shared budget); returns the entry now held.
+    pub(crate) fn fill(&mut self, entry: &Arc<Entry<K>>, bytes: Bytes, cap: usize) -> Option<Arc<Entry<K>>> {
         let key = entry.meta.key();
         match self.get(&key) {
             Some(e) if Arc::ptr_eq(e, entry) && e.data.is_none() => {}
             _ => return None,
         }
-        if self.charged.saturating_add(charge(&bytes)) > budget {
+        let cost = charge(&bytes);
+        if self.charged.saturating_add(cost) > cap {
+            return None;
+        }
+        if cap != usize::MAX && self.memory.as_ref().is_some_and(|m| !m.fits(cost)) {
             return None;
         }
         let filled = Arc::new(Entry::new(
@@ -374,7 +511,20 @@ impl<K> Objects<K> {
                 }
             }
         }
-        charged == self.charged && want == self.postings && self.ordered.len() == self.by_name.len()
+        let held: usize = self.ordered.iter().map(|(k, e)| held(k, e)).sum();
+        charged == self.charged
+            && held == self.held
+            && want == self.postings
+            && self.ordered.len() == self.by_name.len()
+    }
+}
+
+impl<K> Drop for Objects<K> {
+    fn drop(&mut self) {
+        if let Some(m) = &self.memory {
+            m.uncharge(self.held, true);
+            m.uncharge(self.charged, false);
+        }
     }
 }
 
@@ -425,6 +575,117 @@ mod tests {
         assert_eq!(t.by_index("labels", "app=db").map(|v| v.len()), Some(0));
         assert_eq!(t.len(), 1);
         assert!(t.consistent());
+    }
+
+    fn sized(name: &str, seq: u64, app: &str, json_len: usize) -> Arc<Entry<serde_json::Value>> {
+        Arc::new(Entry::new(
+            Arc::new(ObjectMeta {
+                namespace: Some("ns".into()),
+                name: name.into(),
+                resource_version: seq.to_string().into(),
+                ..ObjectMeta::default()
+            }),
+            Arc::from(vec![(IndexName("labels".into()), vec![format!("app={app}")])]),
+            Seq(seq),
+            Some(Bytes::from(vec![b' '; json_len])),
+        ))
+    }
+
+    #[derive(Debug, Clone)]
+    enum Op {
+        /// A change from the stream into table `t`: key `k`, JSON of `len` bytes (0: a delete).
+        Put { t: usize, k: u8, len: usize },
+        /// A lister reading back the JSON of a cold entry of table `t`.
+        Fill { t: usize, k: u8, len: usize },
+        /// The writer commits everything written so far.
+        Commit,
+    }
+
+    fn op() -> impl proptest::strategy::Strategy<Value = Op> {
+        use proptest::prelude::*;
+        prop_oneof![
+            4 => (0..3usize, 0..40u8, 0..400usize).prop_map(|(t, k, len)| Op::Put { t, k, len }),
+            2 => (0..3usize, 0..40u8, 1..400usize).prop_map(|(t, k, len)| Op::Fill { t, k, len }),
+            1 => Just(Op::Commit),
+        ]
+    }
+
+    proptest::proptest! {
+        /// Three caches share one budget and each has a cap of its own. After every operation
+        /// (and the evictions it triggers, as the caches' pumps and tasks run them), the
+        /// shared total is exactly what the tables charge, each table within its cap, and the
+        /// total within the budget unless all that is left is always-held data and JSON not
+        /// yet committed (which cannot be evicted: redb could not give it back).
+        #[test]
+        fn the_shared_budget_holds_after_every_operation(
+            limit in 0usize..20_000,
+            caps in proptest::collection::vec(0usize..8_000, 3),
+            ops in proptest::collection::vec(op(), 1..120),
+        ) {
+            let memory = Arc::new(MemoryBudget::new(limit));
+            let mut pressure = memory.pressure();
+            let mut tables: Vec<Objects<serde_json::Value>> = (0..3)
+                .map(|_| {
+                    let mut t = Objects::with_indexes(&[IndexName("labels".into())]);
+                    t.attach(memory.clone());
+                    t
+                })
+                .collect();
+            let (mut seq, mut committed) = (0u64, Seq(0));
+            for op in ops {
+                match op {
+                    Op::Put { t, k, len } => {
+                        seq += 1;
+                        let key = ObjectKey::namespaced("ns", format!("o{k}"));
+                        let e = (len > 0).then(|| sized(&format!("o{k}"), seq, &format!("a{}", k % 3), len));
+                        tables[t].put(&key, e);
+                        tables[t].evict(caps[t], committed);
+                    }
+                    Op::Fill { t, k, len } => {
+                        let key = ObjectKey::namespaced("ns", format!("o{k}"));
+                        if let Some(e) = tables[t].get(&key).cloned().filter(|e| e.bytes().is_none()) {
+                            tables[t].fill(&e, Bytes::from(vec![b' '; len]), caps[t]);
+                        }
+                    }
+                    Op::Commit => {
+                        committed = Seq(seq);
+                        for (t, cap) in tables.iter_mut().zip(&caps) {
+                            t.evict(*cap, committed);
+                        }
+                    }
+                }
+                if pressure.has_changed().unwrap_or(false) {
+                    pressure.borrow_and_update();
+                    for (t, cap) in tables.iter_mut().zip(&caps) {
+                        t.relieve(*cap, committed);
+                    }
+                }
+                let total: usize = tables.iter().map(|t| t.held() + t.charged()).sum();
+                proptest::prop_assert_eq!(memory.used(), total);
+                for (t, cap) in tables.iter().zip(&caps) {
+                    proptest::prop_assert!(t.consistent());
+                    let pinned: usize = t
+                        .iter()
+                        .filter(|(_, e)| e.seq > committed)
+                        .filter_map(|(_, e)| e.bytes().map(charge))
+                        .sum();
+                    proptest::prop_assert!(t.charged() <= (*cap).max(pinned), "a table over its cap");
+                }
+                let evictable: usize = tables
+                    .iter()
+                    .flat_map(|t| t.iter())
+                    .filter(|(_, e)| e.seq <= committed)
+                    .filter_map(|(_, e)| e.bytes().map(charge))
+                    .sum();
+                proptest::prop_assert!(
+                    memory.used() <= limit || evictable == 0,
+                    "{} charged over a budget of {limit} with {evictable} evictable",
+                    memory.used()
+                );
+            }
+            drop(tables);
+            proptest::prop_assert_eq!(memory.used(), 0, "dropped tables give everything back");
+        }
     }
 
     #[test]

@@ -43,6 +43,11 @@ impl Store {
             .collect()
     }
 
+    /// The object caches' shared budget of the store this handle reads.
+    pub(crate) fn memory(&self) -> &Arc<super::super::MemoryBudget> {
+        &self.shared.memory
+    }
+
     /// The scope this handle reads.
     #[must_use]
     pub fn scope(&self) -> ScopeId {
