@@ -21,7 +21,9 @@
 //! * `--shards N` (`--shard-index I`, else the ordinal ending `$POD_NAME`): cache and reconcile
 //!   only shard I of N of the namespaces (KEP-5866 ranges of `metadata.namespace`);
 //! * `--retention-entries N`: keep at most N log entries (the store's default is 1,000,000),
-//!   which bounds the database's size (docs/deploying.md#sizing).
+//!   which bounds the database's size (docs/deploying.md#sizing);
+//! * `--live-inspection`: let `durable-informer get …` read the database while this runs, at
+//!   the cost of an fsync per commit (docs/cli.md#inspecting-a-live-database).
 //!
 //! SIGTERM or SIGINT stops it: the reconciles in flight finish, the Lease is released, the
 //! database closed.
@@ -339,6 +341,8 @@ pub struct RunOptions {
     pub shard: Option<ShardSelector>,
     /// Keep at most this many log entries (the store's default: 1,000,000).
     pub retention_entries: Option<u64>,
+    /// Let `durable-informer get …` read the database while this runs (every commit fsynced).
+    pub live_inspection: bool,
 }
 
 /// The Lease of `--leader-elect`.
@@ -369,7 +373,7 @@ pub async fn run_with(
     stop: tokio::sync::watch::Receiver<bool>,
     started: tokio::sync::oneshot::Sender<Arc<Ctx>>,
 ) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
-    let mut config = StoreConfig::new(db_path);
+    let mut config = StoreConfig::new(db_path).live_inspection(options.live_inspection);
     if let Some(n) = options.retention_entries {
         config = config.retention_entries(Some(n));
     }
@@ -517,6 +521,7 @@ pub fn cluster_options(args: &[String], env: impl Fn(&str) -> Option<String>) ->
         lease,
         shard,
         retention_entries,
+        live_inspection: args.iter().any(|a| a == "--live-inspection"),
     })
 }
 

@@ -10,7 +10,7 @@ use std::time::{Duration, SystemTime};
 
 use assert_cmd::cargo::CommandCargoExt;
 use durable_informer::object::{RawObject, ScopeSpec};
-use durable_informer::store::{Batch, DeltaKind, DurableStore, ReadOnlyStore, StoreConfig, StoreError};
+use durable_informer::store::{Batch, DeltaKind, Durability, DurableStore, ReadOnlyStore, StoreConfig, StoreError};
 use serde_json::Value;
 
 fn bin() -> Command {
@@ -62,11 +62,70 @@ fn spec() -> ScopeSpec {
     ScopeSpec::new("", "v1", "configmaps")
 }
 
+/// A writer that lets inspection commands read beside it.
+fn live(path: &Path) -> DurableStore {
+    DurableStore::open(StoreConfig::new(path).live_inspection(true)).unwrap()
+}
+
+#[test]
+fn a_writer_without_live_inspection_refuses_readers_with_a_hint() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("exclusive.redb");
+    let db = DurableStore::open(StoreConfig::new(&path)).unwrap();
+    let scope = db.writer().register_scope_blocking(&spec()).unwrap();
+    db.writer()
+        .apply_blocking(Batch::new(scope).delta(DeltaKind::Added, cm("a", 1, 1)).rv("1"))
+        .unwrap();
+    let (code, _, stderr) = run(&["get", "configmaps"], &path);
+    assert_eq!(code, 4, "{stderr}");
+    assert!(stderr.contains("live_inspection"), "no hint: {stderr}");
+    db.close().unwrap();
+    // Once the writer is gone the same command reads the file.
+    assert_eq!(ok(&["get", "configmaps", "-o", "name"], &path).trim(), "configmap/a");
+}
+
+#[test]
+fn live_inspection_makes_every_commit_durable_and_refuses_a_store_that_never_fsyncs() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("durable.redb");
+    let refused = DurableStore::open(StoreConfig::new(&path).durable(false).live_inspection(true));
+    assert!(matches!(refused, Err(StoreError::Config(_))), "{:?}", refused.err());
+    // Deferral asked for before or after: redb shares only durable commits with readers.
+    let db = DurableStore::open(
+        StoreConfig::new(&path)
+            .fsync_delay(Some(Duration::from_secs(3600)))
+            .live_inspection(true)
+            .fsync_delay(Some(Duration::from_secs(3600))),
+    )
+    .unwrap();
+    let w = db.writer();
+    let scope = w.register_scope_blocking(&spec()).unwrap();
+    for (i, durability) in [Durability::Deferred, Durability::Relaxed].into_iter().enumerate() {
+        let rv = (i + 1) as u64;
+        let done = w
+            .apply_blocking(
+                Batch::new(scope)
+                    .delta(DeltaKind::Added, cm(&format!("o{i}"), rv, 1))
+                    .rv(rv.to_string())
+                    .durability(durability),
+            )
+            .unwrap();
+        // Durable handlers are told at once: the commit is on disk, not waiting for an fsync.
+        assert!(
+            *w.durable().borrow() >= done.seq,
+            "{durability:?} batch not durable at its acknowledgement"
+        );
+        let names = ok(&["get", "configmaps", "-o", "name"], &path);
+        assert!(names.contains(&format!("configmap/o{i}")), "{durability:?}: {names}");
+    }
+    db.close().unwrap();
+}
+
 #[test]
 fn inspection_reads_beside_a_live_writer_and_never_changes_the_file() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("live.redb");
-    let db = DurableStore::open(StoreConfig::new(&path)).unwrap();
+    let db = live(&path);
     let scope = db.writer().register_scope_blocking(&spec()).unwrap();
     let w = db.writer();
     w.apply_blocking(
@@ -118,7 +177,7 @@ fn each_inspection_shows_one_commit_while_the_writer_commits() {
     const OBJECTS: u64 = 40;
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("busy.redb");
-    let db = DurableStore::open(StoreConfig::new(&path)).unwrap();
+    let db = live(&path);
     let scope = db.writer().register_scope_blocking(&spec()).unwrap();
     let w = db.writer();
     let mut batch = Batch::new(scope).rv("1");

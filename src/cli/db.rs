@@ -36,10 +36,9 @@ pub fn open(path: &Path) -> CliResult<ReadOnlyStore> {
         let locked = matches!(e, StoreError::Locked { .. });
         let mut err = CliError::from(e);
         if locked {
-            // A writer in redb's exclusive mode (a release before read-only inspection)
-            // excludes readers too.
+            // A writer in redb's exclusive mode excludes readers too.
             err.message = format!(
-                "{}: the process that has this database open does not share it with readers (a durable-informer build older than its read-only inspection, or another program); stop it, or inspect a copy",
+                "{}: the process that has this database open does not share it with readers: it was opened without StoreConfig::live_inspection(true) (or by a build older than it, or another program); stop it, or open it with live inspection on",
                 path.display()
             );
         }

@@ -201,7 +201,7 @@ pub async fn watch(scope: ScopeArgs, cluster: ClusterArgs, db: PathBuf, output: 
     }
     let store = {
         let db = db.clone();
-        tokio::task::spawn_blocking(move || DurableStore::open(StoreConfig::new(db)))
+        tokio::task::spawn_blocking(move || DurableStore::open(StoreConfig::new(db).live_inspection(true)))
             .await
             .map_err(CliError::runtime)??
     };

@@ -178,6 +178,9 @@ pub enum StoreError {
         /// The panic's message.
         message: String,
     },
+    /// The [`StoreConfig`](super::StoreConfig) asks for two things that exclude each other.
+    #[error("invalid store configuration: {0}")]
+    Config(String),
     /// Another command in the same group commit failed, so this one was not committed.
     #[error("not committed: {0}")]
     Aborted(String),

@@ -24,7 +24,9 @@ const CACHE_BYTES: usize = 64 << 20;
 /// A read-only view of a database at one commit: the commit current when it was opened.
 ///
 /// It may be opened while a [`DurableStore`](super::DurableStore) in another process writes the
-/// file; it never changes the file (no migration, no recovery, no write of any kind), and its
+/// file, when that store was opened with
+/// [`live_inspection(true)`](super::StoreConfig::live_inspection) (otherwise the writer holds
+/// the file exclusively: [`StoreError::Locked`]); it never changes the file (no migration, no recovery, no write of any kind), and its
 /// reads all come from one read transaction. A database of another schema version is refused
 /// ([`StoreError::OlderSchema`], [`StoreError::NewerSchema`]), a file left unclean with no live
 /// writer too ([`StoreError::NeedsRecovery`]). The writer cannot reuse the pages of that commit
@@ -37,7 +39,7 @@ const CACHE_BYTES: usize = 64 << 20;
 /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// # let dir = tempfile::tempdir()?;
 /// let path = dir.path().join("cache.redb");
-/// let db = DurableStore::open(StoreConfig::new(&path))?;
+/// let db = DurableStore::open(StoreConfig::new(&path).live_inspection(true))?;
 /// db.writer().register_scope_blocking(&ScopeSpec::new("", "v1", "configmaps"))?;
 /// // The writer is still open: a read-only handle reads beside it.
 /// let view = ReadOnlyStore::open(&path)?;
@@ -149,7 +151,7 @@ fn open_read_only(path: &PathBuf) -> Result<DbHandle, StoreError> {
     let backend = redb::backends::FileBackend::new(file).map_err(|e| classify_open(path, e))?;
     let mut builder = redb::Builder::new();
     builder.set_cache_size(CACHE_BYTES);
-    builder.set_concurrency_mode(super::CONCURRENCY);
+    builder.set_concurrency_mode(super::concurrency(true));
     // As in the writer's open: a damaged file gives an error naming it, not a panic.
     let opened = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         builder.open_read_only_with_backend(backend)

@@ -97,6 +97,7 @@ pub struct StoreConfig {
     pub(crate) memory_budget: usize,
     pub(crate) fsync_delay: Option<Duration>,
     pub(crate) drop_unused_scopes_after: Option<Duration>,
+    pub(crate) live_inspection: bool,
 }
 
 /// Default [`StoreConfig::fsync_delay`]: 10 ms.
@@ -170,6 +171,7 @@ impl StoreConfig {
             memory_budget: DEFAULT_MEMORY_BUDGET,
             fsync_delay: Some(DEFAULT_FSYNC_DELAY),
             drop_unused_scopes_after: None,
+            live_inspection: false,
         }
     }
 
@@ -197,6 +199,30 @@ impl StoreConfig {
         self
     }
 
+    /// Whether other processes may read the database while this one writes it (default false):
+    /// `durable-informer get`, `list`, `stats`, `check` and the other inspection commands open
+    /// it read-only beside the writer (redb's single-writer mode, byte-range file locks).
+    ///
+    /// The price is every commit's fsync: redb shares only durable commits with other
+    /// processes, so with this on no batch is deferred ([`fsync_delay`](Self::fsync_delay) is
+    /// `None`) and [`durable(false)`](Self::durable) is refused at open. Without it the writer
+    /// holds the file exclusively and an inspection command is refused with exit 4 while it
+    /// runs. `docs/cli.md` has the measured cost.
+    ///
+    /// ```
+    /// use durable_informer::store::StoreConfig;
+    /// let config = StoreConfig::new("/tmp/cache.redb").live_inspection(true);
+    /// # let _ = config;
+    /// ```
+    #[must_use]
+    pub fn live_inspection(mut self, on: bool) -> Self {
+        self.live_inspection = on;
+        if on {
+            self.fsync_delay = None;
+        }
+        self
+    }
+
     /// How long a [deferred](Durability::Deferred) batch (every watch batch) may wait for the
     /// durable commit (fsync) that follows it (default [`DEFAULT_FSYNC_DELAY`], 10 ms; `None`:
     /// deferred batches are fsynced before they are acknowledged or shown to anyone).
@@ -212,7 +238,8 @@ impl StoreConfig {
     /// the latency this buys.
     #[must_use]
     pub fn fsync_delay(mut self, delay: Option<Duration>) -> Self {
-        self.fsync_delay = delay;
+        // Live inspection shares only durable commits: nothing may be deferred.
+        self.fsync_delay = if self.live_inspection { None } else { delay };
         self
     }
 
@@ -449,10 +476,18 @@ impl redb::StorageBackend for BoxedBackend {
     }
 }
 
-/// How every handle of this crate shares a file with other processes: one writing process (the
-/// [`DurableStore`]), and any number of [`ReadOnlyStore`]s in other processes reading alongside
-/// it (redb's byte-range lock protocol; a second writer is still refused as [`StoreError::Locked`]).
-const CONCURRENCY: redb::ConcurrencyMode = redb::ConcurrencyMode::SingleWriter;
+/// How a handle shares its file with other processes. A writer opened with
+/// [`StoreConfig::live_inspection`] writes in redb's single-writer mode, where any number of
+/// [`ReadOnlyStore`]s in other processes read alongside it and a second writer is still refused
+/// ([`StoreError::Locked`]); any other writer holds the whole file. Read-only handles always ask
+/// for the single-writer mode: it reads a file no process has open, and one such a writer has.
+pub(crate) fn concurrency(live_inspection: bool) -> redb::ConcurrencyMode {
+    if live_inspection {
+        redb::ConcurrencyMode::SingleWriter
+    } else {
+        redb::ConcurrencyMode::ExclusiveWriter
+    }
+}
 
 /// Opens (or creates, with mode 0600) the redb file of `config`, through its backend wrapper.
 fn open_database(config: &StoreConfig) -> Result<redb::Database, StoreError> {
@@ -480,7 +515,7 @@ fn open_database(config: &StoreConfig) -> Result<redb::Database, StoreError> {
     let backend = redb::backends::FileBackend::new(file).map_err(|e| classify_open(&path, e))?;
     let mut builder = redb::Builder::new();
     builder.set_cache_size(config.cache_bytes);
-    builder.set_concurrency_mode(CONCURRENCY);
+    builder.set_concurrency_mode(concurrency(config.live_inspection));
     builder.set_check_integrity_on_open(config.check_integrity);
     // redb may panic on a damaged file instead of returning an error; a damaged file must give
     // an error that names it, so the panic is caught here, at the one place files are opened.
@@ -691,6 +726,13 @@ impl DurableStore {
     ///
     /// This blocks (file I/O); from async code call it through `tokio::task::spawn_blocking`.
     pub fn open(config: StoreConfig) -> Result<Self, StoreError> {
+        if config.live_inspection && !config.durable {
+            // redb refuses non-durable commits in a mode other processes read.
+            return Err(StoreError::Config(
+                "live_inspection(true) needs durable commits: durable(false) cannot be combined with it".into(),
+            ));
+        }
+        debug_assert!(!config.live_inspection || config.fsync_delay.is_none());
         let db = open_database(&config)?;
         let path = config.path.clone();
         let shared = Arc::new(Shared {

@@ -74,7 +74,7 @@ impl WriterThread {
             e
         })?;
         if !self.commit.durable {
-            let _ = txn.set_durability(redb::Durability::None);
+            super::thread::relax(&mut txn);
         }
         let out = match f(&txn) {
             Ok(v) => v,

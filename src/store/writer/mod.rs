@@ -451,6 +451,7 @@ pub(crate) fn spawn(
             fsync_delay: config.fsync_delay,
             fsync_due: Cell::new(None),
             durable: config.durable,
+            shared_file: config.live_inspection,
             max_deltas: config.max_batch_deltas,
             max_bytes: config.max_batch_bytes,
             garbage: RefCell::new(Vec::new()),

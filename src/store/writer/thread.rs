@@ -48,6 +48,9 @@ pub(super) struct GroupCommit {
     pub(super) fsync_due: Cell<Option<std::time::Instant>>,
     /// Whether the store fsyncs at all (`StoreConfig::durable`).
     pub(super) durable: bool,
+    /// Other processes may read the file (`StoreConfig::live_inspection`): redb shares only
+    /// durable commits then, so every group is fsynced, relaxed ones too.
+    pub(super) shared_file: bool,
     pub(super) max_deltas: usize,
     pub(super) max_bytes: usize,
     /// What the open group's batches held, freed by the `reaper` thread after the group: the
@@ -326,9 +329,9 @@ impl WriterThread {
         // Without an fsync (a relaxed or deferred group, or a store that never fsyncs) the
         // group is shown to readers as the writer decides it; with one, once on disk
         // (`fsync_delay(None)`: nothing deferred is seen before the disk has it).
-        let fsync = self.commit.durable && durability == Durability::Immediate;
+        let fsync = self.commit.durable && (self.commit.shared_file || durability == Durability::Immediate);
         if !fsync {
-            let _ = txn.set_durability(redb::Durability::None);
+            relax(&mut txn);
         }
         let start_seq = self.next_seq.get();
         self.publisher.begin_group(!fsync);
@@ -553,5 +556,15 @@ impl Deferred {
             Deferred::Compact(a, _) => drop(a.send(Err(e.to_aborted()))),
             Deferred::Settle(a) | Deferred::Backfill(a, _, _) => drop(a.send(Err(e.to_aborted()))),
         }
+    }
+}
+
+/// Makes `txn` commit without an fsync. redb refuses that only in a mode other processes read,
+/// where the writer never asks for it (`GroupCommit::shared_file`).
+pub(super) fn relax(txn: &mut redb::WriteTransaction) {
+    let refused = txn.set_durability(redb::Durability::None);
+    debug_assert!(refused.is_ok(), "{refused:?}");
+    if let Err(e) = refused {
+        tracing::error!(error = %e, "a commit meant to skip its fsync is made durable instead");
     }
 }
