@@ -3,9 +3,12 @@
 //! ConfigMaps was reconciled once (a cold start; for this crate also a restart on the database
 //! the first run left), and the latency from a change on the server to its reconcile (median
 //! and p90 of `CHANGES` changes, one at a time). The reconcile does nothing but note the time.
+//! `ROUNDS` rounds run the three in turn (each cold start on a new database); the table gives
+//! each row's median over the rounds and the median of the per-round ratios, so one
+//! descheduled run on a shared machine does not decide the figure.
 //!
 //! ```text
-//! cargo bench --features sim --bench controller -- [N] [CHANGES]     # default 5000 50
+//! cargo bench --features sim --bench controller -- [N] [CHANGES] [ROUNDS]     # default 5000 50 5
 //! ```
 
 use std::collections::HashSet;
@@ -106,10 +109,23 @@ fn pct(v: &[Duration], p: f64) -> f64 {
     v.get(i).copied().unwrap_or(0.0)
 }
 
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v.get(v.len() / 2).copied().unwrap_or(0.0)
+}
+
 fn main() -> Result<(), Error> {
     let args: Vec<usize> = std::env::args().skip(1).filter_map(|a| a.parse().ok()).collect();
     let n = args.first().copied().unwrap_or(5000);
     let changes = args.get(1).copied().unwrap_or(50);
+    let rounds_wanted = args.get(2).copied().unwrap_or(5).max(1);
+    // `RUST_LOG=durable_informer=info` shows when the caches synced (where the startup goes).
+    if std::env::var_os("RUST_LOG").is_some() {
+        tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+            .with_writer(std::io::stderr)
+            .init();
+    }
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -120,57 +136,71 @@ fn main() -> Result<(), Error> {
             (0..n).map(|i| json!({"metadata": {"name": format!("cm-{i}"), "namespace": "ns"}, "data": {"v": "0"}}));
         sim.bulk_load("configmaps", objects)?;
         let dir = tempfile::tempdir()?;
-        let path = dir.path().join("db.redb");
-        let mut rows = Vec::new();
-
         let client = sim.client()?;
-        let c = client.clone();
-        let kube_run = measure(&sim, n, changes, 0, move |seen, stopped| async move {
-            kube::runtime::Controller::new(Api::<ConfigMap>::namespaced(c, "ns"), watcher::Config::default())
-                .graceful_shutdown_on(async move {
-                    let _ = stopped.await;
-                })
-                .run(reconcile, error_policy, seen)
-                .for_each(|_| async {})
-                .await;
-        })
-        .await?;
-        rows.push(("kube-runtime Controller", kube_run));
-
-        for (round, what) in [(1, "durable Controller, cold"), (2, "durable Controller, restart")] {
-            let p = path.clone();
-            let db = Arc::new(tokio::task::spawn_blocking(move || DurableStore::open(StoreConfig::new(p))).await??);
-            let (c, d) = (client.clone(), db.clone());
-            let run = measure(&sim, n, changes, round, move |seen, stopped| async move {
-                durable_informer::controller::Controller::new(
-                    &d,
-                    Api::<ConfigMap>::namespaced(c, "ns"),
-                    watcher::Config::default(),
-                )
-                .graceful_shutdown_on(async move {
-                    let _ = stopped.await;
-                })
-                .run(reconcile, error_policy, seen)
-                .for_each(|_| async {})
-                .await;
+        // Per round: kube-runtime's, this crate's cold start, and its restart.
+        let mut rounds: Vec<[Run; 3]> = Vec::new();
+        for r in 0..rounds_wanted {
+            let c = client.clone();
+            let kube_run = measure(&sim, n, changes, 3 * r, move |seen, stopped| async move {
+                kube::runtime::Controller::new(Api::<ConfigMap>::namespaced(c, "ns"), watcher::Config::default())
+                    .graceful_shutdown_on(async move {
+                        let _ = stopped.await;
+                    })
+                    .run(reconcile, error_policy, seen)
+                    .for_each(|_| async {})
+                    .await;
             })
             .await?;
-            rows.push((what, run));
-            let db = Arc::try_unwrap(db).map_err(|_| "the database is still shared")?;
-            tokio::task::spawn_blocking(move || db.close()).await??;
+            let path = dir.path().join(format!("db-{r}.redb"));
+            let mut ours = Vec::new();
+            for round in [3 * r + 1, 3 * r + 2] {
+                let p = path.clone();
+                let db = Arc::new(tokio::task::spawn_blocking(move || DurableStore::open(StoreConfig::new(p))).await??);
+                let (c, d) = (client.clone(), db.clone());
+                let run = measure(&sim, n, changes, round, move |seen, stopped| async move {
+                    durable_informer::controller::Controller::new(
+                        &d,
+                        Api::<ConfigMap>::namespaced(c, "ns"),
+                        watcher::Config::default(),
+                    )
+                    .graceful_shutdown_on(async move {
+                        let _ = stopped.await;
+                    })
+                    .run(reconcile, error_policy, seen)
+                    .for_each(|_| async {})
+                    .await;
+                })
+                .await?;
+                ours.push(run);
+                let db = Arc::try_unwrap(db).map_err(|_| "the database is still shared")?;
+                tokio::task::spawn_blocking(move || db.close()).await??;
+            }
+            let (Some(restart), Some(cold)) = (ours.pop(), ours.pop()) else {
+                return Err("two runs of this crate's controller".into());
+            };
+            rounds.push([kube_run, cold, restart]);
         }
 
-        let base = rows[0].1.all_once.as_secs_f64();
-        println!("{n} ConfigMaps, {changes} changes one at a time; sim over HTTP, 2 worker threads");
+        println!(
+            "{n} ConfigMaps, {changes} changes one at a time, {rounds_wanted} rounds (medians); sim over HTTP, 2 worker threads"
+        );
         println!("| controller | all reconciled once (ms) | ratio | change→reconcile p50 (ms) | p90 (ms) |");
         println!("|---|---|---|---|---|");
-        for (what, r) in &rows {
+        let names = ["kube-runtime Controller", "durable Controller, cold", "durable Controller, restart"];
+        for (i, what) in names.iter().enumerate() {
+            let ms = |d: Duration| d.as_secs_f64() * 1000.0;
+            let all_once: Vec<f64> = rounds.iter().map(|r| ms(r[i].all_once)).collect();
+            let ratio: Vec<f64> = rounds
+                .iter()
+                .map(|r| r[i].all_once.as_secs_f64() / r[0].all_once.as_secs_f64())
+                .collect();
+            let latencies: Vec<Duration> = rounds.iter().flat_map(|r| r[i].latencies.iter().copied()).collect();
             println!(
                 "| {what} | {:.0} | {:.2} | {:.2} | {:.2} |",
-                r.all_once.as_secs_f64() * 1000.0,
-                r.all_once.as_secs_f64() / base,
-                pct(&r.latencies, 0.5),
-                pct(&r.latencies, 0.9)
+                median(all_once),
+                median(ratio),
+                pct(&latencies, 0.5),
+                pct(&latencies, 0.9)
             );
         }
         Ok::<_, Error>(())
