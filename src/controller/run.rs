@@ -5,6 +5,7 @@ use std::collections::HashMap;
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -253,7 +254,10 @@ where
         on_delete,
     };
     let concurrency = usize::from(config.concurrency);
-    let mut in_flight = JoinSet::new();
+    // Reconcile tasks (returning nothing) and batch reads (returning the keys they read).
+    let mut in_flight: JoinSet<Vec<Taken<K>>> = JoinSet::new();
+    // Keys taken and not yet done (their `Done` guards count them).
+    let running = Arc::new(AtomicUsize::new(0));
     let mut lead = leading.map(Lead::new);
     if lead.is_none() {
         tracing::info!(concurrency, "caches synced; reconciling");
@@ -263,52 +267,47 @@ where
         if let Some(l) = &mut lead {
             l.observe(&primary, &enqueue).await;
         }
-        let may_take = !shutting_down
-            && lead.as_ref().is_none_or(|l| l.was_leading)
-            && (concurrency == 0 || in_flight.len() < concurrency);
+        let busy = running.load(Ordering::Acquire);
+        let room = if concurrency == 0 {
+            BATCH
+        } else {
+            concurrency.saturating_sub(busy).min(BATCH)
+        };
+        let may_take = !shutting_down && lead.as_ref().is_none_or(|l| l.was_leading) && room > 0;
         tokio::select! {
             biased;
             () = &mut forceful => {
-                tracing::info!("forced shutdown: not waiting for {} reconciles", in_flight.len());
+                tracing::info!("forced shutdown: not waiting for {} reconciles", running.load(Ordering::Acquire));
                 return;
             }
             () = &mut graceful, if !shutting_down => {
-                tracing::info!(in_flight = in_flight.len(), "graceful shutdown: finishing the reconciles in flight");
+                tracing::info!(in_flight = running.load(Ordering::Acquire), "graceful shutdown: finishing the reconciles in flight");
                 shutting_down = true;
                 queue.shutdown();
             }
-            Some(done) = in_flight.join_next(), if !in_flight.is_empty() => {
-                if let Err(e) = done {
-                    tracing::error!(error = %e, "reconcile task failed");
+            Some(done) = in_flight.join_next(), if !in_flight.is_empty() => match done {
+                Ok(read) => {
+                    for t in read {
+                        spawn_reconcile(&mut in_flight, &rec, &shared, t);
+                    }
                 }
-            }
-            key = queue.get(), if may_take => {
-                let Some(key) = key else {
+                Err(e) => tracing::error!(error = %e, "reconcile task failed"),
+            },
+            keys = queue.get_many(room), if may_take => {
+                let Some(keys) = keys else {
                     // Shut down from outside (`queue().shutdown()`): as a graceful shutdown.
                     shutting_down = true;
                     continue;
                 };
                 if lead.as_ref().is_some_and(|l| !l.leadership.is_leading()) {
-                    // The term ran out (a pause?) before the elector noticed: hand it back.
-                    queue.add(key.clone());
-                    queue.done(&key);
+                    // The term ran out (a pause?) before the elector noticed: hand them back.
+                    for key in keys {
+                        queue.add(key.clone());
+                        queue.done(&key);
+                    }
                     continue;
                 }
-                let reason = enqueue.take_reason(&key);
-                let obj_ref = object_ref::<K>(&key);
-                let span = tracing::info_span!(
-                    "reconciling object",
-                    "object.ref" = %obj_ref,
-                    object.reason = %reason,
-                );
-                let (rec, shared, queue) = (rec.clone(), shared.clone(), queue.clone());
-                in_flight.spawn(
-                    async move {
-                        let _done = Done(queue, key.clone());
-                        rec.process(&shared, key, obj_ref).await;
-                    }
-                    .instrument(span),
-                );
+                take(keys, &mut in_flight, &rec, &shared, &running);
             }
             () = lead_changed(lead.as_mut()), if lead.is_some() && !shutting_down => {}
         }
@@ -396,13 +395,138 @@ fn erase<K: Resource<DynamicType = ()>>(r: &ObjectRef<K>) -> Box<ObjectRef<Dynam
 }
 
 /// Marks its key done when dropped (also when the task is aborted or the error policy panics:
-/// otherwise the key is never handed out again).
-struct Done(WorkQueue<ObjectKey>, ObjectKey);
+/// otherwise the key is never handed out again), and frees its slot.
+struct Done {
+    queue: WorkQueue<ObjectKey>,
+    key: ObjectKey,
+    running: Arc<AtomicUsize>,
+}
+
+impl Done {
+    fn new(queue: &WorkQueue<ObjectKey>, key: ObjectKey, running: &Arc<AtomicUsize>) -> Self {
+        running.fetch_add(1, Ordering::AcqRel);
+        Self {
+            queue: queue.clone(),
+            key,
+            running: running.clone(),
+        }
+    }
+}
 
 impl Drop for Done {
     fn drop(&mut self) {
-        self.0.done(&self.1);
+        self.queue.done(&self.key);
+        self.running.fetch_sub(1, Ordering::AcqRel);
     }
+}
+
+/// The most keys taken from the queue at once. A burst (every object at startup, a relist)
+/// is read from the cache in one go, with one blocking read for what the cache holds only on
+/// disk, instead of a wake-up and a blocking-thread hop per key.
+const BATCH: usize = 128;
+
+/// What reading an object gives.
+type Read<K> = Result<Option<Arc<K>>, crate::store::StoreError>;
+
+/// A key taken from the queue, on its way to its reconcile.
+struct Taken<K> {
+    done: Done,
+    reason: ReconcileReason,
+    /// The object read already (`None`: read by the reconcile task, after a delete hook).
+    read: Option<Read<K>>,
+}
+
+/// Starts the turns of `keys`: those the cache answers for at once (or with a tombstone to
+/// hand the delete hook), the others after one blocking read for all of them.
+fn take<K, Ctx, F, Fut, E, P>(
+    keys: Vec<ObjectKey>,
+    in_flight: &mut JoinSet<Vec<Taken<K>>>,
+    rec: &Arc<Reconciler<Ctx, F, P, Item<K, E>>>,
+    shared: &Shared<K>,
+    running: &Arc<AtomicUsize>,
+) where
+    K: Resource<DynamicType = ()> + DeserializeOwned + Send + Sync + 'static,
+    Ctx: Send + Sync + 'static,
+    F: Fn(Arc<K>, Arc<Ctx>) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Result<Action, E>> + Send + 'static,
+    E: std::error::Error + Send + 'static,
+    P: Fn(Arc<K>, &E, Arc<Ctx>) -> Action + Send + Sync + 'static,
+{
+    let mut cold = Vec::new();
+    for key in keys {
+        let reason = shared.enqueue.take_reason(&key);
+        let tombstone = shared.on_delete.is_some() && shared.tombstones.locked().contains_key(&key);
+        let read = if tombstone {
+            Some(None)
+        } else {
+            shared.lister.get_cached(&key).map(Some)
+        };
+        let done = Done::new(&shared.enqueue.queue, key, running);
+        match read {
+            Some(read) => spawn_reconcile(in_flight, rec, shared, Taken { done, reason, read }),
+            None => cold.push(Taken {
+                done,
+                reason,
+                read: None,
+            }),
+        }
+    }
+    if cold.is_empty() {
+        return;
+    }
+    let lister = shared.lister.clone();
+    in_flight.spawn(async move {
+        let keys: Vec<ObjectKey> = cold.iter().map(|t| t.done.key.clone()).collect();
+        let reads = tokio::task::spawn_blocking(move || lister.get_many(&keys)).await;
+        match reads {
+            Ok(reads) => {
+                for (t, r) in cold.iter_mut().zip(reads) {
+                    t.read = Some(r);
+                }
+            }
+            Err(e) => {
+                for t in &mut cold {
+                    t.read = Some(Err(crate::store::StoreError::Panicked {
+                        what: "a cache read".into(),
+                        message: e.to_string(),
+                    }));
+                }
+            }
+        }
+        cold
+    });
+}
+
+/// Spawns the reconcile of one key, in its span.
+fn spawn_reconcile<K, Ctx, F, Fut, E, P>(
+    in_flight: &mut JoinSet<Vec<Taken<K>>>,
+    rec: &Arc<Reconciler<Ctx, F, P, Item<K, E>>>,
+    shared: &Shared<K>,
+    t: Taken<K>,
+) where
+    K: Resource<DynamicType = ()> + DeserializeOwned + Send + Sync + 'static,
+    Ctx: Send + Sync + 'static,
+    F: Fn(Arc<K>, Arc<Ctx>) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Result<Action, E>> + Send + 'static,
+    E: std::error::Error + Send + 'static,
+    P: Fn(Arc<K>, &E, Arc<Ctx>) -> Action + Send + Sync + 'static,
+{
+    let obj_ref = object_ref::<K>(&t.done.key);
+    let span = tracing::info_span!(
+        "reconciling object",
+        "object.ref" = %obj_ref,
+        object.reason = %t.reason,
+    );
+    let (rec, shared) = (rec.clone(), shared.clone());
+    in_flight.spawn(
+        async move {
+            let Taken { done, read, .. } = t;
+            rec.process(&shared, done.key.clone(), obj_ref, read).await;
+            drop(done);
+            Vec::new()
+        }
+        .instrument(span),
+    );
 }
 
 /// What every reconcile task of one run shares besides the reconciler.
@@ -412,6 +536,24 @@ struct Shared<K> {
     enqueue: Enqueue,
     tombstones: Tombstones<K>,
     on_delete: Option<DeleteHook<K>>,
+}
+
+impl<K: DeserializeOwned + Send + Sync + 'static> Shared<K> {
+    /// One object: from the cache when it holds it, else from redb off the runtime.
+    async fn read(&self, key: &ObjectKey) -> Read<K> {
+        if let Some(hit) = self.lister.get_cached(key) {
+            return hit;
+        }
+        let (lister, k) = (self.lister.clone(), key.clone());
+        tokio::task::spawn_blocking(move || lister.get_by_key(&k))
+            .await
+            .unwrap_or_else(|e| {
+                Err(crate::store::StoreError::Panicked {
+                    what: "a cache read".into(),
+                    message: e.to_string(),
+                })
+            })
+    }
 }
 
 impl<K> Clone for Shared<K> {
@@ -444,11 +586,13 @@ where
     P: Fn(Arc<K>, &E, Arc<Ctx>) -> Action + Send + Sync + 'static,
 {
     /// One turn of `key`: the delete hook if it was deleted, else a reconcile of its current
-    /// state; then what comes next, and the result on the stream.
-    async fn process(&self, shared: &Shared<K>, key: ObjectKey, obj_ref: ObjectRef<K>) {
+    /// state (`read` when given, unless the hook ran: then read after it); then what comes
+    /// next, and the result on the stream.
+    async fn process(&self, shared: &Shared<K>, key: ObjectKey, obj_ref: ObjectRef<K>, mut read: Option<Read<K>>) {
         let queue = &shared.enqueue.queue;
         let tombstone = shared.tombstones.locked().get(&key).map(|(o, _)| o.clone());
         if let (Some(deleted), Some(hook)) = (tombstone, &shared.on_delete) {
+            read = None;
             match AssertUnwindSafe(hook(deleted)).catch_unwind().await {
                 Ok(Ok(())) => {
                     if let Some((_, waiters)) = shared.tombstones.locked().remove(&key) {
@@ -478,16 +622,10 @@ where
                 }
             }
         }
-        // Off the runtime: an object the cache evicted is read from redb.
-        let (lister, k) = (shared.lister.clone(), key.clone());
-        let read = tokio::task::spawn_blocking(move || lister.get_by_key(&k))
-            .await
-            .unwrap_or_else(|e| {
-                Err(crate::store::StoreError::Panicked {
-                    what: "a cache read".into(),
-                    message: e.to_string(),
-                })
-            });
+        let read = match read {
+            Some(read) => read,
+            None => shared.read(&key).await,
+        };
         let obj = match read {
             Ok(Some(obj)) => obj,
             Ok(None) => {

@@ -104,6 +104,56 @@ impl<K: DeserializeOwned + Send + Sync + 'static> Lister<K> {
         self.store.get_with(&key, |_, bytes| decode(&bytes()?))
     }
 
+    /// What the cache answers for `key` without reading redb (a hash probe, and a decode the
+    /// first time): `None` when it cannot — not loaded, or the object's JSON left on disk — so
+    /// the caller reads with [`get_many`](Self::get_many) off the runtime.
+    pub(crate) fn get_cached(&self, key: &ObjectKey) -> Option<Result<Option<Arc<K>>, StoreError>> {
+        if let Err(e) = self.check_started() {
+            return Some(Err(e));
+        }
+        let cache = self.cache.as_ref()?;
+        // The view (a read lock) ends with this statement: decoding happens outside it.
+        let entry = cache.view()?.named(key.namespace.as_deref(), &key.name).cloned();
+        match entry {
+            None => Some(Ok(None)),
+            Some(e) => e
+                .object()
+                .map(|k| k.map(Some).map_err(|_| decode_error::<K>(e.bytes()))),
+        }
+    }
+
+    /// The objects of `keys`, from the cache where it holds them and from one redb snapshot
+    /// for the others (a cold entry read back at its version goes back into the cache). Reads
+    /// redb: call it off the runtime.
+    pub(crate) fn get_many(&self, keys: &[ObjectKey]) -> Vec<Result<Option<Arc<K>>, StoreError>> {
+        let mut snapshot: Option<Result<crate::store::Snapshot, StoreError>> = None;
+        keys.iter()
+            .map(|key| {
+                if let Some(hit) = self.get_cached(key) {
+                    return hit;
+                }
+                let snap = match snapshot.get_or_insert_with(|| self.store.snapshot()) {
+                    Ok(s) => s,
+                    // One failed read transaction: each key says so (the error is not `Clone`).
+                    Err(_) => return self.get_key(key),
+                };
+                let cold = self
+                    .cache
+                    .as_ref()
+                    .and_then(|c| Some((c, c.view()?.named(key.namespace.as_deref(), &key.name).cloned()?)));
+                let read = snap.get_with(key, |meta, bytes| Ok((meta.resource_version.clone(), bytes()?)))?;
+                match (read, cold) {
+                    (None, _) => Ok(None),
+                    // The version the cache holds (redb is not behind it): kept for later readers.
+                    (Some((rv, bytes)), Some((cache, e))) if rv == e.meta.resource_version => {
+                        cache.fill(&e, bytes).map(Some)
+                    }
+                    (Some((_, bytes)), _) => decode(&bytes).map(Some),
+                }
+            })
+            .collect()
+    }
+
     /// The decoded objects of `entries` (one state of the cache), or `None` when one of them
     /// had to be read from redb and changed since: the caller then reads redb alone, so an
     /// answer never mixes two states.

@@ -198,6 +198,24 @@ impl<T: Clone + Eq + Hash> State<T> {
         TryGet::Wait(self.waiting.next_deadline())
     }
 
+    /// [`try_get`](Self::try_get) for up to `max` items (at least one), in order.
+    fn try_get_many(&mut self, now: Instant, max: usize) -> TryGet<Vec<T>> {
+        match self.try_get(now) {
+            TryGet::Item(first) => {
+                let mut items = vec![first];
+                while items.len() < max {
+                    match self.try_get(now) {
+                        TryGet::Item(item) => items.push(item),
+                        _ => break,
+                    }
+                }
+                TryGet::Item(items)
+            }
+            TryGet::Closed => TryGet::Closed,
+            TryGet::Wait(at) => TryGet::Wait(at),
+        }
+    }
+
     /// Marks `item` done; returns whether waiters should look again (it was queued again, or the
     /// last processing item finished).
     fn done(&mut self, item: &T, now: Instant) -> bool {
@@ -265,6 +283,11 @@ impl<T: Clone + Eq + Hash> Shared<T> {
     /// Takes an item, or says how long to wait; for both handles' `get`.
     pub(crate) fn try_get(&self) -> TryGet<T> {
         self.update(|state, now| (state.try_get(now), false))
+    }
+
+    /// [`try_get`](Self::try_get) for up to `max` items.
+    pub(crate) fn try_get_many(&self, max: usize) -> TryGet<Vec<T>> {
+        self.update(|state, now| (state.try_get_many(now, max), false))
     }
 
     /// Blocks the thread until an item is available or the queue is closed.
@@ -445,10 +468,15 @@ impl<T: Clone + Eq + Hash + Send + Sync + 'static> WorkQueue<T> {
     /// Every item returned must be passed to [`done`](Self::done). Cancel safe: if the future is
     /// dropped before it completes, no item was taken.
     pub async fn get(&self) -> Option<T> {
+        self.wait_for(|| self.shared.try_get()).await
+    }
+
+    /// Tries `attempt` until it takes something or the queue is closed.
+    async fn wait_for<R>(&self, attempt: impl Fn() -> TryGet<R>) -> Option<R> {
         loop {
             // Created before looking at the state, so a wake-up in between is not lost.
             let notified = pin!(self.shared.notify.notified());
-            match self.shared.try_get() {
+            match attempt() {
                 TryGet::Item(item) => return Some(item),
                 TryGet::Closed => return None,
                 TryGet::Wait(None) => notified.await,
@@ -458,6 +486,15 @@ impl<T: Clone + Eq + Hash + Send + Sync + 'static> WorkQueue<T> {
                 }
             }
         }
+    }
+
+    /// [`get`](Self::get) for up to `max` items at once (at least one; `max` 0 counts as 1),
+    /// in queue order, under one lock: a worker pool fed by one task takes a burst of keys
+    /// without a wake-up per key. Every item returned must be passed to [`done`](Self::done).
+    /// Cancel safe, as `get`.
+    pub(crate) async fn get_many(&self, max: usize) -> Option<Vec<T>> {
+        let max = max.max(1);
+        self.wait_for(|| self.shared.try_get_many(max)).await
     }
 
     /// Marks `item`, handed out by [`get`](Self::get), as processed; if it was added meanwhile
@@ -638,6 +675,29 @@ mod tests {
         q.done(&"b");
         assert_eq!(q.len(), 0, "queued again once, not once per add");
         assert_eq!(try_take(&q), None);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn get_many_takes_up_to_max_in_order_and_keeps_processing_items_back() {
+        let q = queue();
+        for item in ["a", "b", "c", "d"] {
+            q.add(item);
+        }
+        assert_eq!(q.get_many(3).await, Some(vec!["a", "b", "c"]));
+        // Added again while processing: not handed out until done.
+        q.add("a");
+        assert_eq!(q.get_many(10).await, Some(vec!["d"]));
+        assert_eq!(q.get_many(10).now_or_never(), None, "a is processing: nothing ready");
+        q.done(&"a");
+        assert_eq!(q.get_many(0).await, Some(vec!["a"]), "0 counts as 1");
+        // A delayed item becomes due while the batch waits.
+        q.add_after("e", MS * 10);
+        q.add_after("f", MS * 10);
+        assert_eq!(q.get_many(10).await, Some(vec!["e", "f"]));
+        q.add("g");
+        q.shutdown();
+        assert_eq!(q.get_many(10).await, Some(vec!["g"]), "queued before the shutdown");
+        assert_eq!(q.get_many(10).await, None);
     }
 
     #[tokio::test(start_paused = true)]
