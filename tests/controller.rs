@@ -586,6 +586,106 @@ async fn the_delete_hook_sees_the_last_state_also_of_deletions_made_while_stoppe
     running.stop().await;
 }
 
+/// The delete hook's calls by name; the hook of `hold` waits until `gate` opens and notes
+/// when it started.
+#[derive(Default)]
+struct Hooks {
+    told: Mutex<Vec<String>>,
+    holding: std::sync::atomic::AtomicBool,
+    gate: tokio::sync::Notify,
+}
+
+impl Hooks {
+    fn times(&self, name: &str) -> usize {
+        self.told.lock().unwrap().iter().filter(|n| *n == name).count()
+    }
+
+    fn hook(
+        self: &Arc<Self>,
+        hold: &'static str,
+    ) -> impl Fn(Arc<ConfigMap>) -> futures::future::BoxFuture<'static, Result<(), Fail>> {
+        let hooks = self.clone();
+        move |cm: Arc<ConfigMap>| {
+            let hooks = hooks.clone();
+            Box::pin(async move {
+                let name = name_of(&cm);
+                if name == hold {
+                    let open = hooks.gate.notified();
+                    hooks.holding.store(true, std::sync::atomic::Ordering::SeqCst);
+                    open.await;
+                }
+                hooks.told.lock().unwrap().push(name);
+                Ok(())
+            })
+        }
+    }
+}
+
+/// Deletions made while no controller ran reach the durable handler together; a graceful
+/// shutdown while the hook of one of them runs (a later one already waiting for its turn)
+/// must end the stream, and across the restart each deletion is told to the hook once: none
+/// lost, none told again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deletes_around_a_graceful_shutdown_are_told_once_across_a_restart() {
+    let fake = Fake::new();
+    for name in ["keep", "x", "y", "z"] {
+        fake.upsert(name, "1");
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let hooks = Arc::new(Hooks::default());
+    let controller = |primary: Informer<ConfigMap>, hooks: &Arc<Hooks>| {
+        Controller::for_informer(primary)
+            .with_config(Config::default().concurrency(1))
+            .on_delete(hooks.hook("y"))
+    };
+    {
+        let (db, primary) = informer(&dir, "db.redb", &fake).await;
+        let seen = Arc::new(Seen::default());
+        let running = run(controller(primary.clone(), &hooks), &seen);
+        eventually("the initial reconciles", || seen.total() == 4).await;
+        running.stop().await;
+        primary.shutdown().await.unwrap();
+        drop(primary);
+        db.close().unwrap();
+    }
+    for name in ["x", "y", "z"] {
+        fake.delete(name);
+    }
+    {
+        let (db, primary) = informer(&dir, "db.redb", &fake).await;
+        let seen = Arc::new(Seen::default());
+        let running = run(controller(primary.clone(), &hooks), &seen);
+        eventually("y's hook started", || {
+            hooks.holding.load(std::sync::atomic::Ordering::SeqCst)
+        })
+        .await;
+        assert_eq!(hooks.times("x"), 1, "x's hook ran before y's");
+        // Shut down while y's hook runs, then let it finish.
+        let Running { stop, task } = running;
+        let _ = stop.map(|s| s.send(()));
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        hooks.gate.notify_one();
+        tokio::time::timeout(Duration::from_secs(10), task)
+            .await
+            .expect("the stream ends after a graceful shutdown, with a deletion waiting for its hook")
+            .unwrap();
+        primary.shutdown().await.unwrap();
+        drop(primary);
+        db.close().unwrap();
+    }
+    let (_db, primary) = informer(&dir, "db.redb", &fake).await;
+    let seen = Arc::new(Seen::default());
+    let running = run(controller(primary, &hooks), &seen);
+    eventually("z's hook after the restart", || hooks.times("z") >= 1).await;
+    // Time for a deletion told again to arrive.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    running.stop().await;
+    let told = hooks.told.lock().unwrap().clone();
+    for name in ["x", "y", "z"] {
+        assert_eq!(hooks.times(name), 1, "{name} told once: {told:?}");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cache_that_never_syncs_ends_the_stream_with_an_error_and_no_reconcile() {
     let fake = Fake::new();
@@ -653,7 +753,7 @@ async fn requeue_rate_limited_backs_off_per_object() {
     running.stop().await;
 }
 
-/// Records the spans opened, with their fields, on the current thread.
+/// Records the spans opened, with their fields.
 #[derive(Clone, Default)]
 struct Spans(Arc<Mutex<Vec<SpanSeen>>>);
 
@@ -687,30 +787,39 @@ impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for Spans {
     }
 }
 
-// One thread: the subscriber is the thread's default, and every task runs on it.
-#[tokio::test(flavor = "current_thread")]
+// The process's default subscriber, not a thread's: with one thread-local subscriber alone,
+// tracing caches a callsite first hit on another test's thread as disabled everywhere.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn each_reconcile_runs_in_kubes_span_under_the_controllers_name() {
     use tracing_subscriber::layer::SubscriberExt;
-    let spans = Spans::default();
-    let _guard = tracing::subscriber::set_default(tracing_subscriber::registry().with(spans.clone()));
+    static SPANS: std::sync::OnceLock<Spans> = std::sync::OnceLock::new();
+    let spans = SPANS.get_or_init(|| {
+        let spans = Spans::default();
+        tracing::subscriber::set_global_default(tracing_subscriber::registry().with(spans.clone()))
+            .expect("no other test sets the global subscriber");
+        spans
+    });
     let fake = Fake::new();
-    fake.upsert("a", "");
+    fake.upsert("spanned-a", "");
     let dir = tempfile::tempdir().unwrap();
     let (_db, primary) = informer(&dir, "db.redb", &fake).await;
     let seen = Arc::new(Seen::default());
     let running = run(Controller::for_informer(primary).name("spanned"), &seen);
-    eventually("a", || seen.count("a") == 1).await;
+    eventually("spanned-a", || seen.count("spanned-a") == 1).await;
     running.stop().await;
+    // Other tests' spans are recorded too: this test's are told by their names.
     let spans = spans.0.lock().unwrap().clone();
-    let controller = spans
-        .iter()
-        .find(|(n, _)| n == "controller")
-        .expect("a controller span");
-    assert_eq!(controller.1.get("controller").map(String::as_str), Some("spanned"));
+    assert!(
+        spans
+            .iter()
+            .any(|(n, f)| n == "controller" && f.get("controller").map(String::as_str) == Some("spanned")),
+        "a controller span"
+    );
     let rec = spans
         .iter()
-        .find(|(n, _)| n == "reconciling object")
+        .find(|(n, f)| {
+            n == "reconciling object" && f.get("object.ref").map(String::as_str) == Some("ConfigMap.v1./spanned-a.ns")
+        })
         .expect("a reconcile span");
-    assert_eq!(rec.1.get("object.ref").map(String::as_str), Some("ConfigMap.v1./a.ns"));
     assert_eq!(rec.1.get("object.reason").map(String::as_str), Some("object updated"));
 }

@@ -223,7 +223,10 @@ where
             if let Some(Err(e)) = stopped_or_failed {
                 let _ = rec.tx.send(Err(Error::Informer(e))).await;
             }
-            remove_all(registrations.into_iter().chain(delete_handler)).await;
+            remove_all(registrations).await;
+            if let Some(d) = delete_handler {
+                d.remove().await;
+            }
             return;
         }
     }
@@ -278,6 +281,9 @@ where
             biased;
             () = &mut forceful => {
                 tracing::info!("forced shutdown: not waiting for {} reconciles", running.load(Ordering::Acquire));
+                if let Some(d) = &delete_handler {
+                    d.stop();
+                }
                 return;
             }
             () = &mut graceful, if !shutting_down => {
@@ -315,7 +321,10 @@ where
             break;
         }
     }
-    remove_all(registrations.into_iter().chain(delete_handler)).await;
+    remove_all(registrations).await;
+    if let Some(d) = delete_handler {
+        d.remove().await;
+    }
     // Held until here: the related informers run as long as the controller.
     drop(related);
     tracing::info!("controller stopped");
@@ -340,20 +349,36 @@ where
     }
 }
 
-/// The durable handler that turns deletions into tombstones for the delete hook, and returns
-/// only once the hook has succeeded (or the controller stops).
-fn delete_handler<K>(
-    primary: &Informer<K>,
-    name: &str,
-    enqueue: &Enqueue,
-    tombstones: &Tombstones<K>,
-) -> crate::informer::Registration
+/// The durable handler that turns deletions into tombstones for the delete hook; each call
+/// returns once the hook has succeeded, or fails when the controller stops first.
+struct DeleteHandler {
+    registration: crate::informer::Registration,
+    stopping: tokio::sync::watch::Sender<bool>,
+}
+
+impl DeleteHandler {
+    /// Stops delivery, then fails the calls still waiting for a hook. In that order: a call
+    /// that fails once its handler is stopped is not delivered (its cursor stays before it),
+    /// so the next start tells that deletion again, and the ones whose hook succeeded are not.
+    fn stop(&self) {
+        let _ = self.registration.stop.send(true);
+        self.stopping.send_replace(true);
+    }
+
+    async fn remove(self) {
+        self.stop();
+        self.registration.remove().await;
+    }
+}
+
+fn delete_handler<K>(primary: &Informer<K>, name: &str, enqueue: &Enqueue, tombstones: &Tombstones<K>) -> DeleteHandler
 where
     K: Resource + DeserializeOwned + Send + Sync + 'static,
 {
     let (enqueue, tombstones) = (enqueue.clone(), tombstones.clone());
+    let (stopping, stopped) = tokio::sync::watch::channel(false);
     let handler = async_handler_fn(move |ev: Event<K>| {
-        let (enqueue, tombstones) = (enqueue.clone(), tombstones.clone());
+        let (enqueue, tombstones, mut stopped) = (enqueue.clone(), tombstones.clone(), stopped.clone());
         async move {
             let Event::Delete { object, .. } = ev else {
                 return Ok(());
@@ -376,11 +401,19 @@ where
             enqueue.add(key, || ReconcileReason::Custom {
                 reason: "object deleted".into(),
             });
-            rx.await
-                .map_err(|_| "the controller stopped before the delete hook succeeded")
+            const STOPPED: &str = "the controller stopped before the delete hook succeeded";
+            tokio::select! {
+                // A hook that succeeded counts, even when the stop came too.
+                biased;
+                r = rx => r.map_err(|_| STOPPED),
+                _ = stopped.wait_for(|s| *s) => Err(STOPPED),
+            }
         }
     });
-    primary.add_event_handler(handler, HandlerOptions::durable(format!("{name}-deletes")))
+    DeleteHandler {
+        registration: primary.add_event_handler(handler, HandlerOptions::durable(format!("{name}-deletes"))),
+        stopping,
+    }
 }
 
 /// A primary object's reference, from its key.

@@ -569,14 +569,33 @@ pub(crate) async fn run_durable<K>(
             }
             continue;
         }
+        // Stopped mid-batch, the cursor keeps what was delivered (a restart tells it again
+        // otherwise), but not an entry whose call failed as the handler was being removed
+        // (the controller's delete hook, cut short by a shutdown): that one is told again.
+        let mut delivered = cursor;
         for entry in records {
             if *stop.borrow() {
-                return;
+                break;
             }
-            match entry {
+            let seq = entry.seq();
+            let handled = match entry {
                 LogEntry::Record(rec) => deliver(&ctx, &decode, &*handler, &label, rec).await,
-                LogEntry::Damaged(d) => damaged(&ctx, &decode, &*handler, &label, d, &stop).await,
+                LogEntry::Damaged(d) => {
+                    damaged(&ctx, &decode, &*handler, &label, d, &stop).await;
+                    true
+                }
+            };
+            if !handled && *stop.borrow() {
+                break;
             }
+            delivered = seq;
+        }
+        if *stop.borrow() {
+            if delivered > cursor {
+                persist(&ctx, &name, delivered).await;
+                progress.position.send_replace(delivered);
+            }
+            return;
         }
         cursor = scanned;
         persist(&ctx, &name, cursor).await;
@@ -602,8 +621,9 @@ async fn persist(ctx: &Ctx, name: &CursorName, cursor: Seq) {
     }
 }
 
-/// One log record, decoded, to a durable handler.
-async fn deliver<K>(ctx: &Ctx, decode: &Decode<K>, handler: &dyn EventHandler<K>, label: &str, rec: LogRecord)
+/// One log record, decoded, to a durable handler. False when the handler's call failed (a
+/// record it is not told of counts as handled).
+async fn deliver<K>(ctx: &Ctx, decode: &Decode<K>, handler: &dyn EventHandler<K>, label: &str, rec: LogRecord) -> bool
 where
     K: DeserializeOwned + Send + Sync + 'static,
 {
@@ -622,19 +642,19 @@ where
                     object,
                     initial: ctx.initial_list.borrow().contains(rec.seq, &rec.rv),
                 },
-                None => return,
+                None => return true,
             }
         }
         DeltaKind::Updated => {
             let (Some(new_bytes), old_bytes) = (rec.object.as_ref(), rec.old.as_ref()) else {
-                return;
+                return true;
             };
             // Same bytes (same RV): nothing changed for the handler.
             if old_bytes == Some(new_bytes) {
-                return;
+                return true;
             }
             let Some(new) = decode_or_report(new_bytes, &rec.rv) else {
-                return;
+                return true;
             };
             // The previous state left the retained log: old = new is the best there is.
             let old = old_bytes
@@ -653,12 +673,12 @@ where
                     object,
                     final_state_unknown: rec.final_state_unknown,
                 },
-                None => return,
+                None => return true,
             }
         }
-        DeltaKind::Sync => return,
+        DeltaKind::Sync => return true,
     };
-    call(&ctx.report, handler, label, ev).await;
+    call(&ctx.report, handler, label, ev).await
 }
 
 /// A damaged log entry: reported and skipped, so the cursor moves on. What the handler may
