@@ -98,8 +98,8 @@ impl Variant {
     }
 }
 
-const FINALIZER: &str = "samplecontroller.k8s.io/cleanup";
-const LABEL: &str = "samplecontroller.k8s.io/foo";
+pub const FINALIZER: &str = "samplecontroller.k8s.io/cleanup";
+pub const LABEL: &str = "samplecontroller.k8s.io/foo";
 
 pub struct Ctx {
     pub client: kube::Client,
@@ -115,7 +115,7 @@ fn err(e: impl std::fmt::Display) -> Error {
     Error(e.to_string())
 }
 
-fn deployment_for(foo: &Foo, name: Option<&str>, owned: bool) -> Deployment {
+pub fn deployment_for(foo: &Foo, name: Option<&str>, owned: bool) -> Deployment {
     let labels = BTreeMap::from([
         ("app".to_string(), "nginx".to_string()),
         (LABEL.to_string(), foo.name_any()),
@@ -317,17 +317,26 @@ async fn apply(foo: Arc<Foo>, ctx: &Ctx) -> Result<Action, Error> {
 }
 
 /// The Deployments labelled for each Foo in a state.
-fn children(deployments: &[Value]) -> BTreeMap<(String, String), Vec<String>> {
+fn children(deployments: &[Arc<Value>]) -> BTreeMap<(String, String), Vec<String>> {
     let mut out: BTreeMap<(String, String), Vec<String>> = BTreeMap::new();
     for d in deployments {
-        if let Some(owner) = d.pointer(&format!("/metadata/labels/{}", LABEL.replace('/', "~1"))) {
-            let ns = d["metadata"]["namespace"].as_str().unwrap_or("").to_string();
-            out.entry((ns, owner.as_str().unwrap_or("").to_string()))
+        if let Some((ns, owner, name)) = labelled(d) {
+            out.entry((ns.to_string(), owner.to_string()))
                 .or_default()
-                .push(d["metadata"]["name"].as_str().unwrap_or("").to_string());
+                .push(name.to_string());
         }
     }
     out
+}
+
+/// A Deployment's namespace, the Foo its label names, and its name.
+fn labelled(d: &Value) -> Option<(&str, &str, &str)> {
+    let owner = d["metadata"]["labels"][LABEL].as_str()?;
+    Some((
+        d["metadata"]["namespace"].as_str().unwrap_or(""),
+        owner,
+        d["metadata"]["name"].as_str().unwrap_or(""),
+    ))
 }
 
 /// The harness for `variant` over the Foo recording.
@@ -342,35 +351,41 @@ pub fn harness(variant: Variant, recording: &str) -> Result<Harness<Foo, Ctx, Er
         let owner = d.labels().get(LABEL).cloned();
         owner.map(|o| ObjectRef::new(&o).within(&d.namespace().unwrap_or_default()))
     })
-    .on_delete(on_delete)
-    .invariant("at most one Deployment per Foo", |w| {
-        for ((ns, foo), names) in children(&w.list("deployments.apps")) {
-            if names.len() > 1 {
-                return Err(format!("Foo {ns}/{foo} has Deployments {names:?}"));
+    .on_delete(on_delete);
+    Ok(checks(h))
+}
+
+/// The sample's checks: at most one Deployment per Foo after every write; at the end, each
+/// Foo has its Deployment and each Deployment its Foo.
+pub fn checks<C, E>(h: Harness<Foo, C, E>) -> Harness<Foo, C, E>
+where
+    C: Send + Sync + 'static,
+    E: std::fmt::Display + Send + 'static,
+{
+    h
+        // Checked after every write, from the Deployments changed since the last check.
+        .unique("at most one Deployment per Foo", "deployments.apps", |d| {
+            labelled(d).map(|(ns, foo, _)| format!("{ns}/{foo}"))
+        })
+        .eventually("every Deployment belongs to a Foo, every Foo has its Deployment", |w| {
+            let foos: Vec<Foo> = w.objects();
+            let kids = children(&w.list("deployments.apps"));
+            for ((ns, foo), names) in &kids {
+                if !foos
+                    .iter()
+                    .any(|f| f.namespace().as_deref() == Some(ns) && &f.name_any() == foo)
+                {
+                    return Err(format!("Deployments {names:?} of Foo {ns}/{foo}, which is gone"));
+                }
             }
-        }
-        Ok(())
-    })
-    .eventually("every Deployment belongs to a Foo, every Foo has its Deployment", |w| {
-        let foos: Vec<Foo> = w.objects();
-        let kids = children(&w.list("deployments.apps"));
-        for ((ns, foo), names) in &kids {
-            if !foos
-                .iter()
-                .any(|f| f.namespace().as_deref() == Some(ns) && &f.name_any() == foo)
-            {
-                return Err(format!("Deployments {names:?} of Foo {ns}/{foo}, which is gone"));
+            for f in &foos {
+                let key = (f.namespace().unwrap_or_default(), f.name_any());
+                if f.meta().deletion_timestamp.is_none() && !kids.contains_key(&key) {
+                    return Err(format!("Foo {}/{} has no Deployment", key.0, key.1));
+                }
             }
-        }
-        for f in &foos {
-            let key = (f.namespace().unwrap_or_default(), f.name_any());
-            if f.meta().deletion_timestamp.is_none() && !kids.contains_key(&key) {
-                return Err(format!("Foo {}/{} has no Deployment", key.0, key.1));
-            }
-        }
-        Ok(())
-    });
-    Ok(h)
+            Ok(())
+        })
 }
 
 #[allow(clippy::print_stdout)]

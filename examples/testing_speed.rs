@@ -1,10 +1,13 @@
 //! How fast the controller test harness runs: generates a recording of Foos with `EVENTS`
 //! changes (creates, scales, status messages from another party, deletes; seeded), then
 //! checks the sample controller (examples/testing_sample_controller.rs) with `SCHEDULES`
-//! sampled schedules and prints the rate. Build it in release for figures:
+//! sampled schedules on `THREADS` threads (default: the cores) and prints the rate. With
+//! `list`, it also checks a whole-state invariant after every write (listing every
+//! Deployment), whose cost grows with the live objects. Build it in release for figures:
 //!
 //! ```text
 //! cargo run --release --features testing --example testing_speed -- 10000 200
+//! cargo run --release --features testing --example testing_speed -- 10000 20 1 list
 //! ```
 
 #![allow(missing_docs)] // an example
@@ -75,10 +78,30 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut args = std::env::args().skip(1);
     let events: usize = args.next().map_or(Ok(10_000), |s| s.parse())?;
     let schedules: u64 = args.next().map_or(Ok(200), |s| s.parse())?;
+    let threads: Option<usize> = args.next().map(|s| s.parse()).transpose()?;
+    let list = args.next().as_deref() == Some("list");
     let dir = tempfile::tempdir()?;
     let path = dir.path().join("foos.jsonl");
     generate(&path, events, 42)?;
-    let h = sample::harness(sample::Variant::Correct, path.to_str().ok_or("path")?)?;
+    let mut h = sample::harness(sample::Variant::Correct, path.to_str().ok_or("path")?)?;
+    if let Some(n) = threads {
+        h = h.threads(n);
+    }
+    if list {
+        h = h.invariant("at most one Deployment per Foo (listed)", |w| {
+            let deployments = w.list("deployments.apps");
+            let mut seen = std::collections::HashSet::new();
+            for d in &deployments {
+                let labels = &d["metadata"]["labels"];
+                if let Some(foo) = labels[sample::LABEL].as_str() {
+                    if !seen.insert((d["metadata"]["namespace"].as_str(), foo)) {
+                        return Err(format!("two Deployments of Foo {foo}"));
+                    }
+                }
+            }
+            Ok(())
+        });
+    }
     let start = Instant::now();
     let result = h.check(schedules);
     let secs = start.elapsed().as_secs_f64();

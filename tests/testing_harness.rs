@@ -184,3 +184,55 @@ fn a_crash_between_create_and_status_is_found_at_its_boundary() {
         other => panic!("not found: {other:?}"),
     }
 }
+
+#[path = "../examples/testing_controller.rs"]
+#[allow(unreachable_pub)]
+mod shipped;
+
+/// The Foo controller built with this crate's `Controller` (examples/testing_controller.rs),
+/// run by the harness on a real redb file per lifetime.
+#[test]
+fn the_shipped_controller_passes_sampled_schedules() {
+    let report = shipped::harness(shipped::Bug::None, RECORDING)
+        .expect("harness")
+        .check(20)
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(report.schedules, 21, "{report}");
+    assert!(report.faults >= 20, "{report}");
+    // Every recorded change is a boundary; the controller reconciled the Foos.
+    assert!(
+        report.baseline_trace.matches("release ").count() >= 13,
+        "{}",
+        report.baseline_trace
+    );
+    assert!(report.reconciles > 13, "{report}");
+}
+
+#[test]
+fn a_planted_bug_in_the_shipped_controller_is_found_after_a_restart_from_its_database() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let h = shipped::harness(shipped::Bug::CrashCreate, RECORDING)
+        .expect("harness")
+        .save_to(dir.path(), "shipped-crash-create");
+    let f = match h.check_every_boundary() {
+        Err(HarnessError::Failed(f)) => f,
+        other => panic!("not found: {other:?}"),
+    };
+    assert_eq!(f.oracle, Oracle::Invariant, "{f}");
+    assert!(
+        matches!(
+            f.schedule.faults.as_slice(),
+            [Fault::CrashAfterWrite {
+                restart: Restart::FromDatabase,
+                ..
+            }]
+        ),
+        "{f}"
+    );
+    // The second lifetime opened the first one's database file again.
+    let trace = f.trace_tail.join("\n");
+    assert!(trace.contains("start controller FromDatabase: database 1"), "{trace}");
+    // The same schedule fails the same way again.
+    let (_, again) = h.run(&f.schedule).expect("run");
+    assert_eq!(again.map(|a| a.oracle), Some(Oracle::Invariant));
+}

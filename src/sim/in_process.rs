@@ -99,25 +99,50 @@ impl Sim {
             .collect())
     }
 
-    /// What the harness's garbage collector must look at after revision `after`: whether any
-    /// object was deleted (its dependents may be orphans now), and the objects created since
-    /// that name owners (their owners may be gone already), with their resource.
-    pub(crate) fn gc_changes_since(&self, after: u64) -> (bool, Vec<(String, Value)>) {
+    /// What the harness's garbage collector must look at after revision `after`: the objects
+    /// deleted (resource, namespace, name: their dependents may be orphans now), and the
+    /// objects created or changed since that name owners (their owners may be gone already),
+    /// with their resource.
+    #[allow(clippy::type_complexity)]
+    pub(crate) fn gc_changes_since(&self, after: u64) -> (Vec<(String, Option<String>, String)>, Vec<(String, Value)>) {
         let st = self.shared.lock();
         let i = st.history.partition_point(|e| e.rv <= after);
-        let mut deleted = false;
-        let mut added = Vec::new();
+        let mut deleted = Vec::new();
+        let mut owning = Vec::new();
         for e in st.history.range(i..) {
+            let res = || st.resources.get(e.res).map(|d| d.resource_group()).unwrap_or_default();
             match e.kind.as_str() {
-                "DELETED" => deleted = true,
-                "ADDED" if memchr::memmem::find(&e.obj.full, b"\"ownerReferences\"").is_some() => {
-                    let res = st.resources.get(e.res).map(|d| d.resource_group()).unwrap_or_default();
-                    added.push((res, e.obj.value()));
+                "DELETED" => {
+                    let ns = (!e.obj.ns.is_empty()).then(|| e.obj.ns.clone());
+                    deleted.push((res(), ns, e.obj.name.clone()));
+                }
+                _ if memchr::memmem::find(&e.obj.full, b"\"ownerReferences\"").is_some() => {
+                    owning.push((res(), e.obj.value()));
                 }
                 _ => {}
             }
         }
-        (deleted, added)
+        (deleted, owning)
+    }
+
+    /// An object's uid and whether it is terminating (`deletionTimestamp` set), without
+    /// parsing it unless it may be; `None` when it does not exist.
+    pub(crate) fn uid_of(&self, resource: &str, ns: Option<&str>, name: &str) -> Result<Option<(String, bool)>> {
+        let st = self.shared.lock();
+        let res = self.resource(&st, resource)?;
+        Ok(st.get(res, ns, name).ok().map(|o| {
+            let terminating = memchr::memmem::find(&o.full, b"\"deletionTimestamp\"").is_some()
+                && o.value().pointer("/metadata/deletionTimestamp").is_some();
+            (o.uid.clone(), terminating)
+        }))
+    }
+
+    /// The current objects of `resource` in key order, unparsed: each version's revision
+    /// (global, so it names the version) and its JSON. The harness parses each version once.
+    pub(crate) fn objects_raw(&self, resource: &str) -> Result<Vec<(u64, bytes::Bytes)>> {
+        let st = self.shared.lock();
+        let res = self.resource(&st, resource)?;
+        Ok(st.objects[res].values().map(|o| (o.rv, o.full.clone())).collect())
     }
 
     /// The objects of `resource` at revision `rv` (the current state when `rv` is the current

@@ -2,7 +2,7 @@
 //! on the test's runtime and clock, and watches every request for the oracles (what the
 //! controller read, lost updates, invariants after each write, a crash right after a write).
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::convert::Infallible;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::task::{Context, Poll};
@@ -11,11 +11,12 @@ use bytes::Bytes;
 use futures::future::BoxFuture;
 use futures::FutureExt;
 use http::{Method, Request, Response};
+use http_body_util::combinators::UnsyncBoxBody;
 use http_body_util::{BodyExt, Full};
 use serde_json::Value;
 
 use super::oracle::lost_update;
-use super::{Failure, Invariant, Oracle, World};
+use super::{Failure, Invariant, Oracle, Parsed, Reconciled, Unique, World};
 use crate::sim::Sim;
 
 /// The key of an object in the harness's maps: `resource|namespace|name`.
@@ -59,6 +60,17 @@ pub(crate) struct RunShared {
     pub invariants: Arc<Vec<Invariant>>,
     /// Check for lost updates.
     pub check_lost_updates: bool,
+    /// The revision the invariants last held at (the state has not changed since).
+    pub checked_rv: Option<u64>,
+    /// The [`Harness::unique`](super::Harness::unique) invariants' indexes.
+    pub uniques: Vec<UniqueIndex>,
+    pub parsed: Arc<Parsed>,
+    /// Requests answered and watch chunks sent (controller mode: is the controller idle?).
+    pub served: u64,
+    /// Requests being answered (a watch counts only while it starts).
+    pub inflight: u64,
+    /// What the controller's `run` stream reported (controller mode).
+    pub reconciled: Vec<Reconciled>,
 }
 
 impl RunShared {
@@ -75,6 +87,12 @@ impl RunShared {
             failure: None,
             invariants,
             check_lost_updates,
+            checked_rv: None,
+            uniques: Vec::new(),
+            parsed: Arc::default(),
+            served: 0,
+            inflight: 0,
+            reconciled: Vec::new(),
         }
     }
 
@@ -98,17 +116,99 @@ pub(crate) fn lock(m: &Mutex<RunShared>) -> MutexGuard<'_, RunShared> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
-/// Runs the invariants against the server's state; the first broken one fails the run.
+/// Runs the invariants against the server's state; the first broken one fails the run. A
+/// state they already held at (a reconcile that wrote nothing) is not checked again.
 pub(crate) fn check_invariants(sim: &Sim, shared: &mut RunShared, after: &str) {
-    if shared.failure.is_some() {
+    let rv = sim.current_rv();
+    if shared.failure.is_some() || shared.checked_rv == Some(rv) {
         return;
     }
-    let world = World { sim };
+    let broken = shared.uniques.iter_mut().find_map(|u| {
+        u.update(sim)
+            .err()
+            .map(|e| format!("{:?} broken after {after}: {e}", u.spec.name))
+    });
+    if let Some(detail) = broken {
+        shared.fail(Oracle::Invariant, detail);
+        return;
+    }
+    let parsed = shared.parsed.clone();
+    let world = World { sim, parsed: &parsed };
     for inv in shared.invariants.clone().iter() {
         if let Err(e) = (inv.check)(&world) {
             shared.fail(Oracle::Invariant, format!("{:?} broken after {after}: {e}", inv.name));
             return;
         }
+    }
+    shared.checked_rv = Some(rv);
+}
+
+/// The index of one [`Harness::unique`](super::Harness::unique) invariant: which key each
+/// object holds, and which objects hold each key.
+pub(crate) struct UniqueIndex {
+    pub spec: Unique,
+    /// The revision the index is at.
+    at: u64,
+    key_of: HashMap<String, String>,
+    holders: HashMap<String, BTreeSet<String>>,
+}
+
+impl UniqueIndex {
+    pub(crate) fn new(spec: Unique) -> Self {
+        Self {
+            spec,
+            at: 0,
+            key_of: HashMap::new(),
+            holders: HashMap::new(),
+        }
+    }
+
+    fn set(&mut self, object: String, key: Option<String>, touched: &mut BTreeSet<String>) {
+        if let Some(old) = self.key_of.remove(&object) {
+            if let Some(h) = self.holders.get_mut(&old) {
+                h.remove(&object);
+            }
+        }
+        if let Some(k) = key {
+            self.holders.entry(k.clone()).or_default().insert(object.clone());
+            touched.insert(k.clone());
+            self.key_of.insert(object, k);
+        }
+    }
+
+    /// Takes in the changes since the last call (everything again after a compaction) and
+    /// fails when a key they touched has more than one holder.
+    fn update(&mut self, sim: &Sim) -> Result<(), String> {
+        let now = sim.current_rv();
+        let name = |v: &Value| key_of_value("", v).trim_start_matches('|').replace('|', "/");
+        let mut touched = BTreeSet::new();
+        match sim.events_after(&self.spec.resource, self.at, usize::MAX) {
+            Ok(events) => {
+                for ev in events {
+                    let key = if ev.kind == "DELETED" {
+                        None
+                    } else {
+                        (self.spec.key)(&ev.object)
+                    };
+                    self.set(name(&ev.object), key, &mut touched);
+                }
+            }
+            Err(_) => {
+                self.key_of.clear();
+                self.holders.clear();
+                for o in sim.objects_at(&self.spec.resource, now).unwrap_or_default() {
+                    let key = (self.spec.key)(&o);
+                    self.set(name(&o), key, &mut touched);
+                }
+            }
+        }
+        self.at = now;
+        for k in touched {
+            if let Some(h) = self.holders.get(&k).filter(|h| h.len() > 1) {
+                return Err(format!("{} {:?} hold the same key {k:?}", self.spec.resource, h));
+            }
+        }
+        Ok(())
     }
 }
 
@@ -150,7 +250,7 @@ pub(crate) struct InProcess {
 }
 
 impl tower::Service<Request<kube::client::Body>> for InProcess {
-    type Response = Response<Full<Bytes>>;
+    type Response = Response<UnsyncBoxBody<Bytes, std::io::Error>>;
     type Error = Infallible;
     type Future = BoxFuture<'static, Result<Self::Response, Infallible>>;
 
@@ -165,28 +265,39 @@ impl tower::Service<Request<kube::client::Body>> for InProcess {
 }
 
 impl InProcess {
-    async fn serve(self, req: Request<kube::client::Body>) -> Response<Full<Bytes>> {
+    async fn serve(self, req: Request<kube::client::Body>) -> Response<UnsyncBoxBody<Bytes, std::io::Error>> {
         let (parts, body) = req.into_parts();
+        let watch = parts.method == Method::GET
+            && parts
+                .uri
+                .query()
+                .is_some_and(|q| q.split('&').any(|kv| kv == "watch=true" || kv == "watch=1"));
+        if watch {
+            return self.watch(parts, body).await;
+        }
+        lock(&self.shared).inflight += 1;
         let body = body.collect().await.map(|b| b.to_bytes()).unwrap_or_default();
         let method = parts.method.clone();
         let path = parts.uri.path().to_string();
         let write = matches!(method, Method::POST | Method::PUT | Method::PATCH | Method::DELETE);
         let target = target(&path);
-        let before = match (&target, write) {
-            (Some((res, ns, Some(name))), true) => self.sim.get(res, ns.as_deref(), name).ok(),
-            _ => None,
-        };
         let sent: Option<Value> = serde_json::from_slice(&body).ok();
         let precondition = sent.as_ref().is_some_and(|b| {
             b.pointer("/metadata/resourceVersion")
                 .and_then(Value::as_str)
                 .is_some_and(|s| !s.is_empty())
         });
+        // The state before the write: only the lost-update check needs it.
+        let unguarded = matches!(method, Method::PUT | Method::PATCH) && !precondition;
+        let before = match (&target, unguarded && lock(&self.shared).check_lost_updates) {
+            (Some((res, ns, Some(name))), true) => self.sim.get(res, ns.as_deref(), name).ok(),
+            _ => None,
+        };
         let resp = self.sim.handle(Request::from_parts(parts, Full::new(body))).await;
         let (rparts, rbody) = resp.into_parts();
         let rbytes = rbody.collect().await.map(|b| b.to_bytes()).unwrap_or_default();
         let code = rparts.status.as_u16();
-        let answer: Option<Value> = serde_json::from_slice(&rbytes).ok();
+        let mut answer: Option<Value> = serde_json::from_slice(&rbytes).ok();
         let crash = {
             let mut sh = lock(&self.shared);
             let ok = (200..300).contains(&code);
@@ -212,13 +323,13 @@ impl InProcess {
                 sh.trace
                     .push(format!("  write #{n} {method} {what}{status} -> {code} rv={rv}"));
                 if ok {
-                    if let (Some((res, _, _)), Some(after)) = (&target, &answer) {
+                    if let (Some((res, _, _)), Some(after)) = (&target, answer.take()) {
                         sh.controller_rvs.insert(rv);
-                        let key = key_of_value(res, after);
+                        let key = key_of_value(res, &after);
                         if sh.check_lost_updates && !precondition && matches!(method, Method::PUT | Method::PATCH) {
                             if let (Some(seen), Some(before)) = (sh.read.get(&key).cloned(), &before) {
                                 let own = sh.own.get(&key).cloned();
-                                let lost = lost_update(&seen, before, after, own.as_deref());
+                                let lost = lost_update(&seen, before, &after, own.as_deref());
                                 if !lost.is_empty() {
                                     let detail = format!(
                                         "write #{n} {method} {what}{status} changed {lost:?}, which had changed since the controller read it at resourceVersion {} (server was at {})",
@@ -229,7 +340,7 @@ impl InProcess {
                                 }
                             }
                         }
-                        sh.own.insert(key, Arc::new(after.clone()));
+                        sh.own.insert(key, Arc::new(after));
                     }
                     check_invariants(&self.sim, &mut sh, &format!("write #{n}"));
                 }
@@ -258,7 +369,48 @@ impl InProcess {
             // The process is gone: the answer never arrives.
             futures::future::pending::<()>().await;
         }
-        Response::from_parts(rparts, Full::new(rbytes))
+        {
+            let mut sh = lock(&self.shared);
+            sh.inflight = sh.inflight.saturating_sub(1);
+            sh.served += 1;
+        }
+        Response::from_parts(rparts, Full::new(rbytes).map_err(|never| match never {}).boxed_unsync())
+    }
+
+    /// A watch (controller mode: the controller's own informers): streamed as the server
+    /// sends it; each event is what the controller read, and each chunk counts as activity.
+    async fn watch(
+        self,
+        parts: http::request::Parts,
+        body: kube::client::Body,
+    ) -> Response<UnsyncBoxBody<Bytes, std::io::Error>> {
+        let body = body.collect().await.map(|b| b.to_bytes()).unwrap_or_default();
+        let resource = target(parts.uri.path()).map(|t| t.0).unwrap_or_default();
+        let resp = self.sim.handle(Request::from_parts(parts, Full::new(body))).await;
+        let shared = self.shared.clone();
+        let mut partial: Vec<u8> = Vec::new();
+        lock(&shared).served += 1;
+        resp.map(move |b| {
+            b.map_frame(move |f| {
+                if let Some(d) = f.data_ref() {
+                    partial.extend_from_slice(d);
+                    let mut sh = lock(&shared);
+                    sh.served += 1;
+                    while let Some(i) = partial.iter().position(|c| *c == b'\n') {
+                        let line: Vec<u8> = partial.drain(..=i).collect();
+                        let Ok(ev) = serde_json::from_slice::<Value>(&line) else {
+                            continue;
+                        };
+                        let kind = ev.get("type").and_then(Value::as_str).unwrap_or("");
+                        if let (Some(o), true) = (ev.get("object"), matches!(kind, "ADDED" | "MODIFIED" | "DELETED")) {
+                            sh.saw(key_of_value(&resource, o), Arc::new(o.clone()));
+                        }
+                    }
+                }
+                f
+            })
+            .boxed_unsync()
+        })
     }
 }
 

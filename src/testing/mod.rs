@@ -88,7 +88,13 @@ use serde_json::Value;
 pub use recording::Recording;
 pub use schedule::{Fault, FaultKinds, Restart, Schedule};
 
+use crate::controller::Controller;
+use crate::object::ObjectKey;
+use crate::queue::WorkQueue;
 use crate::sim::{ResourceDef, Sim};
+use crate::store::DurableStore;
+use futures::stream::BoxStream;
+use futures::StreamExt;
 
 /// Errors setting up or running the harness (not a controller's failure: see [`Failure`]).
 #[derive(Debug, thiserror::Error)]
@@ -267,6 +273,7 @@ impl fmt::Display for Report {
 pub struct Env {
     client: kube::Client,
     stores: HashMap<TypeId, Box<dyn Any + Send + Sync>>,
+    db: Option<Arc<DurableStore>>,
 }
 
 impl Env {
@@ -275,13 +282,21 @@ impl Env {
         self.client.clone()
     }
 
+    /// The database the controller runs on, in controller mode ([`Harness::for_controller`]):
+    /// a real redb file, which a crash leaves behind and a restart opens again. `None` for
+    /// a reconcile function the harness drives itself.
+    pub fn database(&self) -> Option<Arc<DurableStore>> {
+        self.db.clone()
+    }
+
     /// The cache of an informer the harness runs (the primary resource, or one added with
     /// [`Harness::owns`] or [`Harness::watches`]); the harness decides when it sees each
     /// event.
     ///
     /// # Panics
     ///
-    /// When no informer of `T` was added: a mistake in the test's setup.
+    /// When no informer of `T` was added, and always in controller mode (the controller's
+    /// informers are its own there): a mistake in the test's setup.
     pub fn store<T: Resource + Clone + 'static>(&self) -> Store<T>
     where
         T::DynamicType: Eq + std::hash::Hash + Clone,
@@ -302,21 +317,44 @@ impl Env {
 /// The simulated server's state, for invariants.
 pub struct World<'a> {
     pub(crate) sim: &'a Sim,
+    pub(crate) parsed: &'a Parsed,
 }
+
+/// Object versions already parsed, by resource and revision (a revision names one version):
+/// an invariant that lists a resource after every write parses only what changed.
+#[derive(Default)]
+pub(crate) struct Parsed(std::sync::Mutex<HashMap<String, HashMap<u64, Arc<Value>>>>);
 
 impl World<'_> {
     /// The objects of `resource` (`pods`, `deployments.apps`, `foos.samplecontroller.k8s.io`)
-    /// in key order; none for an unknown resource.
-    pub fn list(&self, resource: &str) -> Vec<Value> {
-        let rv = self.sim.current_rv();
-        self.sim.objects_at(resource, rv).unwrap_or_default()
+    /// in key order; none for an unknown resource. Each version is parsed once per run.
+    pub fn list(&self, resource: &str) -> Vec<Arc<Value>> {
+        let Ok(raw) = self.sim.objects_raw(resource) else {
+            return Vec::new();
+        };
+        let mut cache = self.parsed.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let old = cache.remove(resource).unwrap_or_default();
+        let mut now = HashMap::with_capacity(raw.len());
+        let out = raw
+            .into_iter()
+            .map(|(rv, json)| {
+                let v = old
+                    .get(&rv)
+                    .cloned()
+                    .unwrap_or_else(|| Arc::new(serde_json::from_slice(&json).unwrap_or(Value::Null)));
+                now.insert(rv, v.clone());
+                v
+            })
+            .collect();
+        cache.insert(resource.to_string(), now);
+        out
     }
 
     /// The objects of type `T`; one that does not decode as `T` is skipped.
     pub fn objects<T: Resource<DynamicType = ()> + DeserializeOwned>(&self) -> Vec<T> {
         self.list(&sim_resource::<T>())
-            .into_iter()
-            .filter_map(|v| serde_json::from_value(v).ok())
+            .iter()
+            .filter_map(|v| T::deserialize(&**v).ok())
             .collect()
     }
 
@@ -334,6 +372,17 @@ pub(crate) type CheckFn = Arc<dyn Fn(&World<'_>) -> Result<(), String> + Send + 
 pub(crate) struct Invariant {
     pub name: String,
     pub check: CheckFn,
+}
+
+/// Which key an object holds, for [`Harness::unique`].
+pub(crate) type KeyFn = Arc<dyn Fn(&Value) -> Option<String> + Send + Sync>;
+
+/// "No two objects of `resource` share a key", kept up to date from the changes.
+#[derive(Clone)]
+pub(crate) struct Unique {
+    pub name: String,
+    pub resource: String,
+    pub key: KeyFn,
 }
 
 /// The simulated server's name of `T`'s resource.
@@ -444,6 +493,29 @@ where
     }
 }
 
+/// What the controller's `run` stream reported, in controller mode.
+pub(crate) enum Reconciled {
+    /// Reconciled (the object).
+    Ok(String),
+    /// The reconcile returned an error (the object, the error).
+    Failed(String, String),
+    /// The reconcile panicked (the object, the message).
+    Panicked(String, String),
+    /// Anything else the stream said.
+    Other(String),
+}
+
+/// Builds and runs the user's controller on a database and a client, with a context.
+pub(crate) type ControllerFn<Ctx> = Arc<
+    dyn Fn(&Arc<DurableStore>, kube::Client, Arc<Ctx>) -> (WorkQueue<ObjectKey>, BoxStream<'static, Reconciled>)
+        + Send
+        + Sync,
+>;
+
+/// Errors retried by the controller's error policy come back at once in controller mode
+/// (the harness runs it on real time): at most this long.
+const CONTROLLER_RETRY: Duration = Duration::from_millis(20);
+
 type ReconcileFn<K, Ctx, E> = Arc<dyn Fn(Arc<K>, Arc<Ctx>) -> BoxFuture<'static, Result<Action, E>> + Send + Sync>;
 type ErrorPolicyFn<K, Ctx, E> = Arc<dyn Fn(Arc<K>, &E, Arc<Ctx>) -> Action + Send + Sync>;
 type DeleteFn<K, Ctx> = Arc<dyn Fn(Arc<K>, Arc<Ctx>) -> BoxFuture<'static, ()> + Send + Sync>;
@@ -458,6 +530,7 @@ pub struct Harness<K, Ctx, E> {
     pub(crate) resources: Vec<ResourceDef>,
     pub(crate) watches: Vec<WatchSpec>,
     pub(crate) invariants: Vec<Invariant>,
+    pub(crate) uniques: Vec<Unique>,
     pub(crate) eventually: Vec<Invariant>,
     pub(crate) volatile: Vec<String>,
     pub(crate) quiet: Duration,
@@ -469,6 +542,9 @@ pub struct Harness<K, Ctx, E> {
     pub(crate) garbage_collector: bool,
     pub(crate) save_dir: Option<PathBuf>,
     pub(crate) name: String,
+    pub(crate) threads: usize,
+    /// Controller mode: the user's `Controller`, built and run by the harness.
+    pub(crate) controller: Option<ControllerFn<Ctx>>,
 }
 
 impl<K, Ctx, E> Harness<K, Ctx, E>
@@ -505,6 +581,7 @@ where
             resources: Vec::new(),
             watches: vec![primary],
             invariants: Vec::new(),
+            uniques: Vec::new(),
             eventually: Vec::new(),
             volatile: Vec::new(),
             quiet: Duration::from_secs(600),
@@ -520,6 +597,8 @@ where
                 .next()
                 .unwrap_or("controller")
                 .to_lowercase(),
+            threads: std::thread::available_parallelism().map_or(1, usize::from),
+            controller: None,
         }
     }
 
@@ -615,6 +694,36 @@ where
         self
     }
 
+    /// An invariant that no two objects of `resource` hold the same key (`None`: no key),
+    /// checked when [`invariant`](Self::invariant)s are: Sieve's duplicate objects, such as
+    /// "at most one Deployment per Foo" with the Foo a label or owner reference names. It is
+    /// kept up to date from the objects changed since the last check, so its cost does not
+    /// grow with the number of objects, as an `invariant` that lists them all does.
+    ///
+    /// ```no_run
+    /// # use durable_informer::testing::Harness;
+    /// # fn f<K: kube::Resource<DynamicType = ()> + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + Sync + 'static, C: Send + Sync + 'static>(h: Harness<K, C, kube::Error>) -> Harness<K, C, kube::Error> where K::Scope: 'static {
+    /// h.unique("at most one Deployment per Foo", "deployments.apps", |d| {
+    ///     let foo = d.pointer("/metadata/labels/foo")?.as_str()?;
+    ///     Some(format!("{}/{foo}", d.pointer("/metadata/namespace")?.as_str()?))
+    /// })
+    /// # }
+    /// ```
+    #[must_use]
+    pub fn unique(
+        mut self,
+        name: &str,
+        resource: &str,
+        key: impl Fn(&Value) -> Option<String> + Send + Sync + 'static,
+    ) -> Self {
+        self.uniques.push(Unique {
+            name: name.to_string(),
+            resource: resource.to_string(),
+            key: Arc::new(key),
+        });
+        self
+    }
+
     /// An invariant checked once, at the end, after the recording and the quiet period.
     #[must_use]
     pub fn eventually(
@@ -698,6 +807,15 @@ where
         self
     }
 
+    /// How many schedules a check runs at once, each on its own thread and runtime (default:
+    /// the machine's cores). The result does not depend on it: the first failing schedule in
+    /// seed order is the one reported.
+    #[must_use]
+    pub fn threads(mut self, n: usize) -> Self {
+        self.threads = n.max(1);
+        self
+    }
+
     /// Runs one schedule and returns its trace, and its failure if it failed.
     pub fn run(&self, schedule: &Schedule) -> Result<(String, Option<Failure>), HarnessError> {
         let out = run::run_schedule(self, schedule)?;
@@ -726,5 +844,106 @@ where
     /// checks that it gives the saved trace byte for byte and fails the same way.
     pub fn replay(&self, saved: impl AsRef<Path>) -> Result<Failure, HarnessError> {
         run::replay(self, saved.as_ref())
+    }
+}
+
+impl<K, Ctx, E> Harness<K, Ctx, E>
+where
+    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + fmt::Debug + Send + Sync + 'static,
+    K::Scope: 'static,
+    Ctx: Send + Sync + 'static,
+    E: std::error::Error + Send + 'static,
+{
+    /// A harness for the [`Controller`] you ship: `build` makes it from a database and a
+    /// client (the function your `main` calls too, with `owns`, `watches`, predicates and
+    /// settings), and the harness runs it with `reconcile`, `error_policy` and the context
+    /// `context` builds. Its informers watch the simulated server and keep their caches in a
+    /// real redb database file ([`Env::database`]): a crash drops the controller and its
+    /// tasks, and the restart opens the same file again (its watches resume from what it
+    /// holds), or a new one for an empty restart.
+    ///
+    /// The controller's own tasks decide the order of its work here, not the harness: each
+    /// step releases one recorded change and waits until the controller is idle (its queue
+    /// empty, no request in flight, nothing sent for a few milliseconds of real time). The
+    /// faults injected at those boundaries are crashes (from the database, empty), a crash
+    /// right after a write, and a relist (every watch ends with 410); the others are traced
+    /// and skipped. Retries the error policy asks for come back at once (20 ms at most);
+    /// requeues of successful reconciles do not fire (the run is on real time). Two runs of a
+    /// schedule give the same boundaries; the order of writes within one may differ when
+    /// several reconciles run at once.
+    ///
+    /// ```no_run
+    /// use std::sync::Arc;
+    /// use std::time::Duration;
+    /// use durable_informer::controller::{Action, Controller};
+    /// use durable_informer::store::DurableStore;
+    /// use durable_informer::testing::{Env, Harness, Recording};
+    /// use k8s_openapi::api::core::v1::ConfigMap;
+    /// use kube::Api;
+    ///
+    /// /// The controller as `main` builds it.
+    /// fn controller(db: &Arc<DurableStore>, client: kube::Client) -> Controller<ConfigMap> {
+    ///     Controller::new(db, Api::all(client), Default::default())
+    /// }
+    /// async fn reconcile(_: Arc<ConfigMap>, _: Arc<kube::Client>) -> Result<Action, kube::Error> {
+    ///     Ok(Action::await_change())
+    /// }
+    /// fn error_policy(_: Arc<ConfigMap>, _: &kube::Error, _: Arc<kube::Client>) -> Action {
+    ///     Action::requeue(Duration::from_secs(5))
+    /// }
+    ///
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// Harness::for_controller(controller, reconcile, error_policy, |env: &Env| env.client())
+    ///     .recording(Recording::open("tests/data/recordings/configmaps.jsonl")?)
+    ///     .check(50)?;
+    /// # Ok(()) }
+    /// ```
+    pub fn for_controller<B, R, RF, P, C>(build: B, reconcile: R, error_policy: P, context: C) -> Self
+    where
+        B: Fn(&Arc<DurableStore>, kube::Client) -> Controller<K> + Send + Sync + 'static,
+        R: Fn(Arc<K>, Arc<Ctx>) -> RF + Send + Sync + 'static,
+        RF: Future<Output = Result<Action, E>> + Send + 'static,
+        P: Fn(Arc<K>, &E, Arc<Ctx>) -> Action + Send + Sync + 'static,
+        C: Fn(&Env) -> Ctx + Send + Sync + 'static,
+    {
+        let mut h = Self::new(reconcile, error_policy, context);
+        let (rec, pol) = (h.reconcile.clone(), h.error_policy.clone());
+        h.controller = Some(Arc::new(move |db, client, ctx| {
+            let c = build(db, client);
+            let queue = c.queue();
+            let (rec, pol) = (rec.clone(), pol.clone());
+            let stream = c
+                .run(
+                    move |k, c| rec(k, c),
+                    move |k, e: &E, c| {
+                        let a = pol(k, e, c);
+                        match run::requeue_after(&a) {
+                            Some(d) if d > CONTROLLER_RETRY => Action::requeue(CONTROLLER_RETRY),
+                            _ => a,
+                        }
+                    },
+                    ctx,
+                )
+                .map(|r| {
+                    use crate::controller::Error;
+                    match r {
+                        Ok((o, _)) => Reconciled::Ok(o.to_string()),
+                        Err(Error::ReconcilerFailed(e, o)) => Reconciled::Failed(o.to_string(), e.to_string()),
+                        Err(Error::ReconcilerPanicked(m, o)) => Reconciled::Panicked(o.to_string(), m),
+                        Err(e) => Reconciled::Other(e.to_string()),
+                    }
+                })
+                .boxed();
+            (queue, stream)
+        }));
+        h.kinds = FaultKinds {
+            crash: true,
+            crash_after_write: true,
+            time_travel: false,
+            delay: false,
+            relist: true,
+            duplicate: false,
+        };
+        h
     }
 }

@@ -5,6 +5,8 @@ use std::sync::Arc;
 
 use serde_json::Value;
 
+use super::oracle::merge_diff;
+use super::run::world_body;
 use super::HarnessError;
 use crate::replay::{plural_of, RecordingReader};
 use crate::source::WatchEvent;
@@ -38,6 +40,10 @@ pub(crate) struct WorldEvent {
     pub rv: Option<u64>,
     /// `file:line`, for the trace and error messages.
     pub origin: String,
+    /// For a change: the merge patch from the recorded previous version of the object
+    /// (the whole object without a previous one; `None`: nothing changed). Computed once
+    /// here, not in every schedule.
+    pub patch: Option<Arc<Value>>,
 }
 
 /// A recording read for the harness: the state it starts with and the changes after it.
@@ -83,6 +89,8 @@ impl Recording {
         let mut initial = Vec::new();
         let mut events = Vec::new();
         let mut in_initial = true;
+        // The last recorded version of each object, for the changes' patches.
+        let mut prev: std::collections::HashMap<(Option<String>, String), Arc<Value>> = Default::default();
         for ev in reader {
             let ev = ev.map_err(|e| HarnessError::Recording(e.to_string()))?;
             let origin = format!("{}:{}", path.display(), ev.line);
@@ -111,12 +119,31 @@ impl Recording {
                 .pointer("/metadata/resourceVersion")
                 .and_then(Value::as_str)
                 .and_then(|s| s.parse().ok());
+            let object = Arc::new(object);
+            let id = (
+                object
+                    .pointer("/metadata/namespace")
+                    .and_then(Value::as_str)
+                    .map(str::to_owned),
+                object
+                    .pointer("/metadata/name")
+                    .and_then(Value::as_str)
+                    .unwrap_or("")
+                    .to_string(),
+            );
+            let patch = match (change, prev.get(&id)) {
+                (Change::Modified, Some(p)) => merge_diff(&world_body(p), &world_body(&object)).map(Arc::new),
+                (Change::Modified, None) => Some(Arc::new(world_body(&object))),
+                _ => None,
+            };
+            prev.insert(id, object.clone());
             let we = WorldEvent {
                 resource: resource.clone().unwrap_or_default(),
                 change,
-                object: Arc::new(object),
+                object,
                 rv,
                 origin,
+                patch,
             };
             if in_initial && change == Change::Added {
                 initial.push(we);

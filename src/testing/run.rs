@@ -2,11 +2,11 @@
 //! controller's lifetimes, the faults and the oracles; and the check loop around it
 //! (baseline, sampling, shrinking, saving, replay).
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
 use std::fmt;
 use std::panic::AssertUnwindSafe;
 use std::path::Path;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use futures::FutureExt;
@@ -19,14 +19,16 @@ use serde::de::DeserializeOwned;
 use serde_json::{json, Value};
 use tokio::time::Instant;
 
-use super::client::{check_invariants, key_of_value, lock, object_key, rv_of, InProcess, RunShared};
-use super::oracle::{differing, merge_diff, normalize};
+use super::client::{check_invariants, key_of_value, lock, object_key, rv_of, InProcess, RunShared, UniqueIndex};
+use super::oracle::{differing, normalize};
 use super::recording::{merge, Change, WorldEvent};
 use super::schedule::{sample, save, Extent, Saved};
 use super::{
     Env, Failure, Fault, Feed, Harness, HarnessError, Oracle, Recording, Report, Restart, Schedule, WatchSpec, World,
 };
 use crate::sim::{HistoryEvent, Sim, SimConfig};
+
+mod controller;
 
 /// Virtual time per step: requeue timers interleave with the recorded changes.
 const STEP: Duration = Duration::from_millis(10);
@@ -50,6 +52,9 @@ pub(crate) struct Outcome {
 
 /// A primary object's key.
 type Key = (Option<String>, String);
+
+/// An object the garbage collector may delete: resource, namespace, name.
+type Dependent = (String, Option<String>, String);
 
 fn show(k: &Key) -> String {
     match &k.0 {
@@ -83,7 +88,11 @@ struct Lifetime<K: Resource<DynamicType = ()> + Clone + 'static, Ctx> {
     ctx: Option<Arc<Ctx>>,
     primary: Store<K>,
     queue: VecDeque<Key>,
+    /// What `queue` holds (a key is queued once).
+    queued: HashSet<Key>,
     timers: BTreeMap<(Instant, u64), Key>,
+    /// Each key's timer in `timers` (one per key).
+    timer_of: HashMap<Key, (Instant, u64)>,
     /// Reconciles of each object since a change from the world.
     counts: HashMap<Key, u32>,
 }
@@ -104,7 +113,7 @@ fn panic_message(p: &(dyn std::any::Any + Send)) -> String {
 
 /// Parses the requeue delay out of kube's `Action`, which keeps it private (its `Debug` is
 /// `Action { requeue_after: Some(5s) }`).
-fn requeue_after(a: &Action) -> Option<Duration> {
+pub(crate) fn requeue_after(a: &Action) -> Option<Duration> {
     if *a == Action::await_change() {
         return None;
     }
@@ -125,7 +134,7 @@ fn requeue_after(a: &Action) -> Option<Duration> {
 }
 
 /// An object with the fields only the server sets removed (what the world "sends").
-fn world_body(v: &Value) -> Value {
+pub(crate) fn world_body(v: &Value) -> Value {
     let mut v = v.clone();
     if let Some(m) = v.get_mut("metadata").and_then(Value::as_object_mut) {
         for k in [
@@ -161,8 +170,6 @@ struct Run<'h, K: Resource<DynamicType = ()> + Clone + 'static, Ctx, E> {
     shared: Arc<Mutex<RunShared>>,
     rng: ChaCha8Rng,
     world: VecDeque<WorldEvent>,
-    /// The recorded previous version of each object (changes are applied as its diff).
-    world_prev: HashMap<String, Arc<Value>>,
     informers: Vec<Informer>,
     life: Lifetime<K, Ctx>,
     step: u64,
@@ -176,6 +183,12 @@ struct Run<'h, K: Resource<DynamicType = ()> + Clone + 'static, Ctx, E> {
     compared: BTreeSet<String>,
     /// The revision up to which the collector looked.
     gc_seen: u64,
+    /// Objects that name owners, by owner key (`resource|namespace|name`).
+    gc_index: HashMap<String, BTreeSet<Dependent>>,
+    /// Objects that may be orphans: checked again before each step.
+    gc_pending: BTreeSet<Dependent>,
+    /// Controller mode: reconciles of each object since the last change from the world.
+    counts: HashMap<String, u32>,
     seq: u64,
 }
 
@@ -203,19 +216,16 @@ where
             }
         }
         let sim = Arc::new(sim);
-        let shared = Arc::new(Mutex::new(RunShared::new(
-            Arc::new(h.invariants.clone()),
-            h.lost_updates,
-        )));
+        let mut run_shared = RunShared::new(Arc::new(h.invariants.clone()), h.lost_updates);
+        run_shared.uniques = h.uniques.iter().cloned().map(UniqueIndex::new).collect();
+        let shared = Arc::new(Mutex::new(run_shared));
         let (initial, events) = merge(recordings);
-        let mut world_prev = HashMap::new();
         let mut compared = known;
         for ev in &initial {
             compared.insert(ev.resource.clone());
             let ns = ev.object.pointer("/metadata/namespace").and_then(Value::as_str);
             sim.create(&ev.resource, ns, world_body(&ev.object))
                 .map_err(|e| HarnessError::Recording(format!("{}: the initial object is refused: {e}", ev.origin)))?;
-            world_prev.insert(key_of_value(&ev.resource, &ev.object), ev.object.clone());
         }
         for ev in &events {
             compared.insert(ev.resource.clone());
@@ -242,7 +252,9 @@ where
             ctx: None,
             primary: kube::runtime::reflector::store::Writer::<K>::default().as_reader(),
             queue: VecDeque::new(),
+            queued: HashSet::new(),
             timers: BTreeMap::new(),
+            timer_of: HashMap::new(),
             counts: HashMap::new(),
         };
         let now = Instant::now();
@@ -252,7 +264,6 @@ where
             shared,
             rng: ChaCha8Rng::seed_from_u64(schedule.seed),
             world: events.into(),
-            world_prev,
             informers,
             life,
             step: 0,
@@ -262,7 +273,10 @@ where
             last_world: now,
             reconciles: 0,
             compared,
-            gc_seen: start_rv,
+            gc_seen: 0,
+            gc_index: HashMap::new(),
+            gc_pending: BTreeSet::new(),
+            counts: HashMap::new(),
             seq: 0,
         })
     }
@@ -293,7 +307,14 @@ where
             .and_then(|s| s.downcast_ref::<Store<K>>())
             .cloned()
             .unwrap_or_else(|| kube::runtime::reflector::store::Writer::<K>::default().as_reader());
-        (Env { client, stores }, primary)
+        (
+            Env {
+                client,
+                stores,
+                db: None,
+            },
+            primary,
+        )
     }
 
     fn trace(&self, line: String) {
@@ -360,7 +381,9 @@ where
             ctx: Some(Arc::new((self.h.context)(&env))),
             primary,
             queue: VecDeque::new(),
+            queued: HashSet::new(),
             timers: BTreeMap::new(),
+            timer_of: HashMap::new(),
             counts: HashMap::new(),
         };
         let keys: Vec<Key> = self.informers[0]
@@ -383,7 +406,7 @@ where
         if from_world {
             self.life.counts.insert(k.clone(), 0);
         }
-        if !self.life.queue.contains(&k) {
+        if self.life.queued.insert(k.clone()) {
             self.life.queue.push_back(k);
         }
     }
@@ -469,7 +492,6 @@ where
             return;
         };
         self.last_world = Instant::now();
-        let key = key_of_value(&ev.resource, &ev.object);
         let ns = ev.object.pointer("/metadata/namespace").and_then(Value::as_str);
         let name = ev
             .object
@@ -483,33 +505,25 @@ where
                 self.fix_owner_uids(&mut body, ns);
                 self.sim.create(res, ns, body).map(|v| rv_of(&v).to_string())
             }
-            Change::Modified => {
-                let prev = self.world_prev.get(&key).cloned();
-                let patch = match &prev {
-                    Some(p) => merge_diff(&world_body(p), &world_body(&ev.object)),
-                    None => Some(world_body(&ev.object)),
-                };
-                match patch {
-                    None => Ok("no change".to_string()),
-                    Some(mut p) => {
-                        let status = p.as_object_mut().and_then(|m| m.remove("status"));
-                        let mut out = Ok("no change".to_string());
-                        if p.as_object().is_some_and(|m| !m.is_empty()) {
-                            out = self.sim.patch(res, ns, name, &p).map(|v| rv_of(&v).to_string());
-                        }
-                        if let (Some(s), true) = (status, out.is_ok()) {
-                            out = self
-                                .sim
-                                .patch_status(res, ns, name, &json!({ "status": s }))
-                                .map(|v| rv_of(&v).to_string());
-                        }
-                        out
+            Change::Modified => match ev.patch.as_deref().cloned() {
+                None => Ok("no change".to_string()),
+                Some(mut p) => {
+                    let status = p.as_object_mut().and_then(|m| m.remove("status"));
+                    let mut out = Ok("no change".to_string());
+                    if p.as_object().is_some_and(|m| !m.is_empty()) {
+                        out = self.sim.patch(res, ns, name, &p).map(|v| rv_of(&v).to_string());
                     }
+                    if let (Some(s), true) = (status, out.is_ok()) {
+                        out = self
+                            .sim
+                            .patch_status(res, ns, name, &json!({ "status": s }))
+                            .map(|v| rv_of(&v).to_string());
+                    }
+                    out
                 }
-            }
+            },
             Change::Deleted => self.sim.delete(res, ns, name).map(|v| rv_of(&v).to_string()),
         };
-        self.world_prev.insert(key, ev.object.clone());
         let what = format!(
             "release {} {res} {}{name} ({})",
             ev.change.as_str(),
@@ -542,61 +556,81 @@ where
     }
 
     /// Objects whose owners are all gone (what the garbage collector deletes), in key order.
-    /// It looks at every object after a deletion, and at new objects after a create.
-    fn orphans(&mut self) -> Vec<(String, Option<String>, String)> {
-        let rv = self.sim.current_rv();
-        if !self.h.garbage_collector || rv == self.gc_seen {
+    /// The objects that name owners are indexed by owner as they change; a deletion makes the
+    /// deleted object's dependents candidates, and so does a change of an object's owners.
+    fn orphans(&mut self) -> Vec<Dependent> {
+        if !self.h.garbage_collector {
             return Vec::new();
         }
-        let (deleted, added) = self.sim.gc_changes_since(self.gc_seen);
-        let candidates: Vec<(String, Value)> = if deleted {
-            let compared: Vec<String> = self.compared.iter().cloned().collect();
-            compared
-                .into_iter()
-                .flat_map(|res| {
-                    let objects = self.sim.objects_at(&res, rv).unwrap_or_default();
-                    objects.into_iter().map(move |o| (res.clone(), o))
-                })
-                .collect()
-        } else {
-            added
-        };
-        let mut out = Vec::new();
-        for (res, o) in candidates {
-            let Some(refs) = o.pointer("/metadata/ownerReferences").and_then(Value::as_array) else {
-                continue;
-            };
-            let ns = o.pointer("/metadata/namespace").and_then(Value::as_str);
-            let name = o.pointer("/metadata/name").and_then(Value::as_str).unwrap_or("");
-            let alive = refs.iter().any(|r| {
-                let (Some(ores), Some(oname)) = (owner_resource(r), r.get("name").and_then(Value::as_str)) else {
-                    return true;
-                };
-                let owner = self
-                    .sim
-                    .get(&ores, ns, oname)
-                    .or_else(|_| self.sim.get(&ores, None, oname));
-                match owner {
-                    Ok(ow) => r.get("uid").is_none() || ow.pointer("/metadata/uid") == r.get("uid"),
-                    Err(crate::sim::SimError::UnknownResource(_)) => true,
-                    Err(_) => false,
+        let rv = self.sim.current_rv();
+        if rv != self.gc_seen {
+            let (deleted, owning) = self.sim.gc_changes_since(self.gc_seen);
+            self.gc_seen = rv;
+            for (res, o) in owning {
+                let ns = o
+                    .pointer("/metadata/namespace")
+                    .and_then(Value::as_str)
+                    .map(str::to_owned);
+                let name = o.pointer("/metadata/name").and_then(Value::as_str).unwrap_or("");
+                let me: Dependent = (res, ns.clone(), name.to_string());
+                let refs = o.pointer("/metadata/ownerReferences").and_then(Value::as_array);
+                for r in refs.into_iter().flatten() {
+                    let (Some(ores), Some(oname)) = (owner_resource(r), r.get("name").and_then(Value::as_str)) else {
+                        continue;
+                    };
+                    // A cluster-scoped owner is looked up without the namespace.
+                    for ons in [ns.as_deref(), None] {
+                        self.gc_index
+                            .entry(object_key(&ores, ons, oname))
+                            .or_default()
+                            .insert(me.clone());
+                    }
                 }
-            });
-            // Still there (a new object may be gone again), and not already going.
-            let current = self.sim.get(&res, ns, name).ok();
-            let terminating = current
-                .as_ref()
-                .is_none_or(|c| c.pointer("/metadata/deletionTimestamp").is_some());
-            if !alive && !terminating {
-                out.push((res.clone(), ns.map(str::to_owned), name.to_string()));
+                // The recording's initial objects are indexed, not suspected: an owner the
+                // recording does not hold is not known to be gone.
+                if rv_of(&o) > self.start_rv {
+                    self.gc_pending.insert(me);
+                }
+            }
+            for (res, ns, name) in deleted {
+                if let Some(deps) = self.gc_index.get(&object_key(&res, ns.as_deref(), &name)) {
+                    self.gc_pending.extend(deps.iter().cloned());
+                }
             }
         }
-        out.sort();
-        out.dedup();
-        if out.is_empty() {
-            self.gc_seen = rv;
+        let pending = std::mem::take(&mut self.gc_pending);
+        self.gc_pending = pending.into_iter().filter(|d| self.is_orphan(d)).collect();
+        self.gc_pending.iter().cloned().collect()
+    }
+
+    /// Whether an object exists, is not terminating, and has owners that are all gone.
+    fn is_orphan(&self, (res, ns, name): &Dependent) -> bool {
+        let Ok(o) = self.sim.get(res, ns.as_deref(), name) else {
+            return false;
+        };
+        if o.pointer("/metadata/deletionTimestamp").is_some() {
+            return false;
         }
-        out
+        let Some(refs) = o.pointer("/metadata/ownerReferences").and_then(Value::as_array) else {
+            return false;
+        };
+        let alive = refs.iter().any(|r| {
+            let (Some(ores), Some(oname)) = (owner_resource(r), r.get("name").and_then(Value::as_str)) else {
+                return true;
+            };
+            let look = |n: Option<&str>| self.sim.uid_of(&ores, n, oname);
+            let found = match look(ns.as_deref()) {
+                Err(crate::sim::SimError::UnknownResource(_)) => return true,
+                Err(_) => return false,
+                Ok(Some(f)) => Some(f),
+                Ok(None) => look(None).ok().flatten(),
+            };
+            match found {
+                Some((uid, _)) => r.get("uid").and_then(Value::as_str).is_none_or(|u| u == uid),
+                None => false,
+            }
+        });
+        !alive
     }
 
     async fn guarded<T>(&self, fut: impl std::future::Future<Output = T>) -> Guarded<T> {
@@ -691,6 +725,7 @@ where
         let Some(key) = self.life.queue.remove(qi) else {
             return;
         };
+        self.life.queued.remove(&key);
         let mut oref = ObjectRef::<K>::new(&key.1);
         if let Some(ns) = &key.0 {
             oref = oref.within(ns);
@@ -756,17 +791,22 @@ where
                 return;
             }
         };
-        self.life.timers.retain(|_, k| *k != key);
+        if let Some(old) = self.life.timer_of.remove(&key) {
+            self.life.timers.remove(&old);
+        }
         if let Some(d) = requeue_after(&action) {
             self.seq += 1;
-            self.life.timers.insert((Instant::now() + d, self.seq), key.clone());
+            let at = (Instant::now() + d, self.seq);
+            self.life.timers.insert(at, key.clone());
+            self.life.timer_of.insert(key.clone(), at);
         }
         let mut sh = lock(&self.shared);
         check_invariants(&self.sim, &mut sh, &format!("reconcile of {}", show(&key)));
     }
 
-    async fn collect_garbage(&mut self, victims: Vec<(String, Option<String>, String)>) {
+    async fn collect_garbage(&mut self, victims: Vec<Dependent>) {
         for (res, ns, name) in victims {
+            self.gc_pending.remove(&(res.clone(), ns.clone(), name.clone()));
             let r = self.sim.delete(&res, ns.as_deref(), &name);
             let ns_s = ns.map(|n| format!("{n}/")).unwrap_or_default();
             match r {
@@ -813,6 +853,7 @@ where
                     break;
                 }
                 if let Some(k) = self.life.timers.remove(&(at, seq)) {
+                    self.life.timer_of.remove(&k);
                     self.trace(format!("requeue {} fires", show(&k)));
                     self.enqueue(k, false);
                 }
@@ -889,7 +930,11 @@ where
     fn finish(self, baseline: Option<&BTreeMap<String, Value>>) -> Outcome {
         let end = self.end_state();
         if !self.failed() {
-            let world = World { sim: &self.sim };
+            let parsed = lock(&self.shared).parsed.clone();
+            let world = World {
+                sim: &self.sim,
+                parsed: &parsed,
+            };
             for inv in &self.h.eventually {
                 if let Err(e) = (inv.check)(&world) {
                     self.fail(Oracle::Eventually, format!("{:?} broken at the end: {e}", inv.name));
@@ -957,13 +1002,20 @@ where
     Ctx: Send + Sync + 'static,
     E: fmt::Display + Send + 'static,
 {
+    // Controller mode runs on real time: the controller's store has a writer thread, which a
+    // paused clock would not wait for.
     let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_time()
-        .start_paused(true)
+        .enable_all()
+        .start_paused(h.controller.is_none())
         .build()
         .map_err(|e| HarnessError::Sim(crate::sim::SimError::Io(e)))?;
     rt.block_on(async {
-        let mut out = Run::new(h, recordings, schedule)?.go(baseline).await;
+        let run = Run::new(h, recordings, schedule)?;
+        let mut out = if h.controller.is_some() {
+            run.go_controller(baseline).await
+        } else {
+            run.go(baseline).await
+        };
         if let Some(f) = &mut out.failure {
             f.schedule = schedule.clone();
             f.faults_before_shrinking = schedule.faults.len();
@@ -1083,24 +1135,112 @@ where
         informers: h.watches.len(),
         revisions: base.revisions,
     };
-    for i in 0..schedules {
-        let schedule = sample(h.first_seed + i, h.kinds, h.max_faults, extent);
-        let out = run_with(h, recordings, &schedule, Some(&base.end))?;
+    let all: Vec<Schedule> = (0..schedules)
+        .map(|i| sample(h.first_seed + i, h.kinds, h.max_faults, extent))
+        .collect();
+    let (passed, failed) = run_all(h, recordings, &all, &base.end)?;
+    for (schedule, t) in all.iter().zip(&passed) {
+        report.add(schedule, t);
+    }
+    if let Some((i, out)) = failed {
+        let schedule = all[i].clone();
         report.schedules += 1;
-        report.faults += schedule.faults.len() as u64;
-        report.steps += out.steps;
-        report.reconciles += out.reconciles;
-        if out.failure.is_some() {
-            let before = schedule.faults.len();
-            let (small, small_out) = shrink(h, recordings, schedule, out, &base.end)?;
-            let mut err = finish_failure(h, small, small_out, report.schedules, 0);
-            if let HarnessError::Failed(f) = &mut err {
-                f.faults_before_shrinking = before;
-            }
-            return Err(err);
+        let before = schedule.faults.len();
+        let (small, small_out) = shrink(h, recordings, schedule, out, &base.end)?;
+        let mut err = finish_failure(h, small, small_out, report.schedules, 0);
+        if let HarnessError::Failed(f) = &mut err {
+            f.faults_before_shrinking = before;
         }
+        return Err(err);
     }
     Ok(report)
+}
+
+/// What a passing schedule ran.
+pub(crate) struct Totals {
+    steps: u64,
+    reconciles: u64,
+}
+
+impl Report {
+    fn add(&mut self, schedule: &Schedule, t: &Totals) {
+        self.schedules += 1;
+        self.faults += schedule.faults.len() as u64;
+        self.steps += t.steps;
+        self.reconciles += t.reconciles;
+    }
+}
+
+/// Runs `schedules` on [`Harness::threads`] threads, each on its own runtime; returns what
+/// the passing ones before the first failure ran, in order, and that failure (the lowest
+/// index fails, whichever thread got there first): the same answer as one thread's.
+#[allow(clippy::type_complexity)]
+fn run_all<K, Ctx, E>(
+    h: &Harness<K, Ctx, E>,
+    recordings: &[Recording],
+    schedules: &[Schedule],
+    base: &BTreeMap<String, Value>,
+) -> Result<(Vec<Totals>, Option<(usize, Outcome)>), HarnessError>
+where
+    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + fmt::Debug + Send + Sync + 'static,
+    K::Scope: 'static,
+    Ctx: Send + Sync + 'static,
+    E: fmt::Display + Send + 'static,
+{
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    enum Done {
+        Passed(Totals),
+        Failed(Box<Outcome>),
+        Error(HarnessError),
+    }
+    let n = schedules.len();
+    let next = AtomicUsize::new(0);
+    let first_bad = AtomicUsize::new(usize::MAX);
+    let done: Mutex<Vec<Option<Done>>> = Mutex::new((0..n).map(|_| None).collect());
+    let work = || loop {
+        let i = next.fetch_add(1, Ordering::Relaxed);
+        if i >= n || i > first_bad.load(Ordering::Relaxed) {
+            return;
+        }
+        let d = match run_with(h, recordings, &schedules[i], Some(base)) {
+            Ok(out) if out.failure.is_none() => Done::Passed(Totals {
+                steps: out.steps,
+                reconciles: out.reconciles,
+            }),
+            Ok(out) => Done::Failed(Box::new(out)),
+            Err(e) => Done::Error(e),
+        };
+        if !matches!(d, Done::Passed(_)) {
+            first_bad.fetch_min(i, Ordering::Relaxed);
+        }
+        done.lock().unwrap_or_else(PoisonError::into_inner)[i] = Some(d);
+    };
+    let threads = h.threads.clamp(1, n.max(1));
+    if threads == 1 {
+        work();
+    } else {
+        std::thread::scope(|s| {
+            for _ in 0..threads {
+                s.spawn(work);
+            }
+        });
+    }
+    let mut passed = Vec::new();
+    for (i, d) in done
+        .into_inner()
+        .unwrap_or_else(PoisonError::into_inner)
+        .into_iter()
+        .enumerate()
+    {
+        match d {
+            Some(Done::Passed(t)) => passed.push(t),
+            Some(Done::Failed(out)) => return Ok((passed, Some((i, *out)))),
+            Some(Done::Error(e)) => return Err(e),
+            // Past the first failure: not run.
+            None => break,
+        }
+    }
+    Ok((passed, None))
 }
 
 /// The faults of [`Harness::check_every_boundary`]: each enabled kind, alone, at each step
@@ -1197,19 +1337,20 @@ where
         informers: h.watches.len(),
         revisions: base.revisions,
     };
-    for fault in every_boundary(h.kinds, extent) {
-        let schedule = Schedule {
+    let all: Vec<Schedule> = every_boundary(h.kinds, extent)
+        .into_iter()
+        .map(|fault| Schedule {
             seed,
             faults: vec![fault],
-        };
-        let out = run_with(h, recordings, &schedule, Some(&base.end))?;
+        })
+        .collect();
+    let (passed, failed) = run_all(h, recordings, &all, &base.end)?;
+    for (schedule, t) in all.iter().zip(&passed) {
+        report.add(schedule, t);
+    }
+    if let Some((i, out)) = failed {
         report.schedules += 1;
-        report.faults += 1;
-        report.steps += out.steps;
-        report.reconciles += out.reconciles;
-        if out.failure.is_some() {
-            return Err(finish_failure(h, schedule, out, report.schedules, seed));
-        }
+        return Err(finish_failure(h, all[i].clone(), out, report.schedules, seed));
     }
     Ok(report)
 }

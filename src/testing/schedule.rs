@@ -168,6 +168,9 @@ impl fmt::Display for Schedule {
     }
 }
 
+/// The longest delay sampled (2 s of virtual time at 10 ms per step).
+const MAX_DELAY_STEPS: u64 = 200;
+
 /// What the fault-free run looked like: the ranges faults are drawn from.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Extent {
@@ -226,7 +229,9 @@ pub(crate) fn sample(seed: u64, kinds: FaultKinds, max_faults: usize, extent: Ex
                 3 => Fault::Delay {
                     at,
                     informer,
-                    steps: rng.random_range(1..=(extent.steps / 4).max(2)),
+                    // An informer lags for seconds, not for the whole run (which would only show
+                    // the controller's retries).
+                    steps: rng.random_range(1..=(extent.steps / 4).clamp(2, MAX_DELAY_STEPS)),
                 },
                 4 => Fault::Relist { at, informer },
                 _ => Fault::Duplicate {

@@ -1,0 +1,333 @@
+//! Controller mode ([`Harness::for_controller`]): the user's own [`Controller`] runs against
+//! the simulated server, its informers in a real redb database file that a crash leaves
+//! behind and a restart opens again. The harness does not pick each step here (the
+//! controller's tasks and its store's writer thread do): it releases one recorded change,
+//! waits until the controller is idle (queue empty, nothing in flight, nothing served for a
+//! while), and injects the faults at those boundaries.
+//!
+//! [`Controller`]: crate::controller::Controller
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+
+use super::{lock, Run, CLOCK_BASE};
+use crate::object::ObjectKey;
+use crate::queue::WorkQueue;
+use crate::store::{DurableStore, StoreConfig};
+use crate::testing::client::InProcess;
+use crate::testing::{Env, Fault, Oracle, Reconciled, Restart};
+
+/// How often the harness looks whether the controller is idle (real time).
+const POLL: Duration = Duration::from_millis(1);
+/// Idle for this many polls in a row: settled.
+const QUIET_POLLS: u32 = 8;
+/// A boundary that does not settle within this (real time) fails the run as stuck.
+const SETTLE_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// A directory for the run's database files, removed with the run.
+pub(crate) struct ScratchDir(pub PathBuf);
+
+impl ScratchDir {
+    fn new() -> std::io::Result<Self> {
+        static N: AtomicU64 = AtomicU64::new(0);
+        let p = std::env::temp_dir().join(format!(
+            "durable-informer-testing-{}-{}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::Relaxed)
+        ));
+        std::fs::create_dir_all(&p)?;
+        Ok(Self(p))
+    }
+}
+
+impl Drop for ScratchDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// One lifetime of the controller process.
+struct Live {
+    db: Arc<DurableStore>,
+    queue: WorkQueue<ObjectKey>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl<K, Ctx, E> Run<'_, K, Ctx, E>
+where
+    K: kube::Resource<DynamicType = ()> + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
+    K::Scope: 'static,
+    Ctx: Send + Sync + 'static,
+    E: std::fmt::Display + Send + 'static,
+{
+    /// Opens the database (the same file after a crash, a new one for an empty restart) and
+    /// starts the user's controller on it.
+    async fn start_controller(&mut self, dir: &ScratchDir, restart: Restart, generation: &mut u32) -> Option<Live> {
+        let build = self.h.controller.clone()?;
+        {
+            let mut sh = lock(&self.shared);
+            sh.read.clear();
+            sh.crashed = false;
+        }
+        if restart != Restart::FromDatabase {
+            *generation += 1;
+        }
+        let path = dir.0.join(format!("controller-{generation}.redb"));
+        let opened = tokio::task::spawn_blocking(move || DurableStore::open(StoreConfig::new(path))).await;
+        let db = match opened {
+            Ok(Ok(db)) => Arc::new(db),
+            Ok(Err(e)) => {
+                self.fail(Oracle::Harness, format!("opening the controller's database: {e}"));
+                return None;
+            }
+            Err(e) => {
+                self.fail(Oracle::Harness, format!("opening the controller's database: {e}"));
+                return None;
+            }
+        };
+        let client = kube::Client::new(
+            InProcess {
+                sim: self.sim.clone(),
+                shared: self.shared.clone(),
+            },
+            "default",
+        );
+        let env = Env {
+            client: client.clone(),
+            stores: std::collections::HashMap::new(),
+            db: Some(db.clone()),
+        };
+        let ctx = Arc::new((self.h.context)(&env));
+        let (queue, mut stream) = build(&db, client, ctx);
+        let shared = self.shared.clone();
+        let task = tokio::spawn(async move {
+            while let Some(r) = stream.next().await {
+                lock(&shared).reconciled.push(r);
+            }
+        });
+        self.trace(format!("start controller {restart:?}: database {generation}"));
+        Some(Live { db, queue, task })
+    }
+
+    /// The process dies: its tasks stop, its database is closed as a crash leaves it.
+    async fn stop_controller(&mut self, live: Live) {
+        live.task.abort();
+        let _ = live.task.await;
+        // The aborted tasks drop their handles of the store as the runtime gets to them.
+        for _ in 0..10_000 {
+            if Arc::strong_count(&live.db) == 1 {
+                break;
+            }
+            tokio::time::sleep(POLL).await;
+        }
+        match Arc::try_unwrap(live.db) {
+            Ok(db) => drop(tokio::task::spawn_blocking(move || drop(db)).await),
+            Err(_) => self.fail(
+                Oracle::Harness,
+                "the controller's database is still in use after its controller stopped".into(),
+            ),
+        }
+    }
+
+    /// Waits until the controller is idle: nothing queued or processing, no request in
+    /// flight, and nothing served for [`QUIET_POLLS`] polls. False when it does not settle or
+    /// crashed.
+    async fn settle(&mut self, live: &Live) -> bool {
+        let deadline = std::time::Instant::now() + SETTLE_TIMEOUT;
+        let mut last = None;
+        let mut quiet = 0;
+        loop {
+            tokio::time::sleep(POLL).await;
+            let m = live.queue.metrics();
+            let (served, inflight, crashed, done) = {
+                let sh = lock(&self.shared);
+                (sh.served, sh.inflight, sh.crashed, sh.reconciled.len())
+            };
+            if crashed {
+                return false;
+            }
+            let now = (m.adds, served, done);
+            if m.depth == 0 && m.processing == 0 && inflight == 0 && last == Some(now) {
+                quiet += 1;
+                if quiet >= QUIET_POLLS {
+                    return true;
+                }
+            } else {
+                quiet = 0;
+            }
+            last = Some(now);
+            if std::time::Instant::now() > deadline {
+                return false;
+            }
+            self.check_reconciled();
+            if self.failed() {
+                return false;
+            }
+        }
+    }
+
+    /// Reads what the controller's stream reported: a panic fails the run, and so does an
+    /// object reconciled too often since the last change from the world.
+    fn check_reconciled(&mut self) {
+        let items: Vec<Reconciled> = std::mem::take(&mut lock(&self.shared).reconciled);
+        for r in items {
+            match r {
+                Reconciled::Ok(obj) => {
+                    self.reconciles += 1;
+                    self.trace(format!("reconciled {obj}"));
+                    let c = self.counts.entry(obj.clone()).or_insert(0);
+                    *c += 1;
+                    if *c > self.h.max_reconciles_per_trigger {
+                        let n = *c;
+                        self.fail(
+                            Oracle::HotLoop,
+                            format!(
+                                "{obj} reconciled {n} times without a change from the world (limit {})",
+                                self.h.max_reconciles_per_trigger
+                            ),
+                        );
+                    }
+                }
+                Reconciled::Failed(obj, e) => {
+                    self.reconciles += 1;
+                    self.trace(format!("reconcile of {obj} failed: {e}"));
+                    let c = self.counts.entry(obj.clone()).or_insert(0);
+                    *c += 1;
+                    if *c > self.h.max_reconciles_per_trigger {
+                        let n = *c;
+                        self.fail(
+                            Oracle::HotLoop,
+                            format!("{obj} failed {n} times without a change from the world: {e}"),
+                        );
+                    }
+                }
+                Reconciled::Panicked(obj, m) => {
+                    self.fail(Oracle::Panic, format!("reconcile of {obj} panicked: {m}"));
+                }
+                Reconciled::Other(m) => self.trace(format!("controller: {m}")),
+            }
+        }
+    }
+
+    /// A boundary: wait until idle (restarting after a crash after a write), then collect
+    /// garbage and wait again.
+    async fn boundary(&mut self, dir: &ScratchDir, live: &mut Option<Live>, generation: &mut u32) {
+        loop {
+            let Some(l) = live.as_ref() else {
+                return;
+            };
+            let settled = self.settle(l).await;
+            self.check_reconciled();
+            if self.failed() {
+                return;
+            }
+            if lock(&self.shared).crashed {
+                let n = lock(&self.shared).writes;
+                let restart = self
+                    .faults
+                    .iter()
+                    .find_map(|f| match f {
+                        Fault::CrashAfterWrite { write, restart } if *write == n => Some(*restart),
+                        _ => None,
+                    })
+                    .unwrap_or(Restart::FromDatabase);
+                if let Some(l) = live.take() {
+                    self.stop_controller(l).await;
+                }
+                self.arm_crash();
+                *live = self.start_controller(dir, restart, generation).await;
+                continue;
+            }
+            if !settled {
+                self.fail(
+                    Oracle::Stuck,
+                    format!("the controller did not settle within {SETTLE_TIMEOUT:?} (real time)"),
+                );
+                return;
+            }
+            let orphans = self.orphans();
+            if orphans.is_empty() {
+                return;
+            }
+            self.collect_garbage(orphans).await;
+        }
+    }
+
+    /// The next crash after a write, if the schedule has one.
+    fn arm_crash(&self) {
+        let mut sh = lock(&self.shared);
+        sh.crash_after_write = self.faults.iter().find_map(|f| match f {
+            Fault::CrashAfterWrite { write, .. } if *write > sh.writes => Some(*write),
+            _ => None,
+        });
+    }
+
+    /// The run in controller mode: start, then per step the faults due, one recorded change,
+    /// and a boundary; the end state once the recording is done and the controller idle.
+    pub(super) async fn go_controller(
+        mut self,
+        baseline: Option<&std::collections::BTreeMap<String, serde_json::Value>>,
+    ) -> super::Outcome {
+        let dir = match ScratchDir::new() {
+            Ok(d) => d,
+            Err(e) => {
+                self.fail(Oracle::Harness, format!("a directory for the database: {e}"));
+                return self.finish(baseline);
+            }
+        };
+        let mut generation = 0;
+        self.arm_crash();
+        let mut live = self.start_controller(&dir, Restart::Empty, &mut generation).await;
+        self.boundary(&dir, &mut live, &mut generation).await;
+        while !self.failed() && live.is_some() {
+            self.step += 1;
+            self.sim.set_clock(CLOCK_BASE + self.step);
+            let due: Vec<Fault> = self
+                .faults
+                .iter()
+                .filter(|f| f.step() == Some(self.step))
+                .copied()
+                .collect();
+            for f in due {
+                self.trace(format!("FAULT {f}"));
+                match f {
+                    Fault::Crash {
+                        restart: restart @ (Restart::FromDatabase | Restart::Empty),
+                        ..
+                    } => {
+                        if let Some(l) = live.take() {
+                            self.stop_controller(l).await;
+                        }
+                        self.counts.clear();
+                        live = self.start_controller(&dir, restart, &mut generation).await;
+                    }
+                    Fault::Relist { .. } => {
+                        // Every watch ends and the history is gone: each informer's next watch
+                        // gets 410 and lists again.
+                        self.sim.compact();
+                        self.sim.restart();
+                        self.gc_seen = self.sim.current_rv();
+                    }
+                    _ => self.trace("  (not injected in controller mode)".into()),
+                }
+            }
+            if self.world.is_empty() {
+                break;
+            }
+            self.counts.clear();
+            self.release();
+            self.boundary(&dir, &mut live, &mut generation).await;
+        }
+        if !self.failed() {
+            self.boundary(&dir, &mut live, &mut generation).await;
+        }
+        if let Some(l) = live.take() {
+            self.stop_controller(l).await;
+        }
+        self.finish(baseline)
+    }
+}
