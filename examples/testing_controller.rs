@@ -19,7 +19,7 @@
 
 #[path = "testing_sample_controller.rs"]
 #[allow(unreachable_pub)]
-mod sample;
+pub mod sample;
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -17,7 +17,7 @@ use futures::StreamExt;
 use super::{lock, Run, CLOCK_BASE};
 use crate::object::ObjectKey;
 use crate::queue::WorkQueue;
-use crate::store::{DurableStore, StoreConfig};
+use crate::store::{DurableStore, StoreConfig, StoreError};
 use crate::testing::client::InProcess;
 use crate::testing::{Env, Fault, Oracle, Reconciled, Restart};
 
@@ -72,12 +72,27 @@ where
             let mut sh = lock(&self.shared);
             sh.read.clear();
             sh.crashed = false;
+            // The old process's requests died with it.
+            sh.inflight = 0;
         }
         if restart != Restart::FromDatabase {
             *generation += 1;
         }
         let path = dir.0.join(format!("controller-{generation}.redb"));
-        let opened = tokio::task::spawn_blocking(move || DurableStore::open(StoreConfig::new(path))).await;
+        // The crashed process's last informer closes the file on a thread of its own: a
+        // reopen may find it still locked for a moment.
+        let mut tries = 0;
+        let opened = loop {
+            let p = path.clone();
+            let r = tokio::task::spawn_blocking(move || DurableStore::open(StoreConfig::new(p))).await;
+            match r {
+                Ok(Err(StoreError::Locked { .. })) if tries < 2_000 => {
+                    tries += 1;
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+                other => break other,
+            }
+        };
         let db = match opened {
             Ok(Ok(db)) => Arc::new(db),
             Ok(Err(e)) => {
