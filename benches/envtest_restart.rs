@@ -12,7 +12,10 @@
 //! it and waits for `wait_for_sync` (in this process: the figure holds the open, the two
 //! probes, the resumed watch and the sync decision, not a process start). Each repetition of
 //! theirs runs `reflector(watcher(Api::<ConfigMap>::all))` until `InitDone`. The Lease keeps
-//! changing through every repetition of both. Prints medians and the ratio, and writes
+//! changing through every repetition of both. Client-go's SharedIndexInformer for ConfigMaps
+//! (the Go peer of `benches/peers`, built by `scripts/build-peers`; `ENVTEST_RESTART_CLIENT_GO=0`
+//! leaves it out) does the same relist in each repetition: a new informer, `start` until its
+//! store and handler report synced. Prints medians and the ratios, and writes
 //! `target/bench-results/envtest_restart-<version>.json`.
 
 #[path = "../tests/common/churn.rs"]
@@ -20,7 +23,9 @@ mod churn;
 #[path = "../tests/envtest/mod.rs"]
 mod envtest;
 
+use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use churn::LeaseChurn;
@@ -111,6 +116,87 @@ async fn theirs_once(env: &envtest::EnvTest) -> Res<(f64, usize)> {
     Ok((t.elapsed().as_secs_f64(), store.state().len()))
 }
 
+/// client-go's informer in the Go peer, driven over its line protocol (docs/bench/peers.md).
+struct ClientGo {
+    child: Child,
+    stdin: ChildStdin,
+    stdout: BufReader<ChildStdout>,
+}
+
+impl ClientGo {
+    fn spawn(kubeconfig: &Path) -> Res<Self> {
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/build-peers");
+        let out = Command::new("bash").arg(&script).stderr(Stdio::inherit()).output()?;
+        let printed = String::from_utf8_lossy(&out.stdout);
+        let bin = printed
+            .lines()
+            .rev()
+            .find_map(|l| l.strip_prefix("PEER="))
+            .filter(|_| out.status.success())
+            .ok_or_else(|| format!("{} failed ({}): {}", script.display(), out.status, printed.trim()))?;
+        let mut child = Command::new(bin)
+            .args(["-system", "client-go", "-resource", "configmaps", "-kubeconfig"])
+            .arg(kubeconfig)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()?;
+        let stdin = child.stdin.take().ok_or("peer: no stdin")?;
+        let stdout = BufReader::new(child.stdout.take().ok_or("peer: no stdout")?);
+        let mut peer = Self { child, stdin, stdout };
+        let hello = peer.line()?;
+        eprintln!("client-go peer: {}", hello.trim_start_matches("hello "));
+        Ok(peer)
+    }
+
+    /// The next reply (event lines are off: `report` is never turned on).
+    fn line(&mut self) -> Res<String> {
+        let mut l = String::new();
+        if self.stdout.read_line(&mut l)? == 0 {
+            return Err("client-go peer exited".into());
+        }
+        Ok(l.trim_end().to_owned())
+    }
+
+    fn call(&mut self, command: &str) -> Res<String> {
+        writeln!(self.stdin, "{command}")?;
+        self.stdin.flush()?;
+        let reply = self.line()?;
+        if !reply.starts_with("ok ") {
+            return Err(format!("client-go peer, {command}: {reply}").into());
+        }
+        Ok(reply)
+    }
+
+    /// A new informer until its store and handler are synced; the time and the objects.
+    fn relist(&mut self) -> Res<(f64, usize)> {
+        let t = Instant::now();
+        self.call("start")?;
+        let synced = self.call("synced")?;
+        let secs = t.elapsed().as_secs_f64();
+        self.call("stop")?;
+        let objects = synced.split_whitespace().nth(2).and_then(|n| n.parse().ok()).unwrap_or(0);
+        Ok((secs, objects))
+    }
+}
+
+impl Drop for ClientGo {
+    /// `quit`, up to 5 s to exit, then a kill: the peer never outlives the bench.
+    fn drop(&mut self) {
+        let _ = writeln!(self.stdin, "quit");
+        let _ = self.stdin.flush();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
 /// The server named by `ENVTEST_RESTART_SERVER` (default v1.37.2).
 fn server() -> Res<envtest::Server> {
     let want = std::env::var("ENVTEST_RESTART_SERVER").unwrap_or_else(|_| "v1.37.2".into());
@@ -140,17 +226,38 @@ async fn run(server: envtest::Server) -> Res<()> {
         Some(ms) => Some(LeaseChurn::start(client.clone(), "churn", Duration::from_millis(ms)).await?),
         None => None,
     };
+    let mut client_go = match std::env::var("ENVTEST_RESTART_CLIENT_GO").as_deref() {
+        Ok("0") => None,
+        _ => {
+            let kubeconfig = env.kubeconfig(envtest::ADMIN);
+            let peer = tokio::task::spawn_blocking(move || ClientGo::spawn(&kubeconfig)).await??;
+            Some(peer)
+        }
+    };
     // Let the Lease renewals move the cluster-wide RV past the ConfigMaps' before measuring.
     tokio::time::sleep(Duration::from_millis(500)).await;
-    let (mut ours, mut theirs) = (Vec::new(), Vec::new());
+    let (mut ours, mut theirs, mut go) = (Vec::new(), Vec::new(), Vec::new());
     for rep in 1..=reps {
         let (secs, lists, restored) = ours_once(&env, &path).await?;
         if lists != 0 || !restored {
             return Err(format!("repetition {rep}: ours listed ({lists}) or was not restored").into());
         }
         let (their_secs, objects) = theirs_once(&env).await?;
+        let go_secs = match client_go.take() {
+            Some(mut peer) => {
+                let (done, peer) = tokio::task::spawn_blocking(move || (peer.relist(), peer)).await?;
+                client_go = Some(peer);
+                let (go_secs, go_objects) = done?;
+                if go_objects != objects {
+                    return Err(format!("client-go listed {go_objects} objects, kube-runtime {objects}").into());
+                }
+                go.push(go_secs);
+                format!(", client-go {:.1} ms", go_secs * 1e3)
+            }
+            None => String::new(),
+        };
         eprintln!(
-            "repetition {rep}/{reps}: ours {:.1} ms, kube-runtime {:.1} ms ({objects} objects)",
+            "repetition {rep}/{reps}: ours {:.1} ms, kube-runtime {:.1} ms{go_secs} ({objects} objects)",
             secs * 1e3,
             their_secs * 1e3
         );
@@ -173,7 +280,15 @@ async fn run(server: envtest::Server) -> Res<()> {
     println!("|---|---|---|");
     println!("| durable-informer (resume) | {:.1} | {} |", o * 1e3, range(&ours));
     println!("| kube-runtime (full relist) | {:.1} | {} |", th * 1e3, range(&theirs));
-    println!("ratio ours / theirs: {:.3}", o / th);
+    let g = (!go.is_empty()).then(|| median(&go));
+    if let Some(g) = g {
+        println!("| client-go (full relist) | {:.1} | {} |", g * 1e3, range(&go));
+    }
+    println!("ratio ours / kube-runtime: {:.3}", o / th);
+    if let Some(g) = g {
+        println!("ratio ours / client-go: {:.3}", o / g);
+    }
+    drop(client_go);
     let out = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/bench-results");
     std::fs::create_dir_all(&out)?;
     std::fs::write(
@@ -182,6 +297,7 @@ async fn run(server: envtest::Server) -> Res<()> {
             "server": server.version(), "configmaps": n, "leaseRenewalsPerSecond": hz, "renewals": renewals,
             "oursSeconds": ours, "theirsSeconds": theirs,
             "oursMedian": o, "theirsMedian": th, "ratio": o / th,
+            "clientGoSeconds": go, "clientGoMedian": g, "ratioClientGo": g.map(|g| o / g),
         }))?,
     )?;
     Ok(())

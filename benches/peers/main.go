@@ -2,6 +2,7 @@
 // over a line protocol on stdin and stdout (docs/bench/peers.md).
 //
 //	peer -server http://127.0.0.1:PORT -system client-go|controller-runtime [-content-type json|protobuf]
+//	peer -kubeconfig FILE -system … -resource configmaps   (a real kube-apiserver; benches/envtest_restart)
 //
 // client-go is a SharedIndexInformer for Pods from a SharedInformerFactory (the namespace
 // index it always has, plus a "labels" index of key=value pairs, the analogue of the label
@@ -28,17 +29,23 @@ import (
 	"github.com/go-logr/logr"
 	"golang.org/x/sys/unix"
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	listersv1 "k8s.io/client-go/listers/core/v1"
 	"k8s.io/client-go/rest"
 	toolscache "k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/klog/v2"
 	crcache "sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 )
+
+// configMaps: the informers watch ConfigMaps instead of Pods (-resource configmaps); the
+// reads command is then refused (its figures are defined over Pods).
+var configMaps bool
 
 // syncTimeout bounds every wait: a benchmark must not hang.
 const syncTimeout = 30 * time.Minute
@@ -109,16 +116,16 @@ func (c *counter) record(kind byte, obj any) {
 	if !c.report.Load() {
 		return
 	}
-	pod, ok := obj.(*corev1.Pod)
+	m, ok := obj.(metav1.Object)
 	if !ok {
 		if d, isTomb := obj.(toolscache.DeletedFinalStateUnknown); isTomb {
-			pod, ok = d.Obj.(*corev1.Pod)
+			m, ok = d.Obj.(metav1.Object)
 		}
 		if !ok {
 			return
 		}
 	}
-	c.ch <- event{kind: kind, rv: pod.ResourceVersion, mono: c.clk.now()}
+	c.ch <- event{kind: kind, rv: m.GetResourceVersion(), mono: c.clk.now()}
 }
 
 func (c *counter) handler() toolscache.ResourceEventHandler {
@@ -183,6 +190,16 @@ func startClientGo(cfg *rest.Config, c *counter) (informer, error) {
 		return nil, err
 	}
 	factory := informers.NewSharedInformerFactory(cs, 0)
+	if configMaps {
+		inf := factory.Core().V1().ConfigMaps().Informer()
+		reg, err := inf.AddEventHandler(c.handler())
+		if err != nil {
+			return nil, err
+		}
+		g := &clientGo{factory: factory, informer: inf, reg: reg, stopCh: make(chan struct{})}
+		factory.Start(g.stopCh)
+		return g, nil
+	}
 	pods := factory.Core().V1().Pods()
 	inf := pods.Informer()
 	if err := inf.AddIndexers(toolscache.Indexers{"labels": labelIndex}); err != nil {
@@ -212,6 +229,9 @@ func (g *clientGo) stop() {
 }
 
 func (g *clientGo) reads(_ context.Context, n int, ns []string, gets, lists int) (string, error) {
+	if g.lister == nil {
+		return "", errors.New("reads are defined over Pods")
+	}
 	var err error
 	getUs, _ := timePerOp(gets, func(i int) int {
 		namespace, name := podRef(ns, (i*7919)%n)
@@ -262,7 +282,11 @@ func startControllerRuntime(cfg *rest.Config, c *counter) (informer, error) {
 		return nil, err
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	inf, err := ca.GetInformer(ctx, &corev1.Pod{}, crcache.BlockUntilSynced(false))
+	var obj client.Object = &corev1.Pod{}
+	if configMaps {
+		obj = &corev1.ConfigMap{}
+	}
+	inf, err := ca.GetInformer(ctx, obj, crcache.BlockUntilSynced(false))
 	if err != nil {
 		cancel()
 		return nil, err
@@ -374,14 +398,34 @@ func main() {
 	server := flag.String("server", "", "API server URL (http://127.0.0.1:PORT)")
 	system := flag.String("system", "client-go", "client-go or controller-runtime")
 	contentType := flag.String("content-type", "json", "json or protobuf (what the client asks for)")
+	kubeconfig := flag.String("kubeconfig", "", "a kubeconfig file (instead of -server)")
+	resource := flag.String("resource", "pods", "pods or configmaps")
 	flag.Parse()
-	if *server == "" {
-		fmt.Fprintln(os.Stderr, "peer: -server is required")
+	switch *resource {
+	case "pods":
+	case "configmaps":
+		configMaps = true
+	default:
+		fmt.Fprintf(os.Stderr, "peer: unknown -resource %q\n", *resource)
+		os.Exit(2)
+	}
+	cfg := &rest.Config{Host: *server}
+	switch {
+	case *kubeconfig != "":
+		c, err := clientcmd.BuildConfigFromFlags("", *kubeconfig)
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "peer: -kubeconfig: %v\n", err)
+			os.Exit(2)
+		}
+		cfg = c
+	case *server == "":
+		fmt.Fprintln(os.Stderr, "peer: -server or -kubeconfig is required")
 		os.Exit(2)
 	}
 	// No client-side rate limit: the server is local and the harness measures the informer,
 	// not the token bucket (controller-runtime's GetConfig turns it off the same way).
-	cfg := &rest.Config{Host: *server, QPS: -1, UserAgent: "durable-informer-bench-peer/" + *system}
+	cfg.QPS = -1
+	cfg.UserAgent = "durable-informer-bench-peer/" + *system
 	switch *contentType {
 	case "json":
 		cfg.ContentType = "application/json"
