@@ -453,7 +453,7 @@ where
                     .then(|| Arc::new(Entry::new(c.meta.clone(), c.values.clone(), c.seq, c.new.clone())));
                 let deleted = (c.kind == DeltaKind::Deleted && !c.final_state_unknown)
                     .then(|| Arc::new(Entry::new(c.meta.clone(), Arc::from(Vec::new()), c.seq, c.new.clone())));
-                let before = st.objects.put(&c.key, after.clone());
+                let (before, after) = put_new(&mut st.objects, &c.key, after);
                 if before.is_none() && after.is_none() {
                     return true;
                 }
@@ -907,6 +907,19 @@ where
     }
 }
 
+/// Puts a new `entry` under `key`; returns what it replaced and the entry as held. The table
+/// stamps a new entry with its place in the eviction queue, which it can only do while it holds
+/// the one reference: a shared one would keep a stale place, and every older token of its key
+/// would still name it (the queue then grows without end, and its sweep runs on every pump).
+fn put_new<K>(
+    objects: &mut Objects<K>,
+    key: &ObjectKey,
+    entry: Option<Arc<Entry<K>>>,
+) -> (Option<Arc<Entry<K>>>, Option<Arc<Entry<K>>>) {
+    let before = objects.put(key, entry);
+    (before, objects.get(key).cloned())
+}
+
 /// Reading an object's current metadata, whatever the cache's type.
 pub(crate) trait MetaLookup: Send + Sync {
     fn meta(&self, key: &ObjectKey) -> Result<Option<Arc<ObjectMeta>>, StoreError>;
@@ -992,4 +1005,48 @@ fn build<K>(
         objects.put(&key, Some(e));
     }
     Ok((objects, position))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(name: &str, rv: u64) -> Arc<Entry<serde_json::Value>> {
+        Arc::new(Entry::new(
+            Arc::new(ObjectMeta {
+                namespace: Some("ns".into()),
+                name: name.into(),
+                resource_version: rv.to_string().into(),
+                ..ObjectMeta::default()
+            }),
+            Arc::from(Vec::new()),
+            Seq(rv),
+            Some(Bytes::from_static(b"0123456789")),
+        ))
+    }
+
+    fn holds_json(t: &Objects<serde_json::Value>, name: &str) -> bool {
+        t.get(&ObjectKey::namespaced("ns", name))
+            .is_some_and(|e| e.bytes().is_some())
+    }
+
+    #[test]
+    fn changes_applied_keep_the_eviction_order_oldest_first() {
+        let mut t = Objects::default();
+        let (a, b) = (ObjectKey::namespaced("ns", "a"), ObjectKey::namespaced("ns", "b"));
+        put_new(&mut t, &a, Some(entry("a", 1)));
+        put_new(&mut t, &b, Some(entry("b", 2)));
+        let (before, held) = put_new(&mut t, &a, Some(entry("a", 3)));
+        assert_eq!(before.map(|e| e.seq), Some(Seq(1)));
+        assert_eq!(held.map(|e| e.seq), Some(Seq(3)), "the entry as held is returned");
+        // Room for one object's JSON: the least recently written (b) goes, not a's newest.
+        t.evict(30, Seq(3));
+        assert!(holds_json(&t, "a"), "a was just written");
+        assert!(!holds_json(&t, "b"));
+        // Each key keeps being written: the oldest is still the one evicted.
+        put_new(&mut t, &b, Some(entry("b", 4)));
+        t.evict(30, Seq(4));
+        assert!(!holds_json(&t, "a"));
+        assert!(holds_json(&t, "b"));
+    }
 }

@@ -461,8 +461,9 @@ impl<K> Objects<K> {
             entry.seq,
             Some(bytes),
         ));
-        self.put(&key, Some(filled.clone()));
-        Some(filled)
+        // Handed over alone, so `put` can give it its own place in the eviction queue.
+        self.put(&key, Some(filled));
+        self.get(&key).cloned()
     }
 
     fn insert(&mut self, key: ObjectKey, entry: Arc<Entry<K>>) {
