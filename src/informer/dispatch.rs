@@ -195,7 +195,8 @@ pub(crate) async fn run_volatile<K>(
         progress
             .position
             .send_if_modified(|p| std::mem::replace(p, position) != position);
-        if let Some(next) = cache.next(&listener) {
+        if let Some(mut next) = cache.next(&listener) {
+            warm_told(&cache, &mut next).await;
             tell(&ctx, &cache, &listener, &*handler, &label, next).await;
             continue;
         }
@@ -229,6 +230,29 @@ pub(crate) async fn run_volatile<K>(
         }
     }
     cache.unlisten(&listener);
+}
+
+/// An update's previous state that the cache holds no JSON of (replaced since it was loaded
+/// or evicted) is read back and decoded on a blocking thread while this task decodes the new
+/// state, instead of one after the other.
+async fn warm_told<K>(cache: &Arc<Cache<K>>, next: &mut Next<K>)
+where
+    K: DeserializeOwned + Send + Sync + 'static,
+{
+    let Some(told) = next.dirty.told.as_ref().filter(|t| t.bytes().is_none()) else {
+        return;
+    };
+    if next.after.as_ref().is_some_and(|a| a.same_version(told)) {
+        // Unchanged (a resync): read once, into the cache, by the handler.
+        return;
+    }
+    let back = cache.told_back(told, next.dirty.since);
+    if let Some(after) = &next.after {
+        let _ = after.object();
+    }
+    if let Ok(Some(warm)) = back.await {
+        next.dirty.told = Some(warm);
+    }
 }
 
 /// The decoded object of `entry` (read back from redb if cold). `Ok(None)`: no longer to be

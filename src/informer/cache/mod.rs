@@ -857,10 +857,8 @@ where
         }
     }
 
-    /// The decoded object of `entry`, reading a cold one back from redb (on a blocking thread):
-    /// from the object row if it still holds this version, else from the log entry that wrote
-    /// it, else from the one that replaced it (`replaced_by`). `None` when none holds it any
-    /// more (compacted).
+    /// The decoded object of `entry`, reading a cold one back from redb (on a blocking thread,
+    /// see [`read_back`](Self::read_back)). `None` when nothing holds it any more (compacted).
     pub(crate) async fn resolve(
         self: &Arc<Self>,
         entry: &Arc<Entry<K>>,
@@ -869,18 +867,64 @@ where
         if let Some(k) = entry.object() {
             return k.map(Some).map_err(|_| decode_error::<K>(entry.bytes()));
         }
+        let bytes = tokio::task::spawn_blocking(self.read_back(entry, replaced_by))
+            .await
+            .map_err(|e| StoreError::Aborted(format!("reading a cold object: {e}")))??;
+        match bytes {
+            None => Ok(None),
+            Some(b) => self.fill(entry, b).map(Some),
+        }
+    }
+
+    /// A state a volatile handler was told, that the cache holds no JSON of any more (an update
+    /// replaced it): read back and decoded on a blocking thread while the handler's task goes
+    /// on (it decodes the new state meanwhile), as an entry of its own for the same version.
+    /// `None` when it cannot be read (the handler's own read then says why).
+    pub(crate) fn told_back(
+        self: &Arc<Self>,
+        told: &Arc<Entry<K>>,
+        replaced_by: Seq,
+    ) -> tokio::task::JoinHandle<Option<Arc<Entry<K>>>> {
+        let read = self.read_back(told, Some(replaced_by));
+        let (meta, values, seq) = (told.meta.clone(), told.values.clone(), told.seq);
+        tokio::task::spawn_blocking(move || {
+            let bytes = read().ok().flatten()?;
+            let e = Arc::new(Entry::new(meta, values, seq, Some(bytes)));
+            // Decoded here, off the handler's task; an error is kept in the entry for it.
+            let _ = e.object();
+            Some(e)
+        })
+    }
+
+    /// Reads `entry`'s JSON back from redb (blocking): from the object row if it still holds
+    /// this version, else from the log entry that wrote it, else from the one that replaced it
+    /// (`replaced_by`). Once the change that replaced it is committed the row holds a newer
+    /// version, so the log is read first.
+    fn read_back(
+        &self,
+        entry: &Entry<K>,
+        replaced_by: Option<Seq>,
+    ) -> impl FnOnce() -> Result<Option<Bytes>, StoreError> + Send + 'static {
         let (store, log, scope) = (self.store.clone(), self.log.clone(), self.scope);
         let (key, rv, seq) = (entry.meta.key(), entry.meta.resource_version.clone(), entry.seq);
-        let bytes = tokio::task::spawn_blocking(move || -> Result<Option<Bytes>, StoreError> {
-            let current = store.get_with(&key, |meta, bytes| {
-                if meta.resource_version == rv {
-                    bytes().map(Some)
-                } else {
-                    Ok(None)
+        let committed = *self.writer.committed().borrow();
+        let row_first = replaced_by.is_none_or(|r| r > committed);
+        move || {
+            let row = || {
+                store
+                    .get_with(&key, |meta, bytes| {
+                        if meta.resource_version == rv {
+                            bytes().map(Some)
+                        } else {
+                            Ok(None)
+                        }
+                    })
+                    .map(Option::flatten)
+            };
+            if row_first {
+                if let Some(b) = row()? {
+                    return Ok(Some(b));
                 }
-            })?;
-            if let Some(Some(b)) = current {
-                return Ok(Some(b));
             }
             if seq.0 > 0 {
                 if let Some(r) = log.record(seq, scope)? {
@@ -896,13 +940,11 @@ where
                     }
                 }
             }
-            Ok(None)
-        })
-        .await
-        .map_err(|e| StoreError::Aborted(format!("reading a cold object: {e}")))??;
-        match bytes {
-            None => Ok(None),
-            Some(b) => self.fill(entry, b).map(Some),
+            if row_first {
+                return Ok(None);
+            }
+            // Compacted from the log: the row, should it still hold it.
+            row()
         }
     }
 }
