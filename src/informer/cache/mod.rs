@@ -28,7 +28,9 @@
 //! ## Memory
 //!
 //! Every key, metadata and posting is held; the JSON and decoded object only within the byte
-//! budget (each object's JSON charged three times). An entry over the budget is evicted only
+//! budget (each object's JSON charged three times). A load reads the JSON (within the budget)
+//! only when volatile handlers are registered, whose initial adds and updates' previous states
+//! need it; a cache read by listers alone loads without it, so a restart stays small. An entry over the budget is evicted only
 //! once redb has it (its change committed), so a cold entry can always be read back: a lister
 //! reads it from redb if its resourceVersion is unchanged there, and answers from redb alone
 //! otherwise.
@@ -277,10 +279,19 @@ where
         let sub = self.writer.subscribe(self.scope).await?;
         let indexes: Vec<IndexName> = self.store_indexes();
         let snapshot = sub.snapshot;
-        let with_json = self.pinned.load(Ordering::Acquire);
+        // A pinned cache holds every object's JSON. So does, within its budget, one that tells
+        // volatile handlers: their initial adds and each update's previous state read it anyway,
+        // and one pass now costs far less than a read back per object later.
+        let json_budget = if self.pinned.load(Ordering::Acquire) {
+            usize::MAX
+        } else if self.listeners.locked().is_empty() {
+            0
+        } else {
+            self.budget.load(Ordering::Relaxed)
+        };
         let memory = self.store.memory().clone();
         let (objects, position) =
-            tokio::task::spawn_blocking(move || build::<K>(&snapshot, &indexes, with_json, memory))
+            tokio::task::spawn_blocking(move || build::<K>(&snapshot, &indexes, json_budget, memory))
                 .await
                 .map_err(|e| StoreError::Aborted(format!("loading the cache: {e}")))??;
         let mut pump = self.pump.locked();
@@ -1006,12 +1017,14 @@ pub(crate) fn decode_error<K: DeserializeOwned>(bytes: Option<&Bytes>) -> StoreE
     }
 }
 
-/// Every key, metadata and complete index of the scope in `snapshot`, and its position (JSON
-/// is left in redb, reads and changes bring it in, unless `with_json`: a pinned cache).
+/// Every key, metadata and complete index of the scope in `snapshot`, and its position, with
+/// objects' JSON up to `json_budget` and while the store's shared budget allows (a pinned
+/// cache's `usize::MAX`: every object's); the rest is left in redb, and reads and changes
+/// bring it in.
 fn build<K>(
     snapshot: &Snapshot,
     indexes: &[IndexName],
-    with_json: bool,
+    json_budget: usize,
     memory: Arc<crate::store::MemoryBudget>,
 ) -> Result<(Objects<K>, Seq), StoreError> {
     let position = snapshot.position()?;
@@ -1032,20 +1045,21 @@ fn build<K>(
         }
     }
     let mut objects = Objects::with_indexes(&served);
+    let shared = memory.clone();
     objects.attach(memory);
-    let mut entries = Vec::new();
     snapshot.scan(None, |key, meta, bytes| {
         let vals = values.remove(&key).unwrap_or_default();
-        let json = if with_json { Some(bytes()?) } else { None };
-        entries.push((
-            key,
-            Arc::new(Entry::new(Arc::new(meta.clone()), vals.into(), Seq(0), json)),
-        ));
+        // Up to the budget (one object over at most: the first pump evicts down to it).
+        let room = json_budget == usize::MAX || !shared.over();
+        let json = if room && objects.charged() < json_budget {
+            Some(bytes()?)
+        } else {
+            None
+        };
+        let e = Arc::new(Entry::new(Arc::new(meta.clone()), vals.into(), Seq(0), json));
+        objects.put(&key, Some(e));
         Ok(None::<()>)
     })?;
-    for (key, e) in entries {
-        objects.put(&key, Some(e));
-    }
     Ok((objects, position))
 }
 
