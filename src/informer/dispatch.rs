@@ -165,6 +165,8 @@ pub(crate) async fn run_volatile<K>(
 {
     let label = "volatile handler".to_owned();
     let listener = cache.listen(opts.queued.unwrap_or(super::cache::EXACT_LIMIT));
+    // Its initial adds read every object: what the cache holds without JSON is read in pages.
+    tokio::spawn(Cache::fill_for_listeners(Arc::downgrade(&cache)));
     let period = opts.resync.unwrap_or(Duration::MAX);
     let mut resync_at = tokio::time::Instant::now().checked_add(period);
     let mut wake = cache.waker();

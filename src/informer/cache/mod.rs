@@ -162,6 +162,17 @@ pub(crate) struct Cache<K> {
     applied: watch::Sender<(bool, Seq)>,
     /// Wakes the cache's task to (re)load.
     reload: Notify,
+    /// A [`fill_for_listeners`](Self::fill_for_listeners) pass is running.
+    filling: AtomicBool,
+}
+
+/// Clears a flag when dropped.
+struct Reset<'a>(&'a AtomicBool);
+
+impl Drop for Reset<'_> {
+    fn drop(&mut self) {
+        self.0.store(false, Ordering::Release);
+    }
 }
 
 /// What a volatile handler's next delivery needs: the key it pops, what it was told, and the
@@ -214,6 +225,7 @@ where
             sync_seq,
             applied: watch::channel((false, Seq(0))).0,
             reload: Notify::new(),
+            filling: AtomicBool::new(false),
         })
     }
 
@@ -233,6 +245,10 @@ where
                     Ok(()) => {
                         first = false;
                         backoff = Duration::from_millis(10);
+                        // A handler registered while the load was under way.
+                        if !c.listeners.locked().is_empty() {
+                            tokio::spawn(Cache::fill_for_listeners(Arc::downgrade(&c)));
+                        }
                     }
                     Err(StoreError::WriterGone) => return,
                     Err(e) => {
@@ -783,43 +799,15 @@ where
                 }
                 continue;
             }
-            let cold: Vec<Arc<Entry<K>>> = match c.view() {
-                Some(v) => v
-                    .select(None, |_| true)
-                    .into_iter()
-                    .filter(|e| e.bytes().is_none())
-                    .collect(),
-                None => Vec::new(),
-            };
+            let cold = c.cold().unwrap_or_default();
             if cold.is_empty() && c.view().is_some() {
                 c.warm.send_replace(true);
                 return;
             }
-            let store = c.store.clone();
-            let wanted: Vec<(ObjectKey, crate::object::ResourceVersion)> = cold
-                .iter()
-                .map(|e| (e.meta.key(), e.meta.resource_version.clone()))
-                .collect();
-            let read = tokio::task::spawn_blocking(move || -> Result<Vec<Option<Bytes>>, StoreError> {
-                let snapshot = store.snapshot()?;
-                wanted
-                    .iter()
-                    .map(|(key, rv)| {
-                        let found = snapshot.get_with(key, |meta, bytes| {
-                            if meta.resource_version == *rv {
-                                bytes().map(Some)
-                            } else {
-                                Ok(None)
-                            }
-                        })?;
-                        Ok(found.flatten())
-                    })
-                    .collect()
-            })
-            .await;
+            let read = c.read_json(&cold).await;
             let mut filled = 0usize;
             match read {
-                Ok(Ok(found)) => {
+                Ok(found) => {
                     // JSON only: each object is decoded by its first reader, as any other.
                     let mut st = c.state.writing();
                     for (e, bytes) in cold.iter().zip(found) {
@@ -830,8 +818,7 @@ where
                         }
                     }
                 }
-                Ok(Err(StoreError::WriterGone)) => return,
-                Ok(Err(e)) => tracing::warn!(scope = %c.scope, error = %e, "warming the informer's cache; retrying"),
+                Err(StoreError::WriterGone) => return,
                 Err(e) => tracing::warn!(scope = %c.scope, error = %e, "warming the informer's cache; retrying"),
             }
             drop(c);
@@ -841,6 +828,68 @@ where
                 tokio::select! {
                     r = applied.changed() => if r.is_err() { return },
                     () = tokio::time::sleep(Duration::from_millis(50)) => {}
+                }
+            }
+        }
+    }
+
+    /// The entries the table holds without their JSON, in key order (`None` while loading).
+    fn cold(&self) -> Option<Vec<Arc<Entry<K>>>> {
+        let v = self.view()?;
+        Some(v.0.objects.iter().filter(|(_, e)| e.bytes().is_none()).map(|(_, e)| e.clone()).collect())
+    }
+
+    /// The JSON of each of `entries` at its version, from one redb snapshot read on a blocking
+    /// thread (`None` for one that changed there since).
+    async fn read_json(&self, entries: &[Arc<Entry<K>>]) -> Result<Vec<Option<Bytes>>, StoreError> {
+        let store = self.store.clone();
+        let wanted: Vec<(ObjectKey, crate::object::ResourceVersion)> = entries
+            .iter()
+            .map(|e| (e.meta.key(), e.meta.resource_version.clone()))
+            .collect();
+        tokio::task::spawn_blocking(move || -> Result<Vec<Option<Bytes>>, StoreError> {
+            let snapshot = store.snapshot()?;
+            wanted
+                .iter()
+                .map(|(key, rv)| {
+                    let found = snapshot.get_with(key, |meta, bytes| {
+                        if meta.resource_version == *rv {
+                            bytes().map(Some)
+                        } else {
+                            Ok(None)
+                        }
+                    })?;
+                    Ok(found.flatten())
+                })
+                .collect()
+        })
+        .await
+        .map_err(|e| StoreError::Aborted(format!("reading objects' JSON: {e}")))?
+    }
+
+    /// Reads back, within the budget, the JSON of the objects the table holds without it, for
+    /// volatile handlers (their initial adds read every object): a page per blocking read,
+    /// while the handlers start telling (one meeting an object not read yet reads it itself).
+    /// One pass at a time per cache; it ends at the budget, on an error, or when nothing is
+    /// cold.
+    pub(crate) async fn fill_for_listeners(cache: std::sync::Weak<Self>) {
+        const PAGE: usize = 256;
+        let Some(c) = cache.upgrade() else { return };
+        if c.filling.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let _done = Reset(&c.filling);
+        let Some(cold) = c.cold() else { return };
+        for page in cold.chunks(PAGE) {
+            let budget = c.budget.load(Ordering::Relaxed);
+            if c.state.reading().objects.charged() >= budget {
+                return;
+            }
+            let Ok(found) = c.read_json(page).await else { return };
+            let mut st = c.state.writing();
+            for (e, bytes) in page.iter().zip(found) {
+                if let Some(b) = bytes {
+                    st.objects.fill(e, b, budget);
                 }
             }
         }
@@ -877,6 +926,14 @@ where
     ) -> Result<Option<Arc<K>>, StoreError> {
         if let Some(k) = entry.object() {
             return k.map(Some).map_err(|_| decode_error::<K>(entry.bytes()));
+        }
+        // The table may hold this version's JSON by now (read back since this entry was taken).
+        if let Some(Some(held)) = self.entry(&entry.meta.key()) {
+            if held.same_version(entry) {
+                if let Some(k) = held.object() {
+                    return k.map(Some).map_err(|_| decode_error::<K>(held.bytes()));
+                }
+            }
         }
         let bytes = tokio::task::spawn_blocking(self.read_back(entry, replaced_by))
             .await
