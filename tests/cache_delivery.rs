@@ -144,6 +144,9 @@ async fn a_restarted_cache_read_by_listers_alone_loads_no_json() {
     wait_for("the cache to load", || inf.cache_stats().loaded).await;
     assert_eq!(inf.cache_stats().with_json, 0, "a restart without handlers stays small");
     let got = lister.namespace("ns").get("o05").unwrap().expect("read from redb");
-    assert_eq!(got.data.as_ref().and_then(|d| d.get("v")).map(String::as_str), Some("1"));
+    assert_eq!(
+        got.data.as_ref().and_then(|d| d.get("v")).map(String::as_str),
+        Some("1")
+    );
     inf.shutdown().await.unwrap();
 }

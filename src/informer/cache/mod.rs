@@ -836,7 +836,13 @@ where
     /// The entries the table holds without their JSON, in key order (`None` while loading).
     fn cold(&self) -> Option<Vec<Arc<Entry<K>>>> {
         let v = self.view()?;
-        Some(v.0.objects.iter().filter(|(_, e)| e.bytes().is_none()).map(|(_, e)| e.clone()).collect())
+        Some(
+            v.0.objects
+                .iter()
+                .filter(|(_, e)| e.bytes().is_none())
+                .map(|(_, e)| e.clone())
+                .collect(),
+        )
     }
 
     /// The JSON of each of `entries` at its version, from one redb snapshot read on a blocking
@@ -1017,6 +1023,9 @@ where
     }
 }
 
+/// What a key held before a put, and holds after it.
+type Replaced<K> = (Option<Arc<Entry<K>>>, Option<Arc<Entry<K>>>);
+
 /// Puts a new `entry` under `key`; returns what it replaced and the entry as held. The table
 /// stamps a new entry with its place in the eviction queue, which it can only do while it holds
 /// the one reference: a shared one would keep a stale place, and every older token of its key
@@ -1025,7 +1034,7 @@ fn put_new<K>(
     objects: &mut Objects<K>,
     key: &ObjectKey,
     entry: Option<Arc<Entry<K>>>,
-) -> (Option<Arc<Entry<K>>>, Option<Arc<Entry<K>>>) {
+) -> Replaced<K> {
     let before = objects.put(key, entry);
     (before, objects.get(key).cloned())
 }
