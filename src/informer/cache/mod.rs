@@ -1030,11 +1030,7 @@ type Replaced<K> = (Option<Arc<Entry<K>>>, Option<Arc<Entry<K>>>);
 /// stamps a new entry with its place in the eviction queue, which it can only do while it holds
 /// the one reference: a shared one would keep a stale place, and every older token of its key
 /// would still name it (the queue then grows without end, and its sweep runs on every pump).
-fn put_new<K>(
-    objects: &mut Objects<K>,
-    key: &ObjectKey,
-    entry: Option<Arc<Entry<K>>>,
-) -> Replaced<K> {
+fn put_new<K>(objects: &mut Objects<K>, key: &ObjectKey, entry: Option<Arc<Entry<K>>>) -> Replaced<K> {
     let before = objects.put(key, entry);
     (before, objects.get(key).cloned())
 }
