@@ -1,7 +1,8 @@
 //! Store benchmarks, one group per stage: metadata extraction against a typed decode
 //! (`decode`), compression and decompression (`codec`), label-index queries (`index`), durable
 //! batch apply of ~5 KB Pods in batches of 1, 100 and 1000 with a label index (`ingest`), and
-//! reads: point get, a namespace list, a label-index query (`read`).
+//! reads: point get, a namespace list, a label-index query (`read`), and what
+//! `StoreConfig::live_inspection(true)` costs the writer against the default (`live_inspection`).
 //!
 //! `cargo bench --bench store` (about 4 minutes). Filter with criterion's usual argument, e.g.
 //! `cargo bench --bench store -- ingest/zstd-dict`. Besides criterion's timings it prints bytes
@@ -155,9 +156,13 @@ struct Fixture {
 
 impl Fixture {
     fn new(name: &str, compression: Compression, keys: u64) -> Self {
+        Self::with_config(name, keys, |c| c.compression(compression))
+    }
+
+    fn with_config(name: &str, keys: u64, config: impl FnOnce(StoreConfig) -> StoreConfig) -> Self {
         let path = bench_dir().join(format!("{name}.redb"));
         let _ = std::fs::remove_file(&path);
-        let db = DurableStore::open(StoreConfig::new(&path).compression(compression)).expect("open");
+        let db = DurableStore::open(config(StoreConfig::new(&path))).expect("open");
         let scope = db
             .writer()
             .register_scope_blocking(&ScopeSpec::new("", "v1", "pods"))
@@ -242,6 +247,52 @@ fn ingest(c: &mut Criterion) {
                     spent
                 });
             });
+        }
+    }
+    g.finish();
+}
+
+/// What `StoreConfig::live_inspection(true)` costs the writer: watch batches (deferred fsync,
+/// as the reflector sends them) of 1 and 100 Pods, and a point read, with the default
+/// (exclusive file, fsyncs grouped within `fsync_delay`) and with live inspection (every
+/// commit fsynced, byte-range locks for other processes' readers), in one run.
+fn live_inspection(c: &mut Criterion) {
+    let mut g = c.benchmark_group("live_inspection");
+    g.sample_size(10);
+    g.warm_up_time(Duration::from_millis(500));
+    for (label, live) in [("default", false), ("live", true)] {
+        for batch in [1u64, 100] {
+            g.throughput(Throughput::Elements(batch));
+            g.measurement_time(Duration::from_secs(4));
+            let mut fx = Fixture::with_config(&format!("live-{label}-{batch}"), 10_000, |c| c.live_inspection(live));
+            let b = fx.next_batch(2_000);
+            fx.apply(b);
+            g.bench_with_input(
+                BenchmarkId::new(format!("watch_batch/{label}"), batch),
+                &batch,
+                |bch, &n| {
+                    bch.iter_custom(|iters| {
+                        let mut spent = Duration::ZERO;
+                        for _ in 0..iters {
+                            let b = fx.next_batch(n).deferred_fsync();
+                            let t = Instant::now();
+                            fx.apply(b);
+                            spent += t.elapsed();
+                        }
+                        spent
+                    });
+                },
+            );
+            if batch == 1 {
+                let store = fx.db.store(fx.scope);
+                let key = ObjectKey::namespaced("team-0", "probe");
+                let keys = store.list_keys().expect("keys");
+                let key = keys.first().cloned().unwrap_or(key);
+                g.throughput(Throughput::Elements(1));
+                g.bench_function(BenchmarkId::new("get", label), |b| {
+                    b.iter(|| black_box(store.get(&key).expect("get")));
+                });
+            }
         }
     }
     g.finish();
@@ -424,5 +475,14 @@ fn decode(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, decode, codec, index_query, footprint, ingest, reads);
+criterion_group!(
+    benches,
+    decode,
+    codec,
+    index_query,
+    footprint,
+    ingest,
+    reads,
+    live_inspection
+);
 criterion_main!(benches);

@@ -8,7 +8,9 @@
 //! [`WorkQueue`](crate::queue::WorkQueue) under client-go's `workqueue_*` names (labels `name`
 //! and `controller`, as controller-runtime's), each
 //! [`Controller`](crate::controller::Controller)'s reconciles (`durable_informer_reconcile_*`,
-//! label `controller`, as controller-runtime's `controller_runtime_reconcile_*`) and each
+//! label `controller`, as controller-runtime's `controller_runtime_reconcile_*`, with
+//! `durable_informer_reconcile_panics_total` and `durable_informer_active_workers`), leader
+//! election (`durable_informer_leader_is_leader` and `_transitions_total`, label `lease`) and each
 //! database's file size (label `database`, the file's name).
 //!
 //! [`register`] adds them all to your own registry, next to your metrics; [`encode`] renders
@@ -41,6 +43,7 @@ use prometheus_client::encoding::{
 };
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 use std::fmt::Write as _;
@@ -152,6 +155,21 @@ pub struct Metrics {
     pub reconcile_errors: Family<ControllerLabels, Counter>,
     /// Time per reconcile, seconds, by controller (1 ms to ~9 min).
     pub reconcile_time: Family<ControllerLabels, Histogram>,
+    /// Reconciles and delete hooks that panicked, by controller.
+    pub reconcile_panics: Family<ControllerLabels, Counter>,
+    /// Reconciles and delete hooks running now, by controller.
+    pub active_workers: Family<ControllerLabels, Gauge>,
+}
+
+/// One worker of a controller busy, counted in `active_workers` until dropped; see
+/// [`Metrics::busy`].
+#[derive(Debug)]
+pub struct Busy(Gauge);
+
+impl Drop for Busy {
+    fn drop(&mut self) {
+        self.0.dec();
+    }
 }
 
 impl Metrics {
@@ -160,7 +178,33 @@ impl Metrics {
             reconciles: Family::default(),
             reconcile_errors: Family::default(),
             reconcile_time: Family::new_with_constructor(long_seconds_histogram as fn() -> Histogram),
+            reconcile_panics: Family::default(),
+            active_workers: Family::default(),
         }
+    }
+
+    /// Counts one worker of `controller` busy (a reconcile or a delete hook) until the guard
+    /// is dropped.
+    #[must_use]
+    pub fn busy(&self, controller: &str) -> Busy {
+        let g = self
+            .active_workers
+            .get_or_create(&ControllerLabels {
+                controller: controller.to_owned(),
+            })
+            .clone();
+        g.inc();
+        Busy(g)
+    }
+
+    /// Records a panic of `controller`'s delete hook (a reconcile's panic is recorded by
+    /// [`observe_reconcile`](Self::observe_reconcile)).
+    pub fn observe_panic(&self, controller: &str) {
+        self.reconcile_panics
+            .get_or_create(&ControllerLabels {
+                controller: controller.to_owned(),
+            })
+            .inc();
     }
 
     /// Records one reconcile of `controller`.
@@ -176,6 +220,9 @@ impl Metrics {
             .inc();
         if matches!(result, ReconcileResult::Error | ReconcileResult::Panic) {
             self.reconcile_errors.get_or_create(&labels).inc();
+        }
+        if result == ReconcileResult::Panic {
+            self.reconcile_panics.get_or_create(&labels).inc();
         }
         self.reconcile_time.get_or_create(&labels).observe(took.as_secs_f64());
     }
@@ -209,6 +256,18 @@ fn encode_reconciles(encoder: &mut DescriptorEncoder<'_>) -> Result<(), std::fmt
         "durable_informer_reconcile_time_seconds",
         "Time per reconcile",
         &m.reconcile_time,
+    )?;
+    encode_family(
+        encoder,
+        "durable_informer_reconcile_panics",
+        "Reconciles and delete hooks that panicked",
+        &m.reconcile_panics,
+    )?;
+    encode_family(
+        encoder,
+        "durable_informer_active_workers",
+        "Reconciles and delete hooks running now",
+        &m.active_workers,
     )
 }
 

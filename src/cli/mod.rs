@@ -1,8 +1,10 @@
 //! Command-line parsing, dispatch and error reporting.
 //!
-//! Exit codes: 0 success; 1 runtime error (server unreachable, I/O); 2 usage error; 3 `check`
-//! found violations; 4 the database cannot be used (locked, another cluster's, newer schema,
-//! not a database); 5 unknown resource.
+//! Exit codes (as `docs/cli.md` lists them): 0 success, also when the reader of stdout goes
+//! away; 1 runtime error (server unreachable, I/O); 2 usage error; 3 `check` found violations;
+//! 4 the database cannot be used (held by another process for a command that writes, another
+//! cluster's, an older or newer schema, left unclean with no writer to recover it, damaged, not
+//! a database); 5 unknown resource (on the server, or no scope for it in the database).
 
 /// Prints a line on stdout; a closed pipe (`| head`) becomes a quiet stop, never a panic.
 macro_rules! outln {

@@ -622,6 +622,7 @@ where
     /// state (`read` when given, unless the hook ran: then read after it); then what comes
     /// next, and the result on the stream.
     async fn process(&self, shared: &Shared<K>, key: ObjectKey, obj_ref: ObjectRef<K>, mut read: Option<Read<K>>) {
+        let _busy = crate::metrics::global().busy(&self.name);
         let queue = &shared.enqueue.queue;
         let tombstone = shared.tombstones.locked().get(&key).map(|(o, _)| o.clone());
         if let (Some(deleted), Some(hook)) = (tombstone, &shared.on_delete) {
@@ -649,6 +650,7 @@ where
                 Err(panic) => {
                     let msg = crate::util::panic_message(panic.as_ref());
                     tracing::error!(panic = msg, "delete hook panicked");
+                    crate::metrics::global().observe_panic(&self.name);
                     queue.add_rate_limited(key.clone());
                     let _ = self.tx.send(Err(Error::ReconcilerPanicked(msg, erase(&obj_ref)))).await;
                     return;

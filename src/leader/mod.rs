@@ -26,6 +26,7 @@
 //! ```
 
 mod kube_lock;
+mod metrics;
 mod record;
 
 use std::future::Future;
@@ -246,6 +247,8 @@ impl<L: LeaseLock> LeaderElector<L> {
                 lease_duration: c.lease_duration,
             });
         }
+        let lease = self.lock.describe();
+        metrics::following(&lease);
         loop {
             if !self.acquire(&mut stop).await {
                 break;
@@ -253,10 +256,12 @@ impl<L: LeaseLock> LeaderElector<L> {
             tracing::info!(lease = %self.lock.describe(), identity = self.lock.identity(), "became leader");
             self.vouch();
             self.leading.send_replace(true);
+            metrics::set_leading(&lease, true);
             let stopped = self.renew(&mut stop).await;
             // Leadership ends here, before the Lease is released or can expire for the others.
             self.leading.send_replace(false);
             self.until.send_replace(None);
+            metrics::set_leading(&lease, false);
             if stopped {
                 if c.release_on_cancel {
                     self.release().await;
