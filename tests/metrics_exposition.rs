@@ -227,7 +227,7 @@ fn strict_problems(text: &str) -> Vec<String> {
 
 #[test]
 fn the_strict_parser_finds_what_promtool_would() {
-    let ok = "# HELP a_total A.\n# TYPE a counter\na_total{x=\"1\"} 1\n# HELP g G.\n# TYPE g gauge\ng 2\n# EOF\n";
+    let ok = "# HELP a A.\n# TYPE a counter\na_total{x=\"1\"} 1\n# HELP g G.\n# TYPE g gauge\ng 2\n# EOF\n";
     assert_eq!(strict_problems(ok), Vec::<String>::new());
     let twice = "# HELP g G.\n# TYPE g gauge\ng{x=\"1\"} 1\ng{x=\"1\"} 2\n";
     assert_eq!(strict_problems(twice).len(), 1, "{:?}", strict_problems(twice));

@@ -93,3 +93,89 @@ async fn the_watcher_stream_yields_store_errors_as_items() {
         assert!(err.to_string().contains("closed"), "names the cause: {err}");
     }
 }
+
+/// The aim of issue #36: a controller stopped while the log moved far past its retention
+/// reconciles, on restart, every key deleted meanwhile. Its delete hook reads through a durable
+/// handler (`<name>-deletes`) whose cursor holds compaction back, so nothing it has not seen
+/// is compacted away however long it is stopped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_controller_stopped_past_the_retention_window_hears_of_every_deletion() {
+    use durable_informer::controller::{Action, Controller};
+    use std::sync::{Arc, Mutex};
+    let fake = Fake::new();
+    for i in 0..6 {
+        fake.upsert(&format!("o{i}"), "1");
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let db = DurableStore::open(StoreConfig::new(dir.path().join("db.redb")).retention_entries(Some(5))).unwrap();
+    let inf = Informer::<ConfigMap>::builder(&db, fake.clone()).build().await.unwrap();
+    let deleted: Arc<Mutex<Vec<String>>> = Arc::default();
+    let reconciled: Arc<Mutex<usize>> = Arc::default();
+    let start = |inf: Informer<ConfigMap>| {
+        let (d, r) = (deleted.clone(), reconciled.clone());
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let stream = Controller::for_informer(inf)
+            .name("retention")
+            .on_delete(move |cm: Arc<ConfigMap>| {
+                let d = d.clone();
+                async move {
+                    d.lock().unwrap().push(cm.metadata.name.clone().unwrap_or_default());
+                    Ok::<(), std::io::Error>(())
+                }
+            })
+            .graceful_shutdown_on(async move {
+                let _ = stopped.await;
+            })
+            .run(
+                move |_: Arc<ConfigMap>, _: Arc<()>| {
+                    *r.lock().unwrap() += 1;
+                    async { Ok::<Action, std::io::Error>(Action::await_change()) }
+                },
+                |_, _, _| Action::await_change(),
+                Arc::new(()),
+            );
+        (stop, tokio::spawn(stream.for_each(|_| async {})))
+    };
+    let (stop, task) = start(inf.clone());
+    eventually("the initial reconciles", || *reconciled.lock().unwrap() >= 6).await;
+    let _ = stop.send(());
+    tokio::time::timeout(Duration::from_secs(10), task)
+        .await
+        .unwrap()
+        .unwrap();
+
+    // Stopped: three deletions, then far more changes than the retention keeps, compacted.
+    for i in 0..3 {
+        fake.delete(&format!("o{i}"));
+    }
+    for round in 0..20 {
+        fake.upsert("o5", &round.to_string());
+    }
+    fake.upsert("marker", "1");
+    let store = inf.store();
+    eventually("the informer wrote every change", || {
+        matches!(store.get(&ObjectKey::namespaced("ns", "marker")), Ok(Some(_)))
+    })
+    .await;
+    db.writer().compact(Some(5)).await.unwrap();
+    let (first, last) = db.log().bounds().unwrap().expect("a log");
+    // More than the 5 entries retention keeps: the stopped controller's cursor holds them.
+    assert!(
+        last.0 - first.0 + 1 > 5,
+        "the controller is behind the retention window: log {first:?}..={last:?}"
+    );
+    assert!(deleted.lock().unwrap().is_empty());
+
+    let (stop, task) = start(inf.clone());
+    eventually("every deletion made while stopped reaches the hook", || {
+        let mut d = deleted.lock().unwrap().clone();
+        d.sort();
+        d == ["o0", "o1", "o2"]
+    })
+    .await;
+    let _ = stop.send(());
+    tokio::time::timeout(Duration::from_secs(10), task)
+        .await
+        .unwrap()
+        .unwrap();
+}

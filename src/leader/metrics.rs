@@ -50,8 +50,8 @@ pub(crate) fn following(lease: &str) {
         lease: lease.to_owned(),
     };
     let f = families();
-    f.is_leader.get_or_create(&labels);
-    f.transitions.get_or_create(&labels);
+    drop(f.is_leader.get_or_create(&labels));
+    drop(f.transitions.get_or_create(&labels));
 }
 
 fn encode(e: &mut DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
