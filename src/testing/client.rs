@@ -71,6 +71,8 @@ pub(crate) struct RunShared {
     pub inflight: u64,
     /// What the controller's `run` stream reported (controller mode).
     pub reconciled: Vec<Reconciled>,
+    /// The controller's watches by resource (controller mode).
+    pub watches: HashMap<String, Watching>,
 }
 
 impl RunShared {
@@ -93,6 +95,7 @@ impl RunShared {
             served: 0,
             inflight: 0,
             reconciled: Vec::new(),
+            watches: HashMap::new(),
         }
     }
 
@@ -209,6 +212,42 @@ impl UniqueIndex {
             }
         }
         Ok(())
+    }
+}
+
+/// The controller's watches of one resource (controller mode).
+#[derive(Default)]
+pub(crate) struct Watching {
+    /// Open now.
+    pub open: u64,
+    /// The revision the last one opened at or sent an event of.
+    pub at: u64,
+}
+
+/// Counts a watch as open until its body is dropped.
+struct WatchOpen {
+    shared: Arc<Mutex<RunShared>>,
+    resource: String,
+    counted: bool,
+}
+
+impl Drop for WatchOpen {
+    fn drop(&mut self) {
+        if self.counted {
+            if let Some(w) = lock(&self.shared).watches.get_mut(&self.resource) {
+                w.open = w.open.saturating_sub(1);
+            }
+        }
+    }
+}
+
+impl RunShared {
+    /// Whether every resource the controller watched has a watch open that has sent
+    /// everything up to now (controller mode: nothing is on its way to the controller).
+    pub(crate) fn watches_caught_up(&self, sim: &Sim) -> bool {
+        self.watches
+            .iter()
+            .all(|(res, w)| w.open > 0 && sim.events_after(res, w.at, 1).is_ok_and(|e| e.is_empty()))
     }
 }
 
@@ -386,12 +425,32 @@ impl InProcess {
     ) -> Response<UnsyncBoxBody<Bytes, std::io::Error>> {
         let body = body.collect().await.map(|b| b.to_bytes()).unwrap_or_default();
         let resource = target(parts.uri.path()).map(|t| t.0).unwrap_or_default();
+        let from: u64 = parts
+            .uri
+            .query()
+            .and_then(|q| q.split('&').find_map(|kv| kv.strip_prefix("resourceVersion=")))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0);
         let resp = self.sim.handle(Request::from_parts(parts, Full::new(body))).await;
         let shared = self.shared.clone();
         let mut partial: Vec<u8> = Vec::new();
-        lock(&shared).served += 1;
+        {
+            let mut sh = lock(&shared);
+            sh.served += 1;
+            if resp.status().is_success() {
+                let w = sh.watches.entry(resource.clone()).or_default();
+                w.open += 1;
+                w.at = from;
+            }
+        }
+        let open = WatchOpen {
+            shared: shared.clone(),
+            resource: resource.clone(),
+            counted: resp.status().is_success(),
+        };
         resp.map(move |b| {
             b.map_frame(move |f| {
+                let _open = &open;
                 if let Some(d) = f.data_ref() {
                     partial.extend_from_slice(d);
                     let mut sh = lock(&shared);
@@ -403,6 +462,10 @@ impl InProcess {
                         };
                         let kind = ev.get("type").and_then(Value::as_str).unwrap_or("");
                         if let (Some(o), true) = (ev.get("object"), matches!(kind, "ADDED" | "MODIFIED" | "DELETED")) {
+                            let rv = rv_of(o);
+                            if let Some(w) = sh.watches.get_mut(&resource) {
+                                w.at = w.at.max(rv);
+                            }
                             sh.saw(key_of_value(&resource, o), Arc::new(o.clone()));
                         }
                     }

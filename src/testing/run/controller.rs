@@ -72,8 +72,9 @@ where
             let mut sh = lock(&self.shared);
             sh.read.clear();
             sh.crashed = false;
-            // The old process's requests died with it.
+            // The old process's requests and watches died with it.
             sh.inflight = 0;
+            sh.watches.clear();
         }
         if restart != Restart::FromDatabase {
             *generation += 1;
@@ -158,15 +159,18 @@ where
         loop {
             tokio::time::sleep(POLL).await;
             let m = live.queue.metrics();
-            let (served, inflight, crashed, done) = {
+            let (served, inflight, crashed, done, caught_up) = {
                 let sh = lock(&self.shared);
-                (sh.served, sh.inflight, sh.crashed, sh.reconciled.len())
+                let caught_up = sh.watches_caught_up(&self.sim);
+                (sh.served, sh.inflight, sh.crashed, sh.reconciled.len(), caught_up)
             };
             if crashed {
                 return false;
             }
             let now = (m.adds, served, done);
-            if m.depth == 0 && m.processing == 0 && inflight == 0 && last == Some(now) {
+            // An informer waiting to watch again (after a 410, in its backoff) sends and
+            // queues nothing, but is not done.
+            if m.depth == 0 && m.processing == 0 && inflight == 0 && caught_up && last == Some(now) {
                 quiet += 1;
                 if quiet >= QUIET_POLLS {
                     return true;
