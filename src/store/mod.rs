@@ -265,9 +265,10 @@ impl StoreConfig {
     /// left the other caches evict theirs; evicted objects are read back from redb when
     /// needed. [`object_cache_bytes`](Self::object_cache_bytes) stays a cap per informer.
     ///
-    /// redb's page cache ([`cache_bytes`](Self::cache_bytes)) comes on top: a process needs
-    /// about `memory_budget + cache_bytes` plus its runtime. `docs/deploying.md#sizing` has
-    /// the bytes per object measured, and the command that measures them.
+    /// redb's page cache ([`cache_bytes`](Self::cache_bytes)) comes on top, and so do the
+    /// change stream and the buffers of a sync in flight, which the budget does not count yet:
+    /// `docs/deploying.md#sizing` has the bytes per object measured, the sizing rule, and the
+    /// command that measures them.
     ///
     /// ```
     /// use durable_informer::store::StoreConfig;
