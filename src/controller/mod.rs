@@ -370,7 +370,10 @@ where
     }
 
     /// Shuts down gracefully on Ctrl+C or SIGTERM (on Unix), and at once, without waiting for
-    /// the reconciles in flight, on a second one (kube-runtime's `shutdown_on_signal`).
+    /// the reconciles in flight, on a second one (kube-runtime's `shutdown_on_signal`). Needs
+    /// the `signal` feature (default), which turns on tokio's.
+    #[cfg(feature = "signal")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "signal")))]
     #[must_use]
     pub fn shutdown_on_signal(mut self) -> Self {
         let (first_tx, first_rx) = tokio::sync::oneshot::channel::<()>();
@@ -493,6 +496,7 @@ where
 }
 
 /// Ctrl+C, or SIGTERM on Unix.
+#[cfg(feature = "signal")]
 async fn shutdown_signal() {
     #[cfg(unix)]
     {

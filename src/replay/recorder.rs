@@ -3,6 +3,7 @@
 
 use std::fs::{File, OpenOptions};
 use std::io::{BufWriter, Write};
+#[cfg(unix)]
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -134,14 +135,14 @@ impl<S: Source> std::fmt::Debug for Recorder<S> {
     }
 }
 
-/// Creates a file readable by its owner only (a recording may hold Secrets).
+/// Creates a file readable by its owner only (a recording may hold Secrets; a Unix mode,
+/// elsewhere the directory's access rules decide).
 pub(crate) fn create_private(path: &Path) -> std::io::Result<File> {
-    OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o600)
-        .open(path)
+    let mut options = OpenOptions::new();
+    options.write(true).create(true).truncate(true);
+    #[cfg(unix)]
+    options.mode(0o600);
+    options.open(path)
 }
 
 enum Sink {

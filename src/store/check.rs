@@ -3,6 +3,7 @@
 //! decompressed, so damaged rows are found whether their header or their bytes are hit.
 
 use std::collections::{BTreeMap, BTreeSet};
+#[cfg(unix)]
 use std::os::unix::fs::PermissionsExt;
 
 use bytes::Bytes;
@@ -147,8 +148,9 @@ impl<'a> Check<'a> {
     }
 
     /// Invariant 5: the database file is readable and writable by its owner only (0600): it
-    /// may hold Secrets.
+    /// may hold Secrets. Unix modes only: elsewhere there is no mode to check.
     fn file_is_readable_by_its_owner_only(&mut self) {
+        #[cfg(unix)]
         if let Ok(m) = std::fs::metadata(&self.shared.path) {
             let mode = m.permissions().mode() & 0o777;
             if mode & 0o077 != 0 {

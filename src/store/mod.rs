@@ -51,6 +51,7 @@ mod writer;
 use crate::util::RwLocked;
 use std::fs::OpenOptions;
 use std::io::Read;
+#[cfg(unix)]
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -497,15 +498,13 @@ fn open_database(config: &StoreConfig) -> Result<redb::Database, StoreError> {
         path: path.clone(),
         source,
     };
-    // Invariant 5: the file may hold Secrets, so it is created readable by the owner only.
-    let mut file = OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .mode(0o600)
-        .open(&path)
-        .map_err(io)?;
+    // Invariant 5: the file may hold Secrets, so it is created readable by the owner only
+    // (a Unix mode; elsewhere the directory's access rules decide).
+    let mut options = OpenOptions::new();
+    options.read(true).write(true).create(true).truncate(false);
+    #[cfg(unix)]
+    options.mode(0o600);
+    let mut file = options.open(&path).map_err(io)?;
     let len = file.metadata().map_err(io)?.len();
     if len > 0 {
         let mut magic = [0u8; 9];
