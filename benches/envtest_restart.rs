@@ -175,7 +175,11 @@ impl ClientGo {
         let synced = self.call("synced")?;
         let secs = t.elapsed().as_secs_f64();
         self.call("stop")?;
-        let objects = synced.split_whitespace().nth(2).and_then(|n| n.parse().ok()).unwrap_or(0);
+        let objects = synced
+            .split_whitespace()
+            .nth(2)
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(0);
         Ok((secs, objects))
     }
 }
