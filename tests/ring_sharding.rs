@@ -547,6 +547,8 @@ async fn a_shard_restarted_with_its_id_resumes_without_a_list_and_hears_moves_as
     })
     .await;
     first.shutdown().await.unwrap();
+    // An informer keeps its store's writer (and the file) until it is dropped too.
+    drop(first);
     drop(db);
     // While it was away, one of its objects moved to b.
     sim.patch(
