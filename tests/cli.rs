@@ -4,19 +4,15 @@
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use assert_cmd::cargo::CommandCargoExt;
+#[path = "common/cli_bin.rs"]
+mod cli_bin;
+
 use assert_cmd::prelude::*;
+use cli_bin::bin;
 use durable_informer::sim::{Sim, SimConfig};
 use nix::sys::signal::Signal;
 use predicates::prelude::*;
 use serde_json::json;
-
-fn bin() -> Command {
-    let mut c = Command::cargo_bin("durable-informer").unwrap();
-    // No ambient cluster configuration leaks into the tests.
-    c.env_remove("KUBECONFIG").env("HOME", "/nonexistent-home");
-    c
-}
 
 fn sim() -> Sim {
     let sim = Sim::start(SimConfig::default().bookmark_interval(Duration::from_millis(500))).unwrap();

@@ -3,37 +3,18 @@
 //! (no write, no migration, no recovery).
 
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use assert_cmd::cargo::CommandCargoExt;
+#[path = "common/cli_bin.rs"]
+mod cli_bin;
+
+use cli_bin::{bin, run};
 use durable_informer::object::{RawObject, ScopeSpec};
 use durable_informer::store::{Batch, DeltaKind, Durability, DurableStore, ReadOnlyStore, StoreConfig, StoreError};
 use serde_json::Value;
-
-fn bin() -> Command {
-    let mut c = Command::cargo_bin("durable-informer").unwrap();
-    c.env_remove("KUBECONFIG").env("HOME", "/nonexistent-home");
-    c
-}
-
-/// Runs the CLI; returns (exit code, stdout, stderr).
-fn run(args: &[&str], db: &Path) -> (i32, String, String) {
-    let out = bin()
-        .args(args)
-        .arg("--db")
-        .arg(db)
-        .stdin(Stdio::null())
-        .output()
-        .unwrap();
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
 
 fn ok(args: &[&str], db: &Path) -> String {
     let (code, stdout, stderr) = run(args, db);

@@ -3,39 +3,20 @@
 //! change says which old scope it leaves behind.
 
 use std::path::Path;
-use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use assert_cmd::cargo::CommandCargoExt;
+#[path = "common/cli_bin.rs"]
+mod cli_bin;
+
+use cli_bin::run;
 use durable_informer::informer::{Informer, InformerIssue};
 use durable_informer::object::{RawObject, ScopeSpec};
 use durable_informer::source::KubeSource;
 use durable_informer::store::{Batch, DeltaKind, DurableStore, ScopeId, StoreConfig, StoreError};
 use k8s_openapi::api::core::v1::Pod;
 use serde_json::Value;
-
-fn bin() -> Command {
-    let mut c = Command::cargo_bin("durable-informer").unwrap();
-    c.env_remove("KUBECONFIG").env("HOME", "/nonexistent-home");
-    c
-}
-
-fn run(args: &[&str], db: &Path) -> (i32, String, String) {
-    let out = bin()
-        .args(args)
-        .arg("--db")
-        .arg(db)
-        .stdin(Stdio::null())
-        .output()
-        .unwrap();
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
 
 fn scopes_json(db: &Path) -> Vec<Value> {
     let (code, stdout, stderr) = run(&["scopes", "-o", "json"], db);

@@ -218,9 +218,6 @@ impl StoreConfig {
     #[must_use]
     pub fn live_inspection(mut self, on: bool) -> Self {
         self.live_inspection = on;
-        if on {
-            self.fsync_delay = None;
-        }
         self
     }
 
@@ -239,8 +236,7 @@ impl StoreConfig {
     /// the latency this buys.
     #[must_use]
     pub fn fsync_delay(mut self, delay: Option<Duration>) -> Self {
-        // Live inspection shares only durable commits: nothing may be deferred.
-        self.fsync_delay = if self.live_inspection { None } else { delay };
+        self.fsync_delay = delay;
         self
     }
 
@@ -725,14 +721,17 @@ impl DurableStore {
     /// transaction, and starts the writer thread.
     ///
     /// This blocks (file I/O); from async code call it through `tokio::task::spawn_blocking`.
-    pub fn open(config: StoreConfig) -> Result<Self, StoreError> {
+    pub fn open(mut config: StoreConfig) -> Result<Self, StoreError> {
         if config.live_inspection && !config.durable {
             // redb refuses non-durable commits in a mode other processes read.
             return Err(StoreError::Config(
                 "live_inspection(true) needs durable commits: durable(false) cannot be combined with it".into(),
             ));
         }
-        debug_assert!(!config.live_inspection || config.fsync_delay.is_none());
+        if config.live_inspection {
+            // Other processes see only durable commits: nothing may be deferred.
+            config.fsync_delay = None;
+        }
         let db = open_database(&config)?;
         let path = config.path.clone();
         let shared = Arc::new(Shared {
