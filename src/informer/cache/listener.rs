@@ -80,6 +80,9 @@ pub(crate) struct Listener<K> {
     state: Mutex<State<K>>,
     /// Woken when there is something to tell (or the cache reloaded).
     pub(crate) notify: Notify,
+    /// Registered while the cache was (re)loading: its initial list is every object of the
+    /// table the load brings, not only what the load changed.
+    initial_pending: std::sync::atomic::AtomicBool,
 }
 
 impl<K> Default for Listener<K> {
@@ -102,6 +105,7 @@ impl<K> Listener<K> {
                 folds: 0,
             }),
             notify: Notify::new(),
+            initial_pending: std::sync::atomic::AtomicBool::new(false),
         }
     }
 }
@@ -281,6 +285,16 @@ impl<K> Listener<K> {
     }
 
     /// The handler is synced once everything to tell now has been told.
+    /// Marks it registered while the cache loads (see `initial_pending`).
+    pub(crate) fn await_initial(&self) {
+        self.initial_pending.store(true, std::sync::atomic::Ordering::Release);
+    }
+
+    /// Whether it still waits for its initial list; clears the mark.
+    pub(crate) fn take_initial(&self) -> bool {
+        self.initial_pending.swap(false, std::sync::atomic::Ordering::AcqRel)
+    }
+
     pub(crate) fn set_barrier(&self) {
         let mut st = self.state.locked();
         if st.barrier.is_none() {

@@ -30,10 +30,11 @@
 //! Every key, metadata and posting is held; the JSON and decoded object only within the byte
 //! budget (each object's JSON charged three times). A load reads the JSON (within the budget)
 //! only when volatile handlers are registered, whose initial adds and updates' previous states
-//! need it; a cache read by listers alone loads without it, so a restart stays small. An entry over the budget is evicted only
-//! once redb has it (its change committed), so a cold entry can always be read back: a lister
-//! reads it from redb if its resourceVersion is unchanged there, and answers from redb alone
-//! otherwise.
+//! need it; a cache read by listers alone loads without it, so a restart stays small. An entry
+//! over the budget is evicted only once its change is on disk (at the latest one `fsync_delay`
+//! after it was applied), so a cold entry can always be read back, and a state a rollback takes
+//! back still has its JSON for the handlers told of it. A lister reads a cold entry from redb if
+//! its resourceVersion is unchanged there, and answers from redb alone otherwise.
 
 mod listener;
 mod objects;
@@ -235,8 +236,10 @@ where
         let Some(c) = cache.upgrade() else { return };
         let mut sync = c.sync_seq.clone();
         let mut pressure = c.store.memory().pressure();
+        let mut durable = c.writer.durable();
         drop(c);
         let mut first = true;
+        let mut durable_gone = false;
         let mut backoff = Duration::from_millis(10);
         loop {
             let Some(c) = cache.upgrade() else { return };
@@ -277,6 +280,12 @@ where
                 // Another cache of the store is over the shared budget with nothing left to evict.
                 _ = pressure.changed() => if let Some(c) = cache.upgrade() {
                     c.relieve();
+                },
+                // What was kept over the budget until on disk can go now.
+                on_disk = durable.changed(), if !durable_gone => match (on_disk, cache.upgrade()) {
+                    (Err(_), _) => durable_gone = true,
+                    (Ok(()), Some(c)) => c.evict_on_disk(),
+                    (Ok(()), None) => return,
                 },
                 changed = sync.changed() => if changed.is_err() {
                     // The informer is gone.
@@ -334,9 +343,26 @@ where
         st.stream = Some(sub.reader.stream());
         st.consumed = sub.reader.position();
         let listeners = self.listeners.locked().clone();
+        // A handler registered while this load ran (a reload: the table was not serving) was
+        // told nothing yet: its initial list is the whole new table, not what changed.
+        let (fresh, told): (Vec<_>, Vec<_>) = listeners.iter().cloned().partition(|l| l.take_initial());
+        for (key, e) in st.objects.iter() {
+            for l in &fresh {
+                l.changed(&listener::Change {
+                    key,
+                    before: None,
+                    after: Some(e),
+                    deleted: None,
+                    final_state_unknown: false,
+                    initial: true,
+                    resync: false,
+                    seq: position,
+                });
+            }
+        }
         for (key, before, after) in &changes {
             let deleted = after.is_none();
-            for l in &listeners {
+            for l in &told {
                 l.changed(&listener::Change {
                     key,
                     before: before.as_ref(),
@@ -413,8 +439,10 @@ where
             if let Some(h) = head.filter(|_| !reload) {
                 st.position = st.position.max(h);
             }
-            let committed = *self.writer.committed().borrow();
-            st.objects.evict(self.budget.load(Ordering::Relaxed), committed);
+            // Only what is on disk: a rollback takes back only what is not, and the states it
+            // takes back keep their JSON for the handlers told of them.
+            let durable = *self.writer.durable().borrow();
+            st.objects.evict(self.budget.load(Ordering::Relaxed), durable);
             if let Some(r) = pump.reader.as_ref() {
                 st.consumed = r.position();
             }
@@ -629,6 +657,9 @@ where
             if self.sync_seq.borrow().is_some_and(|s| st.position >= s) {
                 l.set_barrier();
             }
+        } else {
+            // Told its initial list when the load completes.
+            l.await_initial();
         }
         self.listeners.locked().push(l.clone());
         drop(st);
@@ -750,11 +781,21 @@ where
         }
     }
 
+    /// Evicts, down to the budget, what was kept over it until its change reached the disk.
+    fn evict_on_disk(&self) {
+        let cap = self.budget.load(Ordering::Relaxed);
+        if self.state.reading().objects.charged() <= cap {
+            return;
+        }
+        let durable = *self.writer.durable().borrow();
+        self.state.writing().objects.evict(cap, durable);
+    }
+
     /// Evicts this cache's own objects while the store's shared budget is over.
     fn relieve(&self) {
-        let committed = *self.writer.committed().borrow();
+        let durable = *self.writer.durable().borrow();
         let cap = self.budget.load(Ordering::Relaxed);
-        self.state.writing().objects.relieve(cap, committed);
+        self.state.writing().objects.relieve(cap, durable);
     }
 
     /// Pins the cache for a [`Reader`](super::Reader): no budget, and loads read every
@@ -1008,9 +1049,11 @@ where
                 }
             }
             if let Some(after) = replaced_by {
+                // A rollback hands seqs out again: `after` may name another change of the key
+                // by now, whose previous state is another version.
                 if let Some(r) = log.record(after, scope)? {
-                    if r.key == key && r.old.is_some() {
-                        return Ok(r.old);
+                    if let Some(old) = r.old.filter(|o| r.key == key && version_of(o).is_some_and(|v| v == rv)) {
+                        return Ok(Some(old));
                     }
                 }
             }
@@ -1071,6 +1114,11 @@ impl<K> View<'_, K> {
     }
 }
 
+/// The resourceVersion stated in an object's JSON (`None` when its metadata does not scan).
+fn version_of(json: &[u8]) -> Option<crate::object::ResourceVersion> {
+    crate::object::extract_meta(json).ok().map(|m| m.resource_version)
+}
+
 /// The error of an entry whose JSON does not decode as `K` (decoded again for the message).
 pub(crate) fn decode_error<K: DeserializeOwned>(bytes: Option<&Bytes>) -> StoreError {
     match bytes.map(|b| serde_json::from_slice::<K>(b)) {
@@ -1109,7 +1157,7 @@ fn build<K>(
     let mut objects = Objects::with_indexes(&served);
     let shared = memory.clone();
     objects.attach(memory);
-    snapshot.scan(None, |key, meta, bytes| {
+    snapshot.scan_versions(None, |key, meta, seq, bytes| {
         let vals = values.remove(&key).unwrap_or_default();
         // Up to the budget (one object over at most: the first pump evicts down to it).
         let room = json_budget == usize::MAX || !shared.over();
@@ -1118,7 +1166,7 @@ fn build<K>(
         } else {
             None
         };
-        let e = Arc::new(Entry::new(Arc::new(meta.clone()), vals.into(), Seq(0), json));
+        let e = Arc::new(Entry::new(Arc::new(meta.clone()), vals.into(), seq, json));
         objects.put(&key, Some(e));
         Ok(None::<()>)
     })?;

@@ -96,7 +96,8 @@ pub(crate) struct Entry<K> {
     pub(crate) meta: Arc<ObjectMeta>,
     /// The index values of this version, to move its postings when it changes.
     pub(crate) values: Arc<[(IndexName, Vec<String>)]>,
-    /// The log seq of the change that wrote it (`Seq(0)`: loaded from a snapshot, committed).
+    /// The log seq of the change that wrote it (for one loaded from a snapshot, of the entry
+    /// holding its bytes; `Seq(0)` once that entry was compacted).
     pub(crate) seq: Seq,
     /// Names this version in the eviction queue.
     gen: u64,

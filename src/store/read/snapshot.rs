@@ -7,7 +7,7 @@ use redb::ReadableTable;
 
 use super::super::ReadTxn;
 
-use super::super::codec::{self, ScopeRecord, ShardRecord};
+use super::super::codec::{self, DataRef, ScopeRecord, ShardRecord};
 use super::super::index::NAMESPACE;
 use super::super::schema::{
     keys, IndexName, IndexValue, ScopeId, Seq, INDEX, INDEX_BACKFILL, LOG, OBJECTS, SCOPES, SHARDS,
@@ -112,6 +112,22 @@ impl Snapshot {
             &mut dyn FnMut() -> Result<Bytes, StoreError>,
         ) -> Result<Option<T>, StoreError>,
     ) -> Result<Vec<T>, StoreError> {
+        self.scan_versions(namespace, |key, meta, _, bytes| visit(key, meta, bytes))
+    }
+
+    /// [`scan`](Self::scan), also giving each object's version its place in the log: the seq of
+    /// the entry that holds its bytes (`Seq(0)` once that entry was compacted), so a reader can
+    /// find that version again by seq, and check it there by key and resourceVersion.
+    pub(crate) fn scan_versions<T>(
+        &self,
+        namespace: Option<&str>,
+        mut visit: impl FnMut(
+            ObjectKey,
+            &ObjectMeta,
+            Seq,
+            &mut dyn FnMut() -> Result<Bytes, StoreError>,
+        ) -> Result<Option<T>, StoreError>,
+    ) -> Result<Vec<T>, StoreError> {
         let (start, end) = match namespace {
             Some(ns) => keys::namespace_range(self.scope, ns),
             None => keys::scope_range(self.scope),
@@ -128,8 +144,12 @@ impl Snapshot {
             let (k, v) = row.map_err(|e| s.storage(e))?;
             let (h, inline) = codec::decode_object(v.value())?;
             let (_, key) = keys::decode_object(k.value())?;
+            let seq = match h.data {
+                DataRef::Log(seq) => Seq(seq),
+                DataRef::Inline => Seq(0),
+            };
             let mut bytes = || object_bytes(s, &log, &h, inline, &load);
-            if let Some(t) = visit(key, &h.meta, &mut bytes)? {
+            if let Some(t) = visit(key, &h.meta, seq, &mut bytes)? {
                 out.push(t);
             }
         }
