@@ -53,6 +53,9 @@
 //! `_long` test 1,000); `DI_ORACLE_SEED=S` runs seed S alone. A failure prints its seed and
 //! schedule. The seed fixes the schedule, not the threads' interleaving: a failing seed
 //! usually, not always, fails again (`DI_ORACLE_REPEAT=N` runs each schedule N times).
+//! `DI_ORACLE_LIVE=1` opens every store with `StoreConfig::live_inspection(true)` (redb's
+//! single-writer mode, every commit fsynced; a `durable(false)` schedule then fsyncs before
+//! acknowledging); CI runs seed 393 and nine others that way.
 
 #[path = "common/faults.rs"]
 mod faults;
@@ -135,6 +138,9 @@ struct Step {
 struct Schedule {
     seed: u64,
     mode: Mode,
+    /// `StoreConfig::live_inspection(true)`: redb's single-writer mode, every commit fsynced
+    /// (a `NoFsync` schedule then fsyncs before acknowledging, as `Immediate`).
+    live: bool,
     streaming_list: bool,
     objects: u32,
     steps: Vec<Step>,
@@ -207,6 +213,7 @@ impl Schedule {
         Self {
             seed,
             mode,
+            live: false,
             streaming_list,
             objects,
             steps,
@@ -436,10 +443,14 @@ struct Harness<'a> {
 
 impl Harness<'_> {
     fn store_config(&self) -> StoreConfig {
-        let config = faults::config(&self.db_path, &self.faults).retention_entries(None);
+        let config = faults::config(&self.db_path, &self.faults)
+            .retention_entries(None)
+            .live_inspection(self.schedule.live);
         match self.schedule.mode {
             Mode::Immediate => config.fsync_delay(None),
             Mode::Deferred(ms) => config.fsync_delay(Some(Duration::from_millis(ms))),
+            // A store other processes read fsyncs every commit: it refuses `durable(false)`.
+            Mode::NoFsync if self.schedule.live => config.fsync_delay(None),
             Mode::NoFsync => config.durable(false),
         }
     }
@@ -770,9 +781,12 @@ impl Harness<'_> {
 
     fn context(&self) -> String {
         format!(
-            "seed {} (rerun alone: DI_ORACLE_SEED={} cargo test --all-features --test handler_oracle \
+            "seed {} (rerun alone: {}DI_ORACLE_SEED={} cargo test --all-features --test handler_oracle \
              -- --nocapture)\nschedule {:?}",
-            self.schedule.seed, self.schedule.seed, self.schedule
+            self.schedule.seed,
+            if self.schedule.live { "DI_ORACLE_LIVE=1 " } else { "" },
+            self.schedule.seed,
+            self.schedule
         )
     }
 
@@ -940,13 +954,6 @@ fn runtime() -> tokio::runtime::Runtime {
 }
 
 fn run(default_schedules: u64) {
-    quiet_injected_panics();
-    if std::env::var("DI_TRACE").is_ok() {
-        let _ = tracing_subscriber::fmt()
-            .with_env_filter(tracing_subscriber::EnvFilter::from_env("DI_TRACE"))
-            .with_writer(std::io::stderr)
-            .try_init();
-    }
     let seeds: Vec<u64> = match std::env::var("DI_ORACLE_SEED").ok().and_then(|s| s.parse().ok()) {
         Some(seed) => vec![seed],
         None => {
@@ -957,6 +964,18 @@ fn run(default_schedules: u64) {
             (1..=n).collect()
         }
     };
+    run_seeds(&seeds, std::env::var("DI_ORACLE_LIVE").is_ok_and(|v| v != "0"));
+}
+
+/// Runs the schedules of `seeds`, with `StoreConfig::live_inspection(live)`.
+fn run_seeds(seeds: &[u64], live: bool) {
+    quiet_injected_panics();
+    if std::env::var("DI_TRACE").is_ok() {
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::from_env("DI_TRACE"))
+            .with_writer(std::io::stderr)
+            .try_init();
+    }
     let failed_fsyncs = std::env::var("DI_ORACLE_FSYNC").map_or(true, |v| v != "0");
     let rt = runtime();
     let started = Instant::now();
@@ -966,8 +985,9 @@ fn run(default_schedules: u64) {
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(1);
-    for seed in &seeds {
-        let schedule = Schedule::new(*seed, failed_fsyncs);
+    for seed in seeds {
+        let mut schedule = Schedule::new(*seed, failed_fsyncs);
+        schedule.live = live;
         if seeds.len() == 1 {
             eprintln!("{schedule:?}");
         }
@@ -986,13 +1006,22 @@ fn run(default_schedules: u64) {
             "no transform panic stopped a reflector: {fig:?}"
         );
         assert!(fig.relists > 0, "no relist: {fig:?}");
-        assert!(fig.rollbacks > 0, "no commit shown to readers was taken back: {fig:?}");
+        if live {
+            // Every commit is fsynced before anyone is shown it: nothing shown is taken back.
+            assert_eq!(
+                fig.rollbacks, 0,
+                "a live-inspection store took back a commit it showed: {fig:?}"
+            );
+        } else {
+            assert!(fig.rollbacks > 0, "no commit shown to readers was taken back: {fig:?}");
+        }
     }
     eprintln!(
-        "handler oracle: {} schedules (modes {modes:?}), 0 differences; {} storage faults injected, \
+        "handler oracle: {} schedules (modes {modes:?}{}), 0 differences; {} storage faults injected, \
          {} rollbacks, {} restarts ({} after a transform panic), {} kills ({} losing acknowledged \
          commits), {} relists, {} server writes, {} events told to handlers, {:.1} s",
         fig.schedules,
+        if live { ", live inspection" } else { "" },
         fig.storage_faults,
         fig.rollbacks,
         fig.restarts,
@@ -1026,6 +1055,7 @@ fn a_commit_whose_fsync_failed_but_survived_reaches_the_cache() {
     let schedule = Schedule {
         seed: 11,
         mode: Mode::Deferred(10),
+        live: false,
         streaming_list: false,
         objects: 12,
         steps: vec![
@@ -1061,6 +1091,15 @@ fn a_commit_whose_fsync_failed_but_survived_reaches_the_cache() {
 #[test]
 fn every_handler_replayed_equals_the_servers_list_after_faults() {
     run(100);
+}
+
+/// The oracle with `StoreConfig::live_inspection(true)`: seed 393 (a full disk while redb's
+/// single-writer mode fsynced every commit once left the store answering "Previous I/O error"
+/// to every read) and seeds 1 to 9.
+#[test]
+fn every_handler_replayed_equals_the_servers_list_with_live_inspection() {
+    let seeds: Vec<u64> = std::iter::once(393).chain(1..=9).collect();
+    run_seeds(&seeds, true);
 }
 
 #[test]
