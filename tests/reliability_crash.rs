@@ -10,6 +10,9 @@
 //! * after every kill: the persisted RV never went backwards; `check` passes; every event the new
 //!   child repeated was committed but not acknowledged (its log seq is above the durable
 //!   handler's cursor read after the previous kill), and one child never delivers an event twice;
+//! * after every kill, what that child's volatile handler was told (its synthetic adds, then
+//!   every event): only states the server stored, each key's in increasing RV order, and each
+//!   update's previous state the one it was told last;
 //! * every 10 rounds the churn pauses, a child catches up to the server's RV (or the test fails),
 //!   and the store equals the server's LIST; so does what that child's volatile handler was told
 //!   (its synthetic adds from the restored store, then every event, compensating ones
@@ -17,6 +20,9 @@
 //! * at those points and at the end, the stream checker (`tests/common/stream_check.rs`): every
 //!   event of the server's log reached the durable handler at least once, ordered per key, with
 //!   nothing invented; only inside a list window may a list have collapsed events.
+//!
+//! Every other child holds no object JSON in its informer's cache (`object_cache_bytes(0)`), so
+//! the states its handlers are told, and updates' previous states, are read back from redb.
 //!
 //! `DI_CRASH_ROUNDS` sets the number of rounds of either test (default 100; the ignored `_long`
 //! test: 2,000).
@@ -78,8 +84,9 @@ fn event_line(ev: &Event<ConfigMap>) -> String {
 }
 
 /// A handler appending [`event_line`]s to `path`, one write per line: a kill leaves whole lines
-/// (the page cache survives SIGKILL).
-fn logging_handler(path: &str) -> impl EventHandler<ConfigMap> {
+/// (the page cache survives SIGKILL). With `old`, an update's line also names the previous
+/// state's RV (`MODIFIED key rv old-rv`).
+fn logging_handler(path: &str, old: bool) -> impl EventHandler<ConfigMap> {
     let file = Mutex::new(
         std::fs::OpenOptions::new()
             .create(true)
@@ -88,16 +95,27 @@ fn logging_handler(path: &str) -> impl EventHandler<ConfigMap> {
             .expect("handler log"),
     );
     handler_fn(move |ev: Event<ConfigMap>| -> Result<(), std::io::Error> {
+        let line = match &ev {
+            Event::Update { old: was, new, .. } if old => {
+                format!(
+                    "MODIFIED {} {} {}\n",
+                    fold::key_of(new),
+                    fold::rv_of(new),
+                    fold::rv_of(was)
+                )
+            }
+            _ => event_line(&ev),
+        };
         file.lock()
             .map_err(|_| std::io::Error::other("poisoned"))?
-            .write_all(event_line(&ev).as_bytes())
+            .write_all(line.as_bytes())
     })
 }
 
 /// The child: run the informer; the durable handler appends `type key rv` lines to the audit
 /// file before returning (at-least-once: the cursor is persisted after the handler returns),
 /// the volatile one to this child's own file.
-fn child(db: &str, url: &str, audit: &str, volatile: &str, paged: bool) -> ! {
+fn child(db: &str, url: &str, audit: &str, volatile: &str, paged: bool, cold: bool) -> ! {
     if std::env::var("DI_TRACE").is_ok() {
         let _ = tracing_subscriber::fmt()
             .with_max_level(tracing::Level::DEBUG)
@@ -113,13 +131,15 @@ fn child(db: &str, url: &str, audit: &str, volatile: &str, paged: bool) -> ! {
         let store = DurableStore::open(StoreConfig::new(db)).expect("open");
         let config = kube::Config::new(url.parse().expect("url"));
         let client = kube::Client::try_from(config).expect("client");
-        let informer = Informer::<ConfigMap>::builder(&store, KubeSource::typed::<ConfigMap>(client, url))
-            .reflector_config(reflector_config(paged))
-            .build()
-            .await
-            .expect("build");
-        informer.add_event_handler(logging_handler(audit), HandlerOptions::durable("audit"));
-        informer.add_event_handler(logging_handler(volatile), HandlerOptions::volatile());
+        let mut builder = Informer::<ConfigMap>::builder(&store, KubeSource::typed::<ConfigMap>(client, url))
+            .reflector_config(reflector_config(paged));
+        if cold {
+            // No JSON held: every state a handler is told is read back from redb.
+            builder = builder.object_cache_bytes(0);
+        }
+        let informer = builder.build().await.expect("build");
+        informer.add_event_handler(logging_handler(audit, false), HandlerOptions::durable("audit"));
+        informer.add_event_handler(logging_handler(volatile, true), HandlerOptions::volatile());
         informer.start();
         while let Err(_elapsed) = tokio::time::timeout(Duration::from_secs(2), informer.wait_for_sync())
             .await
@@ -156,7 +176,14 @@ fn maybe_child() {
         std::env::var("DI_AUDIT"),
         std::env::var("DI_VOLATILE"),
     ) {
-        child(&db, &url, &audit, &volatile, std::env::var("DI_PAGED").is_ok());
+        child(
+            &db,
+            &url,
+            &audit,
+            &volatile,
+            std::env::var("DI_PAGED").is_ok(),
+            std::env::var("DI_COLD").is_ok(),
+        );
     }
 }
 
@@ -336,6 +363,12 @@ struct Figures {
     catch_ups: u64,
     /// Catch-ups at which the child's volatile handler, replayed, was compared with the LIST.
     volatile_checks: u64,
+    /// Children (killed or caught up) whose volatile handler's whole stream was checked
+    /// against the server's log, and the events in those streams.
+    volatile_streams: u64,
+    volatile_events: u64,
+    /// Updates told with `old` = `new` (the previous state could not be read any more).
+    volatile_old_unknown: u64,
     duplicates: u64,
     relists: u64,
 }
@@ -359,6 +392,9 @@ struct Harness {
     rt: tokio::runtime::Runtime,
     /// Children started so far: each child's volatile handler logs to a file of its own.
     children: u64,
+    /// Every (key, RV) the server ever stored, from the first `states_seen` events of its log.
+    states: HashSet<(String, u64)>,
+    states_seen: usize,
 }
 
 impl Harness {
@@ -407,6 +443,9 @@ impl Harness {
         .stderr(err);
         if paged {
             cmd.env("DI_PAGED", "1");
+        }
+        if self.children.is_multiple_of(2) {
+            cmd.env("DI_COLD", "1");
         }
         Killer(cmd.spawn().unwrap())
     }
@@ -564,7 +603,10 @@ impl Harness {
         let lines: Vec<Vec<&str>> = text[..whole].lines().map(|l| l.split(' ').collect()).collect();
         let mut replayed = fold::State::new();
         for p in &lines {
-            assert_eq!(p.len(), 3, "round {round}: bad volatile handler line {p:?}");
+            assert!(
+                p.len() == 3 || (p.len() == 4 && p[0] == "MODIFIED"),
+                "round {round}: bad volatile handler line {p:?}"
+            );
             fold::apply(&mut replayed, p[0], p[1], p[2]);
         }
         if replayed != *theirs {
@@ -594,6 +636,83 @@ impl Harness {
             );
         }
         self.fig.volatile_checks += 1;
+    }
+
+    /// What the last child's volatile handler was told, after it died (killed anywhere: in a
+    /// list, a relist's diff, a watch), checked against the server's log: every state told is
+    /// one the server stored, a key's states come in increasing RV order (its synthetic add
+    /// from the restored store first), and an update's previous state is the one the handler
+    /// was told last (or, documented, the new one when that state could not be read any more).
+    fn check_volatile_told(&mut self, round: u64, events: &[Ev]) {
+        for e in &events[self.states_seen..] {
+            if e.kind != Kind::Delete {
+                self.states.insert((e.key.clone(), e.rv));
+            }
+        }
+        self.states_seen = events.len();
+        let text = std::fs::read_to_string(self.volatile_path()).unwrap_or_default();
+        let whole = text.rfind('\n').map_or(0, |i| i + 1);
+        let mut last: BTreeMap<&str, u64> = BTreeMap::new();
+        let mut held: BTreeMap<&str, u64> = BTreeMap::new();
+        let mut n = 0;
+        let child = self.children;
+        let bad = |l: &str, why: &str, stderr: String| -> String {
+            format!("round {round}: child {child}'s volatile handler was told {l:?}: {why}\nchild stderr:\n{stderr}")
+        };
+        for l in text[..whole].lines() {
+            let p: Vec<&str> = l.split(' ').collect();
+            assert!(
+                p.len() >= 3,
+                "{}",
+                bad(l, "a line of fewer than 3 fields", self.stderr_log())
+            );
+            let (kind, key) = (p[0], p[1]);
+            let rv: u64 = p[2]
+                .parse()
+                .unwrap_or_else(|_| panic!("{}", bad(l, "no numeric RV", self.stderr_log())));
+            n += 1;
+            if kind.starts_with("DELETED") {
+                held.remove(key);
+                continue;
+            }
+            assert!(
+                self.states.contains(&(key.to_string(), rv)),
+                "{}",
+                bad(l, "a state the server never stored", self.stderr_log())
+            );
+            if let Some(&prev) = last.get(key).filter(|&&prev| rv <= prev) {
+                panic!(
+                    "{}",
+                    bad(
+                        l,
+                        &format!("not newer than the state told before (@{prev})"),
+                        self.stderr_log()
+                    )
+                );
+            }
+            if kind == "MODIFIED" {
+                let old: u64 = p
+                    .get(3)
+                    .and_then(|o| o.parse().ok())
+                    .unwrap_or_else(|| panic!("{}", bad(l, "an update without its previous RV", self.stderr_log())));
+                if old == rv && held.get(key) != Some(&rv) {
+                    self.fig.volatile_old_unknown += 1;
+                } else if held.get(key) != Some(&old) {
+                    panic!(
+                        "{}",
+                        bad(
+                            l,
+                            &format!("an update from @{old}, the handler held {:?}", held.get(key)),
+                            self.stderr_log()
+                        )
+                    );
+                }
+            }
+            last.insert(key, rv);
+            held.insert(key, rv);
+        }
+        self.fig.volatile_streams += 1;
+        self.fig.volatile_events += n;
     }
 
     /// Compacts the server's history: the next child resumes from an expired RV and relists.
@@ -678,6 +797,7 @@ impl Harness {
             }
             drop(child);
             self.after_kill(round, paged);
+            self.check_volatile_told(round, &ch.events);
             let store = DurableStore::open(StoreConfig::new(self.db())).unwrap();
             let cursor = audit_cursor(&store).unwrap().unwrap_or(Seq(0));
             let last = store.log().bounds().unwrap().map_or(Seq(0), |b| b.1);
@@ -830,6 +950,8 @@ fn run(test: &'static str, default_rounds: u64) {
         kill_notes: Vec::new(),
         fig: Figures::default(),
         children: 0,
+        states: HashSet::new(),
+        states_seen: 0,
         rt: tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
             .enable_all()
@@ -875,6 +997,10 @@ fn run(test: &'static str, default_rounds: u64) {
         std::thread::sleep(Duration::from_millis(ms));
         drop(child); // SIGKILL
         h.after_kill(round, paged);
+        // (the churn pauses meanwhile)
+        let ch = churner.lock().unwrap();
+        h.check_volatile_told(round, &ch.events);
+        drop(ch);
     }
     churning.store(false, Ordering::Relaxed);
     churn.join().unwrap();
@@ -891,6 +1017,10 @@ fn run(test: &'static str, default_rounds: u64) {
         h.fig.volatile_checks, h.fig.catch_ups,
         "a volatile handler was compared at every catch-up"
     );
+    assert_eq!(
+        h.fig.volatile_streams, h.fig.kills,
+        "every child's volatile stream was checked against the server's log"
+    );
     assert!(
         h.fig.relists > 0 || rounds < 10,
         "no relist happened: the compactions did not reach the informer"
@@ -899,14 +1029,19 @@ fn run(test: &'static str, default_rounds: u64) {
     eprintln!(
         "crash harness: {rounds} rounds, {} kills ({} during a list), {} compactions, {} relists \
          completed, {} catch-ups compared with the server (the store, the durable handler's stream, \
-         and {} volatile handlers replayed), {} server events checked, {} delivered to the durable \
-         handler, {} redelivered (all committed but unacknowledged), final RV {}, {:.1} s",
+         and {} volatile handlers replayed), {} volatile streams ({} events, {} updates with an \
+         unknown previous state) checked against the server's log, {} server events checked, {} \
+         delivered to the durable handler, {} redelivered (all committed but unacknowledged), final \
+         RV {}, {:.1} s",
         f.kills,
         f.kills_during_lists,
         f.compactions,
         f.relists,
         f.catch_ups,
         f.volatile_checks,
+        f.volatile_streams,
+        f.volatile_events,
+        f.volatile_old_unknown,
         ch.events.len(),
         h.audit.lines.len(),
         f.duplicates,
