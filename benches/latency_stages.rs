@@ -6,8 +6,12 @@
 //! controller's queue once read them).
 //!
 //! Since issue #33 volatile handlers and the controller's queue no longer read the log: the
-//! informer's object cache tells them (`src/informer/cache/`), and this bench, which builds no
-//! informer, does not include it; `benches/compare` times that path end to end.
+//! informer's object cache tells them (`src/informer/cache/`). The last part times that path
+//! from the writer on: an informer over the same store (never started: the bench writes
+//! through the writer, as its reflector would) with one volatile handler; each event's
+//! submit → acknowledged and submit → handler called, and the longest of each with when it
+//! happened, to find a stall (`benches/compare` times the whole path, the server and the
+//! watch included).
 //!
 //! `cargo bench --features sim --bench latency_stages` (`BENCH_EVENTS` events, 3,000 by
 //! default). Prints p50 / p90 / p99 of each stage.
@@ -39,7 +43,7 @@ fn env_usize(name: &str) -> Res<Option<usize>> {
     }
 }
 
-/// p50 / p90 / p99 of microsecond samples.
+/// p50 / p90 / p99 / max of microsecond samples.
 fn percentiles(mut v: Vec<f64>) -> String {
     v.sort_by(f64::total_cmp);
     let at = |q: f64| {
@@ -48,10 +52,11 @@ fn percentiles(mut v: Vec<f64>) -> String {
             .unwrap_or(f64::NAN)
     };
     format!(
-        "p50 {:>6.0} µs   p90 {:>6.0} µs   p99 {:>6.0} µs",
+        "p50 {:>6.0} µs   p90 {:>6.0} µs   p99 {:>6.0} µs   max {:>7.0} µs",
         at(0.5),
         at(0.9),
-        at(0.99)
+        at(0.99),
+        at(1.0)
     )
 }
 
@@ -184,7 +189,97 @@ async fn run(events: usize) -> Res<()> {
         "  metadata only (the others)                      {}",
         percentiles(meta)
     );
+    informer_stage(&db, &pods, &mut rv, events).await?;
     drop((writer, log));
     tokio::task::spawn_blocking(move || db.close()).await??;
+    Ok(())
+}
+
+/// Writer → change stream → the informer's cache → a volatile handler: `events` single-Pod
+/// deferred batches, one per ms, each timed from its submit to its acknowledgement and to the
+/// handler's call.
+async fn informer_stage(db: &DurableStore, pods: &[Value], rv: &mut u64, events: usize) -> Res<()> {
+    use durable_informer::informer::{handler_fn, Event, HandlerOptions, Informer};
+    use durable_informer::sim::{Sim, SimConfig};
+    use durable_informer::source::KubeSource;
+    use std::collections::HashMap;
+    use std::sync::{Arc, Mutex};
+
+    // The informer is never started: its source is not asked for anything.
+    let sim = Sim::start(SimConfig::default())?;
+    let informer = Informer::<Pod>::builder(db, KubeSource::typed::<Pod>(sim.client()?, &sim.url()))
+        .indexer(Indexer::labels())
+        .build()
+        .await?;
+    let seen: Arc<Mutex<HashMap<String, Instant>>> = Arc::default();
+    let s2 = seen.clone();
+    let _reg = informer.add_event_handler(
+        handler_fn(move |ev: Event<Pod>| -> Result<(), std::convert::Infallible> {
+            if let Event::Update { new, .. } = ev {
+                if let Some(rv) = new.metadata.resource_version.clone() {
+                    s2.lock().map(|mut m| m.insert(rv, Instant::now())).ok();
+                }
+            }
+            Ok(())
+        }),
+        HandlerOptions::volatile(),
+    );
+    let loaded = Instant::now();
+    while !informer.cache_stats().loaded && loaded.elapsed() < Duration::from_secs(60) {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let writer = db.writer();
+    let mut sent = Vec::with_capacity(events);
+    let mut acked = Vec::with_capacity(events);
+    let started = Instant::now();
+    for i in 0..events {
+        *rv += 1;
+        let mut pod = pods[(i * 7919 + 1) % pods.len()].clone();
+        pod["metadata"]["labels"]["tick"] = format!("i{i}").into();
+        let batch = Batch::new(informer.scope())
+            .delta(DeltaKind::Updated, raw(&pod, *rv)?)
+            .rv(rv.to_string())
+            .deferred_fsync();
+        let t0 = Instant::now();
+        writer.submit(batch)?.await??;
+        acked.push((t0.elapsed().as_secs_f64() * 1e6, t0 - started));
+        sent.push((rv.to_string(), t0));
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while seen.lock().map(|m| m.len()).unwrap_or(0) < events && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let seen = seen.lock().map(|m| m.clone()).unwrap_or_default();
+    let told: Vec<(f64, Duration)> = sent
+        .iter()
+        .filter_map(|(rv, t0)| {
+            seen.get(rv)
+                .map(|t| (t.duration_since(*t0).as_secs_f64() * 1e6, *t0 - started))
+        })
+        .collect();
+    let worst = |v: &[(f64, Duration)]| {
+        v.iter()
+            .copied()
+            .max_by(|a, b| a.0.total_cmp(&b.0))
+            .map_or(String::new(), |(_, at)| {
+                format!("(the longest at {:.3} s)", at.as_secs_f64())
+            })
+    };
+    println!(
+        "informer: {events} single-Pod updates, one per ms, {} told to a volatile handler:",
+        told.len()
+    );
+    println!(
+        "  submit → acknowledged (deferred fsync)            {} {}",
+        percentiles(acked.iter().map(|a| a.0).collect()),
+        worst(&acked)
+    );
+    println!(
+        "  submit → volatile handler called                  {} {}",
+        percentiles(told.iter().map(|a| a.0).collect()),
+        worst(&told)
+    );
+    informer.shutdown().await?;
     Ok(())
 }
