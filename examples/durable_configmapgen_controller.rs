@@ -1,6 +1,6 @@
 //! `kube_configmapgen_controller.rs` on this crate's `Controller`: the same reconcile, error
 //! policy and builder chain, on informers kept in a database that survives restarts. Only the
-//! imports and the constructor differ (docs/migrating-from-kube-rs.md;
+//! imports and the constructor differ (docs/coming-from-kube-runtime.md;
 //! `tests/example_configmapgen_controller.rs` checks it).
 //!
 //! ```text

@@ -2,7 +2,7 @@
 //! `spec.content`) owns a ConfigMap of the same name holding that content (after kube-rs'
 //! configmapgen_controller example, written anew). `durable_configmapgen_controller.rs` is the
 //! same controller on this crate: the two differ only in their imports and the constructor
-//! (docs/migrating-from-kube-rs.md; `tests/example_configmapgen_controller.rs` checks it).
+//! (docs/coming-from-kube-runtime.md; `tests/example_configmapgen_controller.rs` checks it).
 //!
 //! ```text
 //! cargo run --example kube_configmapgen_controller      # against the current kubeconfig's cluster

@@ -607,6 +607,7 @@ impl Health {
                 Ok(()) => (200, "text/plain", "ok\n".to_string()),
                 Err(e) => (503, "text/plain", format!("{e}\n")),
             },
+            #[cfg(feature = "metrics")]
             "/metrics" => (
                 200,
                 "application/openmetrics-text; version=1.0.0; charset=utf-8",

@@ -38,7 +38,10 @@
 //! ```
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+#[cfg(feature = "metrics")]
 pub mod metrics;
+#[cfg(not(feature = "metrics"))]
+mod metrics;
 pub mod object;
 pub mod selector;
 

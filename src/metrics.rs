@@ -16,6 +16,10 @@
 //! [`register`] adds them all to your own registry, next to your metrics; [`encode`] renders
 //! them alone, for a process without a registry of its own.
 //!
+//! This module needs the `metrics` feature (default). Without it the crate does not depend on
+//! `prometheus-client` and records nothing: an application that exports metrics its own way
+//! turns default features off.
+//!
 //! ```
 //! use prometheus_client::registry::Registry;
 //!
@@ -33,35 +37,57 @@
 //! # Ok::<(), std::fmt::Error>(())
 //! ```
 
+#[cfg(feature = "metrics")]
 use std::collections::BTreeMap;
-use std::sync::{Mutex, OnceLock};
+#[cfg(feature = "metrics")]
+use std::fmt::Write as _;
+#[cfg(feature = "metrics")]
+use std::sync::Mutex;
+use std::sync::OnceLock;
 use std::time::Duration;
 
+#[cfg(feature = "metrics")]
 use prometheus_client::collector::Collector;
+#[cfg(feature = "metrics")]
 use prometheus_client::encoding::{
     DescriptorEncoder, EncodeLabelSet, EncodeLabelValue, EncodeMetric, LabelValueEncoder,
 };
-use prometheus_client::metrics::counter::Counter;
-use prometheus_client::metrics::family::Family;
-use prometheus_client::metrics::gauge::Gauge;
-use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+#[cfg(feature = "metrics")]
 use prometheus_client::registry::Registry;
-use std::fmt::Write as _;
 
+use self::prom::{exponential_buckets, Counter, Family, Gauge, Histogram};
+#[cfg(feature = "metrics")]
 use crate::util::Locked;
 
+/// The metric types every module records into: prometheus-client's, or (without the `metrics`
+/// feature) stand-ins that keep nothing.
+#[cfg(feature = "metrics")]
+pub(crate) mod prom {
+    pub(crate) use prometheus_client::metrics::counter::Counter;
+    pub(crate) use prometheus_client::metrics::family::Family;
+    pub(crate) use prometheus_client::metrics::gauge::Gauge;
+    pub(crate) use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+}
+#[cfg(not(feature = "metrics"))]
+#[path = "metrics_off.rs"]
+pub(crate) mod prom;
+
 /// Encodes one module's families into a scrape.
+#[cfg(feature = "metrics")]
 pub(crate) type Section = fn(&mut DescriptorEncoder<'_>) -> Result<(), std::fmt::Error>;
 
 /// The sections added so far, by name (the module's), in exposition order.
+#[cfg(feature = "metrics")]
 static SECTIONS: Mutex<BTreeMap<&'static str, Section>> = Mutex::new(BTreeMap::new());
 
 /// Adds a module's families to every registry [`register`] filled, from the next scrape on.
+#[cfg(feature = "metrics")]
 pub(crate) fn add_section(name: &'static str, section: Section) {
     SECTIONS.locked().insert(name, section);
 }
 
 /// Encodes `family` as `name` (the full name, `_total` added to counters by the encoder).
+#[cfg(feature = "metrics")]
 pub(crate) fn encode_family(
     encoder: &mut DescriptorEncoder<'_>,
     name: &str,
@@ -72,9 +98,11 @@ pub(crate) fn encode_family(
 }
 
 /// Every section, at each scrape.
+#[cfg(feature = "metrics")]
 #[derive(Debug)]
 struct Sections;
 
+#[cfg(feature = "metrics")]
 impl Collector for Sections {
     fn encode(&self, mut encoder: DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
         let sections: Vec<Section> = SECTIONS.locked().values().copied().collect();
@@ -96,7 +124,8 @@ fn long_seconds_histogram() -> Histogram {
 }
 
 /// Labels: controller.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+#[derive(Clone, Debug, Hash, PartialEq, Eq)]
+#[cfg_attr(feature = "metrics", derive(EncodeLabelSet))]
 pub struct ControllerLabels {
     /// The controller's name ([`Controller::name`](crate::controller::Controller::name)).
     pub controller: String,
@@ -120,6 +149,7 @@ pub enum ReconcileResult {
 impl ReconcileResult {
     /// The label value.
     #[must_use]
+    #[cfg_attr(not(feature = "metrics"), allow(dead_code))]
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Success => "success",
@@ -131,6 +161,7 @@ impl ReconcileResult {
     }
 }
 
+#[cfg(feature = "metrics")]
 impl EncodeLabelValue for ReconcileResult {
     fn encode(&self, encoder: &mut LabelValueEncoder<'_>) -> Result<(), std::fmt::Error> {
         encoder.write_str(self.as_str())
@@ -138,7 +169,8 @@ impl EncodeLabelValue for ReconcileResult {
 }
 
 /// Labels: controller and result.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+#[derive(Clone, Debug, Hash, PartialEq, Eq)]
+#[cfg_attr(feature = "metrics", derive(EncodeLabelSet))]
 pub struct ReconcileLabels {
     /// The controller's name.
     pub controller: String,
@@ -232,11 +264,13 @@ impl Metrics {
 pub fn global() -> &'static Metrics {
     static METRICS: OnceLock<Metrics> = OnceLock::new();
     METRICS.get_or_init(|| {
+        #[cfg(feature = "metrics")]
         add_section("controller", encode_reconciles);
         Metrics::new()
     })
 }
 
+#[cfg(feature = "metrics")]
 fn encode_reconciles(encoder: &mut DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
     let m = global();
     encode_family(
@@ -274,6 +308,7 @@ fn encode_reconciles(encoder: &mut DescriptorEncoder<'_>) -> Result<(), std::fmt
 /// Adds every metric of the crate to `registry`: the informers' under `durable_informer_`,
 /// the named workqueues' under client-go's `workqueue_` names. Call it once per registry; a
 /// family appears once its module first ran (an informer, a named queue, a controller).
+#[cfg(feature = "metrics")]
 pub fn register(registry: &mut Registry) {
     registry.register_collector(Box::new(Sections));
 }
@@ -286,6 +321,7 @@ pub fn register(registry: &mut Registry) {
 /// let text = durable_informer::metrics::encode();
 /// assert!(text.contains(r#"durable_informer_reconcile_errors_total{controller="encoded"} 1"#));
 /// ```
+#[cfg(feature = "metrics")]
 #[must_use]
 pub fn encode() -> String {
     static REGISTRY: OnceLock<Registry> = OnceLock::new();

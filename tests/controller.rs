@@ -494,8 +494,10 @@ async fn failures_and_panics_are_stream_items_and_the_error_policy_decides_the_r
         "a panic is not the reconcile's error"
     );
     // The controller's metrics, under its name (its queue's while it runs).
+    #[cfg(feature = "metrics")]
     let text = durable_informer::metrics::encode();
     running.stop().await;
+    #[cfg(feature = "metrics")]
     for want in [
         r#"durable_informer_reconcile_total{controller="flaky-controller",result="error"} 1"#,
         r#"durable_informer_reconcile_total{controller="flaky-controller",result="panic"} 1"#,

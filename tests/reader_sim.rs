@@ -80,6 +80,15 @@ async fn the_reader_answers_like_kubes_store_and_follows_changes() {
     let last = state[PODS - 1].name_any();
     assert_eq!(reader.find(|p| p.name_any() == last).map(|p| p.name_any()), Some(last));
     assert!(reader.find(|_| false).is_none());
+    // kube's state_filter and state_filter_selector, against a filter of the whole state.
+    let web = |p: &Pod| p.labels().get("app").map(String::as_str) == Some("web");
+    let want: Vec<_> = state.iter().filter(|p| web(p)).cloned().collect();
+    assert!(!want.is_empty() && want.len() < PODS, "the workload has some web pods");
+    assert_eq!(keys(&reader.state_filter(web)), keys(&want));
+    let selector: kube::core::Selector = kube::core::Expression::Equal("app".into(), "web".into()).into();
+    assert_eq!(keys(&reader.state_filter_selector(&selector)), keys(&want));
+    assert_eq!(reader.state_filter_selector(&selector).len(), want.len());
+    assert!(!reader.is_empty());
 
     // A change on the server reaches the reader.
     sim.delete("pods", first.namespace().as_deref(), &first.name_any())

@@ -8,7 +8,7 @@
 //! What this crate adds: [`leader_election`](Controller::leader_election) (a warm standby),
 //! client-go's rate-limited workqueue ([`requeue_rate_limited`], [`default_error_policy`]),
 //! workqueue and reconcile metrics under the controller's [`name`](Controller::name), and an
-//! opt-in [`on_delete`](Controller::on_delete) hook. `docs/migrating-from-kube-rs.md` compares
+//! opt-in [`on_delete`](Controller::on_delete) hook. `docs/coming-from-kube-runtime.md` compares
 //! the two side by side.
 //!
 //! ## Example
@@ -156,6 +156,8 @@ pub struct Controller<K: Resource> {
     graceful: Vec<BoxFuture<'static, ()>>,
     forceful: Vec<BoxFuture<'static, ()>>,
     on_delete: Option<DeleteHook<K>>,
+    /// The primary's resource type: `()` for a typed `K`, an `ApiResource` for `DynamicObject`.
+    dyntype: K::DynamicType,
 }
 
 fn controller_queue(name: &str) -> WorkQueue<ObjectKey> {
@@ -167,7 +169,8 @@ fn controller_queue(name: &str) -> WorkQueue<ObjectKey> {
 
 impl<K> Controller<K>
 where
-    K: Resource<DynamicType = ()> + DeserializeOwned + Send + Sync + 'static,
+    K: Resource + DeserializeOwned + Send + Sync + 'static,
+    K::DynamicType: Clone + Send + Sync,
 {
     /// A controller of the objects `api` reads, narrowed by `wc` (selectors, page size,
     /// streaming list, watch timeout), kept in `db`: kube-runtime's `Controller::new` with the
@@ -179,20 +182,58 @@ where
     /// in one database share an informer through [`for_informer`](Self::for_informer) and
     /// [`owns_informer`](Self::owns_informer).
     #[must_use]
-    pub fn new(db: &Arc<DurableStore>, api: kube::Api<K>, wc: watcher::Config) -> Self {
-        Self::with_origin(Some(db.clone()), Origin::Api(Box::new((api, wc))))
+    pub fn new(db: &Arc<DurableStore>, api: kube::Api<K>, wc: watcher::Config) -> Self
+    where
+        K::DynamicType: Default,
+    {
+        Self::new_with(db, api, wc, K::DynamicType::default())
+    }
+
+    /// [`new`](Self::new) for a resource known at run time (kube-runtime's `new_with`): a
+    /// controller of `DynamicObject`s over the `ApiResource` `dyntype` (which `api` was made
+    /// with). Reconcile and error policy take `Arc<DynamicObject>`; the object references it
+    /// yields carry `dyntype`.
+    ///
+    /// ```no_run
+    /// # use std::sync::Arc;
+    /// # use durable_informer::controller::{default_error_policy, Action, Controller};
+    /// # use futures::StreamExt;
+    /// use kube::core::{ApiResource, DynamicObject, GroupVersionKind};
+    /// # async fn reconcile(_o: Arc<DynamicObject>, _c: Arc<()>) -> Result<Action, std::io::Error> { Ok(Action::await_change()) }
+    /// # async fn f(client: kube::Client, db: Arc<durable_informer::store::DurableStore>) {
+    /// let ar = ApiResource::from_gvk(&GroupVersionKind::gvk("example.com", "v1", "Widget"));
+    /// let widgets = kube::Api::<DynamicObject>::all_with(client, &ar);
+    /// Controller::new_with(&db, widgets, Default::default(), ar)
+    ///     .run(reconcile, default_error_policy, Arc::new(()))
+    ///     .for_each(|_| async {})
+    ///     .await;
+    /// # }
+    /// ```
+    #[must_use]
+    pub fn new_with(db: &Arc<DurableStore>, api: kube::Api<K>, wc: watcher::Config, dyntype: K::DynamicType) -> Self {
+        Self::with_origin(Some(db.clone()), Origin::Api(Box::new((api, wc))), dyntype)
     }
 
     /// A controller of the objects of an informer you built (shared, or with options
     /// `watcher::Config` does not have: indexers, a transform, sharding). `run` starts it if it
     /// was not started.
     #[must_use]
-    pub fn for_informer(informer: Informer<K>) -> Self {
-        Self::with_origin(None, Origin::Informer(informer))
+    pub fn for_informer(informer: Informer<K>) -> Self
+    where
+        K::DynamicType: Default,
+    {
+        Self::for_informer_with(informer, K::DynamicType::default())
     }
 
-    fn with_origin(db: Option<Arc<DurableStore>>, primary: Origin<K>) -> Self {
-        let name = K::plural(&()).into_owned();
+    /// [`for_informer`](Self::for_informer) for a resource known at run time: an
+    /// `Informer<DynamicObject>` (see [`Informer::from_api_with`]) and its `ApiResource`.
+    #[must_use]
+    pub fn for_informer_with(informer: Informer<K>, dyntype: K::DynamicType) -> Self {
+        Self::with_origin(None, Origin::Informer(informer), dyntype)
+    }
+
+    fn with_origin(db: Option<Arc<DurableStore>>, primary: Origin<K>, dyntype: K::DynamicType) -> Self {
+        let name = K::plural(&dyntype).into_owned();
         Self {
             db,
             primary,
@@ -207,6 +248,7 @@ where
             graceful: Vec::new(),
             forceful: Vec::new(),
             on_delete: None,
+            dyntype,
         }
     }
 
@@ -249,8 +291,8 @@ where
     where
         C: Resource<DynamicType = ()> + DeserializeOwned + Send + Sync + 'static,
     {
-        self.triggers
-            .push(trigger::owns::<K, C>(Origin::Api(Box::new((api, wc))), relation));
+        let owns = trigger::owns::<K, C>(Origin::Api(Box::new((api, wc))), relation, &self.dyntype);
+        self.triggers.push(owns);
         self
     }
 
@@ -260,8 +302,8 @@ where
     where
         C: Resource<DynamicType = ()> + DeserializeOwned + Send + Sync + 'static,
     {
-        self.triggers
-            .push(trigger::owns::<K, C>(Origin::Informer(informer), relation));
+        let owns = trigger::owns::<K, C>(Origin::Informer(informer), relation, &self.dyntype);
+        self.triggers.push(owns);
         self
     }
 

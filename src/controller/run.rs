@@ -76,7 +76,8 @@ pub(super) fn stream<K, Ctx, F, Fut, E, P>(
     ctx: Arc<Ctx>,
 ) -> impl Stream<Item = Item<K, E>> + Send + 'static
 where
-    K: Resource<DynamicType = ()> + DeserializeOwned + Send + Sync + 'static,
+    K: Resource + DeserializeOwned + Send + Sync + 'static,
+    K::DynamicType: Clone + Send + Sync,
     Ctx: Send + Sync + 'static,
     F: Fn(Arc<K>, Arc<Ctx>) -> Fut + Send + Sync + 'static,
     Fut: Future<Output = Result<Action, E>> + Send + 'static,
@@ -126,7 +127,8 @@ type Tombstones<K> = Arc<Mutex<HashMap<ObjectKey, (Arc<K>, Vec<oneshot::Sender<(
 
 async fn drive<K, Ctx, F, Fut, E, P>(controller: Controller<K>, rec: Arc<Reconciler<Ctx, F, P, Item<K, E>>>)
 where
-    K: Resource<DynamicType = ()> + DeserializeOwned + Send + Sync + 'static,
+    K: Resource + DeserializeOwned + Send + Sync + 'static,
+    K::DynamicType: Clone + Send + Sync,
     Ctx: Send + Sync + 'static,
     F: Fn(Arc<K>, Arc<Ctx>) -> Fut + Send + Sync + 'static,
     Fut: Future<Output = Result<Action, E>> + Send + 'static,
@@ -147,6 +149,7 @@ where
         graceful,
         forceful,
         on_delete,
+        dyntype,
     } = controller;
     let mut forceful = first_of(forceful);
     let mut graceful = first_of(graceful);
@@ -154,7 +157,7 @@ where
     let mut aux = JoinSet::new();
     aux.spawn(enqueue.clone().run_debounce());
 
-    let primary = match primary.informer(db.as_deref(), "Controller::new").await {
+    let primary = match primary.informer_with(db.as_deref(), "Controller::new", &dyntype).await {
         Ok(i) => i,
         Err(e) => {
             let _ = rec.tx.send(Err(widen(e))).await;
@@ -250,6 +253,7 @@ where
     }
 
     let shared = Shared {
+        dyntype,
         lister: primary.lister(),
         metadata: primary.metadata(),
         enqueue: enqueue.clone(),
@@ -417,13 +421,19 @@ where
 }
 
 /// A primary object's reference, from its key.
-fn object_ref<K: Resource<DynamicType = ()>>(key: &ObjectKey) -> ObjectRef<K> {
-    let mut r = ObjectRef::<K>::new(&key.name);
+fn object_ref<K: Resource>(key: &ObjectKey, dyntype: &K::DynamicType) -> ObjectRef<K>
+where
+    K::DynamicType: Clone,
+{
+    let mut r = ObjectRef::<K>::new_with(&key.name, dyntype.clone());
     r.namespace = key.namespace.clone();
     r
 }
 
-fn erase<K: Resource<DynamicType = ()>>(r: &ObjectRef<K>) -> Box<ObjectRef<DynamicObject>> {
+fn erase<K: Resource>(r: &ObjectRef<K>) -> Box<ObjectRef<DynamicObject>>
+where
+    K::DynamicType: Clone,
+{
     Box::new(r.clone().erase())
 }
 
@@ -478,7 +488,8 @@ fn take<K, Ctx, F, Fut, E, P>(
     shared: &Shared<K>,
     running: &Arc<AtomicUsize>,
 ) where
-    K: Resource<DynamicType = ()> + DeserializeOwned + Send + Sync + 'static,
+    K: Resource + DeserializeOwned + Send + Sync + 'static,
+    K::DynamicType: Clone + Send + Sync,
     Ctx: Send + Sync + 'static,
     F: Fn(Arc<K>, Arc<Ctx>) -> Fut + Send + Sync + 'static,
     Fut: Future<Output = Result<Action, E>> + Send + 'static,
@@ -537,14 +548,15 @@ fn spawn_reconcile<K, Ctx, F, Fut, E, P>(
     shared: &Shared<K>,
     t: Taken<K>,
 ) where
-    K: Resource<DynamicType = ()> + DeserializeOwned + Send + Sync + 'static,
+    K: Resource + DeserializeOwned + Send + Sync + 'static,
+    K::DynamicType: Clone + Send + Sync,
     Ctx: Send + Sync + 'static,
     F: Fn(Arc<K>, Arc<Ctx>) -> Fut + Send + Sync + 'static,
     Fut: Future<Output = Result<Action, E>> + Send + 'static,
     E: std::error::Error + Send + 'static,
     P: Fn(Arc<K>, &E, Arc<Ctx>) -> Action + Send + Sync + 'static,
 {
-    let obj_ref = object_ref::<K>(&t.done.key);
+    let obj_ref = object_ref::<K>(&t.done.key, &shared.dyntype);
     let span = tracing::info_span!(
         "reconciling object",
         "object.ref" = %obj_ref,
@@ -563,7 +575,9 @@ fn spawn_reconcile<K, Ctx, F, Fut, E, P>(
 }
 
 /// What every reconcile task of one run shares besides the reconciler.
-struct Shared<K> {
+struct Shared<K: Resource> {
+    /// The primary's resource type (`()` for a typed `K`), for its object references.
+    dyntype: K::DynamicType,
     lister: Lister<K>,
     metadata: crate::informer::Metadata,
     enqueue: Enqueue,
@@ -571,7 +585,7 @@ struct Shared<K> {
     on_delete: Option<DeleteHook<K>>,
 }
 
-impl<K: DeserializeOwned + Send + Sync + 'static> Shared<K> {
+impl<K: Resource + DeserializeOwned + Send + Sync + 'static> Shared<K> {
     /// One object: from the cache when it holds it, else from redb off the runtime.
     async fn read(&self, key: &ObjectKey) -> Read<K> {
         if let Some(hit) = self.lister.get_cached(key) {
@@ -589,9 +603,13 @@ impl<K: DeserializeOwned + Send + Sync + 'static> Shared<K> {
     }
 }
 
-impl<K> Clone for Shared<K> {
+impl<K: Resource> Clone for Shared<K>
+where
+    K::DynamicType: Clone,
+{
     fn clone(&self) -> Self {
         Self {
+            dyntype: self.dyntype.clone(),
             lister: self.lister.clone(),
             metadata: self.metadata.clone(),
             enqueue: self.enqueue.clone(),
@@ -611,7 +629,8 @@ struct Reconciler<Ctx, F, P, T> {
 
 impl<K, Ctx, F, Fut, E, P> Reconciler<Ctx, F, P, Item<K, E>>
 where
-    K: Resource<DynamicType = ()> + DeserializeOwned + Send + Sync + 'static,
+    K: Resource + DeserializeOwned + Send + Sync + 'static,
+    K::DynamicType: Clone + Send + Sync,
     Ctx: Send + Sync + 'static,
     F: Fn(Arc<K>, Arc<Ctx>) -> Fut + Send + Sync + 'static,
     Fut: Future<Output = Result<Action, E>> + Send + 'static,

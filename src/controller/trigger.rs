@@ -93,37 +93,40 @@ pub(crate) enum Origin<C> {
 
 impl<C> Origin<C>
 where
-    C: Resource<DynamicType = ()> + DeserializeOwned + Send + Sync + 'static,
+    C: Resource + DeserializeOwned + Send + Sync + 'static,
 {
-    /// The informer, built now if needed.
-    pub(crate) async fn informer(
+    /// The informer, built now if needed (of the resource `dyntype` names).
+    pub(crate) async fn informer_with(
         self,
         db: Option<&DurableStore>,
         what: &'static str,
+        dyntype: &C::DynamicType,
     ) -> Result<Informer<C>, super::Error<std::convert::Infallible>> {
         match self {
             Origin::Informer(i) => Ok(i),
             Origin::Api(api_wc) => {
                 let (api, wc) = *api_wc;
                 let db = db.ok_or(super::Error::NoDatabase(what))?;
-                build_informer(db, api, &wc).await.map_err(super::Error::Informer)
+                Informer::from_api_with(db, api, dyntype)
+                    .watcher_config(&wc)
+                    .build()
+                    .await
+                    .map_err(super::Error::Informer)
             }
         }
     }
-}
 
-/// An informer of `api` narrowed by `wc` (see
-/// [`InformerBuilder::watcher_config`](crate::informer::InformerBuilder::watcher_config)).
-pub(crate) async fn build_informer<C>(
-    db: &DurableStore,
-    api: kube::Api<C>,
-    wc: &watcher::Config,
-) -> Result<Informer<C>, InformerError>
-where
-    C: Resource<DynamicType = ()> + DeserializeOwned + Send + Sync + 'static,
-{
-    let b = Informer::from_api(db, api).watcher_config(wc);
-    b.build().await
+    /// The informer of a typed resource, built now if needed.
+    pub(crate) async fn informer(
+        self,
+        db: Option<&DurableStore>,
+        what: &'static str,
+    ) -> Result<Informer<C>, super::Error<std::convert::Infallible>>
+    where
+        C: Resource<DynamicType = ()>,
+    {
+        self.informer_with(db, what, &()).await
+    }
 }
 
 /// A related informer's registration, its sync, and the informer itself: the controller holds
@@ -191,14 +194,12 @@ where
 /// `owns`: the owners of type `K` named by each changed child's owner references (group and
 /// kind from `K`, any version), read from the metadata the store scanned on arrival: the
 /// children are decoded only to evaluate predicates.
-pub(crate) fn owns<K, C>(origin: Origin<C>, relation: Relation<C>) -> Trigger
+pub(crate) fn owns<K, C>(origin: Origin<C>, relation: Relation<C>, dyntype: &K::DynamicType) -> Trigger
 where
     K: Resource,
-    K::DynamicType: Default,
     C: Resource<DynamicType = ()> + DeserializeOwned + Send + Sync + 'static,
 {
-    let dt = K::DynamicType::default();
-    let (group, kind) = (K::group(&dt).into_owned(), K::kind(&dt).into_owned());
+    let (group, kind) = (K::group(dyntype).into_owned(), K::kind(dyntype).into_owned());
     let child = ApiResource::erase::<C>(&());
     Box::new(move |db, enqueue| {
         async move {

@@ -3,15 +3,16 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;
 
-use prometheus_client::encoding::DescriptorEncoder;
-use prometheus_client::encoding::EncodeLabelSet;
-use prometheus_client::metrics::family::Family;
-use prometheus_client::metrics::gauge::Gauge;
+#[cfg(feature = "metrics")]
+use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet};
 
+use crate::metrics::prom::{Family, Gauge};
+#[cfg(feature = "metrics")]
 use crate::metrics::{add_section, encode_family};
 
 /// Labels: resource and handler.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+#[derive(Clone, Debug, Hash, PartialEq, Eq)]
+#[cfg_attr(feature = "metrics", derive(EncodeLabelSet))]
 pub(crate) struct HandlerLabels {
     /// The resource.
     pub(crate) resource: String,
@@ -39,11 +40,13 @@ impl HandlerLabels {
 pub(crate) fn handler_lag() -> &'static Family<HandlerLabels, Gauge> {
     static FAMILY: OnceLock<Family<HandlerLabels, Gauge>> = OnceLock::new();
     FAMILY.get_or_init(|| {
+        #[cfg(feature = "metrics")]
         add_section("informer", encode);
         Family::default()
     })
 }
 
+#[cfg(feature = "metrics")]
 fn encode(e: &mut DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
     encode_family(
         e,

@@ -658,6 +658,28 @@ where
         Self::builder(db, crate::source::KubeSource::from_api(api))
     }
 
+    /// [`from_api`](Self::from_api) for a resource known at run time: an `Informer<DynamicObject>`
+    /// of what `api` (kube's `Api::all_with(client, &ar)`) reads, the resource named by `dyntype`.
+    ///
+    /// ```no_run
+    /// # async fn f(client: kube::Client, db: &durable_informer::store::DurableStore) -> Result<(), Box<dyn std::error::Error>> {
+    /// use durable_informer::informer::Informer;
+    /// use kube::core::{ApiResource, DynamicObject, GroupVersionKind};
+    /// let ar = ApiResource::from_gvk(&GroupVersionKind::gvk("example.com", "v1", "Widget"));
+    /// let widgets = Informer::from_api_with(db, kube::Api::<DynamicObject>::all_with(client, &ar), &ar).build().await?;
+    /// # let _ = widgets; Ok(()) }
+    /// ```
+    pub fn from_api_with<'a>(
+        db: &'a DurableStore,
+        api: kube::Api<K>,
+        dyntype: &K::DynamicType,
+    ) -> InformerBuilder<'a, K, crate::source::KubeSource>
+    where
+        K: kube::Resource,
+    {
+        Self::builder(db, crate::source::KubeSource::from_api_with(api, dyntype))
+    }
+
     /// An informer builder over `source`, stored in `db`. For a typed `K`, prefer
     /// [`from_api`](Self::from_api), which takes the resource from the type; a
     /// [`KubeSource`](crate::source::KubeSource) built by hand must name `K`'s resource.

@@ -13,7 +13,9 @@ use serde::de::DeserializeOwned;
 
 /// The reads of kube-runtime's [`reflector::Store`](kube::runtime::reflector::Store), served
 /// from the informer's cache: [`get`](Self::get), [`state`](Self::state),
-/// [`find`](Self::find), [`len`](Self::len) and [`wait_until_ready`](Self::wait_until_ready).
+/// [`find`](Self::find), [`state_filter`](Self::state_filter),
+/// [`state_filter_selector`](Self::state_filter_selector), [`len`](Self::len),
+/// [`is_empty`](Self::is_empty) and [`wait_until_ready`](Self::wait_until_ready).
 ///
 /// Reads are infallible and synchronous and never read the database: asking an informer for a
 /// reader pins its cache (every object's JSON held, no byte budget, as kube's store holds every
@@ -164,6 +166,34 @@ impl<K: DeserializeOwned + Send + Sync + 'static> Reader<K> {
     fn select(&self, namespace: Option<&str>, keep: impl FnMut(&crate::object::ObjectMeta) -> bool) -> Vec<Arc<K>> {
         let entries = self.view().map(|v| v.select(namespace, keep)).unwrap_or_default();
         entries.iter().filter_map(|e| self.decoded(e)).collect()
+    }
+
+    /// The objects for which `predicate` is true, in key order (kube's `Store::state_filter`).
+    #[must_use]
+    pub fn state_filter(&self, predicate: impl Fn(&K) -> bool) -> Vec<Arc<K>> {
+        let entries = self.view().map(|v| v.select(None, |_| true)).unwrap_or_default();
+        entries
+            .iter()
+            .filter_map(|e| self.decoded(e))
+            .filter(|k| predicate(k))
+            .collect()
+    }
+
+    /// The objects whose labels match kube's `Selector`, in key order (kube's
+    /// `Store::state_filter_selector`). The labels are read from the held metadata, so objects
+    /// that do not match are not decoded.
+    ///
+    /// ```no_run
+    /// # fn f(pods: durable_informer::informer::Reader<k8s_openapi::api::core::v1::Pod>) {
+    /// use kube::core::{Expression, Selector};
+    /// let selector: Selector = Expression::Equal("app".into(), "web".into()).into();
+    /// let web = pods.state_filter_selector(&selector);
+    /// # let _ = web; }
+    /// ```
+    #[must_use]
+    pub fn state_filter_selector(&self, selector: &kube::core::Selector) -> Vec<Arc<K>> {
+        use kube::core::SelectorExt as _;
+        self.select(None, |m| selector.matches(&m.labels))
     }
 
     /// The first object in key order for which `pred` is true (kube's `Store::find`): objects

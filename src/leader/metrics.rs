@@ -3,15 +3,16 @@
 
 use std::sync::OnceLock;
 
+#[cfg(feature = "metrics")]
 use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet};
-use prometheus_client::metrics::counter::Counter;
-use prometheus_client::metrics::family::Family;
-use prometheus_client::metrics::gauge::Gauge;
 
+use crate::metrics::prom::{Counter, Family, Gauge};
+#[cfg(feature = "metrics")]
 use crate::metrics::{add_section, encode_family};
 
 /// Labels: the Lease, `namespace/name`.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+#[derive(Clone, Debug, Hash, PartialEq, Eq)]
+#[cfg_attr(feature = "metrics", derive(EncodeLabelSet))]
 pub(crate) struct LeaseLabels {
     pub(crate) lease: String,
 }
@@ -24,6 +25,7 @@ struct Families {
 fn families() -> &'static Families {
     static F: OnceLock<Families> = OnceLock::new();
     F.get_or_init(|| {
+        #[cfg(feature = "metrics")]
         add_section("leader", encode);
         Families {
             is_leader: Family::default(),
@@ -54,6 +56,7 @@ pub(crate) fn following(lease: &str) {
     drop(f.transitions.get_or_create(&labels));
 }
 
+#[cfg(feature = "metrics")]
 fn encode(e: &mut DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
     let f = families();
     encode_family(
@@ -70,7 +73,7 @@ fn encode(e: &mut DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
     )
 }
 
-#[cfg(test)]
+#[cfg(all(test, feature = "metrics"))]
 mod tests {
     use super::*;
 

@@ -1,14 +1,20 @@
 //! Plain counters and histograms describing a queue, and their export under client-go's
 //! `workqueue_*` names (a section of [`crate::metrics`]).
 
+#[cfg(feature = "metrics")]
 use std::collections::BTreeMap;
+#[cfg(feature = "metrics")]
 use std::sync::Mutex;
 use std::time::Duration;
 
+#[cfg(feature = "metrics")]
 use prometheus_client::encoding::DescriptorEncoder;
+#[cfg(feature = "metrics")]
 use prometheus_client::metrics::MetricType;
 
+#[cfg(feature = "metrics")]
 use crate::metrics::add_section;
+#[cfg(feature = "metrics")]
 use crate::util::Locked;
 
 /// Upper bounds of [`DurationHistogram`] buckets: 10 ns to 10 s, factor 10, as client-go's
@@ -105,9 +111,11 @@ pub struct QueueMetrics {
 pub(crate) type QueueProbe = Box<dyn Fn() -> Option<QueueMetrics> + Send + Sync>;
 
 /// The named queues, read at each scrape.
+#[cfg(feature = "metrics")]
 static QUEUES: Mutex<Vec<QueueProbe>> = Mutex::new(Vec::new());
 
 /// Reports a named queue's metrics at each scrape, while `probe` finds it.
+#[cfg(feature = "metrics")]
 pub(crate) fn add_queue(probe: QueueProbe) {
     let mut queues = QUEUES.locked();
     queues.retain(|p| p().is_some());
@@ -115,6 +123,11 @@ pub(crate) fn add_queue(probe: QueueProbe) {
     add_section("queue", encode);
 }
 
+/// Without the `metrics` feature nothing is scraped.
+#[cfg(not(feature = "metrics"))]
+pub(crate) fn add_queue(_probe: QueueProbe) {}
+
+#[cfg(feature = "metrics")]
 impl DurationHistogram {
     fn merge(&mut self, other: &Self) {
         for (a, b) in self.counts.iter_mut().zip(other.counts.iter()) {
@@ -125,6 +138,7 @@ impl DurationHistogram {
     }
 }
 
+#[cfg(feature = "metrics")]
 impl QueueMetrics {
     /// Adds `other` (a queue of the same name) into `self`: one series per name, as two
     /// series with equal labels would make the exposition invalid.
@@ -141,10 +155,12 @@ impl QueueMetrics {
     }
 }
 
+#[cfg(feature = "metrics")]
 type Labels = [(&'static str, String); 2];
 
 /// client-go's workqueue metrics, read from the live named queues at each scrape, labelled
 /// `name` and `controller` (both the queue's name, as controller-runtime does).
+#[cfg(feature = "metrics")]
 fn encode(encoder: &mut DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
     {
         let mut by_name: BTreeMap<String, QueueMetrics> = BTreeMap::new();

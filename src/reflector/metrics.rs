@@ -2,25 +2,28 @@
 
 use std::sync::OnceLock;
 
-use prometheus_client::encoding::DescriptorEncoder;
-use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue, LabelValueEncoder};
-use prometheus_client::metrics::counter::Counter;
-use prometheus_client::metrics::family::Family;
-use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+#[cfg(feature = "metrics")]
+use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeLabelValue, LabelValueEncoder};
+#[cfg(feature = "metrics")]
 use std::fmt::Write as _;
 
 use super::ListReason;
-use crate::metrics::{add_section, encode_family, seconds_histogram};
+use crate::metrics::prom::{exponential_buckets, Counter, Family, Histogram};
+use crate::metrics::seconds_histogram;
+#[cfg(feature = "metrics")]
+use crate::metrics::{add_section, encode_family};
 
 /// Labels: resource.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+#[derive(Clone, Debug, Hash, PartialEq, Eq)]
+#[cfg_attr(feature = "metrics", derive(EncodeLabelSet))]
 pub struct ResourceLabels {
     /// The resource.
     pub resource: String,
 }
 
 /// Labels: resource and event type.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+#[derive(Clone, Debug, Hash, PartialEq, Eq)]
+#[cfg_attr(feature = "metrics", derive(EncodeLabelSet))]
 pub struct EventLabels {
     /// The resource.
     pub resource: String,
@@ -47,6 +50,7 @@ pub enum ListReasonLabel {
 impl ListReasonLabel {
     /// The label value.
     #[must_use]
+    #[cfg_attr(not(feature = "metrics"), allow(dead_code))]
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Initial => "initial",
@@ -58,6 +62,7 @@ impl ListReasonLabel {
     }
 }
 
+#[cfg(feature = "metrics")]
 impl EncodeLabelValue for ListReasonLabel {
     fn encode(&self, encoder: &mut LabelValueEncoder<'_>) -> Result<(), std::fmt::Error> {
         encoder.write_str(self.as_str())
@@ -77,7 +82,8 @@ impl From<&ListReason> for ListReasonLabel {
 }
 
 /// Labels: resource and relist reason.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+#[derive(Clone, Debug, Hash, PartialEq, Eq)]
+#[cfg_attr(feature = "metrics", derive(EncodeLabelSet))]
 pub struct ReasonLabels {
     /// The resource.
     pub resource: String,
@@ -112,6 +118,7 @@ fn size_histogram() -> Histogram {
 pub fn global() -> &'static ReflectorMetrics {
     static METRICS: OnceLock<ReflectorMetrics> = OnceLock::new();
     METRICS.get_or_init(|| {
+        #[cfg(feature = "metrics")]
         add_section("reflector", encode);
         ReflectorMetrics {
             events: Family::default(),
@@ -125,6 +132,7 @@ pub fn global() -> &'static ReflectorMetrics {
     })
 }
 
+#[cfg(feature = "metrics")]
 fn encode(e: &mut DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
     let m = global();
     encode_family(

@@ -21,7 +21,10 @@ mod backoff;
 mod config;
 mod error;
 mod listing;
+#[cfg(feature = "metrics")]
 pub mod metrics;
+#[cfg(not(feature = "metrics"))]
+mod metrics;
 mod sharding;
 mod status;
 mod transform;

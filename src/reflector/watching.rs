@@ -3,8 +3,8 @@
 use std::collections::VecDeque;
 use std::time::Duration;
 
+use crate::metrics::prom::Histogram;
 use futures::{FutureExt, StreamExt};
-use prometheus_client::metrics::histogram::Histogram;
 use rand::Rng;
 use tokio::sync::{oneshot, watch};
 use tracing::Instrument;

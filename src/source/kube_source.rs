@@ -223,8 +223,25 @@ impl KubeSource {
     /// ```
     #[must_use]
     pub fn from_api<K: Resource<DynamicType = ()>>(api: kube::Api<K>) -> Self {
+        Self::from_api_with(api, &())
+    }
+
+    /// [`from_api`](Self::from_api) for a resource known at run time: an `Api<DynamicObject>`
+    /// (kube's `Api::all_with(client, &ar)`) and the `ApiResource` it was made with.
+    ///
+    /// ```no_run
+    /// # fn f(client: kube::Client) {
+    /// use durable_informer::source::KubeSource;
+    /// use kube::core::{ApiResource, DynamicObject, GroupVersionKind};
+    /// let ar = ApiResource::from_gvk(&GroupVersionKind::gvk("example.com", "v1", "Widget"));
+    /// let widgets = KubeSource::from_api_with(kube::Api::<DynamicObject>::namespaced_with(client, "prod", &ar), &ar);
+    /// assert_eq!(widgets.api_resource().plural, "widgets");
+    /// # }
+    /// ```
+    #[must_use]
+    pub fn from_api_with<K: Resource>(api: kube::Api<K>, dyntype: &K::DynamicType) -> Self {
         let namespace = api.namespace().map(str::to_owned);
-        let source = Self::for_client::<K>(api.into_client());
+        let source = Self::new(api.into_client(), "", ApiResource::erase::<K>(dyntype));
         match namespace {
             Some(ns) => source.namespace(&ns),
             None => source,

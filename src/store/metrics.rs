@@ -3,16 +3,16 @@
 use std::path::Path;
 use std::sync::OnceLock;
 
-use prometheus_client::encoding::DescriptorEncoder;
-use prometheus_client::encoding::EncodeLabelSet;
-use prometheus_client::metrics::counter::Counter;
-use prometheus_client::metrics::family::Family;
-use prometheus_client::metrics::gauge::Gauge;
+#[cfg(feature = "metrics")]
+use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet};
 
+use crate::metrics::prom::{Counter, Family, Gauge};
+#[cfg(feature = "metrics")]
 use crate::metrics::{add_section, encode_family};
 
 /// Labels: database file.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+#[derive(Clone, Debug, Hash, PartialEq, Eq)]
+#[cfg_attr(feature = "metrics", derive(EncodeLabelSet))]
 pub(crate) struct DatabaseLabels {
     /// The database file's name: its directory is a deployment detail (a volume mount), and
     /// a full path would change the series when the volume moves.
@@ -22,6 +22,7 @@ pub(crate) struct DatabaseLabels {
 fn db_size() -> &'static Family<DatabaseLabels, Gauge> {
     static FAMILY: OnceLock<Family<DatabaseLabels, Gauge>> = OnceLock::new();
     FAMILY.get_or_init(|| {
+        #[cfg(feature = "metrics")]
         add_section("store", encode);
         Family::default()
     })
@@ -70,6 +71,7 @@ pub(crate) fn damaged_row_skipped(path: &Path) {
     damaged_rows().get_or_create(&labels(path)).inc();
 }
 
+#[cfg(feature = "metrics")]
 fn encode(e: &mut DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
     encode_family(e, "durable_informer_database_bytes", "Database file size", db_size())?;
     encode_family(
