@@ -5,7 +5,8 @@
 //! ```text
 //! cargo bench --features sim --bench metadata_informer            # N = 100,000, about 2 minutes
 //! BENCH_N=20000 cargo bench --features sim --bench metadata_informer
-//! BENCH_KUBE=1 …    # adds kube-runtime's watcher and metadata_watcher (a reflector store each)
+//! BENCH_KUBE=1 …    # adds kube-runtime's watcher of Pods and of PartialObjectMeta<Pod>
+//! BENCH_REDB_CACHE_MIB=32 …   # redb's page cache for ours (default StoreConfig: 256 MiB)
 //! ```
 //!
 //! The sim (in this process) serves N generated ~4 KB Pods (`WorkloadGen`, as `benches/compare`).
@@ -17,7 +18,9 @@
 //!   [`Reader`](durable_informer::informer::Reader) is taken and every object read through
 //!   `state()` (kube's `Store`: every object in memory, decoded), and the peak RSS again;
 //! * **restart**: the same database reopened, synced again; the parent counts the LIST
-//!   requests the sim answered during the child (the aim: none) and the child's peak RSS.
+//!   requests the sim answered during the child and the objects they carried (the aim: no
+//!   LIST of the objects; a resume's two probes are a revision-only LIST and a `limit=1` one)
+//!   and the child's peak RSS.
 //!
 //! A first child with no informer gives the baseline (the runtime, the client, the binary).
 
@@ -128,7 +131,14 @@ async fn child(system: &str, url: &str, n: usize, db: &Path, restart: bool) -> R
         if !restart {
             let _ = std::fs::remove_file(&db);
         }
-        let store = tokio::task::spawn_blocking(move || DurableStore::open(StoreConfig::new(db))).await??;
+        let mut config = StoreConfig::new(db);
+        if let Some(mib) = std::env::var("BENCH_REDB_CACHE_MIB")
+            .ok()
+            .and_then(|v| v.parse::<usize>().ok())
+        {
+            config = config.cache_bytes(mib << 20);
+        }
+        let store = tokio::task::spawn_blocking(move || DurableStore::open(config)).await??;
         Ok::<_, Box<dyn std::error::Error + Send + Sync>>(store)
     };
     let id = ClusterIdentity::named("sim");
