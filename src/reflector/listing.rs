@@ -183,6 +183,13 @@ impl<S: Source> Reflector<S> {
         if items.is_empty() {
             return Ok(());
         }
+        // Charged to the store's memory budget until committed; waits while other pages fill
+        // the bound of syncs in flight.
+        let bytes = items
+            .iter()
+            .map(|o| o.bytes.len() + crate::store::memory::meta_bytes(&o.meta))
+            .sum();
+        let permit = self.store.memory().admit(bytes).await;
         let ack: BoxFuture<'static, Result<(), StoreError>> = if direct {
             let mut batch = self.new_batch();
             batch.deltas = items
@@ -193,10 +200,10 @@ impl<S: Source> Reflector<S> {
                 })
                 .collect();
             let rx = self.writer.submit(batch)?;
-            async move { rx.await.map_err(|_| StoreError::WriterGone)?.map(|_| ()) }.boxed()
+            committed(rx, permit, |r| r.map(|_| ()))
         } else {
             let rx = self.writer.submit_stage(self.scope(), items)?;
-            async move { rx.await.map_err(|_| StoreError::WriterGone)? }.boxed()
+            committed(rx, permit, |r| r)
         };
         pipe.push(ack).await
     }
@@ -325,6 +332,27 @@ impl<S: Source> Reflector<S> {
             }
         }
     }
+}
+
+/// A page's commit, its memory permit given back as soon as the writer answers (on a task of its
+/// own: the pipe may not look at it for a while, and other reflectors wait for that room).
+fn committed<T: Send + 'static>(
+    rx: tokio::sync::oneshot::Receiver<Result<T, StoreError>>,
+    permit: crate::store::memory::SyncPermit,
+    map: fn(Result<T, StoreError>) -> Result<(), StoreError>,
+) -> BoxFuture<'static, Result<(), StoreError>> {
+    let answered = tokio::spawn(async move {
+        let r = rx.await;
+        drop(permit);
+        r
+    });
+    async move {
+        match answered.await {
+            Ok(Ok(r)) => map(r),
+            _ => Err(StoreError::WriterGone),
+        }
+    }
+    .boxed()
 }
 
 /// The commits of list pages sent but not yet acknowledged, at most [`MAX_INFLIGHT`]: the

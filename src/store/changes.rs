@@ -12,10 +12,19 @@
 //!
 //! Readers are registered with the writer between two groups, together with a read snapshot
 //! taken at that point ([`Writer::subscribe`](super::Writer::subscribe)): the snapshot holds
-//! everything before the reader's first item. Entries every reader has passed are dropped; a
-//! reader further behind than [`MAX_ENTRIES`] is told it [`lagged`](StreamRead::Lagged) and
-//! subscribes again. The stream never waits for a reader, so a slow one costs it a reload, never
-//! the writer its latency.
+//! everything before the reader's first item. Entries every reader has passed are dropped.
+//!
+//! The streams of a store are charged to its [memory budget](super::MemoryBudget), within
+//! its [stream bound](super::MemoryBudget::stream_bound). Past the bound, the JSON of the oldest
+//! committed adds and updates is dropped from the stream (*spilled*): a reader takes such a
+//! change with its key, metadata and index values, as a cache takes an evicted object, and
+//! whoever needs the JSON reads it back from redb, which has it. Nothing is lost and the
+//! order stays. Should the stream still be over its bound (metadata alone, or changes not yet
+//! committed), or a reader be more than [`MAX_ENTRIES`] behind, the slowest readers are told
+//! they [`lagged`](StreamRead::Lagged) and subscribe again (a reload from a snapshot, which
+//! tells handlers the difference). The stream never waits for a reader, so a slow one costs it
+//! a reload, never the writer its latency; list pages wait at the budget's gate (up to a second)
+//! while the stream is over half its bound, so readers that are only slow catch up first.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::{Arc, Mutex};
@@ -24,6 +33,7 @@ use bytes::Bytes;
 use tokio::sync::watch;
 
 use super::codec::DeltaKind;
+use super::memory::{meta_bytes, string, MemoryBudget, ALLOC};
 use super::schema::{IndexName, ScopeId, Seq};
 use crate::object::{ObjectKey, ObjectMeta};
 use crate::util::Locked;
@@ -84,9 +94,15 @@ pub enum StreamRead {
 }
 
 struct State {
-    /// Items, oldest first; `entries[0]` is at position `first`.
-    entries: VecDeque<Arc<Item>>,
+    /// Items, oldest first, with what each is charged; `entries[0]` is at position `first`.
+    entries: VecDeque<(Arc<Item>, usize)>,
     first: u64,
+    /// What the entries are charged in all.
+    bytes: usize,
+    /// The last seq committed: changes up to it may be spilled.
+    committed: Seq,
+    /// Entries before this position are spilled, or cannot be.
+    spilled: u64,
     /// The last seq published (any scope): where a reader at the end of the stream stands.
     head: Seq,
     /// Each reader's position (the next item it reads).
@@ -100,20 +116,91 @@ impl State {
     }
 
     /// Drops what every reader has passed, and beyond [`MAX_ENTRIES`] what the slowest have not.
-    fn trim(&mut self) {
+    fn trim(&mut self, memory: &MemoryBudget) {
         let slowest = self.readers.values().copied().min().unwrap_or_else(|| self.end());
         while self.first < slowest || self.entries.len() > MAX_ENTRIES {
-            if self.entries.pop_front().is_none() {
+            if !self.pop(memory) {
                 break;
             }
-            self.first += 1;
         }
+    }
+
+    fn pop(&mut self, memory: &MemoryBudget) -> bool {
+        let Some((_, cost)) = self.entries.pop_front() else {
+            return false;
+        };
+        self.first += 1;
+        self.bytes -= cost;
+        memory.uncharge_stream(cost);
+        true
+    }
+
+    /// While the store's streams are over their bound: drops the JSON of this stream's oldest
+    /// committed adds and updates, then (still over) its oldest entries, keeping the newest,
+    /// so the readers behind them lag.
+    fn bound(&mut self, memory: &MemoryBudget) {
+        let over = || memory.stream() > memory.stream_bound();
+        while over() {
+            self.spilled = self.spilled.max(self.first);
+            let i = (self.spilled - self.first) as usize;
+            let Some((item, cost)) = self.entries.get_mut(i) else {
+                break;
+            };
+            let Item::Change(c) = &**item else {
+                self.spilled += 1;
+                continue;
+            };
+            if c.seq > self.committed {
+                break;
+            }
+            self.spilled += 1;
+            if c.kind == DeltaKind::Deleted || c.new.is_none() {
+                continue;
+            }
+            let spilled = Item::Change(Change { new: None, ..c.clone() });
+            let less = *cost - item_cost(&spilled);
+            *item = Arc::new(spilled);
+            *cost -= less;
+            self.bytes -= less;
+            memory.uncharge_stream(less);
+        }
+        while over() && self.entries.len() > 1 {
+            self.pop(memory);
+        }
+    }
+}
+
+/// What an item is charged: the item, its key, metadata, index values and JSON.
+fn item_cost(item: &Item) -> usize {
+    use std::mem::size_of;
+    let base = size_of::<Item>() + ALLOC;
+    match item {
+        Item::Change(c) => {
+            let values: usize = c
+                .values
+                .iter()
+                .map(|(n, v)| {
+                    size_of::<(IndexName, Vec<String>)>()
+                        + string(&n.0)
+                        + v.iter().map(|s| size_of::<String>() + string(s)).sum::<usize>()
+                        + ALLOC
+                })
+                .sum();
+            base + c.key.namespace.as_deref().map_or(0, string)
+                + string(&c.key.name)
+                + meta_bytes(&c.meta)
+                + values
+                + ALLOC
+                + c.new.as_ref().map_or(0, |b| b.len() + ALLOC)
+        }
+        Item::Rollback { .. } | Item::Reset { .. } => base,
     }
 }
 
 /// One scope's stream; see the module documentation.
 pub struct Stream {
     scope: ScopeId,
+    memory: Arc<MemoryBudget>,
     state: Mutex<State>,
     /// The position after the newest item, to wake readers.
     end: watch::Sender<u64>,
@@ -130,13 +217,17 @@ impl std::fmt::Debug for Stream {
 }
 
 impl Stream {
-    /// An empty stream whose readers start at seq `head`.
-    pub(crate) fn new(scope: ScopeId, head: Seq) -> Arc<Self> {
+    /// An empty stream whose readers start at seq `head`, charged to `memory`.
+    pub(crate) fn new(scope: ScopeId, head: Seq, memory: Arc<MemoryBudget>) -> Arc<Self> {
         Arc::new(Self {
             scope,
+            memory,
             state: Mutex::new(State {
                 entries: VecDeque::new(),
                 first: 0,
+                bytes: 0,
+                committed: head,
+                spilled: 0,
                 head,
                 readers: BTreeMap::new(),
                 next_reader: 0,
@@ -157,8 +248,13 @@ impl Stream {
             Item::Rollback { to } => st.head = *to,
             Item::Reset { .. } => {}
         }
-        st.entries.push_back(Arc::new(item));
-        st.trim();
+        let cost = item_cost(&item);
+        st.entries.push_back((Arc::new(item), cost));
+        st.bytes += cost;
+        self.memory.charge_stream(cost);
+        st.trim(&self.memory);
+        st.bound(&self.memory);
+        self.memory.stream_settled();
         let end = st.end();
         self.published.store(end, std::sync::atomic::Ordering::Release);
         drop(st);
@@ -174,11 +270,32 @@ impl Stream {
         // One past the end: every reader, even one at the end, is behind the first item.
         st.first = st.end() + 1;
         st.entries.clear();
+        self.memory.uncharge_stream(std::mem::take(&mut st.bytes));
         st.head = st.head.max(head);
         let end = st.end();
         self.published.store(end, std::sync::atomic::Ordering::Release);
         drop(st);
         self.end.send_replace(end);
+    }
+
+    /// Everything up to `seq` is committed (or, after a loss, only that much): its changes may
+    /// be spilled, and are while the store's streams are over their bound.
+    pub(crate) fn committed(&self, seq: Seq) {
+        let mut st = self.state.locked();
+        if seq < st.committed {
+            // Taken back: what was spilled stays spilled (redb's rows and log are read back by
+            // version), nothing newer is spilled until committed again.
+            st.committed = seq;
+            return;
+        }
+        st.committed = seq;
+        st.bound(&self.memory);
+    }
+
+    /// What the stream's entries are charged now.
+    #[must_use]
+    pub fn bytes(&self) -> usize {
+        self.state.locked().bytes
     }
 
     /// The position after the newest item (one atomic load).
@@ -238,12 +355,18 @@ impl Reader {
             return StreamRead::Lagged;
         }
         let from = (self.at - st.first) as usize;
-        let items: Vec<Arc<Item>> = st.entries.iter().skip(from).take(limit).cloned().collect();
+        let items: Vec<Arc<Item>> = st
+            .entries
+            .iter()
+            .skip(from)
+            .take(limit)
+            .map(|(i, _)| i.clone())
+            .collect();
         self.at += items.len() as u64;
         let at_end = self.at == st.end();
         let head = at_end.then_some(st.head);
         st.readers.insert(self.id, self.at);
-        st.trim();
+        st.trim(&self.stream.memory);
         // What this read saw is marked seen, so `changed` waits for what comes next.
         self.wake.borrow_and_update();
         StreamRead::Items(items, head)
@@ -291,7 +414,14 @@ impl Drop for Reader {
     fn drop(&mut self) {
         let mut st = self.stream.state.locked();
         st.readers.remove(&self.id);
-        st.trim();
+        st.trim(&self.stream.memory);
+    }
+}
+
+impl Drop for Stream {
+    fn drop(&mut self) {
+        let bytes = std::mem::take(&mut self.state.locked().bytes);
+        self.memory.uncharge_stream(bytes);
     }
 }
 
@@ -310,6 +440,192 @@ mod tests {
             values: Arc::from(Vec::new()),
             final_state_unknown: false,
         })
+    }
+
+    fn unbounded() -> Arc<MemoryBudget> {
+        Arc::new(MemoryBudget::new(usize::MAX))
+    }
+
+    fn sized(seq: u64, kind: DeltaKind, len: usize) -> Item {
+        Item::Change(Change {
+            seq: Seq(seq),
+            kind,
+            key: ObjectKey::namespaced("ns", format!("o{seq}")),
+            meta: Arc::new(ObjectMeta::default()),
+            new: Some(Bytes::from(vec![b'x'; len])),
+            values: Arc::from(Vec::new()),
+            final_state_unknown: false,
+        })
+    }
+
+    /// The stream's charge agrees with its entries, and stays within the bound unless one
+    /// entry alone is over it.
+    fn within_bound(s: &Stream, memory: &MemoryBudget) -> Result<(), String> {
+        let st = s.state.locked();
+        let sum: usize = st.entries.iter().map(|(i, _)| item_cost(i)).sum();
+        if sum != st.bytes || memory.stream() != st.bytes {
+            return Err(format!(
+                "charged {} / {}, entries cost {sum}",
+                st.bytes,
+                memory.stream()
+            ));
+        }
+        if st.bytes > memory.stream_bound() && st.entries.len() > 1 {
+            return Err(format!("{} bytes over the bound {}", st.bytes, memory.stream_bound()));
+        }
+        Ok(())
+    }
+
+    #[test]
+    fn a_slow_reader_behind_committed_changes_reads_them_all_spilled_within_the_bound() {
+        let memory = Arc::new(MemoryBudget::new(0));
+        let bound = memory.stream_bound();
+        let s = Stream::new(ScopeId(1), Seq(0), memory.clone());
+        let mut slow = s.reader();
+        // Twice the bound of JSON, each change committed as it is published.
+        let n = 2 * bound / (64 << 10);
+        for seq in 1..=n as u64 {
+            s.push(sized(seq, DeltaKind::Added, 64 << 10));
+            s.committed(Seq(seq));
+            within_bound(&s, &memory).unwrap();
+        }
+        let mut seen = Vec::new();
+        loop {
+            match slow.read(100) {
+                StreamRead::Items(items, head) => {
+                    for i in items {
+                        if let Item::Change(c) = &*i {
+                            seen.push((c.seq.0, c.new.is_some()));
+                        }
+                    }
+                    if head.is_some() {
+                        break;
+                    }
+                }
+                StreamRead::Lagged => panic!("a reader behind committed changes lagged"),
+            }
+        }
+        assert_eq!(
+            seen.iter().map(|(s, _)| *s).collect::<Vec<_>>(),
+            (1..=n as u64).collect::<Vec<_>>()
+        );
+        assert!(!seen[0].1, "the oldest changes were spilled");
+        assert!(seen[n - 1].1, "the newest kept their JSON");
+        assert_eq!(memory.stream(), 0, "everything read is given back");
+        drop(slow);
+        drop(s);
+        assert_eq!(memory.stream(), 0);
+    }
+
+    #[test]
+    fn uncommitted_changes_are_not_spilled_and_past_the_bound_the_slowest_reader_lags() {
+        let memory = Arc::new(MemoryBudget::new(0));
+        let bound = memory.stream_bound();
+        let s = Stream::new(ScopeId(1), Seq(0), memory.clone());
+        let mut slow = s.reader();
+        let n = 2 * bound / (64 << 10);
+        for seq in 1..=n as u64 {
+            s.push(sized(seq, DeltaKind::Added, 64 << 10));
+            within_bound(&s, &memory).unwrap();
+        }
+        assert!(matches!(slow.read(10), StreamRead::Lagged));
+        // What is kept still has its JSON: none of it was committed.
+        let st = s.state.locked();
+        assert!(st
+            .entries
+            .iter()
+            .all(|(i, _)| matches!(&**i, Item::Change(c) if c.new.is_some())));
+    }
+
+    #[derive(Debug, Clone)]
+    enum Op {
+        Push { len: usize, delete: bool },
+        Commit,
+        Lose { back: u64 },
+        Read { n: usize },
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            6 => (0usize..400_000, prop::bool::weighted(0.2)).prop_map(|(len, delete)| Op::Push { len, delete }),
+            2 => Just(Op::Commit),
+            1 => (0u64..4).prop_map(|back| Op::Lose { back }),
+            3 => (1usize..40).prop_map(|n| Op::Read { n }),
+        ]
+    }
+
+    proptest! {
+        /// Against a model of what was pushed: the stream's charge is its entries' cost, within
+        /// the bound (or one entry); a reader sees every item from where it subscribed, in
+        /// order, with its JSON unless the change was a committed add or update (spilled),
+        /// until it is told it lagged, and then resubscribes at the end.
+        #[test]
+        fn the_stream_stays_within_its_bound_and_readers_miss_nothing_unsaid(ops in prop::collection::vec(op(), 1..150)) {
+            let memory = Arc::new(MemoryBudget::new(0));
+            let s = Stream::new(ScopeId(1), Seq(0), memory.clone());
+            let mut r = s.reader();
+            // (seq, is a change, JSON length, delete); the reader's index into it.
+            let mut pushed: Vec<(u64, bool, usize, bool)> = Vec::new();
+            let mut at = 0usize;
+            let (mut seq, mut committed) = (0u64, 0u64);
+            for op in ops {
+                match op {
+                    Op::Push { len, delete } => {
+                        seq += 1;
+                        let kind = if delete { DeltaKind::Deleted } else { DeltaKind::Updated };
+                        s.push(sized(seq, kind, len));
+                        pushed.push((seq, true, len, delete));
+                    }
+                    Op::Commit => {
+                        committed = seq;
+                        s.committed(Seq(seq));
+                    }
+                    Op::Lose { back } => {
+                        let to = committed.saturating_sub(back);
+                        s.committed(Seq(to));
+                        if seq > to {
+                            s.push(Item::Rollback { to: Seq(to) });
+                            pushed.push((to, false, 0, false));
+                        }
+                        seq = to;
+                        committed = to;
+                    }
+                    Op::Read { n } => match r.read(n) {
+                        StreamRead::Items(items, _) => {
+                            for i in items {
+                                let (want_seq, change, len, delete) = pushed[at];
+                                at += 1;
+                                match &*i {
+                                    Item::Change(c) => {
+                                        prop_assert!(change);
+                                        prop_assert_eq!(c.seq.0, want_seq);
+                                        match &c.new {
+                                            Some(b) => prop_assert_eq!(b.len(), len),
+                                            None => prop_assert!(!delete, "a delete's final state was spilled"),
+                                        }
+                                    }
+                                    Item::Rollback { to } => {
+                                        prop_assert!(!change);
+                                        prop_assert_eq!(to.0, want_seq);
+                                    }
+                                    Item::Reset { .. } => prop_assert!(false, "no reset was pushed"),
+                                }
+                            }
+                        }
+                        StreamRead::Lagged => {
+                            r = s.reader();
+                            at = pushed.len();
+                        }
+                    },
+                }
+                if let Err(e) = within_bound(&s, &memory) {
+                    prop_assert!(false, "{}", e);
+                }
+            }
+            drop(r);
+            drop(s);
+            prop_assert_eq!(memory.stream(), 0, "a dropped stream gives everything back");
+        }
     }
 
     fn seqs(read: StreamRead) -> (Vec<String>, Option<Seq>) {
@@ -331,7 +647,7 @@ mod tests {
 
     #[test]
     fn a_rollback_is_an_item_in_order_and_reissued_seqs_are_new_items() {
-        let s = Stream::new(ScopeId(1), Seq(0));
+        let s = Stream::new(ScopeId(1), Seq(0), unbounded());
         let mut r = s.reader();
         s.push(change(1, "a"));
         s.push(change(2, "b"));
@@ -350,7 +666,7 @@ mod tests {
 
     #[test]
     fn a_reader_starts_at_the_end_and_entries_all_readers_passed_are_dropped() {
-        let s = Stream::new(ScopeId(1), Seq(0));
+        let s = Stream::new(ScopeId(1), Seq(0), unbounded());
         s.push(change(1, "before"));
         let mut r = s.reader();
         s.push(change(2, "after"));
@@ -364,7 +680,7 @@ mod tests {
 
     #[test]
     fn a_reader_too_far_behind_lags() {
-        let s = Stream::new(ScopeId(1), Seq(0));
+        let s = Stream::new(ScopeId(1), Seq(0), unbounded());
         let mut slow = s.reader();
         for i in 1..=(MAX_ENTRIES as u64 + 5) {
             s.push(change(i, "o"));
@@ -374,7 +690,7 @@ mod tests {
 
     #[test]
     fn an_invalidated_stream_sends_every_reader_back_and_new_readers_read_on() {
-        let s = Stream::new(ScopeId(1), Seq(0));
+        let s = Stream::new(ScopeId(1), Seq(0), unbounded());
         let mut behind = s.reader();
         s.push(change(1, "a"));
         let mut at_end = s.reader();
@@ -394,7 +710,7 @@ mod tests {
 
     #[tokio::test]
     async fn readers_wake_on_a_push_and_on_an_advance() {
-        let s = Stream::new(ScopeId(1), Seq(0));
+        let s = Stream::new(ScopeId(1), Seq(0), unbounded());
         let mut r = s.reader();
         assert!(!r.has_changed());
         s.push(change(1, "a"));
@@ -411,7 +727,7 @@ mod tests {
         /// every item once, in order, and its head is the last seq published.
         #[test]
         fn a_reader_sees_every_item_once_in_order(ops in prop::collection::vec((0u8..4, 1usize..20), 1..200)) {
-            let s = Stream::new(ScopeId(1), Seq(0));
+            let s = Stream::new(ScopeId(1), Seq(0), unbounded());
             let mut r = s.reader();
             let (mut pushed, mut seen) = (Vec::new(), Vec::new());
             let mut seq = 0u64;

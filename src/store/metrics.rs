@@ -44,6 +44,14 @@ fn damaged_rows() -> &'static Family<DatabaseLabels, Counter> {
     })
 }
 
+fn budget_exceeded() -> &'static Family<DatabaseLabels, Gauge> {
+    static FAMILY: OnceLock<Family<DatabaseLabels, Gauge>> = OnceLock::new();
+    FAMILY.get_or_init(|| {
+        db_size();
+        Family::default()
+    })
+}
+
 fn labels(path: &Path) -> DatabaseLabels {
     let database = path
         .file_name()
@@ -63,6 +71,12 @@ pub(crate) fn observe_db_size(path: &Path) {
 /// Counts a scope dropped for being unused (`durable_informer_scopes_dropped_total`).
 pub(crate) fn scope_dropped(path: &Path) {
     scopes_dropped().get_or_create(&labels(path)).inc();
+}
+
+/// Records that the parts of the memory budget that cannot give way exceed it
+/// (`durable_informer_memory_budget_exceeded`).
+pub(crate) fn memory_budget_exceeded(path: &Path) {
+    budget_exceeded().get_or_create(&labels(path)).set(1);
 }
 
 /// Counts a damaged stored row that a reader or the writer went past
@@ -85,5 +99,11 @@ fn encode(e: &mut DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
         "durable_informer_damaged_rows_skipped",
         "Damaged stored rows (objects, log entries) a reader or the writer went past; DurableStore::check lists those still damaged",
         damaged_rows(),
+    )?;
+    encode_family(
+        e,
+        "durable_informer_memory_budget_exceeded",
+        "1 when redb's page cache, the informers' keys, metadata and postings and the change stream's and syncs' bounds alone exceed StoreConfig::memory_budget",
+        budget_exceeded(),
     )
 }

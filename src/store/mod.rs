@@ -40,7 +40,7 @@ mod dict;
 mod error;
 mod index;
 mod inspect;
-mod memory;
+pub(crate) mod memory;
 mod metrics;
 mod migrate;
 mod read;
@@ -64,6 +64,7 @@ pub use error::StoreError;
 pub use index::{IndexFunc, Indexer, LABELS, NAMESPACE};
 pub use inspect::{ReadOnlyStore, ScopeUsage};
 pub(crate) use memory::MemoryBudget;
+pub use memory::MemoryStats;
 pub(crate) use read::{DamagedEntry, LogEntry, ObjectEntry};
 pub use read::{IndexStatus, LogReader, LogRecord, Snapshot, Store, StoredObject};
 pub use schema::{CursorName, IndexName, IndexValue, ScopeId, Seq};
@@ -83,7 +84,8 @@ pub const SCHEMA_VERSION: u32 = migrate::LATEST;
 pub struct StoreConfig {
     pub(crate) path: PathBuf,
     pub(crate) durable: bool,
-    pub(crate) cache_bytes: usize,
+    /// redb's page cache; `None`: a share of the memory budget.
+    pub(crate) cache_bytes: Option<usize>,
     pub(crate) max_batch_deltas: usize,
     pub(crate) max_batch_bytes: usize,
     pub(crate) compression: Compression,
@@ -144,7 +146,8 @@ impl std::fmt::Debug for WrapBackend {
 }
 
 impl StoreConfig {
-    /// Defaults: durable commits, 256 MiB page cache, group commits of up to 10,000 deltas or
+    /// Defaults: durable commits, a page cache of a quarter of the memory budget (256 MiB of
+    /// the default 1 GiB), group commits of up to 10,000 deltas or
     /// 64 MiB, zstd level 1 with a dictionary trained per scope on its first objects
     /// ([`Compression::ZstdDict`]), log retention of 1,000,000 entries, applied automatically,
     /// and no retention by age.
@@ -157,7 +160,7 @@ impl StoreConfig {
         Self {
             path: path.into(),
             durable: true,
-            cache_bytes: 256 << 20,
+            cache_bytes: None,
             max_batch_deltas: 10_000,
             max_batch_bytes: 64 << 20,
             compression: Compression::ZstdDict(1),
@@ -253,24 +256,39 @@ impl StoreConfig {
         self
     }
 
-    /// The bytes the object caches of every informer on this store may hold together
-    /// (default [`DEFAULT_MEMORY_BUDGET`], 1 GiB): one budget per process, however many
-    /// informers it runs. Each cache charges its keys, metadata and index postings (always
-    /// held: listers and handlers need them) and the JSON and decoded form of the objects it
-    /// keeps (charged three times their JSON). When the total is over, the cache that took it
+    /// The bytes this store may hold in memory, for every informer on it together (default
+    /// [`DEFAULT_MEMORY_BUDGET`], 1 GiB): one budget per process, however many informers it
+    /// runs. It counts, as they are allocated:
+    ///
+    /// * redb's page cache ([`cache_bytes`](Self::cache_bytes); unless set, a quarter of the
+    ///   budget, at most 256 MiB);
+    /// * each informer's keys, metadata and index postings (always held: listers and handlers
+    ///   need them);
+    /// * the JSON and decoded form of the objects the caches keep (charged three times their
+    ///   JSON);
+    /// * the change stream: changes published and not yet read by every informer's cache,
+    ///   bounded at a thirty-second of the budget (4 to 32 MiB); past it the JSON of committed
+    ///   changes is dropped from the stream and read back from redb by whoever needs it;
+    /// * list pages in flight (fetched and not yet committed), admitted by every reflector
+    ///   through one gate of a thirty-second of the budget (4 to 32 MiB).
+    ///
+    /// Only the caches' object JSON gives way: when the total is over, the cache that took it
     /// over evicts its own least recently written or read objects' JSON, and if it has none
     /// left the other caches evict theirs; evicted objects are read back from redb when
-    /// needed. [`object_cache_bytes`](Self::object_cache_bytes) stays a cap per informer.
-    ///
-    /// redb's page cache ([`cache_bytes`](Self::cache_bytes)) comes on top, and so do the
-    /// change stream and the buffers of a sync in flight, which the budget does not count yet:
+    /// needed. When what cannot give way is larger than the budget, the store logs a warning
+    /// once and sets `durable_informer_memory_budget_exceeded`: the process then holds no
+    /// object JSON and still exceeds the budget by the difference.
+    /// [`object_cache_bytes`](Self::object_cache_bytes) stays a cap per informer, and
+    /// [`DurableStore::memory_stats`] shows every part. Not counted: what the allocator keeps
+    /// after freeing (the application's choice of allocator and its settings), the Kubernetes
+    /// client's own buffers, and what handlers and reconcilers allocate.
     /// `docs/deploying.md#sizing` has the bytes per object measured, the sizing rule, and the
     /// command that measures them.
     ///
     /// ```
     /// use durable_informer::store::StoreConfig;
-    /// // Twenty informers in 300 MiB of object caches, plus 64 MiB of redb page cache.
-    /// let config = StoreConfig::new("/tmp/cache.redb").memory_budget(300 << 20).cache_bytes(64 << 20);
+    /// // Twenty informers in 512 MiB, of which 128 MiB are redb's page cache.
+    /// let config = StoreConfig::new("/tmp/cache.redb").memory_budget(512 << 20);
     /// # let _ = config;
     /// ```
     #[must_use]
@@ -288,10 +306,12 @@ impl StoreConfig {
         self
     }
 
-    /// redb's page cache size.
+    /// redb's page cache size (default: a quarter of the
+    /// [`memory_budget`](Self::memory_budget), at most 256 MiB). It is part of the memory
+    /// budget either way.
     #[must_use]
     pub fn cache_bytes(mut self, bytes: usize) -> Self {
-        self.cache_bytes = bytes;
+        self.cache_bytes = Some(bytes);
         self
     }
 
@@ -487,6 +507,13 @@ pub(crate) fn concurrency(live_inspection: bool) -> redb::ConcurrencyMode {
     }
 }
 
+/// redb's page cache: as configured, else its share of the memory budget.
+fn redb_cache_bytes(config: &StoreConfig) -> usize {
+    config
+        .cache_bytes
+        .unwrap_or_else(|| MemoryBudget::redb_share(config.memory_budget))
+}
+
 /// Opens (or creates, with mode 0600) the redb file of `config`, through its backend wrapper.
 fn open_database(config: &StoreConfig) -> Result<redb::Database, StoreError> {
     let path = config.path.clone();
@@ -510,7 +537,7 @@ fn open_database(config: &StoreConfig) -> Result<redb::Database, StoreError> {
     }
     let backend = redb::backends::FileBackend::new(file).map_err(|e| classify_open(&path, e))?;
     let mut builder = redb::Builder::new();
-    builder.set_cache_size(config.cache_bytes);
+    builder.set_cache_size(redb_cache_bytes(config));
     builder.set_concurrency_mode(concurrency(config.live_inspection));
     builder.set_check_integrity_on_open(config.check_integrity);
     // redb may panic on a damaged file instead of returning an error; a damaged file must give
@@ -741,7 +768,11 @@ impl DurableStore {
             dicts: dict::DictCache::default(),
             config: config.clone(),
             damaged_rows: std::sync::atomic::AtomicU64::new(0),
-            memory: Arc::new(MemoryBudget::new(config.memory_budget)),
+            memory: Arc::new(MemoryBudget::for_store(
+                config.memory_budget,
+                redb_cache_bytes(&config),
+                config.path.clone(),
+            )),
         });
         migrate::run(&shared)?;
         let (writer, thread) = writer::spawn(shared.clone(), &config)?;
@@ -777,18 +808,36 @@ impl DurableStore {
         self.shared.config.object_cache_bytes
     }
 
-    /// The object caches' shared budget ([`StoreConfig::memory_budget`]) and what they
-    /// charge against it now, in bytes: `(used, budget)`.
+    /// The store's memory budget ([`StoreConfig::memory_budget`]) and what is charged against
+    /// it now, in bytes: `(used, budget)` (redb's page cache is charged from the start).
     ///
     /// ```
     /// # use durable_informer::store::{DurableStore, StoreConfig};
     /// # let dir = tempfile::tempdir().unwrap();
-    /// let db = DurableStore::open(StoreConfig::new(dir.path().join("db.redb")).memory_budget(64 << 20)).unwrap();
-    /// assert_eq!(db.memory_usage(), (0, 64 << 20));
+    /// let db = DurableStore::open(StoreConfig::new(dir.path().join("db.redb")).memory_budget(64 << 20).cache_bytes(8 << 20)).unwrap();
+    /// assert_eq!(db.memory_usage(), (8 << 20, 64 << 20));
     /// ```
     #[must_use]
     pub fn memory_usage(&self) -> (usize, usize) {
         (self.shared.memory.used(), self.shared.memory.limit())
+    }
+
+    /// The memory budget part by part: redb's page cache, the caches' always-held part and
+    /// object JSON, the change stream and the list pages in flight, with their bounds and the
+    /// peak of the total ([`StoreConfig::memory_budget`]).
+    ///
+    /// ```
+    /// # use durable_informer::store::{DurableStore, StoreConfig};
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// let db = DurableStore::open(StoreConfig::new(dir.path().join("db.redb")).memory_budget(256 << 20)).unwrap();
+    /// let stats = db.memory_stats();
+    /// assert_eq!(stats.redb_cache, 64 << 20, "a quarter of the budget");
+    /// assert_eq!(stats.used(), db.memory_usage().0);
+    /// assert!(!stats.exceeded);
+    /// ```
+    #[must_use]
+    pub fn memory_stats(&self) -> MemoryStats {
+        self.shared.memory.stats()
     }
 
     /// A reader of the delta log.

@@ -3,8 +3,13 @@
 //! charges: its own cap on the objects' JSON and decoded forms, and the store's
 //! [`MemoryBudget`] shared with every other informer's cache, which also counts the keys,
 //! metadata and postings (always held).
+//!
+//! The always-held part is what every object costs whatever the budget, so it is kept small:
+//! one shared copy of each key (the ordered map, the postings and the eviction queue point to
+//! it), and one shared copy of each distinct set of index values (objects with the same labels
+//! in one namespace share theirs).
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
 use std::hash::{BuildHasher, Hash, Hasher};
 use std::sync::{Arc, OnceLock};
 
@@ -14,6 +19,7 @@ use hashbrown::DefaultHashBuilder;
 use serde::de::DeserializeOwned;
 
 use crate::object::{ObjectKey, ObjectMeta};
+use crate::store::memory::{meta_bytes, string, ALLOC, NODE};
 use crate::store::{IndexName, MemoryBudget, Seq};
 
 /// What an object's JSON costs against the budget: the JSON itself and its decoded form,
@@ -22,72 +28,51 @@ fn charge(bytes: &Bytes) -> usize {
     bytes.len().saturating_mul(3)
 }
 
-/// What the allocator takes per allocation beyond the bytes asked for (glibc: a 16-byte
-/// header, rounded to 16).
-const ALLOC: usize = 24;
-/// A map node's share per element beyond the element itself (B-tree nodes are about
-/// two-thirds full; the hash table has one control byte and 1/8 spare slots).
-const NODE: usize = 16;
-
-fn string(s: &str) -> usize {
-    if s.is_empty() {
-        0
-    } else {
-        s.len() + ALLOC
-    }
-}
-
 fn key_strings(key: &ObjectKey) -> usize {
     key.namespace.as_deref().map_or(0, string) + string(&key.name)
 }
 
 /// What an entry's always-held part costs, by estimate (`benches/memory.rs` compares it with
-/// the process's RSS): the entry and its metadata, their strings, its index values, its
-/// copies of the key (the ordered map, the hash table, each posting, the eviction queue) and
-/// the map nodes around them.
+/// the heap it measures): the entry and its metadata, its key (one shared copy), the slots
+/// pointing to them (the ordered map, the hash table, each posting, the eviction queue) and
+/// the map nodes around them. Its index values are charged once per distinct set
+/// ([`values_cost`]).
 fn held<K>(key: &ObjectKey, e: &Entry<K>) -> usize {
     use std::mem::size_of;
-    let m = &e.meta;
-    let pairs = |map: &BTreeMap<String, String>| {
-        map.iter()
-            .map(|(k, v)| string(k) + string(v) + size_of::<(String, String)>() + NODE)
-            .sum::<usize>()
-    };
-    let owners: usize = m
-        .owner_references
+    let postings: usize = e
+        .values
         .iter()
-        .map(|o| {
-            size_of::<crate::object::OwnerReference>()
-                + string(&o.api_version)
-                + string(&o.kind)
-                + string(&o.name)
-                + string(&o.uid)
-        })
+        .map(|(_, vals)| vals.len() * (size_of::<Arc<ObjectKey>>() + NODE))
         .sum();
-    let meta = size_of::<ObjectMeta>()
-        + ALLOC
-        + m.namespace.as_deref().map_or(0, string)
-        + string(&m.name)
-        + m.uid.as_deref().map_or(0, string)
-        + string(&m.resource_version.0)
-        + m.deletion_timestamp.as_deref().map_or(0, string)
-        + pairs(&m.labels)
-        + pairs(&m.annotations)
-        + owners;
-    let mut values = ALLOC;
-    for (_, vals) in e.values.iter() {
-        values += size_of::<(IndexName, Vec<String>)>() + ALLOC;
-        // Each value is also a posting: another copy of the key in a set.
-        values += vals
-            .iter()
-            .map(|v| size_of::<String>() + string(v) + size_of::<ObjectKey>() + NODE + key_strings(key))
-            .sum::<usize>();
-    }
     let entry = size_of::<Entry<K>>() + ALLOC;
-    // The ordered map's key, the hash table's slot, an eviction token.
-    let table = size_of::<(ObjectKey, Arc<Entry<K>>)>() + NODE + 2 * key_strings(key) + size_of::<usize>() + NODE;
-    let token = size_of::<(ObjectKey, u64)>() + key_strings(key);
-    entry + meta + values + table + token
+    let key = size_of::<ObjectKey>() + ALLOC + key_strings(key);
+    // The ordered map's element, the hash table's slot, an eviction token.
+    let slots = size_of::<(Arc<ObjectKey>, Arc<Entry<K>>)>()
+        + NODE
+        + size_of::<Arc<Entry<K>>>()
+        + NODE / 2
+        + size_of::<(Arc<ObjectKey>, u64)>();
+    entry + meta_bytes(&e.meta) + key + slots + postings
+}
+
+/// The index values of an object: one shared copy per distinct set.
+type Values = Arc<[(IndexName, Vec<String>)]>;
+
+/// What one distinct set of index values costs, held once.
+fn values_cost(values: &Values) -> usize {
+    use std::mem::size_of;
+    ALLOC
+        + size_of::<Values>()
+        + NODE
+        + values
+            .iter()
+            .map(|(n, vals)| {
+                size_of::<(IndexName, Vec<String>)>()
+                    + string(&n.0)
+                    + ALLOC
+                    + vals.iter().map(|v| size_of::<String>() + string(v)).sum::<usize>()
+            })
+            .sum::<usize>()
 }
 
 /// One version of one object, as the cache holds it. Never changed once shared: eviction puts
@@ -162,11 +147,11 @@ impl<K: DeserializeOwned> Entry<K> {
     }
 }
 
-pub(crate) type Postings = HashMap<IndexName, BTreeMap<String, BTreeSet<ObjectKey>>>;
+pub(crate) type Postings = HashMap<IndexName, BTreeMap<String, BTreeSet<Arc<ObjectKey>>>>;
 
 /// The table; see the module documentation.
 pub(crate) struct Objects<K> {
-    ordered: BTreeMap<ObjectKey, Arc<Entry<K>>>,
+    ordered: BTreeMap<Arc<ObjectKey>, Arc<Entry<K>>>,
     by_name: HashTable<Arc<Entry<K>>>,
     hasher: DefaultHashBuilder,
     /// Index name → value → keys, for the indexes the cache serves.
@@ -178,8 +163,13 @@ pub(crate) struct Objects<K> {
     /// The store's budget shared by every informer's cache (`None`: a table of its own).
     memory: Option<Arc<MemoryBudget>>,
     /// Entries holding JSON, oldest first (an entry replaced since leaves a stale token).
-    queue: VecDeque<(ObjectKey, u64)>,
+    queue: VecDeque<(Arc<ObjectKey>, u64)>,
     next_gen: u64,
+    /// The distinct sets of index values the entries share, each charged once (swept when
+    /// it has doubled since the last sweep).
+    values: HashSet<Values>,
+    values_held: usize,
+    values_swept: usize,
 }
 
 fn name_hash(hasher: &DefaultHashBuilder, namespace: Option<&str>, name: &str) -> u64 {
@@ -205,6 +195,9 @@ impl<K> Default for Objects<K> {
             memory: None,
             queue: VecDeque::new(),
             next_gen: 0,
+            values: HashSet::new(),
+            values_held: 0,
+            values_swept: 0,
         }
     }
 }
@@ -260,7 +253,7 @@ impl<K> Objects<K> {
 
     /// Every entry, in key order.
     pub(crate) fn iter(&self) -> impl Iterator<Item = (&ObjectKey, &Arc<Entry<K>>)> {
-        self.ordered.iter()
+        self.ordered.iter().map(|(k, e)| (&**k, e))
     }
 
     /// The entries of one namespace (`Some("")`: cluster-scoped objects) or of the whole
@@ -270,7 +263,7 @@ impl<K> Objects<K> {
         namespace: Option<&str>,
         mut keep: impl FnMut(&ObjectMeta) -> bool,
     ) -> Vec<Arc<Entry<K>>> {
-        let pick = |(_, e): (&ObjectKey, &Arc<Entry<K>>)| keep(&e.meta).then(|| e.clone());
+        let pick = |(_, e): (&Arc<ObjectKey>, &Arc<Entry<K>>)| keep(&e.meta).then(|| e.clone());
         match namespace {
             None => self.ordered.iter().filter_map(pick).collect(),
             Some("") => self
@@ -281,7 +274,7 @@ impl<K> Objects<K> {
                 .collect(),
             Some(ns) => self
                 .ordered
-                .range(ObjectKey::namespaced(ns, "")..)
+                .range::<ObjectKey, _>(ObjectKey::namespaced(ns, "")..)
                 .take_while(|(k, _)| k.namespace.as_deref() == Some(ns))
                 .filter_map(pick)
                 .collect(),
@@ -303,8 +296,16 @@ impl<K> Objects<K> {
 
     /// Makes `key` hold `entry` (or nothing), moving its postings and charges; returns what it
     /// held before.
-    pub(crate) fn put(&mut self, key: &ObjectKey, entry: Option<Arc<Entry<K>>>) -> Option<Arc<Entry<K>>> {
+    pub(crate) fn put(&mut self, key: &ObjectKey, mut entry: Option<Arc<Entry<K>>>) -> Option<Arc<Entry<K>>> {
         let old = self.get(key).cloned();
+        // The one shared copy of the key, and of the entry's index values.
+        let shared = match self.ordered.get_key_value(key) {
+            Some((k, _)) => k.clone(),
+            None => Arc::new(key.clone()),
+        };
+        if let Some(e) = entry.as_mut() {
+            self.intern(e);
+        }
         // Only the values that changed move: an update rarely changes its labels.
         let none: Arc<[(IndexName, Vec<String>)]> = Arc::from(Vec::new());
         let before = old.as_ref().map_or_else(|| none.clone(), |e| e.values.clone());
@@ -326,7 +327,7 @@ impl<K> Objects<K> {
         for (name, vals) in after.iter() {
             let Some(p) = self.postings.get_mut(name) else { continue };
             for v in vals.iter().filter(|v| !holds(&before, name, v)) {
-                p.entry(v.clone()).or_default().insert(key.clone());
+                p.entry(v.clone()).or_default().insert(shared.clone());
             }
         }
         if let Some(old) = &old {
@@ -359,15 +360,56 @@ impl<K> Objects<K> {
                     if let Some(m) = &self.memory {
                         m.charge(cost, false);
                     }
-                    self.queue.push_back((key.clone(), entry.gen));
+                    self.queue.push_back((shared.clone(), entry.gen));
                 }
-                self.insert(key.clone(), entry);
+                self.insert(shared, entry);
             }
             None => {
                 self.remove(key);
             }
         }
         old
+    }
+
+    /// Makes `entry` share the table's copy of its index values (an entry held elsewhere
+    /// already keeps the copy it has, which the table then holds too).
+    fn intern(&mut self, entry: &mut Arc<Entry<K>>) {
+        if let Some(held) = self.values.get(&entry.values) {
+            if !Arc::ptr_eq(held, &entry.values) {
+                if let Some(e) = Arc::get_mut(entry) {
+                    e.values = held.clone();
+                }
+            }
+            return;
+        }
+        let cost = values_cost(&entry.values);
+        self.values.insert(entry.values.clone());
+        self.values_held += cost;
+        self.held += cost;
+        if let Some(m) = &self.memory {
+            m.charge(cost, true);
+        }
+        if self.values.len() > 2 * self.values_swept.max(512) {
+            self.sweep_values();
+        }
+    }
+
+    /// Drops the sets of index values no entry holds any more.
+    fn sweep_values(&mut self) {
+        let mut freed = 0;
+        self.values.retain(|v| {
+            let used = Arc::strong_count(v) > 1;
+            if !used {
+                freed += values_cost(v);
+            }
+            used
+        });
+        self.values_swept = self.values.len();
+        self.values_held -= freed;
+        self.held -= freed;
+        if let Some(m) = &self.memory {
+            m.uncharge(freed, true);
+        }
     }
 
     fn uncharge(&mut self, e: &Entry<K>) {
@@ -467,7 +509,7 @@ impl<K> Objects<K> {
         self.get(&key).cloned()
     }
 
-    fn insert(&mut self, key: ObjectKey, entry: Arc<Entry<K>>) {
+    fn insert(&mut self, key: Arc<ObjectKey>, entry: Arc<Entry<K>>) {
         let (ns, name) = (key.namespace.as_deref(), key.name.as_str());
         let hasher = &self.hasher;
         let rehash = |e: &Arc<Entry<K>>| name_hash(hasher, e.meta.namespace.as_deref(), &e.meta.name);
@@ -513,7 +555,8 @@ impl<K> Objects<K> {
                 }
             }
         }
-        let held: usize = self.ordered.iter().map(|(k, e)| held(k, e)).sum();
+        let values: usize = self.values.iter().map(values_cost).sum();
+        let held: usize = self.ordered.iter().map(|(k, e)| held(k, e)).sum::<usize>() + values;
         charged == self.charged
             && held == self.held
             && want == self.postings

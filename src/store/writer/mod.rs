@@ -433,7 +433,7 @@ pub(crate) fn spawn(
 ) -> Result<(Writer, std::thread::JoinHandle<()>), StoreError> {
     let last = last_seq_read(&shared)?;
     let (tx, rx) = crossbeam_channel::unbounded();
-    let (publisher, positions) = publish::Publisher::new(last);
+    let (publisher, positions) = publish::Publisher::new(last, shared.memory.clone());
     let pins = Arc::new(retention::Pins::default());
     let published = PublishedDicts::default();
     let (reap_tx, reap_rx) = crossbeam_channel::bounded::<Vec<Garbage>>(16);

@@ -15,6 +15,7 @@ use std::sync::Arc;
 use tokio::sync::watch;
 
 use super::super::changes::{Change, Item, Reader, Stream};
+use super::super::memory::MemoryBudget;
 use super::super::schema::{ScopeId, Seq};
 
 /// The writer thread's side of publication (only the writer thread touches it).
@@ -30,6 +31,8 @@ pub(super) struct Publisher {
     applied: watch::Sender<Seq>,
     durable: watch::Sender<Seq>,
     rollbacks: watch::Sender<(u64, Seq)>,
+    /// The store's budget, which the streams are charged to.
+    memory: Arc<MemoryBudget>,
 }
 
 /// The receiving ends, for the [`Writer`](super::Writer) handle.
@@ -42,7 +45,7 @@ pub(super) struct Positions {
 
 impl Publisher {
     /// A publisher whose positions all start at `last` (what the file holds).
-    pub(super) fn new(last: Seq) -> (Self, Positions) {
+    pub(super) fn new(last: Seq, memory: Arc<MemoryBudget>) -> (Self, Positions) {
         let (committed, committed_rx) = watch::channel(last);
         let (applied, applied_rx) = watch::channel(last);
         let (durable, durable_rx) = watch::channel(last);
@@ -57,6 +60,7 @@ impl Publisher {
                 applied,
                 durable,
                 rollbacks,
+                memory,
             },
             Positions {
                 committed: committed_rx,
@@ -167,6 +171,9 @@ impl Publisher {
             }
             self.applied.send_replace(last);
         }
+        for stream in self.streams.borrow().values() {
+            stream.committed(last);
+        }
         for tx in [&self.committed, &self.applied, &self.durable] {
             tx.send_if_modified(|seq| std::mem::replace(seq, last) != last);
         }
@@ -182,6 +189,10 @@ impl Publisher {
 
     /// The open group committed up to `last`.
     pub(super) fn committed(&self, last: Seq) {
+        // What is committed may be spilled from the streams (redb has it).
+        for stream in self.streams.borrow().values() {
+            stream.committed(last);
+        }
         self.committed.send_replace(last);
     }
 
@@ -199,7 +210,7 @@ impl Publisher {
         streams.retain(|_, s| Arc::strong_count(s) > 1);
         streams
             .entry(scope.0)
-            .or_insert_with(|| Stream::new(scope, head))
+            .or_insert_with(|| Stream::new(scope, head, self.memory.clone()))
             .reader()
     }
 }
