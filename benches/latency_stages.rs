@@ -213,7 +213,7 @@ async fn informer_stage(db: &DurableStore, pods: &[Value], rv: &mut u64, events:
         .await?;
     let seen: Arc<Mutex<HashMap<String, Instant>>> = Arc::default();
     let s2 = seen.clone();
-    let _reg = informer.add_event_handler(
+    let reg = informer.add_event_handler(
         handler_fn(move |ev: Event<Pod>| -> Result<(), std::convert::Infallible> {
             if let Event::Update { new, .. } = ev {
                 if let Some(rv) = new.metadata.resource_version.clone() {
@@ -224,10 +224,17 @@ async fn informer_stage(db: &DurableStore, pods: &[Value], rv: &mut u64, events:
         }),
         HandlerOptions::volatile(),
     );
+    // Timed from when the handler has been told its initial list (every stored Pod).
     let loaded = Instant::now();
-    while !informer.cache_stats().loaded && loaded.elapsed() < Duration::from_secs(60) {
+    let position = db.store(informer.scope()).snapshot()?.position()?;
+    while (!informer.cache_stats().loaded || reg.cursor() < position) && loaded.elapsed() < Duration::from_secs(120) {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
+    println!(
+        "informer: loaded and {} initial adds told in {:.2} s",
+        informer.cache_stats().objects,
+        loaded.elapsed().as_secs_f64()
+    );
     let writer = db.writer();
     let mut sent = Vec::with_capacity(events);
     let mut acked = Vec::with_capacity(events);
