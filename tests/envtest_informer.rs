@@ -931,3 +931,129 @@ async fn a_resume_after_a_consistent_list_syncs_within_seconds(server: Server) {
     assert_eq!(status.lists, 0, "{status:?}");
     r.stop().await;
 }
+
+/// What the server says about ConfigMaps after a consistent read: the ConfigMaps' last event
+/// (the highest RV a LIST holds: nothing deletes ConfigMaps here), the watch cache's revision
+/// (an RV=0 LIST, as the reflector's revision probe), and what watches from that last event
+/// deliver. Shared by the test below, on both servers.
+struct AfterConsistentRead {
+    last_event: u64,
+    revision: u64,
+}
+
+async fn after_a_consistent_read(client: &kube::Client) -> AfterConsistentRead {
+    create_namespace(client, NS).await;
+    create_cm(client, "cm-0", "v").await;
+    // Another resource moves the cluster-wide RV, then a consistent LIST of the ConfigMaps.
+    create_namespace(client, "elsewhere").await;
+    let last_event = listed::<ConfigMap>(client)
+        .await
+        .values()
+        .map(|rv| rv.parse::<u64>().unwrap())
+        .max()
+        .unwrap();
+    let probe = ListParams {
+        resource_version: Some("0".into()),
+        field_selector: Some(durable_informer::source::REVISION_PROBE_SELECTOR.into()),
+        ..ListParams::default()
+    };
+    let revision = Api::<ConfigMap>::all(client.clone())
+        .list_metadata(&probe)
+        .await
+        .unwrap()
+        .metadata
+        .resource_version
+        .unwrap()
+        .parse()
+        .unwrap();
+    AfterConsistentRead { last_event, revision }
+}
+
+/// Every event of one watch of the ConfigMaps until it ends: `(type, RV, annotations)`.
+async fn watch_all(
+    client: &kube::Client,
+    from: u64,
+    params: &kube::api::WatchParams,
+) -> Vec<(&'static str, u64, BTreeMap<String, String>)> {
+    use futures::StreamExt;
+    use kube::api::WatchEvent;
+    let api = Api::<ConfigMap>::all(client.clone());
+    let stream = api.watch(params, &from.to_string()).await.unwrap();
+    let mut stream = std::pin::pin!(stream);
+    let mut out = Vec::new();
+    let rv = |o: &ConfigMap| o.resource_version().unwrap_or_default().parse().unwrap_or(0);
+    while let Some(ev) = stream.next().await {
+        out.push(match ev.unwrap() {
+            WatchEvent::Added(o) => ("ADDED", rv(&o), BTreeMap::new()),
+            WatchEvent::Modified(o) => ("MODIFIED", rv(&o), BTreeMap::new()),
+            WatchEvent::Deleted(o) => ("DELETED", rv(&o), BTreeMap::new()),
+            WatchEvent::Bookmark(b) => (
+                "BOOKMARK",
+                b.metadata.resource_version.parse().unwrap_or(0),
+                b.metadata.annotations,
+            ),
+            WatchEvent::Error(e) => panic!("watch from {from}: {e:?}"),
+        });
+    }
+    out
+}
+
+on_servers!(after_a_consistent_read_only_a_bookmark_reaches_the_caches_revision);
+/// The server behaviour that bounds a resume's sync on v1.37 (docs/kubernetes-versions.md,
+/// "Why a resume after a consistent read waits for a bookmark"). On v1.37 a consistent LIST
+/// moves the watch cache's revision past the resource's last event with no event of its own,
+/// so a watch resumed from that event delivers no event and reaches the revision only by a
+/// periodic bookmark; the one request whose bookmark follows its initial events at once
+/// (`sendInitialEvents=true`) sends every object, changed since its RV or not, so it is a
+/// relist. On v1.20 the revision stays at the resource's last event: a resume is synced at once.
+async fn after_a_consistent_read_only_a_bookmark_reaches_the_caches_revision(server: Server) {
+    let env = EnvTest::start(server).await;
+    let client = env.client().await;
+    let AfterConsistentRead { last_event, revision } = after_a_consistent_read(&client).await;
+    if server < Server::V1_37_2 {
+        assert_eq!(
+            revision, last_event,
+            "{server}: the cache's revision is the last ConfigMap event"
+        );
+        return;
+    }
+    assert!(
+        revision > last_event,
+        "{server}: the consistent read moved the cache's revision ({revision}) past the last ConfigMap event ({last_event})"
+    );
+    // A resumed watch: nothing but bookmarks, the first one at or past the revision comes
+    // with the watch cache's periodic tick (2 s before a short watch's deadline).
+    let short = kube::api::WatchParams::default().timeout(3);
+    let mut watches = Vec::new();
+    let reached = loop {
+        let events = watch_all(&client, last_event, &short).await;
+        let reached = events.iter().any(|(t, rv, _)| *t == "BOOKMARK" && *rv >= revision);
+        watches.push(events);
+        if reached || watches.len() == 5 {
+            break reached;
+        }
+    };
+    assert!(
+        watches.iter().flatten().all(|(t, _, _)| *t == "BOOKMARK"),
+        "{server}: no ConfigMap changed, so a watch from {last_event} delivers bookmarks only: {watches:?}"
+    );
+    assert!(
+        reached,
+        "{server}: a bookmark at or past {revision} in 5 watches of 3 s: {watches:?}"
+    );
+    // A streaming list from that same RV: cm-0, unchanged since then, is sent again, and the
+    // bookmark that ends the initial events (at once, not on a tick) carries the revision.
+    let stream = kube::api::WatchParams::streaming_lists()
+        .fields(&format!("metadata.namespace={NS}"))
+        .timeout(3);
+    let events = watch_all(&client, last_event, &stream).await;
+    assert!(
+        events.iter().any(|(t, rv, _)| *t == "ADDED" && *rv <= last_event),
+        "{server}: the initial events hold an object unchanged since {last_event}: {events:?}"
+    );
+    let end = events
+        .iter()
+        .find(|(t, _, a)| *t == "BOOKMARK" && a.get("k8s.io/initial-events-end").map(String::as_str) == Some("true"))
+        .unwrap_or_else(|| panic!("{server}: an initial-events-end bookmark: {events:?}"));
+    assert!(end.1 >= revision, "{server}: {end:?} against the revision {revision}");
+}
