@@ -11,12 +11,19 @@
 //! * `missed-delete`: no finalizer, no owner reference; deletes the Deployment when the
 //!   informer delivers the Foo's deletion: a relist never delivers it;
 //! * `status-overwrite`: writes the whole status from its cached Foo without a
-//!   resourceVersion: it overwrites a status field set since it read the Foo.
+//!   resourceVersion: it overwrites a status field set since it read the Foo;
+//! * `unfenced` (run as a leader and a standby): checks leadership only when a reconcile
+//!   starts (as the controller loop does), not before each write: a leader deposed while it
+//!   waited for an answer writes on, next to the new leader.
+//!
+//! With `ha` after the count, the controller runs as a leader and a warm standby elected
+//! over a Lease, and the checks add hand-overs to the standby (mid-reconcile too).
 //!
 //! ```text
 //! cargo run --features testing --example testing_sample_controller -- correct 200
 //! cargo run --features testing --example testing_sample_controller -- stale-cache 200
 //! cargo run --features testing --example testing_sample_controller -- correct boundaries
+//! cargo run --features testing --example testing_sample_controller -- unfenced 200 ha
 //! ```
 
 #![allow(missing_docs)] // an example; its items are described in the module docs
@@ -27,6 +34,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use durable_informer::leader::{LeaderElectionConfig, Leadership};
 use durable_informer::testing::{Env, Harness, Recording};
 use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec};
 use k8s_openapi::api::core::v1::{Container, PodSpec, PodTemplateSpec};
@@ -76,15 +84,17 @@ pub enum Variant {
     CrashCreate,
     MissedDelete,
     StatusOverwrite,
+    Unfenced,
 }
 
 impl Variant {
-    pub const ALL: [Variant; 5] = [
+    pub const ALL: [Variant; 6] = [
         Variant::Correct,
         Variant::StaleCache,
         Variant::CrashCreate,
         Variant::MissedDelete,
         Variant::StatusOverwrite,
+        Variant::Unfenced,
     ];
 
     pub fn name(self) -> &'static str {
@@ -94,6 +104,7 @@ impl Variant {
             Variant::CrashCreate => "crash-create",
             Variant::MissedDelete => "missed-delete",
             Variant::StatusOverwrite => "status-overwrite",
+            Variant::Unfenced => "unfenced",
         }
     }
 }
@@ -105,6 +116,8 @@ pub struct Ctx {
     pub client: kube::Client,
     pub deployments: Store<Deployment>,
     pub variant: Variant,
+    /// This replica's leadership: checked before each write.
+    pub leadership: Leadership,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -113,6 +126,16 @@ pub struct Error(String);
 
 fn err(e: impl std::fmt::Display) -> Error {
     Error(e.to_string())
+}
+
+/// Before each write: a leader deposed while it waited for an answer (its term ran out on
+/// its own clock, so the standby may lead by now) must not write on.
+fn fence(ctx: &Ctx) -> Result<(), Error> {
+    if ctx.variant == Variant::Unfenced || ctx.leadership.is_leading() {
+        Ok(())
+    } else {
+        Err(Error("leadership lost in the middle of the reconcile".into()))
+    }
 }
 
 pub fn deployment_for(foo: &Foo, name: Option<&str>, owned: bool) -> Deployment {
@@ -207,12 +230,15 @@ async fn cleanup(foo: Arc<Foo>, ctx: &Ctx) -> Result<Action, Error> {
         _ => cached_children(ctx, &foo).iter().map(|d| d.name_any()).collect(),
     };
     for name in names {
+        fence(ctx)?;
         match api.delete(&name, &DeleteParams::default()).await {
             Ok(_) => {}
             Err(kube::Error::Api(e)) if e.code == 404 => {}
             Err(e) => return Err(err(e)),
         }
     }
+    // The finalizer's removal comes next: a write too.
+    fence(ctx)?;
     Ok(Action::await_change())
 }
 
@@ -224,18 +250,21 @@ async fn apply(foo: Arc<Foo>, ctx: &Ctx) -> Result<Action, Error> {
         return Ok(Action::await_change());
     }
     let deployment: Deployment = match ctx.variant {
-        Variant::Correct | Variant::StatusOverwrite => {
+        Variant::Correct | Variant::StatusOverwrite | Variant::Unfenced => {
             let key = ObjectRef::new(&foo.spec.deployment_name).within(&ns);
             match ctx.deployments.get(&key) {
                 Some(d) => (*d).clone(),
                 // A stale cache makes this create fail with AlreadyExists: retried later.
-                None => deployments
-                    .create(
-                        &PostParams::default(),
-                        &deployment_for(&foo, Some(&foo.spec.deployment_name), true),
-                    )
-                    .await
-                    .map_err(err)?,
+                None => {
+                    fence(ctx)?;
+                    deployments
+                        .create(
+                            &PostParams::default(),
+                            &deployment_for(&foo, Some(&foo.spec.deployment_name), true),
+                        )
+                        .await
+                        .map_err(err)?
+                }
             }
         }
         Variant::StaleCache => match cached_children(ctx, &foo).first() {
@@ -283,6 +312,7 @@ async fn apply(foo: Arc<Foo>, ctx: &Ctx) -> Result<Action, Error> {
         // The resourceVersion read with it: a stale read gets a conflict, not a lost update.
         let patch = json!({"metadata": {"resourceVersion": deployment.resource_version()},
             "spec": {"replicas": foo.spec.replicas}});
+        fence(ctx)?;
         deployments
             .patch(&deployment.name_any(), &PatchParams::default(), &Patch::Merge(&patch))
             .await
@@ -294,6 +324,7 @@ async fn apply(foo: Arc<Foo>, ctx: &Ctx) -> Result<Action, Error> {
         .and_then(|s| s.available_replicas)
         .unwrap_or(0);
     if foo.status.as_ref().and_then(|s| s.available_replicas) != Some(available) {
+        fence(ctx)?;
         if ctx.variant == Variant::StatusOverwrite {
             // BUG: the whole status from the cached Foo, without its resourceVersion.
             let mut status = foo.status.clone().unwrap_or_default();
@@ -345,6 +376,7 @@ pub fn harness(variant: Variant, recording: &str) -> Result<Harness<Foo, Ctx, Er
         client: env.client(),
         deployments: env.store::<Deployment>(),
         variant,
+        leadership: env.leadership(),
     })
     .recording(Recording::open(recording)?)
     .watches::<Deployment, _, _>(|d: Deployment| {
@@ -353,6 +385,12 @@ pub fn harness(variant: Variant, recording: &str) -> Result<Harness<Foo, Ctx, Er
     })
     .on_delete(on_delete);
     Ok(checks(h))
+}
+
+/// The harness for `variant` as a leader and a warm standby (client-go's election timings),
+/// with hand-overs among the faults.
+pub fn ha_harness(variant: Variant, recording: &str) -> Result<Harness<Foo, Ctx, Error>, Box<dyn std::error::Error>> {
+    Ok(harness(variant, recording)?.leader_election(LeaderElectionConfig::default()))
 }
 
 /// The sample's checks: at most one Deployment per Foo after every write; at the end, each
@@ -393,12 +431,19 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut args = std::env::args().skip(1);
     let name = args.next().unwrap_or_else(|| "correct".into());
     let how = args.next().unwrap_or_else(|| "200".into());
+    let ha = args.next().as_deref() == Some("ha");
     let variant = Variant::ALL.into_iter().find(|v| v.name() == name).ok_or_else(|| {
-        format!("unknown variant {name:?}: one of correct, stale-cache, crash-create, missed-delete, status-overwrite")
+        format!(
+            "unknown variant {name:?}: one of correct, stale-cache, crash-create, missed-delete, status-overwrite, unfenced"
+        )
     })?;
     let recording = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/recordings/foos.jsonl");
     let start = std::time::Instant::now();
-    let h = harness(variant, recording)?;
+    let h = if ha {
+        ha_harness(variant, recording)?
+    } else {
+        harness(variant, recording)?
+    };
     let result = match how.as_str() {
         "boundaries" => h.check_every_boundary(),
         n => h.check(n.parse()?),

@@ -10,7 +10,7 @@
 mod shipped;
 
 use durable_informer::testing::{Fault, FaultKinds, HarnessError, Oracle, Restart, Schedule};
-use shipped::sample::{harness, Variant};
+use shipped::sample::{ha_harness, harness, Variant};
 
 const RECORDING: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/recordings/foos.jsonl");
 
@@ -90,11 +90,17 @@ fn the_correct_controller_passes_1000_schedules() {
 
 /// Checks `variant` with 200 schedules: it must fail one of `oracles`, shrunk to at most 3
 /// faults, and the saved failure must replay to the same trace.
-fn planted_bug_is_found(variant: Variant, oracles: &[Oracle]) {
+fn planted_bug_is_found(variant: Variant, oracles: &[Oracle]) -> Box<durable_informer::testing::Failure> {
+    planted_bug_is_found_by(variant, harness(variant, RECORDING).expect("harness"), oracles)
+}
+
+fn planted_bug_is_found_by(
+    variant: Variant,
+    h: durable_informer::testing::Harness<shipped::sample::Foo, shipped::sample::Ctx, shipped::sample::Error>,
+    oracles: &[Oracle],
+) -> Box<durable_informer::testing::Failure> {
     let dir = tempfile::tempdir().expect("tempdir");
-    let h = harness(variant, RECORDING)
-        .expect("harness")
-        .save_to(dir.path(), variant.name());
+    let h = h.save_to(dir.path(), variant.name());
     let failure = match h.check(200) {
         Err(HarnessError::Failed(f)) => f,
         Err(e) => panic!("{}: harness error {e}", variant.name()),
@@ -113,6 +119,7 @@ fn planted_bug_is_found(variant: Variant, oracles: &[Oracle]) {
     let again = h.replay(&saved).unwrap_or_else(|e| panic!("replay: {e}"));
     assert_eq!(again.oracle, failure.oracle);
     assert_eq!(again.detail, failure.detail);
+    failure
 }
 
 #[test]
@@ -144,6 +151,7 @@ fn the_correct_controller_survives_a_crash_at_every_boundary() {
         delay: false,
         relist: false,
         duplicate: false,
+        hand_over: false,
     };
     let report = harness(Variant::Correct, RECORDING)
         .expect("harness")
@@ -239,4 +247,138 @@ fn a_planted_bug_in_the_shipped_controller_is_found_after_a_restart_from_its_dat
     // The second lifetime opened the first one's file again.
     assert!(trace.contains("start controller FromDatabase: database 1"), "{trace}");
     assert!(trace.contains("hold the same key"), "{trace}");
+}
+
+/// A leader and a warm standby: a schedule with both kinds of hand-over (one in the middle of
+/// a reconcile) and the standby's Deployment informer delayed.
+fn hand_over_schedule(seed: u64) -> Schedule {
+    Schedule {
+        seed,
+        faults: vec![
+            // Informer 3: the standby's Deployments (informers 0 and 1 are the first replica's).
+            Fault::Delay {
+                at: 3,
+                informer: 3,
+                steps: 30,
+            },
+            Fault::HandOverAfterWrite { write: 4, steps: 5 },
+            Fault::HandOver { at: 60 },
+            Fault::Crash {
+                at: 70,
+                restart: Restart::FromDatabase,
+            },
+        ],
+    }
+}
+
+#[test]
+fn a_hand_over_gives_one_trace_100_times_out_of_100() {
+    let h = ha_harness(Variant::Correct, RECORDING).expect("harness");
+    let (first, failure) = h.run(&hand_over_schedule(3)).expect("run");
+    assert!(failure.is_none(), "{failure:?}\n{first}");
+    for needle in [
+        "a: acquires the lease",
+        "a: renews the lease",
+        "STALL after write #4: a is cut off",
+        "b: acquires the lease",
+        "b: leads after",
+        "a: back in touch",
+        "a: no longer leads",
+        "a: leads after",
+        "a: start FromDatabase",
+    ] {
+        assert!(first.contains(needle), "the trace has no {needle:?}:\n{first}");
+    }
+    for run in 1..100 {
+        let (again, _) = h.run(&hand_over_schedule(3)).expect("run");
+        assert!(again == first, "run {run} gave another trace");
+    }
+    let (other, _) = h.run(&hand_over_schedule(4)).expect("run");
+    assert_ne!(other, first);
+}
+
+/// The same hand-over in the middle of a reconcile: the correct controller sees that it no
+/// longer leads before its next write; the unfenced one writes on.
+#[test]
+fn a_leader_deposed_mid_reconcile_stops_writing_unless_unfenced() {
+    let correct = ha_harness(Variant::Correct, RECORDING).expect("harness");
+    let unfenced = ha_harness(Variant::Unfenced, RECORDING).expect("harness");
+    let found = (1..=30).find_map(|write| {
+        let schedule = Schedule {
+            seed: 1,
+            faults: vec![Fault::HandOverAfterWrite { write, steps: 3 }],
+        };
+        let (trace, failure) = correct.run(&schedule).expect("run");
+        assert!(failure.is_none(), "{failure:?}\n{trace}");
+        trace
+            .contains("leadership lost in the middle of the reconcile")
+            .then_some(schedule)
+    });
+    let schedule = found.expect("a hand-over after some write leaves a write to fence");
+    let (trace, failure) = unfenced.run(&schedule).expect("run");
+    let failure = failure.unwrap_or_else(|| panic!("the deposed leader's write was not caught:\n{trace}"));
+    assert_eq!(failure.oracle, Oracle::DeposedWrite, "{failure}");
+    assert!(failure.detail.contains("by replica a"), "{failure}");
+}
+
+#[test]
+fn planted_bug_unfenced_is_found_after_a_hand_over() {
+    let h = ha_harness(Variant::Unfenced, RECORDING).expect("harness");
+    let f = planted_bug_is_found_by(Variant::Unfenced, h, &[Oracle::DeposedWrite]);
+    assert!(
+        f.schedule
+            .faults
+            .iter()
+            .any(|f| matches!(f, Fault::HandOverAfterWrite { .. })),
+        "{f}"
+    );
+    // Without a standby the same controller passes: the bug is the hand-over's.
+    harness(Variant::Unfenced, RECORDING)
+        .expect("harness")
+        .check(20)
+        .unwrap_or_else(|e| panic!("{e}"));
+}
+
+#[test]
+fn the_correct_controller_passes_sampled_schedules_with_hand_overs() {
+    let report = ha_harness(Variant::Correct, RECORDING)
+        .expect("harness")
+        .check(CI_SCHEDULES)
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(report.schedules, CI_SCHEDULES + 1);
+    assert!(
+        report.baseline_trace.contains("a: acquires the lease"),
+        "{}",
+        report.baseline_trace
+    );
+}
+
+#[test]
+fn the_correct_controller_survives_a_hand_over_at_every_boundary() {
+    let kinds = FaultKinds {
+        crash: false,
+        crash_after_write: false,
+        time_travel: false,
+        delay: false,
+        relist: false,
+        duplicate: false,
+        hand_over: true,
+    };
+    let report = ha_harness(Variant::Correct, RECORDING)
+        .expect("harness")
+        .faults(kinds)
+        .check_every_boundary()
+        .unwrap_or_else(|e| panic!("{e}"));
+    // One hand-over before each step and one after each write of the fault-free run.
+    assert!(report.schedules > 40, "{report}");
+}
+
+#[test]
+#[ignore = "long: 1,000 schedules with hand-overs; CI runs the_correct_controller_passes_sampled_schedules_with_hand_overs"]
+fn the_correct_controller_passes_1000_schedules_with_hand_overs() {
+    let report = ha_harness(Variant::Correct, RECORDING)
+        .expect("harness")
+        .check(1000)
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(report.schedules, 1001);
 }

@@ -273,6 +273,22 @@ impl<L: LeaseLock> LeaderElector<L> {
         Ok(())
     }
 
+    /// One round of [`run`](Self::run)'s loop at a moment the caller picks: acquire or renew,
+    /// then lead as `run` would (from a successful round on; no longer once the last success
+    /// is `renew_deadline` old). The controller test harness runs a leader and a standby this
+    /// way, on its virtual clock and its own schedule (no jitter). Returns whether it leads.
+    #[cfg(feature = "testing")]
+    pub(crate) async fn round(&mut self) -> bool {
+        if self.try_acquire_or_renew().await {
+            self.vouch();
+            self.leading.send_replace(true);
+        } else if self.until.borrow().is_none_or(|t| Instant::now() >= t) {
+            self.leading.send_replace(false);
+            self.until.send_replace(None);
+        }
+        *self.leading.borrow()
+    }
+
     /// Tries every `retry_period` (jittered) until it holds the Lease; false when stopped.
     async fn acquire(&mut self, stop: &mut watch::Receiver<bool>) -> bool {
         loop {

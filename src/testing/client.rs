@@ -42,9 +42,9 @@ pub(crate) fn rv_of(v: &Value) -> u64 {
 /// State shared by the run loop and the client service of one schedule.
 pub(crate) struct RunShared {
     pub trace: Vec<String>,
-    /// Per controller lifetime: the version of each object the controller last read (what
-    /// its informer cache holds, or a later GET/LIST answer).
-    pub read: HashMap<String, Arc<Value>>,
+    /// Per replica and controller lifetime: the version of each object the controller last
+    /// read (what its informer cache holds, or a later GET/LIST answer).
+    pub reads: Vec<HashMap<String, Arc<Value>>>,
     /// Per object: the state the controller's last successful write to it left.
     pub own: HashMap<String, Arc<Value>>,
     /// Controller writes so far (all lifetimes).
@@ -73,13 +73,32 @@ pub(crate) struct RunShared {
     pub reconciled: Vec<Reconciled>,
     /// The controller's watches by resource (controller mode).
     pub watches: HashMap<String, Watching>,
+    /// With a standby: the Lease and the replicas' identities.
+    pub lease: Option<LeaseName>,
+    /// Cut the writer off from the server right after this write (a hand-over).
+    pub stall_after_write: Option<u64>,
+    /// The replica whose reconcile is running (only a reconcile's write stalls).
+    pub reconciling: Option<usize>,
+    /// Set when a write stalled: its reconcile is set aside until `resume` is notified.
+    pub stalled: bool,
+    pub stall_notify: Arc<tokio::sync::Notify>,
+    /// Per replica: its stalled write's answer may arrive (one each: a waiter of one must not
+    /// take the other's wake-up).
+    pub resume_notify: Vec<Arc<tokio::sync::Notify>>,
+}
+
+/// The Lease the replicas are elected by, and who they are.
+pub(crate) struct LeaseName {
+    pub namespace: String,
+    pub name: String,
+    pub identities: Vec<String>,
 }
 
 impl RunShared {
     pub(crate) fn new(invariants: Arc<Vec<Invariant>>, check_lost_updates: bool) -> Self {
         Self {
             trace: Vec::new(),
-            read: HashMap::new(),
+            reads: vec![HashMap::new()],
             own: HashMap::new(),
             writes: 0,
             crash_after_write: None,
@@ -96,12 +115,32 @@ impl RunShared {
             inflight: 0,
             reconciled: Vec::new(),
             watches: HashMap::new(),
+            lease: None,
+            stall_after_write: None,
+            reconciling: None,
+            stalled: false,
+            stall_notify: Arc::new(tokio::sync::Notify::new()),
+            resume_notify: (0..2).map(|_| Arc::new(tokio::sync::Notify::new())).collect(),
         }
     }
 
-    /// Remembers that the controller read `v` (its cache moved, or it asked the server).
-    pub(crate) fn saw(&mut self, key: String, v: Arc<Value>) {
-        self.read.insert(key, v);
+    /// Remembers that replica `replica` read `v` (its cache moved, or it asked the server).
+    pub(crate) fn saw(&mut self, replica: usize, key: String, v: Arc<Value>) {
+        if let Some(r) = self.reads.get_mut(replica) {
+            r.insert(key, v);
+        }
+    }
+
+    /// A write of replica `replica` that reached the server while the Lease named another
+    /// holder: a deposed leader wrote.
+    fn deposed(&self, sim: &Sim, replica: usize) -> Option<String> {
+        let l = self.lease.as_ref()?;
+        let me = l.identities.get(replica)?;
+        let lease = sim
+            .get("leases.coordination.k8s.io", Some(&l.namespace), &l.name)
+            .ok()?;
+        let holder = lease.pointer("/spec/holderIdentity").and_then(Value::as_str)?;
+        (!holder.is_empty() && holder != me).then(|| holder.to_string())
     }
 
     /// Records the first failure of the run.
@@ -251,6 +290,14 @@ impl RunShared {
     }
 }
 
+/// A replica's short name in traces: its identity without the `replica-` prefix.
+pub(crate) fn short(identities: &[String], replica: usize) -> String {
+    identities.get(replica).map_or_else(
+        || replica.to_string(),
+        |i| i.strip_prefix("replica-").unwrap_or(i).to_string(),
+    )
+}
+
 /// A string at `pointer` in `v`.
 fn named(v: Option<&Value>, pointer: &str) -> Option<String> {
     v?.pointer(pointer)?.as_str().map(str::to_owned)
@@ -286,6 +333,10 @@ fn target(path: &str) -> Option<(String, Option<String>, Option<String>)> {
 pub(crate) struct InProcess {
     pub sim: Arc<Sim>,
     pub shared: Arc<Mutex<RunShared>>,
+    /// Whose client (0 without a standby).
+    pub replica: usize,
+    /// A leader elector's client: its Lease requests are not the controller's.
+    pub elector: bool,
 }
 
 impl tower::Service<Request<kube::client::Body>> for InProcess {
@@ -314,6 +365,14 @@ impl InProcess {
         if watch {
             return self.watch(parts, body).await;
         }
+        if self.elector {
+            let body = body.collect().await.map(|b| b.to_bytes()).unwrap_or_default();
+            let resp = self.sim.handle(Request::from_parts(parts, Full::new(body))).await;
+            let (rparts, rbody) = resp.into_parts();
+            let rbytes = rbody.collect().await.map(|b| b.to_bytes()).unwrap_or_default();
+            return Response::from_parts(rparts, Full::new(rbytes).map_err(|never| match never {}).boxed_unsync());
+        }
+        let me = self.replica;
         lock(&self.shared).inflight += 1;
         let body = body.collect().await.map(|b| b.to_bytes()).unwrap_or_default();
         let method = parts.method.clone();
@@ -337,7 +396,7 @@ impl InProcess {
         let rbytes = rbody.collect().await.map(|b| b.to_bytes()).unwrap_or_default();
         let code = rparts.status.as_u16();
         let mut answer: Option<Value> = serde_json::from_slice(&rbytes).ok();
-        let crash = {
+        let (crash, stall) = {
             let mut sh = lock(&self.shared);
             let ok = (200..300).contains(&code);
             if write {
@@ -359,14 +418,28 @@ impl InProcess {
                     .unwrap_or_else(|| path.clone());
                 let status = if path.ends_with("/status") { " (status)" } else { "" };
                 let rv = answer.as_ref().filter(|_| ok).map(rv_of).unwrap_or(0);
+                let by = match &sh.lease {
+                    Some(l) => format!(" by {}", short(&l.identities, me)),
+                    None => String::new(),
+                };
                 sh.trace
-                    .push(format!("  write #{n} {method} {what}{status} -> {code} rv={rv}"));
+                    .push(format!("  write #{n}{by} {method} {what}{status} -> {code} rv={rv}"));
+                if ok {
+                    if let Some(holder) = sh.deposed(&self.sim, me) {
+                        let detail = format!(
+                            "write #{n} {method} {what}{status} by replica {} reached the server while {holder} held the lease (a leader deposed in the middle of a reconcile wrote on)",
+                            short(sh.lease.as_ref().map_or(&[][..], |l| l.identities.as_slice()), me)
+                        );
+                        sh.fail(Oracle::DeposedWrite, detail);
+                    }
+                }
                 if ok {
                     if let (Some((res, _, _)), Some(after)) = (&target, answer.take()) {
                         sh.controller_rvs.insert(rv);
                         let key = key_of_value(res, &after);
                         if sh.check_lost_updates && !precondition && matches!(method, Method::PUT | Method::PATCH) {
-                            if let (Some(seen), Some(before)) = (sh.read.get(&key).cloned(), &before) {
+                            let seen = sh.reads.get(me).and_then(|r| r.get(&key)).cloned();
+                            if let (Some(seen), Some(before)) = (seen, &before) {
                                 let own = sh.own.get(&key).cloned();
                                 let lost = lost_update(&seen, before, &after, own.as_deref());
                                 if !lost.is_empty() {
@@ -387,26 +460,42 @@ impl InProcess {
                     sh.crashed = true;
                     sh.trace.push(format!("  CRASH after write #{n} (its answer is lost)"));
                     sh.crash_notify.notify_one();
-                    true
+                    (true, false)
+                } else if sh.stall_after_write == Some(n) && sh.reconciling == Some(me) {
+                    sh.stall_after_write = None;
+                    sh.stalled = true;
+                    let who = short(sh.lease.as_ref().map_or(&[][..], |l| l.identities.as_slice()), me);
+                    sh.trace.push(format!(
+                        "  STALL after write #{n}: {who} is cut off from the server (the answer and its lease renewals are held up)"
+                    ));
+                    sh.stall_notify.notify_one();
+                    (false, true)
                 } else {
-                    false
+                    (false, false)
                 }
             } else {
                 if let (true, Some((res, _, name)), Some(a)) = (ok && method == Method::GET, &target, &answer) {
                     if name.is_some() {
-                        sh.saw(key_of_value(res, a), Arc::new(a.clone()));
+                        sh.saw(me, key_of_value(res, a), Arc::new(a.clone()));
                     } else if let Some(items) = a.get("items").and_then(Value::as_array) {
                         for it in items {
-                            sh.saw(key_of_value(res, it), Arc::new(it.clone()));
+                            sh.saw(me, key_of_value(res, it), Arc::new(it.clone()));
                         }
                     }
                 }
-                false
+                (false, false)
             }
         };
         if crash {
             // The process is gone: the answer never arrives.
             futures::future::pending::<()>().await;
+        }
+        if stall {
+            // Set aside by the harness until the hand-over is done and the answer may arrive.
+            let resume = lock(&self.shared).resume_notify.get(me).cloned();
+            if let Some(resume) = resume {
+                resume.notified().await;
+            }
         }
         {
             let mut sh = lock(&self.shared);
@@ -466,7 +555,7 @@ impl InProcess {
                             if let Some(w) = sh.watches.get_mut(&resource) {
                                 w.at = w.at.max(rv);
                             }
-                            sh.saw(key_of_value(&resource, o), Arc::new(o.clone()));
+                            sh.saw(0, key_of_value(&resource, o), Arc::new(o.clone()));
                         }
                     }
                 }

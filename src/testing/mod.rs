@@ -89,6 +89,7 @@ pub use recording::Recording;
 pub use schedule::{Fault, FaultKinds, Restart, Schedule};
 
 use crate::controller::Controller;
+use crate::leader::{LeaderElectionConfig, Leadership};
 use crate::object::ObjectKey;
 use crate::queue::WorkQueue;
 use crate::sim::{ResourceDef, Sim};
@@ -117,6 +118,9 @@ pub enum HarnessError {
     /// The controller failed a schedule (shrunk, written out).
     #[error("{0}")]
     Failed(Box<Failure>),
+    /// The harness's settings cannot work (a leader election whose timings `run` refuses).
+    #[error("harness settings: {0}")]
+    Config(String),
     /// A replayed schedule did not give the saved trace.
     #[error("replay of {path} diverged from the saved trace at line {line}:\n  saved: {saved}\n  now:   {now}")]
     Diverged {
@@ -151,6 +155,9 @@ pub enum Oracle {
     Stuck,
     /// The harness could not deliver an object (it does not decode as its type).
     Harness,
+    /// A write reached the server from a replica while another one held the Lease: a leader
+    /// deposed in the middle of a reconcile wrote on (with [`Harness::leader_election`]).
+    DeposedWrite,
 }
 
 impl Oracle {
@@ -165,6 +172,7 @@ impl Oracle {
             Oracle::LostUpdate => "lost-update",
             Oracle::Stuck => "stuck",
             Oracle::Harness => "harness",
+            Oracle::DeposedWrite => "deposed-write",
         }
     }
 
@@ -178,6 +186,7 @@ impl Oracle {
             Oracle::LostUpdate,
             Oracle::Stuck,
             Oracle::Harness,
+            Oracle::DeposedWrite,
         ]
         .into_iter()
         .find(|o| o.as_str() == s)
@@ -274,6 +283,7 @@ pub struct Env {
     client: kube::Client,
     stores: HashMap<TypeId, Box<dyn Any + Send + Sync>>,
     db: Option<Arc<DurableStore>>,
+    leadership: Leadership,
 }
 
 impl Env {
@@ -287,6 +297,15 @@ impl Env {
     /// a reconcile function the harness drives itself.
     pub fn database(&self) -> Option<Arc<DurableStore>> {
         self.db.clone()
+    }
+
+    /// This replica's leadership (fenced: see [`Leadership::is_leading`]), from this crate's
+    /// [`LeaderElector`](crate::leader::LeaderElector) over a Lease on the simulated server,
+    /// with [`Harness::leader_election`]; always leading without it. The harness starts a
+    /// reconcile only on the leader; a reconcile checks it before each write, since its
+    /// leader may be deposed while it waits for an answer.
+    pub fn leadership(&self) -> Leadership {
+        self.leadership.clone()
     }
 
     /// The cache of an informer the harness runs (the primary resource, or one added with
@@ -545,6 +564,8 @@ pub struct Harness<K, Ctx, E> {
     pub(crate) threads: usize,
     /// Controller mode: the user's `Controller`, built and run by the harness.
     pub(crate) controller: Option<ControllerFn<Ctx>>,
+    /// A leader and a warm standby, with these election timings.
+    pub(crate) election: Option<LeaderElectionConfig>,
 }
 
 impl<K, Ctx, E> Harness<K, Ctx, E>
@@ -599,6 +620,7 @@ where
                 .to_lowercase(),
             threads: std::thread::available_parallelism().map_or(1, usize::from),
             controller: None,
+            election: None,
         }
     }
 
@@ -816,6 +838,34 @@ where
         self
     }
 
+    /// Runs the controller as two replicas, a leader and a warm standby, elected by this
+    /// crate's [`LeaderElector`](crate::leader::LeaderElector) over a Lease on the simulated
+    /// server (`default/controller-leader`), with `config`'s timings on the virtual clock: every
+    /// `retry_period`, each replica runs one acquire-or-renew round, in replica order. Both
+    /// replicas' informers follow the server (the standby's caches are warm); only the leader
+    /// reconciles, and on taking over a replica reconciles every object it has cached, as
+    /// [`Controller::leader_election`](crate::controller::Controller::leader_election) does.
+    /// The context gets each replica's leadership from [`Env::leadership`].
+    ///
+    /// Checks then sample [`Fault::HandOver`] and [`Fault::HandOverAfterWrite`] (a leader cut
+    /// off in the middle of a reconcile), and the [`Oracle::DeposedWrite`] oracle fails a
+    /// write that reaches the server from a replica while the other one holds the Lease.
+    /// Crashes hit the leader (a write's crash, its writer); informers `0..n` are the first
+    /// replica's and `n..2n` the standby's. Not in controller mode.
+    ///
+    /// ```no_run
+    /// # use durable_informer::testing::Harness;
+    /// # fn f<K: kube::Resource<DynamicType = ()> + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + Sync + 'static, C: Send + Sync + 'static>(h: Harness<K, C, kube::Error>) -> Result<(), Box<dyn std::error::Error>> where K::Scope: 'static {
+    /// use durable_informer::leader::LeaderElectionConfig;
+    /// h.leader_election(LeaderElectionConfig::default()).check(200)?;
+    /// # Ok(()) }
+    /// ```
+    #[must_use]
+    pub fn leader_election(mut self, config: LeaderElectionConfig) -> Self {
+        self.election = Some(config);
+        self
+    }
+
     /// Runs one schedule and returns its trace, and its failure if it failed.
     pub fn run(&self, schedule: &Schedule) -> Result<(String, Option<Failure>), HarnessError> {
         let out = run::run_schedule(self, schedule)?;
@@ -943,6 +993,7 @@ where
             delay: false,
             relist: true,
             duplicate: false,
+            hand_over: false,
         };
         h
     }

@@ -6,9 +6,11 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
 use std::fmt;
 use std::panic::AssertUnwindSafe;
 use std::path::Path;
+use std::pin::Pin;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
+use futures::future::BoxFuture;
 use futures::FutureExt;
 use kube::runtime::controller::Action;
 use kube::runtime::reflector::{ObjectRef, Store};
@@ -19,13 +21,16 @@ use serde::de::DeserializeOwned;
 use serde_json::{json, Value};
 use tokio::time::Instant;
 
-use super::client::{check_invariants, key_of_value, lock, object_key, rv_of, InProcess, RunShared, UniqueIndex};
+use super::client::{
+    check_invariants, key_of_value, lock, object_key, rv_of, short, InProcess, LeaseName, RunShared, UniqueIndex,
+};
 use super::oracle::{differing, normalize};
 use super::recording::{merge, Change, WorldEvent};
 use super::schedule::{sample, save, Extent, Saved};
 use super::{
     Env, Failure, Fault, Feed, Harness, HarnessError, Oracle, Recording, Report, Restart, Schedule, WatchSpec, World,
 };
+use crate::leader::{KubeLeaseLock, LeaderElector, Leadership};
 use crate::sim::{HistoryEvent, Sim, SimConfig};
 
 mod controller;
@@ -36,6 +41,10 @@ const STEP: Duration = Duration::from_millis(10);
 const RECONCILE_TIMEOUT: Duration = Duration::from_secs(600);
 /// The simulated clock's start (unix seconds): 2026-01-01T00:00:00Z.
 const CLOCK_BASE: u64 = 1_767_225_600;
+/// The Lease a leader and its standby are elected by (in `default`).
+const LEASE: &str = "controller-leader";
+/// The identities of the leader and its standby.
+const REPLICAS: [&str; 2] = ["replica-a", "replica-b"];
 /// Lines of the trace a failure shows.
 const TAIL: usize = 40;
 
@@ -97,9 +106,42 @@ struct Lifetime<K: Resource<DynamicType = ()> + Clone + 'static, Ctx> {
     counts: HashMap<Key, u32>,
 }
 
+/// One replica of the controller process: its informers and its current lifetime; with a
+/// standby, its leader elector.
+struct Replica<K: Resource<DynamicType = ()> + Clone + 'static, Ctx> {
+    informers: Vec<Informer>,
+    life: Lifetime<K, Ctx>,
+    elector: Option<LeaderElector<KubeLeaseLock>>,
+    /// Cut off from the server (a hand-over): no elector rounds, no deliveries.
+    partitioned: bool,
+}
+
+/// A future run under [`Run::guarded`]: it can be set aside (a stall) and polled again.
+type Guard<T> = Pin<Box<tokio::time::Timeout<futures::future::CatchUnwind<AssertUnwindSafe<BoxFuture<'static, T>>>>>>;
+
+fn guard<T>(fut: BoxFuture<'static, T>) -> Guard<T> {
+    Box::pin(tokio::time::timeout(
+        RECONCILE_TIMEOUT,
+        AssertUnwindSafe(fut).catch_unwind(),
+    ))
+}
+
+/// A deposed leader's reconcile, set aside while it waits for its answer.
+struct Stalled<K, Ctx, E> {
+    replica: usize,
+    key: Key,
+    obj: Arc<K>,
+    ctx: Arc<Ctx>,
+    fut: Guard<Result<Action, E>>,
+    /// The step its answer arrives at.
+    resume_at: u64,
+}
+
 enum Guarded<T> {
     Done(T),
     Crashed,
+    /// A write stalled (a hand-over): the future is set aside, not finished.
+    Stalled,
     Panicked(String),
     TimedOut,
 }
@@ -170,8 +212,14 @@ struct Run<'h, K: Resource<DynamicType = ()> + Clone + 'static, Ctx, E> {
     shared: Arc<Mutex<RunShared>>,
     rng: ChaCha8Rng,
     world: VecDeque<WorldEvent>,
-    informers: Vec<Informer>,
-    life: Lifetime<K, Ctx>,
+    /// The controller's replicas: one, or a leader and a standby.
+    reps: Vec<Replica<K, Ctx>>,
+    /// The replica that reconciles: the leader.
+    lead: usize,
+    /// When the electors run their next round.
+    next_round: Instant,
+    /// A deposed leader's reconcile, waiting for its answer.
+    stalled: Option<Stalled<K, Ctx, E>>,
     step: u64,
     faults: Vec<Fault>,
     start: Instant,
@@ -231,32 +279,86 @@ where
             compared.insert(ev.resource.clone());
         }
         let start_rv = sim.current_rv();
-        let informers = h
-            .watches
-            .iter()
-            .map(|spec| {
-                let (feed, _, _) = (spec.make)();
-                Informer {
-                    spec: spec.clone(),
-                    feed,
-                    cursor: start_rv,
-                    db: BTreeMap::new(),
-                    delayed_until: 0,
-                    recent: VecDeque::new(),
-                    next: None,
-                    none_at: None,
+        let replicas = if h.election.is_some() { 2 } else { 1 };
+        let lease = match &h.election {
+            None => None,
+            Some(c) => {
+                if h.controller.is_some() {
+                    return Err(HarnessError::Config(
+                        "leader_election runs a reconcile function the harness drives, not a Controller (for_controller)"
+                            .into(),
+                    ));
+                }
+                if c.retry_period.is_zero()
+                    || c.retry_period >= c.renew_deadline
+                    || c.renew_deadline >= c.lease_duration
+                {
+                    return Err(HarnessError::Config(format!(
+                        "leader election needs 0 < retry_period < renew_deadline < lease_duration, not {c:?}"
+                    )));
+                }
+                Some(LeaseName {
+                    namespace: "default".into(),
+                    name: LEASE.into(),
+                    identities: REPLICAS.iter().map(|s| (*s).to_string()).collect(),
+                })
+            }
+        };
+        let reps = (0..replicas)
+            .map(|r| {
+                let informers = h
+                    .watches
+                    .iter()
+                    .map(|spec| {
+                        let (feed, _, _) = (spec.make)();
+                        Informer {
+                            spec: spec.clone(),
+                            feed,
+                            cursor: start_rv,
+                            db: BTreeMap::new(),
+                            delayed_until: 0,
+                            recent: VecDeque::new(),
+                            next: None,
+                            none_at: None,
+                        }
+                    })
+                    .collect();
+                let elector = h.election.zip(lease.as_ref()).map(|(config, l)| {
+                    let client = kube::Client::new(
+                        InProcess {
+                            sim: sim.clone(),
+                            shared: shared.clone(),
+                            replica: r,
+                            elector: true,
+                        },
+                        "default",
+                    );
+                    LeaderElector::new(
+                        KubeLeaseLock::new(client, &l.namespace, &l.name, &l.identities[r]),
+                        config,
+                    )
+                });
+                Replica {
+                    informers,
+                    life: Lifetime {
+                        ctx: None,
+                        primary: kube::runtime::reflector::store::Writer::<K>::default().as_reader(),
+                        queue: VecDeque::new(),
+                        queued: HashSet::new(),
+                        timers: BTreeMap::new(),
+                        timer_of: HashMap::new(),
+                        counts: HashMap::new(),
+                    },
+                    elector,
+                    partitioned: false,
                 }
             })
             .collect();
-        let life = Lifetime {
-            ctx: None,
-            primary: kube::runtime::reflector::store::Writer::<K>::default().as_reader(),
-            queue: VecDeque::new(),
-            queued: HashSet::new(),
-            timers: BTreeMap::new(),
-            timer_of: HashMap::new(),
-            counts: HashMap::new(),
-        };
+        if lease.is_some() {
+            let mut sh = lock(&shared);
+            sh.reads = vec![HashMap::new(); replicas];
+            sh.lease = lease;
+        }
         let now = Instant::now();
         Ok(Run {
             h,
@@ -264,8 +366,10 @@ where
             shared,
             rng: ChaCha8Rng::seed_from_u64(schedule.seed),
             world: events.into(),
-            informers,
-            life,
+            reps,
+            lead: 0,
+            next_round: now,
+            stalled: None,
             step: 0,
             faults: schedule.faults.clone(),
             start: now,
@@ -281,21 +385,23 @@ where
         })
     }
 
-    /// A fresh client and fresh typed caches; `feeds` receives the caches' feeds in
-    /// informer order (empty when only the environment is wanted).
-    fn env(
-        h: &Harness<K, Ctx, E>,
-        sim: &Arc<Sim>,
-        shared: &Arc<Mutex<RunShared>>,
-        feeds: &mut Vec<Box<dyn Feed>>,
-    ) -> (Env, Store<K>) {
+    /// A fresh client and fresh typed caches for replica `r`; `feeds` receives the caches'
+    /// feeds in informer order (empty when only the environment is wanted).
+    fn env(&self, r: usize, feeds: &mut Vec<Box<dyn Feed>>) -> (Env, Store<K>) {
+        let h = self.h;
         let client = kube::Client::new(
             InProcess {
-                sim: sim.clone(),
-                shared: shared.clone(),
+                sim: self.sim.clone(),
+                shared: self.shared.clone(),
+                replica: r,
+                elector: false,
             },
             "default",
         );
+        let leadership = match &self.reps[r].elector {
+            Some(e) => e.fenced_leadership(),
+            None => Leadership::from(tokio::sync::watch::channel(true).1),
+        };
         let mut stores = HashMap::new();
         for spec in &h.watches {
             let (feed, id, store) = (spec.make)();
@@ -312,6 +418,7 @@ where
                 client,
                 stores,
                 db: None,
+                leadership,
             },
             primary,
         )
@@ -332,23 +439,50 @@ where
         lock(&self.shared).fail(oracle, detail);
     }
 
-    /// Starts a controller lifetime: informers as `restart` says, a new context, every
-    /// primary object queued (as kube's controller does on start).
-    fn start_lifetime(&mut self, restart: Restart) {
+    /// `"b: "` before a line about replica `r`, with a standby; nothing without one.
+    fn who(&self, r: usize) -> String {
+        match &lock(&self.shared).lease {
+            Some(l) => format!("{}: ", short(&l.identities, r)),
+            None => String::new(),
+        }
+    }
+
+    /// Informer `g` of all replicas' (the first replica's, then the standby's): (replica,
+    /// informer of that replica).
+    fn split(&self, g: usize) -> (usize, usize) {
+        let n = self.h.watches.len().max(1);
+        (g / n, g % n)
+    }
+
+    fn informer(&mut self, g: usize) -> &mut Informer {
+        let (r, i) = self.split(g);
+        &mut self.reps[r].informers[i]
+    }
+
+    /// All replicas' informers.
+    fn informer_count(&self) -> usize {
+        self.reps.len() * self.h.watches.len()
+    }
+
+    /// Starts a lifetime of replica `r`: informers as `restart` says, a new context; on the
+    /// leader, every primary object queued (as kube's controller does on start).
+    fn start_lifetime(&mut self, r: usize, restart: Restart) {
         let current = self.sim.current_rv();
         {
             let mut sh = lock(&self.shared);
-            sh.read.clear();
+            if let Some(read) = sh.reads.get_mut(r) {
+                read.clear();
+            }
             sh.crashed = false;
         }
         let mut feeds = Vec::new();
-        let (env, primary) = Self::env(self.h, &self.sim, &self.shared, &mut feeds);
+        let (env, primary) = self.env(r, &mut feeds);
         let view = match restart {
             Restart::FromDatabase => None,
             Restart::Empty => Some(current),
             Restart::TimeTravel { behind } => Some(current.saturating_sub(behind).max(self.start_rv)),
         };
-        for (inf, feed) in self.informers.iter_mut().zip(feeds) {
+        for (inf, feed) in self.reps[r].informers.iter_mut().zip(feeds) {
             inf.feed = feed;
             inf.delayed_until = 0;
             inf.recent.clear();
@@ -374,10 +508,10 @@ where
             }
             let mut sh = lock(&self.shared);
             for (k, o) in &inf.db {
-                sh.saw(k.clone(), o.clone());
+                sh.saw(r, k.clone(), o.clone());
             }
         }
-        self.life = Lifetime {
+        self.reps[r].life = Lifetime {
             ctx: Some(Arc::new((self.h.context)(&env))),
             primary,
             queue: VecDeque::new(),
@@ -386,35 +520,43 @@ where
             timer_of: HashMap::new(),
             counts: HashMap::new(),
         };
-        let keys: Vec<Key> = self.informers[0]
-            .db
-            .values()
-            .flat_map(|o| (self.informers[0].spec.map)(o))
-            .collect();
-        for k in keys {
-            self.enqueue(k, true);
+        if r == self.lead {
+            self.enqueue_all();
         }
-        let cursors: Vec<String> = self.informers.iter().map(|i| i.cursor.to_string()).collect();
+        let cursors: Vec<String> = self.reps[r].informers.iter().map(|i| i.cursor.to_string()).collect();
         self.trace(format!(
-            "start {restart:?}: informers at rv {}, {} queued",
+            "{}start {restart:?}: informers at rv {}, {} queued",
+            self.who(r),
             cursors.join(","),
-            self.life.queue.len()
+            self.reps[r].life.queue.len()
         ));
     }
 
-    fn enqueue(&mut self, k: Key, from_world: bool) {
-        if from_world {
-            self.life.counts.insert(k.clone(), 0);
-        }
-        if self.life.queued.insert(k.clone()) {
-            self.life.queue.push_back(k);
+    /// Queues every primary object the leader has cached (a start, a takeover).
+    fn enqueue_all(&mut self) {
+        let inf = &self.reps[self.lead].informers[0];
+        let keys: Vec<Key> = inf.db.values().flat_map(|o| (inf.spec.map)(o)).collect();
+        for k in keys {
+            self.enqueue(k, true);
         }
     }
 
-    /// The next event of informer `i`, if any.
-    fn peek(&mut self, i: usize) -> Option<&HistoryEvent> {
+    /// Queues `k` on the leader.
+    fn enqueue(&mut self, k: Key, from_world: bool) {
+        let life = &mut self.reps[self.lead].life;
+        if from_world {
+            life.counts.insert(k.clone(), 0);
+        }
+        if life.queued.insert(k.clone()) {
+            life.queue.push_back(k);
+        }
+    }
+
+    /// The next event of informer `g`, if any.
+    fn peek(&mut self, g: usize) -> Option<&HistoryEvent> {
         let rv = self.sim.current_rv();
-        let inf = &mut self.informers[i];
+        let (r, i) = self.split(g);
+        let inf = &mut self.reps[r].informers[i];
         if inf.next.is_none() && inf.none_at != Some(rv) {
             match self.sim.events_after(&inf.spec.resource, inf.cursor, 1) {
                 Ok(mut v) => inf.next = v.pop(),
@@ -426,26 +568,29 @@ where
                 inf.none_at = Some(rv);
             }
         }
-        self.informers[i].next.as_ref()
+        self.reps[r].informers[i].next.as_ref()
     }
 
-    fn apply_fault(&mut self, f: Fault) {
+    async fn apply_fault(&mut self, f: Fault) {
         self.trace(format!("FAULT {f}"));
+        let n = self.informer_count();
         match f {
-            Fault::Crash { restart, .. } => self.start_lifetime(restart),
-            Fault::CrashAfterWrite { .. } => {}
+            Fault::Crash { restart, .. } => self.start_lifetime(self.lead, restart),
+            Fault::CrashAfterWrite { .. } | Fault::HandOverAfterWrite { .. } => {}
             Fault::Delay { informer, steps, .. } => {
-                if let Some(inf) = self.informers.get_mut(informer) {
-                    inf.delayed_until = self.step + steps;
+                if informer < n {
+                    let until = self.step + steps;
+                    self.informer(informer).delayed_until = until;
                 }
             }
             Fault::Relist { informer, .. } => {
-                if informer < self.informers.len() {
+                if informer < n {
                     self.relist(informer);
                 }
             }
             Fault::Duplicate { informer, events, .. } => {
-                if let Some(inf) = self.informers.get_mut(informer) {
+                if informer < n {
+                    let inf = self.informer(informer);
                     let n = usize::try_from(events).unwrap_or(usize::MAX);
                     let back = inf.recent.len().saturating_sub(n);
                     if let Some(&rv) = inf.recent.get(back) {
@@ -455,13 +600,20 @@ where
                     }
                 }
             }
+            Fault::HandOver { .. } => {
+                if self.hand_over().await {
+                    let from = 1 - self.lead;
+                    self.reps[from].partitioned = false;
+                }
+            }
         }
     }
 
-    /// Informer `i`'s watch is gone and its history with it: list the current state.
-    fn relist(&mut self, i: usize) {
+    /// Informer `g`'s watch is gone and its history with it: list the current state.
+    fn relist(&mut self, g: usize) {
         let rv = self.sim.current_rv();
-        let inf = &mut self.informers[i];
+        let (r, i) = self.split(g);
+        let inf = &mut self.reps[r].informers[i];
         let objects = self.sim.objects_at(&inf.spec.resource, rv).unwrap_or_default();
         inf.db = objects
             .into_iter()
@@ -477,13 +629,132 @@ where
         let keys: Vec<Key> = objects.iter().flat_map(|o| (inf.spec.map)(o)).collect();
         {
             let mut sh = lock(&self.shared);
-            for (k, o) in &self.informers[i].db {
-                sh.saw(k.clone(), o.clone());
+            for (k, o) in &self.reps[r].informers[i].db {
+                sh.saw(r, k.clone(), o.clone());
             }
         }
-        for k in keys {
-            self.enqueue(k, true);
+        if r == self.lead {
+            for k in keys {
+                self.enqueue(k, true);
+            }
         }
+    }
+
+    /// One round of each replica's elector that is due (in replica order; a replica cut off
+    /// from the server runs none), every `retry_period` of virtual time.
+    async fn elect(&mut self) {
+        let Some(config) = self.h.election else {
+            return;
+        };
+        while Instant::now() >= self.next_round {
+            self.next_round += config.retry_period;
+            for r in 0..self.reps.len() {
+                if self.reps[r].partitioned {
+                    continue;
+                }
+                let Some(mut elector) = self.reps[r].elector.take() else {
+                    continue;
+                };
+                let before = elector.fenced_leadership().flag();
+                let was = *before.borrow();
+                let rv = self.sim.current_rv();
+                let now = elector.round().await;
+                self.reps[r].elector = Some(elector);
+                let wrote = self.sim.current_rv() != rv;
+                let what = match (was, now, wrote) {
+                    (false, true, _) => "acquires the lease",
+                    (true, true, true) => "renews the lease",
+                    (true, true, false) => "leads (the renewal failed)",
+                    (true, false, _) => "no longer leads",
+                    (false, false, _) => continue,
+                };
+                let at = if wrote {
+                    format!(" -> rv={}", self.sim.current_rv())
+                } else {
+                    String::new()
+                };
+                self.trace(format!("{}{what}{at}", self.who(r)));
+            }
+        }
+    }
+
+    /// Whether replica `r` leads now (its elector's fenced leadership; always without one).
+    fn leads(&self, r: usize) -> bool {
+        self.reps[r]
+            .elector
+            .as_ref()
+            .is_none_or(|e| e.fenced_leadership().is_leading())
+    }
+
+    /// The leader is cut off from the server: its Lease runs out on the virtual clock and
+    /// the standby takes over, reconciling what it has cached. The old leader stays cut off
+    /// (the caller reconnects it). False when there is no standby to take over, or a
+    /// hand-over is already under way.
+    async fn hand_over(&mut self) -> bool {
+        let Some(config) = self.h.election else {
+            self.trace("  (not injected: no standby)".into());
+            return false;
+        };
+        if self.reps.len() < 2 || self.reps.iter().any(|r| r.partitioned) {
+            self.trace("  (not injected: a hand-over is under way)".into());
+            return false;
+        }
+        let (from, to) = (self.lead, 1 - self.lead);
+        self.reps[from].partitioned = true;
+        let began = Instant::now();
+        while !self.leads(to) {
+            if Instant::now() - began > 4 * config.lease_duration + 4 * config.retry_period {
+                self.fail(Oracle::Harness, "the standby did not take the lease over".into());
+                return false;
+            }
+            let now = Instant::now();
+            if self.next_round > now {
+                tokio::time::advance(self.next_round - now).await;
+            }
+            let secs = (Instant::now() - self.start).as_secs();
+            self.sim.set_clock(CLOCK_BASE + secs);
+            self.elect().await;
+        }
+        self.lead = to;
+        // The deposed leader takes nothing from its queue any more; as a standby it keeps
+        // its caches and its context.
+        let old = &mut self.reps[from].life;
+        old.queue.clear();
+        old.queued.clear();
+        old.timers.clear();
+        old.timer_of.clear();
+        self.enqueue_all();
+        self.trace(format!(
+            "{}leads after {} ms cut off: {} queued",
+            self.who(to),
+            (Instant::now() - began).as_millis(),
+            self.reps[to].life.queue.len()
+        ));
+        true
+    }
+
+    /// The deposed leader's answer arrives: its reconcile goes on (and finishes) now.
+    async fn resume_stalled(&mut self) {
+        let Some(mut s) = self.stalled.take() else {
+            return;
+        };
+        self.reps[s.replica].partitioned = false;
+        self.trace(format!(
+            "{}back in touch: the answer arrives, the reconcile of {} goes on",
+            self.who(s.replica),
+            show(&s.key)
+        ));
+        // Not `reconciling`: a hand-over cuts off the leader, not a deposed one.
+        let resume = {
+            let mut sh = lock(&self.shared);
+            sh.stalled = false;
+            sh.resume_notify.get(s.replica).cloned()
+        };
+        if let Some(resume) = resume {
+            resume.notify_one();
+        }
+        let outcome = self.guarded(&mut s.fut).await;
+        self.finish_reconcile(s.replica, &s.key, s.obj, s.ctx, outcome);
     }
 
     /// Applies the next recorded change to the server.
@@ -633,13 +904,18 @@ where
         !alive
     }
 
-    async fn guarded<T>(&self, fut: impl std::future::Future<Output = T>) -> Guarded<T> {
-        let notify = lock(&self.shared).crash_notify.clone();
-        let fut = AssertUnwindSafe(fut).catch_unwind();
+    /// Polls `fut` until it finishes, panics, times out, or the process crashes or stalls
+    /// (a hand-over) in it; after a stall, `fut` can be polled again.
+    async fn guarded<T>(&self, fut: &mut Guard<T>) -> Guarded<T> {
+        let (crash, stall) = {
+            let sh = lock(&self.shared);
+            (sh.crash_notify.clone(), sh.stall_notify.clone())
+        };
         tokio::select! {
             biased;
-            () = notify.notified() => Guarded::Crashed,
-            r = tokio::time::timeout(RECONCILE_TIMEOUT, fut) => match r {
+            () = crash.notified() => Guarded::Crashed,
+            () = stall.notified() => Guarded::Stalled,
+            r = fut.as_mut() => match r {
                 Ok(Ok(v)) => Guarded::Done(v),
                 Ok(Err(p)) => Guarded::Panicked(panic_message(&*p)),
                 Err(_) => Guarded::TimedOut,
@@ -647,8 +923,8 @@ where
         }
     }
 
-    /// Handles a crash inside a reconcile or handler: restart as the fault says.
-    fn crashed(&mut self) {
+    /// Handles a crash inside replica `r`'s reconcile or handler: restart as the fault says.
+    fn crashed(&mut self, r: usize) {
         let n = lock(&self.shared).writes;
         let restart = self
             .faults
@@ -658,14 +934,15 @@ where
                 _ => None,
             })
             .unwrap_or(Restart::FromDatabase);
-        self.start_lifetime(restart);
+        self.start_lifetime(r, restart);
     }
 
-    async fn deliver(&mut self, i: usize) {
-        let Some(ev) = self.informers[i].next.take() else {
+    async fn deliver(&mut self, g: usize) {
+        let (r, i) = self.split(g);
+        let Some(ev) = self.reps[r].informers[i].next.take() else {
             return;
         };
-        let inf = &mut self.informers[i];
+        let inf = &mut self.reps[r].informers[i];
         inf.cursor = ev.rv;
         inf.recent.push_back(ev.rv);
         if inf.recent.len() > 8 {
@@ -681,11 +958,16 @@ where
         } else {
             inf.db.insert(key.clone(), ev.object.clone());
         }
-        let targets = (inf.spec.map)(&ev.object);
+        // A standby's events queue nothing: it reconciles what it has cached on taking over.
+        let targets = if r == self.lead {
+            (inf.spec.map)(&ev.object)
+        } else {
+            Vec::new()
+        };
         let resource = inf.spec.resource.clone();
         let from_world = {
             let mut sh = lock(&self.shared);
-            sh.saw(key, ev.object.clone());
+            sh.saw(r, key, ev.object.clone());
             !sh.controller_rvs.contains(&ev.rv)
         };
         let name = ev
@@ -695,7 +977,7 @@ where
             .unwrap_or("");
         let ns = ev.object.pointer("/metadata/namespace").and_then(Value::as_str);
         self.trace(format!(
-            "deliver {i}:{resource} {} {}{name} rv={} -> {}",
+            "deliver {g}:{resource} {} {}{name} rv={} -> {}",
             ev.kind,
             ns.map(|n| format!("{n}/")).unwrap_or_default(),
             ev.rv,
@@ -704,44 +986,52 @@ where
         for t in targets {
             self.enqueue(t, from_world);
         }
-        if deleted && i == 0 {
+        if deleted && i == 0 && r == self.lead {
             if let (Some(handler), Some(ctx), Ok(obj)) = (
                 self.h.on_delete.clone(),
-                self.life.ctx.clone(),
+                self.reps[r].life.ctx.clone(),
                 K::deserialize(&*ev.object),
             ) {
-                let fut = handler(Arc::new(obj), ctx);
-                match self.guarded(fut).await {
+                let mut fut = guard(handler(Arc::new(obj), ctx));
+                match self.guarded(&mut fut).await {
                     Guarded::Done(()) => {}
-                    Guarded::Crashed => self.crashed(),
+                    Guarded::Crashed => self.crashed(r),
                     Guarded::Panicked(m) => self.fail(Oracle::Panic, format!("delete handler panicked: {m}")),
-                    Guarded::TimedOut => self.fail(Oracle::Stuck, "the delete handler did not finish".into()),
+                    Guarded::TimedOut | Guarded::Stalled => {
+                        self.fail(Oracle::Stuck, "the delete handler did not finish".into());
+                    }
                 }
             }
         }
     }
 
     async fn reconcile(&mut self, qi: usize) {
-        let Some(key) = self.life.queue.remove(qi) else {
+        let r = self.lead;
+        let Some(key) = self.reps[r].life.queue.remove(qi) else {
             return;
         };
-        self.life.queued.remove(&key);
+        self.reps[r].life.queued.remove(&key);
         let mut oref = ObjectRef::<K>::new(&key.1);
         if let Some(ns) = &key.0 {
             oref = oref.within(ns);
         }
-        let Some(obj) = self.life.primary.get(&oref) else {
-            self.trace(format!("reconcile {}: not in the cache, skipped", show(&key)));
+        let Some(obj) = self.reps[r].life.primary.get(&oref) else {
+            self.trace(format!(
+                "{}reconcile {}: not in the cache, skipped",
+                self.who(r),
+                show(&key)
+            ));
             return;
         };
         self.reconciles += 1;
         let count = {
-            let c = self.life.counts.entry(key.clone()).or_insert(0);
+            let c = self.reps[r].life.counts.entry(key.clone()).or_insert(0);
             *c += 1;
             *c
         };
         self.trace(format!(
-            "reconcile {} (rv={})",
+            "{}reconcile {} (rv={})",
+            self.who(r),
             show(&key),
             obj.meta().resource_version.as_deref().unwrap_or("")
         ));
@@ -756,11 +1046,62 @@ where
             );
             return;
         }
-        let Some(ctx) = self.life.ctx.clone() else {
+        let Some(ctx) = self.reps[r].life.ctx.clone() else {
             return;
         };
-        let fut = (self.h.reconcile)(obj.clone(), ctx.clone());
-        let action = match self.guarded(fut).await {
+        let mut fut = guard((self.h.reconcile)(obj.clone(), ctx.clone()));
+        lock(&self.shared).reconciling = Some(r);
+        let outcome = self.guarded(&mut fut).await;
+        lock(&self.shared).reconciling = None;
+        if let Guarded::Stalled = outcome {
+            let n = lock(&self.shared).writes;
+            let steps = self
+                .faults
+                .iter()
+                .find_map(|f| match f {
+                    Fault::HandOverAfterWrite { write, steps } if *write == n => Some(*steps),
+                    _ => None,
+                })
+                .unwrap_or(0);
+            if self.hand_over().await {
+                self.stalled = Some(Stalled {
+                    replica: r,
+                    key,
+                    obj,
+                    ctx,
+                    fut,
+                    resume_at: self.step + steps,
+                });
+            } else {
+                // No standby to take over: the answer arrives at once.
+                self.reps[r].partitioned = false;
+                let resume = {
+                    let mut sh = lock(&self.shared);
+                    sh.stalled = false;
+                    sh.resume_notify.get(r).cloned()
+                };
+                if let Some(resume) = resume {
+                    resume.notify_one();
+                }
+                let outcome = self.guarded(&mut fut).await;
+                self.finish_reconcile(r, &key, obj, ctx, outcome);
+            }
+            return;
+        }
+        self.finish_reconcile(r, &key, obj, ctx, outcome);
+    }
+
+    /// What follows a reconcile of `key` on replica `r`: the error policy, the requeue (on
+    /// the leader), the invariants.
+    fn finish_reconcile(
+        &mut self,
+        r: usize,
+        key: &Key,
+        obj: Arc<K>,
+        ctx: Arc<Ctx>,
+        outcome: Guarded<Result<Action, E>>,
+    ) {
+        let action = match outcome {
             Guarded::Done(Ok(a)) => {
                 self.trace(format!("  -> ok, requeue {:?}", requeue_after(&a)));
                 a
@@ -779,29 +1120,33 @@ where
                 }
             }
             Guarded::Crashed => {
-                self.crashed();
+                self.crashed(r);
                 return;
             }
             Guarded::Panicked(m) => {
-                self.fail(Oracle::Panic, format!("reconcile of {} panicked: {m}", show(&key)));
+                self.fail(Oracle::Panic, format!("reconcile of {} panicked: {m}", show(key)));
                 return;
             }
-            Guarded::TimedOut => {
-                self.fail(Oracle::Stuck, format!("reconcile of {} did not finish", show(&key)));
+            Guarded::TimedOut | Guarded::Stalled => {
+                self.fail(Oracle::Stuck, format!("reconcile of {} did not finish", show(key)));
                 return;
             }
         };
-        if let Some(old) = self.life.timer_of.remove(&key) {
-            self.life.timers.remove(&old);
-        }
-        if let Some(d) = requeue_after(&action) {
-            self.seq += 1;
-            let at = (Instant::now() + d, self.seq);
-            self.life.timers.insert(at, key.clone());
-            self.life.timer_of.insert(key.clone(), at);
+        // A deposed leader's requeue is dropped: it takes nothing from its queue any more.
+        if r == self.lead {
+            let life = &mut self.reps[r].life;
+            if let Some(old) = life.timer_of.remove(key) {
+                life.timers.remove(&old);
+            }
+            if let Some(d) = requeue_after(&action) {
+                self.seq += 1;
+                let at = (Instant::now() + d, self.seq);
+                life.timers.insert(at, key.clone());
+                life.timer_of.insert(key.clone(), at);
+            }
         }
         let mut sh = lock(&self.shared);
-        check_invariants(&self.sim, &mut sh, &format!("reconcile of {}", show(&key)));
+        check_invariants(&self.sim, &mut sh, &format!("reconcile of {}", show(key)));
     }
 
     async fn collect_garbage(&mut self, victims: Vec<Dependent>) {
@@ -817,7 +1162,11 @@ where
     }
 
     async fn go(mut self, baseline: Option<&BTreeMap<String, Value>>) -> Outcome {
-        self.start_lifetime(Restart::Empty);
+        // With a standby: the first rounds elect the first replica.
+        self.elect().await;
+        for r in 0..self.reps.len() {
+            self.start_lifetime(r, Restart::Empty);
+        }
         let budget = 10_000 + 100 * (self.world.len() as u64 + self.sim.current_rv());
         loop {
             if self.failed() {
@@ -831,6 +1180,10 @@ where
             tokio::time::advance(STEP).await;
             let secs = (Instant::now() - self.start).as_secs();
             self.sim.set_clock(CLOCK_BASE + secs);
+            self.elect().await;
+            if self.stalled.as_ref().is_some_and(|s| s.resume_at <= self.step) {
+                self.resume_stalled().await;
+            }
             let due: Vec<Fault> = self
                 .faults
                 .iter()
@@ -838,7 +1191,7 @@ where
                 .copied()
                 .collect();
             for f in due {
-                self.apply_fault(f);
+                self.apply_fault(f).await;
             }
             {
                 let mut sh = lock(&self.shared);
@@ -846,23 +1199,32 @@ where
                     Fault::CrashAfterWrite { write, .. } if *write > sh.writes => Some(*write),
                     _ => None,
                 });
+                sh.stall_after_write = self.faults.iter().find_map(|f| match f {
+                    Fault::HandOverAfterWrite { write, .. } if *write > sh.writes => Some(*write),
+                    _ => None,
+                });
             }
             let now = Instant::now();
-            while let Some((&(at, seq), _)) = self.life.timers.first_key_value() {
+            let lead = self.lead;
+            while let Some((&(at, seq), _)) = self.reps[lead].life.timers.first_key_value() {
                 if at > now {
                     break;
                 }
-                if let Some(k) = self.life.timers.remove(&(at, seq)) {
-                    self.life.timer_of.remove(&k);
-                    self.trace(format!("requeue {} fires", show(&k)));
+                if let Some(k) = self.reps[lead].life.timers.remove(&(at, seq)) {
+                    self.reps[lead].life.timer_of.remove(&k);
+                    self.trace(format!("{}requeue {} fires", self.who(lead), show(&k)));
                     self.enqueue(k, false);
                 }
             }
             // The choices: release a change, deliver an event, reconcile, collect garbage.
             let mut deliverable = Vec::new();
-            for i in 0..self.informers.len() {
-                if self.informers[i].delayed_until <= self.step && self.peek(i).is_some() {
-                    deliverable.push(i);
+            for g in 0..self.informer_count() {
+                let (r, i) = self.split(g);
+                if !self.reps[r].partitioned
+                    && self.reps[r].informers[i].delayed_until <= self.step
+                    && self.peek(g).is_some()
+                {
+                    deliverable.push(g);
                 }
             }
             let orphans = self.orphans();
@@ -873,24 +1235,44 @@ where
             if !deliverable.is_empty() {
                 kinds.push(1);
             }
-            if !self.life.queue.is_empty() {
+            if !self.reps[lead].life.queue.is_empty() {
                 kinds.push(2);
             }
             if !orphans.is_empty() {
                 kinds.push(3);
             }
             if kinds.is_empty() {
-                if self.informers.iter().any(|i| i.delayed_until > self.step) {
+                let step = self.step;
+                if self
+                    .reps
+                    .iter()
+                    .flat_map(|r| r.informers.iter())
+                    .any(|i| i.delayed_until > step)
+                {
                     self.trace("idle: delays end".into());
-                    self.informers.iter_mut().for_each(|i| i.delayed_until = 0);
+                    self.reps
+                        .iter_mut()
+                        .flat_map(|r| r.informers.iter_mut())
+                        .for_each(|i| i.delayed_until = 0);
+                    continue;
+                }
+                if self.stalled.is_some() {
+                    // Nothing else can happen before the deposed leader's answer arrives.
+                    self.resume_stalled().await;
                     continue;
                 }
                 let deadline = self.last_world + self.h.quiet;
-                match self.life.timers.first_key_value() {
+                match self.reps[lead].life.timers.first_key_value() {
                     Some((&(at, _), _)) if at <= deadline => {
+                        // The electors' rounds are not skipped: a leader renews through a wait.
+                        let to = if self.h.election.is_some() {
+                            at.min(self.next_round)
+                        } else {
+                            at
+                        };
                         let now = Instant::now();
-                        if at > now {
-                            tokio::time::advance(at - now).await;
+                        if to > now {
+                            tokio::time::advance(to - now).await;
                         }
                         continue;
                     }
@@ -900,11 +1282,11 @@ where
             match kinds[self.rng.random_range(0..kinds.len())] {
                 0 => self.release(),
                 1 => {
-                    let i = deliverable[self.rng.random_range(0..deliverable.len())];
-                    self.deliver(i).await;
+                    let g = deliverable[self.rng.random_range(0..deliverable.len())];
+                    self.deliver(g).await;
                 }
                 2 => {
-                    let qi = self.rng.random_range(0..self.life.queue.len());
+                    let qi = self.rng.random_range(0..self.reps[lead].life.queue.len());
                     self.reconcile(qi).await;
                 }
                 _ => self.collect_garbage(orphans).await,
@@ -1129,12 +1511,7 @@ where
             0,
         ));
     }
-    let extent = Extent {
-        steps: base.steps,
-        writes: base.writes,
-        informers: h.watches.len(),
-        revisions: base.revisions,
-    };
+    let extent = extent_of(h, &base);
     let all: Vec<Schedule> = (0..schedules)
         .map(|i| sample(h.first_seed + i, h.kinds, h.max_faults, extent))
         .collect();
@@ -1154,6 +1531,18 @@ where
         return Err(err);
     }
     Ok(report)
+}
+
+/// The ranges a check draws faults from: the fault-free run's.
+fn extent_of<K, Ctx, E>(h: &Harness<K, Ctx, E>, base: &Outcome) -> Extent {
+    let replicas = if h.election.is_some() { 2 } else { 1 };
+    Extent {
+        steps: base.steps,
+        writes: base.writes,
+        informers: h.watches.len() * replicas,
+        revisions: base.revisions,
+        replicas,
+    }
 }
 
 /// What a passing schedule ran.
@@ -1254,7 +1643,15 @@ fn every_boundary(kinds: super::FaultKinds, extent: Extent) -> Vec<Fault> {
             }
         }
     }
+    if kinds.hand_over && extent.replicas > 1 {
+        for write in 1..=extent.writes {
+            out.push(Fault::HandOverAfterWrite { write, steps: 10 });
+        }
+    }
     for at in 1..=extent.steps {
+        if kinds.hand_over && extent.replicas > 1 {
+            out.push(Fault::HandOver { at });
+        }
         if kinds.crash {
             out.push(Fault::Crash {
                 at,
@@ -1331,12 +1728,7 @@ where
             seed,
         ));
     }
-    let extent = Extent {
-        steps: base.steps,
-        writes: base.writes,
-        informers: h.watches.len(),
-        revisions: base.revisions,
-    };
+    let extent = extent_of(h, &base);
     let all: Vec<Schedule> = every_boundary(h.kinds, extent)
         .into_iter()
         .map(|fault| Schedule {

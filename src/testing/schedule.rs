@@ -75,6 +75,23 @@ pub enum Fault {
         /// How many events again.
         events: u64,
     },
+    /// With a standby ([`Harness::leader_election`](super::Harness::leader_election)): before
+    /// step `at`, the leader is cut off from the server, its Lease runs out and the standby
+    /// takes over with what its own caches hold; the old leader is the standby from then on.
+    HandOver {
+        /// The step.
+        at: u64,
+    },
+    /// With a standby: the leader is cut off right after its `write`-th write reached the
+    /// server, in the middle of that reconcile (the answer and its Lease renewals are held
+    /// up). Its Lease runs out, the standby takes over and runs `steps` steps, then the
+    /// answer arrives and the deposed leader's reconcile goes on.
+    HandOverAfterWrite {
+        /// The write.
+        write: u64,
+        /// Steps the new leader runs before the old one's reconcile goes on.
+        steps: u64,
+    },
 }
 
 impl Fault {
@@ -84,8 +101,9 @@ impl Fault {
             Fault::Crash { at, .. }
             | Fault::Delay { at, .. }
             | Fault::Relist { at, .. }
-            | Fault::Duplicate { at, .. } => Some(at),
-            Fault::CrashAfterWrite { .. } => None,
+            | Fault::Duplicate { at, .. }
+            | Fault::HandOver { at } => Some(at),
+            Fault::CrashAfterWrite { .. } | Fault::HandOverAfterWrite { .. } => None,
         }
     }
 }
@@ -107,6 +125,11 @@ impl fmt::Display for Fault {
                     "informer {informer} gets its last {events} events again before step {at}"
                 )
             }
+            Fault::HandOver { at } => write!(f, "leader cut off before step {at}, the standby takes over"),
+            Fault::HandOverAfterWrite { write, steps } => write!(
+                f,
+                "leader cut off after write #{write}, the standby takes over and runs {steps} steps before the answer arrives"
+            ),
         }
     }
 }
@@ -126,6 +149,9 @@ pub struct FaultKinds {
     pub relist: bool,
     /// Events delivered again.
     pub duplicate: bool,
+    /// A leader hand-over to the standby, at a step or in the middle of a reconcile (only with
+    /// [`Harness::leader_election`](super::Harness::leader_election)).
+    pub hand_over: bool,
 }
 
 impl FaultKinds {
@@ -137,6 +163,7 @@ impl FaultKinds {
         delay: true,
         relist: true,
         duplicate: true,
+        hand_over: true,
     };
 }
 
@@ -178,6 +205,8 @@ pub(crate) struct Extent {
     pub writes: u64,
     pub informers: usize,
     pub revisions: u64,
+    /// Controller replicas (2 with a standby).
+    pub replicas: usize,
 }
 
 /// Draws schedule `seed`'s faults: 1 to `max_faults` of the enabled kinds, at steps and
@@ -192,10 +221,15 @@ pub(crate) fn sample(seed: u64, kinds: FaultKinds, max_faults: usize, extent: Ex
         (kinds.delay, 3),
         (kinds.relist, 4),
         (kinds.duplicate, 5),
+        (kinds.hand_over && extent.replicas > 1, 6),
     ] {
         if on {
             options.push(k);
         }
+    }
+    // With a standby, hand-overs are drawn twice as often: they are what its tests are for.
+    if kinds.hand_over && extent.replicas > 1 {
+        options.push(6);
     }
     let mut faults = Vec::new();
     if !options.is_empty() && max_faults > 0 {
@@ -234,6 +268,18 @@ pub(crate) fn sample(seed: u64, kinds: FaultKinds, max_faults: usize, extent: Ex
                     steps: rng.random_range(1..=(extent.steps / 4).clamp(2, MAX_DELAY_STEPS)),
                 },
                 4 => Fault::Relist { at, informer },
+                6 => {
+                    // Mostly in the middle of a reconcile, where a deposed leader can write on.
+                    if extent.writes > 0 && rng.random_bool(0.75) {
+                        Fault::HandOverAfterWrite {
+                            write: rng.random_range(1..=extent.writes),
+                            // The cut usually heals soon after the takeover.
+                            steps: rng.random_range(0..=5),
+                        }
+                    } else {
+                        Fault::HandOver { at }
+                    }
+                }
                 _ => Fault::Duplicate {
                     at,
                     informer,

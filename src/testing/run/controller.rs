@@ -70,7 +70,7 @@ where
         let build = self.h.controller.clone()?;
         {
             let mut sh = lock(&self.shared);
-            sh.read.clear();
+            sh.reads.iter_mut().for_each(std::collections::HashMap::clear);
             sh.crashed = false;
             // The old process's requests and watches died with it.
             sh.inflight = 0;
@@ -109,6 +109,8 @@ where
             InProcess {
                 sim: self.sim.clone(),
                 shared: self.shared.clone(),
+                replica: 0,
+                elector: false,
             },
             "default",
         );
@@ -116,6 +118,7 @@ where
             client: client.clone(),
             stores: std::collections::HashMap::new(),
             db: Some(db.clone()),
+            leadership: crate::leader::Leadership::from(tokio::sync::watch::channel(true).1),
         };
         let ctx = Arc::new((self.h.context)(&env));
         let (queue, mut stream) = build(&db, client, ctx);
