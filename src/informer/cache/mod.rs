@@ -346,19 +346,8 @@ where
         // A handler registered while this load ran (a reload: the table was not serving) was
         // told nothing yet: its initial list is the whole new table, not what changed.
         let (fresh, told): (Vec<_>, Vec<_>) = listeners.iter().cloned().partition(|l| l.take_initial());
-        for (key, e) in st.objects.iter() {
-            for l in &fresh {
-                l.changed(&listener::Change {
-                    key,
-                    before: None,
-                    after: Some(e),
-                    deleted: None,
-                    final_state_unknown: false,
-                    initial: true,
-                    resync: false,
-                    seq: position,
-                });
-            }
+        for l in &fresh {
+            tell_initial_list(l, &st.objects, position);
         }
         for (key, before, after) in &changes {
             let deleted = after.is_none();
@@ -642,18 +631,7 @@ where
         let l = Arc::new(Listener::new(limit));
         let st = self.state.writing();
         if st.phase == Phase::Ready {
-            for (key, e) in st.objects.iter() {
-                l.changed(&listener::Change {
-                    key,
-                    before: None,
-                    after: Some(e),
-                    deleted: None,
-                    final_state_unknown: false,
-                    initial: true,
-                    resync: false,
-                    seq: st.position,
-                });
-            }
+            tell_initial_list(&l, &st.objects, st.position);
             if self.sync_seq.borrow().is_some_and(|s| st.position >= s) {
                 l.set_barrier();
             }
@@ -1076,6 +1054,22 @@ type Replaced<K> = (Option<Arc<Entry<K>>>, Option<Arc<Entry<K>>>);
 fn put_new<K>(objects: &mut Objects<K>, key: &ObjectKey, entry: Option<Arc<Entry<K>>>) -> Replaced<K> {
     let before = objects.put(key, entry);
     (before, objects.get(key).cloned())
+}
+
+/// Makes every object of `objects` pending for `l` as a synthetic add of its initial list.
+fn tell_initial_list<K>(l: &Listener<K>, objects: &Objects<K>, position: Seq) {
+    for (key, e) in objects.iter() {
+        l.changed(&listener::Change {
+            key,
+            before: None,
+            after: Some(e),
+            deleted: None,
+            final_state_unknown: false,
+            initial: true,
+            resync: false,
+            seq: position,
+        });
+    }
 }
 
 /// Reading an object's current metadata, whatever the cache's type.
