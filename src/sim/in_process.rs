@@ -2,11 +2,13 @@
 //! socket and no runtime of its own, deterministic uids and clock, and direct reads of the
 //! history (the harness delivers events itself instead of over watches).
 
+use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
+use bytes::Bytes;
 use serde_json::Value;
 
-use super::store::{Deterministic, State, Window};
+use super::store::{Deterministic, Obj, State, Window};
 use super::{AtomicCounters, Faults, Result, Shared, Sim, SimConfig, SimError};
 
 /// One event of the server's history, as the harness's informers deliver it.
@@ -18,6 +20,44 @@ pub(crate) struct HistoryEvent {
     pub kind: &'static str,
     /// The object as stored (for DELETED, its final state).
     pub object: Arc<Value>,
+}
+
+/// The newest object versions parsed, by revision: the harness reads a version when an
+/// informer delivers it, when the collector and the invariants look at it, and when a write
+/// answers with it; each is parsed once. An entry holds the serialized bytes it was parsed
+/// from, so a revision naming another version (after a restore) is parsed again.
+#[derive(Debug, Default)]
+pub(crate) struct ParsedVersions {
+    by_rv: BTreeMap<u64, (Bytes, Arc<Value>)>,
+}
+
+impl ParsedVersions {
+    /// Versions kept: the harness reads versions close to the newest revision.
+    const KEEP: usize = 4096;
+
+    /// `obj` parsed.
+    pub(crate) fn of(&mut self, obj: &Obj) -> Arc<Value> {
+        if let Some((full, v)) = self.by_rv.get(&obj.rv) {
+            if same_bytes(full, &obj.full) {
+                return v.clone();
+            }
+        }
+        let v = Arc::new(obj.value());
+        self.remember(obj.rv, obj.full.clone(), v.clone());
+        v
+    }
+
+    fn remember(&mut self, rv: u64, full: Bytes, v: Arc<Value>) {
+        self.by_rv.insert(rv, (full, v));
+        if self.by_rv.len() > Self::KEEP {
+            self.by_rv.pop_first();
+        }
+    }
+}
+
+/// Whether two `Bytes` are one buffer (a version's bytes are shared, never copied).
+fn same_bytes(a: &Bytes, b: &Bytes) -> bool {
+    a.as_ptr() == b.as_ptr() && a.len() == b.len()
 }
 
 impl Sim {
@@ -76,7 +116,7 @@ impl Sim {
 
     /// The events of `resource` after revision `after`, oldest first (at most `max`).
     pub(crate) fn events_after(&self, resource: &str, after: u64, max: usize) -> Result<Vec<HistoryEvent>> {
-        let st = self.shared.lock();
+        let mut st = self.shared.lock();
         let res = self.resource(&st, resource)?;
         if after < st.compact_rv {
             return Err(SimError::Api {
@@ -86,17 +126,41 @@ impl Sim {
             });
         }
         let i = st.history.partition_point(|e| e.rv <= after);
-        Ok(st
+        let found: Vec<(u64, &'static str, Arc<Obj>)> = st
             .history
             .range(i..)
             .filter(|e| e.res == res)
             .take(max)
-            .map(|e| HistoryEvent {
-                rv: e.rv,
-                kind: e.kind.as_str(),
-                object: Arc::new(e.obj.value()),
+            .map(|e| (e.rv, e.kind.as_str(), e.obj.clone()))
+            .collect();
+        Ok(found
+            .into_iter()
+            .map(|(rv, kind, obj)| HistoryEvent {
+                rv,
+                kind,
+                object: st.parsed.of(&obj),
             })
             .collect())
+    }
+
+    /// One object, parsed once per version (see [`get`](Self::get)).
+    pub(crate) fn get_parsed(&self, resource: &str, ns: Option<&str>, name: &str) -> Result<Arc<Value>> {
+        let mut st = self.shared.lock();
+        let res = self.resource(&st, resource)?;
+        let obj = st.get(res, ns, name)?;
+        Ok(st.parsed.of(&obj))
+    }
+
+    /// Remembers a version the harness parsed from a write's answer (`full`, the answer's
+    /// bytes): delivering it parses nothing when they are the stored version's.
+    pub(crate) fn remember_parsed(&self, full: &Bytes, v: &Arc<Value>) {
+        let rv = v
+            .pointer("/metadata/resourceVersion")
+            .and_then(Value::as_str)
+            .and_then(|s| s.parse().ok());
+        if let Some(rv) = rv {
+            self.shared.lock().parsed.remember(rv, full.clone(), v.clone());
+        }
     }
 
     /// What the harness's garbage collector must look at after revision `after`: the objects
@@ -104,8 +168,11 @@ impl Sim {
     /// objects created or changed since that name owners (their owners may be gone already),
     /// with their resource.
     #[allow(clippy::type_complexity)]
-    pub(crate) fn gc_changes_since(&self, after: u64) -> (Vec<(String, Option<String>, String)>, Vec<(String, Value)>) {
-        let st = self.shared.lock();
+    pub(crate) fn gc_changes_since(
+        &self,
+        after: u64,
+    ) -> (Vec<(String, Option<String>, String)>, Vec<(String, Arc<Value>)>) {
+        let mut st = self.shared.lock();
         let i = st.history.partition_point(|e| e.rv <= after);
         let mut deleted = Vec::new();
         let mut owning = Vec::new();
@@ -117,11 +184,12 @@ impl Sim {
                     deleted.push((res(), ns, e.obj.name.clone()));
                 }
                 _ if memchr::memmem::find(&e.obj.full, b"\"ownerReferences\"").is_some() => {
-                    owning.push((res(), e.obj.value()));
+                    owning.push((res(), e.obj.clone()));
                 }
                 _ => {}
             }
         }
+        let owning = owning.into_iter().map(|(r, o)| (r, st.parsed.of(&o))).collect();
         (deleted, owning)
     }
 
@@ -147,8 +215,8 @@ impl Sim {
 
     /// The objects of `resource` at revision `rv` (the current state when `rv` is the current
     /// revision), in key order; 410 when the history no longer reaches back to `rv`.
-    pub(crate) fn objects_at(&self, resource: &str, rv: u64) -> Result<Vec<Value>> {
-        let st = self.shared.lock();
+    pub(crate) fn objects_at(&self, resource: &str, rv: u64) -> Result<Vec<Arc<Value>>> {
+        let mut st = self.shared.lock();
         let res = self.resource(&st, resource)?;
         if rv < st.compact_rv || rv > st.rv {
             return Err(SimError::Api {
@@ -157,6 +225,7 @@ impl Sim {
                 message: format!("no state at resource version {rv}"),
             });
         }
-        Ok(st.snapshot_iter(res, rv, "", "").map(|o| o.value()).collect())
+        let objects: Vec<Arc<Obj>> = st.snapshot_iter(res, rv, "", "").collect();
+        Ok(objects.iter().map(|o| st.parsed.of(o)).collect())
     }
 }

@@ -261,6 +261,19 @@ impl Sim {
             .ok_or_else(|| SimError::UnknownResource(resource.to_string()))
     }
 
+    /// An object version as returned to callers (see [`State::value_of`]).
+    fn value_of(&self, obj: &store::Obj) -> Value {
+        #[cfg(feature = "testing")]
+        {
+            let mut st = self.shared.lock();
+            if st.deterministic.is_some() {
+                return st.value_of(obj);
+            }
+        }
+        // Parsed outside the lock.
+        obj.value()
+    }
+
     fn write<T>(&self, f: impl FnOnce(&mut State) -> Result<T>) -> Result<T> {
         let mut st = self.shared.lock();
         st.server_write = true;
@@ -275,12 +288,12 @@ impl Sim {
     /// Create an object of `resource` (plural, or `plural.group`) in namespace `ns`; returns
     /// it as stored (uid, creationTimestamp and resourceVersion set).
     pub fn create(&self, resource: &str, ns: Option<&str>, object: Value) -> Result<Value> {
-        // JSON is parsed back outside the lock
+        // JSON is parsed back outside the lock (see `value_of`)
         self.write(|st| {
             let res = self.resource(st, resource)?;
             Ok(st.create(res, ns, object)?)
         })
-        .map(|o| o.value())
+        .map(|o| self.value_of(&o))
     }
 
     /// Replace an object (a `resourceVersion` in the body is a precondition).
@@ -294,7 +307,7 @@ impl Sim {
             let res = self.resource(st, resource)?;
             Ok(st.update(res, ns, &name, object, false)?)
         })
-        .map(|o| o.value())
+        .map(|o| self.value_of(&o))
     }
 
     /// Apply a JSON merge patch to an object.
@@ -303,7 +316,7 @@ impl Sim {
             let res = self.resource(st, resource)?;
             Ok(st.patch(res, ns, name, patch, false)?)
         })
-        .map(|o| o.value())
+        .map(|o| self.value_of(&o))
     }
 
     /// Apply a JSON merge patch to an object's status (the `/status` subresource).
@@ -312,7 +325,7 @@ impl Sim {
             let res = self.resource(st, resource)?;
             Ok(st.patch(res, ns, name, patch, true)?)
         })
-        .map(|o| o.value())
+        .map(|o| self.value_of(&o))
     }
 
     /// A template of an object's current state whose resourceVersion and the value of
@@ -350,14 +363,15 @@ impl Sim {
             let res = self.resource(st, resource)?;
             Ok(st.delete(res, ns, name)?.0)
         })
-        .map(|o| o.value())
+        .map(|o| self.value_of(&o))
     }
 
     /// Read one object.
     pub fn get(&self, resource: &str, ns: Option<&str>, name: &str) -> Result<Value> {
-        let st = self.shared.lock();
+        let mut st = self.shared.lock();
         let res = self.resource(&st, resource)?;
-        Ok(st.get(res, ns, name)?.value())
+        let obj = st.get(res, ns, name)?;
+        Ok(st.value_of(&obj))
     }
 
     /// Create many objects under one lock (each still gets its own revision and event);

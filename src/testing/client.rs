@@ -39,9 +39,44 @@ pub(crate) fn rv_of(v: &Value) -> u64 {
         .unwrap_or(0)
 }
 
+/// A run's trace: its lines in one buffer, each ended by a newline.
+#[derive(Default)]
+pub(crate) struct Trace {
+    text: String,
+    /// Where each line starts (a line may hold newlines of its own).
+    starts: Vec<usize>,
+}
+
+impl Trace {
+    pub(crate) fn push(&mut self, line: impl std::fmt::Display) {
+        use std::fmt::Write as _;
+        self.starts.push(self.text.len());
+        let _ = writeln!(self.text, "{line}");
+    }
+
+    /// The last `n` lines.
+    pub(crate) fn tail(&self, n: usize) -> Vec<String> {
+        let from = self.starts.len().saturating_sub(n);
+        let ends = self.starts.iter().skip(from + 1).copied().chain([self.text.len()]);
+        self.starts[from..]
+            .iter()
+            .zip(ends)
+            .map(|(&s, e)| self.text.get(s..e - 1).unwrap_or_default().to_string())
+            .collect()
+    }
+
+    /// The whole trace (a newline alone when it is empty, as the lines joined were).
+    pub(crate) fn take(&mut self) -> String {
+        match std::mem::take(&mut self.text) {
+            t if t.is_empty() => "\n".to_string(),
+            t => t,
+        }
+    }
+}
+
 /// State shared by the run loop and the client service of one schedule.
 pub(crate) struct RunShared {
-    pub trace: Vec<String>,
+    pub trace: Trace,
     /// Per replica and controller lifetime: the version of each object the controller last
     /// read (what its informer cache holds, or a later GET/LIST answer).
     pub reads: Vec<HashMap<String, Arc<Value>>>,
@@ -97,7 +132,7 @@ pub(crate) struct LeaseName {
 impl RunShared {
     pub(crate) fn new(invariants: Arc<Vec<Invariant>>, check_lost_updates: bool) -> Self {
         Self {
-            trace: Vec::new(),
+            trace: Trace::default(),
             reads: vec![HashMap::new()],
             own: HashMap::new(),
             writes: 0,
@@ -388,14 +423,18 @@ impl InProcess {
         // The state before the write: only the lost-update check needs it.
         let unguarded = matches!(method, Method::PUT | Method::PATCH) && !precondition;
         let before = match (&target, unguarded && lock(&self.shared).check_lost_updates) {
-            (Some((res, ns, Some(name))), true) => self.sim.get(res, ns.as_deref(), name).ok(),
+            (Some((res, ns, Some(name))), true) => self.sim.get_parsed(res, ns.as_deref(), name).ok(),
             _ => None,
         };
         let resp = self.sim.handle(Request::from_parts(parts, Full::new(body))).await;
         let (rparts, rbody) = resp.into_parts();
         let rbytes = rbody.collect().await.map(|b| b.to_bytes()).unwrap_or_default();
         let code = rparts.status.as_u16();
-        let mut answer: Option<Value> = serde_json::from_slice(&rbytes).ok();
+        let mut answer: Option<Arc<Value>> = serde_json::from_slice(&rbytes).ok().map(Arc::new);
+        if let (true, Some(a)) = (write && (200..300).contains(&code), &answer) {
+            // The stored version itself: its delivery need not parse it again.
+            self.sim.remember_parsed(&rbytes, a);
+        }
         let (crash, stall) = {
             let mut sh = lock(&self.shared);
             let ok = (200..300).contains(&code);
@@ -409,7 +448,7 @@ impl InProcess {
                             "{r} {}{}",
                             ns.as_deref().map(|n| format!("{n}/")).unwrap_or_default(),
                             name.clone()
-                                .or_else(|| named(answer.as_ref().filter(|_| ok), "/metadata/name"))
+                                .or_else(|| named(answer.as_deref().filter(|_| ok), "/metadata/name"))
                                 .or_else(|| named(sent.as_ref(), "/metadata/name"))
                                 .or_else(|| named(sent.as_ref(), "/metadata/generateName").map(|g| g + "*"))
                                 .unwrap_or_default()
@@ -417,7 +456,7 @@ impl InProcess {
                     })
                     .unwrap_or_else(|| path.clone());
                 let status = if path.ends_with("/status") { " (status)" } else { "" };
-                let rv = answer.as_ref().filter(|_| ok).map(rv_of).unwrap_or(0);
+                let rv = answer.as_deref().filter(|_| ok).map(rv_of).unwrap_or(0);
                 let by = match &sh.lease {
                     Some(l) => format!(" by {}", short(&l.identities, me)),
                     None => String::new(),
@@ -452,7 +491,7 @@ impl InProcess {
                                 }
                             }
                         }
-                        sh.own.insert(key, Arc::new(after));
+                        sh.own.insert(key, after);
                     }
                     check_invariants(&self.sim, &mut sh, &format!("write #{n}"));
                 }
@@ -476,7 +515,7 @@ impl InProcess {
             } else {
                 if let (true, Some((res, _, name)), Some(a)) = (ok && method == Method::GET, &target, &answer) {
                     if name.is_some() {
-                        sh.saw(me, key_of_value(res, a), Arc::new(a.clone()));
+                        sh.saw(me, key_of_value(res, a), a.clone());
                     } else if let Some(items) = a.get("items").and_then(Value::as_array) {
                         for it in items {
                             sh.saw(me, key_of_value(res, it), Arc::new(it.clone()));

@@ -428,7 +428,7 @@ where
         let ms = (Instant::now() - self.start).as_millis();
         lock(&self.shared)
             .trace
-            .push(format!("[{:>5} {ms:>8}ms] {line}", self.step));
+            .push(format_args!("[{:>5} {ms:>8}ms] {line}", self.step));
     }
 
     fn failed(&self) -> bool {
@@ -496,7 +496,7 @@ where
                 };
                 inf.db = objects
                     .into_iter()
-                    .map(|o| (key_of_value(&inf.spec.resource, &o), Arc::new(o)))
+                    .map(|o| (key_of_value(&inf.spec.resource, &o), o))
                     .collect();
                 inf.cursor = rv;
                 inf.next = None;
@@ -617,7 +617,7 @@ where
         let objects = self.sim.objects_at(&inf.spec.resource, rv).unwrap_or_default();
         inf.db = objects
             .into_iter()
-            .map(|o| (key_of_value(&inf.spec.resource, &o), Arc::new(o)))
+            .map(|o| (key_of_value(&inf.spec.resource, &o), o))
             .collect();
         inf.cursor = rv;
         inf.next = None;
@@ -819,7 +819,10 @@ where
             let (Some(res), Some(name)) = (owner_resource(r), r.get("name").and_then(Value::as_str)) else {
                 continue;
             };
-            let owner = self.sim.get(&res, ns, name).or_else(|_| self.sim.get(&res, None, name));
+            let owner = self
+                .sim
+                .get_parsed(&res, ns, name)
+                .or_else(|_| self.sim.get_parsed(&res, None, name));
             if let Some(uid) = owner.ok().and_then(|o| o.pointer("/metadata/uid").cloned()) {
                 r["uid"] = uid;
             }
@@ -876,7 +879,7 @@ where
 
     /// Whether an object exists, is not terminating, and has owners that are all gone.
     fn is_orphan(&self, (res, ns, name): &Dependent) -> bool {
-        let Ok(o) = self.sim.get(res, ns.as_deref(), name) else {
+        let Ok(o) = self.sim.get_parsed(res, ns.as_deref(), name) else {
             return false;
         };
         if o.pointer("/metadata/deletionTimestamp").is_some() {
@@ -1353,10 +1356,10 @@ where
             self.sim.current_rv()
         ));
         let mut sh = lock(&self.shared);
-        let mut trace = sh.trace.join("\n");
-        trace.push('\n');
+        let tail = sh.failure.is_some().then(|| sh.trace.tail(TAIL));
+        let trace = sh.trace.take();
         let failure = sh.failure.take().map(|mut f| {
-            f.trace_tail = sh.trace.iter().rev().take(TAIL).rev().cloned().collect();
+            f.trace_tail = tail.unwrap_or_default();
             f
         });
         Outcome {

@@ -558,7 +558,8 @@ fn patch(
                 .map_err(|e| ApiError::bad_request(format!("error decoding patch: {e}")))?;
             let raw = p.as_array().cloned().unwrap_or_default();
             write(shared, |st| {
-                let mut v = st.get(t.res, t.ns.as_deref(), name)?.value();
+                let current = st.get(t.res, t.ns.as_deref(), name)?;
+                let mut v = st.value_of(&current);
                 for (op, raw) in ops.0.iter().zip(&raw) {
                     // The real server's JSON patch lets `test` of null pass on an absent
                     // field (kube's finalizer helper relies on it); json-patch does not.

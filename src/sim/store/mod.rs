@@ -75,6 +75,9 @@ pub(crate) struct State {
     /// a counter and a clock it sets instead of randomness and the wall clock, so two runs
     /// of one schedule store the same bytes.
     pub deterministic: Option<Deterministic>,
+    /// Object versions parsed for the harness, which reads each one several times.
+    #[cfg(feature = "testing")]
+    pub parsed: super::in_process::ParsedVersions,
 }
 
 /// The harness's source of uids, generated names and the current time.
@@ -121,6 +124,8 @@ impl State {
             server_write: false,
             cache_rv: vec![1; n],
             deterministic: None,
+            #[cfg(feature = "testing")]
+            parsed: Default::default(),
         }
     }
 
@@ -157,9 +162,14 @@ impl State {
 
     /// Find a resource by plural, `plural.group`, or (group, version, plural).
     pub fn find(&self, name: &str) -> Option<usize> {
-        self.resources
-            .iter()
-            .position(|d| d.plural == name || format!("{}.{}", d.plural, d.group) == name)
+        self.resources.iter().position(|d| {
+            // `plural.group` compared in place: lookups are on the harness's hot path.
+            d.plural == name
+                || name
+                    .strip_prefix(d.plural.as_str())
+                    .and_then(|rest| rest.strip_prefix('.'))
+                    == Some(d.group.as_str())
+        })
     }
 
     pub fn find_gvr(&self, group: &str, version: &str, plural: &str) -> Option<usize> {
@@ -334,7 +344,7 @@ impl State {
                 return Err(ApiError::conflict(&def, name));
             }
         }
-        let old_v = old.value();
+        let old_v = self.value_of(&old);
         let mut new_v = if status_only {
             let mut base = old_v.clone();
             if let (Some(b), Some(s)) = (base.as_object_mut(), v.get("status")) {
@@ -380,7 +390,7 @@ impl State {
                 return Err(ApiError::conflict(&def, name));
             }
         }
-        let old_v = old.value();
+        let old_v = self.value_of(&old);
         let mut new_v = old_v.clone();
         if status_only {
             if let Some(s) = patch.get("status") {
@@ -498,7 +508,7 @@ impl State {
     pub fn delete(&mut self, res: usize, ns: Option<&str>, name: &str) -> Result<(Arc<Obj>, bool), ApiError> {
         let (def, key, old) = self.stored(res, ns, name)?;
         let rv = self.rv + 1;
-        let mut v = old.value();
+        let mut v = self.value_of(&old);
         let meta = meta_mut(&mut v)?;
         if !finalizers(meta.get("finalizers")).is_empty() {
             if meta.contains_key("deletionTimestamp") {
@@ -527,6 +537,16 @@ impl State {
         self.rv = rv;
         self.push_event(res, EventKind::Deleted, obj.clone(), Some(old));
         Ok((obj, false))
+    }
+
+    /// An object version parsed: a copy of the harness's parsed version on the in-process
+    /// server (cheaper than parsing again), parsed otherwise.
+    pub fn value_of(&mut self, obj: &Obj) -> Value {
+        #[cfg(feature = "testing")]
+        if self.deterministic.is_some() {
+            return (*self.parsed.of(obj)).clone();
+        }
+        obj.value()
     }
 
     pub fn get(&self, res: usize, ns: Option<&str>, name: &str) -> Result<Arc<Obj>, ApiError> {
