@@ -40,7 +40,9 @@
 //! peak RSS, ours' database bytes per object), restart, relist with 1% changed, and the
 //! ingest rate of a burst of updates through each system's reflector to its handler. A system
 //! whose peak RSS, extrapolated from a smaller N of the same run, would not fit in the memory
-//! available is reported as not run, with the estimate.
+//! available is reported as not run, with the estimate. `BENCH_SCALE_COLD_ONLY_FROM=N` runs
+//! only the peers' cold sync from that N on (their restart and relist are each a full list
+//! again, as the smaller N show).
 //!
 //! Prints a table per N (median and min–max over the repetitions, ratios of the medians ours /
 //! each peer) and writes, into a directory of its own per run (`BENCH_OUT`, default
@@ -131,6 +133,9 @@ struct Cfg {
     huge: Option<usize>,
     /// The large-cluster table's sizes (`BENCH_SCALE`).
     scale: Vec<usize>,
+    /// From this N on, the peers run only the cold sync of the large-cluster table
+    /// (`BENCH_SCALE_COLD_ONLY_FROM`): their restart and relist are each a full list again.
+    scale_cold_only_from: Option<usize>,
     memory_only: bool,
     /// The parts to run (`BENCH_ONLY`); every part when empty.
     only: Vec<String>,
@@ -228,6 +233,7 @@ fn config() -> Res<Cfg> {
         sizes,
         huge,
         scale,
+        scale_cold_only_from: env_usize("BENCH_SCALE_COLD_ONLY_FROM")?,
         memory_only: env_flag("BENCH_MEMORY_ONLY"),
         only: parse_only()?,
         ladder,
@@ -965,7 +971,12 @@ fn write_charts(
                     "MiB",
                     line(&|f| Some(f.cold.peak_mib)),
                 ),
-                panel("restart → synced".into(), n_axis, "s", line(&|f| Some(f.restart.secs))),
+                panel(
+                    "restart → synced".into(),
+                    n_axis,
+                    "s",
+                    line(&|f| f.restart.map(|r| r.secs)),
+                ),
                 panel(
                     "ingest: a burst through the reflector".into(),
                     n_axis,
@@ -1104,9 +1115,10 @@ struct IngestFig {
 #[derive(Debug, Clone, serde::Serialize)]
 struct ScaleFigures {
     cold: SyncFig,
-    restart: SyncFig,
+    /// `None`: not run (`BENCH_SCALE_COLD_ONLY_FROM`).
+    restart: Option<SyncFig>,
     /// After 1% changed while down and the history compacted.
-    relist: SyncFig,
+    relist: Option<SyncFig>,
     changed: u64,
     /// Ours: the database file after the cold sync, per object.
     disk_bytes_per_object: Option<f64>,
@@ -1221,6 +1233,17 @@ fn scale_system(
     let disk_bytes_per_object = (sys == Sys::Ours)
         .then(|| std::fs::metadata(&db).map(|m| m.len() as f64 / n as f64))
         .transpose()?;
+    if sys != Sys::Ours && cfg.scale_cold_only_from.is_some_and(|from| n >= from) {
+        eprintln!("N = {n}, {}: cold sync only (BENCH_SCALE_COLD_ONLY_FROM)", sys.label());
+        return Ok(ScaleFigures {
+            cold: SyncFig::of(cold, n),
+            restart: None,
+            relist: None,
+            changed: 0,
+            disk_bytes_per_object,
+            ingest: None,
+        });
+    }
     eprintln!("N = {n}, {}: restart (child)...", sys.label());
     let restart = sync_child(cfg, sys, &url, n, &db, true)?;
     eprintln!("N = {n}, {}: ingest burst of {} updates...", sys.label(), BURST.min(n));
@@ -1232,8 +1255,8 @@ fn scale_system(
     let _ = std::fs::remove_file(&db);
     Ok(ScaleFigures {
         cold: SyncFig::of(cold, n),
-        restart: SyncFig::of(restart, n),
-        relist: SyncFig::of(relist, n),
+        restart: Some(SyncFig::of(restart, n)),
+        relist: Some(SyncFig::of(relist, n)),
         changed,
         disk_bytes_per_object,
         ingest: Some(ingest),
@@ -1294,6 +1317,14 @@ fn run_scale(cfg: &Cfg, n: usize, earlier: &[ScaleResult]) -> Res<ScaleResult> {
     })
 }
 
+/// A ratio of two optional figures, blank when either was not measured.
+fn both(a: Option<SyncFig>, b: Option<SyncFig>, f: impl Fn(SyncFig, SyncFig) -> f64) -> String {
+    match (a, b) {
+        (Some(a), Some(b)) => fmt(f(a, b)),
+        _ => String::new(),
+    }
+}
+
 fn print_scale(results: &[ScaleResult]) {
     println!("\n### Large clusters: one system at a time, child processes, one run\n");
     println!(
@@ -1311,10 +1342,10 @@ fn print_scale(results: &[ScaleResult]) {
                     fmt(f.cold.secs),
                     fmt(f.cold.objects_per_sec),
                     fmt(f.cold.peak_mib),
-                    fmt(f.restart.secs),
-                    fmt(f.restart.peak_mib),
+                    f.restart.map_or("–".into(), |r| fmt(r.secs)),
+                    f.restart.map_or("–".into(), |r| fmt(r.peak_mib)),
                     f.disk_bytes_per_object.map_or("–".into(), fmt),
-                    fmt(f.relist.secs),
+                    f.relist.map_or("–".into(), |r| fmt(r.secs)),
                     f.ingest.map_or("–".into(), |i| format!(
                         "{} (producer {})",
                         fmt(i.events_per_sec),
@@ -1341,9 +1372,9 @@ fn print_scale(results: &[ScaleResult]) {
                 fmt(ratio(ours.cold.secs, f.cold.secs)),
                 fmt(ratio(ours.cold.objects_per_sec, f.cold.objects_per_sec)),
                 fmt(ratio(ours.cold.peak_mib, f.cold.peak_mib)),
-                fmt(ratio(ours.restart.secs, f.restart.secs)),
-                fmt(ratio(ours.restart.peak_mib, f.restart.peak_mib)),
-                fmt(ratio(ours.relist.secs, f.relist.secs)),
+                both(ours.restart, f.restart, |a, b| ratio(a.secs, b.secs)),
+                both(ours.restart, f.restart, |a, b| ratio(a.peak_mib, b.peak_mib)),
+                both(ours.relist, f.relist, |a, b| ratio(a.secs, b.secs)),
                 match (ours.ingest, f.ingest) {
                     (Some(a), Some(b)) => fmt(ratio(a.events_per_sec, b.events_per_sec)),
                     _ => String::new(),

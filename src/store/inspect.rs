@@ -71,6 +71,7 @@ impl ReadOnlyStore {
             config: StoreConfig::new(&path),
             damaged_rows: std::sync::atomic::AtomicU64::new(0),
             memory: Arc::new(super::MemoryBudget::new(usize::MAX)),
+            fence: Arc::default(),
         });
         let found = migrate::read_version(&shared)?;
         let supported = migrate::LATEST;

@@ -104,7 +104,8 @@ mod tests {
 
     fn shared(path: &std::path::Path) -> Shared {
         let config = StoreConfig::new(path);
-        let db = crate::store::open_database(&config).unwrap();
+        let fence = Arc::default();
+        let db = crate::store::open_database(&config, &fence).unwrap();
         Shared {
             db: RwLock::new(Some(Arc::new(crate::store::DbHandle::Rw(db)))),
             path: path.to_owned(),
@@ -113,6 +114,7 @@ mod tests {
             config,
             damaged_rows: Default::default(),
             memory: Arc::new(crate::store::MemoryBudget::new(usize::MAX)),
+            fence,
         }
     }
 

@@ -38,6 +38,7 @@ mod check;
 mod codec;
 mod dict;
 mod error;
+mod fence;
 mod index;
 mod inspect;
 pub(crate) mod memory;
@@ -226,7 +227,11 @@ impl StoreConfig {
 
     /// How long a [deferred](Durability::Deferred) batch (every watch batch) may wait for the
     /// durable commit (fsync) that follows it (default [`DEFAULT_FSYNC_DELAY`], 10 ms; `None`:
-    /// deferred batches are fsynced before they are acknowledged or shown to anyone).
+    /// deferred batches are fsynced before they are acknowledged or shown to anyone). That
+    /// commit starts this long after the first deferred batch it covers, or when the previous
+    /// durable commit's fsync ends if that is later; its fsync runs off the writer thread, so
+    /// the batches that arrive meanwhile are committed and shown without waiting for the disk
+    /// (nothing reaches the file until that fsync has ended).
     ///
     /// Meanwhile the batch is committed, acknowledged, and shown to informers' caches, listers
     /// and volatile handlers; should the durable commit fail, they are told of a rollback and
@@ -434,66 +439,6 @@ impl StoreConfig {
     }
 }
 
-/// Forwards every call to the boxed backend a [`BackendWrapper`] returned (redb takes an
-/// `impl StorageBackend`, which a `Box<dyn StorageBackend>` is not).
-#[derive(Debug)]
-struct BoxedBackend(Box<dyn redb::StorageBackend>);
-
-impl redb::StorageBackend for BoxedBackend {
-    fn len(&self) -> Result<u64, std::io::Error> {
-        self.0.len()
-    }
-    fn read(&self, offset: u64, out: &mut [u8]) -> Result<(), std::io::Error> {
-        self.0.read(offset, out)
-    }
-    fn set_len(&self, len: u64) -> Result<(), std::io::Error> {
-        self.0.set_len(len)
-    }
-    fn sync_data(&self) -> Result<(), std::io::Error> {
-        self.0.sync_data()
-    }
-    fn write(&self, offset: u64, data: &[u8]) -> Result<(), std::io::Error> {
-        self.0.write(offset, data)
-    }
-    fn close(&self) -> Result<(), std::io::Error> {
-        self.0.close()
-    }
-    fn try_lock_range(
-        &self,
-        start: std::ops::Bound<u64>,
-        end: std::ops::Bound<u64>,
-    ) -> Result<bool, redb::BackendError> {
-        self.0.try_lock_range(start, end)
-    }
-    fn try_lock_shared_range(
-        &self,
-        start: std::ops::Bound<u64>,
-        end: std::ops::Bound<u64>,
-    ) -> Result<bool, redb::BackendError> {
-        self.0.try_lock_shared_range(start, end)
-    }
-    fn lock_range(&self, start: std::ops::Bound<u64>, end: std::ops::Bound<u64>) -> Result<(), redb::BackendError> {
-        self.0.lock_range(start, end)
-    }
-    fn lock_shared_range(
-        &self,
-        start: std::ops::Bound<u64>,
-        end: std::ops::Bound<u64>,
-    ) -> Result<(), redb::BackendError> {
-        self.0.lock_shared_range(start, end)
-    }
-    fn unlock_range(&self, start: std::ops::Bound<u64>, end: std::ops::Bound<u64>) -> Result<(), redb::BackendError> {
-        self.0.unlock_range(start, end)
-    }
-    fn query_lock_range(
-        &self,
-        start: std::ops::Bound<u64>,
-        end: std::ops::Bound<u64>,
-    ) -> Result<bool, redb::BackendError> {
-        self.0.query_lock_range(start, end)
-    }
-}
-
 /// How a handle shares its file with other processes. A writer opened with
 /// [`StoreConfig::live_inspection`] writes in redb's single-writer mode, where any number of
 /// [`ReadOnlyStore`]s in other processes read alongside it and a second writer is still refused
@@ -515,7 +460,7 @@ fn redb_cache_bytes(config: &StoreConfig) -> usize {
 }
 
 /// Opens (or creates, with mode 0600) the redb file of `config`, through its backend wrapper.
-fn open_database(config: &StoreConfig) -> Result<redb::Database, StoreError> {
+fn open_database(config: &StoreConfig, fence: &Arc<fence::Fence>) -> Result<redb::Database, StoreError> {
     let path = config.path.clone();
     let io = |source| StoreError::Io {
         path: path.clone(),
@@ -542,10 +487,12 @@ fn open_database(config: &StoreConfig) -> Result<redb::Database, StoreError> {
     builder.set_check_integrity_on_open(config.check_integrity);
     // redb may panic on a damaged file instead of returning an error; a damaged file must give
     // an error that names it, so the panic is caught here, at the one place files are opened.
-    let opened = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| match &config.backend_wrapper {
-        Some(WrapBackend(wrap)) => builder.create_with_backend(BoxedBackend(wrap(backend))),
-        None => builder.create_with_backend(backend),
-    }));
+    let backend: Box<dyn redb::StorageBackend> = match &config.backend_wrapper {
+        Some(WrapBackend(wrap)) => wrap(backend),
+        None => Box::new(backend),
+    };
+    let backend = fence::Fenced::new(backend, fence.clone());
+    let opened = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| builder.create_with_backend(backend)));
     match opened {
         Ok(Ok(db)) => Ok(db),
         Ok(Err(e)) => Err(classify_open(&path, e)),
@@ -626,6 +573,8 @@ pub(crate) struct Shared {
     pub(crate) damaged_rows: std::sync::atomic::AtomicU64,
     /// The object caches' shared budget ([`StoreConfig::memory_budget`]).
     pub(crate) memory: Arc<MemoryBudget>,
+    /// Lets the writer's periodic durable commit fsync in the background ([`fence`]).
+    pub(crate) fence: Arc<fence::Fence>,
 }
 
 impl Shared {
@@ -667,7 +616,11 @@ impl Shared {
                 }
             }
         }
-        let db = open_database(&self.config)?;
+        // The old file is closed (its backend waited for any fsync in flight): a failure it
+        // latched concerned that file only.
+        self.fence.settle();
+        self.fence.reset();
+        let db = open_database(&self.config, &self.fence)?;
         *self.db.writing() = Some(Arc::new(DbHandle::Rw(db)));
         Ok(())
     }
@@ -759,10 +712,12 @@ impl DurableStore {
             // Other processes see only durable commits: nothing may be deferred.
             config.fsync_delay = None;
         }
-        let db = open_database(&config)?;
+        let fence = Arc::new(fence::Fence::default());
+        let db = open_database(&config, &fence)?;
         let path = config.path.clone();
         let shared = Arc::new(Shared {
             db: std::sync::RwLock::new(Some(Arc::new(DbHandle::Rw(db)))),
+            fence,
             path,
             indexes: IndexRegistry::default(),
             dicts: dict::DictCache::default(),

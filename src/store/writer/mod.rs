@@ -457,6 +457,8 @@ pub(crate) fn spawn(
             garbage: RefCell::new(Vec::new()),
             reaper,
             poisoned: Cell::new(false),
+            pending_sync: Cell::new(None),
+            background_sync: Cell::new(false),
         },
         publisher,
         upkeep: background::Upkeep::new(config, pins.clone()),

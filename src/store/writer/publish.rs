@@ -196,9 +196,16 @@ impl Publisher {
         self.committed.send_replace(last);
     }
 
-    /// Everything up to `last` is on disk.
-    pub(super) fn durable(&self, last: Seq) {
-        self.durable.send_replace(last);
+    /// Everything up to `last` is on disk. Never moves back: a background fsync may finish
+    /// after a later durable commit was reported.
+    pub(super) fn durable_at_least(&self, last: Seq) {
+        self.durable.send_if_modified(|d| {
+            let newer = last > *d;
+            if newer {
+                *d = last;
+            }
+            newer
+        });
     }
 
     /// A reader of `scope`'s stream, at its end (between two groups: the caller takes a read

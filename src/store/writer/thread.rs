@@ -10,6 +10,7 @@ use redb::WriteTransaction;
 use tokio::sync::oneshot;
 
 use super::super::codec::Compression;
+use super::super::fence::SyncState;
 use super::super::read::Snapshot;
 use super::super::schema::{IndexName, ScopeId, Seq, META, META_LAST_SEQ};
 use super::super::{Shared, StoreError};
@@ -62,6 +63,20 @@ pub(super) struct GroupCommit {
     /// An I/O error happened: redb refuses every later operation ("Previous I/O error
     /// occurred") until the database is reopened, which the next group does first.
     pub(super) poisoned: Cell<bool>,
+    /// The periodic durable commit's fsync running in the background (`store::fence`): its
+    /// number, and the seq that is on disk once it finishes.
+    pub(super) pending_sync: Cell<Option<(u64, Seq)>>,
+    /// The group being committed is the periodic durable commit, whose fsync may run in the
+    /// background.
+    pub(super) background_sync: Cell<bool>,
+}
+
+/// What the writer's wait for its next command ended with.
+enum Next {
+    Command(Command),
+    /// The timeout passed, or a background fsync finished.
+    Woken,
+    Disconnected,
 }
 
 /// What a group let go of, kept until the group is done and then freed by the reaper.
@@ -134,14 +149,17 @@ impl WriterThread {
         // not wait for someone to write first.
         let mut retry = RETRY_FIRST;
         while !stop {
-            // Deferred batches wait at most `fsync_delay` for their durable commit.
+            self.poll_sync();
+            // Deferred batches wait `fsync_delay` for their durable commit, and for the
+            // previous one's fsync to finish (until then they are on their way to disk with it).
             let due_in = self
                 .commit
                 .fsync_due
                 .get()
+                .filter(|_| self.commit.pending_sync.get().is_none())
                 .map(|due| due.saturating_duration_since(std::time::Instant::now()));
             if due_in == Some(std::time::Duration::ZERO) && !self.commit.poisoned.get() {
-                self.flush_deferred();
+                self.flush_deferred(true);
                 continue;
             }
             let first = if self.commit.poisoned.get() {
@@ -159,7 +177,8 @@ impl WriterThread {
                     }
                     Err(RecvTimeoutError::Disconnected) => break,
                 }
-            } else if self.has_background_work() {
+            } else if self.has_background_work() && self.commit.pending_sync.get().is_none() {
+                // (Not while a background fsync runs: its writes would wait for it.)
                 // Background work (compaction, backfill) runs while nothing is queued.
                 retry = RETRY_FIRST;
                 match self.commit.rx.try_recv() {
@@ -173,25 +192,26 @@ impl WriterThread {
             } else if let Some(poll) = self.idle_poll() {
                 // Entries age while nothing is written: look at them now and then.
                 retry = RETRY_FIRST;
-                match self.commit.rx.recv_timeout(due_in.map_or(poll, |d| d.min(poll))) {
-                    Ok(cmd) => cmd,
-                    Err(RecvTimeoutError::Timeout) => {
-                        self.idle_tick();
+                let poll = due_in.map_or(poll, |d| d.min(poll));
+                let started = std::time::Instant::now();
+                match self.next_command(Some(poll)) {
+                    Next::Command(cmd) => cmd,
+                    Next::Woken => {
+                        // An idle tick writes: not while a background fsync runs.
+                        if started.elapsed() >= poll && self.commit.pending_sync.get().is_none() {
+                            self.idle_tick();
+                        }
                         continue;
                     }
-                    Err(RecvTimeoutError::Disconnected) => break,
-                }
-            } else if let Some(due_in) = due_in {
-                retry = RETRY_FIRST;
-                match self.commit.rx.recv_timeout(due_in) {
-                    Ok(cmd) => cmd,
-                    Err(RecvTimeoutError::Timeout) => continue,
-                    Err(RecvTimeoutError::Disconnected) => break,
+                    Next::Disconnected => break,
                 }
             } else {
                 retry = RETRY_FIRST;
-                let Ok(cmd) = self.commit.rx.recv() else { break };
-                cmd
+                match self.next_command(due_in) {
+                    Next::Command(cmd) => cmd,
+                    Next::Woken => continue,
+                    Next::Disconnected => break,
+                }
             };
             let mut group = vec![first];
             let (mut n, mut bytes) = group[0].weight();
@@ -216,17 +236,65 @@ impl WriterThread {
                 self.after_group(appended);
             }
         }
+        if self.commit.pending_sync.get().is_some() {
+            self.shared.fence.settle();
+            self.poll_sync();
+        }
         if self.commit.fsync_due.get().is_some() && !self.commit.poisoned.get() {
-            self.flush_deferred();
+            self.flush_deferred(false);
         }
         self.scope_life_close();
         self.abandon_background_work();
     }
 
-    /// The durable commit that deferred batches wait for (an empty durable group).
-    fn flush_deferred(&self) {
+    /// Waits for the next command, at most `timeout`, waking early when a background fsync
+    /// finishes (so its commit is reported durable at once).
+    fn next_command(&self, timeout: Option<std::time::Duration>) -> Next {
+        let never = crossbeam_channel::never();
+        let woken = if self.commit.pending_sync.get().is_some() {
+            self.shared.fence.woken()
+        } else {
+            &never
+        };
+        let deadline = timeout.map_or_else(crossbeam_channel::never, crossbeam_channel::after);
+        crossbeam_channel::select! {
+            recv(self.commit.rx) -> cmd => match cmd {
+                Ok(cmd) => Next::Command(cmd),
+                Err(_) => Next::Disconnected,
+            },
+            recv(woken) -> _ => Next::Woken,
+            recv(deadline) -> _ => Next::Woken,
+        }
+    }
+
+    /// Reports the periodic durable commit durable once its background fsync finished; a
+    /// failed one poisons the database like a failed commit (the next group reopens it and
+    /// takes back what the file does not hold).
+    fn poll_sync(&self) {
+        let Some((n, seq)) = self.commit.pending_sync.get() else {
+            return;
+        };
+        match self.shared.fence.state(n) {
+            SyncState::Running => {}
+            SyncState::Done => {
+                self.commit.pending_sync.set(None);
+                self.publisher.durable_at_least(seq);
+            }
+            SyncState::Failed(e) => {
+                self.commit.pending_sync.set(None);
+                tracing::warn!(error = %e, "the durable commit's background fsync failed");
+                self.commit.poisoned.set(true);
+            }
+        }
+    }
+
+    /// The durable commit that deferred batches wait for (an empty durable group);
+    /// `background`: its fsync may run on the fence's thread.
+    fn flush_deferred(&self, background: bool) {
         let (ack, _) = oneshot::channel();
+        self.commit.background_sync.set(background);
         self.commit_group(vec![Command::Flush(ack)]);
+        self.commit.background_sync.set(false);
         if self.commit.poisoned.get() {
             // Failed: `recover` drops the deferred commits with the rest.
             self.commit.fsync_due.set(None);
@@ -250,6 +318,7 @@ impl WriterThread {
         // (and the reflector's next batch, which requires them, is refused; it re-watches
         // from what the file holds).
         self.commit.fsync_due.set(None);
+        self.commit.pending_sync.set(None);
         self.publisher.lost(last);
         tracing::info!(last_seq = last.0, "database reopened after an I/O error");
         Ok(())
@@ -373,7 +442,16 @@ impl WriterThread {
         if !fsync {
             self.publisher.show_group(last);
         }
-        if let Err(e) = txn.commit() {
+        // Only the periodic durable commit (no replies wait on it) fsyncs in the background.
+        let background = fsync && self.commit.background_sync.get() && !self.commit.shared_file;
+        let fence = &self.shared.fence;
+        let before = fence.started();
+        if background {
+            fence.arm();
+        }
+        let done = txn.commit();
+        let syncing = if background { fence.disarm(before) } else { None };
+        if let Err(e) = done {
             let e = self.shared.storage(e);
             tracing::warn!(error = %e, "commit failed");
             self.note(&e);
@@ -392,10 +470,15 @@ impl WriterThread {
             self.publisher.show_group(last);
         }
         self.publisher.committed(last);
-        if fsync || !self.commit.durable {
+        if let Some(n) = syncing {
+            // On disk once fsync `n` finishes (`poll_sync`); deferred batches committed from
+            // now on wait for the next durable commit.
+            self.commit.fsync_due.set(None);
+            self.commit.pending_sync.set(Some((n, last)));
+        } else if fsync || !self.commit.durable {
             // On disk (or the store does not fsync at all): so is everything before it.
             self.commit.fsync_due.set(None);
-            self.publisher.durable(last);
+            self.publisher.durable_at_least(last);
         } else if durability == Durability::Deferred && self.commit.fsync_due.get().is_none() {
             let delay = self.commit.fsync_delay.unwrap_or_default();
             self.commit.fsync_due.set(Some(std::time::Instant::now() + delay));
