@@ -265,7 +265,7 @@ fn labels_of(db: &DurableStore, scope: durable_informer::store::ScopeId) -> BTre
         .list()
         .expect("list")
         .into_iter()
-        .map(|o| (o.key, o.meta.labels.get("g").cloned().unwrap_or_default()))
+        .map(|o| (o.key, o.meta.labels.get("g").unwrap_or_default().to_owned()))
         .collect()
 }
 

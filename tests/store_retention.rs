@@ -297,7 +297,7 @@ fn explicit_compact_applies_count_and_age_and_reports_what_it_did() {
 
 /// The values the test index gives an object: its label.
 fn app_of(o: &RawObject) -> String {
-    format!("app={}", o.meta.labels.get("app").cloned().unwrap_or_default())
+    format!("app={}", o.meta.labels.get("app").unwrap_or_default())
 }
 
 #[test]
@@ -319,7 +319,7 @@ fn a_backfill_of_5000_objects_spans_several_transactions_between_batches() {
         .list()
         .expect("list")
         .into_iter()
-        .map(|o| (o.key, format!("app={}", o.meta.labels["app"])))
+        .map(|o| (o.key, format!("app={}", &o.meta.labels["app"])))
         .collect();
 
     db.register_index(scope, Indexer::labels());

@@ -470,7 +470,7 @@ mod tests {
     /// The same queries answered by redb alone (the model).
     fn model(store: &Store) -> Vec<Vec<Obj>> {
         let snap = store.snapshot().unwrap();
-        let web = |o: &StoredObject| o.meta.labels.get("app").map(String::as_str) == Some("web");
+        let web = |o: &StoredObject| o.meta.labels.get("app") == Some("web");
         let dec = |v: Vec<StoredObject>| v.iter().map(|o| o.decode::<Obj>().unwrap()).collect::<Vec<_>>();
         let get = |ns: &str, n: &str| dec(snap.get(&ObjectKey::namespaced(ns, n)).unwrap().into_iter().collect());
         let all = snap.list().unwrap();

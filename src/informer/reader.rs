@@ -193,7 +193,12 @@ impl<K: DeserializeOwned + Send + Sync + 'static> Reader<K> {
     #[must_use]
     pub fn state_filter_selector(&self, selector: &kube::core::Selector) -> Vec<Arc<K>> {
         use kube::core::SelectorExt as _;
-        self.select(None, |m| selector.matches(&m.labels))
+        // The held labels are not a `BTreeMap`: the same selector in this crate's form reads
+        // them as they are; one it cannot state is matched on a copy.
+        match crate::selector::LabelSelector::try_from(selector) {
+            Ok(ours) => self.select(None, |m| ours.matches(&m.labels)),
+            Err(_) => self.select(None, |m| selector.matches(&std::collections::BTreeMap::from(&m.labels))),
+        }
     }
 
     /// The first object in key order for which `pred` is true (kube's `Store::find`): objects

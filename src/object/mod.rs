@@ -19,7 +19,7 @@ mod raw;
 mod scope;
 
 pub use key::{KeyError, ObjectKey, ResourceVersion};
-pub use meta::{extract_meta, ObjectError, ObjectMeta, OwnerReference};
+pub use meta::{extract_meta, ObjectError, ObjectMeta, OwnerReference, StringMap, StringMapIter};
 pub(crate) use meta::{scan_object, ManagedFields};
 pub use raw::RawObject;
 pub use scope::ScopeSpec;

@@ -19,6 +19,12 @@ impl Labels for BTreeMap<String, String> {
     }
 }
 
+impl Labels for crate::object::StringMap {
+    fn get_label(&self, key: &str) -> Option<&str> {
+        self.get(key)
+    }
+}
+
 impl<S: std::hash::BuildHasher> Labels for HashMap<String, String, S> {
     fn get_label(&self, key: &str) -> Option<&str> {
         self.get(key).map(String::as_str)

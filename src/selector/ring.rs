@@ -7,9 +7,7 @@
 //! labels `shard.alpha.sharding.timebertt.dev/<ring>=<shard>` and
 //! `drain.alpha.sharding.timebertt.dev/<ring>=true`.
 
-use std::collections::BTreeMap;
-
-use super::label::{validate_key, validate_value};
+use super::label::{validate_key, validate_value, Labels};
 use super::{Result, SelectorError};
 
 /// The common prefix of the label keys.
@@ -109,14 +107,14 @@ impl RingLabels {
 
     /// The shard an object with these labels is assigned to (`None`: unassigned).
     #[must_use]
-    pub fn assigned<'a>(&self, labels: &'a BTreeMap<String, String>) -> Option<&'a str> {
-        labels.get(&self.shard).map(String::as_str).filter(|s| !s.is_empty())
+    pub fn assigned<'a, L: Labels + ?Sized>(&self, labels: &'a L) -> Option<&'a str> {
+        labels.get_label(&self.shard).filter(|s| !s.is_empty())
     }
 
     /// Whether an object with these labels is being drained from its shard.
     #[must_use]
-    pub fn draining(&self, labels: &BTreeMap<String, String>) -> bool {
-        labels.contains_key(&self.drain)
+    pub fn draining<L: Labels + ?Sized>(&self, labels: &L) -> bool {
+        labels.get_label(&self.drain).is_some()
     }
 }
 
@@ -158,7 +156,7 @@ impl RingMember {
 
     /// Whether an object with these labels is assigned to this shard.
     #[must_use]
-    pub fn owns(&self, labels: &BTreeMap<String, String>) -> bool {
+    pub fn owns<L: Labels + ?Sized>(&self, labels: &L) -> bool {
         self.labels.assigned(labels) == Some(self.shard.as_str())
     }
 
@@ -198,7 +196,7 @@ mod tests {
     fn the_member_selector_parses_and_matches_its_labels() {
         let me = RingLabels::new("web").unwrap().member("s1").unwrap();
         let sel: crate::selector::LabelSelector = me.narrow(Some("app=x")).parse().unwrap();
-        let mut labels = BTreeMap::from([("app".to_owned(), "x".to_owned())]);
+        let mut labels = std::collections::BTreeMap::from([("app".to_owned(), "x".to_owned())]);
         assert!(!sel.matches(&labels));
         labels.insert(me.ring().shard_label().to_owned(), "s1".to_owned());
         assert!(sel.matches(&labels) && me.owns(&labels));

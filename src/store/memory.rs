@@ -44,26 +44,17 @@ pub(crate) fn string(s: &str) -> usize {
     }
 }
 
-/// What a `BTreeMap` of `n` elements of `element` bytes takes in nodes: std's nodes hold 11
-/// elements and are allocated whole (a map of one label costs a node of eleven), about
-/// two-thirds full once split, with an internal node (twelve edges more) per six leaves.
-pub(crate) fn btree_nodes(n: usize, element: usize) -> usize {
-    if n == 0 {
-        return 0;
-    }
-    let leaf = 11 * element + 16 + ALLOC;
-    let leaves = (n * 3).div_ceil(22).max(1);
-    let internal = if leaves > 1 { leaves.div_ceil(6) } else { 0 };
-    leaves * leaf + internal * (leaf + 12 * std::mem::size_of::<usize>())
-}
-
 /// What an [`ObjectMeta`] costs on the heap, by estimate (`benches/memory.rs` compares the
 /// always-held part with the heap it measures).
 pub(crate) fn meta_bytes(m: &ObjectMeta) -> usize {
     use std::mem::size_of;
-    let pairs = |map: &std::collections::BTreeMap<String, String>| {
-        btree_nodes(map.len(), size_of::<(String, String)>())
-            + map.iter().map(|(k, v)| string(k) + string(v)).sum::<usize>()
+    // Two allocations a non-empty map: its text and where each string ends.
+    let pairs = |map: &crate::object::StringMap| {
+        let (text, ends) = map.heap_bytes();
+        [text, ends]
+            .iter()
+            .map(|&b| if b == 0 { 0 } else { b + ALLOC })
+            .sum::<usize>()
     };
     let owners: usize = m
         .owner_references
@@ -75,7 +66,8 @@ pub(crate) fn meta_bytes(m: &ObjectMeta) -> usize {
                 + string(&o.name)
                 + string(&o.uid)
         })
-        .sum();
+        .sum::<usize>()
+        + if m.owner_references.is_empty() { 0 } else { ALLOC };
     size_of::<ObjectMeta>()
         + ALLOC
         + m.namespace.as_deref().map_or(0, string)
