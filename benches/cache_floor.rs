@@ -7,9 +7,9 @@
 //! BENCH_N=20000 cargo bench --features sim --bench cache_floor
 //! ```
 //!
-//! One process (the simulated server in it holds its Pods before anything is measured, so it
-//! is part of every baseline). The heap live (allocated and not yet freed, as asked of the
-//! allocator: its own per-chunk overhead is not in it) is read once things have settled:
+//! One process, the simulated server in it. The heap live (allocated and not yet freed, as
+//! asked of the allocator: its own per-chunk overhead is not in it) is read once things have
+//! settled:
 //!
 //! * **parts**, each built alone from the same N generated Pods (`WorkloadGen`, as
 //!   `benches/metadata_informer.rs`) and held in a `Vec`: the extracted `ObjectMeta`, its
@@ -84,8 +84,10 @@ where
     Ok(())
 }
 
-/// One informer's run: cold sync, then a restart on its database. Prints a line for each.
-async fn informer_run(name: &str, url: &str, n: usize, db: &Path, metadata: bool, base: usize) -> Res<()> {
+/// One informer's run: cold sync, then a restart on its database. Prints a line for each: the
+/// heap live once it settled, less the heap live once it was shut down, its store closed and
+/// its tasks gone (so what the simulated server built meanwhile does not count).
+async fn informer_run(name: &str, url: &str, n: usize, db: &Path, metadata: bool) -> Res<()> {
     for restart in [false, true] {
         if !restart {
             let _ = std::fs::remove_file(db);
@@ -95,8 +97,7 @@ async fn informer_run(name: &str, url: &str, n: usize, db: &Path, metadata: bool
         let store = tokio::task::spawn_blocking(move || DurableStore::open(config)).await??;
         let api = Api::<Pod>::all(client);
         let id = ClusterIdentity::named("sim");
-        let line = |c: durable_informer::informer::CacheStats, heap: usize| {
-            let held = heap as isize - base as isize;
+        let line = |c: durable_informer::informer::CacheStats, held: isize| {
             println!(
                 "{:<9} {:<8} heap {} B/obj (cache: {} of {} objects with JSON, JSON {} B/obj charged 3x; always-held charged {} B/obj)",
                 name,
@@ -108,22 +109,30 @@ async fn informer_run(name: &str, url: &str, n: usize, db: &Path, metadata: bool
                 per(c.held_bytes as isize, n),
             );
         };
-        if metadata {
-            let informer = Informer::metadata_from_api(&store, api).cluster_identity(id).build().await?;
+        let (stats, heap) = if metadata {
+            let informer = Informer::metadata_from_api(&store, api)
+                .cluster_identity(id)
+                .build()
+                .await?;
             informer.start();
             tokio::time::timeout(TIMEOUT, informer.wait_for_sync()).await??;
             settle(&informer, &store, n).await?;
-            line(informer.cache_stats(), live());
+            let held = (informer.cache_stats(), live());
             informer.shutdown().await?;
+            held
         } else {
             let informer = Informer::from_api(&store, api).cluster_identity(id).build().await?;
             informer.start();
             tokio::time::timeout(TIMEOUT, informer.wait_for_sync()).await??;
             settle(&informer, &store, n).await?;
-            line(informer.cache_stats(), live());
+            let held = (informer.cache_stats(), live());
             informer.shutdown().await?;
-        }
+            held
+        };
         tokio::task::spawn_blocking(move || store.close()).await??;
+        // The caches' tasks let go within a second of their informer's drop.
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        line(stats, heap as isize - live() as isize);
     }
     Ok(())
 }
@@ -132,7 +141,9 @@ fn main() -> Res<()> {
     let n: usize = std::env::var("BENCH_N").map_or(Ok(100_000), |v| v.parse())?;
     let mut gen = WorkloadGen::new(42).namespaces((n / 1000).max(10));
     let ns = gen.namespace_names();
-    let values: Vec<_> = (0..n).map(|k| gen.pod(&ns[k % ns.len()], &format!("pod-{k}"))).collect();
+    let values: Vec<_> = (0..n)
+        .map(|k| gen.pod(&ns[k % ns.len()], &format!("pod-{k}")))
+        .collect();
     let pods: Vec<Vec<u8>> = values.iter().map(serde_json::to_vec).collect::<Result<_, _>>()?;
 
     println!("cache_floor: N = {n} Pods; heap live per object (allocator's own chunk overhead not included)");
@@ -178,14 +189,8 @@ fn main() -> Res<()> {
     let dir = tempfile::tempdir()?;
     let url = sim.url();
     runtime.block_on(async {
-        // The sim, the runtime and the client, before any informer.
-        tokio::time::sleep(Duration::from_millis(200)).await;
-        let base = live();
-        informer_run("full", &url, n, &dir.path().join("full.redb"), false, base).await?;
-        informer_run("metadata", &url, n, &dir.path().join("meta.redb"), true, base).await?;
-        let after = live() as isize - base as isize;
-        println!("left after both informers closed: {} B/obj", per(after, n));
-        Ok::<_, Box<dyn std::error::Error + Send + Sync>>(())
+        informer_run("full", &url, n, &dir.path().join("full.redb"), false).await?;
+        informer_run("metadata", &url, n, &dir.path().join("meta.redb"), true).await
     })?;
     let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
     println!("load {}", load.split_whitespace().take(3).collect::<Vec<_>>().join(" "));

@@ -110,6 +110,8 @@ struct Inner {
     caches: Mutex<HashMap<TypeId, Arc<dyn Any + Send + Sync>>>,
     /// Each cache's byte budget.
     cache_bytes: usize,
+    /// A metadata-only scope: its caches hold the metadata once (`Cache::hold_metadata_once`).
+    metadata_only: bool,
     /// The runtime the informer was built on, for the tasks of caches made later.
     runtime: tokio::runtime::Handle,
     resource: String,
@@ -507,6 +509,7 @@ where
                 handlers: Mutex::new(Vec::new()),
                 caches: Mutex::new(HashMap::new()),
                 cache_bytes,
+                metadata_only: spec.metadata_only,
                 runtime: tokio::runtime::Handle::current(),
                 resource,
                 sharding,
@@ -599,6 +602,9 @@ impl Inner {
             self.cache_bytes,
             self.sync_seq.subscribe(),
         );
+        if self.metadata_only {
+            c.hold_metadata_once();
+        }
         caches.insert(TypeId::of::<K>(), c.clone());
         self.runtime.spawn(cache::Cache::run(Arc::downgrade(&c)));
         c

@@ -39,7 +39,7 @@
 mod listener;
 mod objects;
 
-use std::collections::{BTreeSet, HashMap, VecDeque};
+use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard};
 use std::time::Duration;
@@ -149,6 +149,8 @@ pub(crate) struct Cache<K> {
     /// Pinned for a [`Reader`](super::Reader): loads read every object's JSON, nothing is
     /// evicted, so sync reads never need redb.
     pinned: AtomicBool,
+    /// A metadata-only informer's: see [`hold_metadata_once`](Self::hold_metadata_once).
+    metadata_once: AtomicBool,
     /// Every object's JSON is held and the informer's sync point is in the table (set once, by
     /// [`warm`](Self::warm)).
     warm: watch::Sender<bool>,
@@ -207,6 +209,7 @@ where
             writer,
             budget: AtomicUsize::new(budget),
             pinned: AtomicBool::new(false),
+            metadata_once: AtomicBool::new(false),
             warm: watch::channel(false).0,
             state: RwLock::new(State {
                 phase: Phase::Loading,
@@ -322,22 +325,13 @@ where
         let mut pump = self.pump.locked();
         let mut st = self.state.writing();
         let old = std::mem::replace(&mut st.objects, objects);
-        let mut changes = Vec::new();
-        // What differs from before (nothing held before the first load).
-        let mut keys: BTreeSet<ObjectKey> = old.iter().map(|(k, _)| k.clone()).collect();
-        keys.extend(st.objects.iter().map(|(k, _)| k.clone()));
-        for key in keys {
-            let before = old.get(&key).cloned();
-            let after = st.objects.get(&key).cloned();
-            let same = match (&before, &after) {
-                (Some(b), Some(a)) => b.same_version(a),
-                (None, None) => true,
-                _ => false,
-            };
-            if !same {
-                changes.push((key, before, after));
-            }
-        }
+        // What differs from before (nothing held before the first load), for whoever is told:
+        // handlers and watchers register under this lock, so none can come in meanwhile.
+        let changes = if self.listeners.locked().is_empty() && self.watchers.locked().is_empty() {
+            Vec::new()
+        } else {
+            diff(&old, &st.objects)
+        };
         st.position = position;
         st.phase = Phase::Ready;
         st.stream = Some(sub.reader.stream());
@@ -431,6 +425,7 @@ where
             // Only what is on disk: a rollback takes back only what is not, and the states it
             // takes back keep their JSON for the handlers told of them.
             let durable = *self.writer.durable().borrow();
+            self.drop_transient(&mut st.objects, &listeners, durable);
             st.objects.evict(self.budget.load(Ordering::Relaxed), durable);
             if let Some(r) = pump.reader.as_ref() {
                 st.consumed = r.position();
@@ -498,6 +493,9 @@ where
                 let deleted = (c.kind == DeltaKind::Deleted && !c.final_state_unknown)
                     .then(|| Arc::new(Entry::new(c.meta.clone(), Arc::from(Vec::new()), c.seq, c.new.clone())));
                 let (before, after) = put_new(&mut st.objects, &c.key, after);
+                if !self.keeps_json(listeners) {
+                    st.objects.mark_transient(&c.key);
+                }
                 if before.is_none() && after.is_none() {
                     return true;
                 }
@@ -550,7 +548,7 @@ where
                 true
             }
             Item::Reset { at } => {
-                let keys: Vec<ObjectKey> = st.objects.iter().map(|(k, _)| k.clone()).collect();
+                let keys: Vec<ObjectKey> = st.objects.iter().map(|e| e.meta.key()).collect();
                 for key in keys {
                     let before = st.objects.put(&key, None);
                     for l in listeners {
@@ -653,9 +651,9 @@ where
     /// Marks every object not already pending for `l` as a resync (told again as is).
     pub(crate) fn resync(&self, l: &Listener<K>) {
         let st = self.state.reading();
-        for (key, e) in st.objects.iter() {
+        for e in st.objects.iter() {
             l.changed(&listener::Change {
-                key,
+                key: &e.meta.key(),
                 before: Some(e),
                 after: Some(e),
                 deleted: None,
@@ -675,7 +673,7 @@ where
         let held: Vec<(ObjectKey, Arc<Entry<K>>)> = {
             let st = self.state.writing();
             self.watchers.locked().push((id, w.clone()));
-            st.objects.iter().map(|(k, e)| (k.clone(), e.clone())).collect()
+            st.objects.iter().map(|e| (e.meta.key(), e.clone())).collect()
         };
         for (key, e) in &held {
             w(Watched {
@@ -703,7 +701,7 @@ where
             .reading()
             .objects
             .iter()
-            .map(|(k, e)| (k.clone(), e.clone()))
+            .map(|e| (e.meta.key(), e.clone()))
             .collect();
         for (key, e) in &held {
             w(Watched {
@@ -761,12 +759,26 @@ where
 
     /// Evicts, down to the budget, what was kept over it until its change reached the disk.
     fn evict_on_disk(&self) {
+        let durable = *self.writer.durable().borrow();
+        if self.metadata_once.load(Ordering::Acquire) {
+            let listeners = self.listeners.locked().clone();
+            self.drop_transient(&mut self.state.writing().objects, &listeners, durable);
+        }
         let cap = self.budget.load(Ordering::Relaxed);
         if self.state.reading().objects.charged() <= cap {
             return;
         }
-        let durable = *self.writer.durable().borrow();
         self.state.writing().objects.evict(cap, durable);
+    }
+
+    /// A metadata-only cache drops the JSON its changes brought once they are on disk, while
+    /// no handler or reader decodes objects (then it keeps it, within the budget).
+    fn drop_transient(&self, objects: &mut Objects<K>, listeners: &[Arc<Listener<K>>], durable: Seq) {
+        if self.keeps_json(listeners) {
+            objects.keep_transient();
+        } else {
+            objects.drop_transient(durable);
+        }
     }
 
     /// Evicts this cache's own objects while the store's shared budget is over.
@@ -774,6 +786,20 @@ where
         let durable = *self.writer.durable().borrow();
         let cap = self.budget.load(Ordering::Relaxed);
         self.state.writing().objects.relieve(cap, durable);
+    }
+
+    /// Makes this a metadata-only informer's cache, whose objects' JSON is their metadata
+    /// again: the table holds the parsed metadata of every object, and a change's JSON only
+    /// until the change is on disk (a lister can read it back from then on), unless volatile
+    /// handlers or a reader decode objects. A lister's read keeps the JSON it read within the
+    /// budget, as for any evicted object.
+    pub(crate) fn hold_metadata_once(&self) {
+        self.metadata_once.store(true, Ordering::Release);
+    }
+
+    /// Whether a change's JSON stays in the table (within the budget) once on disk.
+    fn keeps_json(&self, listeners: &[Arc<Listener<K>>]) -> bool {
+        !self.metadata_once.load(Ordering::Acquire) || self.pinned.load(Ordering::Acquire) || !listeners.is_empty()
     }
 
     /// Pins the cache for a [`Reader`](super::Reader): no budget, and loads read every
@@ -855,13 +881,7 @@ where
     /// The entries the table holds without their JSON, in key order (`None` while loading).
     fn cold(&self) -> Option<Vec<Arc<Entry<K>>>> {
         let v = self.view()?;
-        Some(
-            v.0.objects
-                .iter()
-                .filter(|(_, e)| e.bytes().is_none())
-                .map(|(_, e)| e.clone())
-                .collect(),
-        )
+        Some(v.0.objects.iter().filter(|e| e.bytes().is_none()).cloned().collect())
     }
 
     /// The JSON of each of `entries` at its version, from one redb snapshot read on a blocking
@@ -1056,11 +1076,43 @@ fn put_new<K>(objects: &mut Objects<K>, key: &ObjectKey, entry: Option<Arc<Entry
     (before, objects.get(key).cloned())
 }
 
+/// What differs between two tables, in key order: each key whose version changed, with its
+/// entries before and after (one merge of the two orders, no key copied but the changed).
+fn diff<K>(old: &Objects<K>, new: &Objects<K>) -> Vec<Changed<K>> {
+    use std::cmp::Ordering::{Equal, Greater, Less};
+    let mut out = Vec::new();
+    let (mut a, mut b) = (old.iter().peekable(), new.iter().peekable());
+    loop {
+        let order = match (a.peek(), b.peek()) {
+            (None, None) => break,
+            (Some(_), None) => Less,
+            (None, Some(_)) => Greater,
+            (Some(x), Some(y)) => key_of(x).cmp(&key_of(y)),
+        };
+        match (order, a.next_if(|_| order != Greater), b.next_if(|_| order != Less)) {
+            (Equal, Some(before), Some(after)) => {
+                if !before.same_version(after) {
+                    out.push((before.meta.key(), Some(before.clone()), Some(after.clone())));
+                }
+            }
+            (_, Some(before), None) => out.push((before.meta.key(), Some(before.clone()), None)),
+            (_, None, Some(after)) => out.push((after.meta.key(), None, Some(after.clone()))),
+            _ => break,
+        }
+    }
+    out
+}
+
+/// An entry's key as the table orders it.
+fn key_of<K>(e: &Entry<K>) -> (Option<&str>, &str) {
+    (e.meta.namespace.as_deref(), e.meta.name.as_str())
+}
+
 /// Makes every object of `objects` pending for `l` as a synthetic add of its initial list.
 fn tell_initial_list<K>(l: &Listener<K>, objects: &Objects<K>, position: Seq) {
-    for (key, e) in objects.iter() {
+    for e in objects.iter() {
         l.changed(&listener::Change {
-            key,
+            key: &e.meta.key(),
             before: None,
             after: Some(e),
             deleted: None,
@@ -1188,6 +1240,60 @@ mod tests {
     fn holds_json(t: &Objects<serde_json::Value>, name: &str) -> bool {
         t.get(&ObjectKey::namespaced("ns", name))
             .is_some_and(|e| e.bytes().is_some())
+    }
+
+    #[test]
+    fn a_reload_tells_exactly_the_keys_whose_version_changed() {
+        let (mut old, mut new) = (Objects::default(), Objects::default());
+        let k = |n: &str| ObjectKey::namespaced("ns", n);
+        // a: gone; b: same version; c: changed; d: new; e: same; f: gone (last).
+        for (n, rv) in [("a", 1), ("b", 2), ("c", 3), ("e", 5), ("f", 6)] {
+            put_new(&mut old, &k(n), Some(entry(n, rv)));
+        }
+        for (n, rv) in [("b", 2), ("c", 30), ("d", 4), ("e", 5)] {
+            put_new(&mut new, &k(n), Some(entry(n, rv)));
+        }
+        let seq = |e: &Option<Arc<Entry<serde_json::Value>>>| e.as_ref().map(|e| e.seq.0);
+        let got: Vec<(String, Option<u64>, Option<u64>)> = diff(&old, &new)
+            .iter()
+            .map(|(key, before, after)| (key.name.clone(), seq(before), seq(after)))
+            .collect();
+        let want = [
+            ("a", Some(1), None),
+            ("c", Some(3), Some(30)),
+            ("d", None, Some(4)),
+            ("f", Some(6), None),
+        ]
+        .map(|(n, b, a)| (n.to_owned(), b, a));
+        assert_eq!(got, want);
+        assert!(diff(&new, &new).is_empty());
+        assert_eq!(diff(&Objects::default(), &new).len(), 4, "a first load: every object");
+    }
+
+    #[test]
+    fn a_metadata_only_table_drops_marked_json_once_on_disk() {
+        let mut t = Objects::default();
+        let (a, b) = (ObjectKey::namespaced("ns", "a"), ObjectKey::namespaced("ns", "b"));
+        put_new(&mut t, &a, Some(entry("a", 1)));
+        t.mark_transient(&a);
+        put_new(&mut t, &b, Some(entry("b", 2)));
+        t.mark_transient(&b);
+        t.drop_transient(Seq(1));
+        assert!(!holds_json(&t, "a"), "on disk: dropped");
+        assert!(holds_json(&t, "b"), "not on disk yet: a lister could not read it back");
+        // A read back (a new entry of the same version) keeps its JSON.
+        let cold = t.get(&a).cloned().unwrap();
+        t.fill(&cold, Bytes::from_static(b"0123456789"), usize::MAX);
+        t.drop_transient(Seq(2));
+        assert!(holds_json(&t, "a"), "read back: kept");
+        assert!(!holds_json(&t, "b"));
+        // Marked, then someone decodes objects: kept.
+        put_new(&mut t, &b, Some(entry("b", 3)));
+        t.mark_transient(&b);
+        t.keep_transient();
+        t.drop_transient(Seq(3));
+        assert!(holds_json(&t, "b"));
+        assert!(t.consistent());
     }
 
     #[test]

@@ -5,10 +5,12 @@
 //! metadata and postings (always held).
 //!
 //! The always-held part is what every object costs whatever the budget, so it is kept small:
-//! one shared copy of each key (the ordered map, the postings and the eviction queue point to
-//! it), and one shared copy of each distinct set of index values (objects with the same labels
-//! in one namespace share theirs).
+//! the key is the one in the entry's metadata (the ordered set and the hash table order and
+//! hash the entries by it), an object's postings share one copy of it, and objects with the
+//! same index values (the same labels in one namespace) share one copy of them.
 
+use std::borrow::Borrow;
+use std::cmp::Ordering;
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
 use std::hash::{BuildHasher, Hash, Hasher};
 use std::sync::{Arc, OnceLock};
@@ -33,10 +35,11 @@ fn key_strings(key: &ObjectKey) -> usize {
 }
 
 /// What an entry's always-held part costs, by estimate (`benches/memory.rs` compares it with
-/// the heap it measures): the entry and its metadata, its key (one shared copy), the slots
-/// pointing to them (the ordered map, the hash table, each posting, the eviction queue) and
-/// the map nodes around them. Its index values are charged once per distinct set
-/// ([`values_cost`]).
+/// the heap it measures): the entry and its metadata, the slots pointing to it (the ordered
+/// set, the hash table) and the set's nodes around them, and for an indexed object its
+/// postings and their one copy of its key. Its index values are charged once per distinct
+/// set ([`values_cost`]). (An eviction token comes and goes with the object's JSON, whose
+/// charge of three times its size covers it.)
 fn held<K>(key: &ObjectKey, e: &Entry<K>) -> usize {
     use std::mem::size_of;
     let postings: usize = e
@@ -44,14 +47,13 @@ fn held<K>(key: &ObjectKey, e: &Entry<K>) -> usize {
         .iter()
         .map(|(_, vals)| vals.len() * (size_of::<Arc<ObjectKey>>() + NODE))
         .sum();
-    let entry = size_of::<Entry<K>>() + ALLOC;
-    let key = size_of::<ObjectKey>() + ALLOC + key_strings(key);
-    // The ordered map's element, the hash table's slot, an eviction token.
-    let slots = size_of::<(Arc<ObjectKey>, Arc<Entry<K>>)>()
-        + NODE
-        + size_of::<Arc<Entry<K>>>()
-        + NODE / 2
-        + size_of::<(Arc<ObjectKey>, u64)>();
+    let key = if postings > 0 {
+        size_of::<ObjectKey>() + 2 * size_of::<usize>() + ALLOC + key_strings(key)
+    } else {
+        0
+    };
+    let entry = size_of::<Entry<K>>() + 2 * size_of::<usize>() + ALLOC;
+    let slots = size_of::<Keyed<K>>() + NODE + size_of::<Arc<Entry<K>>>() + NODE / 2;
     entry + meta_bytes(&e.meta) + key + slots + postings
 }
 
@@ -86,8 +88,9 @@ pub(crate) struct Entry<K> {
     pub(crate) seq: Seq,
     /// Names this version in the eviction queue.
     gen: u64,
-    /// Its JSON and decoded object, unless evicted.
-    data: Option<Data<K>>,
+    /// Its JSON and decoded object, unless evicted (boxed: most entries of a large scope have
+    /// none, and each would carry the room otherwise).
+    data: Option<Box<Data<K>>>,
 }
 
 struct Data<K> {
@@ -108,9 +111,11 @@ impl<K> Entry<K> {
             values,
             seq,
             gen: 0,
-            data: bytes.map(|bytes| Data {
-                bytes,
-                object: OnceLock::new(),
+            data: bytes.map(|bytes| {
+                Box::new(Data {
+                    bytes,
+                    object: OnceLock::new(),
+                })
             }),
         }
     }
@@ -149,9 +154,86 @@ impl<K: DeserializeOwned> Entry<K> {
 
 pub(crate) type Postings = HashMap<IndexName, BTreeMap<String, BTreeSet<Arc<ObjectKey>>>>;
 
+/// A key as the ordered set compares it, whatever holds it: namespace (none first), then name,
+/// as [`ObjectKey`] orders.
+trait KeyView {
+    fn namespace(&self) -> Option<&str>;
+    fn name(&self) -> &str;
+}
+
+impl KeyView for ObjectKey {
+    fn namespace(&self) -> Option<&str> {
+        self.namespace.as_deref()
+    }
+
+    fn name(&self) -> &str {
+        &self.name
+    }
+}
+
+/// An entry in the ordered set: it is ordered by the key in its own metadata.
+struct Keyed<K>(Arc<Entry<K>>);
+
+impl<K> KeyView for Keyed<K> {
+    fn namespace(&self) -> Option<&str> {
+        self.0.meta.namespace.as_deref()
+    }
+
+    fn name(&self) -> &str {
+        &self.0.meta.name
+    }
+}
+
+impl PartialEq for dyn KeyView + '_ {
+    fn eq(&self, other: &Self) -> bool {
+        self.cmp(other) == Ordering::Equal
+    }
+}
+
+impl Eq for dyn KeyView + '_ {}
+
+impl PartialOrd for dyn KeyView + '_ {
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for dyn KeyView + '_ {
+    fn cmp(&self, other: &Self) -> Ordering {
+        (self.namespace(), self.name()).cmp(&(other.namespace(), other.name()))
+    }
+}
+
+impl<K> PartialEq for Keyed<K> {
+    fn eq(&self, other: &Self) -> bool {
+        self.cmp(other) == Ordering::Equal
+    }
+}
+
+impl<K> Eq for Keyed<K> {}
+
+impl<K> PartialOrd for Keyed<K> {
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl<K> Ord for Keyed<K> {
+    fn cmp(&self, other: &Self) -> Ordering {
+        (self as &dyn KeyView).cmp(other as &dyn KeyView)
+    }
+}
+
+/// Looks entries up by any key, in the set's order.
+impl<'a, K: 'a> Borrow<dyn KeyView + 'a> for Keyed<K> {
+    fn borrow(&self) -> &(dyn KeyView + 'a) {
+        self
+    }
+}
+
 /// The table; see the module documentation.
 pub(crate) struct Objects<K> {
-    ordered: BTreeMap<Arc<ObjectKey>, Arc<Entry<K>>>,
+    ordered: BTreeSet<Keyed<K>>,
     by_name: HashTable<Arc<Entry<K>>>,
     hasher: DefaultHashBuilder,
     /// Index name → value → keys, for the indexes the cache serves.
@@ -163,7 +245,10 @@ pub(crate) struct Objects<K> {
     /// The store's budget shared by every informer's cache (`None`: a table of its own).
     memory: Option<Arc<MemoryBudget>>,
     /// Entries holding JSON, oldest first (an entry replaced since leaves a stale token).
-    queue: VecDeque<(Arc<ObjectKey>, u64)>,
+    queue: VecDeque<(ObjectKey, u64)>,
+    /// Entries whose JSON is held only until their change is on disk, in the order applied
+    /// (see [`mark_transient`](Self::mark_transient)).
+    transient: VecDeque<(ObjectKey, u64)>,
     next_gen: u64,
     /// The distinct sets of index values the entries share, each charged once (swept when
     /// it has doubled since the last sweep).
@@ -186,7 +271,7 @@ fn is_named<K>(e: &Entry<K>, namespace: Option<&str>, name: &str) -> bool {
 impl<K> Default for Objects<K> {
     fn default() -> Self {
         Self {
-            ordered: BTreeMap::new(),
+            ordered: BTreeSet::new(),
             by_name: HashTable::new(),
             hasher: DefaultHashBuilder::default(),
             postings: Postings::new(),
@@ -194,6 +279,7 @@ impl<K> Default for Objects<K> {
             held: 0,
             memory: None,
             queue: VecDeque::new(),
+            transient: VecDeque::new(),
             next_gen: 0,
             values: HashSet::new(),
             values_held: 0,
@@ -248,12 +334,12 @@ impl<K> Objects<K> {
     }
 
     pub(crate) fn with_json(&self) -> usize {
-        self.ordered.values().filter(|e| e.data.is_some()).count()
+        self.iter().filter(|e| e.data.is_some()).count()
     }
 
-    /// Every entry, in key order.
-    pub(crate) fn iter(&self) -> impl Iterator<Item = (&ObjectKey, &Arc<Entry<K>>)> {
-        self.ordered.iter().map(|(k, e)| (&**k, e))
+    /// Every entry, in key order (its key is its metadata's).
+    pub(crate) fn iter(&self) -> impl Iterator<Item = &Arc<Entry<K>>> {
+        self.ordered.iter().map(|k| &k.0)
     }
 
     /// The entries of one namespace (`Some("")`: cluster-scoped objects) or of the whole
@@ -263,21 +349,25 @@ impl<K> Objects<K> {
         namespace: Option<&str>,
         mut keep: impl FnMut(&ObjectMeta) -> bool,
     ) -> Vec<Arc<Entry<K>>> {
-        let pick = |(_, e): (&Arc<ObjectKey>, &Arc<Entry<K>>)| keep(&e.meta).then(|| e.clone());
+        let pick = |e: &Arc<Entry<K>>| keep(&e.meta).then(|| e.clone());
         match namespace {
-            None => self.ordered.iter().filter_map(pick).collect(),
+            None => self.iter().filter_map(pick).collect(),
             Some("") => self
-                .ordered
                 .iter()
-                .take_while(|(k, _)| k.namespace.is_none())
+                .take_while(|e| e.meta.namespace.is_none())
                 .filter_map(pick)
                 .collect(),
-            Some(ns) => self
-                .ordered
-                .range::<ObjectKey, _>(ObjectKey::namespaced(ns, "")..)
-                .take_while(|(k, _)| k.namespace.as_deref() == Some(ns))
-                .filter_map(pick)
-                .collect(),
+            Some(ns) => {
+                let start = ObjectKey::namespaced(ns, "");
+                let from: &dyn KeyView = &start;
+                let to: std::ops::Bound<&dyn KeyView> = std::ops::Bound::Unbounded;
+                self.ordered
+                    .range::<dyn KeyView + '_, _>((std::ops::Bound::Included(from), to))
+                    .map(|k| &k.0)
+                    .take_while(|e| e.meta.namespace.as_deref() == Some(ns))
+                    .filter_map(pick)
+                    .collect()
+            }
         }
     }
 
@@ -298,11 +388,6 @@ impl<K> Objects<K> {
     /// held before.
     pub(crate) fn put(&mut self, key: &ObjectKey, mut entry: Option<Arc<Entry<K>>>) -> Option<Arc<Entry<K>>> {
         let old = self.get(key).cloned();
-        // The one shared copy of the key, and of the entry's index values.
-        let shared = match self.ordered.get_key_value(key) {
-            Some((k, _)) => k.clone(),
-            None => Arc::new(key.clone()),
-        };
         if let Some(e) = entry.as_mut() {
             self.intern(e);
         }
@@ -324,10 +409,20 @@ impl<K> Objects<K> {
                 }
             }
         }
+        // The object's postings share one copy of its key: the one its other postings hold.
+        let mut shared: Option<Arc<ObjectKey>> = None;
+        for (name, vals) in after.iter() {
+            let Some(p) = self.postings.get(name) else { continue };
+            if let Some(k) = vals.iter().find_map(|v| p.get(v)?.get(key)) {
+                shared = Some(k.clone());
+                break;
+            }
+        }
         for (name, vals) in after.iter() {
             let Some(p) = self.postings.get_mut(name) else { continue };
             for v in vals.iter().filter(|v| !holds(&before, name, v)) {
-                p.entry(v.clone()).or_default().insert(shared.clone());
+                let k = shared.get_or_insert_with(|| Arc::new(key.clone())).clone();
+                p.entry(v.clone()).or_default().insert(k);
             }
         }
         if let Some(old) = &old {
@@ -360,9 +455,9 @@ impl<K> Objects<K> {
                     if let Some(m) = &self.memory {
                         m.charge(cost, false);
                     }
-                    self.queue.push_back((shared.clone(), entry.gen));
+                    self.queue.push_back((key.clone(), entry.gen));
                 }
-                self.insert(shared, entry);
+                self.insert(entry);
             }
             None => {
                 self.remove(key);
@@ -459,15 +554,7 @@ impl<K> Objects<K> {
                 kept.push((k, gen));
                 continue;
             }
-            let cold = Arc::new(Entry {
-                meta: e.meta.clone(),
-                values: e.values.clone(),
-                seq: e.seq,
-                gen,
-                data: None,
-            });
-            self.uncharge(&e);
-            self.insert(k, cold);
+            self.make_cold(&e);
         }
         // Not yet committed: evictable later, still the oldest.
         for t in kept.into_iter().rev() {
@@ -476,10 +563,63 @@ impl<K> Objects<K> {
         // Stale tokens (entries replaced since) are dropped now and then, in one pass bounded
         // by the number of objects.
         if self.queue.len() > 2 * self.ordered.len() + 1024 {
-            let ordered = &self.ordered;
-            self.queue
-                .retain(|(k, gen)| ordered.get(k).is_some_and(|e| e.gen == *gen && e.data.is_some()));
+            let mut queue = std::mem::take(&mut self.queue);
+            queue.retain(|(k, gen)| self.get(k).is_some_and(|e| e.gen == *gen && e.data.is_some()));
+            self.queue = queue;
         }
+    }
+
+    /// Puts a copy of `e` without its JSON in its place.
+    fn make_cold(&mut self, e: &Arc<Entry<K>>) {
+        let cold = Arc::new(Entry {
+            meta: e.meta.clone(),
+            values: e.values.clone(),
+            seq: e.seq,
+            gen: e.gen,
+            data: None,
+        });
+        self.uncharge(e);
+        self.insert(cold);
+    }
+
+    /// Holds the JSON of the entry `key` holds now only until its change is on disk
+    /// ([`drop_transient`](Self::drop_transient)), whatever the budget. Until then a lister
+    /// could not read it back: redb may not have it yet.
+    pub(crate) fn mark_transient(&mut self, key: &ObjectKey) {
+        if let Some(e) = self.get(key).filter(|e| e.data.is_some()) {
+            let token = (key.clone(), e.gen);
+            self.transient.push_back(token);
+        }
+        // Tokens of entries replaced since are dropped now and then (nothing may reach the
+        // disk for a long while: a store that does not fsync).
+        if self.transient.len() > 2 * self.ordered.len() + 1024 {
+            let mut transient = std::mem::take(&mut self.transient);
+            transient.retain(|(k, gen)| self.get(k).is_some_and(|e| e.gen == *gen && e.data.is_some()));
+            self.transient = transient;
+        }
+    }
+
+    /// Drops the JSON of the entries [marked](Self::mark_transient) whose change is on disk
+    /// (`durable`), unless a later put replaced them (a read back keeps its JSON).
+    pub(crate) fn drop_transient(&mut self, durable: Seq) {
+        while let Some((k, gen)) = self.transient.front().cloned() {
+            let Some(e) = self.get(&k).cloned().filter(|e| e.gen == gen && e.data.is_some()) else {
+                self.transient.pop_front();
+                continue;
+            };
+            if e.seq > durable {
+                // Applied in order: the rest are later still.
+                break;
+            }
+            self.transient.pop_front();
+            self.make_cold(&e);
+        }
+    }
+
+    /// Keeps the JSON of every entry [marked](Self::mark_transient) (someone decodes objects
+    /// now), within the budget as any other.
+    pub(crate) fn keep_transient(&mut self) {
+        self.transient.clear();
     }
 
     /// Puts the JSON read back from redb into `entry`, if the table still holds that version
@@ -509,8 +649,8 @@ impl<K> Objects<K> {
         self.get(&key).cloned()
     }
 
-    fn insert(&mut self, key: Arc<ObjectKey>, entry: Arc<Entry<K>>) {
-        let (ns, name) = (key.namespace.as_deref(), key.name.as_str());
+    fn insert(&mut self, entry: Arc<Entry<K>>) {
+        let (ns, name) = (entry.meta.namespace.as_deref(), entry.meta.name.as_str());
         let hasher = &self.hasher;
         let rehash = |e: &Arc<Entry<K>>| name_hash(hasher, e.meta.namespace.as_deref(), &e.meta.name);
         match self
@@ -522,7 +662,7 @@ impl<K> Objects<K> {
                 v.insert(entry.clone());
             }
         }
-        self.ordered.insert(key, entry);
+        self.ordered.replace(Keyed(entry));
         debug_assert_eq!(self.ordered.len(), self.by_name.len());
     }
 
@@ -532,7 +672,7 @@ impl<K> Objects<K> {
         if let Ok(o) = self.by_name.find_entry(hash, |e| is_named(e, ns, name)) {
             o.remove();
         }
-        self.ordered.remove(key);
+        self.ordered.remove(key as &dyn KeyView);
         debug_assert_eq!(self.ordered.len(), self.by_name.len());
     }
 
@@ -540,26 +680,39 @@ impl<K> Objects<K> {
     #[cfg(test)]
     pub(crate) fn consistent(&self) -> bool {
         let charged: usize = self
-            .ordered
-            .values()
+            .iter()
             .filter_map(|e| e.data.as_ref())
             .map(|d| charge(&d.bytes))
             .sum();
         let mut want: Postings = self.postings.keys().map(|n| (n.clone(), BTreeMap::new())).collect();
-        for (k, e) in &self.ordered {
+        for e in self.iter() {
             for (name, vals) in e.values.iter() {
                 if let Some(p) = want.get_mut(name) {
                     for v in vals {
-                        p.entry(v.clone()).or_default().insert(k.clone());
+                        p.entry(v.clone()).or_default().insert(Arc::new(e.meta.key()));
                     }
                 }
             }
         }
+        // Each object's postings share one copy of its key.
+        let mut copies: HashMap<ObjectKey, *const ObjectKey> = HashMap::new();
+        let shared = self
+            .postings
+            .values()
+            .flat_map(|p| p.values())
+            .flatten()
+            .all(|k| *copies.entry((**k).clone()).or_insert(Arc::as_ptr(k)) == Arc::as_ptr(k));
         let values: usize = self.values.iter().map(values_cost).sum();
-        let held: usize = self.ordered.iter().map(|(k, e)| held(k, e)).sum::<usize>() + values;
+        let held: usize = self.iter().map(|e| held(&e.meta.key(), e)).sum::<usize>() + values;
+        let by_name = self.iter().all(|e| {
+            self.named(e.meta.namespace.as_deref(), &e.meta.name)
+                .is_some_and(|n| Arc::ptr_eq(n, e))
+        });
         charged == self.charged
             && held == self.held
             && want == self.postings
+            && shared
+            && by_name
             && self.ordered.len() == self.by_name.len()
     }
 }
@@ -711,16 +864,16 @@ mod tests {
                     proptest::prop_assert!(t.consistent());
                     let pinned: usize = t
                         .iter()
-                        .filter(|(_, e)| e.seq > committed)
-                        .filter_map(|(_, e)| e.bytes().map(charge))
+                        .filter(|e| e.seq > committed)
+                        .filter_map(|e| e.bytes().map(charge))
                         .sum();
                     proptest::prop_assert!(t.charged() <= (*cap).max(pinned), "a table over its cap");
                 }
                 let evictable: usize = tables
                     .iter()
                     .flat_map(|t| t.iter())
-                    .filter(|(_, e)| e.seq <= committed)
-                    .filter_map(|(_, e)| e.bytes().map(charge))
+                    .filter(|e| e.seq <= committed)
+                    .filter_map(|e| e.bytes().map(charge))
                     .sum();
                 proptest::prop_assert!(
                     memory.used() <= limit || evictable == 0,
@@ -731,6 +884,55 @@ mod tests {
             drop(tables);
             proptest::prop_assert_eq!(memory.used(), 0, "dropped tables give everything back");
         }
+    }
+
+    #[test]
+    fn entries_are_ordered_by_their_own_key_and_selected_by_namespace() {
+        let mut t: Objects<serde_json::Value> = Objects::default();
+        let keys = [
+            ObjectKey::namespaced("b", "x"),
+            ObjectKey::cluster("z"),
+            ObjectKey::namespaced("a", "y"),
+            ObjectKey::namespaced("ab", "a"),
+            ObjectKey::namespaced("a", "x"),
+            ObjectKey::cluster("c"),
+        ];
+        for (i, k) in keys.iter().enumerate() {
+            let meta = ObjectMeta {
+                namespace: k.namespace.clone(),
+                name: k.name.clone(),
+                resource_version: (i as u64 + 1).to_string().into(),
+                ..ObjectMeta::default()
+            };
+            t.put(
+                k,
+                Some(Arc::new(Entry::new(
+                    Arc::new(meta),
+                    Arc::from(Vec::new()),
+                    Seq(i as u64 + 1),
+                    None,
+                ))),
+            );
+        }
+        let names =
+            |v: Vec<Arc<Entry<serde_json::Value>>>| v.iter().map(|e| e.meta.key().to_string()).collect::<Vec<_>>();
+        let mut sorted = keys.to_vec();
+        sorted.sort();
+        assert_eq!(
+            t.iter().map(|e| e.meta.key()).collect::<Vec<_>>(),
+            sorted,
+            "the order of ObjectKey"
+        );
+        assert_eq!(names(t.select(Some("a"), |_| true)), ["a/x", "a/y"]);
+        assert_eq!(names(t.select(Some("ab"), |_| true)), ["ab/a"]);
+        assert_eq!(names(t.select(Some("aa"), |_| true)), Vec::<String>::new());
+        assert_eq!(names(t.select(Some(""), |_| true)), ["c", "z"]);
+        assert_eq!(names(t.select(None, |m| m.name == "x")), ["a/x", "b/x"]);
+        t.put(&ObjectKey::namespaced("a", "x"), None);
+        assert_eq!(names(t.select(Some("a"), |_| true)), ["a/y"]);
+        assert!(t.get(&ObjectKey::namespaced("a", "x")).is_none());
+        assert_eq!(t.len(), 5);
+        assert!(t.consistent());
     }
 
     #[test]

@@ -1,0 +1,188 @@
+//! What an informer's cache holds per object (issues #35 and #36): a metadata-only informer
+//! holds its metadata once (parsed, for selectors and indexes), and a change's JSON (the same
+//! metadata again) only until it is on disk, unless handlers or a reader decode objects;
+//! every read still answers as before.
+
+use std::collections::BTreeSet;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use durable_informer::informer::{handler_fn, Event, HandlerOptions, Informer};
+use durable_informer::object::ObjectKey;
+use durable_informer::selector::LabelSelector;
+use durable_informer::sim::workload::WorkloadGen;
+use durable_informer::sim::{Sim, SimConfig};
+use durable_informer::source::KubeSource;
+use durable_informer::store::{DurableStore, StoreConfig};
+use k8s_openapi::api::core::v1::Pod;
+use kube::core::PartialObjectMeta;
+use kube::ResourceExt;
+
+const PODS: usize = 40;
+
+fn sim() -> Sim {
+    let sim = Sim::start(SimConfig::default().bookmark_interval(Duration::from_millis(200))).unwrap();
+    let mut gen = WorkloadGen::new(7).namespaces(2);
+    sim.bulk_load("namespaces", gen.namespace_objects()).unwrap();
+    sim.bulk_load("pods", gen.pods(PODS)).unwrap();
+    sim
+}
+
+/// Waits until the informer's cache holds every Pod.
+async fn loaded<K>(informer: &Informer<K>) -> durable_informer::informer::CacheStats
+where
+    K: serde::de::DeserializeOwned + Send + Sync + 'static,
+{
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let s = informer.cache_stats();
+        if s.loaded && s.objects == PODS {
+            return s;
+        }
+        assert!(Instant::now() < deadline, "the cache never held every Pod: {s:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_metadata_informer_keeps_no_json_for_listers_and_answers_the_same() {
+    let sim = tokio::task::spawn_blocking(sim).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let db = DurableStore::open(StoreConfig::new(dir.path().join("c.redb"))).unwrap();
+    let meta = Informer::<PartialObjectMeta<Pod>>::builder(
+        &db,
+        KubeSource::typed::<Pod>(sim.client().unwrap(), &sim.url()).metadata_only(),
+    )
+    .build()
+    .await
+    .unwrap();
+    let full = Informer::<Pod>::builder(&db, KubeSource::typed::<Pod>(sim.client().unwrap(), &sim.url()))
+        .build()
+        .await
+        .unwrap();
+    meta.start();
+    full.start();
+    meta.wait_for_sync().await.unwrap();
+    full.wait_for_sync().await.unwrap();
+    let (mut m, f) = (loaded(&meta).await, loaded(&full).await);
+    // The JSON goes once the changes are on disk (a deferred fsync away).
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while m.with_json > 0 {
+        assert!(
+            Instant::now() < deadline,
+            "a metadata-only cache keeps no JSON nobody decoded: {m:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        m = meta.cache_stats();
+    }
+    assert_eq!(
+        f.with_json, PODS,
+        "a full-object cache keeps what the changes brought: {f:?}"
+    );
+    assert!(m.held_bytes > 0 && m.charged_bytes == 0, "{m:?}");
+
+    // Listers answer as the full informer's do, reading the JSON back.
+    let (ml, fl) = (meta.lister(), full.lister());
+    let some = fl.state().unwrap()[5].clone();
+    let key = ObjectKey::namespaced(some.namespace().unwrap(), some.name_any());
+    let got = ml.get_by_key(&key).unwrap().expect("the lister finds it");
+    assert_eq!(got.metadata.uid, some.metadata.uid);
+    assert_eq!(got.labels(), some.labels());
+    assert_eq!(got.annotations(), some.annotations());
+    assert_eq!(got.owner_references(), some.owner_references());
+    assert_eq!(
+        meta.cache_stats().with_json,
+        1,
+        "a read keeps its JSON within the budget"
+    );
+    let names = |v: Vec<String>| v.into_iter().collect::<BTreeSet<_>>();
+    for sel in [
+        "tier=frontend",
+        "tier!=frontend,app",
+        "app.kubernetes.io/part-of=durable-informer-bench",
+    ] {
+        let sel: LabelSelector = sel.parse().unwrap();
+        let want = names(fl.list(&sel).unwrap().iter().map(|p| p.name_any()).collect());
+        let have = names(ml.list(&sel).unwrap().iter().map(|p| p.name_any()).collect());
+        assert!(!want.is_empty(), "{sel:?} selects some Pods");
+        assert_eq!(have, want, "{sel:?}");
+    }
+    assert_eq!(ml.state().unwrap().len(), PODS);
+    meta.shutdown().await.unwrap();
+    full.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_metadata_informers_handler_and_reader_get_every_object() {
+    let sim = tokio::task::spawn_blocking(sim).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let db = DurableStore::open(StoreConfig::new(dir.path().join("h.redb"))).unwrap();
+    let meta = Informer::<PartialObjectMeta<Pod>>::builder(
+        &db,
+        KubeSource::typed::<Pod>(sim.client().unwrap(), &sim.url()).metadata_only(),
+    )
+    .build()
+    .await
+    .unwrap();
+    let seen: Arc<Mutex<Vec<(String, usize)>>> = Arc::default();
+    let s = seen.clone();
+    let reg = meta.add_event_handler(
+        handler_fn(move |ev: Event<PartialObjectMeta<Pod>>| {
+            if let Event::Add { object, .. } | Event::Update { new: object, .. } = &ev {
+                s.lock().unwrap().push((object.name_any(), object.labels().len()));
+            }
+            Ok::<_, std::convert::Infallible>(())
+        }),
+        HandlerOptions::volatile(),
+    );
+    meta.start();
+    tokio::time::timeout(Duration::from_secs(20), reg.wait_for_sync())
+        .await
+        .unwrap()
+        .unwrap();
+    {
+        let seen = seen.lock().unwrap();
+        assert_eq!(seen.len(), PODS, "every Pod told once");
+        assert!(seen.iter().all(|(_, labels)| *labels == 4), "with its labels: {seen:?}");
+    }
+    // A change after the sync reaches the handler with its new state.
+    let first = seen.lock().unwrap()[0].0.clone();
+    let pod = meta
+        .lister()
+        .state()
+        .unwrap()
+        .into_iter()
+        .find(|p| p.name_any() == first)
+        .unwrap();
+    let ns = pod.namespace().unwrap();
+    sim.patch(
+        "pods",
+        Some(&ns),
+        &first,
+        &serde_json::json!({"metadata": {"labels": {"extra": "1"}}}),
+    )
+    .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !seen
+        .lock()
+        .unwrap()
+        .iter()
+        .any(|(n, labels)| *n == first && *labels == 5)
+    {
+        assert!(Instant::now() < deadline, "the update never reached the handler");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // A reader (kube's Store) holds every object.
+    let reader = meta.reader();
+    tokio::time::timeout(Duration::from_secs(20), reader.wait_until_ready())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(reader.state().len(), PODS);
+    assert_eq!(
+        meta.cache_stats().with_json,
+        PODS,
+        "a reader's cache holds every object's JSON"
+    );
+    meta.shutdown().await.unwrap();
+}
