@@ -47,7 +47,7 @@ impl ParsedVersions {
         v
     }
 
-    fn remember(&mut self, rv: u64, full: Bytes, v: Arc<Value>) {
+    pub(crate) fn remember(&mut self, rv: u64, full: Bytes, v: Arc<Value>) {
         self.by_rv.insert(rv, (full, v));
         if self.by_rv.len() > Self::KEEP {
             self.by_rv.pop_first();
@@ -149,6 +149,19 @@ impl Sim {
         let res = self.resource(&st, resource)?;
         let obj = st.get(res, ns, name)?;
         Ok(st.parsed.of(&obj))
+    }
+
+    /// The parsed version whose bytes `full` are, when it is one of the newest (the answer
+    /// to a write is the version the write stored).
+    pub(crate) fn parsed_of_bytes(&self, full: &Bytes) -> Option<Arc<Value>> {
+        let st = self.shared.lock();
+        st.parsed
+            .by_rv
+            .values()
+            .rev()
+            .take(4)
+            .find(|(b, _)| same_bytes(b, full))
+            .map(|(_, v)| v.clone())
     }
 
     /// Remembers a version the harness parsed from a write's answer (`full`, the answer's

@@ -430,10 +430,14 @@ impl InProcess {
         let (rparts, rbody) = resp.into_parts();
         let rbytes = rbody.collect().await.map(|b| b.to_bytes()).unwrap_or_default();
         let code = rparts.status.as_u16();
-        let mut answer: Option<Arc<Value>> = serde_json::from_slice(&rbytes).ok().map(Arc::new);
-        if let (true, Some(a)) = (write && (200..300).contains(&code), &answer) {
-            // The stored version itself: its delivery need not parse it again.
-            self.sim.remember_parsed(&rbytes, a);
+        // A write's answer is the version it stored, which the server parsed already.
+        let mut answer: Option<Arc<Value>> = self.sim.parsed_of_bytes(&rbytes);
+        if answer.is_none() {
+            answer = serde_json::from_slice(&rbytes).ok().map(Arc::new);
+            if let (true, Some(a)) = (write && (200..300).contains(&code), &answer) {
+                // The stored version itself: its delivery need not parse it again.
+                self.sim.remember_parsed(&rbytes, a);
+            }
         }
         let (crash, stall) = {
             let mut sh = lock(&self.shared);

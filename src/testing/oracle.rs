@@ -130,12 +130,21 @@ fn server_moved(path: &str) -> bool {
 /// Disjoint changes (a merge patch of other fields) are no loss, and neither is overwriting a
 /// value the writer itself wrote last (`own`: what its last write to the object left).
 pub(crate) fn lost_update(read: &Value, before: &Value, after: &Value, own: Option<&Value>) -> Vec<String> {
-    let (lb, la) = (leaves(before), leaves(after));
-    let lo = own.map(leaves).unwrap_or_default();
-    let changed_since_read = differing(read, before);
-    changed_since_read
+    // Usually the writer read the version it writes over (often the very same value).
+    if std::ptr::eq(read, before) || read == before {
+        return Vec::new();
+    }
+    let changed_since_read: Vec<String> = differing(read, before)
         .into_iter()
         .filter(|p| !server_moved(p))
+        .collect();
+    if changed_since_read.is_empty() {
+        return changed_since_read;
+    }
+    let (lb, la) = (leaves(before), leaves(after));
+    let lo = own.map(leaves).unwrap_or_default();
+    changed_since_read
+        .into_iter()
         .filter(|p| own.is_none() || covered(&lo, p) != covered(&lb, p))
         .filter(|p| covered(&lb, p) != covered(&la, p))
         .collect()

@@ -1388,12 +1388,14 @@ where
     E: fmt::Display + Send + 'static,
 {
     // Controller mode runs on real time: the controller's store has a writer thread, which a
-    // paused clock would not wait for.
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .start_paused(h.controller.is_none())
-        .build()
-        .map_err(|e| HarnessError::Sim(crate::sim::SimError::Io(e)))?;
+    // paused clock would not wait for. Otherwise nothing does I/O (the server is in-process),
+    // and without an I/O driver waking the runtime and parking it make no system calls.
+    let mut rt = tokio::runtime::Builder::new_current_thread();
+    match h.controller {
+        Some(_) => rt.enable_all(),
+        None => rt.enable_time().start_paused(true),
+    };
+    let rt = rt.build().map_err(|e| HarnessError::Sim(crate::sim::SimError::Io(e)))?;
     rt.block_on(async {
         let run = Run::new(h, recordings, schedule)?;
         let mut out = if h.controller.is_some() {

@@ -21,6 +21,8 @@ mod object;
 mod prebuilt;
 
 pub(crate) use error::ApiError;
+#[cfg(feature = "testing")]
+use object::build_obj_parsed;
 pub(crate) use object::{build_obj, key_of, merge_patch, strategic_merge_patch, Event, EventKind, Obj};
 use object::{check_name, meta_mut, random_suffix, resolve_ns};
 pub use prebuilt::Prebuilt;
@@ -313,7 +315,7 @@ impl State {
                 .or_insert_with(|| json!({"finalizers": ["kubernetes"]}));
             obj.entry("status").or_insert_with(|| json!({"phase": "Active"}));
         }
-        let obj = Arc::new(build_obj(&def, key.clone(), v)?);
+        let obj = Arc::new(self.build(&def, key.clone(), v)?);
         self.rv = rv;
         self.objects[res].insert(key, obj.clone());
         self.push_event(res, EventKind::Added, obj.clone(), None);
@@ -485,7 +487,7 @@ impl State {
                 .and_then(Value::as_i64)
                 .unwrap_or(0)
                 == 0;
-        let obj = Arc::new(build_obj(def, key.clone(), new_v.take())?);
+        let obj = Arc::new(self.build(def, key.clone(), new_v.take())?);
         self.rv = rv;
         if gone {
             // The last finalizer of a terminating object is gone: the object goes with this
@@ -520,7 +522,7 @@ impl State {
             if let Some(g) = meta.get("generation").and_then(Value::as_i64).filter(|g| *g > 0) {
                 meta.insert("generation".into(), json!(g + 1));
             }
-            let obj = Arc::new(build_obj(&def, key.clone(), v)?);
+            let obj = Arc::new(self.build(&def, key.clone(), v)?);
             self.rv = rv;
             self.objects[res].insert(key, obj.clone());
             self.push_event(res, EventKind::Modified, obj.clone(), Some(old));
@@ -533,10 +535,24 @@ impl State {
             meta.insert("deletionTimestamp".into(), json!(self.now_rfc3339()));
             meta.insert("deletionGracePeriodSeconds".into(), json!(0));
         }
-        let obj = Arc::new(build_obj(&def, key, v)?);
+        let obj = Arc::new(self.build(&def, key, v)?);
         self.rv = rv;
         self.push_event(res, EventKind::Deleted, obj.clone(), Some(old));
         Ok((obj, false))
+    }
+
+    /// A new stored version; on the in-process server its parsed form is kept for the
+    /// harness, which reads every version (the answer to a write, its delivery).
+    fn build(&mut self, def: &ResourceDef, key: String, v: Value) -> Result<Obj, ApiError> {
+        #[cfg(feature = "testing")]
+        if self.deterministic.is_some() {
+            let (obj, parsed) = build_obj_parsed(def, key, v, true)?;
+            if let Some(p) = parsed {
+                self.parsed.remember(obj.rv, obj.full.clone(), Arc::new(p));
+            }
+            return Ok(obj);
+        }
+        build_obj(def, key, v)
     }
 
     /// An object version parsed: a copy of the harness's parsed version on the in-process

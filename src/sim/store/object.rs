@@ -299,7 +299,19 @@ fn merge_list(cur: &mut Vec<Value>, items: &[Value], key: &str) {
 }
 
 /// Serialize an object (kind/apiVersion first) and extract its index.
-pub(crate) fn build_obj(def: &ResourceDef, key: String, mut v: Value) -> Result<Obj, ApiError> {
+pub(crate) fn build_obj(def: &ResourceDef, key: String, v: Value) -> Result<Obj, ApiError> {
+    build_obj_parsed(def, key, v, false).map(|(obj, _)| obj)
+}
+
+/// [`build_obj`], with `keep`, also giving back the object as its bytes parse (`None` when
+/// it has no fields besides kind and apiVersion): the in-process server keeps it for the
+/// harness.
+pub(crate) fn build_obj_parsed(
+    def: &ResourceDef,
+    key: String,
+    mut v: Value,
+    keep: bool,
+) -> Result<(Obj, Option<Value>), ApiError> {
     let obj = v
         .as_object_mut()
         .ok_or_else(|| ApiError::bad_request("the body must be a JSON object"))?;
@@ -337,7 +349,16 @@ pub(crate) fn build_obj(def: &ResourceDef, key: String, mut v: Value) -> Result<
     full.extend_from_slice(prefix.as_bytes());
     // `rest` is `{…}` with at least `metadata` inside.
     full.extend_from_slice(rest.get(1..).unwrap_or(b"}"));
-    Ok(Obj {
+    // What `full` parses to: `v` with kind and apiVersion back (a map's order is its keys').
+    let parsed = match v {
+        Value::Object(mut m) if keep && !m.is_empty() => {
+            m.insert("kind".into(), Value::String(def.kind.clone()));
+            m.insert("apiVersion".into(), Value::String(def.api_version()));
+            Some(Value::Object(m))
+        }
+        _ => None,
+    };
+    let obj = Obj {
         key,
         ns: s("namespace"),
         name: s("name"),
@@ -347,5 +368,6 @@ pub(crate) fn build_obj(def: &ResourceDef, key: String, mut v: Value) -> Result<
         fields,
         full: Bytes::from(full),
         prefix_len: prefix.len(),
-    })
+    };
+    Ok((obj, parsed))
 }
