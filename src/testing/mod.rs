@@ -14,9 +14,10 @@
 //! * lets the controller's `kube::Client` write to that server (conflicts, resourceVersion
 //!   preconditions, finalizers as the server has them); a small garbage collector deletes
 //!   objects whose controlling owner is gone;
-//! * runs on tokio's paused clock, with one seeded scheduler deciding every interleaving:
-//!   which recorded change next, which informer delivers its next event, which queued object
-//!   is reconciled, when a requeue fires;
+//! * runs on tokio's paused clock (a current-thread runtime without an I/O driver: a
+//!   reconcile that opens sockets of its own is not supported), with one seeded scheduler
+//!   deciding every interleaving: which recorded change next, which informer delivers its
+//!   next event, which queued object is reconciled, when a requeue fires;
 //! * injects [`Fault`]s at event boundaries: crash and restart (from the database, from an
 //!   empty one, against a server view behind), a crash right after a write, one informer
 //!   delayed behind the others, a dropped watch with a 410 relist, events delivered again;
