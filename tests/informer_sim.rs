@@ -650,6 +650,19 @@ async fn a_durable_handler_receives_only_what_is_on_disk() {
         pod.metadata.namespace.clone().unwrap(),
         pod.metadata.name.clone().unwrap(),
     );
+    // The durable handler's cursor, saved after its initial adds by a durable commit, lands
+    // first: landing after the update's deferred commit, it would put that on disk too (a
+    // race CI lost once at load 4).
+    let writer = db.writer();
+    let scope = informer.scope();
+    eventually(
+        "the durable handler's cursor is stored and everything is on disk",
+        || {
+            db.log().cursor(scope, "on-disk").ok().flatten() == Some(_d.cursor())
+                && *writer.durable().borrow() == *writer.committed().borrow()
+        },
+    )
+    .await;
     sim.patch(
         "pods",
         Some(&ns),
@@ -671,7 +684,6 @@ async fn a_durable_handler_receives_only_what_is_on_disk() {
         Some("yes"),
         "the lister has it"
     );
-    let writer = db.writer();
     // The handler may run before the group's (relaxed) commit, which follows at once; the
     // durable commit does not.
     eventually("committed, not on disk yet", || {
