@@ -18,6 +18,7 @@ use super::ResourceDef;
 
 mod error;
 mod object;
+mod parsed;
 mod prebuilt;
 
 pub(crate) use error::ApiError;
@@ -25,6 +26,7 @@ pub(crate) use error::ApiError;
 use object::build_obj_parsed;
 pub(crate) use object::{build_obj, key_of, merge_patch, strategic_merge_patch, Event, EventKind, Obj};
 use object::{check_name, meta_mut, random_suffix, resolve_ns};
+pub(crate) use parsed::ParsedVersions;
 pub use prebuilt::Prebuilt;
 
 /// Limits of the history (the compaction window).
@@ -79,7 +81,7 @@ pub(crate) struct State {
     pub deterministic: Option<Deterministic>,
     /// Object versions parsed for the harness, which reads each one several times.
     #[cfg(feature = "testing")]
-    pub parsed: super::in_process::ParsedVersions,
+    pub parsed: ParsedVersions,
 }
 
 /// The harness's source of uids, generated names and the current time.
