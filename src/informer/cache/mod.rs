@@ -399,12 +399,24 @@ where
     /// The state to read, brought up to what the stream holds first.
     fn fresh(&self) -> RwLockReadGuard<'_, State<K>> {
         let st = self.state.reading();
-        if !st.behind() {
+        let Some(target) = st.stream.as_ref().map(|s| s.published()).filter(|&p| p > st.consumed) else {
             return st;
-        }
+        };
+        let stream = st.stream.clone();
         drop(st);
-        self.pump_waiting();
-        self.state.reading()
+        // Up to what was published when the read came in. A pump that another task took over
+        // midway stops where it handed over, so this goes on until there (or a reload).
+        loop {
+            self.pump_waiting();
+            let st = self.state.reading();
+            let same = match (&st.stream, &stream) {
+                (Some(a), Some(b)) => Arc::ptr_eq(a, b),
+                _ => false,
+            };
+            if !same || st.consumed >= target {
+                return st;
+            }
+        }
     }
 
     fn pump_locked<'a>(&'a self, mut pump: std::sync::MutexGuard<'a, Pump<K>>) {
