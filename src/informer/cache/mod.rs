@@ -118,8 +118,12 @@ struct State<K> {
 }
 
 impl<K> State<K> {
-    fn behind(&self) -> bool {
-        self.stream.as_ref().is_some_and(|s| s.published() > self.consumed)
+    /// What the stream had published, when the table is behind it.
+    fn behind(&self) -> Option<u64> {
+        self.stream
+            .as_ref()
+            .map(|s| s.published())
+            .filter(|&p| p > self.consumed)
     }
 }
 
@@ -399,7 +403,7 @@ where
     /// The state to read, brought up to what the stream holds first.
     fn fresh(&self) -> RwLockReadGuard<'_, State<K>> {
         let st = self.state.reading();
-        let Some(target) = st.stream.as_ref().map(|s| s.published()).filter(|&p| p > st.consumed) else {
+        let Some(target) = st.behind() else {
             return st;
         };
         let stream = st.stream.clone();
