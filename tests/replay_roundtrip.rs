@@ -192,9 +192,22 @@ async fn an_informer_with_handlers_is_driven_by_a_recording() {
         }),
         HandlerOptions::durable("test"),
     );
+    // A durable handler without a cursor is first told what is on disk when its task gets to
+    // it: started late, it would see a snapshot of a later state (`add cm-1` alone) instead of
+    // each change. Its cursor is persisted once that first view (of the empty scope) is told.
+    let (log, scope) = (db.log(), informer.scope());
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while log.cursor(scope, "test").unwrap().is_none() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the durable handler did not take its first view within 30 s"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(2)).await;
+    }
     informer.start();
     let report = handle.wait_applied(informer.status()).await.unwrap();
     assert_eq!(report.last_rv.as_str(), "13");
+    // `shutdown` lets the handler catch up with every commit before stopping it.
     informer.shutdown().await.unwrap();
     drop(reg);
     assert_eq!(
