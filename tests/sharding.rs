@@ -624,18 +624,8 @@ async fn a_stop_between_the_change_and_the_fetch_fetches_on_the_next_start() {
         inf.shutdown().await.unwrap();
         sim.faults().clear();
     }
-    // The first store's writer thread lets go of the file just after the drop returns: until
-    // then a second open gets `Locked` (about one run in two on 8df74fd too; see the closing
-    // note of 2026-11-27), so the next start waits for it as a restarted process would.
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    let db = loop {
-        match DurableStore::open(StoreConfig::new(&path)) {
-            Err(durable_informer::store::StoreError::Locked { .. }) if std::time::Instant::now() < deadline => {
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-            other => break other.unwrap(),
-        }
-    };
+    // The first store lets go of the file a moment after the drops; the open waits for it.
+    let db = DurableStore::open(StoreConfig::new(&path)).unwrap();
     let (inf, seen) = informer(&sim, &db, Some(new.clone()), 100).await;
     converge(&inf, &want).await;
     seen.settled().await;

@@ -680,3 +680,56 @@ fn batch_boundaries_do_not_change_the_stored_bytes() {
         assert!(other.1 == whole.1, "log rows differ with batches of {sizes:?}");
     }
 }
+
+/// What a restart inside one process does: reopen the file right after the last handle went.
+#[test]
+fn a_dropped_or_closed_store_frees_its_file_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("db.redb");
+    for i in 0..50u64 {
+        let db = DurableStore::open(StoreConfig::new(&path)).unwrap_or_else(|e| panic!("open {i}: {e}"));
+        let w = db.writer();
+        let scope = w.register_scope_blocking(&spec()).unwrap();
+        w.apply_blocking(Batch::new(scope).delta(DeltaKind::Added, cm("ns", &format!("o{i}"), i + 1, "x")))
+            .unwrap();
+        drop(w);
+        if i % 2 == 0 {
+            drop(db);
+        } else {
+            db.close().unwrap();
+        }
+    }
+    let db = DurableStore::open(StoreConfig::new(&path)).unwrap();
+    assert_eq!(db.store(db.scopes().unwrap()[0].0).list().unwrap().len(), 50);
+}
+
+/// The same with an informer on the store, whichever of the two goes last: its tasks end on
+/// the runtime after `shutdown`, and the file is still free for the next open at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_file_is_free_at_once_when_the_store_and_its_informer_are_gone() {
+    use durable_informer::informer::Informer;
+    use k8s_openapi::api::core::v1::ConfigMap;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("db.redb");
+    let fake = common::fake::Fake::new();
+    for i in 0..50u64 {
+        fake.upsert(&format!("o{i}"), "1");
+        let p = path.clone();
+        let db = tokio::task::spawn_blocking(move || DurableStore::open(StoreConfig::new(p)))
+            .await
+            .unwrap()
+            .unwrap_or_else(|e| panic!("open {i}: {e}"));
+        let inf = Informer::<ConfigMap>::builder(&db, fake.clone()).build().await.unwrap();
+        inf.start();
+        inf.wait_for_sync().await.unwrap();
+        assert_eq!(inf.store().list_keys().unwrap().len() as u64, i + 1);
+        inf.shutdown().await.unwrap();
+        if i % 2 == 0 {
+            drop(inf);
+            drop(db);
+        } else {
+            drop(db);
+            drop(inf);
+        }
+    }
+}

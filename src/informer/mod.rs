@@ -717,7 +717,13 @@ where
         }
         // Record the log position at which the informer became synced, for handlers' sync and
         // the end of the initial list.
-        let inner = self.inner.clone();
+        // Not the whole `Inner`: a task outliving the informer would keep the store's writer,
+        // and its file, open.
+        let (writer, initial_list, sync_seq) = (
+            self.inner.writer.clone(),
+            self.inner.initial_list.clone(),
+            self.inner.sync_seq.clone(),
+        );
         let mut status = self.inner.status.clone();
         tokio::spawn(async move {
             let (rv, seq) = match status.wait_for(|s| s.synced).await {
@@ -726,9 +732,9 @@ where
             };
             // The reflector sets both together; the writer's position is a safe bound otherwise.
             debug_assert!(seq.is_some(), "synced without a sync point");
-            let seq = seq.unwrap_or_else(|| *inner.writer.committed().borrow());
-            inner.initial_list.send_modify(|l| l.until = Some((seq, rv)));
-            inner.sync_seq.send_replace(Some(seq));
+            let seq = seq.unwrap_or_else(|| *writer.committed().borrow());
+            initial_list.send_modify(|l| l.until = Some((seq, rv)));
+            sync_seq.send_replace(Some(seq));
         });
         let handle = tokio::spawn(fut);
         *self.inner.task.locked() = Some(handle);

@@ -27,6 +27,8 @@ pub(crate) struct Fence {
     /// Told (at most one message queued) when a background fsync finishes.
     wake_tx: Sender<()>,
     wake_rx: Receiver<()>,
+    /// Set when the store closes: an open of its file then waits for the release.
+    pub(crate) closing: Arc<super::release::Closing>,
 }
 
 #[derive(Debug, Default)]
@@ -60,6 +62,7 @@ impl Default for Fence {
             idle: Condvar::new(),
             wake_tx,
             wake_rx,
+            closing: Arc::default(),
         }
     }
 }
@@ -165,10 +168,13 @@ pub(crate) struct Fenced {
     fence: Arc<Fence>,
     /// Asks the syncer thread for fsync number `n`; `None` once closed.
     syncer: Mutex<Option<(Sender<u64>, std::thread::JoinHandle<()>)>>,
+    /// Last, so it is dropped after `inner` closed the file.
+    _held: super::release::HeldFile,
 }
 
 impl Fenced {
-    pub(crate) fn new(inner: Box<dyn redb::StorageBackend>, fence: Arc<Fence>) -> Self {
+    /// `path`: the file `inner` holds.
+    pub(crate) fn new(inner: Box<dyn redb::StorageBackend>, fence: Arc<Fence>, path: &std::path::Path) -> Self {
         let inner: Arc<dyn redb::StorageBackend> = Arc::from(inner);
         let (tx, rx) = crossbeam_channel::unbounded::<u64>();
         let (file, f) = (inner.clone(), fence.clone());
@@ -184,10 +190,12 @@ impl Fenced {
             })
             .ok()
             .map(|h| (tx, h));
+        let held = super::release::HeldFile::new(path, fence.closing.clone());
         Self {
             inner,
             fence,
             syncer: Mutex::new(syncer),
+            _held: held,
         }
     }
 

@@ -45,6 +45,7 @@ pub(crate) mod memory;
 mod metrics;
 mod migrate;
 mod read;
+mod release;
 mod rules;
 mod schema;
 mod writer;
@@ -491,7 +492,7 @@ fn open_database(config: &StoreConfig, fence: &Arc<fence::Fence>) -> Result<redb
         Some(WrapBackend(wrap)) => wrap(backend),
         None => Box::new(backend),
     };
-    let backend = fence::Fenced::new(backend, fence.clone());
+    let backend = fence::Fenced::new(backend, fence.clone(), &path);
     let opened = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| builder.create_with_backend(backend)));
     match opened {
         Ok(Ok(db)) => Ok(db),
@@ -639,7 +640,26 @@ impl Shared {
 /// is alive: dropping the store while informers still run leaves their writes going, and the
 /// last of them stops the writer when it is dropped. [`close`](Self::close) stops it at once,
 /// after it committed everything queued (informers still running then report
-/// [`StoreError::WriterGone`]); read handles keep the file open until they are dropped too.
+/// [`StoreError::WriterGone`]).
+///
+/// Once the store and its informers are gone (dropped in any order, on any thread) or the store
+/// is closed, [`open`](Self::open) of the same file in this process succeeds at once: it waits
+/// for the file to be let go of (the writer's last commit, reads in flight). Another process
+/// may find the file locked until then; the store alone, dropped or closed, lets go of it
+/// before the drop or `close` returns, unless a read transaction of it (a `Snapshot`) is
+/// still alive.
+///
+/// ```
+/// use durable_informer::store::{DurableStore, StoreConfig};
+/// # let dir = tempfile::tempdir().unwrap();
+/// let path = dir.path().join("db.redb");
+/// let db = DurableStore::open(StoreConfig::new(&path))?;
+/// drop(db);
+/// let db = DurableStore::open(StoreConfig::new(&path))?;
+/// db.close()?;
+/// let _db = DurableStore::open(StoreConfig::new(&path))?;
+/// # Ok::<(), durable_informer::store::StoreError>(())
+/// ```
 pub struct DurableStore {
     shared: Arc<Shared>,
     writer: Writer,
@@ -659,6 +679,7 @@ impl Lifetime {
     /// file once in-flight reads finish (even if read handles remain).
     fn stop(&self) -> Result<(), StoreError> {
         use crate::util::Locked;
+        self.shared.fence.closing.set();
         self.writer.shutdown();
         let thread = self.thread.locked().take();
         if let Some(t) = thread {
@@ -672,8 +693,10 @@ impl Lifetime {
 impl Drop for Lifetime {
     fn drop(&mut self) {
         use crate::util::Locked;
+        self.shared.fence.closing.set();
         // The last holder may be an informer dropped on an async task, which must not block
-        // on the writer's last commit: the join then happens on a thread of its own.
+        // on the writer's last commit: the join then happens on a thread of its own (an open
+        // of the file in this process waits for it, see `release`).
         if tokio::runtime::Handle::try_current().is_ok() {
             self.writer.shutdown();
             let thread = self.thread.locked().take();
@@ -701,6 +724,9 @@ impl DurableStore {
     /// transaction, and starts the writer thread.
     ///
     /// This blocks (file I/O); from async code call it through `tokio::task::spawn_blocking`.
+    /// A file that another open store holds is refused with [`StoreError::Locked`]; one that an
+    /// earlier store of this process is still letting go of (it was closed or dropped a moment
+    /// ago) is waited for, up to 10 seconds, so a restart within the process opens it at once.
     pub fn open(mut config: StoreConfig) -> Result<Self, StoreError> {
         if config.live_inspection && !config.durable {
             // redb refuses non-durable commits in a mode other processes read.
@@ -713,7 +739,13 @@ impl DurableStore {
             config.fsync_delay = None;
         }
         let fence = Arc::new(fence::Fence::default());
-        let db = open_database(&config, &fence)?;
+        let db = match open_database(&config, &fence) {
+            // An earlier store of this process may still be letting go of the file.
+            Err(StoreError::Locked { .. }) if release::wait_released(&config.path, release::WAIT) => {
+                open_database(&config, &fence)?
+            }
+            other => other?,
+        };
         let path = config.path.clone();
         let shared = Arc::new(Shared {
             db: std::sync::RwLock::new(Some(Arc::new(DbHandle::Rw(db)))),
@@ -852,7 +884,9 @@ impl DurableStore {
         inspect::scope_usage(&self.shared)
     }
 
-    /// Stops the writer after everything queued was committed, and waits for it.
+    /// Stops the writer after everything queued was committed, waits for it, and closes the
+    /// file (once reads in flight finished; a `Snapshot` still alive keeps it open until it is
+    /// dropped). This blocks; from async code call it through `tokio::task::spawn_blocking`.
     pub fn close(mut self) -> Result<(), StoreError> {
         self.stop()
     }
@@ -861,6 +895,7 @@ impl DurableStore {
     /// Every read handle must have been dropped; otherwise the file is closed uncompacted.
     pub fn close_and_compact(self) -> Result<bool, StoreError> {
         use crate::util::Locked;
+        self.shared.fence.closing.set();
         self.writer.shutdown();
         let thread = self.life.thread.locked().take();
         if let Some(t) = thread {
