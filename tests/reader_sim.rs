@@ -4,7 +4,6 @@
 //! left every object on disk.
 
 use std::collections::BTreeSet;
-use std::ops::Bound;
 use std::sync::{Arc, Mutex};
 use std::thread::ThreadId;
 use std::time::Duration;
@@ -18,7 +17,11 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::runtime::reflector::ObjectRef;
 use kube::ResourceExt;
 use redb::backends::FileBackend;
-use redb::{BackendError, StorageBackend};
+use redb::StorageBackend;
+
+#[path = "common/backend.rs"]
+mod backend;
+use backend::{hooked, Hooks};
 
 const PODS: usize = 40;
 
@@ -147,52 +150,12 @@ async fn an_informer_never_started_is_an_error_not_its_last_state() {
 }
 
 /// Records the threads that read the database file.
-#[derive(Debug)]
-struct Recording {
-    inner: FileBackend,
-    readers: Arc<Mutex<Vec<ThreadId>>>,
-}
-
-impl StorageBackend for Recording {
-    fn len(&self) -> Result<u64, std::io::Error> {
-        self.inner.len()
-    }
-    fn read(&self, offset: u64, out: &mut [u8]) -> Result<(), std::io::Error> {
-        self.readers
-            .lock()
+impl Hooks for Mutex<Vec<ThreadId>> {
+    fn read(&self, file: &FileBackend, offset: u64, out: &mut [u8]) -> Result<(), std::io::Error> {
+        self.lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .push(std::thread::current().id());
-        self.inner.read(offset, out)
-    }
-    fn set_len(&self, len: u64) -> Result<(), std::io::Error> {
-        self.inner.set_len(len)
-    }
-    fn sync_data(&self) -> Result<(), std::io::Error> {
-        self.inner.sync_data()
-    }
-    fn write(&self, offset: u64, data: &[u8]) -> Result<(), std::io::Error> {
-        self.inner.write(offset, data)
-    }
-    fn close(&self) -> Result<(), std::io::Error> {
-        self.inner.close()
-    }
-    fn try_lock_range(&self, start: Bound<u64>, end: Bound<u64>) -> Result<bool, BackendError> {
-        self.inner.try_lock_range(start, end)
-    }
-    fn try_lock_shared_range(&self, start: Bound<u64>, end: Bound<u64>) -> Result<bool, BackendError> {
-        self.inner.try_lock_shared_range(start, end)
-    }
-    fn lock_range(&self, start: Bound<u64>, end: Bound<u64>) -> Result<(), BackendError> {
-        self.inner.lock_range(start, end)
-    }
-    fn lock_shared_range(&self, start: Bound<u64>, end: Bound<u64>) -> Result<(), BackendError> {
-        self.inner.lock_shared_range(start, end)
-    }
-    fn unlock_range(&self, start: Bound<u64>, end: Bound<u64>) -> Result<(), BackendError> {
-        self.inner.unlock_range(start, end)
-    }
-    fn query_lock_range(&self, start: Bound<u64>, end: Bound<u64>) -> Result<bool, BackendError> {
-        self.inner.query_lock_range(start, end)
+        file.read(offset, out)
     }
 }
 
@@ -219,17 +182,8 @@ fn reader_reads_never_touch_redb_on_the_runtime_thread() {
         tokio::task::spawn_blocking(move || db.close()).await.unwrap().unwrap();
     });
     let readers: Arc<Mutex<Vec<ThreadId>>> = Arc::default();
-    let r2 = readers.clone();
     // No redb page cache and no object cache: every lister read of an object goes to the file.
-    let config = StoreConfig::new(&path)
-        .cache_bytes(0)
-        .object_cache_bytes(0)
-        .backend_wrapper(Arc::new(move |inner| {
-            Box::new(Recording {
-                inner,
-                readers: r2.clone(),
-            })
-        }));
+    let config = hooked(StoreConfig::new(&path).cache_bytes(0).object_cache_bytes(0), &readers);
     let me = std::thread::current().id();
     let on_me = |readers: &Mutex<Vec<ThreadId>>| readers.lock().unwrap().iter().filter(|t| **t == me).count();
     rt.block_on(async {

@@ -2,7 +2,6 @@
 //! committing while it runs, nothing reaches the file until it finished, and a commit is
 //! reported durable only after it.
 
-use std::ops::Bound;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
@@ -10,7 +9,11 @@ use std::time::{Duration, Instant};
 use durable_informer::object::{RawObject, ScopeSpec};
 use durable_informer::store::{Batch, DeltaKind, DurableStore, ScopeId, Seq, StoreConfig, Writer};
 use redb::backends::FileBackend;
-use redb::{BackendError, StorageBackend};
+use redb::StorageBackend;
+
+#[path = "common/backend.rs"]
+mod backend;
+use backend::{hooked, Hooks};
 
 /// The thread the store's background fsyncs run on (`store/fence.rs`).
 const FSYNC_THREAD: &str = "durable-informer-fsync";
@@ -54,54 +57,22 @@ impl Gate {
     }
 }
 
-#[derive(Debug)]
-struct Gated {
-    inner: FileBackend,
-    gate: Arc<Gate>,
-}
-
-impl StorageBackend for Gated {
-    fn len(&self) -> Result<u64, std::io::Error> {
-        self.inner.len()
+/// Counts what reaches the file, holds background fsyncs at the gate, fails one on demand.
+impl Hooks for Gate {
+    fn set_len(&self, file: &FileBackend, len: u64) -> Result<(), std::io::Error> {
+        self.writes.fetch_add(1, Ordering::SeqCst);
+        file.set_len(len)
     }
-    fn read(&self, offset: u64, out: &mut [u8]) -> Result<(), std::io::Error> {
-        self.inner.read(offset, out)
-    }
-    fn set_len(&self, len: u64) -> Result<(), std::io::Error> {
-        self.gate.writes.fetch_add(1, Ordering::SeqCst);
-        self.inner.set_len(len)
-    }
-    fn sync_data(&self) -> Result<(), std::io::Error> {
-        self.gate.pass();
-        if self.gate.fail_next_sync.swap(false, Ordering::SeqCst) {
+    fn sync_data(&self, file: &FileBackend) -> Result<(), std::io::Error> {
+        self.pass();
+        if self.fail_next_sync.swap(false, Ordering::SeqCst) {
             return Err(std::io::Error::other("injected fsync failure"));
         }
-        self.inner.sync_data()
+        file.sync_data()
     }
-    fn write(&self, offset: u64, data: &[u8]) -> Result<(), std::io::Error> {
-        self.gate.writes.fetch_add(1, Ordering::SeqCst);
-        self.inner.write(offset, data)
-    }
-    fn close(&self) -> Result<(), std::io::Error> {
-        self.inner.close()
-    }
-    fn try_lock_range(&self, start: Bound<u64>, end: Bound<u64>) -> Result<bool, BackendError> {
-        self.inner.try_lock_range(start, end)
-    }
-    fn try_lock_shared_range(&self, start: Bound<u64>, end: Bound<u64>) -> Result<bool, BackendError> {
-        self.inner.try_lock_shared_range(start, end)
-    }
-    fn lock_range(&self, start: Bound<u64>, end: Bound<u64>) -> Result<(), BackendError> {
-        self.inner.lock_range(start, end)
-    }
-    fn lock_shared_range(&self, start: Bound<u64>, end: Bound<u64>) -> Result<(), BackendError> {
-        self.inner.lock_shared_range(start, end)
-    }
-    fn unlock_range(&self, start: Bound<u64>, end: Bound<u64>) -> Result<(), BackendError> {
-        self.inner.unlock_range(start, end)
-    }
-    fn query_lock_range(&self, start: Bound<u64>, end: Bound<u64>) -> Result<bool, BackendError> {
-        self.inner.query_lock_range(start, end)
+    fn write(&self, file: &FileBackend, offset: u64, data: &[u8]) -> Result<(), std::io::Error> {
+        self.writes.fetch_add(1, Ordering::SeqCst);
+        file.write(offset, data)
     }
 }
 
@@ -117,10 +88,10 @@ impl Drop for OpenOnDrop {
 
 fn open(dir: &tempfile::TempDir) -> (DurableStore, Arc<Gate>, ScopeId) {
     let gate = Arc::new(Gate::default());
-    let g = gate.clone();
-    let config = StoreConfig::new(dir.path().join("db.redb"))
-        .fsync_delay(Some(Duration::from_millis(1)))
-        .backend_wrapper(Arc::new(move |inner| Box::new(Gated { inner, gate: g.clone() })));
+    let config = hooked(
+        StoreConfig::new(dir.path().join("db.redb")).fsync_delay(Some(Duration::from_millis(1))),
+        &gate,
+    );
     let db = DurableStore::open(config).expect("open");
     let scope = db
         .writer()

@@ -2,7 +2,6 @@
 //! transactions, as a user of the store sees them.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::ops::Bound;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -12,7 +11,11 @@ use durable_informer::store::{
     Batch, DeltaKind, DurableStore, IndexStatus, Indexer, ScopeId, Seq, StoreConfig, StoreError, LABELS,
 };
 use redb::backends::FileBackend;
-use redb::{BackendError, StorageBackend};
+use redb::StorageBackend;
+
+#[path = "common/backend.rs"]
+mod backend;
+use backend::{hooked, Hooks};
 
 fn cm(name: &str, rv: u64, app: &str) -> RawObject {
     RawObject::from_json(
@@ -26,56 +29,20 @@ fn spec() -> ScopeSpec {
     ScopeSpec::new("", "v1", "configmaps")
 }
 
-/// A file backend whose fsyncs take `delay`: a slow disk, so that each transaction lasts long
-/// enough for another thread to see the state between two of them.
+/// Fsyncs that take this long: a slow disk, so that each transaction lasts long enough for
+/// another thread to see the state between two of them.
 #[derive(Debug)]
-struct SlowSync {
-    inner: FileBackend,
-    delay: Duration,
-}
+struct SlowSync(Duration);
 
-impl StorageBackend for SlowSync {
-    fn len(&self) -> Result<u64, std::io::Error> {
-        self.inner.len()
-    }
-    fn read(&self, offset: u64, out: &mut [u8]) -> Result<(), std::io::Error> {
-        self.inner.read(offset, out)
-    }
-    fn set_len(&self, len: u64) -> Result<(), std::io::Error> {
-        self.inner.set_len(len)
-    }
-    fn sync_data(&self) -> Result<(), std::io::Error> {
-        std::thread::sleep(self.delay);
-        self.inner.sync_data()
-    }
-    fn write(&self, offset: u64, data: &[u8]) -> Result<(), std::io::Error> {
-        self.inner.write(offset, data)
-    }
-    fn close(&self) -> Result<(), std::io::Error> {
-        self.inner.close()
-    }
-    fn try_lock_range(&self, start: Bound<u64>, end: Bound<u64>) -> Result<bool, BackendError> {
-        self.inner.try_lock_range(start, end)
-    }
-    fn try_lock_shared_range(&self, start: Bound<u64>, end: Bound<u64>) -> Result<bool, BackendError> {
-        self.inner.try_lock_shared_range(start, end)
-    }
-    fn lock_range(&self, start: Bound<u64>, end: Bound<u64>) -> Result<(), BackendError> {
-        self.inner.lock_range(start, end)
-    }
-    fn lock_shared_range(&self, start: Bound<u64>, end: Bound<u64>) -> Result<(), BackendError> {
-        self.inner.lock_shared_range(start, end)
-    }
-    fn unlock_range(&self, start: Bound<u64>, end: Bound<u64>) -> Result<(), BackendError> {
-        self.inner.unlock_range(start, end)
-    }
-    fn query_lock_range(&self, start: Bound<u64>, end: Bound<u64>) -> Result<bool, BackendError> {
-        self.inner.query_lock_range(start, end)
+impl Hooks for SlowSync {
+    fn sync_data(&self, file: &FileBackend) -> Result<(), std::io::Error> {
+        std::thread::sleep(self.0);
+        file.sync_data()
     }
 }
 
 fn slow(config: StoreConfig, delay: Duration) -> StoreConfig {
-    config.backend_wrapper(Arc::new(move |inner| Box::new(SlowSync { inner, delay })))
+    hooked(config, &Arc::new(SlowSync(delay)))
 }
 
 /// A clock the test moves by hand (unix milliseconds).

@@ -2,13 +2,16 @@
 //! `set_len` on command, and fills the disk. Shared by the storage-fault suites.
 #![allow(dead_code)]
 
-use std::ops::Bound;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use durable_informer::store::StoreConfig;
 use redb::backends::FileBackend;
-use redb::{BackendError, StorageBackend};
+use redb::StorageBackend;
+
+#[path = "backend.rs"]
+mod backend;
+use backend::{hooked, Hooks};
 
 /// What to fail, shared between the test and every backend the store opens.
 #[derive(Debug, Default)]
@@ -52,78 +55,37 @@ impl Faults {
     }
 }
 
-#[derive(Debug)]
-struct FaultyBackend {
-    inner: FileBackend,
-    faults: Arc<Faults>,
-}
-
-impl StorageBackend for FaultyBackend {
-    fn len(&self) -> Result<u64, std::io::Error> {
-        self.inner.len()
-    }
-    fn read(&self, offset: u64, out: &mut [u8]) -> Result<(), std::io::Error> {
-        self.inner.read(offset, out)
-    }
-    fn set_len(&self, len: u64) -> Result<(), std::io::Error> {
-        if self.faults.disk_full.load(Ordering::SeqCst) && len > self.inner.len()? {
-            return Err(self.faults.enospc());
+impl Hooks for Faults {
+    fn set_len(&self, file: &FileBackend, len: u64) -> Result<(), std::io::Error> {
+        if self.disk_full.load(Ordering::SeqCst) && len > file.len()? {
+            return Err(self.enospc());
         }
-        self.inner.set_len(len)
+        file.set_len(len)
     }
-    fn sync_data(&self) -> Result<(), std::io::Error> {
-        self.faults.syncs.fetch_add(1, Ordering::SeqCst);
-        if Faults::take(&self.faults.fail_syncs) {
-            self.faults.injected.fetch_add(1, Ordering::SeqCst);
+    fn sync_data(&self, file: &FileBackend) -> Result<(), std::io::Error> {
+        self.syncs.fetch_add(1, Ordering::SeqCst);
+        if Faults::take(&self.fail_syncs) {
+            self.injected.fetch_add(1, Ordering::SeqCst);
             return Err(std::io::Error::other("injected fsync failure"));
         }
-        self.inner.sync_data()
+        file.sync_data()
     }
-    fn write(&self, offset: u64, data: &[u8]) -> Result<(), std::io::Error> {
-        self.faults.writes.fetch_add(1, Ordering::SeqCst);
-        if self.faults.disk_full.load(Ordering::SeqCst) {
-            return Err(self.faults.enospc());
+    fn write(&self, file: &FileBackend, offset: u64, data: &[u8]) -> Result<(), std::io::Error> {
+        self.writes.fetch_add(1, Ordering::SeqCst);
+        if self.disk_full.load(Ordering::SeqCst) {
+            return Err(self.enospc());
         }
-        if self.faults.fail_writes.load(Ordering::SeqCst) > 0
-            && !Faults::take(&self.faults.skip_writes)
-            && Faults::take(&self.faults.fail_writes)
+        if self.fail_writes.load(Ordering::SeqCst) > 0
+            && !Faults::take(&self.skip_writes)
+            && Faults::take(&self.fail_writes)
         {
-            self.faults.injected.fetch_add(1, Ordering::SeqCst);
+            self.injected.fetch_add(1, Ordering::SeqCst);
             return Err(std::io::Error::from_raw_os_error(5)); // EIO
         }
-        self.inner.write(offset, data)
-    }
-    fn close(&self) -> Result<(), std::io::Error> {
-        self.inner.close()
-    }
-    fn try_lock_range(&self, start: Bound<u64>, end: Bound<u64>) -> Result<bool, BackendError> {
-        self.inner.try_lock_range(start, end)
-    }
-    fn try_lock_shared_range(&self, start: Bound<u64>, end: Bound<u64>) -> Result<bool, BackendError> {
-        self.inner.try_lock_shared_range(start, end)
-    }
-    fn lock_range(&self, start: Bound<u64>, end: Bound<u64>) -> Result<(), BackendError> {
-        self.inner.lock_range(start, end)
-    }
-    fn lock_shared_range(&self, start: Bound<u64>, end: Bound<u64>) -> Result<(), BackendError> {
-        self.inner.lock_shared_range(start, end)
-    }
-    fn unlock_range(&self, start: Bound<u64>, end: Bound<u64>) -> Result<(), BackendError> {
-        self.inner.unlock_range(start, end)
-    }
-    fn query_lock_range(&self, start: Bound<u64>, end: Bound<u64>) -> Result<bool, BackendError> {
-        self.inner.query_lock_range(start, end)
+        file.write(offset, data)
     }
 }
 
 pub fn config(path: &std::path::Path, faults: &Arc<Faults>) -> StoreConfig {
-    let faults = faults.clone();
-    StoreConfig::new(path)
-        .cache_bytes(4 << 20)
-        .backend_wrapper(Arc::new(move |inner| {
-            Box::new(FaultyBackend {
-                inner,
-                faults: faults.clone(),
-            })
-        }))
+    hooked(StoreConfig::new(path).cache_bytes(4 << 20), faults)
 }
