@@ -206,6 +206,42 @@ impl<K: DeserializeOwned + Send + Sync + 'static> Lister<K> {
         }
     }
 
+    /// The cache's answer to [`select`](Self::select), or `None` when it cannot answer. While
+    /// every selected object is decoded already (the hot case) each costs one `Arc` clone
+    /// under the view; from the first that is not, the rest are materialized after it.
+    fn scanned(&self, namespace: Option<&str>, selector: &LabelSelector) -> Result<Option<Vec<Arc<K>>>, StoreError> {
+        let Some(cache) = &self.cache else { return Ok(None) };
+        let all = selector.is_empty();
+        let (mut out, rest) = {
+            let Some(view) = cache.view() else { return Ok(None) };
+            let mut picked = view.scan(namespace).filter(|e| all || selector.matches(&e.meta.labels));
+            let mut out = Vec::new();
+            let mut rest = Vec::new();
+            for e in picked.by_ref() {
+                match e.decoded() {
+                    Some(k) => out.push(k.clone()),
+                    None => {
+                        rest.push(e.clone());
+                        break;
+                    }
+                }
+            }
+            rest.extend(picked.cloned());
+            (out, rest)
+        };
+        if rest.is_empty() {
+            return Ok(Some(out));
+        }
+        // The same state as `out`: the view was one read of the table.
+        match self.materialize(cache, rest)? {
+            Some(more) => {
+                out.extend(more);
+                Ok(Some(out))
+            }
+            None => Ok(None),
+        }
+    }
+
     /// The objects an index holds under `value` (client-go's `ByIndex`), in key order for the
     /// built-in `namespace` index and by key within each value otherwise.
     ///
@@ -216,13 +252,11 @@ impl<K: DeserializeOwned + Send + Sync + 'static> Lister<K> {
     /// ```
     pub fn by_index(&self, index: &str, value: &str) -> Result<Vec<Arc<K>>, StoreError> {
         self.check_started()?;
-        let cached = self.cached(|view| {
-            if index == NAMESPACE {
-                Some(view.select(Some(value), |_| true))
-            } else {
-                view.by_index(index, value)
-            }
-        })?;
+        let cached = if index == NAMESPACE {
+            self.scanned(Some(value), &LabelSelector::everything())?
+        } else {
+            self.cached(|view| view.by_index(index, value))?
+        };
         if let Some(found) = cached {
             return Ok(found);
         }
@@ -243,7 +277,7 @@ impl<K: DeserializeOwned + Send + Sync + 'static> Lister<K> {
     /// only when it matches and the cache does not hold it decoded.
     fn select(&self, namespace: Option<&str>, selector: &LabelSelector) -> Result<Vec<Arc<K>>, StoreError> {
         self.check_started()?;
-        if let Some(found) = self.cached(|view| Some(view.select(namespace, |m| selector.matches(&m.labels))))? {
+        if let Some(found) = self.scanned(namespace, selector)? {
             return Ok(found);
         }
         self.store.scan(namespace, |_, meta, bytes| {

@@ -1174,6 +1174,11 @@ impl<K> View<'_, K> {
     pub(crate) fn by_index(&self, index: &str, value: &str) -> Option<Vec<Arc<Entry<K>>>> {
         self.0.objects.by_index(index, value)
     }
+
+    /// The entries of one namespace or of the whole scope, in key order.
+    pub(crate) fn scan(&self, namespace: Option<&str>) -> impl Iterator<Item = &Arc<Entry<K>>> + '_ {
+        self.0.objects.scan(namespace)
+    }
 }
 
 /// The resourceVersion stated in an object's JSON (`None` when its metadata does not scan).

@@ -136,6 +136,13 @@ impl<K> Entry<K> {
     }
 }
 
+impl<K> Entry<K> {
+    /// The decoded object, when a reader decoded it already (never decodes).
+    pub(crate) fn decoded(&self) -> Option<&Arc<K>> {
+        self.data.as_ref()?.object.get()?.as_ref().ok()
+    }
+}
+
 impl<K: DeserializeOwned> Entry<K> {
     /// The decoded object (decoded now if no reader did yet); `None` when evicted.
     pub(crate) fn object(&self) -> Option<Result<Arc<K>, Arc<str>>> {
@@ -349,26 +356,32 @@ impl<K> Objects<K> {
         namespace: Option<&str>,
         mut keep: impl FnMut(&ObjectMeta) -> bool,
     ) -> Vec<Arc<Entry<K>>> {
-        let pick = |e: &Arc<Entry<K>>| keep(&e.meta).then(|| e.clone());
-        match namespace {
-            None => self.iter().filter_map(pick).collect(),
-            Some("") => self
-                .iter()
-                .take_while(|e| e.meta.namespace.is_none())
-                .filter_map(pick)
-                .collect(),
-            Some(ns) => {
-                let start = ObjectKey::namespaced(ns, "");
-                let from: &dyn KeyView = &start;
-                let to: std::ops::Bound<&dyn KeyView> = std::ops::Bound::Unbounded;
-                self.ordered
-                    .range::<dyn KeyView + '_, _>((std::ops::Bound::Included(from), to))
-                    .map(|k| &k.0)
-                    .take_while(|e| e.meta.namespace.as_deref() == Some(ns))
-                    .filter_map(pick)
-                    .collect()
-            }
-        }
+        self.scan(namespace).filter(|e| keep(&e.meta)).cloned().collect()
+    }
+
+    /// The entries of one namespace (`Some("")`: cluster-scoped objects) or of the whole
+    /// scope, in key order. A namespace is one range of the ordered set, bounded at both ends,
+    /// so no entry's key is compared on the way.
+    pub(crate) fn scan<'a>(&'a self, namespace: Option<&str>) -> Box<dyn Iterator<Item = &'a Arc<Entry<K>>> + 'a> {
+        use std::ops::Bound::{Excluded, Included, Unbounded};
+        let Some(ns) = namespace else {
+            return Box::new(self.iter());
+        };
+        // Cluster-scoped keys (no namespace) sort first, before the least namespaced key
+        // ("", ""); every key of `ns` sorts before `ns` followed by the least character.
+        let from = (!ns.is_empty()).then(|| ObjectKey::namespaced(ns, ""));
+        let to = if ns.is_empty() {
+            ObjectKey::namespaced("", "")
+        } else {
+            ObjectKey::namespaced(format!("{ns}\0"), "")
+        };
+        let lower: std::ops::Bound<&dyn KeyView> = match &from {
+            Some(k) => Included(k),
+            None => Unbounded,
+        };
+        let upper: std::ops::Bound<&dyn KeyView> = Excluded(&to);
+        let range = self.ordered.range::<dyn KeyView + '_, _>((lower, upper));
+        Box::new(range.map(|k| &k.0))
     }
 
     /// The entries indexed under `value`, or `None` when the cache does not serve this index.
@@ -787,6 +800,43 @@ mod tests {
             Seq(seq),
             Some(Bytes::from(vec![b' '; json_len])),
         ))
+    }
+
+    /// Namespaces that prefix each other, sort next to each other, or hold characters below
+    /// and above the bound's; `None` is cluster-scoped.
+    fn namespace() -> impl proptest::strategy::Strategy<Value = Option<String>> {
+        use proptest::prelude::*;
+        prop_oneof![
+            Just(None),
+            proptest::sample::select(vec!["", "a", "a-b", "ab", "a\u{1}", "a\0", "b", "kube-system", "é"])
+                .prop_map(|s| Some(s.to_owned())),
+        ]
+    }
+
+    proptest::proptest! {
+        /// A namespace's scan is exactly the entries of that namespace, in key order: the
+        /// range's bounds stand in for comparing each key.
+        #[test]
+        fn a_namespace_scan_is_that_namespaces_entries_in_order(
+            keys in proptest::collection::vec((namespace(), 0..6u8), 0..60),
+            asked in namespace(),
+        ) {
+            let mut t: Objects<serde_json::Value> = Objects::default();
+            for (i, (ns, n)) in keys.iter().enumerate() {
+                let key = ObjectKey { namespace: ns.clone(), name: format!("o{n}") };
+                let meta = ObjectMeta { namespace: ns.clone(), name: key.name.clone(), ..ObjectMeta::default() };
+                t.put(&key, Some(Arc::new(Entry::new(Arc::new(meta), Arc::from(vec![]), Seq(i as u64 + 1), None))));
+            }
+            // `Some("")` asks for the cluster-scoped objects, as `select` always did.
+            let want_ns = asked.as_deref().map(|a| (!a.is_empty()).then_some(a));
+            let want: Vec<ObjectKey> = t
+                .iter()
+                .filter(|e| want_ns.is_none_or(|w| e.meta.namespace.as_deref() == w))
+                .map(|e| e.meta.key())
+                .collect();
+            let got: Vec<ObjectKey> = t.scan(asked.as_deref()).map(|e| e.meta.key()).collect();
+            proptest::prop_assert_eq!(got, want);
+        }
     }
 
     #[derive(Debug, Clone)]
