@@ -82,8 +82,18 @@ impl<K: DeserializeOwned + Send + Sync + 'static> Lister<K> {
     fn get_named(&self, namespace: Option<&str>, name: &str) -> Result<Option<Arc<K>>, StoreError> {
         self.check_started()?;
         if let Some(cache) = &self.cache {
-            // The view (a read lock) ends with this statement: decoding happens outside it.
-            let entry = cache.view().map(|v| v.named(namespace, name).cloned());
+            // A decoded object is one `Arc` clone under the view (a read lock); otherwise the
+            // view ends with this statement and decoding happens outside it.
+            let entry = match cache.view() {
+                Some(v) => match v.named(namespace, name) {
+                    Some(e) => match e.decoded() {
+                        Some(k) => return Ok(Some(k.clone())),
+                        None => Some(Some(e.clone())),
+                    },
+                    None => Some(None),
+                },
+                None => None,
+            };
             match entry {
                 Some(None) => return Ok(None),
                 Some(Some(e)) => {
@@ -112,8 +122,15 @@ impl<K: DeserializeOwned + Send + Sync + 'static> Lister<K> {
             return Some(Err(e));
         }
         let cache = self.cache.as_ref()?;
-        // The view (a read lock) ends with this statement: decoding happens outside it.
-        let entry = cache.view()?.named(key.namespace.as_deref(), &key.name).cloned();
+        // As in `get_named`: a decoded object is cloned under the view, decoding happens after it.
+        let entry = {
+            let view = cache.view()?;
+            let e = view.named(key.namespace.as_deref(), &key.name);
+            if let Some(k) = e.and_then(|e| e.decoded()) {
+                return Some(Ok(Some(k.clone())));
+            }
+            e.cloned()
+        };
         match entry {
             None => Some(Ok(None)),
             Some(e) => e
