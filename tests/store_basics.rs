@@ -54,6 +54,9 @@ fn a_second_open_gets_a_clear_locked_error() {
     let err = DurableStore::open(StoreConfig::new(&path)).err().expect("must fail");
     assert!(matches!(err, StoreError::Locked { .. }), "{err}");
     assert!(err.to_string().contains("locked"), "{err}");
+    // Here it is this process's own store: the message must not send the user hunting for
+    // another process only.
+    assert!(err.to_string().contains("another open store in this one"), "{err}");
 }
 
 #[test]

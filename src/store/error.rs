@@ -20,7 +20,7 @@ pub enum StoreError {
         path: PathBuf,
     },
     /// Another process (or another handle in this one) has the database open.
-    #[error("{path}: the database is locked by another process; stop it or use another database file")]
+    #[error("{path}: the database is locked: another process, or another open store in this one, has it; close it or use another database file")]
     Locked {
         /// The file.
         path: PathBuf,
