@@ -166,6 +166,9 @@ async fn child(url: &str, informers: usize, per: usize, budget: usize, redb_cach
     let report = json!({
         "vm_hwm_kib": vm("VmHWM:").ok_or("no VmHWM")?,
         "vm_rss_kib": vm("VmRSS:").ok_or("no VmRSS")?,
+        // What the RSS is made of: anonymous memory (the heap, C libraries' malloc, thread
+        // stacks) and mapped files (the binary).
+        "rss_anon_kib": vm("RssAnon:"), "rss_file_kib": vm("RssFile:"), "threads": vm("Threads:"),
         "used": used, "limit": limit, "held": held, "charged": charged,
         "with_json": with_json, "objects": objects, "synced_secs": synced,
         "db_bytes": std::fs::metadata(db)?.len(),

@@ -18,6 +18,7 @@ use super::ResourceDef;
 
 mod error;
 mod object;
+#[cfg(feature = "testing")]
 mod parsed;
 mod prebuilt;
 
@@ -26,6 +27,7 @@ pub(crate) use error::ApiError;
 use object::build_obj_parsed;
 pub(crate) use object::{build_obj, key_of, merge_patch, strategic_merge_patch, Event, EventKind, Obj};
 use object::{check_name, meta_mut, random_suffix, resolve_ns};
+#[cfg(feature = "testing")]
 pub(crate) use parsed::ParsedVersions;
 pub use prebuilt::Prebuilt;
 
