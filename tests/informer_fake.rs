@@ -208,6 +208,78 @@ async fn a_durable_handler_gets_what_was_committed_while_it_was_away() {
     inf.shutdown().await.unwrap();
 }
 
+/// A durable handler registered before `start` is told this run's changes one by one from the
+/// first, as client-go tells a handler added before `Run`. It used to take its first view
+/// whenever its task first ran, and then told a later state as initial adds: here its task
+/// cannot look (the runtime's one blocking thread is held) while the informer lists and the
+/// cluster changes, so without the fix it would tell `add a 2` alone.
+#[test]
+fn a_durable_handler_registered_before_start_is_told_every_change_of_the_first_run() {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .max_blocking_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let fake = Fake::new();
+        fake.upsert("a", "1");
+        fake.upsert("b", "1");
+        let dir = tempfile::tempdir().unwrap();
+        let db = DurableStore::open(StoreConfig::new(dir.path().join("db.redb"))).unwrap();
+        let inf = informer(&db, &fake).await;
+        let (release, gate) = std::sync::mpsc::channel::<()>();
+        let held = tokio::task::spawn_blocking(move || gate.recv_timeout(Duration::from_secs(30)));
+        let seen = Seen::default();
+        inf.add_event_handler(recorder(&seen), HandlerOptions::durable("audit"));
+        inf.start();
+        // Whatever the informer can do meanwhile: list, sync, take the cluster's changes.
+        let synced = tokio::time::timeout(Duration::from_millis(500), inf.wait_for_sync()).await;
+        fake.upsert("a", "2");
+        fake.delete("b");
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        release.send(()).unwrap();
+        held.await.unwrap().unwrap();
+        inf.wait_for_sync().await.expect("synced");
+        // The handler is told what the log holds for the scope, one event per entry.
+        let log = db.log();
+        let scope = inf.scope();
+        let want = loop {
+            let records = tokio::task::spawn_blocking({
+                let log = log.clone();
+                move || log.read_after(durable_informer::store::Seq(0), 100, Some(scope))
+            })
+            .await
+            .unwrap()
+            .unwrap();
+            let want: Vec<String> = records
+                .iter()
+                .filter_map(|r| {
+                    let verb = match r.kind {
+                        durable_informer::store::DeltaKind::Added => "add",
+                        durable_informer::store::DeltaKind::Updated => "update",
+                        durable_informer::store::DeltaKind::Deleted => "delete",
+                        _ => return None,
+                    };
+                    Some(format!("{verb} {}", r.key.name))
+                })
+                .collect();
+            // Until the cluster's last change is in.
+            if want.last().is_some_and(|w| w == "delete b") || want == ["add a"] {
+                break want;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        };
+        let got: Vec<String> = wait_len(&seen, want.len())
+            .await
+            .iter()
+            .map(|e| e.split(' ').take(2).collect::<Vec<_>>().join(" "))
+            .collect();
+        assert_eq!(got, want, "synced while the handler had not looked: {}", synced.is_ok());
+        inf.shutdown().await.unwrap();
+    });
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn late_volatile_handlers_get_the_whole_store_and_removed_ones_get_nothing_more() {
     let fake = Fake::new();

@@ -99,6 +99,10 @@ impl InitialList {
 pub(crate) struct Progress {
     pub(crate) synced: watch::Sender<bool>,
     pub(crate) position: watch::Sender<Seq>,
+    /// Set once the handler's position in the log is fixed (its cursor read, or the view its
+    /// initial adds are told from taken and pinned): everything written after it reaches the
+    /// handler one by one.
+    pub(crate) placed: watch::Sender<bool>,
 }
 
 /// Calls the handler, catching panics; returns whether it succeeded.
@@ -498,14 +502,17 @@ pub(crate) async fn run_durable<K>(
         let (scope, n) = (ctx.scope, name.clone());
         match tokio::task::spawn_blocking(move || log.cursor(scope, n)).await {
             Ok(Ok(Some(c))) => {
+                progress.placed.send_replace(true);
                 remove_leftover_marker(&ctx, &label, &name).await;
                 break c;
             }
-            Ok(Ok(None)) => match initial_adds(&ctx, &decode, &*handler, &label, &name, &stop).await {
-                Ok(Some(c)) => break c,
-                Ok(None) => return,
-                Err(e) => (ctx.report)(store_issue(&label, "its initial adds: ", e)),
-            },
+            Ok(Ok(None)) => {
+                match initial_adds(&ctx, &decode, &*handler, &label, &name, &stop, &progress.placed).await {
+                    Ok(Some(c)) => break c,
+                    Ok(None) => return,
+                    Err(e) => (ctx.report)(store_issue(&label, "its initial adds: ", e)),
+                }
+            }
             Ok(Err(e)) => (ctx.report)(store_issue(&label, "cannot read its cursor: ", e)),
             Err(_) => return,
         }
@@ -541,7 +548,7 @@ pub(crate) async fn run_durable<K>(
                 // a cursor set by hand gets here. What was skipped is unknown: start again from
                 // the current state, as after a relist (deletes in the gap are not delivered).
                 (ctx.report)(store_issue(&label, "", e));
-                match initial_adds(&ctx, &decode, &*handler, &label, &name, &stop).await {
+                match initial_adds(&ctx, &decode, &*handler, &label, &name, &stop, &progress.placed).await {
                     Ok(Some(c)) => {
                         cursor = c;
                         progress.position.send_replace(cursor);
@@ -832,6 +839,7 @@ async fn initial_adds<K>(
     label: &str,
     name: &CursorName,
     stop: &watch::Receiver<bool>,
+    placed: &watch::Sender<bool>,
 ) -> Result<Option<Seq>, StoreError>
 where
     K: DeserializeOwned + Send + Sync + 'static,
@@ -846,6 +854,8 @@ where
     if earlier.is_none() {
         ctx.writer.set_cursor(ctx.scope, marker.clone(), position).await?;
     }
+    // From here the log after `position` is kept for the handler.
+    placed.send_replace(true);
     let snapshot = Arc::new(snapshot);
     if !snapshot_events(ctx, decode, handler, label, snapshot.clone(), false, stop).await? {
         return Ok(None);

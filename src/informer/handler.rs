@@ -348,7 +348,11 @@ impl HandlerOptions {
     /// cursor is persisted after each batch was handled, so a crash can redeliver the events of
     /// the batch in progress; nothing is lost. A log entry damaged on disk is skipped and
     /// reported ([`HandlerProblem::DamagedLogEntry`](super::HandlerProblem::DamagedLogEntry)),
-    /// and what it held is told again as resync updates of the current state.
+    /// and what it held is told again as resync updates of the current state. A new durable
+    /// handler registered before [`Informer::start`](super::Informer::start) is told every
+    /// change of that run one by one, the initial list included (the informer writes nothing
+    /// before the handler has its place in the log); one registered later starts from the
+    /// store as it is then, as initial adds.
     #[must_use]
     pub fn durable(name: impl Into<CursorName>) -> Self {
         Self {

@@ -2,6 +2,7 @@
 //! selectors in kubectl's syntax.
 
 use std::marker::PhantomData;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use serde::de::DeserializeOwned;
@@ -30,9 +31,9 @@ pub struct Lister<K> {
     store: Store,
     /// The informer's read model; until it has loaded, reads go to redb.
     cache: Option<Arc<Cache<K>>>,
-    /// Whether the informer was started, and its resource (for the error): `None` for a
-    /// lister over a store alone.
-    started: Option<(tokio::sync::watch::Receiver<bool>, Arc<str>)>,
+    /// Whether the informer was started (one atomic load a read), and its resource (for the
+    /// error): `None` for a lister over a store alone.
+    started: Option<Arc<(Arc<AtomicBool>, Box<str>)>>,
     _k: PhantomData<fn() -> K>,
 }
 
@@ -58,15 +59,15 @@ impl<K: DeserializeOwned + Send + Sync + 'static> Lister<K> {
     }
 
     /// Refuses reads until `started` is true.
-    pub(crate) fn started(mut self, started: tokio::sync::watch::Receiver<bool>, resource: String) -> Self {
-        self.started = Some((started, resource.into()));
+    pub(crate) fn started(mut self, started: Arc<AtomicBool>, resource: String) -> Self {
+        self.started = Some(Arc::new((started, resource.into())));
         self
     }
 
     /// [`StoreError::NotStarted`] while the informer was never started.
     fn check_started(&self) -> Result<(), StoreError> {
-        match &self.started {
-            Some((started, resource)) if !*started.borrow() => Err(StoreError::NotStarted {
+        match self.started.as_deref() {
+            Some((started, resource)) if !started.load(Ordering::Acquire) => Err(StoreError::NotStarted {
                 resource: resource.to_string(),
             }),
             _ => Ok(()),

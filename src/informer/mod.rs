@@ -96,6 +96,8 @@ struct Inner {
     /// Set by [`Informer::start`]: listers and readers of an informer never started refuse
     /// to pass the database's last state off as current.
     started: watch::Sender<bool>,
+    /// The same, for listers (an atomic load a read).
+    started_flag: Arc<std::sync::atomic::AtomicBool>,
     stop: watch::Sender<bool>,
     task: Mutex<Option<tokio::task::JoinHandle<Result<(), ReflectorError>>>>,
     sync_seq: watch::Sender<Option<Seq>>,
@@ -104,6 +106,9 @@ struct Inner {
     resync: Option<Duration>,
     errors: Arc<Mutex<Vec<InformerIssue>>>,
     handlers: Mutex<Vec<Slot>>,
+    /// Durable handlers registered before [`Informer::start`], until each has its place in
+    /// the log: the reflector writes nothing before (see `start`).
+    unplaced: Mutex<Vec<watch::Receiver<bool>>>,
     /// The read model, one per type the informer is used as (the factory shares a scope
     /// between a typed and a dynamic view, say); the type it was built with has one from the
     /// start.
@@ -499,6 +504,7 @@ where
                 status,
                 run: Mutex::new(Some(run)),
                 started: watch::channel(false).0,
+                started_flag: Arc::new(std::sync::atomic::AtomicBool::new(false)),
                 stop,
                 task: Mutex::new(None),
                 sync_seq,
@@ -507,6 +513,7 @@ where
                 resync: self.resync,
                 errors,
                 handlers: Mutex::new(Vec::new()),
+                unplaced: Mutex::new(Vec::new()),
                 caches: Mutex::new(HashMap::new()),
                 cache_bytes,
                 metadata_only: spec.metadata_only,
@@ -707,8 +714,38 @@ where
         let Some(run) = self.inner.run.locked().take() else {
             return;
         };
+        self.inner
+            .started_flag
+            .store(true, std::sync::atomic::Ordering::Release);
         self.inner.started.send_replace(true);
         let fut = run(self.inner.stop.subscribe());
+        // A durable handler registered before the start is told this run's changes one by
+        // one, the initial list included (client-go's handlers added before `Run` are): the
+        // reflector writes once each has its place in the log, or the informer is stopped.
+        let unplaced = std::mem::take(&mut *self.inner.unplaced.locked());
+        let fut: futures::future::BoxFuture<'static, _> = if unplaced.is_empty() {
+            fut
+        } else {
+            let mut stop = self.inner.stop.subscribe();
+            Box::pin(async move {
+                let placed = futures::future::join_all(unplaced.into_iter().map(|mut p| async move {
+                    // Err: the handler's task ended (removed) before it had a place.
+                    let _ = p.wait_for(|placed| *placed).await;
+                }));
+                let stopped = async move {
+                    let _ = stop.wait_for(|stopped| *stopped).await;
+                };
+                let go = tokio::select! {
+                    _ = placed => true,
+                    () = stopped => false,
+                };
+                if go {
+                    fut.await
+                } else {
+                    Ok(())
+                }
+            })
+        };
         // A store restored from disk has no initial list in this run: its catch-up and relist
         // deltas are changes to what handlers already saw.
         if !self.inner.restored {
@@ -798,9 +835,14 @@ where
             done.clone(),
             lag_labels,
         ));
+        let (placed, unplaced) = watch::channel(false);
+        if options.name.is_some() && !*self.inner.started.borrow() {
+            self.inner.unplaced.locked().push(unplaced);
+        }
         let progress = dispatch::Progress {
             synced: synced_tx,
             position: cursor_tx,
+            placed,
         };
         let ctx = self.inner.ctx();
         let cache = self.inner.cache::<K>();
@@ -956,7 +998,7 @@ where
     #[must_use]
     pub fn lister(&self) -> Lister<K> {
         Lister::new(self.inner.store.clone(), Some(self.inner.cache::<K>()))
-            .started(self.inner.started.subscribe(), self.inner.resource.clone())
+            .started(self.inner.started_flag.clone(), self.inner.resource.clone())
     }
 
     /// A reader shaped like kube-runtime's `reflector::Store<K>`: infallible reads from memory
