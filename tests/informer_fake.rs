@@ -77,6 +77,17 @@ async fn informer(db: &DurableStore, fake: &Fake) -> Informer<ConfigMap> {
         .unwrap()
 }
 
+/// A cluster of ConfigMaps `a` and `b` (value 1), a new database, and an informer not started.
+async fn two_config_maps() -> (Fake, tempfile::TempDir, DurableStore, Informer<ConfigMap>) {
+    let fake = Fake::new();
+    fake.upsert("a", "1");
+    fake.upsert("b", "1");
+    let dir = tempfile::tempdir().unwrap();
+    let db = DurableStore::open(StoreConfig::new(dir.path().join("db.redb"))).unwrap();
+    let inf = informer(&db, &fake).await;
+    (fake, dir, db, inf)
+}
+
 async fn wait_len(seen: &Seen, n: usize) -> Vec<String> {
     for _ in 0..500 {
         if seen.lock().unwrap().len() >= n {
@@ -91,12 +102,7 @@ async fn wait_len(seen: &Seen, n: usize) -> Vec<String> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_handler_receives_exactly_the_servers_event_sequence() {
-    let fake = Fake::new();
-    fake.upsert("a", "1");
-    fake.upsert("b", "1");
-    let dir = tempfile::tempdir().unwrap();
-    let db = DurableStore::open(StoreConfig::new(dir.path().join("db.redb"))).unwrap();
-    let inf = informer(&db, &fake).await;
+    let (fake, _dir, _db, inf) = two_config_maps().await;
     let seen = Seen::default();
     let reg = inf.add_event_handler(recorder(&seen), HandlerOptions::volatile());
     inf.start();
@@ -222,12 +228,7 @@ fn a_durable_handler_registered_before_start_is_told_every_change_of_the_first_r
         .build()
         .unwrap();
     rt.block_on(async {
-        let fake = Fake::new();
-        fake.upsert("a", "1");
-        fake.upsert("b", "1");
-        let dir = tempfile::tempdir().unwrap();
-        let db = DurableStore::open(StoreConfig::new(dir.path().join("db.redb"))).unwrap();
-        let inf = informer(&db, &fake).await;
+        let (fake, _dir, db, inf) = two_config_maps().await;
         let (release, gate) = std::sync::mpsc::channel::<()>();
         let held = tokio::task::spawn_blocking(move || gate.recv_timeout(Duration::from_secs(30)));
         let seen = Seen::default();
@@ -403,12 +404,7 @@ struct QuotaError {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn resync_redelivers_every_object_at_its_period() {
-    let fake = Fake::new();
-    fake.upsert("a", "1");
-    fake.upsert("b", "1");
-    let dir = tempfile::tempdir().unwrap();
-    let db = DurableStore::open(StoreConfig::new(dir.path().join("db.redb"))).unwrap();
-    let inf = informer(&db, &fake).await;
+    let (_fake, _dir, _db, inf) = two_config_maps().await;
     inf.start();
     inf.wait_for_sync().await.expect("cache synced");
     let seen = Seen::default();
@@ -494,12 +490,7 @@ async fn listers_select_by_labels_and_namespace() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_watcher_adaptor_feeds_a_kube_runtime_reflector() {
-    let fake = Fake::new();
-    fake.upsert("a", "1");
-    fake.upsert("b", "1");
-    let dir = tempfile::tempdir().unwrap();
-    let db = DurableStore::open(StoreConfig::new(dir.path().join("db.redb"))).unwrap();
-    let inf = informer(&db, &fake).await;
+    let (fake, _dir, _db, inf) = two_config_maps().await;
     inf.start();
     inf.wait_for_sync().await.expect("cache synced");
     let (reader, writer) = kube::runtime::reflector::store::<ConfigMap>();
