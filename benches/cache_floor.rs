@@ -20,12 +20,11 @@
 //!   no JSON: the floor itself). Each line gives the heap held per object, what the cache holds
 //!   (`cache_stats`) and the always-held part as the budget charges it (`held_bytes`).
 
-use std::alloc::System;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use durable_informer::informer::Informer;
+use durable_informer::informer::{CacheStats, Informer};
 use durable_informer::object::{extract_meta, ObjectKey};
 use durable_informer::sim::workload::WorkloadGen;
 use durable_informer::sim::{Sim, SimConfig};
@@ -36,14 +35,9 @@ use kube::Api;
 
 type Res<T> = Result<T, Box<dyn std::error::Error + Send + Sync>>;
 
-#[global_allocator]
-static ALLOCATOR: &stats_alloc::StatsAlloc<System> = &stats_alloc::INSTRUMENTED_SYSTEM;
-
-/// The heap allocated and not yet freed, in bytes.
-fn live() -> usize {
-    let s = ALLOCATOR.stats();
-    s.bytes_allocated.saturating_sub(s.bytes_deallocated)
-}
+#[path = "common/counting_alloc.rs"]
+mod counting_alloc;
+use counting_alloc::live;
 
 const TIMEOUT: Duration = Duration::from_secs(900);
 /// redb's page cache for the informers' stores: small and fixed, so it hardly counts.
@@ -64,6 +58,19 @@ fn part<T>(pods: &[Vec<u8>], make: impl Fn(&[u8]) -> T) -> (isize, Vec<T>) {
 
 /// Waits until the informer's cache holds `n` objects and the store's stream and list pages are
 /// drained, then a little more for freed buffers.
+/// Starts `informer`, lets it settle, and says what its cache holds and the heap live then.
+async fn held<K>(informer: Informer<K>, store: &DurableStore, n: usize) -> Res<(CacheStats, usize)>
+where
+    K: kube::Resource<DynamicType = ()> + serde::de::DeserializeOwned + Send + Sync + 'static,
+{
+    informer.start();
+    tokio::time::timeout(TIMEOUT, informer.wait_for_sync()).await??;
+    settle(&informer, store, n).await?;
+    let held = (informer.cache_stats(), live());
+    informer.shutdown().await?;
+    Ok(held)
+}
+
 async fn settle<K>(informer: &Informer<K>, store: &DurableStore, n: usize) -> Res<()>
 where
     K: kube::Resource<DynamicType = ()> + serde::de::DeserializeOwned + Send + Sync + 'static,
@@ -114,20 +121,14 @@ async fn informer_run(name: &str, url: &str, n: usize, db: &Path, metadata: bool
                 .cluster_identity(id)
                 .build()
                 .await?;
-            informer.start();
-            tokio::time::timeout(TIMEOUT, informer.wait_for_sync()).await??;
-            settle(&informer, &store, n).await?;
-            let held = (informer.cache_stats(), live());
-            informer.shutdown().await?;
-            held
+            held(informer, &store, n).await?
         } else {
-            let informer = Informer::from_api(&store, api).cluster_identity(id).build().await?;
-            informer.start();
-            tokio::time::timeout(TIMEOUT, informer.wait_for_sync()).await??;
-            settle(&informer, &store, n).await?;
-            let held = (informer.cache_stats(), live());
-            informer.shutdown().await?;
-            held
+            held(
+                Informer::from_api(&store, api).cluster_identity(id).build().await?,
+                &store,
+                n,
+            )
+            .await?
         };
         tokio::task::spawn_blocking(move || store.close()).await??;
         // The caches' tasks let go within a second of their informer's drop.

@@ -19,7 +19,6 @@
 //! when the peak RSS stays within `baseline + memory_budget`, plus 10%; each line says whether
 //! it did.
 
-use std::alloc::System;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
@@ -31,17 +30,9 @@ use serde_json::{json, Value};
 
 type Res<T> = Result<T, Box<dyn std::error::Error + Send + Sync>>;
 
-/// The system allocator, counting what is allocated and freed (the heap live now is their
-/// difference; the sampler keeps its peak).
-#[global_allocator]
-static ALLOCATOR: &stats_alloc::StatsAlloc<System> = &stats_alloc::INSTRUMENTED_SYSTEM;
-
-/// The heap allocated and not yet freed, in bytes.
-fn live() -> usize {
-    let s = ALLOCATOR.stats();
-    // A realloc's growth or shrink is already in these two.
-    s.bytes_allocated.saturating_sub(s.bytes_deallocated)
-}
+#[path = "common/counting_alloc.rs"]
+mod counting_alloc;
+use counting_alloc::live;
 
 /// The peak of [`live`] as sampled.
 static PEAK: AtomicUsize = AtomicUsize::new(0);

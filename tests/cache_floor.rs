@@ -10,8 +10,7 @@ use std::time::{Duration, Instant};
 use durable_informer::informer::{handler_fn, Event, HandlerOptions, Informer};
 use durable_informer::object::ObjectKey;
 use durable_informer::selector::LabelSelector;
-use durable_informer::sim::workload::WorkloadGen;
-use durable_informer::sim::{Sim, SimConfig};
+use durable_informer::sim::Sim;
 use durable_informer::source::KubeSource;
 use durable_informer::store::{DurableStore, StoreConfig};
 use k8s_openapi::api::core::v1::Pod;
@@ -20,12 +19,11 @@ use kube::ResourceExt;
 
 const PODS: usize = 40;
 
+#[path = "common/pods_sim.rs"]
+mod pods_sim;
+
 fn sim() -> Sim {
-    let sim = Sim::start(SimConfig::default().bookmark_interval(Duration::from_millis(200))).unwrap();
-    let mut gen = WorkloadGen::new(7).namespaces(2);
-    sim.bulk_load("namespaces", gen.namespace_objects()).unwrap();
-    sim.bulk_load("pods", gen.pods(PODS)).unwrap();
-    sim
+    pods_sim::sim_with_pods(7, PODS)
 }
 
 /// Waits until the informer's cache holds every Pod.
@@ -44,18 +42,23 @@ where
     }
 }
 
+/// A metadata-only informer of the sim's Pods on `db`, not started.
+async fn metadata_informer(db: &DurableStore, sim: &Sim) -> Informer<PartialObjectMeta<Pod>> {
+    Informer::<PartialObjectMeta<Pod>>::builder(
+        db,
+        KubeSource::typed::<Pod>(sim.client().unwrap(), &sim.url()).metadata_only(),
+    )
+    .build()
+    .await
+    .unwrap()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_metadata_informer_keeps_no_json_for_listers_and_answers_the_same() {
     let sim = tokio::task::spawn_blocking(sim).await.unwrap();
     let dir = tempfile::tempdir().unwrap();
     let db = DurableStore::open(StoreConfig::new(dir.path().join("c.redb"))).unwrap();
-    let meta = Informer::<PartialObjectMeta<Pod>>::builder(
-        &db,
-        KubeSource::typed::<Pod>(sim.client().unwrap(), &sim.url()).metadata_only(),
-    )
-    .build()
-    .await
-    .unwrap();
+    let meta = metadata_informer(&db, &sim).await;
     let full = Informer::<Pod>::builder(&db, KubeSource::typed::<Pod>(sim.client().unwrap(), &sim.url()))
         .build()
         .await
@@ -117,13 +120,7 @@ async fn a_metadata_informers_handler_and_reader_get_every_object() {
     let sim = tokio::task::spawn_blocking(sim).await.unwrap();
     let dir = tempfile::tempdir().unwrap();
     let db = DurableStore::open(StoreConfig::new(dir.path().join("h.redb"))).unwrap();
-    let meta = Informer::<PartialObjectMeta<Pod>>::builder(
-        &db,
-        KubeSource::typed::<Pod>(sim.client().unwrap(), &sim.url()).metadata_only(),
-    )
-    .build()
-    .await
-    .unwrap();
+    let meta = metadata_informer(&db, &sim).await;
     let seen: Arc<Mutex<Vec<(String, usize)>>> = Arc::default();
     let s = seen.clone();
     let reg = meta.add_event_handler(

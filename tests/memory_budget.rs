@@ -20,6 +20,17 @@ fn objects(fake: &Fake, n: usize) {
     }
 }
 
+/// A store whose 8 MiB budget the stream's and the syncs' bounds (4 MiB each) take whole, with
+/// no redb cache: the keys and metadata of 3,000 objects cannot fit.
+fn small_store(dir: &tempfile::TempDir) -> DurableStore {
+    DurableStore::open(
+        StoreConfig::new(dir.path().join("small.redb"))
+            .memory_budget(8 << 20)
+            .cache_bytes(0),
+    )
+    .unwrap()
+}
+
 async fn synced(db: &DurableStore, fake: &Fake) -> Informer<ConfigMap> {
     let inf = Informer::<ConfigMap>::builder(db, fake.clone())
         .indexer(durable_informer::store::Indexer::labels())
@@ -73,14 +84,7 @@ async fn a_budget_smaller_than_what_cannot_be_evicted_is_said() {
     let fake = Fake::new();
     objects(&fake, 3000);
     let dir = tempfile::tempdir().unwrap();
-    // 8 MiB: the stream's and the syncs' bounds (4 MiB each) take it all; the keys and
-    // metadata of 3,000 objects cannot fit.
-    let db = DurableStore::open(
-        StoreConfig::new(dir.path().join("small.redb"))
-            .memory_budget(8 << 20)
-            .cache_bytes(0),
-    )
-    .unwrap();
+    let db = small_store(&dir);
     assert!(!db.memory_stats().exceeded);
     let inf = synced(&db, &fake).await;
     let stats = db.memory_stats();
@@ -111,12 +115,7 @@ async fn a_lister_right_after_sync_lists_every_synced_object() {
         let fake = Fake::new();
         objects(&fake, 3000);
         let dir = tempfile::tempdir().unwrap();
-        let db = DurableStore::open(
-            StoreConfig::new(dir.path().join("small.redb"))
-                .memory_budget(8 << 20)
-                .cache_bytes(0),
-        )
-        .unwrap();
+        let db = small_store(&dir);
         let inf = synced(&db, &fake).await;
         assert!(db.memory_stats().exceeded);
         assert_eq!(list(&inf).await, 3000);

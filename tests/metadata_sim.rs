@@ -7,7 +7,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use durable_informer::informer::Informer;
-use durable_informer::sim::workload::WorkloadGen;
 use durable_informer::sim::{Sim, SimConfig};
 use durable_informer::source::{ClusterIdentity, KubeSource};
 use durable_informer::store::{DurableStore, StoreConfig};
@@ -20,12 +19,11 @@ use kube::ResourceExt;
 
 const PODS: usize = 30;
 
+#[path = "common/pods_sim.rs"]
+mod pods_sim;
+
 fn sim() -> Sim {
-    let sim = Sim::start(SimConfig::default().bookmark_interval(Duration::from_millis(200))).unwrap();
-    let mut gen = WorkloadGen::new(11).namespaces(2);
-    sim.bulk_load("namespaces", gen.namespace_objects()).unwrap();
-    sim.bulk_load("pods", gen.pods(PODS)).unwrap();
-    sim
+    pods_sim::sim_with_pods(11, PODS)
 }
 
 fn meta_pods<'a>(

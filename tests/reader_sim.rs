@@ -9,8 +9,7 @@ use std::thread::ThreadId;
 use std::time::Duration;
 
 use durable_informer::informer::{Informer, InformerError};
-use durable_informer::sim::workload::WorkloadGen;
-use durable_informer::sim::{Sim, SimConfig};
+use durable_informer::sim::Sim;
 use durable_informer::source::KubeSource;
 use durable_informer::store::{DurableStore, StoreConfig, StoreError};
 use k8s_openapi::api::core::v1::Pod;
@@ -25,12 +24,11 @@ use backend::{hooked, Hooks};
 
 const PODS: usize = 40;
 
+#[path = "common/pods_sim.rs"]
+mod pods_sim;
+
 fn sim() -> Sim {
-    let sim = Sim::start(SimConfig::default().bookmark_interval(Duration::from_millis(200))).unwrap();
-    let mut gen = WorkloadGen::new(7).namespaces(2);
-    sim.bulk_load("namespaces", gen.namespace_objects()).unwrap();
-    sim.bulk_load("pods", gen.pods(PODS)).unwrap();
-    sim
+    pods_sim::sim_with_pods(7, PODS)
 }
 
 async fn pods(db: &DurableStore, sim: &Sim) -> Informer<Pod> {
