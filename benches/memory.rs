@@ -15,7 +15,9 @@
 //! what is allocated and not yet freed, whatever the allocator keeps on top, sampled every
 //! 20 ms), the budget's
 //! parts at their largest (`DurableStore::memory_stats`, sampled every 20 ms) and the bytes
-//! per object. A first child with no informer gives the process's baseline. The budget holds
+//! per object, and what its anonymous memory holds beyond the live heap (the allocator's
+//! headers and the free memory it keeps) with its live allocations, per object (`over B/o`).
+//! A first child with no informer gives the process's baseline. The budget holds
 //! when the peak RSS stays within `baseline + memory_budget`, plus 10%; each line says whether
 //! it did.
 
@@ -32,7 +34,7 @@ type Res<T> = Result<T, Box<dyn std::error::Error + Send + Sync>>;
 
 #[path = "common/counting_alloc.rs"]
 mod counting_alloc;
-use counting_alloc::live;
+use counting_alloc::{live, live_allocations};
 
 /// The peak of [`live`] as sampled.
 static PEAK: AtomicUsize = AtomicUsize::new(0);
@@ -127,6 +129,11 @@ async fn child(url: &str, informers: usize, per: usize, budget: usize, redb_cach
         tokio::time::timeout(Duration::from_secs(600), inf.wait_for_sync()).await??;
     }
     let synced = t.elapsed().as_secs_f64();
+    // The process right after the sync, before the reads decode and fill.
+    let after_sync = json!({
+        "vm_rss_kib": vm("VmRSS:"), "rss_anon_kib": vm("RssAnon:"), "heap": live(),
+        "allocations": live_allocations(),
+    });
     // Reads decode and fill what the budget allows, twice (the second finds what stayed).
     let mut read = 0usize;
     for _ in 0..2 {
@@ -164,6 +171,7 @@ async fn child(url: &str, informers: usize, per: usize, budget: usize, redb_cach
         "with_json": with_json, "objects": objects, "synced_secs": synced,
         "db_bytes": std::fs::metadata(db)?.len(),
         "heap_peak": PEAK.load(Ordering::Relaxed), "heap_end": live(),
+        "allocations_end": live_allocations(), "after_sync": after_sync,
         "redb_cache": stats.redb_cache, "budget_peak": stats.peak, "exceeded": stats.exceeded,
         "at_peak": {"held": at_peak.held, "objects": at_peak.objects, "stream": at_peak.stream, "syncing": at_peak.syncing},
         "max": {"held": maxima[0], "objects": maxima[1], "stream": maxima[2], "syncing": maxima[3]},
@@ -245,6 +253,21 @@ fn main() -> Res<()> {
         sim.bulk_load("configmaps", (0..per).map(|i| config_map(ns, i)))?;
     }
     let json_bytes = serde_json::to_vec(&config_map(0, 0))?.len();
+    // What a decoded object costs the heap, and in how many allocations (each costs the
+    // allocator a header and rounding on top): 1,000 decoded and kept, as a cache keeps them.
+    let pages: Vec<Vec<u8>> = (0..1000)
+        .map(|i| serde_json::to_vec(&config_map(0, i)))
+        .collect::<Result<_, _>>()?;
+    let (heap0, allocs0) = (live(), live_allocations());
+    let decoded: Vec<std::sync::Arc<ConfigMap>> = pages
+        .iter()
+        .map(|p| serde_json::from_slice(p).map(std::sync::Arc::new))
+        .collect::<Result<_, _>>()?;
+    let (decoded_bytes, decoded_allocs) = (
+        (live() - heap0 - decoded.capacity() * 8) / decoded.len(),
+        (live_allocations() - allocs0 - 1) as f64 / decoded.len() as f64,
+    );
+    drop((decoded, pages));
     let dir = tempfile::tempdir()?;
     let db = dir.path().join("memory.redb");
     let url = sim.url();
@@ -253,13 +276,13 @@ fn main() -> Res<()> {
     let n = informers * per;
     let base_heap = base["heap_end"].as_u64().unwrap_or(0);
     println!(
-        "memory: {informers} informers x {per} ConfigMaps (~{json_bytes} B of JSON each), redb cache {}, baseline peak RSS {} MiB, heap {} MiB",
+        "memory: {informers} informers x {per} ConfigMaps (~{json_bytes} B of JSON each; decoded {decoded_bytes} B in {decoded_allocs:.1} allocations), redb cache {}, baseline peak RSS {} MiB, heap {} MiB",
         if redb_cache == usize::MAX { "the store's share".to_owned() } else { format!("{} MiB", redb_cache >> 20) },
         base_kib >> 10,
         base_heap >> 20
     );
     println!(
-        "{:>9} {:>8} {:>8} {:>9} {:>9} {:>8} {:>8} {:>8} {:>8} {:>8} {:>7} {:>9} {:>8}",
+        "{:>9} {:>8} {:>8} {:>9} {:>9} {:>8} {:>8} {:>8} {:>8} {:>8} {:>7} {:>9} {:>10} {:>8}",
         "budget",
         "peak RSS",
         "bound",
@@ -272,6 +295,7 @@ fn main() -> Res<()> {
         "syncing",
         "JSON",
         "held B/o",
+        "over B/o",
         "within"
     );
     for budget in budgets {
@@ -294,8 +318,12 @@ fn main() -> Res<()> {
         let measured_held = end_heap
             .saturating_sub(base_heap)
             .saturating_sub(r["charged"].as_u64().unwrap_or(0));
+        // What the process keeps beyond the live heap (the allocator's headers and the free
+        // memory it keeps), per object, and the live allocations per object.
+        let over = (r["rss_anon_kib"].as_u64().unwrap_or(0) << 10).saturating_sub(end_heap);
+        let allocations = r["allocations_end"].as_u64().unwrap_or(0) as f64 / n as f64;
         println!(
-            "{:>9} {:>8} {:>8} {:>9} {:>9} {:>8} {:>8} {:>8} {:>8} {:>8} {:>7} {:>9} {:>8}",
+            "{:>9} {:>8} {:>8} {:>9} {:>9} {:>8} {:>8} {:>8} {:>8} {:>8} {:>7} {:>9} {:>10} {:>8}",
             if budget == usize::MAX {
                 "none".to_owned()
             } else {
@@ -316,6 +344,7 @@ fn main() -> Res<()> {
                 r["held"].as_u64().unwrap_or(0) / n as u64,
                 measured_held / n as u64
             ),
+            format!("{}/{allocations:.0}a", over / n as u64),
             within
         );
         println!("  raw: {r}");

@@ -12,3 +12,10 @@ pub fn live() -> usize {
     // A realloc's growth or shrink is already in these two.
     s.bytes_allocated.saturating_sub(s.bytes_deallocated)
 }
+
+/// How many allocations are live now (a realloc moves one, it does not add one).
+#[allow(dead_code)]
+pub fn live_allocations() -> usize {
+    let s = ALLOCATOR.stats();
+    s.allocations.saturating_sub(s.deallocations)
+}

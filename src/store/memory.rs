@@ -31,6 +31,12 @@ use crate::object::ObjectMeta;
 /// What the allocator takes per allocation beyond the bytes asked for (glibc: an 8-byte header,
 /// rounded to 16).
 pub(crate) const ALLOC: usize = 24;
+/// What the allocator keeps per object the informers' caches hold, beyond [`ALLOC`] on each
+/// of its allocations: the free memory a sync's short-lived allocations (list pages, decoded
+/// heads, the stream's changes) leave between the entries' long-lived ones, which it cannot
+/// give back, and the rounding of small allocations past `ALLOC`. It grows with the objects
+/// held, evicted or not (`benches/memory.rs` reports it; docs/deploying.md has the figures).
+pub(crate) const RETAINED: usize = 640;
 /// A map node's share per element beyond the element itself (B-tree nodes are about
 /// two-thirds full).
 pub(crate) const NODE: usize = 16;

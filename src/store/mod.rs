@@ -253,7 +253,7 @@ impl StoreConfig {
     /// [`DEFAULT_OBJECT_CACHE_BYTES`]; 0 leaves every object's JSON on disk). The cache holds
     /// every key, metadata and index posting of its scope, and the JSON and decoded objects of
     /// the most recently written or read objects within this budget (each object's JSON charged
-    /// three times, for the JSON and its decoded form), so listers answer without touching redb.
+    /// four times, for the JSON and its decoded form), so listers answer without touching redb.
     /// [`InformerBuilder::object_cache_bytes`](crate::informer::InformerBuilder::object_cache_bytes)
     /// sets it per informer.
     #[must_use]
@@ -269,8 +269,8 @@ impl StoreConfig {
     /// * redb's page cache ([`cache_bytes`](Self::cache_bytes); unless set, a quarter of the
     ///   budget, at most 256 MiB);
     /// * each informer's keys, metadata and index postings (always held: listers and handlers
-    ///   need them);
-    /// * the JSON and decoded form of the objects the caches keep (charged three times their
+    ///   need them), with what the allocator keeps around them;
+    /// * the JSON and decoded form of the objects the caches keep (charged four times their
     ///   JSON);
     /// * the change stream: changes published and not yet read by every informer's cache,
     ///   bounded at a thirty-second of the budget (4 to 32 MiB); past it the JSON of committed

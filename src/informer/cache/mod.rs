@@ -28,7 +28,7 @@
 //! ## Memory
 //!
 //! Every key, metadata and posting is held; the JSON and decoded object only within the byte
-//! budget (each object's JSON charged three times). A load reads the JSON (within the budget)
+//! budget (each object's JSON charged four times). A load reads the JSON (within the budget)
 //! only when volatile handlers are registered, whose initial adds and updates' previous states
 //! need it; a cache read by listers alone loads without it, so a restart stays small. An entry
 //! over the budget is evicted only once its change is on disk (at the latest one `fsync_delay`
@@ -75,7 +75,7 @@ pub struct CacheStats {
     pub objects: usize,
     /// Objects whose JSON is held (the others are read from the database when needed).
     pub with_json: usize,
-    /// Bytes charged against the budget (three times each held object's JSON).
+    /// Bytes charged against the budget (four times each held object's JSON).
     pub charged_bytes: usize,
     /// Bytes of keys, metadata and index postings (always held), as estimated and charged
     /// against the store's shared [`memory_budget`](crate::store::StoreConfig::memory_budget).
