@@ -1327,12 +1327,12 @@ mod tests {
         assert_eq!(before.map(|e| e.seq), Some(Seq(1)));
         assert_eq!(held.map(|e| e.seq), Some(Seq(3)), "the entry as held is returned");
         // Room for one object's JSON: the least recently written (b) goes, not a's newest.
-        t.evict(30, Seq(3));
+        t.evict(40, Seq(3));
         assert!(holds_json(&t, "a"), "a was just written");
         assert!(!holds_json(&t, "b"));
         // Each key keeps being written: the oldest is still the one evicted.
         put_new(&mut t, &b, Some(entry("b", 4)));
-        t.evict(30, Seq(4));
+        t.evict(40, Seq(4));
         assert!(!holds_json(&t, "a"));
         assert!(holds_json(&t, "b"));
     }

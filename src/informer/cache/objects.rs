@@ -775,12 +775,12 @@ mod tests {
         assert_eq!(t.by_index("labels", "app=db").map(|v| v.len()), Some(1));
         assert!(t.consistent());
         // Over the budget: the oldest committed JSON goes; the uncommitted stays.
-        t.evict(30, Seq(2));
+        t.evict(40, Seq(2));
         assert_eq!(t.with_json(), 1, "b (seq 2) goes, a (seq 3, not committed) stays");
         assert!(t
             .get(&ObjectKey::namespaced("ns", "b"))
             .is_some_and(|e| e.bytes().is_none()));
-        t.evict(30, Seq(3));
+        t.evict(40, Seq(3));
         assert_eq!(t.with_json(), 1);
         t.evict(0, Seq(3));
         assert_eq!(t.with_json(), 0);
