@@ -1449,3 +1449,91 @@ fn a_volatile_handler_told_while_the_store_reopens_hears_of_every_object() {
         );
     });
 }
+
+/// Seed 268 of the oracle, directed. A store that never fsyncs (`durable(false)`) counts each
+/// commit as on disk, so a durable handler is told of it at once; a full disk then makes the
+/// writer reopen the file, which holds none of those commits, and the seqs they had are handed
+/// out again to what the reflector fetches next. The bug (fixed): the handler's cursor stayed
+/// past the rollback, so it skipped the new changes under those seqs and kept what was taken
+/// back. Now it is told the rollback (each key told since, its state on disk), then the rest.
+#[test]
+fn a_durable_handler_told_of_commits_a_reopen_took_back_ends_equal_to_the_server() {
+    let sim = Arc::new(Sim::start(SimConfig::default().bookmark_interval(Duration::from_millis(100))).expect("sim"));
+    let dir = tempfile::tempdir().expect("tempdir");
+    let faults = Arc::new(Faults::default());
+    let db = DurableStore::open(faults::config(&dir.path().join("db.redb"), &faults).durable(false)).expect("open");
+    let rt = runtime();
+    let panics = Arc::new(Panics::default());
+    let handler = Recorder::new("durable".to_owned(), &panics);
+    let server = || -> State {
+        rt.block_on(async {
+            let api: kube::Api<ConfigMap> = kube::Api::all(sim.client().expect("client"));
+            api.list(&Default::default())
+                .await
+                .expect("list")
+                .items
+                .iter()
+                .map(|c| (fold::key_of(c), fold::rv_of(c)))
+                .collect::<State>()
+        })
+    };
+    let mut rng = Rng(268);
+    let mut create = |name: &str, bytes: usize| {
+        // Incompressible, so that megabytes of it leave redb's write buffer for the file.
+        let v: String = (0..bytes).map(|_| char::from(b'a' + (rng.next() % 26) as u8)).collect();
+        let obj = json!({"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": name, "namespace": "ns"}, "data": {"v": v}});
+        sim.create("configmaps", Some("ns"), obj).expect("create");
+    };
+    let settle = |what: &str, want: &State| {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while handler.state() != *want && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert_eq!(
+            fold::diff(&handler.state(), want),
+            Vec::new(),
+            "{what}: the durable handler, replayed, vs the server"
+        );
+    };
+    for name in ["a", "b", "c"] {
+        create(name, 10);
+    }
+    let informer = rt.block_on(async {
+        let informer = sim_informer(&db, &sim).await;
+        informer.add_event_handler(sync_handler(&handler), HandlerOptions::durable("durable"));
+        informer.start();
+        informer.wait_for_sync().await.expect("synced");
+        informer
+    });
+    for name in ["d", "e", "f", "g"] {
+        create(name, 10);
+    }
+    settle("before the fault", &server());
+    // Commits that skip their fsync stay in redb's write buffer until it holds half its cache
+    // (2 MiB here): past that it writes, and on a full disk the write fails; the writer then
+    // reopens the file, which holds none of the commits since the store opened.
+    faults.disk_full.store(true, Ordering::SeqCst);
+    for k in 0..400 {
+        create(&format!("big-{k}"), 16 << 10);
+        if faults.injected.load(Ordering::SeqCst) > 0 {
+            break;
+        }
+    }
+    assert!(faults.injected.load(Ordering::SeqCst) > 0, "the full disk was met");
+    // Meanwhile "a" goes away on the server and "h" comes, and the server drops its history:
+    // the reflector relists, and the relist's diff comes under the seqs handed out again.
+    sim.delete("configmaps", Some("ns"), "a").expect("delete");
+    create("h", 10);
+    sim.restart();
+    std::thread::sleep(Duration::from_millis(50));
+    faults.disk_full.store(false, Ordering::SeqCst);
+    create("i", 10);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while db.writer().rollbacks().borrow().0 == 0 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert!(db.writer().rollbacks().borrow().0 > 0, "the reopen took commits back");
+    settle("after the reopen", &server());
+    drop(informer);
+}

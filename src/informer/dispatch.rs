@@ -7,6 +7,7 @@
 //! handler falls behind in the log (it costs disk, not RAM). A handler that errors or panics is
 //! reported and the others go on.
 
+use std::collections::{HashMap, HashSet};
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::time::Duration;
@@ -495,6 +496,13 @@ pub(crate) async fn run_durable<K>(
     let label = name.to_string();
     let decode = Decode { cache };
     let mut retry = RETRY_FIRST;
+    // A store that does not fsync reports each commit on disk at once, and a reopen after an
+    // I/O error takes back what the file lacks: what the handler is told is kept, so that such
+    // a rollback is told to it (`rewind`).
+    let mut told = (!ctx.writer.fsyncs()).then(Told::default);
+    let mut rollbacks = ctx.writer.rollbacks();
+    let mut seen = rollbacks.borrow_and_update().0;
+    let mut rewind_to: Option<Seq> = None;
     // Its cursor, or its first view: retried through store errors (a reopen after an I/O
     // error), never given up while not stopped.
     let mut cursor = loop {
@@ -507,7 +515,18 @@ pub(crate) async fn run_durable<K>(
                 break c;
             }
             Ok(Ok(None)) => {
-                match initial_adds(&ctx, &decode, &*handler, &label, &name, &stop, &progress.placed).await {
+                match initial_adds(
+                    &ctx,
+                    &decode,
+                    &*handler,
+                    &label,
+                    &name,
+                    &stop,
+                    &progress.placed,
+                    told.as_mut(),
+                )
+                .await
+                {
                     Ok(Some(c)) => break c,
                     Ok(None) => return,
                     Err(e) => (ctx.report)(store_issue(&label, "its initial adds: ", e)),
@@ -532,6 +551,39 @@ pub(crate) async fn run_durable<K>(
         if *stop.borrow() {
             return;
         }
+        if let Some(t) = told.as_mut() {
+            let (n, at) = *rollbacks.borrow_and_update();
+            if n != seen {
+                // Two rollbacks since the last look: the first one's seq is not known, so
+                // everything told is looked at again.
+                let to = if n == seen + 1 { at } else { Seq(0) };
+                seen = n;
+                rewind_to = Some(rewind_to.map_or(to, |r| r.min(to)));
+            }
+            if let Some(to) = rewind_to {
+                match rewind(&ctx, &decode, &*handler, &label, t, to, &stop).await {
+                    Ok(Some(position)) => {
+                        rewind_to = None;
+                        retry = RETRY_FIRST;
+                        if position != cursor {
+                            cursor = position;
+                            persist(&ctx, &name, cursor).await;
+                            progress.position.send_replace(cursor);
+                        }
+                    }
+                    Ok(None) => return,
+                    Err(e) => {
+                        (ctx.report)(store_issue(&label, "telling it of a rollback: ", e));
+                        tokio::select! {
+                            () = tokio::time::sleep(retry) => {}
+                            () = stopped(&mut stop) => return,
+                        }
+                        retry = (retry * 2).min(RETRY_MAX);
+                    }
+                }
+                continue;
+            }
+        }
         if let Some(target) = *sync_seq.borrow() {
             if cursor >= target {
                 progress.synced.send_if_modified(|s| !std::mem::replace(s, true));
@@ -548,7 +600,18 @@ pub(crate) async fn run_durable<K>(
                 // a cursor set by hand gets here. What was skipped is unknown: start again from
                 // the current state, as after a relist (deletes in the gap are not delivered).
                 (ctx.report)(store_issue(&label, "", e));
-                match initial_adds(&ctx, &decode, &*handler, &label, &name, &stop, &progress.placed).await {
+                match initial_adds(
+                    &ctx,
+                    &decode,
+                    &*handler,
+                    &label,
+                    &name,
+                    &stop,
+                    &progress.placed,
+                    told.as_mut(),
+                )
+                .await
+                {
                     Ok(Some(c)) => {
                         cursor = c;
                         progress.position.send_replace(cursor);
@@ -590,6 +653,7 @@ pub(crate) async fn run_durable<K>(
                     // The writer is gone: nothing more will be on disk.
                     return;
                 },
+                Ok(()) = rollbacks.changed(), if told.is_some() => {}
                 changed = sync_seq.changed() => if changed.is_err() {
                     // The informer is gone.
                     return;
@@ -611,6 +675,9 @@ pub(crate) async fn run_durable<K>(
                 break;
             }
             let seq = entry.seq();
+            if let Some(t) = told.as_mut() {
+                t.note_entry(&entry);
+            }
             let handled = match entry {
                 LogEntry::Record(rec) => deliver(&ctx, &decode, &*handler, &label, rec).await,
                 LogEntry::Damaged(d) => {
@@ -756,7 +823,7 @@ async fn damaged<K>(
         }
     };
     let Some(key) = d.key else {
-        if let Err(e) = snapshot_events(ctx, decode, handler, label, snapshot, true, stop).await {
+        if let Err(e) = snapshot_events(ctx, decode, handler, label, snapshot, true, stop, None).await {
             (ctx.report)(store_issue(label, "resync could not read the store: ", e));
         }
         return;
@@ -816,6 +883,227 @@ async fn durable_snapshot(ctx: &Ctx) -> Result<(Snapshot, Seq), StoreError> {
     }
 }
 
+/// The most keys a durable handler's [`Told`] keeps, and the most JSON it keeps of them.
+const TOLD_KEYS: usize = 1 << 16;
+const TOLD_JSON_BYTES: usize = 16 << 20;
+
+/// What a durable handler was last told of each key, kept only on a store that does not fsync
+/// ([`Writer::fsyncs`]): there a reopen after an I/O error takes back commits the handler was
+/// told of, and [`rewind`] tells it the difference, as volatile handlers are told a rollback.
+#[derive(Default)]
+struct Told {
+    keys: HashMap<ObjectKey, (Seq, Said)>,
+    json_bytes: usize,
+    /// More keys were told than are kept: a rollback can no longer be told key by key.
+    overflowed: bool,
+}
+
+/// The state a handler was told of a key.
+#[derive(Clone)]
+enum Said {
+    /// Present, with its JSON when kept.
+    Present(Option<bytes::Bytes>),
+    Absent,
+    /// A damaged log entry was reported for it.
+    Unknown,
+}
+
+impl Told {
+    fn note(&mut self, seq: Seq, key: &ObjectKey, said: Said) {
+        if self.overflowed {
+            return;
+        }
+        let said = match said {
+            Said::Present(Some(b)) if self.json_bytes + b.len() > TOLD_JSON_BYTES => Said::Present(None),
+            said => said,
+        };
+        if let Said::Present(Some(b)) = &said {
+            self.json_bytes += b.len();
+        }
+        if let Some((_, Said::Present(Some(old)))) = self.keys.insert(key.clone(), (seq, said)) {
+            self.json_bytes -= old.len();
+        }
+        if self.keys.len() > TOLD_KEYS {
+            self.keys = HashMap::new();
+            self.json_bytes = 0;
+            self.overflowed = true;
+        }
+    }
+
+    fn note_entry(&mut self, entry: &LogEntry) {
+        match entry {
+            LogEntry::Record(r) => match r.kind {
+                DeltaKind::Sync => {}
+                DeltaKind::Deleted => self.note(r.seq, &r.key, Said::Absent),
+                DeltaKind::Added | DeltaKind::Replaced | DeltaKind::Updated => {
+                    self.note(r.seq, &r.key, Said::Present(r.object.clone()));
+                }
+            },
+            LogEntry::Damaged(d) => {
+                if let Some(key) = &d.key {
+                    self.note(d.seq, key, Said::Unknown);
+                }
+            }
+        }
+    }
+
+    /// The keys told after `to`.
+    fn after(&self, to: Seq) -> Vec<(ObjectKey, Said)> {
+        let mut keys: Vec<_> = self
+            .keys
+            .iter()
+            .filter(|(_, (seq, _))| *seq > to)
+            .map(|(k, (_, said))| (k.clone(), said.clone()))
+            .collect();
+        keys.sort_by(|a, b| a.0.cmp(&b.0));
+        keys
+    }
+
+    /// A rollback was told: the keys are tracked again from here.
+    fn settled(&mut self) {
+        self.overflowed = false;
+    }
+}
+
+/// After a rollback to `to` took back commits the handler may have been told of (a store that
+/// does not fsync, reopened after an I/O error): each key told since is told its state in a
+/// view now (an update back, a delete of what was only added, an add back of what was only
+/// deleted), then the log after `to` up to that view, but for those keys. Returns the view's
+/// position, the handler's new cursor (`None` when stopped).
+#[allow(clippy::too_many_arguments)] // one caller
+async fn rewind<K>(
+    ctx: &Ctx,
+    decode: &Decode<K>,
+    handler: &dyn EventHandler<K>,
+    label: &str,
+    told: &mut Told,
+    to: Seq,
+    stop: &watch::Receiver<bool>,
+) -> Result<Option<Seq>, StoreError>
+where
+    K: DeserializeOwned + Send + Sync + 'static,
+{
+    let (snapshot, position) = durable_snapshot(ctx).await?;
+    let snapshot = Arc::new(snapshot);
+    if told.overflowed {
+        (ctx.report)(issue(label, HandlerProblem::RollbackNotTracked { to, kept: TOLD_KEYS }));
+        if !snapshot_events(
+            ctx,
+            decode,
+            handler,
+            label,
+            snapshot.clone(),
+            false,
+            stop,
+            Some((told, position)),
+        )
+        .await?
+        {
+            return Ok(None);
+        }
+    }
+    let mut restored = HashSet::new();
+    for (key, said) in told.after(to) {
+        if *stop.borrow() {
+            return Ok(None);
+        }
+        let (snap, k) = (snapshot.clone(), key.clone());
+        let now = tokio::task::spawn_blocking(move || snap.get(&k))
+            .await
+            .map_err(|e| StoreError::Aborted(format!("reading the store: {e}")))??;
+        let ev = match (&now, &said) {
+            (Some(o), Said::Present(Some(json))) if *json == o.bytes => None,
+            (Some(o), Said::Present(json)) => {
+                decode_told(decode, &o.key, &o.meta.resource_version, &o.bytes).map(|new| {
+                    let old = json
+                        .as_ref()
+                        .and_then(|j| decode_told(decode, &key, &ResourceVersion::default(), j))
+                        .unwrap_or_else(|| new.clone());
+                    Event::Update {
+                        old,
+                        new,
+                        resync: false,
+                    }
+                })
+            }
+            (Some(o), Said::Absent | Said::Unknown) => decode_told(decode, &o.key, &o.meta.resource_version, &o.bytes)
+                .map(|object| Event::Add { object, initial: false }),
+            (None, Said::Absent) => None,
+            (None, Said::Present(json)) => json
+                .as_ref()
+                .and_then(|j| decode_told(decode, &key, &ResourceVersion::default(), j))
+                .or_else(|| from_meta(&key_meta(&key)))
+                .map(|object| Event::Delete {
+                    object,
+                    final_state_unknown: true,
+                }),
+            (None, Said::Unknown) => from_meta(&key_meta(&key)).map(|object| Event::Delete {
+                object,
+                final_state_unknown: true,
+            }),
+        };
+        let said = now.map_or(Said::Absent, |o| Said::Present(Some(o.bytes)));
+        told.note(position, &key, said);
+        restored.insert(key);
+        if let Some(ev) = ev {
+            call(&ctx.report, handler, label, ev).await;
+        }
+    }
+    // What came after the rollback up to the view, for every other key.
+    let mut cursor = to;
+    while cursor < position {
+        let (log, scope) = (ctx.log.clone(), ctx.scope);
+        let (entries, scanned) =
+            tokio::task::spawn_blocking(move || log.read_scope_entries_after_contiguous(cursor, BATCH, scope))
+                .await
+                .map_err(|e| StoreError::Aborted(format!("reading the log: {e}")))??;
+        for entry in entries.into_iter().filter(|e| e.seq() <= position) {
+            if *stop.borrow() {
+                return Ok(None);
+            }
+            let key = match &entry {
+                LogEntry::Record(r) => Some(&r.key),
+                LogEntry::Damaged(d) => d.key.as_ref(),
+            };
+            if key.is_some_and(|k| restored.contains(k)) {
+                continue;
+            }
+            told.note_entry(&entry);
+            match entry {
+                LogEntry::Record(rec) => {
+                    deliver(ctx, decode, handler, label, rec).await;
+                }
+                LogEntry::Damaged(d) => damaged(ctx, decode, handler, label, d, stop).await,
+            }
+        }
+        if scanned <= cursor {
+            break;
+        }
+        cursor = scanned;
+    }
+    told.settled();
+    Ok(Some(position))
+}
+
+/// A state told back after a rollback, decoded; an undecodable one is skipped (it was
+/// reported when it was first told).
+fn decode_told<K: DeserializeOwned + Send + Sync + 'static>(
+    decode: &Decode<K>,
+    key: &ObjectKey,
+    rv: &ResourceVersion,
+    bytes: &bytes::Bytes,
+) -> Option<Arc<K>> {
+    decode.decode(key, rv, bytes).ok()
+}
+
+fn key_meta(key: &ObjectKey) -> ObjectMeta {
+    ObjectMeta {
+        namespace: key.namespace.clone(),
+        name: key.name.clone(),
+        ..ObjectMeta::default()
+    }
+}
+
 /// The name of the marker a durable handler's initial adds leave while they run: the
 /// position of the first view they were told from (see [`initial_adds`]).
 fn pending_marker(name: &CursorName) -> CursorName {
@@ -832,6 +1120,7 @@ fn pending_marker(name: &CursorName) -> CursorName {
 /// also holds compaction there, across restarts); a round that finds the marker of an earlier
 /// one tells a delete (`final_state_unknown`) of each object deleted in the log since then
 /// and absent from its own view. The cursor replaces the marker once the round is complete.
+#[allow(clippy::too_many_arguments)] // two callers in one function
 async fn initial_adds<K>(
     ctx: &Ctx,
     decode: &Decode<K>,
@@ -840,6 +1129,7 @@ async fn initial_adds<K>(
     name: &CursorName,
     stop: &watch::Receiver<bool>,
     placed: &watch::Sender<bool>,
+    told: Option<&mut Told>,
 ) -> Result<Option<Seq>, StoreError>
 where
     K: DeserializeOwned + Send + Sync + 'static,
@@ -857,7 +1147,8 @@ where
     // From here the log after `position` is kept for the handler.
     placed.send_replace(true);
     let snapshot = Arc::new(snapshot);
-    if !snapshot_events(ctx, decode, handler, label, snapshot.clone(), false, stop).await? {
+    let told = told.map(|t| (t, position));
+    if !snapshot_events(ctx, decode, handler, label, snapshot.clone(), false, stop, told).await? {
         return Ok(None);
     }
     if let Some(from) = earlier.filter(|e| *e < position) {
@@ -965,7 +1256,7 @@ async fn resync<K>(
     let snapshot = tokio::task::spawn_blocking(move || store.snapshot()).await;
     match snapshot {
         Ok(Ok(s)) => {
-            if let Err(e) = snapshot_events(ctx, decode, handler, label, Arc::new(s), true, stop).await {
+            if let Err(e) = snapshot_events(ctx, decode, handler, label, Arc::new(s), true, stop, None).await {
                 (ctx.report)(store_issue(label, "resync could not read the store: ", e));
             }
         }
@@ -976,6 +1267,7 @@ async fn resync<K>(
 
 /// Every object of `snapshot`, in pages read on a blocking thread, as synthetic adds or (`resync`)
 /// resync updates. `Ok(false)` when stopped.
+#[allow(clippy::too_many_arguments)] // three callers
 async fn snapshot_events<K>(
     ctx: &Ctx,
     decode: &Decode<K>,
@@ -984,6 +1276,7 @@ async fn snapshot_events<K>(
     snapshot: Arc<Snapshot>,
     resync: bool,
     stop: &watch::Receiver<bool>,
+    mut told: Option<(&mut Told, Seq)>,
 ) -> Result<bool, StoreError>
 where
     K: DeserializeOwned + Send + Sync + 'static,
@@ -1014,6 +1307,9 @@ where
                     continue;
                 }
             };
+            if let Some((t, at)) = told.as_mut() {
+                t.note(*at, &o.key, Said::Present(Some(o.bytes.clone())));
+            }
             match decode.decode(&o.key, &o.meta.resource_version, &o.bytes) {
                 Ok(object) => {
                     let ev = if resync {

@@ -115,6 +115,21 @@ pub enum HandlerProblem {
         /// What the handler was told instead.
         recovery: &'static str,
     },
+    /// A store that does not fsync (`StoreConfig::durable(false)`) took back, on a reopen
+    /// after an I/O error, commits the durable handler had been told of, and it had been told
+    /// of more keys since the file last held them than are tracked: it was told every stored
+    /// object again, but an object it was told of that no longer exists stays in its state.
+    #[error(
+        " was told of commits the store took back (to seq {}), beyond the {kept} keys tracked; \
+         it was told every stored object again, but not the deletes of what it was told only in those commits",
+        to.0
+    )]
+    RollbackNotTracked {
+        /// What the store went back to.
+        to: crate::store::Seq,
+        /// The most keys tracked.
+        kept: usize,
+    },
     /// Reading the log, the store or the cursor failed, or persisting the cursor did.
     #[error(": {context}{error}")]
     Store {

@@ -98,6 +98,7 @@ pub struct Writer {
     rollbacks: watch::Receiver<(u64, Seq)>,
     dicts: PublishedDicts,
     pins: Arc<retention::Pins>,
+    fsyncs: bool,
 }
 
 /// What registering a scope found.
@@ -383,6 +384,15 @@ impl Writer {
         self.pins.pin(seq)
     }
 
+    /// Whether commits reach the disk before they count as [`durable`](Self::durable). Without
+    /// it ([`StoreConfig::durable(false)`](super::StoreConfig::durable)) every commit counts
+    /// as durable at once, and a reopen after an I/O error can take back commits that
+    /// `durable` had reported: readers of the log must then follow the rollback.
+    #[must_use]
+    pub(crate) fn fsyncs(&self) -> bool {
+        self.fsyncs
+    }
+
     /// The last log seq known to be on disk: equal to [`committed`](Self::committed) except
     /// while batches sent with [`Batch::deferred_fsync`] wait for their durable commit (at most
     /// the store's [`fsync_delay`](super::StoreConfig::fsync_delay)). Durable handlers read the
@@ -481,6 +491,7 @@ pub(crate) fn spawn(
             rollbacks: positions.rollbacks,
             dicts: published,
             pins,
+            fsyncs: config.durable,
         },
         thread,
     ))

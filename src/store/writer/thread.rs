@@ -398,7 +398,17 @@ impl WriterThread {
         // Without an fsync (a relaxed or deferred group, or a store that never fsyncs) the
         // group is shown to readers as the writer decides it; with one, once on disk
         // (`fsync_delay(None)`: nothing deferred is seen before the disk has it).
-        let fsync = self.commit.durable && (self.commit.shared_file || durability == Durability::Immediate);
+        // A store that does not fsync still makes a scope's registration and the cluster's
+        // identity durable: a reopen after an I/O error must not lose the scope its informers
+        // write to (they would fail with "no such scope" for ever).
+        let structural = group
+            .iter()
+            .any(|c| matches!(c, Command::RegisterScope(..) | Command::Identity(..)));
+        let fsync = if self.commit.durable {
+            self.commit.shared_file || durability == Durability::Immediate
+        } else {
+            structural
+        };
         if !fsync {
             relax(&mut txn);
         }
