@@ -799,3 +799,42 @@ fn a_failed_deferred_fsync_loses_only_whole_trailing_batches_and_refuses_their_s
         (_, Err(e)) => assert!(matches!(e, StoreError::PredecessorMissing { .. }), "{e}"),
     }
 }
+
+/// The value of a counter of the database file `file` in the metrics exposition.
+#[cfg(feature = "metrics")]
+fn counter(name: &str, file: &str) -> u64 {
+    let text = durable_informer::metrics::encode();
+    let prefix = format!("{name}{{database=\"{file}\"}} ");
+    text.lines()
+        .find_map(|l| l.strip_prefix(&prefix))
+        .map_or(0, |v| v.trim().parse().expect("a counter's value"))
+}
+
+/// A failed write in a commit of the writer's own (here compaction's) used to be said only in
+/// its log: it is counted now, and so is the reopen that follows.
+#[cfg(feature = "metrics")]
+#[test]
+fn an_io_error_in_a_maintenance_commit_is_counted() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let faults = Arc::new(Faults::default());
+    let file = "maintenance-io.redb";
+    let db = DurableStore::open(config(&dir.path().join(file), &faults).retention_entries(Some(1))).expect("open");
+    let scope = db
+        .writer()
+        .register_scope_blocking(&ScopeSpec::new("", "v1", "configmaps"))
+        .expect("scope");
+    for rv in 1..=20 {
+        apply_one(&db, scope, rv).expect("batch");
+    }
+    assert_eq!(counter("durable_informer_storage_errors_total", file), 0);
+    faults.fail_writes.store(1, Ordering::SeqCst);
+    let _ = db.writer().compact_blocking(Some(1));
+    assert_eq!(
+        faults.injected.load(Ordering::SeqCst),
+        1,
+        "the write failure was injected"
+    );
+    apply_one(&db, scope, 100).expect("a commit after the fault");
+    assert_eq!(counter("durable_informer_storage_errors_total", file), 1);
+    assert_eq!(counter("durable_informer_database_reopens_total", file), 1);
+}

@@ -503,6 +503,22 @@ pub(crate) async fn run_durable<K>(
     let mut rollbacks = ctx.writer.rollbacks();
     let mut seen = rollbacks.borrow_and_update().0;
     let mut rewind_to: Option<Seq> = None;
+    // Synthetic adds of a view on disk, at the first start and after a cursor fell off the log.
+    macro_rules! first_view {
+        () => {
+            initial_adds(
+                &ctx,
+                &decode,
+                &*handler,
+                &label,
+                &name,
+                &stop,
+                &progress.placed,
+                told.as_mut(),
+            )
+            .await
+        };
+    }
     // Its cursor, or its first view: retried through store errors (a reopen after an I/O
     // error), never given up while not stopped.
     let mut cursor = loop {
@@ -514,24 +530,11 @@ pub(crate) async fn run_durable<K>(
                 remove_leftover_marker(&ctx, &label, &name).await;
                 break c;
             }
-            Ok(Ok(None)) => {
-                match initial_adds(
-                    &ctx,
-                    &decode,
-                    &*handler,
-                    &label,
-                    &name,
-                    &stop,
-                    &progress.placed,
-                    told.as_mut(),
-                )
-                .await
-                {
-                    Ok(Some(c)) => break c,
-                    Ok(None) => return,
-                    Err(e) => (ctx.report)(store_issue(&label, "its initial adds: ", e)),
-                }
-            }
+            Ok(Ok(None)) => match first_view!() {
+                Ok(Some(c)) => break c,
+                Ok(None) => return,
+                Err(e) => (ctx.report)(store_issue(&label, "its initial adds: ", e)),
+            },
             Ok(Err(e)) => (ctx.report)(store_issue(&label, "cannot read its cursor: ", e)),
             Err(_) => return,
         }
@@ -600,18 +603,7 @@ pub(crate) async fn run_durable<K>(
                 // a cursor set by hand gets here. What was skipped is unknown: start again from
                 // the current state, as after a relist (deletes in the gap are not delivered).
                 (ctx.report)(store_issue(&label, "", e));
-                match initial_adds(
-                    &ctx,
-                    &decode,
-                    &*handler,
-                    &label,
-                    &name,
-                    &stop,
-                    &progress.placed,
-                    told.as_mut(),
-                )
-                .await
-                {
+                match first_view!() {
                     Ok(Some(c)) => {
                         cursor = c;
                         progress.position.send_replace(cursor);

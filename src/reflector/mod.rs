@@ -381,7 +381,16 @@ impl<S: Source> Reflector<S> {
                 self.short_watch = sync_target.as_ref().is_some_and(|t| t.exact) && !self.status.borrow().synced;
                 // Always continue from what is durably persisted, which may be ahead of what
                 // this loop saw acknowledged (a commit reported failed may be durable).
-                let persisted = self.persisted_rv(from, stop).await?;
+                let Some(persisted) = self.persisted_rv(stop).await? else {
+                    // A watch follows a list that persisted its RV: none now means a reopen
+                    // after an I/O error took that list back (a store that does not fsync).
+                    // Watching on from where this loop was would be refused for ever.
+                    if matches!(end, WatchEnd::Stop) {
+                        return None;
+                    }
+                    tracing::info!(scope = %self.scope(), "the scope's list was lost before reaching the disk; listing again");
+                    return Some(State::List(ListReason::Initial));
+                };
                 let watch = |from| State::Watch {
                     from,
                     sync_target: sync_target.clone(),

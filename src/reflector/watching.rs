@@ -68,17 +68,14 @@ impl<S: Source> Reflector<S> {
         u32::try_from(secs).unwrap_or(u32::MAX)
     }
 
-    /// The persisted RV (`fallback` when none is). While the store cannot be read (the writer
-    /// reopens it after an I/O error) this waits: `fallback` may be older than what is persisted,
-    /// and a watch from there would replay events over newer stored versions. `None` when stopped.
-    pub(super) async fn persisted_rv(
-        &mut self,
-        fallback: ResourceVersion,
-        stop: &mut watch::Receiver<bool>,
-    ) -> Option<ResourceVersion> {
+    /// The persisted RV (`Some(None)` when none is). While the store cannot be read (the writer
+    /// reopens it after an I/O error) this waits: what this loop last saw may be older than what
+    /// is persisted, and a watch from there would replay events over newer stored versions.
+    /// `None` when stopped.
+    pub(super) async fn persisted_rv(&mut self, stop: &mut watch::Receiver<bool>) -> Option<Option<ResourceVersion>> {
         loop {
             match self.store.resource_version() {
-                Ok(rv) => return Some(rv.unwrap_or(fallback)),
+                Ok(rv) => return Some(rv),
                 Err(e) => {
                     self.report(&self.store_err(e));
                     let delay = self.backoff.delay(None);

@@ -52,6 +52,22 @@ fn budget_exceeded() -> &'static Family<DatabaseLabels, Gauge> {
     })
 }
 
+fn storage_errors() -> &'static Family<DatabaseLabels, Counter> {
+    static FAMILY: OnceLock<Family<DatabaseLabels, Counter>> = OnceLock::new();
+    FAMILY.get_or_init(|| {
+        db_size();
+        Family::default()
+    })
+}
+
+fn reopens() -> &'static Family<DatabaseLabels, Counter> {
+    static FAMILY: OnceLock<Family<DatabaseLabels, Counter>> = OnceLock::new();
+    FAMILY.get_or_init(|| {
+        db_size();
+        Family::default()
+    })
+}
+
 fn labels(path: &Path) -> DatabaseLabels {
     let database = path
         .file_name()
@@ -85,6 +101,17 @@ pub(crate) fn damaged_row_skipped(path: &Path) {
     damaged_rows().get_or_create(&labels(path)).inc();
 }
 
+/// Counts an I/O error the writer met, in any commit, its own maintenance ones included
+/// (`durable_informer_storage_errors_total`).
+pub(crate) fn storage_error(path: &Path) {
+    storage_errors().get_or_create(&labels(path)).inc();
+}
+
+/// Counts a reopen of the file after an I/O error (`durable_informer_database_reopens_total`).
+pub(crate) fn reopened(path: &Path) {
+    reopens().get_or_create(&labels(path)).inc();
+}
+
 #[cfg(feature = "metrics")]
 fn encode(e: &mut DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
     encode_family(e, "durable_informer_database_bytes", "Database file size", db_size())?;
@@ -105,5 +132,17 @@ fn encode(e: &mut DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
         "durable_informer_memory_budget_exceeded",
         "1 when redb's page cache, the informers' keys, metadata and postings and the change stream's and syncs' bounds alone exceed StoreConfig::memory_budget",
         budget_exceeded(),
+    )?;
+    encode_family(
+        e,
+        "durable_informer_storage_errors",
+        "I/O errors the writer met (failed writes, fsyncs, a full disk), in any commit, its own maintenance commits included",
+        storage_errors(),
+    )?;
+    encode_family(
+        e,
+        "durable_informer_database_reopens",
+        "Reopens of the database file after an I/O error; each takes back the commits the file lacks",
+        reopens(),
     )
 }

@@ -25,7 +25,7 @@ use crate::store::memory::{meta_bytes, string, ALLOC, NODE, RETAINED};
 use crate::store::{IndexName, MemoryBudget, Seq};
 
 /// What an object's JSON costs against the budget: the JSON itself and its decoded form,
-/// estimated at three times the JSON (a decoded object is about two and a half times its JSON,
+/// estimated at four times the JSON (a decoded object is about two and a half times its JSON,
 /// in many small allocations that each cost the allocator a header; `benches/memory.rs`
 /// measures one).
 fn charge(bytes: &Bytes) -> usize {

@@ -283,7 +283,9 @@ impl WriterThread {
             SyncState::Failed(e) => {
                 self.commit.pending_sync.set(None);
                 tracing::warn!(error = %e, "the durable commit's background fsync failed");
-                self.commit.poisoned.set(true);
+                if !self.commit.poisoned.replace(true) {
+                    crate::store::metrics::storage_error(&self.shared.path);
+                }
             }
         }
     }
@@ -320,6 +322,7 @@ impl WriterThread {
         self.commit.fsync_due.set(None);
         self.commit.pending_sync.set(None);
         self.publisher.lost(last);
+        crate::store::metrics::reopened(&self.shared.path);
         tracing::info!(last_seq = last.0, "database reopened after an I/O error");
         Ok(())
     }
@@ -328,7 +331,10 @@ impl WriterThread {
     pub(super) fn note(&self, e: &StoreError) {
         if let StoreError::Storage { source, .. } = e {
             if matches!(source, redb::Error::Io(_) | redb::Error::PreviousIo) {
-                self.commit.poisoned.set(true);
+                // Counted once per failure: redb repeats it as `PreviousIo` until the reopen.
+                if !self.commit.poisoned.replace(true) {
+                    crate::store::metrics::storage_error(&self.shared.path);
+                }
             }
         }
     }
