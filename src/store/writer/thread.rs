@@ -240,10 +240,12 @@ impl WriterThread {
             self.shared.fence.settle();
             self.poll_sync();
         }
-        if self.commit.fsync_due.get().is_some() && !self.commit.poisoned.get() {
+        self.scope_life_close();
+        // What a store that does not fsync acknowledged is made durable as it closes.
+        let unsynced = self.commit.fsync_due.get().is_some() || !self.commit.durable;
+        if unsynced && !self.commit.poisoned.get() {
             self.flush_deferred(false);
         }
-        self.scope_life_close();
         self.abandon_background_work();
     }
 
@@ -404,12 +406,17 @@ impl WriterThread {
         // Without an fsync (a relaxed or deferred group, or a store that never fsyncs) the
         // group is shown to readers as the writer decides it; with one, once on disk
         // (`fsync_delay(None)`: nothing deferred is seen before the disk has it).
-        // A store that does not fsync still makes a scope's registration and the cluster's
-        // identity durable: a reopen after an I/O error must not lose the scope its informers
-        // write to (they would fail with "no such scope" for ever).
-        let structural = group
-            .iter()
-            .any(|c| matches!(c, Command::RegisterScope(..) | Command::Identity(..)));
+        // A store that does not fsync still makes durable a scope's registration and the
+        // cluster's identity (a reopen after an I/O error must not lose the scope its informers
+        // write to: they would fail with "no such scope" for ever), and a flush (asked for by
+        // name, and the last commit before the store closes): otherwise a reopen after an I/O
+        // error goes back past earlier runs, whose durable handlers' cursors it takes too.
+        let structural = group.iter().any(|c| {
+            matches!(
+                c,
+                Command::RegisterScope(..) | Command::Identity(..) | Command::Flush(..)
+            )
+        });
         let fsync = if self.commit.durable {
             self.commit.shared_file || durability == Durability::Immediate
         } else {
