@@ -862,9 +862,13 @@ fn a_store_that_does_not_fsync_keeps_the_previous_run_through_a_reopen_after_an_
     db.close().expect("close");
     let db = DurableStore::open(config(&path, &faults).durable(false)).expect("reopen");
     apply_one(&db, scope, 6).expect("batch after the reopen");
-    // A durable commit whose fsync fails: the writer reopens the file after the I/O error.
+    // A durable commit (a scope's registration) whose fsync fails: the writer reopens the file
+    // after the I/O error.
     faults.fail_syncs.store(1, Ordering::SeqCst);
-    assert!(db.writer().flush_blocking().is_err(), "the flush met the failed fsync");
+    let registered = db
+        .writer()
+        .register_scope_blocking(&ScopeSpec::new("", "v1", "secrets"));
+    assert!(registered.is_err(), "the registration met the failed fsync");
     assert_eq!(faults.injected.load(Ordering::SeqCst), 1);
     apply_one(&db, scope, 7).expect("a commit after the fault");
     let (objs, rv) = state(&db, scope);

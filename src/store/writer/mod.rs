@@ -469,6 +469,7 @@ pub(crate) fn spawn(
             poisoned: Cell::new(false),
             pending_sync: Cell::new(None),
             background_sync: Cell::new(false),
+            closing: Cell::new(false),
         },
         publisher,
         upkeep: background::Upkeep::new(config, pins.clone()),

@@ -69,6 +69,8 @@ pub(super) struct GroupCommit {
     /// The group being committed is the periodic durable commit, whose fsync may run in the
     /// background.
     pub(super) background_sync: Cell<bool>,
+    /// Set while the store closes: its last commit is durable in every mode.
+    pub(super) closing: Cell<bool>,
 }
 
 /// What the writer's wait for its next command ended with.
@@ -244,6 +246,7 @@ impl WriterThread {
         // What a store that does not fsync acknowledged is made durable as it closes.
         let unsynced = self.commit.fsync_due.get().is_some() || !self.commit.durable;
         if unsynced && !self.commit.poisoned.get() {
+            self.commit.closing.set(true);
             self.flush_deferred(false);
         }
         self.abandon_background_work();
@@ -408,15 +411,13 @@ impl WriterThread {
         // (`fsync_delay(None)`: nothing deferred is seen before the disk has it).
         // A store that does not fsync still makes durable a scope's registration and the
         // cluster's identity (a reopen after an I/O error must not lose the scope its informers
-        // write to: they would fail with "no such scope" for ever), and a flush (asked for by
-        // name, and the last commit before the store closes): otherwise a reopen after an I/O
-        // error goes back past earlier runs, whose durable handlers' cursors it takes too.
-        let structural = group.iter().any(|c| {
-            matches!(
-                c,
-                Command::RegisterScope(..) | Command::Identity(..) | Command::Flush(..)
-            )
-        });
+        // write to: they would fail with "no such scope" for ever), and its last commit as it
+        // closes: otherwise a reopen after an I/O error goes back past earlier runs, whose
+        // durable handlers' cursors it takes too.
+        let structural = self.commit.closing.get()
+            || group
+                .iter()
+                .any(|c| matches!(c, Command::RegisterScope(..) | Command::Identity(..)));
         let fsync = if self.commit.durable {
             self.commit.shared_file || durability == Durability::Immediate
         } else {
