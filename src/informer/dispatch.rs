@@ -831,20 +831,13 @@ async fn damaged<K>(
             },
             Err(e) => return (ctx.report)(undecodable(label, &key, None, &e.to_string())),
         },
-        Ok(Ok(None)) => {
-            let meta = ObjectMeta {
-                namespace: key.namespace.clone(),
-                name: key.name.clone(),
-                ..ObjectMeta::default()
-            };
-            match from_meta::<K>(&meta) {
-                Some(object) => Event::Delete {
-                    object,
-                    final_state_unknown: true,
-                },
-                None => return,
-            }
-        }
+        Ok(Ok(None)) => match from_meta::<K>(&key_meta(&key)) {
+            Some(object) => Event::Delete {
+                object,
+                final_state_unknown: true,
+            },
+            None => return,
+        },
         Ok(Err(e)) => return (ctx.report)(store_issue(label, "reading the object of a damaged log entry: ", e)),
         Err(_) => return,
     };
@@ -979,6 +972,8 @@ where
     let snapshot = Arc::new(snapshot);
     if told.overflowed {
         (ctx.report)(issue(label, HandlerProblem::RollbackNotTracked { to, kept: TOLD_KEYS }));
+        // Tracked again from this round on, which tells every stored object.
+        told.settled();
         if !snapshot_events(
             ctx,
             decode,
@@ -1003,27 +998,33 @@ where
         let now = tokio::task::spawn_blocking(move || snap.get(&k))
             .await
             .map_err(|e| StoreError::Aborted(format!("reading the store: {e}")))??;
+        // (A state that does not decode is skipped: it was reported when first told.)
         let ev = match (&now, &said) {
             (Some(o), Said::Present(Some(json))) if *json == o.bytes => None,
             (Some(o), Said::Present(json)) => {
-                decode_told(decode, &o.key, &o.meta.resource_version, &o.bytes).map(|new| {
-                    let old = json
-                        .as_ref()
-                        .and_then(|j| decode_told(decode, &key, &ResourceVersion::default(), j))
-                        .unwrap_or_else(|| new.clone());
-                    Event::Update {
-                        old,
-                        new,
-                        resync: false,
-                    }
-                })
+                decode
+                    .decode(&o.key, &o.meta.resource_version, &o.bytes)
+                    .ok()
+                    .map(|new| {
+                        let old = json
+                            .as_ref()
+                            .and_then(|j| decode.decode(&key, &ResourceVersion::default(), j).ok())
+                            .unwrap_or_else(|| new.clone());
+                        Event::Update {
+                            old,
+                            new,
+                            resync: false,
+                        }
+                    })
             }
-            (Some(o), Said::Absent | Said::Unknown) => decode_told(decode, &o.key, &o.meta.resource_version, &o.bytes)
+            (Some(o), Said::Absent | Said::Unknown) => decode
+                .decode(&o.key, &o.meta.resource_version, &o.bytes)
+                .ok()
                 .map(|object| Event::Add { object, initial: false }),
             (None, Said::Absent) => None,
             (None, Said::Present(json)) => json
                 .as_ref()
-                .and_then(|j| decode_told(decode, &key, &ResourceVersion::default(), j))
+                .and_then(|j| decode.decode(&key, &ResourceVersion::default(), j).ok())
                 .or_else(|| from_meta(&key_meta(&key)))
                 .map(|object| Event::Delete {
                     object,
@@ -1077,17 +1078,7 @@ where
     Ok(Some(position))
 }
 
-/// A state told back after a rollback, decoded; an undecodable one is skipped (it was
-/// reported when it was first told).
-fn decode_told<K: DeserializeOwned + Send + Sync + 'static>(
-    decode: &Decode<K>,
-    key: &ObjectKey,
-    rv: &ResourceVersion,
-    bytes: &bytes::Bytes,
-) -> Option<Arc<K>> {
-    decode.decode(key, rv, bytes).ok()
-}
-
+/// Metadata holding only `key`: what a delete is built from when no state of the object is left.
 fn key_meta(key: &ObjectKey) -> ObjectMeta {
     ObjectMeta {
         namespace: key.namespace.clone(),
@@ -1218,12 +1209,7 @@ where
             let bytes = r.object.as_ref().or(r.old.as_ref())?;
             decode.decode(&key, &ResourceVersion::default(), bytes).ok()
         });
-        let meta = ObjectMeta {
-            namespace: key.namespace.clone(),
-            name: key.name.clone(),
-            ..ObjectMeta::default()
-        };
-        if let Some(object) = last_state.or_else(|| from_meta::<K>(&meta)) {
+        if let Some(object) = last_state.or_else(|| from_meta::<K>(&key_meta(&key))) {
             let ev = Event::Delete {
                 object,
                 final_state_unknown: true,
@@ -1353,5 +1339,47 @@ struct RemoveOnDrop(super::metrics::HandlerLabels);
 impl Drop for RemoveOnDrop {
     fn drop(&mut self) {
         super::metrics::handler_lag().remove(&self.0);
+    }
+}
+
+#[cfg(test)]
+mod told_tests {
+    use super::*;
+
+    fn key(name: &str) -> ObjectKey {
+        ObjectKey::namespaced("ns", name)
+    }
+
+    #[test]
+    fn told_keeps_the_last_state_per_key_and_what_came_after_a_seq() {
+        let mut t = Told::default();
+        t.note(Seq(1), &key("a"), Said::Present(Some(bytes::Bytes::from_static(b"{}"))));
+        t.note(Seq(2), &key("b"), Said::Present(None));
+        t.note(Seq(3), &key("a"), Said::Absent);
+        assert_eq!(t.keys.len(), 2);
+        assert_eq!(t.json_bytes, 0, "the replaced JSON is no longer counted");
+        let after: Vec<String> = t.after(Seq(1)).into_iter().map(|(k, _)| k.to_string()).collect();
+        assert_eq!(after, ["ns/a", "ns/b"]);
+        assert!(matches!(t.after(Seq(2)).as_slice(), [(_, Said::Absent)]));
+        assert!(t.after(Seq(3)).is_empty());
+    }
+
+    #[test]
+    fn told_stops_keeping_json_past_its_bytes_and_keys_past_its_count() {
+        let mut t = Told::default();
+        let big = bytes::Bytes::from(vec![b' '; TOLD_JSON_BYTES]);
+        t.note(Seq(1), &key("a"), Said::Present(Some(big.clone())));
+        t.note(Seq(2), &key("b"), Said::Present(Some(big)));
+        assert!(matches!(t.keys.get(&key("b")), Some((_, Said::Present(None)))));
+        assert_eq!(t.json_bytes, TOLD_JSON_BYTES);
+        for i in 0..=TOLD_KEYS {
+            t.note(Seq(3), &key(&format!("k{i}")), Said::Absent);
+        }
+        assert!(t.overflowed && t.keys.is_empty() && t.json_bytes == 0);
+        t.note(Seq(4), &key("c"), Said::Absent);
+        assert!(t.keys.is_empty(), "nothing is kept while overflowed");
+        t.settled();
+        t.note(Seq(5), &key("c"), Said::Absent);
+        assert_eq!(t.keys.len(), 1);
     }
 }
