@@ -74,7 +74,8 @@ use durable_informer::informer::{
 use durable_informer::reflector::{BackoffConfig, Phase, ReflectorConfig, Transform};
 use durable_informer::sim::{Failure, FaultTarget, Sim, SimConfig};
 use durable_informer::source::KubeSource;
-use durable_informer::store::{DurableStore, Indexer, StoreConfig, StoreError};
+use durable_informer::store::{CursorName, DurableStore, Indexer, Seq, StoreConfig, StoreError};
+use durable_informer::ObjectKey;
 use faults::Faults;
 use fold::State;
 use k8s_openapi::api::core::v1::ConfigMap;
@@ -1472,28 +1473,9 @@ fn reopen_takes_back_what_was_told(relist: bool) {
     let rt = runtime();
     let panics = Arc::new(Panics::default());
     let handler = Recorder::new("durable".to_owned(), &panics);
-    let server = || list_server(&rt, &sim);
-    let mut rng = Rng(268);
-    let mut create = |name: &str, bytes: usize| {
-        // Incompressible, so that megabytes of it leave redb's write buffer for the file.
-        let v: String = (0..bytes).map(|_| char::from(b'a' + (rng.next() % 26) as u8)).collect();
-        let obj = json!({"apiVersion": "v1", "kind": "ConfigMap",
-            "metadata": {"name": name, "namespace": "ns"}, "data": {"v": v}});
-        sim.create("configmaps", Some("ns"), obj).expect("create");
-    };
-    let settle = |what: &str, want: &State| {
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while handler.state() != *want && Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        assert_eq!(
-            fold::diff(&handler.state(), want),
-            Vec::new(),
-            "{what}: the durable handler, replayed, vs the server"
-        );
-    };
+    let mut fill = Filler(Rng(268));
     for name in ["a", "b", "c"] {
-        create(name, 10);
+        fill.create(&sim, name, 10);
     }
     let informer = rt.block_on(async {
         let informer = sim_informer(&db, &sim).await;
@@ -1503,35 +1485,167 @@ fn reopen_takes_back_what_was_told(relist: bool) {
         informer
     });
     for name in ["d", "e", "f", "g"] {
-        create(name, 10);
+        fill.create(&sim, name, 10);
     }
-    settle("before the fault", &server());
-    // Commits that skip their fsync stay in redb's write buffer until it holds half its cache
-    // (2 MiB here): past that it writes, and on a full disk the write fails; the writer then
-    // reopens the file, which holds none of the commits since the store opened.
-    faults.disk_full.store(true, Ordering::SeqCst);
-    for k in 0..400 {
-        create(&format!("big-{k}"), 16 << 10);
-        if faults.injected.load(Ordering::SeqCst) > 0 {
-            break;
-        }
-    }
-    assert!(faults.injected.load(Ordering::SeqCst) > 0, "the full disk was met");
-    // Meanwhile "a" goes away on the server and "h" comes, and the server drops its history:
-    // the reflector relists, and the relist's diff comes under the seqs handed out again.
-    sim.delete("configmaps", Some("ns"), "a").expect("delete");
-    create("h", 10);
-    if relist {
-        sim.restart();
-    }
-    std::thread::sleep(Duration::from_millis(50));
-    faults.disk_full.store(false, Ordering::SeqCst);
-    create("i", 10);
+    settle(&handler, "before the fault", &list_server(&rt, &sim));
+    fill.take_back_with_full_disk(&sim, &faults, &db, relist);
+    settle(&handler, "after the reopen", &list_server(&rt, &sim));
+    drop(informer);
+}
+
+/// Waits up to 10 s for the handler's replayed state to equal `want`.
+fn settle(handler: &Recorder, what: &str, want: &State) {
     let deadline = Instant::now() + Duration::from_secs(10);
-    while db.writer().rollbacks().borrow().0 == 0 && Instant::now() < deadline {
+    while handler.state() != *want && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert_eq!(
+        fold::diff(&handler.state(), want),
+        Vec::new(),
+        "{what}: the durable handler, replayed, vs the server"
+    );
+}
+
+/// Creates ConfigMaps in namespace "ns" with seeded data.
+struct Filler(Rng);
+
+impl Filler {
+    fn create(&mut self, sim: &Sim, name: &str, bytes: usize) {
+        // Incompressible, so that megabytes of it leave redb's write buffer for the file.
+        let v: String = (0..bytes)
+            .map(|_| char::from(b'a' + (self.0.next() % 26) as u8))
+            .collect();
+        let obj = json!({"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": name, "namespace": "ns"}, "data": {"v": v}});
+        sim.create("configmaps", Some("ns"), obj).expect("create");
+    }
+
+    /// On a `durable(false)` store, makes the writer reopen the file and take back every
+    /// commit since it opened; meanwhile "a" goes away on the server and "h" comes (and with
+    /// `relist` the server drops its history). Returns once the rollback happened and "i",
+    /// created after it, is on the server.
+    fn take_back_with_full_disk(&mut self, sim: &Sim, faults: &Faults, db: &DurableStore, relist: bool) {
+        // Commits that skip their fsync stay in redb's write buffer until it holds half its
+        // cache (2 MiB here): past that it writes, and on a full disk the write fails; the
+        // writer then reopens the file, which holds none of the commits since the store opened.
+        faults.disk_full.store(true, Ordering::SeqCst);
+        for k in 0..400 {
+            self.create(sim, &format!("big-{k}"), 16 << 10);
+            if faults.injected.load(Ordering::SeqCst) > 0 {
+                break;
+            }
+        }
+        assert!(faults.injected.load(Ordering::SeqCst) > 0, "the full disk was met");
+        // The reflector relists (the reopened file holds no list, or the server dropped its
+        // history), and what it commits comes under the seqs handed out again.
+        sim.delete("configmaps", Some("ns"), "a").expect("delete");
+        self.create(sim, "h", 10);
+        if relist {
+            sim.restart();
+        }
+        std::thread::sleep(Duration::from_millis(50));
+        faults.disk_full.store(false, Ordering::SeqCst);
+        self.create(sim, "i", 10);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while db.writer().rollbacks().borrow().0 == 0 && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        assert!(db.writer().rollbacks().borrow().0 > 0, "the reopen took commits back");
+    }
+}
+
+/// Oracle seed 896, directed: a durable handler on a `durable(false)` store is stopped before
+/// it looks at a rollback that took back what it was told. The bug (fixed): it persisted the
+/// cursor of the batch it was in, a seq of the history taken back that the new history had
+/// reached again, and returned; the next run continued after that seq, so it skipped the new
+/// history below it and kept objects the server had deleted. Now a cursor is persisted only
+/// if no rollback came since the handler last looked, and a handler tells a rollback it has
+/// not told yet before it stops.
+#[test]
+fn a_durable_handler_stopped_before_it_heard_of_a_rollback_misses_nothing() {
+    let sim = Arc::new(Sim::start(SimConfig::default().bookmark_interval(Duration::from_millis(100))).expect("sim"));
+    let dir = tempfile::tempdir().expect("tempdir");
+    let faults = Arc::new(Faults::default());
+    let db = DurableStore::open(faults::config(&dir.path().join("db.redb"), &faults).durable(false)).expect("open");
+    let rt = runtime();
+    let panics = Arc::new(Panics::default());
+    let handler = Recorder::new("durable".to_owned(), &panics);
+    let mut fill = Filler(Rng(896));
+    for name in ["a", "b", "c"] {
+        fill.create(&sim, name, 10);
+    }
+    // The handler holds the add of "gate" until released: its batch is then of a history that
+    // is taken back meanwhile.
+    let (release, released) = tokio::sync::watch::channel(false);
+    let gated = {
+        let r = handler.clone();
+        async_handler_fn(move |ev: Event<ConfigMap>| {
+            let (r, mut released) = (r.clone(), released.clone());
+            async move {
+                r.record(&ev);
+                if fold::line(&ev).1 == "ns/gate" {
+                    let _ = released.wait_for(|r| *r).await;
+                }
+                Ok::<(), std::convert::Infallible>(())
+            }
+        })
+    };
+    let (informer, reg) = rt.block_on(async {
+        let informer = sim_informer(&db, &sim).await;
+        let reg = informer.add_event_handler(gated, HandlerOptions::durable("durable"));
+        informer.start();
+        informer.wait_for_sync().await.expect("synced");
+        (informer, reg)
+    });
+    settle(&handler, "before the fault", &list_server(&rt, &sim));
+    fill.create(&sim, "gate", 10);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while handler.told("ns/gate").is_empty() && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(5));
     }
-    assert!(db.writer().rollbacks().borrow().0 > 0, "the reopen took commits back");
-    settle("after the reopen", &server());
+    assert_eq!(handler.told("ns/gate").len(), 1, "the handler is told of the gate");
+    let seen = db.writer().rollbacks().borrow().0;
+    fill.take_back_with_full_disk(&sim, &faults, &db, false);
+    // The new history reaches past the gate's seq in the one taken back.
+    let lister = informer.lister();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !matches!(lister.get_by_key(&ObjectKey::namespaced("ns", "i")), Ok(Some(_))) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert!(
+        matches!(lister.get_by_key(&ObjectKey::namespaced("ns", "i")), Ok(Some(_))),
+        "the informer caught up after the reopen"
+    );
+    // A cursor read before the rollback is refused; one read after it is saved.
+    let (w, probe, scope) = (db.writer(), CursorName::from("probe"), informer.scope());
+    let now = w.rollbacks().borrow().0;
+    let refused = rt.block_on(w.set_cursor_unless_rolled_back(scope, probe.clone(), Seq(1), seen));
+    assert!(
+        matches!(refused, Err(StoreError::CursorRolledBack { cursor: Seq(1) })),
+        "{refused:?}"
+    );
+    rt.block_on(w.set_cursor_unless_rolled_back(scope, probe.clone(), Seq(1), now))
+        .expect("saved");
+    assert_eq!(db.log().cursor(scope, probe).expect("read"), Some(Seq(1)));
+    rt.block_on(async {
+        informer.stop().await.expect("stopped");
+        let removed = tokio::spawn(reg.remove());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        release.send_replace(true);
+        tokio::time::timeout(Duration::from_secs(10), removed)
+            .await
+            .expect("the handler stops")
+            .expect("join");
+    });
+    drop(informer);
+    // The next run of the same handler (its state kept) ends equal to the server.
+    let informer = rt.block_on(async {
+        let informer = sim_informer(&db, &sim).await;
+        informer.add_event_handler(sync_handler(&handler), HandlerOptions::durable("durable"));
+        informer.start();
+        informer.wait_for_sync().await.expect("synced");
+        informer
+    });
+    settle(&handler, "after the next start", &list_server(&rt, &sim));
     drop(informer);
 }

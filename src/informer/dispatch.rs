@@ -514,7 +514,7 @@ pub(crate) async fn run_durable<K>(
                 &name,
                 &stop,
                 &progress.placed,
-                told.as_mut(),
+                told.as_mut().map(|t| (t, seen)),
             )
             .await
         };
@@ -551,9 +551,8 @@ pub(crate) async fn run_durable<K>(
     let mut resync_at = tokio::time::Instant::now().checked_add(period);
     retry = RETRY_FIRST;
     loop {
-        if *stop.borrow() {
-            return;
-        }
+        // A rollback is told before the handler stops: its persisted cursor may be of the
+        // history taken back, and what it was told of that history is known only here.
         if let Some(t) = told.as_mut() {
             let (n, at) = *rollbacks.borrow_and_update();
             if n != seen {
@@ -570,13 +569,16 @@ pub(crate) async fn run_durable<K>(
                         retry = RETRY_FIRST;
                         if position != cursor {
                             cursor = position;
-                            persist(&ctx, &name, cursor).await;
+                            persist(&ctx, &name, cursor, Some(seen)).await;
                             progress.position.send_replace(cursor);
                         }
                     }
                     Ok(None) => return,
                     Err(e) => {
                         (ctx.report)(store_issue(&label, "telling it of a rollback: ", e));
+                        if *stop.borrow() {
+                            return;
+                        }
                         tokio::select! {
                             () = tokio::time::sleep(retry) => {}
                             () = stopped(&mut stop) => return,
@@ -587,6 +589,11 @@ pub(crate) async fn run_durable<K>(
                 continue;
             }
         }
+        if *stop.borrow() {
+            return;
+        }
+        // (only a store that does not fsync has rollbacks of what the handler was told)
+        let epoch = told.is_some().then_some(seen);
         if let Some(target) = *sync_seq.borrow() {
             if cursor >= target {
                 progress.synced.send_if_modified(|s| !std::mem::replace(s, true));
@@ -684,13 +691,15 @@ pub(crate) async fn run_durable<K>(
         }
         if *stop.borrow() {
             if delivered > cursor {
-                persist(&ctx, &name, delivered).await;
-                progress.position.send_replace(delivered);
+                cursor = delivered;
+                persist(&ctx, &name, cursor, epoch).await;
+                progress.position.send_replace(cursor);
             }
-            return;
+            // (the loop's top tells a rollback that came meanwhile, then returns)
+            continue;
         }
         cursor = scanned;
-        persist(&ctx, &name, cursor).await;
+        persist(&ctx, &name, cursor, epoch).await;
         progress.position.send_replace(cursor);
     }
 }
@@ -707,9 +716,28 @@ async fn remove_leftover_marker(ctx: &Ctx, label: &str, name: &CursorName) {
     }
 }
 
-async fn persist(ctx: &Ctx, name: &CursorName, cursor: Seq) {
-    if let Err(e) = ctx.writer.set_cursor(ctx.scope, name.clone(), cursor).await {
+async fn persist(ctx: &Ctx, name: &CursorName, cursor: Seq, seen: Option<u64>) {
+    if let Err(e) = save_cursor(ctx, name, cursor, seen).await {
         (ctx.report)(store_issue(&name.0, "cannot persist its cursor: ", e));
+    }
+}
+
+/// Persists a durable handler's cursor. With `seen` (a store that does not fsync: its
+/// rollbacks take back what the handler was told), only if no rollback came since the handler
+/// last looked; otherwise nothing is saved, and the handler tells the rollback next and saves
+/// the cursor after it.
+async fn save_cursor(ctx: &Ctx, name: &CursorName, cursor: Seq, seen: Option<u64>) -> Result<(), StoreError> {
+    let saved = match seen {
+        Some(n) => {
+            ctx.writer
+                .set_cursor_unless_rolled_back(ctx.scope, name.clone(), cursor, n)
+                .await
+        }
+        None => ctx.writer.set_cursor(ctx.scope, name.clone(), cursor).await,
+    };
+    match saved {
+        Err(StoreError::CursorRolledBack { .. }) => Ok(()),
+        saved => saved,
     }
 }
 
@@ -990,10 +1018,9 @@ where
         }
     }
     let mut restored = HashSet::new();
+    // Not cut short by `stop`: a handler stopping tells the rollback first (bounded by what
+    // `told` keeps and the log up to the view).
     for (key, said) in told.after(to) {
-        if *stop.borrow() {
-            return Ok(None);
-        }
         let (snap, k) = (snapshot.clone(), key.clone());
         let now = tokio::task::spawn_blocking(move || snap.get(&k))
             .await
@@ -1051,9 +1078,6 @@ where
                 .await
                 .map_err(|e| StoreError::Aborted(format!("reading the log: {e}")))??;
         for entry in entries.into_iter().filter(|e| e.seq() <= position) {
-            if *stop.borrow() {
-                return Ok(None);
-            }
             let key = match &entry {
                 LogEntry::Record(r) => Some(&r.key),
                 LogEntry::Damaged(d) => d.key.as_ref(),
@@ -1112,7 +1136,7 @@ async fn initial_adds<K>(
     name: &CursorName,
     stop: &watch::Receiver<bool>,
     placed: &watch::Sender<bool>,
-    told: Option<&mut Told>,
+    told: Option<(&mut Told, u64)>,
 ) -> Result<Option<Seq>, StoreError>
 where
     K: DeserializeOwned + Send + Sync + 'static,
@@ -1130,7 +1154,8 @@ where
     // From here the log after `position` is kept for the handler.
     placed.send_replace(true);
     let snapshot = Arc::new(snapshot);
-    let told = told.map(|t| (t, position));
+    let seen = told.as_ref().map(|(_, n)| *n);
+    let told = told.map(|(t, _)| (t, position));
     if !snapshot_events(ctx, decode, handler, label, snapshot.clone(), false, stop, told).await? {
         return Ok(None);
     }
@@ -1140,7 +1165,7 @@ where
         }
     }
     let (set, unmark) = tokio::join!(
-        ctx.writer.set_cursor(ctx.scope, name.clone(), position),
+        save_cursor(ctx, name, position, seen),
         ctx.writer.delete_cursor(ctx.scope, marker)
     );
     set?;

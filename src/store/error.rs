@@ -169,6 +169,13 @@ pub enum StoreError {
         /// The last seq handed out.
         last: Seq,
     },
+    /// A durable cursor read before a rollback (a reopen after an I/O error took back
+    /// commits): the seqs it names may have been handed out again, so it was not persisted.
+    #[error("cursor {cursor} was read before a rollback of the log; not persisted")]
+    CursorRolledBack {
+        /// The cursor asked for.
+        cursor: Seq,
+    },
     /// User code the writer ran (an index function) panicked: the command's group was not
     /// committed, nothing of it was kept or shown, and the writer went on.
     #[error("{what} panicked: {message}")]

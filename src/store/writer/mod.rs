@@ -59,7 +59,8 @@ enum Command {
     FinishRelist(ScopeId, ResourceVersion, String, Ack<RelistSummary>),
     AbortRelist(ScopeId, Ack<()>),
     EnsureIndex(ScopeId, IndexName, Ack<()>),
-    SetCursor(ScopeId, CursorName, Seq, Ack<()>),
+    /// The last field: refused if the writer's rollback count is no longer this one.
+    SetCursor(ScopeId, CursorName, Seq, Option<u64>, Ack<()>),
     DeleteCursor(ScopeId, CursorName, Ack<()>),
     Compact(Option<u64>, Ack<CompactReport>),
     Settle(Ack<()>),
@@ -269,8 +270,67 @@ impl Writer {
         let web = db.store(scope).by_index(LABELS, \"app=web\")?;\n\
         # let _ = web; Ok(()) }\n\
         ```");
-    request!(set_cursor, set_cursor_blocking, (scope: ScopeId, name: CursorName, seq: Seq) -> (), SetCursor,
-        "Persists the cursor of the durable consumer `name` of `scope`: every entry up to `seq` was handled. Consumers of different scopes may share a name.");
+    /// Persists the cursor of the durable consumer `name` of `scope`: every entry up to `seq`
+    /// was handled. Consumers of different scopes may share a name. A seq past the log is
+    /// refused ([`StoreError::CursorPastLog`]).
+    pub async fn set_cursor(&self, scope: ScopeId, name: CursorName, seq: Seq) -> Result<(), StoreError> {
+        self.cursor_command(scope, name, seq, None).await
+    }
+
+    /// [`set_cursor`](Self::set_cursor), blocking the calling thread.
+    ///
+    /// Blocks the calling thread until the commit; never call it from an async task.
+    pub fn set_cursor_blocking(&self, scope: ScopeId, name: CursorName, seq: Seq) -> Result<(), StoreError> {
+        futures::executor::block_on(self.cursor_command(scope, name, seq, None))
+    }
+
+    /// [`set_cursor`](Self::set_cursor) for a consumer that had looked at the writer's
+    /// [`rollbacks`](Self::rollbacks) count when it was `seen`: refused with
+    /// [`StoreError::CursorRolledBack`] if a rollback came since. A rollback (a reopen after
+    /// an I/O error) hands its seqs out again, so a position read before it may name entries
+    /// the consumer never saw; on a store that does not fsync
+    /// ([`StoreConfig::durable`](crate::store::StoreConfig::durable)) a consumer may also
+    /// have been told what it took back.
+    ///
+    /// ```no_run
+    /// use durable_informer::object::ScopeSpec;
+    /// use durable_informer::store::{CursorName, DurableStore, Seq, StoreConfig, StoreError};
+    /// # async fn run() -> Result<(), StoreError> {
+    /// let db = DurableStore::open(StoreConfig::new("/tmp/cache.redb").durable(false))?;
+    /// let writer = db.writer();
+    /// let scope = writer.register_scope(&ScopeSpec::new("", "v1", "pods")).await?;
+    /// let seen = writer.rollbacks().borrow().0;
+    /// let (entries, last) = db.log().read_scope_after_contiguous(Seq(0), 100, scope)?;
+    /// // ... handle `entries` ...
+    /// # let _ = entries;
+    /// match writer.set_cursor_unless_rolled_back(scope, CursorName::from("mine"), last, seen).await {
+    ///     Err(StoreError::CursorRolledBack { .. }) => { /* read again from the rollback's seq */ }
+    ///     other => other?,
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub async fn set_cursor_unless_rolled_back(
+        &self,
+        scope: ScopeId,
+        name: CursorName,
+        seq: Seq,
+        seen: u64,
+    ) -> Result<(), StoreError> {
+        self.cursor_command(scope, name, seq, Some(seen)).await
+    }
+
+    async fn cursor_command(
+        &self,
+        scope: ScopeId,
+        name: CursorName,
+        seq: Seq,
+        seen: Option<u64>,
+    ) -> Result<(), StoreError> {
+        let (ack, rx) = oneshot::channel();
+        self.send(Command::SetCursor(scope, name, seq, seen, ack))?;
+        rx.await.map_err(|_| StoreError::WriterGone)?
+    }
+
     request!(delete_cursor, delete_cursor_blocking, (scope: ScopeId, name: CursorName) -> (), DeleteCursor,
         "Removes the cursor of the durable consumer `name` of `scope`, so it no longer holds back compaction.");
     request!(compact, compact_blocking, (keep_entries: Option<u64>) -> CompactReport, Compact,

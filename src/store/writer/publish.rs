@@ -71,6 +71,11 @@ impl Publisher {
         )
     }
 
+    /// How many rollbacks this writer made.
+    pub(super) fn rollbacks(&self) -> u64 {
+        self.rollbacks.borrow().0
+    }
+
     /// Whether changes of `scope` are published (someone subscribed to it).
     pub(super) fn wants(&self, scope: ScopeId) -> bool {
         self.streams.borrow().contains_key(&scope.0)

@@ -288,7 +288,19 @@ impl WriterThread {
         Ok(())
     }
 
-    pub(super) fn set_cursor(&self, txn: &WriteTransaction, scope: ScopeId, name: &str, seq: Seq) -> Step<()> {
+    pub(super) fn set_cursor(
+        &self,
+        txn: &WriteTransaction,
+        scope: ScopeId,
+        name: &str,
+        seq: Seq,
+        seen: Option<u64>,
+    ) -> Step<()> {
+        // A cursor read before a rollback may name seqs handed out again since, which the
+        // consumer has not seen: refused (checked here, on the thread that rolls back).
+        if seen.is_some_and(|n| n != self.publisher.rollbacks()) {
+            return Err(Failure::Refused(StoreError::CursorRolledBack { cursor: seq }));
+        }
         // A cursor past the log would skip entries handed out after it (a rolled-back seq is
         // handed out again): refused. The group is durable, so the cursor and everything up
         // to it reach the disk together.

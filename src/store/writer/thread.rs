@@ -551,8 +551,8 @@ impl WriterThread {
                     Err((Reply::Unit(ack, Err(e)), aborted))
                 }
             },
-            Command::SetCursor(scope, name, seq, ack) => {
-                run!(Unit, ack, self.set_cursor(txn, scope, name.as_str(), seq))
+            Command::SetCursor(scope, name, seq, seen, ack) => {
+                run!(Unit, ack, self.set_cursor(txn, scope, name.as_str(), seq, seen))
             }
             Command::DeleteCursor(scope, name, ack) => run!(Unit, ack, self.delete_cursor(txn, scope, name.as_str())),
             Command::Compact(keep, ack) => match self.compact_goal(txn, keep) {
@@ -642,7 +642,7 @@ pub(super) fn fail_all(cmds: Vec<Command>, e: &StoreError) {
             Command::Stage(_, _, a)
             | Command::AbortRelist(_, a)
             | Command::EnsureIndex(_, _, a)
-            | Command::SetCursor(_, _, _, a)
+            | Command::SetCursor(_, _, _, _, a)
             | Command::DeleteCursor(_, _, a)
             | Command::ResetScope(_, a)
             | Command::DropScope(_, a)
