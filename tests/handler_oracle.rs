@@ -1230,6 +1230,9 @@ async fn sim_informer(db: &DurableStore, sim: &Sim) -> Informer<ConfigMap> {
             },
             ..ReflectorConfig::default()
         })
+        .indexer(Indexer::new("ns", |meta, _| {
+            meta.namespace.clone().into_iter().collect()
+        }))
         .build()
         .await
         .expect("build")
@@ -1489,7 +1492,21 @@ fn reopen_takes_back_what_was_told(relist: bool) {
     }
     settle(&handler, "before the fault", &list_server(&rt, &sim));
     fill.take_back_with_full_disk(&sim, &faults, &db, relist);
-    settle(&handler, "after the reopen", &list_server(&rt, &sim));
+    let server = list_server(&rt, &sim);
+    settle(&handler, "after the reopen", &server);
+    // The informer's index was made ready in a commit the reopen could take back.
+    let indexed: State = informer
+        .store()
+        .by_index("ns", "ns")
+        .expect("the stored index answers after the reopen")
+        .into_iter()
+        .map(|o| (o.key.to_string(), o.meta.resource_version.to_string()))
+        .collect();
+    assert_eq!(
+        fold::diff(&indexed, &server),
+        Vec::new(),
+        "the store by index vs the server"
+    );
     drop(informer);
 }
 

@@ -305,8 +305,9 @@ impl StoreConfig {
 
     /// Whether commits are fsynced before they are acknowledged (default true). Without it a
     /// crash can lose the acknowledged commits since the last durable one (redb persists them
-    /// only with a durable commit); the database stays consistent. Scope registrations, the
-    /// cluster identity and the store's close are fsynced all the same. Durable handlers are then told of each commit
+    /// only with a durable commit); the database stays consistent. What a scope is (its
+    /// registration, indexes, shard range, a reset or drop), the cluster identity and the
+    /// store's close are fsynced all the same. Durable handlers are then told of each commit
     /// as it commits: a crash can take back what they were told, while a reopen after an I/O
     /// error (which takes back the same commits) is told to them as volatile handlers are told
     /// a rollback (each key told since, as it is now).

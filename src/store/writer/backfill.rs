@@ -245,7 +245,7 @@ impl WriterThread {
             return;
         };
         let result = match self.shared.indexes.get(scope, &name) {
-            Some(ix) => self.maintenance(|txn| self.backfill_step(txn, scope, &ix)),
+            Some(ix) => self.structural_maintenance(|txn| self.backfill_step(txn, scope, &ix)),
             // Functions are never unregistered; reported rather than assumed.
             None => Err(StoreError::UnknownIndex {
                 scope,

@@ -64,6 +64,23 @@ const AGE_POLL_MAX: Duration = Duration::from_secs(60);
 impl WriterThread {
     /// Runs `f` in a transaction of its own, committed with the store's durability.
     pub(super) fn maintenance<T>(&self, f: impl FnOnce(&WriteTransaction) -> Step<T>) -> Result<T, StoreError> {
+        self.maintenance_with(self.commit.durable, f)
+    }
+
+    /// A maintenance commit that changes what a scope is (an index made ready, a stale scope
+    /// dropped): durable on every store, as the commands that do so are.
+    pub(super) fn structural_maintenance<T>(
+        &self,
+        f: impl FnOnce(&WriteTransaction) -> Step<T>,
+    ) -> Result<T, StoreError> {
+        self.maintenance_with(true, f)
+    }
+
+    fn maintenance_with<T>(
+        &self,
+        durable: bool,
+        f: impl FnOnce(&WriteTransaction) -> Step<T>,
+    ) -> Result<T, StoreError> {
         if self.commit.poisoned.get() {
             self.recover()?;
         }
@@ -73,7 +90,7 @@ impl WriterThread {
             self.note(&e);
             e
         })?;
-        if !self.commit.durable {
+        if !durable {
             super::thread::relax(&mut txn);
         }
         let out = match f(&txn) {

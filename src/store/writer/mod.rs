@@ -78,6 +78,20 @@ enum Command {
 }
 
 impl Command {
+    /// Whether it changes what a scope is, or the cluster identity: committed durably even on a
+    /// store that does not fsync.
+    fn is_structural(&self) -> bool {
+        matches!(
+            self,
+            Command::RegisterScope(..)
+                | Command::Identity(..)
+                | Command::EnsureIndex(..)
+                | Command::ChangeShard(..)
+                | Command::ResetScope(..)
+                | Command::DropScope(..)
+        )
+    }
+
     fn weight(&self) -> (usize, usize) {
         match self {
             Command::Apply(b, _) => (b.deltas.len().max(1), b.bytes()),

@@ -245,7 +245,7 @@ impl WriterThread {
             }
         };
         for (scope, last) in stale {
-            if let Err(e) = self.maintenance(|txn| self.drop_scope(txn, scope)) {
+            if let Err(e) = self.structural_maintenance(|txn| self.drop_scope(txn, scope)) {
                 tracing::warn!(%scope, error = %e, "dropping an unused scope failed");
             } else {
                 crate::store::metrics::scope_dropped(&self.shared.path);

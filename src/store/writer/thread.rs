@@ -409,15 +409,13 @@ impl WriterThread {
         // Without an fsync (a relaxed or deferred group, or a store that never fsyncs) the
         // group is shown to readers as the writer decides it; with one, once on disk
         // (`fsync_delay(None)`: nothing deferred is seen before the disk has it).
-        // A store that does not fsync still makes durable a scope's registration and the
-        // cluster's identity (a reopen after an I/O error must not lose the scope its informers
-        // write to: they would fail with "no such scope" for ever), and its last commit as it
-        // closes: otherwise a reopen after an I/O error goes back past earlier runs, whose
-        // durable handlers' cursors it takes too.
-        let structural = self.commit.closing.get()
-            || group
-                .iter()
-                .any(|c| matches!(c, Command::RegisterScope(..) | Command::Identity(..)));
+        // A store that does not fsync still makes durable what a scope is (its registration,
+        // indexes, shard range, a reset or drop) and the cluster's identity: a reopen after an
+        // I/O error must not take those back, as informers set them only as they start (they
+        // would fail with "no such scope" or "no index named" for ever). And its last commit
+        // as it closes: otherwise a reopen after an I/O error goes back past earlier runs,
+        // whose durable handlers' cursors it takes too.
+        let structural = self.commit.closing.get() || group.iter().any(Command::is_structural);
         let fsync = if self.commit.durable {
             self.commit.shared_file || durability == Durability::Immediate
         } else {
