@@ -1469,24 +1469,8 @@ fn a_reopen_that_took_back_the_scopes_list_lists_it_again() {
 }
 
 fn reopen_takes_back_what_was_told(relist: bool) {
-    let sim = Arc::new(Sim::start(SimConfig::default().bookmark_interval(Duration::from_millis(100))).expect("sim"));
-    let dir = tempfile::tempdir().expect("tempdir");
-    let faults = Arc::new(Faults::default());
-    let db = DurableStore::open(faults::config(&dir.path().join("db.redb"), &faults).durable(false)).expect("open");
-    let rt = runtime();
-    let panics = Arc::new(Panics::default());
-    let handler = Recorder::new("durable".to_owned(), &panics);
-    let mut fill = Filler(Rng(268));
-    for name in ["a", "b", "c"] {
-        fill.create(&sim, name, 10);
-    }
-    let informer = rt.block_on(async {
-        let informer = sim_informer(&db, &sim).await;
-        informer.add_event_handler(sync_handler(&handler), HandlerOptions::durable("durable"));
-        informer.start();
-        informer.wait_for_sync().await.expect("synced");
-        informer
-    });
+    let (sim, _dir, faults, db, rt, handler, mut fill) = no_fsync_store_with_abc(268);
+    let informer = rt.block_on(synced_with_durable(&db, &sim, &handler));
     for name in ["d", "e", "f", "g"] {
         fill.create(&sim, name, 10);
     }
@@ -1508,6 +1492,44 @@ fn reopen_takes_back_what_was_told(relist: bool) {
         "the store by index vs the server"
     );
     drop(informer);
+}
+
+/// A simulated server holding ConfigMaps "a", "b" and "c" in namespace "ns", a store that does
+/// not fsync (behind `Faults`), a runtime, a recorder for a durable handler, and the filler
+/// that created them (seeded with `seed`).
+#[allow(clippy::type_complexity)] // the directed tests' parts, taken apart at once
+fn no_fsync_store_with_abc(
+    seed: u64,
+) -> (
+    Arc<Sim>,
+    tempfile::TempDir,
+    Arc<Faults>,
+    DurableStore,
+    tokio::runtime::Runtime,
+    Arc<Recorder>,
+    Filler,
+) {
+    let sim = Arc::new(Sim::start(SimConfig::default().bookmark_interval(Duration::from_millis(100))).expect("sim"));
+    let dir = tempfile::tempdir().expect("tempdir");
+    let faults = Arc::new(Faults::default());
+    let db = DurableStore::open(faults::config(&dir.path().join("db.redb"), &faults).durable(false)).expect("open");
+    let panics = Arc::new(Panics::default());
+    let handler = Recorder::new("durable".to_owned(), &panics);
+    let mut fill = Filler(Rng(seed));
+    for name in ["a", "b", "c"] {
+        fill.create(&sim, name, 10);
+    }
+    (sim, dir, faults, db, runtime(), handler, fill)
+}
+
+/// An informer on `sim`, started and synced, with `handler` registered as the durable handler
+/// "durable".
+async fn synced_with_durable(db: &DurableStore, sim: &Sim, handler: &Arc<Recorder>) -> Informer<ConfigMap> {
+    let informer = sim_informer(db, sim).await;
+    informer.add_event_handler(sync_handler(handler), HandlerOptions::durable("durable"));
+    informer.start();
+    informer.wait_for_sync().await.expect("synced");
+    informer
 }
 
 /// Waits up to 10 s for the handler's replayed state to equal `want`.
@@ -1580,17 +1602,7 @@ impl Filler {
 /// not told yet before it stops.
 #[test]
 fn a_durable_handler_stopped_before_it_heard_of_a_rollback_misses_nothing() {
-    let sim = Arc::new(Sim::start(SimConfig::default().bookmark_interval(Duration::from_millis(100))).expect("sim"));
-    let dir = tempfile::tempdir().expect("tempdir");
-    let faults = Arc::new(Faults::default());
-    let db = DurableStore::open(faults::config(&dir.path().join("db.redb"), &faults).durable(false)).expect("open");
-    let rt = runtime();
-    let panics = Arc::new(Panics::default());
-    let handler = Recorder::new("durable".to_owned(), &panics);
-    let mut fill = Filler(Rng(896));
-    for name in ["a", "b", "c"] {
-        fill.create(&sim, name, 10);
-    }
+    let (sim, _dir, faults, db, rt, handler, mut fill) = no_fsync_store_with_abc(896);
     // The handler holds the add of "gate" until released: its batch is then of a history that
     // is taken back meanwhile.
     let (release, released) = tokio::sync::watch::channel(false);
@@ -1656,13 +1668,7 @@ fn a_durable_handler_stopped_before_it_heard_of_a_rollback_misses_nothing() {
     });
     drop(informer);
     // The next run of the same handler (its state kept) ends equal to the server.
-    let informer = rt.block_on(async {
-        let informer = sim_informer(&db, &sim).await;
-        informer.add_event_handler(sync_handler(&handler), HandlerOptions::durable("durable"));
-        informer.start();
-        informer.wait_for_sync().await.expect("synced");
-        informer
-    });
+    let informer = rt.block_on(synced_with_durable(&db, &sim, &handler));
     settle(&handler, "after the next start", &list_server(&rt, &sim));
     drop(informer);
 }
