@@ -50,8 +50,8 @@
 //! the injected transform panic fails the schedule, and so does any difference.
 //!
 //! `DI_ORACLE_SCHEDULES` sets how many schedules run (seeds 1..=N; default 100, the ignored
-//! `_long` test 1,000); `DI_ORACLE_SEED=S` runs seed S alone. A failure prints its seed and
-//! schedule. The seed fixes the schedule, not the threads' interleaving: a failing seed
+//! `_long` test 1,000; `DI_ORACLE_FIRST=F` starts at seed F); `DI_ORACLE_SEED=S` runs seed S
+//! alone. A failure prints its seed and schedule. The seed fixes the schedule, not the threads' interleaving: a failing seed
 //! usually, not always, fails again (`DI_ORACLE_REPEAT=N` runs each schedule N times).
 //! `DI_ORACLE_LIVE=1` opens every store with `StoreConfig::live_inspection(true)` (redb's
 //! single-writer mode, every commit fsynced; a `durable(false)` schedule then fsyncs before
@@ -953,7 +953,11 @@ fn run(default_schedules: u64) {
                 .ok()
                 .and_then(|s| s.parse().ok())
                 .unwrap_or(default_schedules);
-            (1..=n).collect()
+            let first: u64 = std::env::var("DI_ORACLE_FIRST")
+                .ok()
+                .and_then(|s| s.parse().ok())
+                .unwrap_or(1);
+            (first..first + n).collect()
         }
     };
     run_seeds(&seeds, std::env::var("DI_ORACLE_LIVE").is_ok_and(|v| v != "0"));
