@@ -32,8 +32,12 @@
 //! `BENCH_MEMORY_ONLY=1` runs only the child processes (scenarios 5 and 2's peak RSS);
 //! `BENCH_ONLY=reads,steady` runs only the named parts (`lifecycle` for 1, 2 and 4, `steady`,
 //! `reads`, `memory`), for working on one of them. `BENCH_OBJECT_CACHE_BYTES` sets ours'
-//! object cache budget per informer (0: no object JSON held) and `BENCH_FSYNC_DELAY_MS` its
-//! `fsync_delay` (`off`: none), in every scenario.
+//! object cache budget per informer (0: no object JSON held), `BENCH_REDB_CACHE_MIB` its redb
+//! page cache and `BENCH_FSYNC_DELAY_MS` its `fsync_delay` (`off`: none), in every scenario.
+//! For looking into memory: `BENCH_MEMORY_STATS=1` makes ours' memory child print
+//! `DurableStore::memory_stats` once synced, and `BENCH_WRAP` names a command the Rust memory
+//! children run under (a wrapper script writing `heaptrack -o …-$COMPARE_RESTART`, so that the
+//! restart's child does not overwrite the cold sync's profile).
 //!
 //! Large clusters (issue #34): `BENCH_SCALE=10000,100000,1000000` (with `BENCH_N=none` to run
 //! it alone) runs one system at a time per N, each in child processes: cold sync (time, rate,
@@ -289,7 +293,18 @@ fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
 /// Runs one Rust system in a child process (cold sync, or ours' restart from `db`).
 fn child_run(system: &str, url: &str, n: usize, db: &Path, restart: bool) -> Res<ChildReport> {
     let exe = std::env::current_exe()?;
-    let out = std::process::Command::new(exe)
+    // `BENCH_WRAP`: a command the child runs under (a profiler).
+    let wrap = std::env::var("BENCH_WRAP").unwrap_or_default();
+    let mut words = wrap.split_whitespace();
+    let mut cmd = match words.next() {
+        Some(prog) => {
+            let mut c = std::process::Command::new(prog);
+            c.args(words).arg(&exe);
+            c
+        }
+        None => std::process::Command::new(&exe),
+    };
+    let out = cmd
         .env("COMPARE_CHILD", system)
         .env("COMPARE_URL", url)
         .env("COMPARE_N", n.to_string())

@@ -5,7 +5,7 @@
 //! a few minutes). `BENCH_INFORMERS` (20) and `BENCH_PER_INFORMER` (10,000) set the sizes,
 //! `BENCH_BUDGETS` the `StoreConfig::memory_budget` values to run, in MiB (`max`: no limit;
 //! default `256,512,1024,max`), `BENCH_REDB_CACHE_MIB` redb's page cache (default: the
-//! store's, a quarter of the budget), `BENCH_WRAP` a command the child runs under (`heaptrack -o /tmp/mem`). glibc's own settings
+//! store's share of the budget), `BENCH_WRAP` a command the child runs under (`heaptrack -o /tmp/mem`). glibc's own settings
 //! (`MALLOC_ARENA_MAX=2`) reach the child through the environment.
 //!
 //! Each run is a child process (this binary re-executed with `MEMORY_CHILD=1`; the simulated

@@ -6,7 +6,7 @@
 //! cargo bench --features sim --bench metadata_informer            # N = 100,000, about 2 minutes
 //! BENCH_N=20000 cargo bench --features sim --bench metadata_informer
 //! BENCH_KUBE=1 …    # adds kube-runtime's watcher of Pods and of PartialObjectMeta<Pod>
-//! BENCH_REDB_CACHE_MIB=32 …   # redb's page cache for ours (default StoreConfig: 256 MiB)
+//! BENCH_REDB_CACHE_MIB=32 …   # redb's page cache for ours (default: the store's share of the budget)
 //! ```
 //!
 //! The sim (in this process) serves N generated ~4 KB Pods (`WorkloadGen`, as `benches/compare`).

@@ -57,7 +57,7 @@ async fn every_part_is_charged_and_the_stream_stays_within_its_bound() {
     let dir = tempfile::tempdir().unwrap();
     let db = DurableStore::open(StoreConfig::new(dir.path().join("db.redb")).memory_budget(64 << 20)).unwrap();
     let before = db.memory_stats();
-    assert_eq!(before.redb_cache, 16 << 20, "a quarter of the budget is redb's");
+    assert_eq!(before.redb_cache, 16 << 20, "a quarter of a small budget");
     assert_eq!(before.used(), 16 << 20);
     let inf = synced(&db, &fake).await;
     assert_eq!(list(&inf).await, 6000);

@@ -211,6 +211,13 @@ pub fn store_config(path: PathBuf) -> Res<StoreConfig> {
     if let Some(bytes) = object_cache_bytes()? {
         config = config.object_cache_bytes(bytes);
     }
+    if let Ok(v) = std::env::var("BENCH_REDB_CACHE_MIB") {
+        let mib: usize = v
+            .trim()
+            .parse()
+            .map_err(|e| format!("BENCH_REDB_CACHE_MIB={v:?}: {e}"))?;
+        config = config.cache_bytes(mib << 20);
+    }
     Ok(match std::env::var("BENCH_FSYNC_DELAY_MS").ok().as_deref() {
         Some("off") => config.fsync_delay(None),
         Some(ms) => {
@@ -1063,6 +1070,9 @@ pub async fn memory_child(system: &str, url: &str, n: u64, db: &Path, restart: b
             let len = informer.store().snapshot()?.len()?;
             if len != n {
                 return Err(format!("ours synced {len} objects, want {n}").into());
+            }
+            if std::env::var_os("BENCH_MEMORY_STATS").is_some() {
+                eprintln!("memory stats at sync: {:?}", store.memory_stats());
             }
             informer.shutdown().await?;
             drop(informer);

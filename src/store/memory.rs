@@ -197,10 +197,13 @@ impl MemoryBudget {
         b
     }
 
-    /// redb's share of a budget of `limit` when the configuration does not set it: a quarter,
-    /// at most 256 MiB (redb's default in this crate).
+    /// redb's share of a budget of `limit` when the configuration does not set it: a
+    /// thirty-second, 16 to 32 MiB, at most a quarter. Small because it bounds redb's dirty
+    /// pages as well as its read cache: between durable commits (a whole cold sync) the pages
+    /// written stay in memory up to this size, and beyond what the object caches hold it
+    /// mostly keeps pages the OS page cache keeps too.
     pub(crate) fn redb_share(limit: usize) -> usize {
-        (limit / 4).min(256 << 20)
+        (limit / 32).clamp(16 << 20, 32 << 20).min(limit / 4)
     }
 
     pub(crate) fn limit(&self) -> usize {
@@ -390,6 +393,15 @@ impl Drop for SyncPermit {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn redb_takes_a_small_share_of_the_budget() {
+        assert_eq!(MemoryBudget::redb_share(1 << 30), 32 << 20, "the default budget");
+        assert_eq!(MemoryBudget::redb_share(4 << 30), 32 << 20, "at most 32 MiB");
+        assert_eq!(MemoryBudget::redb_share(256 << 20), 16 << 20, "at least 16 MiB");
+        assert_eq!(MemoryBudget::redb_share(32 << 20), 8 << 20, "at most a quarter");
+        assert_eq!(MemoryBudget::redb_share(0), 0);
+    }
 
     #[test]
     fn charges_add_up_and_uncharge_saturates() {

@@ -148,8 +148,8 @@ impl std::fmt::Debug for WrapBackend {
 }
 
 impl StoreConfig {
-    /// Defaults: durable commits, a page cache of a quarter of the memory budget (256 MiB of
-    /// the default 1 GiB), group commits of up to 10,000 deltas or
+    /// Defaults: durable commits, a page cache of a thirty-second of the memory budget (32 MiB
+    /// of the default 1 GiB), group commits of up to 10,000 deltas or
     /// 64 MiB, zstd level 1 with a dictionary trained per scope on its first objects
     /// ([`Compression::ZstdDict`]), log retention of 1,000,000 entries, applied automatically,
     /// and no retention by age.
@@ -266,8 +266,8 @@ impl StoreConfig {
     /// [`DEFAULT_MEMORY_BUDGET`], 1 GiB): one budget per process, however many informers it
     /// runs. It counts, as they are allocated:
     ///
-    /// * redb's page cache ([`cache_bytes`](Self::cache_bytes); unless set, a quarter of the
-    ///   budget, at most 256 MiB);
+    /// * redb's page cache ([`cache_bytes`](Self::cache_bytes); unless set, a thirty-second of
+    ///   the budget, 16 to 32 MiB, at most a quarter);
     /// * each informer's keys, metadata and index postings (always held: listers and handlers
     ///   need them), with what the allocator keeps around them;
     /// * the JSON and decoded form of the objects the caches keep (charged four times their
@@ -293,7 +293,7 @@ impl StoreConfig {
     ///
     /// ```
     /// use durable_informer::store::StoreConfig;
-    /// // Twenty informers in 512 MiB, of which 128 MiB are redb's page cache.
+    /// // Twenty informers in 512 MiB, of which 16 MiB are redb's page cache.
     /// let config = StoreConfig::new("/tmp/cache.redb").memory_budget(512 << 20);
     /// # let _ = config;
     /// ```
@@ -317,9 +317,12 @@ impl StoreConfig {
         self
     }
 
-    /// redb's page cache size (default: a quarter of the
-    /// [`memory_budget`](Self::memory_budget), at most 256 MiB). It is part of the memory
-    /// budget either way.
+    /// redb's page cache size (default: a thirty-second of the
+    /// [`memory_budget`](Self::memory_budget), 16 to 32 MiB, at most a quarter). It is part of
+    /// the memory budget either way. It bounds the pages redb holds written and not yet
+    /// durable as well as those it caches for reads, so during a cold sync (one durable commit
+    /// at its end) it is filled to this size; a larger one buys fewer reads from the file for
+    /// objects the informers' caches do not hold.
     #[must_use]
     pub fn cache_bytes(mut self, bytes: usize) -> Self {
         self.cache_bytes = Some(bytes);
@@ -823,7 +826,7 @@ impl DurableStore {
     /// # let dir = tempfile::tempdir().unwrap();
     /// let db = DurableStore::open(StoreConfig::new(dir.path().join("db.redb")).memory_budget(256 << 20)).unwrap();
     /// let stats = db.memory_stats();
-    /// assert_eq!(stats.redb_cache, 64 << 20, "a quarter of the budget");
+    /// assert_eq!(stats.redb_cache, 16 << 20, "a thirty-second of the budget, at least 16 MiB");
     /// assert_eq!(stats.used(), db.memory_usage().0);
     /// assert!(!stats.exceeded);
     /// ```
