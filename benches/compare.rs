@@ -57,6 +57,8 @@
 
 #[path = "compare/charts.rs"]
 mod charts;
+#[path = "common/child.rs"]
+mod child;
 #[path = "compare/peers.rs"]
 mod peers;
 #[path = "compare/scenarios.rs"]
@@ -292,19 +294,7 @@ fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
 
 /// Runs one Rust system in a child process (cold sync, or ours' restart from `db`).
 fn child_run(system: &str, url: &str, n: usize, db: &Path, restart: bool) -> Res<ChildReport> {
-    let exe = std::env::current_exe()?;
-    // `BENCH_WRAP`: a command the child runs under (a profiler).
-    let wrap = std::env::var("BENCH_WRAP").unwrap_or_default();
-    let mut words = wrap.split_whitespace();
-    let mut cmd = match words.next() {
-        Some(prog) => {
-            let mut c = std::process::Command::new(prog);
-            c.args(words).arg(&exe);
-            c
-        }
-        None => std::process::Command::new(&exe),
-    };
-    let out = cmd
+    let out = child::child_command(&std::env::current_exe()?)
         .env("COMPARE_CHILD", system)
         .env("COMPARE_URL", url)
         .env("COMPARE_N", n.to_string())

@@ -32,6 +32,8 @@ use serde_json::{json, Value};
 
 type Res<T> = Result<T, Box<dyn std::error::Error + Send + Sync>>;
 
+#[path = "common/child.rs"]
+mod child;
 #[path = "common/counting_alloc.rs"]
 mod counting_alloc;
 use counting_alloc::{live, live_allocations};
@@ -183,17 +185,7 @@ async fn child(url: &str, informers: usize, per: usize, budget: usize, redb_cach
 }
 
 fn run_child(url: &str, informers: usize, per: usize, budget: usize, redb_cache: usize, db: &Path) -> Res<Value> {
-    let wrap = std::env::var("BENCH_WRAP").unwrap_or_default();
-    let mut words = wrap.split_whitespace();
-    let mut cmd = match words.next() {
-        Some(w) => {
-            let mut c = std::process::Command::new(w);
-            c.args(words).arg(std::env::current_exe()?);
-            c
-        }
-        None => std::process::Command::new(std::env::current_exe()?),
-    };
-    let out = cmd
+    let out = child::child_command(&std::env::current_exe()?)
         .env("MEMORY_CHILD", "1")
         .env("MEMORY_URL", url)
         .env("MEMORY_INFORMERS", informers.to_string())
@@ -234,10 +226,7 @@ fn main() -> Res<()> {
     }
     let informers = env_usize("BENCH_INFORMERS", 20)?;
     let per = env_usize("BENCH_PER_INFORMER", 10_000)?;
-    let redb_cache = match std::env::var("BENCH_REDB_CACHE_MIB") {
-        Ok(_) => env_usize("BENCH_REDB_CACHE_MIB", 0)? << 20,
-        Err(_) => usize::MAX,
-    };
+    let redb_cache = child::redb_cache_bytes()?.unwrap_or(usize::MAX);
     let budgets: Vec<usize> = std::env::var("BENCH_BUDGETS")
         .unwrap_or_else(|_| "256,512,1024,max".into())
         .split(',')

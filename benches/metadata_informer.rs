@@ -7,6 +7,7 @@
 //! BENCH_N=20000 cargo bench --features sim --bench metadata_informer
 //! BENCH_KUBE=1 …    # adds kube-runtime's watcher of Pods and of PartialObjectMeta<Pod>
 //! BENCH_REDB_CACHE_MIB=32 …   # redb's page cache for ours (default: the store's share of the budget)
+//! BENCH_WRAP='heaptrack -o /tmp/m' …  # each child under a command
 //! ```
 //!
 //! The sim (in this process) serves N generated ~4 KB Pods (`WorkloadGen`, as `benches/compare`).
@@ -23,6 +24,9 @@
 //!   and the child's peak RSS.
 //!
 //! A first child with no informer gives the baseline (the runtime, the client, the binary).
+
+#[path = "common/child.rs"]
+mod child;
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -132,11 +136,8 @@ async fn child(system: &str, url: &str, n: usize, db: &Path, restart: bool) -> R
             let _ = std::fs::remove_file(&db);
         }
         let mut config = StoreConfig::new(db);
-        if let Some(mib) = std::env::var("BENCH_REDB_CACHE_MIB")
-            .ok()
-            .and_then(|v| v.parse::<usize>().ok())
-        {
-            config = config.cache_bytes(mib << 20);
+        if let Some(bytes) = child::redb_cache_bytes()? {
+            config = config.cache_bytes(bytes);
         }
         let store = tokio::task::spawn_blocking(move || DurableStore::open(config)).await??;
         Ok::<_, Box<dyn std::error::Error + Send + Sync>>(store)
@@ -167,7 +168,7 @@ async fn child(system: &str, url: &str, n: usize, db: &Path, restart: bool) -> R
 }
 
 fn run_child(system: &str, url: &str, n: usize, db: &Path, restart: bool) -> Res<Value> {
-    let out = std::process::Command::new(std::env::current_exe()?)
+    let out = child::child_command(&std::env::current_exe()?)
         .env("MI_CHILD", system)
         .env("MI_URL", url)
         .env("MI_N", n.to_string())

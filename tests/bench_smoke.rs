@@ -5,6 +5,10 @@
 
 #[path = "../benches/compare/charts.rs"]
 mod charts;
+// `scenarios` reads the redb cache knob from here; the child command is the bench's alone.
+#[allow(dead_code)]
+#[path = "../benches/common/child.rs"]
+mod child;
 #[path = "../benches/compare/peers.rs"]
 mod peers;
 #[path = "../benches/compare/scenarios.rs"]

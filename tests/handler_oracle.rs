@@ -51,7 +51,8 @@
 //!
 //! `DI_ORACLE_SCHEDULES` sets how many schedules run (seeds 1..=N; default 100, the ignored
 //! `_long` test 1,000; `DI_ORACLE_FIRST=F` starts at seed F); `DI_ORACLE_SEED=S` runs seed S
-//! alone. A failure prints its seed and schedule. The seed fixes the schedule, not the threads' interleaving: a failing seed
+//! alone; a value that is not a number fails the test. A failure prints its seed and
+//! schedule. The seed fixes the schedule, not the threads' interleaving: a failing seed
 //! usually, not always, fails again (`DI_ORACLE_REPEAT=N` runs each schedule N times).
 //! `DI_ORACLE_LIVE=1` opens every store with `StoreConfig::live_inspection(true)` (redb's
 //! single-writer mode, every commit fsynced; a `durable(false)` schedule then fsyncs before
@@ -945,19 +946,27 @@ fn runtime() -> tokio::runtime::Runtime {
         .expect("runtime")
 }
 
+/// The number in the environment variable `name`, if set; a value that is not one panics (a
+/// misspelt seed must not run the default schedules instead).
+fn env_u64(name: &str) -> Option<u64> {
+    let v = std::env::var(name).ok()?;
+    Some(
+        v.trim()
+            .parse()
+            .unwrap_or_else(|e| panic!("{name}={v:?} is not a number: {e}")),
+    )
+}
+
 fn run(default_schedules: u64) {
-    let seeds: Vec<u64> = match std::env::var("DI_ORACLE_SEED").ok().and_then(|s| s.parse().ok()) {
+    let seeds: Vec<u64> = match env_u64("DI_ORACLE_SEED") {
         Some(seed) => vec![seed],
         None => {
-            let n = std::env::var("DI_ORACLE_SCHEDULES")
-                .ok()
-                .and_then(|s| s.parse().ok())
-                .unwrap_or(default_schedules);
-            let first: u64 = std::env::var("DI_ORACLE_FIRST")
-                .ok()
-                .and_then(|s| s.parse().ok())
-                .unwrap_or(1);
-            (first..first + n).collect()
+            let n = env_u64("DI_ORACLE_SCHEDULES").unwrap_or(default_schedules);
+            let first = env_u64("DI_ORACLE_FIRST").unwrap_or(1);
+            let end = first
+                .checked_add(n)
+                .unwrap_or_else(|| panic!("DI_ORACLE_FIRST + DI_ORACLE_SCHEDULES overflows"));
+            (first..end).collect()
         }
     };
     run_seeds(&seeds, std::env::var("DI_ORACLE_LIVE").is_ok_and(|v| v != "0"));
@@ -977,10 +986,7 @@ fn run_seeds(seeds: &[u64], live: bool) {
     let started = Instant::now();
     let mut fig = Figures::default();
     let mut modes: BTreeMap<String, u64> = BTreeMap::new();
-    let repeat: u64 = std::env::var("DI_ORACLE_REPEAT")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(1);
+    let repeat = env_u64("DI_ORACLE_REPEAT").unwrap_or(1);
     for seed in seeds {
         let mut schedule = Schedule::new(*seed, failed_fsyncs);
         schedule.live = live;

@@ -211,12 +211,8 @@ pub fn store_config(path: PathBuf) -> Res<StoreConfig> {
     if let Some(bytes) = object_cache_bytes()? {
         config = config.object_cache_bytes(bytes);
     }
-    if let Ok(v) = std::env::var("BENCH_REDB_CACHE_MIB") {
-        let mib: usize = v
-            .trim()
-            .parse()
-            .map_err(|e| format!("BENCH_REDB_CACHE_MIB={v:?}: {e}"))?;
-        config = config.cache_bytes(mib << 20);
+    if let Some(bytes) = crate::child::redb_cache_bytes()? {
+        config = config.cache_bytes(bytes);
     }
     Ok(match std::env::var("BENCH_FSYNC_DELAY_MS").ok().as_deref() {
         Some("off") => config.fsync_delay(None),
