@@ -9,6 +9,9 @@
 //! cargo run --release --features testing --example testing_speed -- 10000 200
 //! cargo run --release --features testing --example testing_speed -- 10000 20 1 list
 //! ```
+//!
+//! `testing_speed_mimalloc` is the same with mimalloc as the global allocator, as a test
+//! binary may choose (docs/testing-controllers.md has both).
 
 #![allow(missing_docs)] // an example
 #![allow(clippy::disallowed_names)] // `Foo` is the resource sample-controller is about
@@ -74,7 +77,7 @@ fn generate(path: &std::path::Path, events: usize, seed: u64) -> std::io::Result
 }
 
 #[allow(clippy::print_stdout)]
-fn main() -> Result<(), Box<dyn std::error::Error>> {
+pub(crate) fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut args = std::env::args().skip(1);
     let events: usize = args.next().map_or(Ok(10_000), |s| s.parse())?;
     let schedules: u64 = args.next().map_or(Ok(200), |s| s.parse())?;

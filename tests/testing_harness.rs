@@ -115,6 +115,12 @@ fn planted_bug_is_found_by(
     );
     assert!(failure.schedule.faults.len() <= 3, "{failure}");
     assert!(failure.schedule.faults.len() <= failure.faults_before_shrinking);
+    // Sampled schedules and shrinking run without a trace; the failure is run again with it.
+    assert!(
+        failure.trace_tail.iter().any(|l| l.contains("FAIL")),
+        "{}: no trace with the failure: {failure}",
+        variant.name()
+    );
     let saved = failure.saved.clone().expect("saved");
     let again = h.replay(&saved).unwrap_or_else(|e| panic!("replay: {e}"));
     assert_eq!(again.oracle, failure.oracle);

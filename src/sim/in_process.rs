@@ -2,6 +2,7 @@
 //! socket and no runtime of its own, deterministic uids and clock, and direct reads of the
 //! history (the harness delivers events itself instead of over watches).
 
+use crate::sim::util::JsonAt as _;
 use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
@@ -123,7 +124,7 @@ impl Sim {
     /// bytes): delivering it parses nothing when they are the stored version's.
     pub(crate) fn remember_parsed(&self, full: &Bytes, v: &Arc<Value>) {
         let rv = v
-            .pointer("/metadata/resourceVersion")
+            .at("/metadata/resourceVersion")
             .and_then(Value::as_str)
             .and_then(|s| s.parse().ok());
         if let Some(rv) = rv {
@@ -168,7 +169,7 @@ impl Sim {
         let res = self.resource(&st, resource)?;
         Ok(st.get(res, ns, name).ok().map(|o| {
             let terminating = memchr::memmem::find(&o.full, b"\"deletionTimestamp\"").is_some()
-                && o.value().pointer("/metadata/deletionTimestamp").is_some();
+                && o.value().at("/metadata/deletionTimestamp").is_some();
             (o.uid.clone(), terminating)
         }))
     }

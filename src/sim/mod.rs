@@ -68,12 +68,13 @@ mod pb;
 mod resource;
 mod server;
 mod store;
-mod util;
+pub(crate) mod util;
 pub mod workload;
 
 use crate::util::Locked;
 use std::path::Path;
 use std::sync::{Arc, Mutex, MutexGuard};
+use util::JsonAt as _;
 
 use serde_json::Value;
 
@@ -299,7 +300,7 @@ impl Sim {
     /// Replace an object (a `resourceVersion` in the body is a precondition).
     pub fn update(&self, resource: &str, ns: Option<&str>, object: Value) -> Result<Value> {
         let name = object
-            .pointer("/metadata/name")
+            .at("/metadata/name")
             .and_then(Value::as_str)
             .unwrap_or("")
             .to_string();

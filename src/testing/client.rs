@@ -2,6 +2,7 @@
 //! on the test's runtime and clock, and watches every request for the oracles (what the
 //! controller read, lost updates, invariants after each write, a crash right after a write).
 
+use crate::sim::util::JsonAt as _;
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::convert::Infallible;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -26,30 +27,49 @@ pub(crate) fn object_key(resource: &str, ns: Option<&str>, name: &str) -> String
 
 /// The key of an object value of `resource`.
 pub(crate) fn key_of_value(resource: &str, v: &Value) -> String {
-    let ns = v.pointer("/metadata/namespace").and_then(Value::as_str);
-    let name = v.pointer("/metadata/name").and_then(Value::as_str).unwrap_or("");
+    let ns = v.at("/metadata/namespace").and_then(Value::as_str);
+    let name = v.at("/metadata/name").and_then(Value::as_str).unwrap_or("");
     object_key(resource, ns, name)
 }
 
 /// An object's resourceVersion as a number.
 pub(crate) fn rv_of(v: &Value) -> u64 {
-    v.pointer("/metadata/resourceVersion")
+    v.at("/metadata/resourceVersion")
         .and_then(Value::as_str)
         .and_then(|s| s.parse().ok())
         .unwrap_or(0)
 }
 
 /// A run's trace: its lines in one buffer, each ended by a newline.
-#[derive(Default)]
 pub(crate) struct Trace {
     text: String,
     /// Where each line starts (a line may hold newlines of its own).
     starts: Vec<usize>,
+    /// Whether lines are kept: a sampled schedule that passes runs without (its trace is
+    /// never shown); a failing one is run again with it, as the same schedule gives the same
+    /// trace.
+    on: bool,
 }
 
 impl Trace {
+    pub(crate) fn new(on: bool) -> Self {
+        Self {
+            text: String::new(),
+            starts: Vec::new(),
+            on,
+        }
+    }
+
+    /// Whether lines are kept (callers skip building a line otherwise).
+    pub(crate) fn on(&self) -> bool {
+        self.on
+    }
+
     pub(crate) fn push(&mut self, line: impl std::fmt::Display) {
         use std::fmt::Write as _;
+        if !self.on {
+            return;
+        }
         self.starts.push(self.text.len());
         let _ = writeln!(self.text, "{line}");
     }
@@ -130,9 +150,9 @@ pub(crate) struct LeaseName {
 }
 
 impl RunShared {
-    pub(crate) fn new(invariants: Arc<Vec<Invariant>>, check_lost_updates: bool) -> Self {
+    pub(crate) fn new(invariants: Arc<Vec<Invariant>>, check_lost_updates: bool, traced: bool) -> Self {
         Self {
-            trace: Trace::default(),
+            trace: Trace::new(traced),
             reads: vec![HashMap::new()],
             own: HashMap::new(),
             writes: 0,
@@ -174,7 +194,7 @@ impl RunShared {
         let lease = sim
             .get("leases.coordination.k8s.io", Some(&l.namespace), &l.name)
             .ok()?;
-        let holder = lease.pointer("/spec/holderIdentity").and_then(Value::as_str)?;
+        let holder = lease.at("/spec/holderIdentity").and_then(Value::as_str)?;
         (!holder.is_empty() && holder != me).then(|| holder.to_string())
     }
 
@@ -334,8 +354,34 @@ pub(crate) fn short(identities: &[String], replica: usize) -> String {
 }
 
 /// A string at `pointer` in `v`.
+/// What the client service reads of a request's body: its metadata's names and precondition.
+/// Parsed alone (the rest of the body skipped, not built), as the server parses the body too.
+#[derive(serde::Deserialize, Default)]
+struct Sent {
+    #[serde(default)]
+    metadata: SentMeta,
+}
+
+#[derive(serde::Deserialize, Default)]
+#[serde(rename_all = "camelCase")]
+struct SentMeta {
+    name: Option<String>,
+    generate_name: Option<String>,
+    resource_version: Option<String>,
+}
+
+impl Sent {
+    /// The body's metadata, or none when it is not an object holding string names (a JSON
+    /// patch, an empty body; such a body is the server's to refuse).
+    fn of(body: &[u8]) -> SentMeta {
+        serde_json::from_slice::<Sent>(body)
+            .map(|s| s.metadata)
+            .unwrap_or_default()
+    }
+}
+
 fn named(v: Option<&Value>, pointer: &str) -> Option<String> {
-    v?.pointer(pointer)?.as_str().map(str::to_owned)
+    v?.at(pointer)?.as_str().map(str::to_owned)
 }
 
 /// Which object a request path names: (`plural` or `plural.group`, namespace, name).
@@ -414,12 +460,8 @@ impl InProcess {
         let path = parts.uri.path().to_string();
         let write = matches!(method, Method::POST | Method::PUT | Method::PATCH | Method::DELETE);
         let target = target(&path);
-        let sent: Option<Value> = serde_json::from_slice(&body).ok();
-        let precondition = sent.as_ref().is_some_and(|b| {
-            b.pointer("/metadata/resourceVersion")
-                .and_then(Value::as_str)
-                .is_some_and(|s| !s.is_empty())
-        });
+        let sent = Sent::of(&body);
+        let precondition = sent.resource_version.as_deref().is_some_and(|s| !s.is_empty());
         // The state before the write: only the lost-update check needs it.
         let unguarded = matches!(method, Method::PUT | Method::PATCH) && !precondition;
         let before = match (&target, unguarded && lock(&self.shared).check_lost_updates) {
@@ -453,8 +495,8 @@ impl InProcess {
                             ns.as_deref().map(|n| format!("{n}/")).unwrap_or_default(),
                             name.clone()
                                 .or_else(|| named(answer.as_deref().filter(|_| ok), "/metadata/name"))
-                                .or_else(|| named(sent.as_ref(), "/metadata/name"))
-                                .or_else(|| named(sent.as_ref(), "/metadata/generateName").map(|g| g + "*"))
+                                .or_else(|| sent.name.clone())
+                                .or_else(|| sent.generate_name.as_ref().map(|g| format!("{g}*")))
                                 .unwrap_or_default()
                         )
                     })
@@ -465,8 +507,10 @@ impl InProcess {
                     Some(l) => format!(" by {}", short(&l.identities, me)),
                     None => String::new(),
                 };
-                sh.trace
-                    .push(format!("  write #{n}{by} {method} {what}{status} -> {code} rv={rv}"));
+                if sh.trace.on() {
+                    sh.trace
+                        .push(format!("  write #{n}{by} {method} {what}{status} -> {code} rv={rv}"));
+                }
                 if ok {
                     if let Some(holder) = sh.deposed(&self.sim, me) {
                         let detail = format!(

@@ -70,6 +70,7 @@ mod recording;
 mod run;
 mod schedule;
 
+use crate::sim::util::JsonAt as _;
 use std::any::{Any, TypeId};
 use std::collections::HashMap;
 use std::fmt;
@@ -476,7 +477,7 @@ fn decode<T: DeserializeOwned>(v: &Value) -> Result<T, String> {
         format!(
             "{} {:?} does not decode as {}: {e}",
             v.get("kind").and_then(Value::as_str).unwrap_or("object"),
-            v.pointer("/metadata/name").and_then(Value::as_str).unwrap_or(""),
+            v.at("/metadata/name").and_then(Value::as_str).unwrap_or(""),
             std::any::type_name::<T>()
         )
     })
@@ -587,11 +588,8 @@ where
         C: Fn(&Env) -> Ctx + Send + Sync + 'static,
     {
         let primary = watch_spec::<K>(Arc::new(|v: &Value| {
-            let ns = v
-                .pointer("/metadata/namespace")
-                .and_then(Value::as_str)
-                .map(str::to_owned);
-            let name = v.pointer("/metadata/name").and_then(Value::as_str).unwrap_or("");
+            let ns = v.at("/metadata/namespace").and_then(Value::as_str).map(str::to_owned);
+            let name = v.at("/metadata/name").and_then(Value::as_str).unwrap_or("");
             vec![(ns, name.to_string())]
         }));
         Self {
@@ -652,11 +650,8 @@ where
     {
         let (kind, api_version) = (K::kind(&()).into_owned(), K::api_version(&()).into_owned());
         self.watches.push(watch_spec::<T>(Arc::new(move |v: &Value| {
-            let ns = v
-                .pointer("/metadata/namespace")
-                .and_then(Value::as_str)
-                .map(str::to_owned);
-            v.pointer("/metadata/ownerReferences")
+            let ns = v.at("/metadata/namespace").and_then(Value::as_str).map(str::to_owned);
+            v.at("/metadata/ownerReferences")
                 .and_then(Value::as_array)
                 .into_iter()
                 .flatten()

@@ -1,5 +1,6 @@
 //! Recordings as the harness uses them: an initial state and the world's changes, in order.
 
+use crate::sim::util::JsonAt as _;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -116,17 +117,17 @@ impl Recording {
                 })?);
             }
             let rv = object
-                .pointer("/metadata/resourceVersion")
+                .at("/metadata/resourceVersion")
                 .and_then(Value::as_str)
                 .and_then(|s| s.parse().ok());
             let object = Arc::new(object);
             let id = (
                 object
-                    .pointer("/metadata/namespace")
+                    .at("/metadata/namespace")
                     .and_then(Value::as_str)
                     .map(str::to_owned),
                 object
-                    .pointer("/metadata/name")
+                    .at("/metadata/name")
                     .and_then(Value::as_str)
                     .unwrap_or("")
                     .to_string(),

@@ -10,6 +10,7 @@ mod list;
 mod response;
 mod watch;
 
+use crate::sim::util::JsonAt as _;
 use crate::util::Locked;
 use std::convert::Infallible;
 use std::io;
@@ -467,7 +468,7 @@ fn scale(
         }
         _ => return Err(method_not_allowed()),
     };
-    let replicas = want.pointer("/spec/replicas").and_then(Value::as_i64).unwrap_or(0);
+    let replicas = want.at("/spec/replicas").and_then(Value::as_i64).unwrap_or(0);
     if replicas < 0 {
         return Err(ApiError::new(
             422,
@@ -476,7 +477,7 @@ fn scale(
         ));
     }
     let mut patch = json!({"spec": {"replicas": replicas}});
-    if let Some(rv) = want.pointer("/metadata/resourceVersion").and_then(Value::as_str) {
+    if let Some(rv) = want.at("/metadata/resourceVersion").and_then(Value::as_str) {
         if !rv.is_empty() {
             patch["metadata"] = json!({"resourceVersion": rv});
         }
@@ -495,7 +496,7 @@ fn scale_of(obj: &Value) -> Value {
         }
     }
     let selector = obj
-        .pointer("/spec/selector/matchLabels")
+        .at("/spec/selector/matchLabels")
         .and_then(Value::as_object)
         .map(|l| {
             l.iter()
@@ -504,8 +505,8 @@ fn scale_of(obj: &Value) -> Value {
                 .join(",")
         })
         .unwrap_or_default();
-    let replicas = obj.pointer("/spec/replicas").and_then(Value::as_i64).unwrap_or(1);
-    let status_replicas = obj.pointer("/status/replicas").and_then(Value::as_i64).unwrap_or(0);
+    let replicas = obj.at("/spec/replicas").and_then(Value::as_i64).unwrap_or(1);
+    let status_replicas = obj.at("/status/replicas").and_then(Value::as_i64).unwrap_or(0);
     json!({"kind": "Scale", "apiVersion": "autoscaling/v1", "metadata": m,
            "spec": {"replicas": replicas}, "status": {"replicas": status_replicas, "selector": selector}})
 }
@@ -566,7 +567,7 @@ fn patch(
                     let path = raw.get("path").and_then(Value::as_str).unwrap_or_default();
                     if raw.get("op").and_then(Value::as_str) == Some("test")
                         && raw.get("value").is_some_and(Value::is_null)
-                        && v.pointer(path).is_none()
+                        && v.at(path).is_none()
                     {
                         continue;
                     }

@@ -6,6 +6,7 @@
 //! 2. `history` holds every event with `rv > compact_rv`, in increasing `rv` order.
 //! 3. For every resource, `objects[res]` equals the result of applying all events up to `rv`.
 
+use crate::sim::util::JsonAt as _;
 use std::collections::{BTreeMap, VecDeque};
 use std::ops::Bound;
 use std::sync::Arc;
@@ -391,7 +392,7 @@ impl State {
         merge: fn(&mut Value, &Value),
     ) -> Result<Arc<Obj>, ApiError> {
         let (def, key, old) = self.stored(res, ns, name)?;
-        if let Some(want) = patch.pointer("/metadata/resourceVersion").and_then(Value::as_str) {
+        if let Some(want) = patch.at("/metadata/resourceVersion").and_then(Value::as_str) {
             if want != old.rv.to_string() {
                 return Err(ApiError::conflict(&def, name));
             }

@@ -1,5 +1,6 @@
 //! One stored object version, the events of the history, and building objects from request bodies.
 
+use crate::sim::util::JsonAt as _;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Instant;
@@ -317,11 +318,21 @@ pub(crate) fn build_obj_parsed(
         .ok_or_else(|| ApiError::bad_request("the body must be a JSON object"))?;
     obj.remove("kind");
     obj.remove("apiVersion");
-    let meta = obj.get("metadata").cloned().unwrap_or_else(|| json!({}));
-    let s = |p: &str| meta.get(p).and_then(Value::as_str).unwrap_or("").to_string();
-    let rv = s("resourceVersion").parse().unwrap_or(0);
+    let meta = obj.get("metadata");
+    let s = |p: &str| {
+        meta.and_then(|m| m.get(p))
+            .and_then(Value::as_str)
+            .unwrap_or("")
+            .to_string()
+    };
+    let rv = meta
+        .and_then(|m| m.get("resourceVersion"))
+        .and_then(Value::as_str)
+        .and_then(|r| r.parse().ok())
+        .unwrap_or(0);
+    let (ns, name, uid) = (s("namespace"), s("name"), s("uid"));
     let labels = meta
-        .get("labels")
+        .and_then(|m| m.get("labels"))
         .and_then(Value::as_object)
         .map(|m| {
             m.iter()
@@ -332,7 +343,7 @@ pub(crate) fn build_obj_parsed(
     let mut fields = Vec::new();
     for path in def.extra_fields() {
         let ptr = format!("/{}", path.replace('.', "/"));
-        let val = v.pointer(&ptr).map(|x| match x {
+        let val = v.at(&ptr).map(|x| match x {
             Value::String(s) => s.clone(),
             Value::Null => String::new(),
             other => other.to_string(),
@@ -360,9 +371,9 @@ pub(crate) fn build_obj_parsed(
     };
     let obj = Obj {
         key,
-        ns: s("namespace"),
-        name: s("name"),
-        uid: s("uid"),
+        ns,
+        name,
+        uid,
         rv,
         labels,
         fields,

@@ -128,7 +128,7 @@ where
                 lock(&shared).reconciled.push(r);
             }
         });
-        self.trace(format!("start controller {restart:?}: database {generation}"));
+        self.trace(|| format!("start controller {restart:?}: database {generation}"));
         Some(Live { db, queue, task })
     }
 
@@ -200,7 +200,7 @@ where
             match r {
                 Reconciled::Ok(obj) => {
                     self.reconciles += 1;
-                    self.trace(format!("reconciled {obj}"));
+                    self.trace(|| format!("reconciled {obj}"));
                     let c = self.counts.entry(obj.clone()).or_insert(0);
                     *c += 1;
                     if *c > self.h.max_reconciles_per_trigger {
@@ -216,7 +216,7 @@ where
                 }
                 Reconciled::Failed(obj, e) => {
                     self.reconciles += 1;
-                    self.trace(format!("reconcile of {obj} failed: {e}"));
+                    self.trace(|| format!("reconcile of {obj} failed: {e}"));
                     let c = self.counts.entry(obj.clone()).or_insert(0);
                     *c += 1;
                     if *c > self.h.max_reconciles_per_trigger {
@@ -230,7 +230,7 @@ where
                 Reconciled::Panicked(obj, m) => {
                     self.fail(Oracle::Panic, format!("reconcile of {obj} panicked: {m}"));
                 }
-                Reconciled::Other(m) => self.trace(format!("controller: {m}")),
+                Reconciled::Other(m) => self.trace(|| format!("controller: {m}")),
             }
         }
     }
@@ -315,7 +315,7 @@ where
                 .copied()
                 .collect();
             for f in due {
-                self.trace(format!("FAULT {f}"));
+                self.trace(|| format!("FAULT {f}"));
                 match f {
                     Fault::Crash {
                         restart: restart @ (Restart::FromDatabase | Restart::Empty),
@@ -334,7 +334,7 @@ where
                         self.sim.restart();
                         self.gc_seen = self.sim.current_rv();
                     }
-                    _ => self.trace("  (not injected in controller mode)".into()),
+                    _ => self.trace(|| "  (not injected in controller mode)".into()),
                 }
             }
             if self.world.is_empty() {
