@@ -353,7 +353,6 @@ pub(crate) fn short(identities: &[String], replica: usize) -> String {
     )
 }
 
-/// A string at `pointer` in `v`.
 /// What the client service reads of a request's body: its metadata's names and precondition.
 /// Parsed alone (the rest of the body skipped, not built), as the server parses the body too.
 #[derive(serde::Deserialize, Default)]
@@ -380,6 +379,7 @@ impl Sent {
     }
 }
 
+/// A string at `pointer` in `v`.
 fn named(v: Option<&Value>, pointer: &str) -> Option<String> {
     v?.at(pointer)?.as_str().map(str::to_owned)
 }

@@ -826,16 +826,18 @@ where
             },
             Change::Deleted => self.sim.delete(res, ns, name).map(|v| rv_of(&v).to_string()),
         };
-        let what = format!(
-            "release {} {res} {}{name} ({})",
-            ev.change.as_str(),
-            ns.map(|n| format!("{n}/")).unwrap_or_default(),
-            ev.origin.rsplit('/').next().unwrap_or(&ev.origin)
-        );
-        match outcome {
-            Ok(rv) => self.trace(|| format!("{what} -> rv={rv}")),
-            Err(e) => self.trace(|| format!("{what} -> skipped: {e}")),
-        }
+        self.trace(|| {
+            let result = match outcome {
+                Ok(rv) => format!("rv={rv}"),
+                Err(e) => format!("skipped: {e}"),
+            };
+            format!(
+                "release {} {res} {}{name} ({}) -> {result}",
+                ev.change.as_str(),
+                ns.map(|n| format!("{n}/")).unwrap_or_default(),
+                ev.origin.rsplit('/').next().unwrap_or(&ev.origin)
+            )
+        });
     }
 
     /// Points a recorded object's owner references at the simulated owners' uids.
