@@ -250,6 +250,9 @@ pub(crate) struct Objects<K> {
     postings: Postings,
     /// JSON held, as charged against the cap (and the shared budget).
     charged: usize,
+    /// Entries holding JSON (counted as charged: `stats()` must not walk the table under
+    /// its lock).
+    with_json: usize,
     /// The always-held part, as charged against the shared budget.
     held: usize,
     /// The store's budget shared by every informer's cache (`None`: a table of its own).
@@ -286,6 +289,7 @@ impl<K> Default for Objects<K> {
             hasher: DefaultHashBuilder::default(),
             postings: Postings::new(),
             charged: 0,
+            with_json: 0,
             held: 0,
             memory: None,
             queue: VecDeque::new(),
@@ -344,7 +348,7 @@ impl<K> Objects<K> {
     }
 
     pub(crate) fn with_json(&self) -> usize {
-        self.iter().filter(|e| e.data.is_some()).count()
+        self.with_json
     }
 
     /// Every entry, in key order (its key is its metadata's).
@@ -468,6 +472,7 @@ impl<K> Objects<K> {
                         e.gen = gen;
                     }
                     self.charged += cost;
+                    self.with_json += 1;
                     if let Some(m) = &self.memory {
                         m.charge(cost, false);
                     }
@@ -527,6 +532,7 @@ impl<K> Objects<K> {
         if let Some(d) = &e.data {
             let cost = charge(&d.bytes);
             self.charged = self.charged.saturating_sub(cost);
+            self.with_json = self.with_json.saturating_sub(1);
             if let Some(m) = &self.memory {
                 m.uncharge(cost, false);
             }
@@ -725,6 +731,7 @@ impl<K> Objects<K> {
                 .is_some_and(|n| Arc::ptr_eq(n, e))
         });
         charged == self.charged
+            && self.iter().filter(|e| e.data.is_some()).count() == self.with_json
             && held == self.held
             && want == self.postings
             && shared
