@@ -650,16 +650,22 @@ async fn a_durable_handler_receives_only_what_is_on_disk() {
         pod.metadata.namespace.clone().unwrap(),
         pod.metadata.name.clone().unwrap(),
     );
-    // The durable handler's cursor, saved after its initial adds by a durable commit, lands
-    // first: landing after the update's deferred commit, it would put that on disk too (a
-    // race CI lost once at load 4).
+    // The durable handler's cursor saves and the removal of its initial adds' marker are
+    // durable commits: one landing after the update's deferred commit would put that on disk
+    // too. So they all land first: its stored cursor is at the last commit (a handler that
+    // started before the list was committed gets the 60 adds from the log, and saves its
+    // cursor after them; CI lost that race at load 4, and so did one run in seven with twelve
+    // runs at a time).
     let writer = db.writer();
     let scope = informer.scope();
     eventually(
-        "the durable handler's cursor is stored and everything is on disk",
+        "the durable handler's cursor is stored at the last commit, its marker gone, all on disk",
         || {
-            db.log().cursor(scope, "on-disk").ok().flatten() == Some(_d.cursor())
-                && *writer.durable().borrow() == *writer.committed().borrow()
+            let committed = *writer.committed().borrow();
+            db.log().cursor(scope, "on-disk").ok().flatten() == Some(committed)
+                && _d.cursor() == committed
+                && db.log().cursor(scope, "on-disk#initial-adds").ok() == Some(None)
+                && *writer.durable().borrow() == committed
         },
     )
     .await;
