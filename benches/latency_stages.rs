@@ -1,9 +1,9 @@
 //! Where an event's delivery time goes on the log path, stage by stage (issue #20): one
 //! ~4.5 KB Pod per batch, one batch per millisecond, into a store of `BENCH_N` Pods (10,000 by
-//! default) with the label index, as the reflector sends them (`deferred_fsync`), then read back from the log as a
-//! durable handler's dispatcher does (on a blocking thread) and decoded: every other event into
-//! `Pod`, the others into metadata only; and the same entries' headers alone (keys, as the
-//! controller's queue once read them).
+//! default) with the label index, as the reflector sends them (`deferred_fsync`), then read
+//! back from the log as a durable handler's dispatcher does (on a blocking thread) and
+//! decoded: every other event into `Pod`, the others into metadata only; and the same
+//! entries' headers alone (keys, as the controller's queue once read them).
 //!
 //! Since issue #33 volatile handlers and the controller's queue no longer read the log: the
 //! informer's object cache tells them (`src/informer/cache/`). The last part times that path
