@@ -36,6 +36,7 @@
 //! back still has its JSON for the handlers told of it. A lister reads a cold entry from redb if
 //! its resourceVersion is unchanged there, and answers from redb alone otherwise.
 
+mod interned;
 mod listener;
 mod objects;
 

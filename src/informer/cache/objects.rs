@@ -11,7 +11,7 @@
 
 use std::borrow::Borrow;
 use std::cmp::Ordering;
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::hash::{BuildHasher, Hash, Hasher};
 use std::sync::{Arc, OnceLock};
 
@@ -60,8 +60,7 @@ fn held<K>(key: &ObjectKey, e: &Entry<K>) -> usize {
     entry + meta_bytes(&e.meta) + key + slots + postings + RETAINED
 }
 
-/// The index values of an object: one shared copy per distinct set.
-type Values = Arc<[(IndexName, Vec<String>)]>;
+use super::interned::{Interned, Values};
 
 /// What one distinct set of index values costs, held once.
 fn values_cost(values: &Values) -> usize {
@@ -263,11 +262,9 @@ pub(crate) struct Objects<K> {
     /// (see [`mark_transient`](Self::mark_transient)).
     transient: VecDeque<(ObjectKey, u64)>,
     next_gen: u64,
-    /// The distinct sets of index values the entries share, each charged once (swept when
-    /// it has doubled since the last sweep).
-    values: HashSet<Values>,
+    /// The distinct sets of index values the entries share, each charged once.
+    values: Interned,
     values_held: usize,
-    values_swept: usize,
 }
 
 fn name_hash(hasher: &DefaultHashBuilder, namespace: Option<&str>, name: &str) -> u64 {
@@ -295,9 +292,8 @@ impl<K> Default for Objects<K> {
             queue: VecDeque::new(),
             transient: VecDeque::new(),
             next_gen: 0,
-            values: HashSet::new(),
+            values: Interned::default(),
             values_held: 0,
-            values_swept: 0,
         }
     }
 }
@@ -490,7 +486,8 @@ impl<K> Objects<K> {
     /// Makes `entry` share the table's copy of its index values (an entry held elsewhere
     /// already keeps the copy it has, which the table then holds too).
     fn intern(&mut self, entry: &mut Arc<Entry<K>>) {
-        if let Some(held) = self.values.get(&entry.values) {
+        let hash = self.values.hash(&entry.values);
+        if let Some(held) = self.values.get(hash, &entry.values) {
             if !Arc::ptr_eq(held, &entry.values) {
                 if let Some(e) = Arc::get_mut(entry) {
                     e.values = held.clone();
@@ -499,31 +496,11 @@ impl<K> Objects<K> {
             return;
         }
         let cost = values_cost(&entry.values);
-        self.values.insert(entry.values.clone());
-        self.values_held += cost;
-        self.held += cost;
+        let freed = self.values.insert(hash, entry.values.clone(), values_cost);
+        self.values_held = self.values_held + cost - freed;
+        self.held = self.held + cost - freed;
         if let Some(m) = &self.memory {
             m.charge(cost, true);
-        }
-        if self.values.len() > 2 * self.values_swept.max(512) {
-            self.sweep_values();
-        }
-    }
-
-    /// Drops the sets of index values no entry holds any more.
-    fn sweep_values(&mut self) {
-        let mut freed = 0;
-        self.values.retain(|v| {
-            let used = Arc::strong_count(v) > 1;
-            if !used {
-                freed += values_cost(v);
-            }
-            used
-        });
-        self.values_swept = self.values.len();
-        self.values_held -= freed;
-        self.held -= freed;
-        if let Some(m) = &self.memory {
             m.uncharge(freed, true);
         }
     }
@@ -735,6 +712,7 @@ impl<K> Objects<K> {
             && held == self.held
             && want == self.postings
             && shared
+            && self.values.consistent()
             && by_name
             && self.ordered.len() == self.by_name.len()
     }
@@ -795,6 +773,32 @@ mod tests {
         t.put(&k, None);
         assert_eq!(t.by_index("labels", "app=db").map(|v| v.len()), Some(0));
         assert_eq!(t.len(), 1);
+        assert!(t.consistent());
+    }
+
+    /// Under steady churn (every update a new set of index values, the one before unheld)
+    /// the sets no entry holds are swept as the interning tables fill: what they hold stays
+    /// bounded, and their charge follows (`consistent` compares it with a walk).
+    #[test]
+    fn steady_churn_of_index_values_sweeps_the_unheld_sets() {
+        let mut t = Objects::with_indexes(&[IndexName("labels".into())]);
+        let n = 20_000u64;
+        let mut seq = 0;
+        for r in 0..6 {
+            for i in 0..n {
+                seq += 1;
+                let name = format!("p{i}");
+                t.put(
+                    &ObjectKey::namespaced("ns", &name),
+                    Some(entry(&name, seq, &format!("r{r}-{i}"), b"{}")),
+                );
+            }
+            let held = t.values.len();
+            assert!(
+                held >= n as usize && held <= 2 * n as usize + 512,
+                "round {r}: {held} sets held"
+            );
+        }
         assert!(t.consistent());
     }
 
