@@ -125,7 +125,7 @@ impl Shard {
 }
 
 #[cfg(test)]
-pub(crate) mod tests {
+mod tests {
     use super::*;
 
     fn set(i: u64) -> Values {

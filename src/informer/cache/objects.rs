@@ -20,6 +20,7 @@ use hashbrown::hash_table::{Entry as Slot, HashTable};
 use hashbrown::DefaultHashBuilder;
 use serde::de::DeserializeOwned;
 
+use super::interned::{Interned, Values};
 use crate::object::{ObjectKey, ObjectMeta};
 use crate::store::memory::{meta_bytes, string, ALLOC, NODE, RETAINED};
 use crate::store::{IndexName, MemoryBudget, Seq};
@@ -59,8 +60,6 @@ fn held<K>(key: &ObjectKey, e: &Entry<K>) -> usize {
     let slots = size_of::<Keyed<K>>() + NODE + size_of::<Arc<Entry<K>>>() + NODE / 2;
     entry + meta_bytes(&e.meta) + key + slots + postings + RETAINED
 }
-
-use super::interned::{Interned, Values};
 
 /// What one distinct set of index values costs, held once.
 fn values_cost(values: &Values) -> usize {
