@@ -2,10 +2,10 @@
 //!
 //! A label that changes on every update (a timestamp, a generation) adds a set per event, so
 //! the table grows and is swept under steady churn while the cache's lock is held and every
-//! event waits. As one hash table over 100,000 sets that took 30 to 110 ms each time it grew
-//! (it hashed every set again). Here the sets are spread over [`SHARDS`] tables, each grown and
-//! swept on its own, so one growth or sweep touches 1/64 of them. (Keeping each set's hash
-//! would spare even that, but costs 8 bytes a set, a megabyte at 100,000 Pods.)
+//! event waits. One hash table over all of them hashed every set again each time it grew, a
+//! stall of tens of milliseconds at 100,000 Pods (docs/benchmarks.md). Here the sets are spread
+//! over [`SHARDS`] tables, each grown and swept on its own, so one growth or sweep touches 1/64
+//! of them. (Keeping each set's hash would spare even that, at 8 bytes a set.)
 
 use std::hash::BuildHasher;
 use std::sync::Arc;
@@ -63,16 +63,14 @@ impl Interned {
     }
 
     /// Holds `values` (not held yet, its hash `hash`). First sweeps its table when that has
-    /// doubled since its last sweep, or would grow with a quarter of it unheld; returns what
-    /// the sets swept cost (`cost` of each), for the caller to uncharge.
+    /// doubled since its last sweep; returns what the sets swept cost (`cost` of each), for
+    /// the caller to uncharge.
     pub(crate) fn insert(&mut self, hash: u64, values: Values, cost: impl Fn(&Values) -> usize) -> usize {
         debug_assert!(self.get(hash, &values).is_none(), "a set interned twice");
         let hasher = &self.hasher;
         let shard = &mut self.shards[shard_of(hash)];
-        let (len, cap) = (shard.table.len(), shard.table.capacity());
-        let doubled = len > 2 * shard.swept.max(MIN_SWEPT);
-        let would_grow = len == cap && len >= shard.swept + cap / 4;
-        let freed = if doubled || would_grow { shard.sweep(&cost) } else { 0 };
+        let doubled = shard.table.len() > 2 * shard.swept.max(MIN_SWEPT);
+        let freed = if doubled { shard.sweep(&cost) } else { 0 };
         shard.table.insert_unique(hash, values, |v| hasher.hash_one(&**v));
         freed
     }
