@@ -12,7 +12,7 @@ use durable_informer::object::ObjectKey;
 use durable_informer::selector::LabelSelector;
 use durable_informer::sim::Sim;
 use durable_informer::source::KubeSource;
-use durable_informer::store::{DurableStore, StoreConfig};
+use durable_informer::store::{Compression, DurableStore, StoreConfig};
 use k8s_openapi::api::core::v1::Pod;
 use kube::core::PartialObjectMeta;
 use kube::ResourceExt;
@@ -31,10 +31,18 @@ async fn loaded<K>(informer: &Informer<K>) -> durable_informer::informer::CacheS
 where
     K: serde::de::DeserializeOwned + Send + Sync + 'static,
 {
+    loaded_n(informer, PODS).await
+}
+
+/// Waits until the informer's cache holds `n` objects.
+async fn loaded_n<K>(informer: &Informer<K>, n: usize) -> durable_informer::informer::CacheStats
+where
+    K: serde::de::DeserializeOwned + Send + Sync + 'static,
+{
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
         let s = informer.cache_stats();
-        if s.loaded && s.objects == PODS {
+        if s.loaded && s.objects == n {
             return s;
         }
         assert!(Instant::now() < deadline, "the cache never held every Pod: {s:?}");
@@ -182,4 +190,77 @@ async fn a_metadata_informers_handler_and_reader_get_every_object() {
         "a reader's cache holds every object's JSON"
     );
     meta.shutdown().await.unwrap();
+}
+
+/// A full-object cache keeps each change's object as the database stored it (zstd, with the
+/// scope's dictionary once one is trained on its first objects), not its JSON: a fraction of
+/// the memory, charged as such; reads and handlers decode the same objects.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cache_keeps_each_changes_compressed_blob_not_its_json() {
+    const MANY: usize = 600;
+    let sim = tokio::task::spawn_blocking(|| pods_sim::sim_with_pods(11, MANY))
+        .await
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let informer = |name: &str, compression: Compression| {
+        let db = DurableStore::open(StoreConfig::new(dir.path().join(name)).compression(compression)).unwrap();
+        let source = KubeSource::typed::<Pod>(sim.client().unwrap(), &sim.url());
+        async move {
+            let i = Informer::<Pod>::builder(&db, source).build().await.unwrap();
+            // A volatile handler decodes the cache's entries; a durable one the log's records,
+            // sharing the cache's object when it holds the same version.
+            let mut seen = Vec::new();
+            for options in [HandlerOptions::volatile(), HandlerOptions::durable("d")] {
+                let told: Arc<Mutex<Vec<Pod>>> = Arc::default();
+                let t = told.clone();
+                let reg = i.add_event_handler(
+                    handler_fn(move |e: Event<Pod>| {
+                        if let Event::Add { object, .. } = e {
+                            t.lock().unwrap().push((*object).clone());
+                        }
+                        Ok::<_, std::convert::Infallible>(())
+                    }),
+                    options,
+                );
+                seen.push((reg, told));
+            }
+            i.start();
+            i.wait_for_sync().await.unwrap();
+            (db, i, seen)
+        }
+    };
+    let (_p, plain, plain_seen) = informer("plain.redb", Compression::None).await;
+    let (_z, packed, packed_seen) = informer("packed.redb", Compression::ZstdDict(1)).await;
+    let (p, z) = (loaded_n(&plain, MANY).await, loaded_n(&packed, MANY).await);
+    assert_eq!((p.with_json, z.with_json), (MANY, MANY), "{p:?} {z:?}");
+    assert_eq!(p.charged_bytes, 4 * p.json_bytes, "JSON as received: {p:?}");
+    assert!(
+        z.json_bytes * 3 < p.json_bytes,
+        "the blobs are a fraction of the JSON: {z:?} against {p:?}"
+    );
+    assert_eq!(
+        z.charged_bytes,
+        z.json_bytes + 3 * p.json_bytes,
+        "charged: the blobs and three times the JSON"
+    );
+    let sorted = |mut v: Vec<Pod>| {
+        v.sort_by_key(|p| (p.namespace(), p.name_any()));
+        v
+    };
+    let (pl, zl) = (plain.lister(), packed.lister());
+    let want = sorted(pl.state().unwrap().iter().map(|p| (**p).clone()).collect());
+    assert_eq!(want.len(), MANY);
+    assert_eq!(
+        sorted(zl.state().unwrap().iter().map(|p| (**p).clone()).collect()),
+        want
+    );
+    for (reg, told) in plain_seen.iter().chain(&packed_seen) {
+        tokio::time::timeout(Duration::from_secs(20), reg.wait_for_sync())
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(sorted(told.lock().unwrap().clone()), want);
+    }
+    plain.shutdown().await.unwrap();
+    packed.shutdown().await.unwrap();
 }

@@ -246,7 +246,7 @@ async fn warm_told<K>(cache: &Arc<Cache<K>>, next: &mut Next<K>)
 where
     K: DeserializeOwned + Send + Sync + 'static,
 {
-    let Some(told) = next.dirty.told.as_ref().filter(|t| t.bytes().is_none()) else {
+    let Some(told) = next.dirty.told.as_ref().filter(|t| !t.has_json()) else {
         return;
     };
     if next.after.as_ref().is_some_and(|a| a.same_version(told)) {
@@ -469,7 +469,7 @@ impl<K: DeserializeOwned + Send + Sync + 'static> Decode<K> {
     /// `bytes` of `key` at `rv`, decoded (the cache's object when it holds these bytes).
     fn decode(&self, key: &ObjectKey, rv: &ResourceVersion, bytes: &bytes::Bytes) -> Result<Arc<K>, serde_json::Error> {
         if let Some(Some(e)) = self.cache.as_ref().and_then(|c| c.entry(key)) {
-            if e.meta.resource_version == *rv && e.bytes() == Some(bytes) {
+            if e.meta.resource_version == *rv && e.json().is_some_and(|j| j.is(bytes)) {
                 if let Some(Ok(k)) = e.object() {
                     return Ok(k);
                 }

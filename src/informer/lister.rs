@@ -99,7 +99,7 @@ impl<K: DeserializeOwned + Send + Sync + 'static> Lister<K> {
                 Some(None) => return Ok(None),
                 Some(Some(e)) => {
                     if let Some(k) = e.object() {
-                        return k.map(Some).map_err(|_| decode_error::<K>(e.bytes()));
+                        return k.map(Some).map_err(|_| decode_error::<K>(e.json()));
                     }
                     if let Some(mut found) = self.materialize(cache, vec![e])? {
                         return Ok(found.pop());
@@ -134,9 +134,7 @@ impl<K: DeserializeOwned + Send + Sync + 'static> Lister<K> {
         };
         match entry {
             None => Some(Ok(None)),
-            Some(e) => e
-                .object()
-                .map(|k| k.map(Some).map_err(|_| decode_error::<K>(e.bytes()))),
+            Some(e) => e.object().map(|k| k.map(Some).map_err(|_| decode_error::<K>(e.json()))),
         }
     }
 
@@ -181,7 +179,7 @@ impl<K: DeserializeOwned + Send + Sync + 'static> Lister<K> {
         for (i, e) in entries.iter().enumerate() {
             match e.object() {
                 Some(Ok(k)) => out.push(Some(k)),
-                Some(Err(_)) => return Err(decode_error::<K>(e.bytes())),
+                Some(Err(_)) => return Err(decode_error::<K>(e.json())),
                 None => {
                     out.push(None);
                     cold.push(i);
@@ -368,7 +366,7 @@ impl<K: DeserializeOwned + Send + Sync + 'static> Lister<K> {
                 let mut fell_back = false;
                 for e in entries {
                     let k = match e.object() {
-                        Some(k) => k.map_err(|_| decode_error::<K>(e.bytes()))?,
+                        Some(k) => k.map_err(|_| decode_error::<K>(e.json()))?,
                         None => match self.materialize(cache, vec![e])? {
                             Some(mut one) => match one.pop() {
                                 Some(k) => k,
@@ -615,7 +613,7 @@ mod tests {
         f.apply(Batch::new(s).delta(DeltaKind::Added, obj("a", "o1", 2, "web")).rv("2"));
         let entries = f.cache.view().unwrap().select(None, |_| true);
         assert_eq!(entries.len(), 1);
-        assert!(entries[0].bytes().is_none(), "evicted at once");
+        assert!(!entries[0].has_json(), "evicted at once");
         // The object changes after the view was taken (in redb only: the cache is not pumped).
         f.db.writer()
             .apply_blocking(

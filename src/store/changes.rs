@@ -33,6 +33,7 @@ use bytes::Bytes;
 use tokio::sync::watch;
 
 use super::codec::DeltaKind;
+use super::dict::Packed;
 use super::memory::{meta_bytes, string, MemoryBudget, ALLOC};
 use super::schema::{IndexName, ScopeId, Seq};
 use crate::object::{ObjectKey, ObjectMeta};
@@ -62,6 +63,9 @@ pub struct Change {
     pub values: Arc<[(IndexName, Vec<String>)]>,
     /// A delete found by a relist (client-go's `DeletedFinalStateUnknown`).
     pub final_state_unknown: bool,
+    /// `new` as stored, compressed: what the informers' caches keep of it (`None` when stored
+    /// as received, and once spilled).
+    pub(crate) packed: Option<Packed>,
 }
 
 /// One item of a scope's stream.
@@ -157,7 +161,11 @@ impl State {
             if c.kind == DeltaKind::Deleted || c.new.is_none() {
                 continue;
             }
-            let spilled = Item::Change(Change { new: None, ..c.clone() });
+            let spilled = Item::Change(Change {
+                new: None,
+                packed: None,
+                ..c.clone()
+            });
             let less = *cost - item_cost(&spilled);
             *item = Arc::new(spilled);
             *cost -= less;
@@ -192,6 +200,7 @@ fn item_cost(item: &Item) -> usize {
                 + values
                 + ALLOC
                 + c.new.as_ref().map_or(0, |b| b.len() + ALLOC)
+                + c.packed.as_ref().map_or(0, |p| p.len() + ALLOC)
         }
         Item::Rollback { .. } | Item::Reset { .. } => base,
     }
@@ -439,6 +448,7 @@ mod tests {
             new: Some(Bytes::from_static(b"{}")),
             values: Arc::from(Vec::new()),
             final_state_unknown: false,
+            packed: None,
         })
     }
 
@@ -455,6 +465,7 @@ mod tests {
             new: Some(Bytes::from(vec![b'x'; len])),
             values: Arc::from(Vec::new()),
             final_state_unknown: false,
+            packed: None,
         })
     }
 

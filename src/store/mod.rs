@@ -62,6 +62,7 @@ use std::time::Duration;
 pub use changes::{Change, Item, Reader, Stream, StreamRead, MAX_ENTRIES as MAX_STREAM_ENTRIES};
 pub use check::CheckReport;
 pub use codec::{CodecError, Compression, DeltaKind, ScopeRecord, ShardRecord};
+pub(crate) use dict::Packed;
 pub use error::StoreError;
 pub use index::{IndexFunc, Indexer, LABELS, NAMESPACE};
 pub use inspect::{ReadOnlyStore, ScopeUsage};
@@ -252,8 +253,9 @@ impl StoreConfig {
     /// The default byte budget of each informer's object cache (default
     /// [`DEFAULT_OBJECT_CACHE_BYTES`]; 0 leaves every object's JSON on disk). The cache holds
     /// every key, metadata and index posting of its scope, and the JSON and decoded objects of
-    /// the most recently written or read objects within this budget (each object's JSON charged
-    /// four times, for the JSON and its decoded form), so listers answer without touching redb.
+    /// the most recently written or read objects within this budget (each charged what holds it,
+    /// the database's compressed blob or the JSON, plus three times its JSON's size for the
+    /// decoded form), so listers answer without touching redb.
     /// [`InformerBuilder::object_cache_bytes`](crate::informer::InformerBuilder::object_cache_bytes)
     /// sets it per informer.
     #[must_use]
@@ -270,8 +272,8 @@ impl StoreConfig {
     ///   the budget, 16 to 32 MiB, at most a quarter);
     /// * each informer's keys, metadata and index postings (always held: listers and handlers
     ///   need them), with what the allocator keeps around them;
-    /// * the JSON and decoded form of the objects the caches keep (charged four times their
-    ///   JSON);
+    /// * the objects the caches keep, compressed as stored or as JSON, and decoded once read
+    ///   (charged what holds them plus three times their JSON);
     /// * the change stream: changes published and not yet read by every informer's cache,
     ///   bounded at a thirty-second of the budget (4 to 32 MiB); past it the JSON of committed
     ///   changes is dropped from the stream and read back from redb by whoever needs it;

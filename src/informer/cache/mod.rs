@@ -28,7 +28,8 @@
 //! ## Memory
 //!
 //! Every key, metadata and posting is held; the JSON and decoded object only within the byte
-//! budget (each object's JSON charged four times). A load reads the JSON (within the budget)
+//! budget (a change's object as the database compressed it; each charged what holds it and
+//! three times its JSON's size). A load reads the JSON (within the budget)
 //! only when volatile handlers are registered, whose initial adds and updates' previous states
 //! need it; a cache read by listers alone loads without it, so a restart stays small. An entry
 //! over the budget is evicted only once its change is on disk (at the latest one `fsync_delay`
@@ -50,8 +51,8 @@ use serde::de::DeserializeOwned;
 use tokio::sync::{watch, Notify};
 
 pub(crate) use listener::{Dirty, Listener, EXACT_LIMIT};
-pub(crate) use objects::Entry;
 use objects::Objects;
+pub(crate) use objects::{Entry, Json};
 
 use crate::object::{ObjectError, ObjectKey, ObjectMeta};
 use crate::store::{
@@ -76,7 +77,12 @@ pub struct CacheStats {
     pub objects: usize,
     /// Objects whose JSON is held (the others are read from the database when needed).
     pub with_json: usize,
-    /// Bytes charged against the budget (four times each held object's JSON).
+    /// Bytes that hold their JSON: the database's compressed blob of a change's object (as
+    /// [`StoreConfig::compression`](crate::store::StoreConfig::compression) stored it), the
+    /// JSON itself for one read back or stored as received.
+    pub json_bytes: usize,
+    /// Bytes charged against the budget: each held object's `json_bytes` plus three times
+    /// its JSON's size, for its decoded form.
     pub charged_bytes: usize,
     /// Bytes of keys, metadata and index postings (always held), as estimated and charged
     /// against the store's shared [`memory_budget`](crate::store::StoreConfig::memory_budget).
@@ -505,10 +511,22 @@ where
                 if c.kind == DeltaKind::Sync {
                     return true;
                 }
+                // The stored blob where there is one: a fraction of the JSON's size.
+                let json = c
+                    .packed
+                    .clone()
+                    .map(Json::Packed)
+                    .or_else(|| c.new.clone().map(Json::Plain));
                 let after = (c.kind != DeltaKind::Deleted)
-                    .then(|| Arc::new(Entry::new(c.meta.clone(), c.values.clone(), c.seq, c.new.clone())));
-                let deleted = (c.kind == DeltaKind::Deleted && !c.final_state_unknown)
-                    .then(|| Arc::new(Entry::new(c.meta.clone(), Arc::from(Vec::new()), c.seq, c.new.clone())));
+                    .then(|| Arc::new(Entry::new(c.meta.clone(), c.values.clone(), c.seq, json)));
+                let deleted = (c.kind == DeltaKind::Deleted && !c.final_state_unknown).then(|| {
+                    Arc::new(Entry::new(
+                        c.meta.clone(),
+                        Arc::from(Vec::new()),
+                        c.seq,
+                        c.new.clone().map(Json::Plain),
+                    ))
+                });
                 let (before, after) = put_new(&mut st.objects, &c.key, after);
                 if !self.keeps_json(listeners) {
                     st.objects.mark_transient(&c.key);
@@ -767,6 +785,7 @@ where
             loaded: st.phase == Phase::Ready,
             objects: st.objects.len(),
             with_json: st.objects.with_json(),
+            json_bytes: st.objects.json_bytes(),
             charged_bytes: st.objects.charged(),
             held_bytes: st.objects.held(),
             budget_bytes: self.budget.load(Ordering::Relaxed),
@@ -898,7 +917,7 @@ where
     /// The entries the table holds without their JSON, in key order (`None` while loading).
     fn cold(&self) -> Option<Vec<Arc<Entry<K>>>> {
         let v = self.view()?;
-        Some(v.0.objects.iter().filter(|e| e.bytes().is_none()).cloned().collect())
+        Some(v.0.objects.iter().filter(|e| !e.has_json()).cloned().collect())
     }
 
     /// The JSON of each of `entries` at its version, from one redb snapshot read on a blocking
@@ -972,7 +991,7 @@ where
             .objects
             .fill(entry, bytes.clone(), self.budget.load(Ordering::Relaxed));
         match filled.and_then(|e| e.object()) {
-            Some(k) => k.map_err(|_| decode_error::<K>(Some(&bytes))),
+            Some(k) => k.map_err(|_| decode_error::<K>(Some(&Json::Plain(bytes)))),
             None => serde_json::from_slice::<K>(&bytes)
                 .map(Arc::new)
                 .map_err(|e| StoreError::from(ObjectError::Json(e))),
@@ -987,13 +1006,13 @@ where
         replaced_by: Option<Seq>,
     ) -> Result<Option<Arc<K>>, StoreError> {
         if let Some(k) = entry.object() {
-            return k.map(Some).map_err(|_| decode_error::<K>(entry.bytes()));
+            return k.map(Some).map_err(|_| decode_error::<K>(entry.json()));
         }
         // The table may hold this version's JSON by now (read back since this entry was taken).
         if let Some(Some(held)) = self.entry(&entry.meta.key()) {
             if held.same_version(entry) {
                 if let Some(k) = held.object() {
-                    return k.map(Some).map_err(|_| decode_error::<K>(held.bytes()));
+                    return k.map(Some).map_err(|_| decode_error::<K>(held.json()));
                 }
             }
         }
@@ -1019,7 +1038,7 @@ where
         let (meta, values, seq) = (told.meta.clone(), told.values.clone(), told.seq);
         tokio::task::spawn_blocking(move || {
             let bytes = read().ok().flatten()?;
-            let e = Arc::new(Entry::new(meta, values, seq, Some(bytes)));
+            let e = Arc::new(Entry::new(meta, values, seq, Some(Json::Plain(bytes))));
             // Decoded here, off the handler's task; an error is kept in the entry for it.
             let _ = e.object();
             Some(e)
@@ -1188,10 +1207,14 @@ fn version_of(json: &[u8]) -> Option<crate::object::ResourceVersion> {
 }
 
 /// The error of an entry whose JSON does not decode as `K` (decoded again for the message).
-pub(crate) fn decode_error<K: DeserializeOwned>(bytes: Option<&Bytes>) -> StoreError {
-    match bytes.map(|b| serde_json::from_slice::<K>(b)) {
-        Some(Err(e)) => StoreError::from(ObjectError::Json(e)),
-        _ => StoreError::Aborted("the object does not decode".into()),
+pub(crate) fn decode_error<K: DeserializeOwned>(json: Option<&Json>) -> StoreError {
+    match json.map(Json::bytes) {
+        Some(Ok(b)) => match serde_json::from_slice::<K>(&b) {
+            Err(e) => StoreError::from(ObjectError::Json(e)),
+            Ok(_) => StoreError::Aborted("the object does not decode".into()),
+        },
+        Some(Err(e)) => StoreError::from(e),
+        None => StoreError::Aborted("the object does not decode".into()),
     }
 }
 
@@ -1234,7 +1257,12 @@ fn build<K>(
         } else {
             None
         };
-        let e = Arc::new(Entry::new(Arc::new(meta.clone()), vals.into(), seq, json));
+        let e = Arc::new(Entry::new(
+            Arc::new(meta.clone()),
+            vals.into(),
+            seq,
+            json.map(Json::Plain),
+        ));
         objects.put(&key, Some(e));
         Ok(None::<()>)
     })?;
@@ -1255,13 +1283,12 @@ mod tests {
             }),
             Arc::from(Vec::new()),
             Seq(rv),
-            Some(Bytes::from_static(b"0123456789")),
+            Some(Json::Plain(Bytes::from_static(b"0123456789"))),
         ))
     }
 
     fn holds_json(t: &Objects<serde_json::Value>, name: &str) -> bool {
-        t.get(&ObjectKey::namespaced("ns", name))
-            .is_some_and(|e| e.bytes().is_some())
+        t.get(&ObjectKey::namespaced("ns", name)).is_some_and(|e| e.has_json())
     }
 
     #[test]

@@ -23,14 +23,59 @@ use serde::de::DeserializeOwned;
 use super::interned::{Interned, Values};
 use crate::object::{ObjectKey, ObjectMeta};
 use crate::store::memory::{meta_bytes, string, ALLOC, NODE, RETAINED};
-use crate::store::{IndexName, MemoryBudget, Seq};
+use crate::store::{CodecError, IndexName, MemoryBudget, Packed, Seq};
 
-/// What an object's JSON costs against the budget: the JSON itself and its decoded form,
-/// estimated at four times the JSON (a decoded object is about two and a half times its JSON,
-/// in many small allocations that each cost the allocator a header; `benches/memory.rs`
-/// measures one).
-fn charge(bytes: &Bytes) -> usize {
-    bytes.len().saturating_mul(4)
+/// What an object's JSON costs against the budget: what holds it (the JSON, or the store's
+/// compressed blob of it) and its decoded form, estimated at three times the JSON (a decoded
+/// object is about two and a half times its JSON, in many small allocations that each cost the
+/// allocator a header; `benches/memory.rs` measures one).
+fn charge(json: &Json) -> usize {
+    json.held().saturating_add(json.len().saturating_mul(3))
+}
+
+/// An entry's JSON: as received, or as the store compressed it (what the change stream hands
+/// the cache: a fraction of the JSON's size, decompressed by each decode).
+#[derive(Clone, Debug)]
+pub(crate) enum Json {
+    Plain(Bytes),
+    Packed(Packed),
+}
+
+impl Json {
+    /// The JSON's length.
+    pub(crate) fn len(&self) -> usize {
+        match self {
+            Json::Plain(b) => b.len(),
+            Json::Packed(p) => p.json_len(),
+        }
+    }
+
+    /// The bytes held.
+    fn held(&self) -> usize {
+        match self {
+            Json::Plain(b) => b.len(),
+            Json::Packed(p) => p.len(),
+        }
+    }
+
+    /// The JSON itself (decompressed when packed).
+    pub(crate) fn bytes(&self) -> Result<Bytes, CodecError> {
+        match self {
+            Json::Plain(b) => Ok(b.clone()),
+            Json::Packed(p) => p.json(),
+        }
+    }
+
+    /// Whether this is `json`.
+    pub(crate) fn is(&self, json: &[u8]) -> bool {
+        self.len() == json.len() && self.bytes().is_ok_and(|b| b == json)
+    }
+
+    /// The decoded object.
+    fn decode<K: DeserializeOwned>(&self) -> Result<K, String> {
+        let bytes = self.bytes().map_err(|e| e.to_string())?;
+        serde_json::from_slice::<K>(&bytes).map_err(|e| e.to_string())
+    }
 }
 
 fn key_strings(key: &ObjectKey) -> usize {
@@ -42,7 +87,7 @@ fn key_strings(key: &ObjectKey) -> usize {
 /// set, the hash table) and the set's nodes around them, and for an indexed object its
 /// postings and their one copy of its key. Its index values are charged once per distinct
 /// set ([`values_cost`]). (An eviction token comes and goes with the object's JSON, whose
-/// charge of four times its size covers it.) On top, what the allocator keeps per object
+/// charge covers it.) On top, what the allocator keeps per object
 /// ([`RETAINED`]), since the budget bounds the process's memory, not only its live heap.
 fn held<K>(key: &ObjectKey, e: &Entry<K>) -> usize {
     use std::mem::size_of;
@@ -95,7 +140,7 @@ pub(crate) struct Entry<K> {
 }
 
 struct Data<K> {
-    bytes: Bytes,
+    json: Json,
     /// Decoded once, by the first reader (a handler, a lister), for all.
     object: OnceLock<Result<Arc<K>, Arc<str>>>,
 }
@@ -105,16 +150,16 @@ impl<K> Entry<K> {
         meta: Arc<ObjectMeta>,
         values: Arc<[(IndexName, Vec<String>)]>,
         seq: Seq,
-        bytes: Option<Bytes>,
+        json: Option<Json>,
     ) -> Self {
         Self {
             meta,
             values,
             seq,
             gen: 0,
-            data: bytes.map(|bytes| {
+            data: json.map(|json| {
                 Box::new(Data {
-                    bytes,
+                    json,
                     object: OnceLock::new(),
                 })
             }),
@@ -122,8 +167,13 @@ impl<K> Entry<K> {
     }
 
     /// The JSON, unless evicted.
-    pub(crate) fn bytes(&self) -> Option<&Bytes> {
-        self.data.as_ref().map(|d| &d.bytes)
+    pub(crate) fn json(&self) -> Option<&Json> {
+        self.data.as_ref().map(|d| &d.json)
+    }
+
+    /// Whether it holds its JSON (else it was evicted, or never held).
+    pub(crate) fn has_json(&self) -> bool {
+        self.data.is_some()
     }
 
     /// Whether `other` is the same version of the same object (same UID and resourceVersion).
@@ -150,11 +200,7 @@ impl<K: DeserializeOwned> Entry<K> {
         let d = self.data.as_ref()?;
         Some(
             d.object
-                .get_or_init(|| {
-                    serde_json::from_slice::<K>(&d.bytes)
-                        .map(Arc::new)
-                        .map_err(|e| Arc::from(e.to_string()))
-                })
+                .get_or_init(|| d.json.decode::<K>().map(Arc::new).map_err(Arc::from))
                 .clone(),
         )
     }
@@ -251,6 +297,8 @@ pub(crate) struct Objects<K> {
     /// Entries holding JSON (counted as charged: `stats()` must not walk the table under
     /// its lock).
     with_json: usize,
+    /// The bytes that hold their JSON (the stored blob's where the store compressed it).
+    json_bytes: usize,
     /// The always-held part, as charged against the shared budget.
     held: usize,
     /// The store's budget shared by every informer's cache (`None`: a table of its own).
@@ -286,6 +334,7 @@ impl<K> Default for Objects<K> {
             postings: Postings::new(),
             charged: 0,
             with_json: 0,
+            json_bytes: 0,
             held: 0,
             memory: None,
             queue: VecDeque::new(),
@@ -344,6 +393,10 @@ impl<K> Objects<K> {
 
     pub(crate) fn with_json(&self) -> usize {
         self.with_json
+    }
+
+    pub(crate) fn json_bytes(&self) -> usize {
+        self.json_bytes
     }
 
     /// Every entry, in key order (its key is its metadata's).
@@ -459,7 +512,8 @@ impl<K> Objects<K> {
                     is_named(&entry, key.namespace.as_deref(), &key.name),
                     "an entry under another key"
                 );
-                if let Some(cost) = entry.data.as_ref().map(|d| charge(&d.bytes)) {
+                if let Some((cost, bytes)) = entry.data.as_ref().map(|d| (charge(&d.json), d.json.held())) {
+                    self.json_bytes += bytes;
                     // A new entry takes a new generation; one put back (a rollback's) keeps its.
                     let gen = self.next_gen;
                     self.next_gen += 1;
@@ -506,9 +560,10 @@ impl<K> Objects<K> {
 
     fn uncharge(&mut self, e: &Entry<K>) {
         if let Some(d) = &e.data {
-            let cost = charge(&d.bytes);
+            let cost = charge(&d.json);
             self.charged = self.charged.saturating_sub(cost);
             self.with_json = self.with_json.saturating_sub(1);
+            self.json_bytes = self.json_bytes.saturating_sub(d.json.held());
             if let Some(m) = &self.memory {
                 m.uncharge(cost, false);
             }
@@ -629,6 +684,7 @@ impl<K> Objects<K> {
             Some(e) if Arc::ptr_eq(e, entry) && e.data.is_none() => {}
             _ => return None,
         }
+        let bytes = Json::Plain(bytes);
         let cost = charge(&bytes);
         if self.charged.saturating_add(cost) > cap {
             return None;
@@ -680,7 +736,7 @@ impl<K> Objects<K> {
         let charged: usize = self
             .iter()
             .filter_map(|e| e.data.as_ref())
-            .map(|d| charge(&d.bytes))
+            .map(|d| charge(&d.json))
             .sum();
         let mut want: Postings = self.postings.keys().map(|n| (n.clone(), BTreeMap::new())).collect();
         for e in self.iter() {
@@ -708,6 +764,12 @@ impl<K> Objects<K> {
         });
         charged == self.charged
             && self.iter().filter(|e| e.data.is_some()).count() == self.with_json
+            && self
+                .iter()
+                .filter_map(|e| e.data.as_ref())
+                .map(|d| d.json.held())
+                .sum::<usize>()
+                == self.json_bytes
             && held == self.held
             && want == self.postings
             && shared
@@ -740,7 +802,7 @@ mod tests {
             }),
             Arc::from(vec![(IndexName("labels".into()), vec![format!("app={app}")])]),
             Seq(seq),
-            Some(Bytes::from_static(json)),
+            Some(Json::Plain(Bytes::from_static(json))),
         ))
     }
 
@@ -761,9 +823,7 @@ mod tests {
         // Over the budget: the oldest committed JSON goes; the uncommitted stays.
         t.evict(40, Seq(2));
         assert_eq!(t.with_json(), 1, "b (seq 2) goes, a (seq 3, not committed) stays");
-        assert!(t
-            .get(&ObjectKey::namespaced("ns", "b"))
-            .is_some_and(|e| e.bytes().is_none()));
+        assert!(t.get(&ObjectKey::namespaced("ns", "b")).is_some_and(|e| !e.has_json()));
         t.evict(40, Seq(3));
         assert_eq!(t.with_json(), 1);
         t.evict(0, Seq(3));
@@ -813,7 +873,7 @@ mod tests {
             }),
             Arc::from(vec![(IndexName("labels".into()), vec![format!("app={app}")])]),
             Seq(seq),
-            Some(Bytes::from(vec![b' '; json_len])),
+            Some(Json::Plain(Bytes::from(vec![b' '; json_len]))),
         ))
     }
 
@@ -906,7 +966,7 @@ mod tests {
                     }
                     Op::Fill { t, k, len } => {
                         let key = ObjectKey::namespaced("ns", format!("o{k}"));
-                        if let Some(e) = tables[t].get(&key).cloned().filter(|e| e.bytes().is_none()) {
+                        if let Some(e) = tables[t].get(&key).cloned().filter(|e| !e.has_json()) {
                             tables[t].fill(&e, Bytes::from(vec![b' '; len]), caps[t]);
                         }
                     }
@@ -930,7 +990,7 @@ mod tests {
                     let pinned: usize = t
                         .iter()
                         .filter(|e| e.seq > committed)
-                        .filter_map(|e| e.bytes().map(charge))
+                        .filter_map(|e| e.json().map(charge))
                         .sum();
                     proptest::prop_assert!(t.charged() <= (*cap).max(pinned), "a table over its cap");
                 }
@@ -938,7 +998,7 @@ mod tests {
                     .iter()
                     .flat_map(|t| t.iter())
                     .filter(|e| e.seq <= committed)
-                    .filter_map(|e| e.bytes().map(charge))
+                    .filter_map(|e| e.json().map(charge))
                     .sum();
                 proptest::prop_assert!(
                     memory.used() <= limit || evictable == 0,

@@ -8,7 +8,7 @@ use redb::{ReadableTable, WriteTransaction};
 
 use super::super::changes::Change;
 use super::super::codec::{self, Compression, DataRef, DeltaKind, LogHeader, PrevRef, ScopeRecord};
-use super::super::dict;
+use super::super::dict::{self, EncDict};
 use super::super::index::Indexer;
 use super::super::schema::{keys, IndexName, ScopeId, Seq, INDEX, INDEX_REV, LOG, OBJECTS};
 use super::super::StoreError;
@@ -224,6 +224,7 @@ impl WriterThread {
                             new: (!final_state_unknown).then(|| Bytes::copy_from_slice(&obj.bytes)),
                             values: Arc::from(Vec::new()),
                             final_state_unknown,
+                            packed: None,
                         },
                     );
                 }
@@ -296,6 +297,12 @@ impl WriterThread {
                             new: Some(Bytes::copy_from_slice(&obj.bytes)),
                             values: values.iter().map(|(n, v)| ((*n).clone(), v.clone())).collect(),
                             final_state_unknown: false,
+                            packed: EncDict::packed(
+                                self.scope_dict_cached(scope).as_deref(),
+                                &data,
+                                compression,
+                                obj.bytes.len(),
+                            ),
                         },
                     );
                 }
