@@ -209,6 +209,23 @@ fn run_child(url: &str, informers: usize, per: usize, budget: usize, redb_cache:
         })
 }
 
+/// What a decoded object costs the heap, and in how many allocations (each costs the allocator
+/// a header and rounding on top): every one of `pages` decoded and kept, as a cache keeps them.
+fn decoded_cost<K: serde::de::DeserializeOwned>(pages: &[Vec<u8>]) -> Res<(usize, f64)> {
+    let (heap0, allocs0) = (live(), live_allocations());
+    let decoded: Vec<std::sync::Arc<K>> = pages
+        .iter()
+        .map(|p| serde_json::from_slice(p).map(std::sync::Arc::new))
+        .collect::<Result<_, _>>()?;
+    let cost = (
+        // The simulated server's threads may free meanwhile: never below zero.
+        live().saturating_sub(heap0 + decoded.capacity() * 8) / decoded.len(),
+        live_allocations().saturating_sub(allocs0 + 1) as f64 / decoded.len() as f64,
+    );
+    drop(decoded);
+    Ok(cost)
+}
+
 fn main() -> Res<()> {
     if std::env::var("MEMORY_CHILD").is_ok() {
         let var = |k: &str| std::env::var(k).map_err(|e| format!("{k}: {e}"));
@@ -242,22 +259,24 @@ fn main() -> Res<()> {
         sim.bulk_load("configmaps", (0..per).map(|i| config_map(ns, i)))?;
     }
     let json_bytes = serde_json::to_vec(&config_map(0, 0))?.len();
-    // What a decoded object costs the heap, and in how many allocations (each costs the
-    // allocator a header and rounding on top): 1,000 decoded and kept, as a cache keeps them.
     let pages: Vec<Vec<u8>> = (0..1000)
         .map(|i| serde_json::to_vec(&config_map(0, i)))
         .collect::<Result<_, _>>()?;
-    let (heap0, allocs0) = (live(), live_allocations());
-    let decoded: Vec<std::sync::Arc<ConfigMap>> = pages
+    let (decoded_bytes, decoded_allocs) = decoded_cost::<ConfigMap>(&pages)?;
+    // Decoded sizes differ by type far more than JSON sizes do: the caches measure their own
+    // (docs/deploying.md); these are the counting allocator's figures.
+    let pods: Vec<Vec<u8>> = durable_informer::sim::workload::WorkloadGen::new(3)
+        .pods(1000)
         .iter()
-        .map(|p| serde_json::from_slice(p).map(std::sync::Arc::new))
+        .map(serde_json::to_vec)
         .collect::<Result<_, _>>()?;
-    let (decoded_bytes, decoded_allocs) = (
-        // The simulated server's threads may free meanwhile: never below zero.
-        live().saturating_sub(heap0 + decoded.capacity() * 8) / decoded.len(),
-        live_allocations().saturating_sub(allocs0 + 1) as f64 / decoded.len() as f64,
+    let (pod_bytes, pod_allocs) = decoded_cost::<k8s_openapi::api::core::v1::Pod>(&pods)?;
+    let pod_json = pods.iter().map(Vec::len).sum::<usize>() / pods.len();
+    println!(
+        "a decoded Pod: {pod_bytes} B in {pod_allocs:.1} allocations for {pod_json} B of JSON ({:.1} times)",
+        pod_bytes as f64 / pod_json as f64
     );
-    drop((decoded, pages));
+    drop((pages, pods));
     let dir = tempfile::tempdir()?;
     let db = dir.path().join("memory.redb");
     let url = sim.url();

@@ -254,8 +254,8 @@ impl StoreConfig {
     /// [`DEFAULT_OBJECT_CACHE_BYTES`]; 0 leaves every object's JSON on disk). The cache holds
     /// every key, metadata and index posting of its scope, and the JSON and decoded objects of
     /// the most recently written or read objects within this budget (each charged what holds it,
-    /// the database's compressed blob or the JSON, plus three times its JSON's size for the
-    /// decoded form), so listers answer without touching redb.
+    /// the database's compressed blob or the JSON, plus its decoded form at the size a decode
+    /// of its type was measured to take), so listers answer without touching redb.
     /// [`InformerBuilder::object_cache_bytes`](crate::informer::InformerBuilder::object_cache_bytes)
     /// sets it per informer.
     #[must_use]
@@ -273,7 +273,7 @@ impl StoreConfig {
     /// * each informer's keys, metadata and index postings (always held: listers and handlers
     ///   need them), with what the allocator keeps around them;
     /// * the objects the caches keep, compressed as stored or as JSON, and decoded once read
-    ///   (charged what holds them plus three times their JSON);
+    ///   (charged what holds them plus their decoded form, measured per type);
     /// * the change stream: changes published and not yet read by every informer's cache,
     ///   bounded at a thirty-second of the budget (4 to 32 MiB); past it the JSON of committed
     ///   changes is dropped from the stream and read back from redb by whoever needs it;

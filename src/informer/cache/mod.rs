@@ -28,8 +28,8 @@
 //! ## Memory
 //!
 //! Every key, metadata and posting is held; the JSON and decoded object only within the byte
-//! budget (a change's object as the database compressed it; each charged what holds it and
-//! three times its JSON's size). A load reads the JSON (within the budget)
+//! budget (a change's object as the database compressed it; each charged what holds it and its
+//! decoded form, at the size a decode of its type was measured to take). A load reads the JSON (within the budget)
 //! only when volatile handlers are registered, whose initial adds and updates' previous states
 //! need it; a cache read by listers alone loads without it, so a restart stays small. An entry
 //! over the budget is evicted only once its change is on disk (at the latest one `fsync_delay`
@@ -37,6 +37,7 @@
 //! back still has its JSON for the handlers told of it. A lister reads a cold entry from redb if
 //! its resourceVersion is unchanged there, and answers from redb alone otherwise.
 
+mod decoded;
 mod interned;
 mod listener;
 mod objects;
@@ -81,8 +82,9 @@ pub struct CacheStats {
     /// [`StoreConfig::compression`](crate::store::StoreConfig::compression) stored it), the
     /// JSON itself for one read back or stored as received.
     pub json_bytes: usize,
-    /// Bytes charged against the budget: each held object's `json_bytes` plus three times
-    /// its JSON's size, for its decoded form.
+    /// Bytes charged against the budget: each held object's `json_bytes` plus its decoded
+    /// form, estimated from its JSON's size at what the cache measured decodes of its type to
+    /// take (a k8s-openapi `Pod` several times more per byte of JSON than a `ConfigMap`).
     pub charged_bytes: usize,
     /// Bytes of keys, metadata and index postings (always held), as estimated and charged
     /// against the store's shared [`memory_budget`](crate::store::StoreConfig::memory_budget).
@@ -212,6 +214,7 @@ where
         sync_seq: watch::Receiver<Option<Seq>>,
     ) -> Arc<Self> {
         let mut objects = Objects::default();
+        objects.measure_with(objects::measure::<K>);
         objects.attach(store.memory().clone());
         Arc::new(Self {
             scope: store.scope(),
@@ -1222,7 +1225,7 @@ pub(crate) fn decode_error<K: DeserializeOwned>(json: Option<&Json>) -> StoreErr
 /// objects' JSON up to `json_budget` and while the store's shared budget allows (a pinned
 /// cache's `usize::MAX`: every object's); the rest is left in redb, and reads and changes
 /// bring it in.
-fn build<K>(
+fn build<K: DeserializeOwned>(
     snapshot: &Snapshot,
     indexes: &[IndexName],
     json_budget: usize,
@@ -1246,6 +1249,7 @@ fn build<K>(
         }
     }
     let mut objects = Objects::with_indexes(&served);
+    objects.measure_with(objects::measure::<K>);
     let shared = memory.clone();
     objects.attach(memory);
     snapshot.scan_versions(None, |key, meta, seq, bytes| {

@@ -13,6 +13,7 @@ use std::borrow::Borrow;
 use std::cmp::Ordering;
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::hash::{BuildHasher, Hash, Hasher};
+use std::sync::atomic::{AtomicUsize, Ordering as Atomic};
 use std::sync::{Arc, OnceLock};
 
 use bytes::Bytes;
@@ -25,12 +26,18 @@ use crate::object::{ObjectKey, ObjectMeta};
 use crate::store::memory::{meta_bytes, string, ALLOC, NODE, RETAINED};
 use crate::store::{CodecError, IndexName, MemoryBudget, Packed, Seq};
 
-/// What an object's JSON costs against the budget: what holds it (the JSON, or the store's
-/// compressed blob of it) and its decoded form, estimated at three times the JSON (a decoded
-/// object is about two and a half times its JSON, in many small allocations that each cost the
-/// allocator a header; `benches/memory.rs` measures one).
-fn charge(json: &Json) -> usize {
-    json.held().saturating_add(json.len().saturating_mul(3))
+/// Decoded bytes per byte of JSON a table assumes until it measured a decode of its own type:
+/// about what a `ConfigMap` takes (`benches/memory.rs` measures one).
+const FIRST_RATIO: f64 = 3.0;
+/// A table measures the decoded size of its first object's JSON, then one in this many.
+const SAMPLE_EVERY: u64 = 1024;
+
+/// Estimates a decoded object's heap bytes from its JSON (`None`: it does not decode).
+pub(crate) type Measure = fn(&[u8]) -> Option<usize>;
+
+/// [`Measure`] for `K`.
+pub(crate) fn measure<K: DeserializeOwned>(json: &[u8]) -> Option<usize> {
+    super::decoded::decode_sized::<K>(json).ok().map(|(_, bytes)| bytes)
 }
 
 /// An entry's JSON: as received, or as the store compressed it (what the change stream hands
@@ -141,6 +148,9 @@ pub(crate) struct Entry<K> {
 
 struct Data<K> {
     json: Json,
+    /// What the table charged for it (set by the table that first held it, the one that will
+    /// uncharge it; the same amount whatever its estimate has become since).
+    charge: AtomicUsize,
     /// Decoded once, by the first reader (a handler, a lister), for all.
     object: OnceLock<Result<Arc<K>, Arc<str>>>,
 }
@@ -160,6 +170,7 @@ impl<K> Entry<K> {
             data: json.map(|json| {
                 Box::new(Data {
                     json,
+                    charge: AtomicUsize::new(0),
                     object: OnceLock::new(),
                 })
             }),
@@ -174,6 +185,12 @@ impl<K> Entry<K> {
     /// Whether it holds its JSON (else it was evicted, or never held).
     pub(crate) fn has_json(&self) -> bool {
         self.data.is_some()
+    }
+
+    /// What the table charged for its JSON and decoded form (`None`: it holds none).
+    #[cfg(test)]
+    pub(crate) fn charged(&self) -> Option<usize> {
+        self.data.as_ref().map(|d| d.charge.load(Atomic::Relaxed))
     }
 
     /// Whether `other` is the same version of the same object (same UID and resourceVersion).
@@ -312,6 +329,12 @@ pub(crate) struct Objects<K> {
     /// The distinct sets of index values the entries share, each charged once.
     values: Interned,
     values_held: usize,
+    /// Decoded bytes per byte of JSON, as last measured (see [`charge`](Self::charge)).
+    ratio: f64,
+    /// How the table measures a decode of its type (`None`: [`FIRST_RATIO`] throughout).
+    measure: Option<Measure>,
+    /// Entries charged since the table was made, to measure one in [`SAMPLE_EVERY`].
+    priced: u64,
 }
 
 fn name_hash(hasher: &DefaultHashBuilder, namespace: Option<&str>, name: &str) -> u64 {
@@ -342,6 +365,9 @@ impl<K> Default for Objects<K> {
             next_gen: 0,
             values: Interned::default(),
             values_held: 0,
+            ratio: FIRST_RATIO,
+            measure: None,
+            priced: 0,
         }
     }
 }
@@ -354,6 +380,39 @@ impl<K> Objects<K> {
             t.postings.insert(name.clone(), BTreeMap::new());
         }
         t
+    }
+
+    /// Estimates decoded sizes with `measure` (its type's), from the next object charged on.
+    pub(crate) fn measure_with(&mut self, measure: Measure) {
+        self.measure = Some(measure);
+        self.priced = 0;
+    }
+
+    /// What `json` costs against the cap and the budget: what holds it (the JSON, or the
+    /// store's compressed blob of it) and its decoded form, at the table's measured ratio of
+    /// decoded bytes to JSON bytes (a decoded k8s-openapi `Pod` is about eight times its JSON,
+    /// a `ConfigMap` two and a half: the charge must follow the type). The first object and
+    /// one in [`SAMPLE_EVERY`] are decoded to measure it.
+    fn charge(&mut self, json: &Json) -> usize {
+        if let Some(measure) = self.measure {
+            if self.priced.is_multiple_of(SAMPLE_EVERY) && json.len() > 0 {
+                if let Some(bytes) = json.bytes().ok().and_then(|b| measure(&b)) {
+                    let sample = bytes as f64 / json.len() as f64;
+                    self.ratio = if self.priced == 0 {
+                        sample
+                    } else {
+                        self.ratio + (sample - self.ratio) / 8.0
+                    };
+                }
+            }
+            self.priced += 1;
+        }
+        self.estimate(json)
+    }
+
+    /// What [`charge`](Self::charge) would give `json` now, without measuring.
+    fn estimate(&self, json: &Json) -> usize {
+        json.held().saturating_add((json.len() as f64 * self.ratio) as usize)
     }
 
     /// Charges this table, from now on, against the store's shared `memory` budget.
@@ -512,8 +571,24 @@ impl<K> Objects<K> {
                     is_named(&entry, key.namespace.as_deref(), &key.name),
                     "an entry under another key"
                 );
-                if let Some((cost, bytes)) = entry.data.as_ref().map(|d| (charge(&d.json), d.json.held())) {
-                    self.json_bytes += bytes;
+                let priced = entry
+                    .data
+                    .as_ref()
+                    .map(|d| (d.charge.load(Atomic::Relaxed), d.json.clone()));
+                if let Some((charged, json)) = priced {
+                    // Charged once, by the first table to hold it; put back (a rollback's),
+                    // the same amount again.
+                    let cost = match charged {
+                        0 => {
+                            let cost = self.charge(&json).max(1);
+                            if let Some(d) = &entry.data {
+                                d.charge.store(cost, Atomic::Relaxed);
+                            }
+                            cost
+                        }
+                        cost => cost,
+                    };
+                    self.json_bytes += json.held();
                     // A new entry takes a new generation; one put back (a rollback's) keeps its.
                     let gen = self.next_gen;
                     self.next_gen += 1;
@@ -560,7 +635,7 @@ impl<K> Objects<K> {
 
     fn uncharge(&mut self, e: &Entry<K>) {
         if let Some(d) = &e.data {
-            let cost = charge(&d.json);
+            let cost = d.charge.load(Atomic::Relaxed);
             self.charged = self.charged.saturating_sub(cost);
             self.with_json = self.with_json.saturating_sub(1);
             self.json_bytes = self.json_bytes.saturating_sub(d.json.held());
@@ -685,7 +760,7 @@ impl<K> Objects<K> {
             _ => return None,
         }
         let bytes = Json::Plain(bytes);
-        let cost = charge(&bytes);
+        let cost = self.estimate(&bytes);
         if self.charged.saturating_add(cost) > cap {
             return None;
         }
@@ -736,7 +811,7 @@ impl<K> Objects<K> {
         let charged: usize = self
             .iter()
             .filter_map(|e| e.data.as_ref())
-            .map(|d| charge(&d.json))
+            .map(|d| d.charge.load(Atomic::Relaxed))
             .sum();
         let mut want: Postings = self.postings.keys().map(|n| (n.clone(), BTreeMap::new())).collect();
         for e in self.iter() {
@@ -990,7 +1065,7 @@ mod tests {
                     let pinned: usize = t
                         .iter()
                         .filter(|e| e.seq > committed)
-                        .filter_map(|e| e.json().map(charge))
+                        .filter_map(|e| e.charged())
                         .sum();
                     proptest::prop_assert!(t.charged() <= (*cap).max(pinned), "a table over its cap");
                 }
@@ -998,7 +1073,7 @@ mod tests {
                     .iter()
                     .flat_map(|t| t.iter())
                     .filter(|e| e.seq <= committed)
-                    .filter_map(|e| e.json().map(charge))
+                    .filter_map(|e| e.charged())
                     .sum();
                 proptest::prop_assert!(
                     memory.used() <= limit || evictable == 0,
