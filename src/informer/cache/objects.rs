@@ -149,7 +149,8 @@ pub(crate) struct Entry<K> {
 struct Data<K> {
     json: Json,
     /// What the table charged for it (set by the table that first held it, the one that will
-    /// uncharge it; the same amount whatever its estimate has become since).
+    /// uncharge it; the same amount whatever its estimate has become since). 0: not charged
+    /// yet, so a charge is at least 1.
     charge: AtomicUsize,
     /// Decoded once, by the first reader (a handler, a lister), for all.
     object: OnceLock<Result<Arc<K>, Arc<str>>>,
