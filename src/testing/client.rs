@@ -22,14 +22,23 @@ use crate::sim::Sim;
 
 /// The key of an object in the harness's maps: `resource|namespace|name`.
 pub(crate) fn object_key(resource: &str, ns: Option<&str>, name: &str) -> String {
-    format!("{resource}|{}|{name}", ns.unwrap_or(""))
+    // Built by hand: made for every write, delivery and lookup of a run (`format!` costs
+    // several times more).
+    let ns = ns.unwrap_or("");
+    let mut k = String::with_capacity(resource.len() + ns.len() + name.len() + 2);
+    k.push_str(resource);
+    k.push('|');
+    k.push_str(ns);
+    k.push('|');
+    k.push_str(name);
+    k
 }
 
 /// The key of an object value of `resource`.
 pub(crate) fn key_of_value(resource: &str, v: &Value) -> String {
-    let ns = v.at("/metadata/namespace").and_then(Value::as_str);
-    let name = v.at("/metadata/name").and_then(Value::as_str).unwrap_or("");
-    object_key(resource, ns, name)
+    let meta = v.get("metadata");
+    let field = |f: &str| meta.and_then(|m| m.get(f)).and_then(Value::as_str);
+    object_key(resource, field("namespace"), field("name").unwrap_or(""))
 }
 
 /// An object's resourceVersion as a number.
@@ -215,7 +224,8 @@ pub(crate) fn lock(m: &Mutex<RunShared>) -> MutexGuard<'_, RunShared> {
 
 /// Runs the invariants against the server's state; the first broken one fails the run. A
 /// state they already held at (a reconcile that wrote nothing) is not checked again.
-pub(crate) fn check_invariants(sim: &Sim, shared: &mut RunShared, after: &str) {
+/// `after` names the step for a failure (made only then).
+pub(crate) fn check_invariants(sim: &Sim, shared: &mut RunShared, after: impl Fn() -> String) {
     let rv = sim.current_rv();
     if shared.failure.is_some() || shared.checked_rv == Some(rv) {
         return;
@@ -223,7 +233,7 @@ pub(crate) fn check_invariants(sim: &Sim, shared: &mut RunShared, after: &str) {
     let broken = shared.uniques.iter_mut().find_map(|u| {
         u.update(sim)
             .err()
-            .map(|e| format!("{:?} broken after {after}: {e}", u.spec.name))
+            .map(|e| format!("{:?} broken after {}: {e}", u.spec.name, after()))
     });
     if let Some(detail) = broken {
         shared.fail(Oracle::Invariant, detail);
@@ -233,7 +243,10 @@ pub(crate) fn check_invariants(sim: &Sim, shared: &mut RunShared, after: &str) {
     let world = World { sim, parsed: &parsed };
     for inv in shared.invariants.clone().iter() {
         if let Err(e) = (inv.check)(&world) {
-            shared.fail(Oracle::Invariant, format!("{:?} broken after {after}: {e}", inv.name));
+            shared.fail(
+                Oracle::Invariant,
+                format!("{:?} broken after {}: {e}", inv.name, after()),
+            );
             return;
         }
     }
@@ -473,34 +486,39 @@ impl InProcess {
         let rbytes = rbody.collect().await.map(|b| b.to_bytes()).unwrap_or_default();
         let code = rparts.status.as_u16();
         // A write's answer is the version it stored, which the server parsed already.
+        let ok = (200..300).contains(&code);
         let mut answer: Option<Arc<Value>> = self.sim.parsed_of_bytes(&rbytes);
-        if answer.is_none() {
+        // Only a success's answer is read below: an error's (a conflict, a 404) is not parsed.
+        if answer.is_none() && ok {
             answer = serde_json::from_slice(&rbytes).ok().map(Arc::new);
-            if let (true, Some(a)) = (write && (200..300).contains(&code), &answer) {
+            if let (true, Some(a)) = (write, &answer) {
                 // The stored version itself: its delivery need not parse it again.
                 self.sim.remember_parsed(&rbytes, a);
             }
         }
         let (crash, stall) = {
             let mut sh = lock(&self.shared);
-            let ok = (200..300).contains(&code);
             if write {
                 sh.writes += 1;
                 let n = sh.writes;
-                let what = target
-                    .as_ref()
-                    .map(|(r, ns, name)| {
-                        format!(
-                            "{r} {}{}",
-                            ns.as_deref().map(|n| format!("{n}/")).unwrap_or_default(),
-                            name.clone()
-                                .or_else(|| named(answer.as_deref().filter(|_| ok), "/metadata/name"))
-                                .or_else(|| sent.name.clone())
-                                .or_else(|| sent.generate_name.as_ref().map(|g| format!("{g}*")))
-                                .unwrap_or_default()
-                        )
-                    })
-                    .unwrap_or_else(|| path.clone());
+                // Named only for the trace and the failures (a passing run has neither).
+                let answered = answer.clone().filter(|_| ok);
+                let what = || {
+                    target
+                        .as_ref()
+                        .map(|(r, ns, name)| {
+                            format!(
+                                "{r} {}{}",
+                                ns.as_deref().map(|n| format!("{n}/")).unwrap_or_default(),
+                                name.clone()
+                                    .or_else(|| named(answered.as_deref(), "/metadata/name"))
+                                    .or_else(|| sent.name.clone())
+                                    .or_else(|| sent.generate_name.as_ref().map(|g| format!("{g}*")))
+                                    .unwrap_or_default()
+                            )
+                        })
+                        .unwrap_or_else(|| path.clone())
+                };
                 let status = if path.ends_with("/status") { " (status)" } else { "" };
                 let rv = answer.as_deref().filter(|_| ok).map(rv_of).unwrap_or(0);
                 let by = match &sh.lease {
@@ -508,11 +526,13 @@ impl InProcess {
                     None => String::new(),
                 };
                 if sh.trace.on() {
+                    let what = what();
                     sh.trace
                         .push(format!("  write #{n}{by} {method} {what}{status} -> {code} rv={rv}"));
                 }
                 if ok {
                     if let Some(holder) = sh.deposed(&self.sim, me) {
+                        let what = what();
                         let detail = format!(
                             "write #{n} {method} {what}{status} by replica {} reached the server while {holder} held the lease (a leader deposed in the middle of a reconcile wrote on)",
                             short(sh.lease.as_ref().map_or(&[][..], |l| l.identities.as_slice()), me)
@@ -530,6 +550,7 @@ impl InProcess {
                                 let own = sh.own.get(&key).cloned();
                                 let lost = lost_update(&seen, before, &after, own.as_deref());
                                 if !lost.is_empty() {
+                                    let what = what();
                                     let detail = format!(
                                         "write #{n} {method} {what}{status} changed {lost:?}, which had changed since the controller read it at resourceVersion {} (server was at {})",
                                         rv_of(&seen),
@@ -541,7 +562,7 @@ impl InProcess {
                         }
                         sh.own.insert(key, after);
                     }
-                    check_invariants(&self.sim, &mut sh, &format!("write #{n}"));
+                    check_invariants(&self.sim, &mut sh, || format!("write #{n}"));
                 }
                 if sh.crash_after_write == Some(n) {
                     sh.crashed = true;

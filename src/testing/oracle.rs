@@ -1,7 +1,7 @@
 //! The pure parts of the oracles: comparing states up to volatile fields, and telling a write
 //! that overwrote a change its writer had not read.
 
-use std::collections::BTreeMap;
+use std::borrow::Cow;
 
 use serde_json::{Map, Value};
 
@@ -21,18 +21,24 @@ pub(crate) const SERVER_FIELDS: &[&str] = &[
 /// Removes the value at a JSON pointer in which `*` matches every element of an array (or
 /// every member of an object).
 pub(crate) fn remove_path(v: &mut Value, path: &str) {
-    let parts: Vec<String> = path
-        .split('/')
-        .skip(1)
-        .map(|p| p.replace("~1", "/").replace("~0", "~"))
-        .collect();
+    let parts: Vec<Cow<'_, str>> = path.split('/').skip(1).map(unescape).collect();
     remove_parts(v, &parts);
 }
 
-fn remove_parts(v: &mut Value, parts: &[String]) {
+/// A pointer token unescaped (copied only when it holds an escape).
+fn unescape(t: &str) -> Cow<'_, str> {
+    if t.contains('~') {
+        Cow::Owned(t.replace("~1", "/").replace("~0", "~"))
+    } else {
+        Cow::Borrowed(t)
+    }
+}
+
+fn remove_parts(v: &mut Value, parts: &[Cow<'_, str>]) {
     let Some((first, rest)) = parts.split_first() else {
         return;
     };
+    let first: &str = first;
     if rest.is_empty() {
         match v {
             Value::Object(m) => {
@@ -83,39 +89,99 @@ pub(crate) fn normalize(v: &Value, volatile: &[String]) -> Value {
     v
 }
 
-/// The leaves of a JSON value by pointer (arrays are leaves: their elements have no identity
-/// to compare by).
-pub(crate) fn leaves(v: &Value) -> BTreeMap<String, Value> {
-    let mut out = BTreeMap::new();
-    walk(v, String::new(), &mut out);
-    out
+// A JSON value is compared by its leaves: every value reached through non-empty objects that
+// is not itself a non-empty object, named by its pointer. Arrays are leaves: their elements
+// have no identity to compare by. The functions below walk two values side by side instead
+// of listing their leaves (a string and a copy per leaf, on every write the oracle checks).
+
+/// Pushes `key`, escaped as a pointer token, onto `at`.
+fn push_token(at: &mut String, key: &str) {
+    at.push('/');
+    if key.contains(['~', '/']) {
+        at.push_str(&key.replace('~', "~0").replace('/', "~1"));
+    } else {
+        at.push_str(key);
+    }
 }
 
-fn walk(v: &Value, at: String, out: &mut BTreeMap<String, Value>) {
+fn is_branch(v: &Value) -> bool {
+    matches!(v, Value::Object(m) if !m.is_empty())
+}
+
+/// Pushes the pointer of every leaf of `v` (at `at`) onto `out`.
+fn all_leaves(v: &Value, at: &mut String, out: &mut Vec<String>) {
     match v {
         Value::Object(m) if !m.is_empty() => {
             for (k, c) in m {
-                walk(c, format!("{at}/{}", k.replace('~', "~0").replace('/', "~1")), out);
+                let len = at.len();
+                push_token(at, k);
+                all_leaves(c, at, out);
+                at.truncate(len);
             }
         }
-        _ => {
-            out.insert(at, v.clone());
+        _ => out.push(at.clone()),
+    }
+}
+
+/// Pushes the pointers at which the leaves of `a` and `b` (either may be absent) differ.
+fn diff(a: Option<&Value>, b: Option<&Value>, at: &mut String, out: &mut Vec<String>) {
+    match (a, b) {
+        (Some(Value::Object(ma)), Some(Value::Object(mb))) if !ma.is_empty() && !mb.is_empty() => {
+            // Both maps are ordered by key: merge them.
+            let (mut ia, mut ib) = (ma.iter().peekable(), mb.iter().peekable());
+            loop {
+                let (ka, kb) = (ia.peek().map(|(k, _)| *k), ib.peek().map(|(k, _)| *k));
+                let (k, va, vb) = match (ka, kb) {
+                    (None, None) => break,
+                    (Some(x), Some(y)) if x == y => {
+                        let (_, va) = ia.next().expect("peeked");
+                        let (_, vb) = ib.next().expect("peeked");
+                        (x, Some(va), Some(vb))
+                    }
+                    (Some(x), Some(y)) if x < y => (x, ia.next().map(|(_, v)| v), None),
+                    (Some(x), None) => (x, ia.next().map(|(_, v)| v), None),
+                    (_, Some(y)) => (y, None, ib.next().map(|(_, v)| v)),
+                };
+                let len = at.len();
+                push_token(at, k);
+                diff(va, vb, at, out);
+                at.truncate(len);
+            }
+        }
+        (Some(x), Some(y)) if !is_branch(x) && !is_branch(y) => {
+            if x != y {
+                out.push(at.clone());
+            }
+        }
+        (x, y) => {
+            // One side is a branch and the other a leaf or absent, or one side is absent:
+            // every leaf of either differs.
+            for v in [x, y].into_iter().flatten() {
+                all_leaves(v, at, out);
+            }
         }
     }
 }
 
 /// The pointers whose values differ between `a` and `b`.
 pub(crate) fn differing(a: &Value, b: &Value) -> Vec<String> {
-    let (la, lb) = (leaves(a), leaves(b));
-    let mut out: Vec<String> = la
-        .iter()
-        .filter(|(k, v)| lb.get(*k) != Some(*v))
-        .map(|(k, _)| k.clone())
-        .collect();
-    out.extend(lb.keys().filter(|k| !la.contains_key(*k)).cloned());
+    let mut out = Vec::new();
+    diff(Some(a), Some(b), &mut String::new(), &mut out);
     out.sort();
     out.dedup();
     out
+}
+
+/// The leaf of `v` at pointer `p` (see [`differing`]), or `None`.
+fn leaf_at<'a>(v: &'a Value, p: &str) -> Option<&'a Value> {
+    let mut v = v;
+    for t in p.split('/').skip(1) {
+        match v {
+            Value::Object(m) if !m.is_empty() => v = m.get(unescape(t).as_ref())?,
+            _ => return None,
+        }
+    }
+    (!is_branch(v)).then_some(v)
 }
 
 /// Fields a write may change without having read them: the server moves them on every write.
@@ -141,18 +207,11 @@ pub(crate) fn lost_update(read: &Value, before: &Value, after: &Value, own: Opti
     if changed_since_read.is_empty() {
         return changed_since_read;
     }
-    let (lb, la) = (leaves(before), leaves(after));
-    let lo = own.map(leaves).unwrap_or_default();
     changed_since_read
         .into_iter()
-        .filter(|p| own.is_none() || covered(&lo, p) != covered(&lb, p))
-        .filter(|p| covered(&lb, p) != covered(&la, p))
+        .filter(|p| own.is_none_or(|o| leaf_at(o, p) != leaf_at(before, p)))
+        .filter(|p| leaf_at(before, p) != leaf_at(after, p))
         .collect()
-}
-
-/// The value at leaf pointer `p`, or `None`.
-fn covered(l: &BTreeMap<String, Value>, p: &str) -> Option<Value> {
-    l.get(p).cloned()
 }
 
 /// A JSON merge patch (RFC 7386) taking `old` to `new`.
@@ -186,7 +245,10 @@ pub(crate) fn merge_diff(old: &Value, new: &Value) -> Option<Value> {
 
 #[cfg(test)]
 mod tests {
+    use std::collections::BTreeMap;
+
     use super::*;
+    use proptest::prelude::*;
     use serde_json::json;
 
     #[test]
@@ -220,6 +282,56 @@ mod tests {
         assert!(lost_update(&read, &before, &after, None).is_empty());
         // Having read b=2, writing b=5 loses nothing.
         assert!(lost_update(&before, &before, &json!({"status": {"a": 1, "b": 5}}), None).is_empty());
+    }
+
+    /// The leaves of a value by pointer, listed (the model the side-by-side walks follow).
+    fn leaves(v: &Value) -> BTreeMap<String, Value> {
+        fn walk(v: &Value, at: String, out: &mut BTreeMap<String, Value>) {
+            match v {
+                Value::Object(m) if !m.is_empty() => {
+                    for (k, c) in m {
+                        walk(c, format!("{at}/{}", k.replace('~', "~0").replace('/', "~1")), out);
+                    }
+                }
+                _ => {
+                    out.insert(at, v.clone());
+                }
+            }
+        }
+        let mut out = BTreeMap::new();
+        walk(v, String::new(), &mut out);
+        out
+    }
+
+    fn json() -> impl Strategy<Value = Value> {
+        let leaf = prop_oneof![
+            Just(Value::Null),
+            any::<bool>().prop_map(Value::from),
+            (0i64..3).prop_map(Value::from),
+            Just(json!([1])),
+            Just(json!({})),
+        ];
+        leaf.prop_recursive(4, 24, 4, |inner| {
+            prop::collection::btree_map(prop::sample::select(vec!["a", "b", "c/d", "e~f", ""]), inner, 0..4)
+                .prop_map(|m| Value::Object(m.into_iter().map(|(k, v)| (k.to_string(), v)).collect()))
+        })
+    }
+
+    proptest! {
+        #[test]
+        fn differing_and_leaf_at_agree_with_the_listed_leaves(a in json(), b in json()) {
+            let (la, lb) = (leaves(&a), leaves(&b));
+            let mut want: Vec<String> = la.iter().filter(|(k, v)| lb.get(*k) != Some(*v)).map(|(k, _)| k.clone()).collect();
+            want.extend(lb.keys().filter(|k| !la.contains_key(*k)).cloned());
+            want.sort();
+            want.dedup();
+            let got = differing(&a, &b);
+            prop_assert_eq!(&got, &want);
+            for p in la.keys().chain(lb.keys()).chain(got.iter()) {
+                prop_assert_eq!(leaf_at(&a, p), la.get(p));
+                prop_assert_eq!(leaf_at(&b, p), lb.get(p));
+            }
+        }
     }
 
     #[test]

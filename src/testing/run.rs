@@ -251,7 +251,7 @@ struct Run<'h, K: Resource<DynamicType = ()> + Clone + 'static, Ctx, E> {
     gc_seen: u64,
     /// Objects that name owners, by owner key (`resource|namespace|name`).
     gc_index: HashMap<String, BTreeSet<Dependent>>,
-    /// Objects that may be orphans: checked again before each step.
+    /// The orphans as of `gc_seen` (checked again when the revision moves).
     gc_pending: BTreeSet<Dependent>,
     /// Controller mode: reconciles of each object since the last change from the world.
     counts: HashMap<String, u32>,
@@ -859,14 +859,16 @@ where
         }
     }
 
-    /// Objects whose owners are all gone (what the garbage collector deletes), in key order.
-    /// The objects that name owners are indexed by owner as they change; a deletion makes the
+    /// Whether some objects have owners that are all gone (what the garbage collector deletes:
+    /// `gc_pending`, in key order). The objects that name owners are indexed by owner as they change; a deletion makes the
     /// deleted object's dependents candidates, and so does a change of an object's owners.
-    fn orphans(&mut self) -> Vec<Dependent> {
+    fn orphans(&mut self) -> bool {
         if !self.h.garbage_collector {
-            return Vec::new();
+            return false;
         }
         let rv = self.sim.current_rv();
+        // Whether an object is an orphan follows from the server's state alone, which only a
+        // write changes, and every write moves the revision: nothing to check again before.
         if rv != self.gc_seen {
             let (deleted, owning) = self.sim.gc_changes_since(self.gc_seen);
             self.gc_seen = rv;
@@ -898,10 +900,10 @@ where
                     self.gc_pending.extend(deps.iter().cloned());
                 }
             }
+            let pending = std::mem::take(&mut self.gc_pending);
+            self.gc_pending = pending.into_iter().filter(|d| self.is_orphan(d)).collect();
         }
-        let pending = std::mem::take(&mut self.gc_pending);
-        self.gc_pending = pending.into_iter().filter(|d| self.is_orphan(d)).collect();
-        self.gc_pending.iter().cloned().collect()
+        !self.gc_pending.is_empty()
     }
 
     /// Whether an object exists, is not terminating, and has owners that are all gone.
@@ -1172,7 +1174,7 @@ where
             }
         }
         let mut sh = lock(&self.shared);
-        check_invariants(&self.sim, &mut sh, &format!("reconcile of {}", show(key)));
+        check_invariants(&self.sim, &mut sh, || format!("reconcile of {}", show(key)));
     }
 
     async fn collect_garbage(&mut self, victims: Vec<Dependent>) {
@@ -1264,7 +1266,7 @@ where
             if !self.reps[lead].life.queue.is_empty() {
                 kinds.push(2);
             }
-            if !orphans.is_empty() {
+            if orphans {
                 kinds.push(3);
             }
             if kinds.is_empty() {
@@ -1315,7 +1317,10 @@ where
                     let qi = self.rng.random_range(0..self.reps[lead].life.queue.len());
                     self.reconcile(qi).await;
                 }
-                _ => self.collect_garbage(orphans).await,
+                _ => {
+                    let victims: Vec<Dependent> = self.gc_pending.iter().cloned().collect();
+                    self.collect_garbage(victims).await;
+                }
             }
         }
         self.finish(baseline)

@@ -42,7 +42,7 @@ pub(super) fn not_acceptable() -> Resp {
         "NotAcceptable",
         "only the following media types are accepted: application/json, application/yaml",
     );
-    json_response(StatusCode::NOT_ACCEPTABLE, status_value(&e, json!({})))
+    full_response(StatusCode::NOT_ACCEPTABLE, status_body(&e, &json!({})))
 }
 
 pub(super) fn json_response(code: StatusCode, v: Value) -> Resp {
@@ -58,20 +58,39 @@ pub(super) fn text_response(s: &'static str) -> Resp {
     r
 }
 
-pub(super) fn status_value(e: &ApiError, metadata: Value) -> Value {
-    let mut v = json!({
-        "kind": "Status", "apiVersion": "v1", "metadata": metadata, "status": "Failure",
-        "message": e.message, "reason": e.reason, "code": e.code
-    });
-    if let (Some(d), Some(o)) = (&e.details, v.as_object_mut()) {
-        o.insert("details".into(), d.clone());
-    }
-    v
+/// A `Status` body, serialized as the value `json!` would build (keys in order) without
+/// building it: every refused write answers one.
+#[derive(serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+struct StatusBody<'a> {
+    api_version: &'static str,
+    code: u16,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    details: Option<&'a Value>,
+    kind: &'static str,
+    message: &'a str,
+    metadata: &'a Value,
+    reason: &'static str,
+    status: &'static str,
+}
+
+fn status_body(e: &ApiError, metadata: &Value) -> Bytes {
+    let body = StatusBody {
+        api_version: "v1",
+        code: e.code,
+        details: e.details.as_ref(),
+        kind: "Status",
+        message: &e.message,
+        metadata,
+        reason: e.reason,
+        status: "Failure",
+    };
+    Bytes::from(serde_json::to_vec(&body).unwrap_or_default())
 }
 
 pub(super) fn status_response_meta(_shared: &Shared, e: &ApiError, metadata: Value) -> Resp {
     let code = StatusCode::from_u16(e.code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-    let mut r = json_response(code, status_value(e, metadata));
+    let mut r = full_response(code, status_body(e, &metadata));
     if let Some(secs) = e
         .details
         .as_ref()
@@ -91,7 +110,7 @@ pub(super) fn status_response(shared: &Shared, e: &ApiError) -> Resp {
 
 pub(super) fn not_found_path() -> Resp {
     let e = ApiError::new(404, "NotFound", "the server could not find the requested resource");
-    json_response(StatusCode::NOT_FOUND, status_value(&e, json!({})))
+    full_response(StatusCode::NOT_FOUND, status_body(&e, &json!({})))
 }
 
 pub(super) fn failure_response(shared: &Shared, f: Failure) -> Resp {
@@ -109,5 +128,33 @@ pub(super) fn failure_response(shared: &Shared, f: Failure) -> Resp {
                 "Internal error occurred: injected by the simulated API server",
             ),
         ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_status_body_is_the_status_object_serialized() {
+        let mut e = ApiError::new(409, "Conflict", "the object has been modified");
+        for details in [None, Some(json!({"name": "a", "kind": "foos", "retryAfterSeconds": 1}))] {
+            e.details = details.clone();
+            let meta = json!({"resourceVersion": "7"});
+            let mut want = json!({
+                "kind": "Status", "apiVersion": "v1", "metadata": meta, "status": "Failure",
+                "message": e.message, "reason": e.reason, "code": e.code
+            });
+            if let (Some(d), Some(o)) = (details, want.as_object_mut()) {
+                o.insert("details".into(), d);
+            }
+            let want = serde_json::to_vec(&want).expect("serializes");
+            assert_eq!(
+                status_body(&e, &meta).as_ref(),
+                want.as_slice(),
+                "{}",
+                String::from_utf8_lossy(&want)
+            );
+        }
     }
 }

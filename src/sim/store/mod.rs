@@ -351,9 +351,9 @@ impl State {
                 return Err(ApiError::conflict(&def, name));
             }
         }
-        let old_v = self.value_of(&old);
+        let old_v = self.parsed_of(&old);
         let mut new_v = if status_only {
-            let mut base = old_v.clone();
+            let mut base = (*old_v).clone();
             if let (Some(b), Some(s)) = (base.as_object_mut(), v.get("status")) {
                 b.insert("status".into(), s.clone());
             }
@@ -397,8 +397,8 @@ impl State {
                 return Err(ApiError::conflict(&def, name));
             }
         }
-        let old_v = self.value_of(&old);
-        let mut new_v = old_v.clone();
+        let old_v = self.parsed_of(&old);
+        let mut new_v = (*old_v).clone();
         if status_only {
             if let Some(s) = patch.get("status") {
                 let mut st = new_v.get("status").cloned().unwrap_or(Value::Null);
@@ -432,7 +432,8 @@ impl State {
     ) -> Result<Arc<Obj>, ApiError> {
         let rv = self.rv + 1;
         let spec_changed = old_v.get("spec") != new_v.get("spec");
-        let old_meta = old_v.get("metadata").cloned().unwrap_or_else(|| json!({}));
+        let no_meta = Value::Object(serde_json::Map::new());
+        let old_meta = old_v.get("metadata").unwrap_or(&no_meta);
         let meta = meta_mut(new_v)?;
         for k in ["name", "namespace", "uid", "creationTimestamp"] {
             match old_meta.get(k) {
@@ -568,6 +569,15 @@ impl State {
             return (*self.parsed.of(obj)).clone();
         }
         obj.value()
+    }
+
+    /// [`value_of`](Self::value_of) to read only: the parsed version itself when kept.
+    fn parsed_of(&mut self, obj: &Obj) -> Arc<Value> {
+        #[cfg(feature = "testing")]
+        if self.deterministic.is_some() {
+            return self.parsed.of(obj);
+        }
+        Arc::new(obj.value())
     }
 
     pub fn get(&self, res: usize, ns: Option<&str>, name: &str) -> Result<Arc<Obj>, ApiError> {

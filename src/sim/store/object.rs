@@ -350,16 +350,20 @@ pub(crate) fn build_obj_parsed(
         });
         fields.push((*path, val.unwrap_or_default()));
     }
-    let rest = serde_json::to_vec(&v).map_err(|e| ApiError::bad_request(e.to_string()))?;
-    let prefix = format!(
-        r#"{{"kind":{},"apiVersion":{},"#,
-        json!(def.kind),
-        json!(def.api_version())
-    );
-    let mut full = Vec::with_capacity(prefix.len() + rest.len());
-    full.extend_from_slice(prefix.as_bytes());
-    // `rest` is `{…}` with at least `metadata` inside.
-    full.extend_from_slice(rest.get(1..).unwrap_or(b"}"));
+    // `{"kind":…,"apiVersion":…,` then the rest of `v`, serialized in place: `v` is `{…}`
+    // (with at least `metadata` inside), and its opening brace becomes that comma.
+    let bad = |e: serde_json::Error| ApiError::bad_request(e.to_string());
+    let mut full = Vec::with_capacity(1024);
+    full.extend_from_slice(br#"{"kind":"#);
+    serde_json::to_writer(&mut full, &def.kind).map_err(bad)?;
+    full.extend_from_slice(br#","apiVersion":"#);
+    serde_json::to_writer(&mut full, &def.api_version()).map_err(bad)?;
+    let brace = full.len();
+    serde_json::to_writer(&mut full, &v).map_err(bad)?;
+    debug_assert_eq!(full.get(brace), Some(&b'{'));
+    if let Some(b) = full.get_mut(brace) {
+        *b = b',';
+    }
     // What `full` parses to: `v` with kind and apiVersion back (a map's order is its keys').
     let parsed = match v {
         Value::Object(mut m) if keep && !m.is_empty() => {
@@ -378,7 +382,7 @@ pub(crate) fn build_obj_parsed(
         labels,
         fields,
         full: Bytes::from(full),
-        prefix_len: prefix.len(),
+        prefix_len: brace + 1,
     };
     Ok((obj, parsed))
 }

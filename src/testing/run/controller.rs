@@ -271,11 +271,11 @@ where
                 );
                 return;
             }
-            let orphans = self.orphans();
-            if orphans.is_empty() {
+            if !self.orphans() {
                 return;
             }
-            self.collect_garbage(orphans).await;
+            let victims = self.gc_pending.iter().cloned().collect();
+            self.collect_garbage(victims).await;
         }
     }
 
