@@ -290,11 +290,16 @@ impl Sim {
     /// it as stored (uid, creationTimestamp and resourceVersion set).
     pub fn create(&self, resource: &str, ns: Option<&str>, object: Value) -> Result<Value> {
         // JSON is parsed back outside the lock (see `value_of`)
+        self.create_stored(resource, ns, object).map(|o| self.value_of(&o))
+    }
+
+    /// [`create`](Self::create), giving the stored version (the harness needs only its
+    /// resourceVersion, not a parsed copy).
+    pub(crate) fn create_stored(&self, resource: &str, ns: Option<&str>, object: Value) -> Result<Arc<store::Obj>> {
         self.write(|st| {
             let res = self.resource(st, resource)?;
             Ok(st.create(res, ns, object)?)
         })
-        .map(|o| self.value_of(&o))
     }
 
     /// Replace an object (a `resourceVersion` in the body is a precondition).
@@ -313,20 +318,29 @@ impl Sim {
 
     /// Apply a JSON merge patch to an object.
     pub fn patch(&self, resource: &str, ns: Option<&str>, name: &str, patch: &Value) -> Result<Value> {
-        self.write(|st| {
-            let res = self.resource(st, resource)?;
-            Ok(st.patch(res, ns, name, patch, false)?)
-        })
-        .map(|o| self.value_of(&o))
+        self.patch_stored(resource, ns, name, patch, false)
+            .map(|o| self.value_of(&o))
     }
 
     /// Apply a JSON merge patch to an object's status (the `/status` subresource).
     pub fn patch_status(&self, resource: &str, ns: Option<&str>, name: &str, patch: &Value) -> Result<Value> {
+        self.patch_stored(resource, ns, name, patch, true)
+            .map(|o| self.value_of(&o))
+    }
+
+    /// [`patch`](Self::patch) (of the status with `status`), giving the stored version.
+    pub(crate) fn patch_stored(
+        &self,
+        resource: &str,
+        ns: Option<&str>,
+        name: &str,
+        patch: &Value,
+        status: bool,
+    ) -> Result<Arc<store::Obj>> {
         self.write(|st| {
             let res = self.resource(st, resource)?;
-            Ok(st.patch(res, ns, name, patch, true)?)
+            Ok(st.patch(res, ns, name, patch, status)?)
         })
-        .map(|o| self.value_of(&o))
     }
 
     /// A template of an object's current state whose resourceVersion and the value of
@@ -360,11 +374,15 @@ impl Sim {
     /// Delete an object; returns its final state (with the deletion's resourceVersion), or, for
     /// an object with finalizers, its terminating state (`deletionTimestamp` set).
     pub fn delete(&self, resource: &str, ns: Option<&str>, name: &str) -> Result<Value> {
+        self.delete_stored(resource, ns, name).map(|o| self.value_of(&o))
+    }
+
+    /// [`delete`](Self::delete), giving the stored version (or the one deleted).
+    pub(crate) fn delete_stored(&self, resource: &str, ns: Option<&str>, name: &str) -> Result<Arc<store::Obj>> {
         self.write(|st| {
             let res = self.resource(st, resource)?;
             Ok(st.delete(res, ns, name)?.0)
         })
-        .map(|o| self.value_of(&o))
     }
 
     /// Read one object.

@@ -414,11 +414,12 @@ fn target(path: &str) -> Option<(String, Option<String>, Option<String>)> {
         _ => (None, rest.to_vec()),
     };
     let plural = rest.first()?;
-    let resource = if group.is_empty() {
-        (*plural).to_string()
-    } else {
-        format!("{plural}.{group}")
-    };
+    let mut resource = String::with_capacity(plural.len() + 1 + group.len());
+    resource.push_str(plural);
+    if !group.is_empty() {
+        resource.push('.');
+        resource.push_str(group);
+    }
     Some((resource, ns, rest.get(1).map(|s| (*s).to_string())))
 }
 

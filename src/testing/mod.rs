@@ -80,7 +80,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::future::BoxFuture;
-use futures::FutureExt;
 use kube::runtime::controller::Action;
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::Resource;
@@ -433,7 +432,8 @@ where
 /// A typed informer cache the harness fills.
 pub(crate) trait Feed: Send {
     /// An ADDED/MODIFIED (`deleted` false) or DELETED event.
-    fn apply(&mut self, deleted: bool, object: &Value) -> Result<(), String>;
+    /// Applies one event; gives back the object as decoded (a `T`), for the watch's mapper.
+    fn apply(&mut self, deleted: bool, object: &Value) -> Result<Box<dyn Any + Send>, String>;
     /// A relist: the cache becomes exactly `objects`.
     fn reset(&mut self, objects: &[Arc<Value>]) -> Result<(), String>;
 }
@@ -450,15 +450,15 @@ where
     T: Resource + Clone + DeserializeOwned + Send + Sync + 'static,
     T::DynamicType: Eq + std::hash::Hash + Clone + Default + Send + Sync,
 {
-    fn apply(&mut self, deleted: bool, object: &Value) -> Result<(), String> {
+    fn apply(&mut self, deleted: bool, object: &Value) -> Result<Box<dyn Any + Send>, String> {
+        use kube::runtime::watcher::Event;
         let t: T = decode(object)?;
-        let ev = if deleted {
-            kube::runtime::watcher::Event::Delete(t)
-        } else {
-            kube::runtime::watcher::Event::Apply(t)
-        };
+        let ev = if deleted { Event::Delete(t) } else { Event::Apply(t) };
         self.writer.apply_watcher_event(&ev);
-        Ok(())
+        match ev {
+            Event::Delete(t) | Event::Apply(t) => Ok(Box::new(t)),
+            _ => unreachable!("built as Delete or Apply above"),
+        }
     }
 
     fn reset(&mut self, objects: &[Arc<Value>]) -> Result<(), String> {
@@ -483,8 +483,9 @@ fn decode<T: DeserializeOwned>(v: &Value) -> Result<T, String> {
     })
 }
 
-/// Which primary objects an event of a watched kind reconciles.
-pub(crate) type MapFn = Arc<dyn Fn(&Value) -> Vec<(Option<String>, String)> + Send + Sync>;
+/// Which primary objects an event of a watched kind reconciles, from its JSON and, when the
+/// informer decoded it already, its typed form (so a typed mapper does not decode it again).
+pub(crate) type MapFn = Arc<dyn Fn(&Value, Option<Box<dyn Any + Send>>) -> Vec<(Option<String>, String)> + Send + Sync>;
 
 /// One informer the harness runs.
 #[derive(Clone)]
@@ -537,6 +538,19 @@ pub(crate) type ControllerFn<Ctx> = Arc<
 /// (the harness runs it on real time): at most this long.
 const CONTROLLER_RETRY: Duration = Duration::from_millis(20);
 
+/// `f()` boxed: the box is allocated first so the future (often kilobytes: kube's request
+/// futures nest) can be built in it rather than on the stack and then copied.
+#[inline(always)]
+fn boxed_in_place<'a, Fut, F>(f: F) -> BoxFuture<'a, Fut::Output>
+where
+    F: FnOnce() -> Fut,
+    Fut: Future + Send + 'a,
+{
+    let slot = Box::<Fut>::new_uninit();
+    let fut: Box<Fut> = Box::write(slot, f());
+    Box::into_pin(fut)
+}
+
 type ReconcileFn<K, Ctx, E> = Arc<dyn Fn(Arc<K>, Arc<Ctx>) -> BoxFuture<'static, Result<Action, E>> + Send + Sync>;
 type ErrorPolicyFn<K, Ctx, E> = Arc<dyn Fn(Arc<K>, &E, Arc<Ctx>) -> Action + Send + Sync>;
 type DeleteFn<K, Ctx> = Arc<dyn Fn(Arc<K>, Arc<Ctx>) -> BoxFuture<'static, ()> + Send + Sync>;
@@ -587,13 +601,13 @@ where
         P: Fn(Arc<K>, &E, Arc<Ctx>) -> Action + Send + Sync + 'static,
         C: Fn(&Env) -> Ctx + Send + Sync + 'static,
     {
-        let primary = watch_spec::<K>(Arc::new(|v: &Value| {
+        let primary = watch_spec::<K>(Arc::new(|v: &Value, _: Option<Box<dyn Any + Send>>| {
             let ns = v.at("/metadata/namespace").and_then(Value::as_str).map(str::to_owned);
             let name = v.at("/metadata/name").and_then(Value::as_str).unwrap_or("");
             vec![(ns, name.to_string())]
         }));
         Self {
-            reconcile: Arc::new(move |k, c| reconcile(k, c).boxed()),
+            reconcile: Arc::new(move |k, c| boxed_in_place(|| reconcile(k, c))),
             error_policy: Arc::new(error_policy),
             context: Arc::new(context),
             on_delete: None,
@@ -649,20 +663,22 @@ where
         T::Scope: 'static,
     {
         let (kind, api_version) = (K::kind(&()).into_owned(), K::api_version(&()).into_owned());
-        self.watches.push(watch_spec::<T>(Arc::new(move |v: &Value| {
-            let ns = v.at("/metadata/namespace").and_then(Value::as_str).map(str::to_owned);
-            v.at("/metadata/ownerReferences")
-                .and_then(Value::as_array)
-                .into_iter()
-                .flatten()
-                .filter(|o| {
-                    o.get("kind").and_then(Value::as_str) == Some(kind.as_str())
-                        && o.get("apiVersion").and_then(Value::as_str) == Some(api_version.as_str())
-                })
-                .filter_map(|o| o.get("name").and_then(Value::as_str))
-                .map(|n| (ns.clone(), n.to_string()))
-                .collect()
-        })));
+        self.watches.push(watch_spec::<T>(Arc::new(
+            move |v: &Value, _: Option<Box<dyn Any + Send>>| {
+                let ns = v.at("/metadata/namespace").and_then(Value::as_str).map(str::to_owned);
+                v.at("/metadata/ownerReferences")
+                    .and_then(Value::as_array)
+                    .into_iter()
+                    .flatten()
+                    .filter(|o| {
+                        o.get("kind").and_then(Value::as_str) == Some(kind.as_str())
+                            && o.get("apiVersion").and_then(Value::as_str) == Some(api_version.as_str())
+                    })
+                    .filter_map(|o| o.get("name").and_then(Value::as_str))
+                    .map(|n| (ns.clone(), n.to_string()))
+                    .collect()
+            },
+        )));
         self
     }
 
@@ -676,11 +692,18 @@ where
         T::Scope: 'static,
         I: IntoIterator<Item = ObjectRef<K>>,
     {
-        self.watches
-            .push(watch_spec::<T>(Arc::new(move |v: &Value| match T::deserialize(v) {
-                Ok(t) => mapper(t).into_iter().map(|r| (r.namespace, r.name)).collect(),
-                Err(_) => Vec::new(),
-            })));
+        self.watches.push(watch_spec::<T>(Arc::new(
+            move |v: &Value, typed: Option<Box<dyn Any + Send>>| {
+                let t = match typed.and_then(|t| t.downcast::<T>().ok()) {
+                    Some(t) => *t,
+                    None => match T::deserialize(v) {
+                        Ok(t) => t,
+                        Err(_) => return Vec::new(),
+                    },
+                };
+                mapper(t).into_iter().map(|r| (r.namespace, r.name)).collect()
+            },
+        )));
         self
     }
 
@@ -693,7 +716,7 @@ where
         F: Fn(Arc<K>, Arc<Ctx>) -> Fut + Send + Sync + 'static,
         Fut: Future<Output = ()> + Send + 'static,
     {
-        self.on_delete = Some(Arc::new(move |k, c| handler(k, c).boxed()));
+        self.on_delete = Some(Arc::new(move |k, c| boxed_in_place(|| handler(k, c))));
         self
     }
 

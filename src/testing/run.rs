@@ -3,6 +3,7 @@
 //! (baseline, sampling, shrinking, saving, replay).
 
 use crate::sim::util::JsonAt as _;
+use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
 use std::fmt;
 use std::panic::AssertUnwindSafe;
@@ -189,6 +190,27 @@ fn parse_requeue_after(a: &Action) -> Option<Duration> {
         _ => return None,
     };
     Some(Duration::from_secs_f64(secs))
+}
+
+/// A recorded merge patch split into what goes to the object (`None`: nothing) and its
+/// `status` (`None`: unchanged); copied only when it holds both.
+fn split_status(p: &Value) -> (Option<Cow<'_, Value>>, Option<&Value>) {
+    let Some(m) = p.as_object() else {
+        return (None, None);
+    };
+    match m.get("status") {
+        None if m.is_empty() => (None, None),
+        None => (Some(Cow::Borrowed(p)), None),
+        Some(s) if m.len() == 1 => (None, Some(s)),
+        Some(s) => {
+            let rest: serde_json::Map<String, Value> = m
+                .iter()
+                .filter(|(k, _)| *k != "status")
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect();
+            (Some(Cow::Owned(Value::Object(rest))), Some(s))
+        }
+    }
 }
 
 /// An object with the fields only the server sets removed (what the world "sends").
@@ -566,7 +588,7 @@ where
     /// Queues every primary object the leader has cached (a start, a takeover).
     fn enqueue_all(&mut self) {
         let inf = &self.reps[self.lead].informers[0];
-        let keys: Vec<Key> = inf.db.values().flat_map(|o| (inf.spec.map)(o)).collect();
+        let keys: Vec<Key> = inf.db.values().flat_map(|o| (inf.spec.map)(o, None)).collect();
         for k in keys {
             self.enqueue(k, true);
         }
@@ -657,7 +679,7 @@ where
         if let Err(e) = inf.feed.reset(&objects) {
             lock(&self.shared).fail(Oracle::Harness, e);
         }
-        let keys: Vec<Key> = objects.iter().flat_map(|o| (inf.spec.map)(o)).collect();
+        let keys: Vec<Key> = objects.iter().flat_map(|o| (inf.spec.map)(o, None)).collect();
         {
             let mut sh = lock(&self.shared);
             for (k, o) in &self.reps[r].informers[i].db {
@@ -805,26 +827,30 @@ where
             Change::Added => {
                 let mut body = world_body(&ev.object);
                 self.fix_owner_uids(&mut body, ns);
-                self.sim.create(res, ns, body).map(|v| rv_of(&v).to_string())
+                self.sim.create_stored(res, ns, body).map(|o| o.rv.to_string())
             }
-            Change::Modified => match ev.patch.as_deref().cloned() {
+            Change::Modified => match ev.patch.as_deref() {
                 None => Ok("no change".to_string()),
-                Some(mut p) => {
-                    let status = p.as_object_mut().and_then(|m| m.remove("status"));
+                Some(p) => {
+                    // The status goes through its subresource, as the recorded writer's did.
+                    let (rest, status) = split_status(p);
                     let mut out = Ok("no change".to_string());
-                    if p.as_object().is_some_and(|m| !m.is_empty()) {
-                        out = self.sim.patch(res, ns, name, &p).map(|v| rv_of(&v).to_string());
+                    if let Some(p) = rest {
+                        out = self
+                            .sim
+                            .patch_stored(res, ns, name, &p, false)
+                            .map(|o| o.rv.to_string());
                     }
                     if let (Some(s), true) = (status, out.is_ok()) {
                         out = self
                             .sim
-                            .patch_status(res, ns, name, &json!({ "status": s }))
-                            .map(|v| rv_of(&v).to_string());
+                            .patch_stored(res, ns, name, &json!({ "status": s }), true)
+                            .map(|o| o.rv.to_string());
                     }
                     out
                 }
             },
-            Change::Deleted => self.sim.delete(res, ns, name).map(|v| rv_of(&v).to_string()),
+            Change::Deleted => self.sim.delete_stored(res, ns, name).map(|o| o.rv.to_string()),
         };
         self.trace(|| {
             let result = match outcome {
@@ -982,17 +1008,23 @@ where
         }
         let deleted = ev.kind == "DELETED";
         let key = key_of_value(&inf.spec.resource, &ev.object);
-        if let Err(e) = inf.feed.apply(deleted, &ev.object) {
-            lock(&self.shared).fail(Oracle::Harness, e);
-        }
+        let typed = match inf.feed.apply(deleted, &ev.object) {
+            Ok(t) => Some(t),
+            Err(e) => {
+                lock(&self.shared).fail(Oracle::Harness, e);
+                None
+            }
+        };
         if deleted {
             inf.db.remove(&key);
         } else {
             inf.db.insert(key.clone(), ev.object.clone());
         }
+        // The primary's typed object goes to the delete handler, a watched kind's to its mapper.
+        let (typed, for_map) = if i == 0 { (typed, None) } else { (None, typed) };
         // A standby's events queue nothing: it reconciles what it has cached on taking over.
         let targets = if r == self.lead {
-            (inf.spec.map)(&ev.object)
+            (inf.spec.map)(&ev.object, for_map)
         } else {
             Vec::new()
         };
@@ -1020,7 +1052,9 @@ where
             if let (Some(handler), Some(ctx), Ok(obj)) = (
                 self.h.on_delete.clone(),
                 self.reps[r].life.ctx.clone(),
-                K::deserialize(&*ev.object),
+                typed
+                    .and_then(|t| t.downcast::<K>().ok())
+                    .map_or_else(|| K::deserialize(&*ev.object), |k| Ok(*k)),
             ) {
                 let mut fut = guard(handler(Arc::new(obj), ctx));
                 match self.guarded(&mut fut).await {
@@ -1954,9 +1988,25 @@ where
 
 #[cfg(test)]
 mod tests {
-    use super::requeue_after;
+    use super::{requeue_after, split_status};
     use kube::runtime::controller::Action;
+    use std::borrow::Cow;
     use std::time::Duration;
+
+    #[test]
+    fn a_recorded_patch_splits_into_the_object_and_its_status() {
+        use serde_json::json;
+        let both = json!({"spec": {"replicas": 2}, "status": {"message": "m"}});
+        let (rest, status) = split_status(&both);
+        assert_eq!(rest.as_deref(), Some(&json!({"spec": {"replicas": 2}})));
+        assert_eq!(status, Some(&json!({"message": "m"})));
+        let spec = json!({"spec": {"replicas": 2}});
+        assert_eq!(split_status(&spec), (Some(Cow::Borrowed(&spec)), None));
+        let only_status = json!({"status": {"message": "m"}});
+        assert_eq!(split_status(&only_status), (None, Some(&json!({"message": "m"}))));
+        assert_eq!(split_status(&json!({})), (None, None));
+        assert_eq!(split_status(&json!(null)), (None, None));
+    }
 
     #[test]
     fn requeue_delays_are_read_back_from_actions() {
