@@ -240,7 +240,10 @@ async fn a_410_while_watching_and_an_rv_regression_each_relist_without_looping()
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    // Said in full: this failed once in CI (2026-11-28, not reproduced since).
+    // This failed once in CI (2026-11-28): the watch open at the restart could still send
+    // `x1` (from the simulated server's watch loop, after its initial events), so the next
+    // watch started past the compaction. `a_watch_open_at_a_restart_never_sends_a_later_change`
+    // pins the fix.
     assert!(
         r.status.borrow().relists >= 1,
         "converged without a relist: {:?}; server {:?}",

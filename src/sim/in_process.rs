@@ -198,3 +198,48 @@ impl Sim {
         Ok(objects.iter().map(|o| st.parsed.of(o)).collect())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http_body_util::{BodyExt, Full};
+    use serde_json::json;
+    use std::time::Duration;
+
+    /// A restart ends every open watch: a change made after it never reaches a watch opened
+    /// before it, even one still sending its initial events to a reader that is behind.
+    #[tokio::test]
+    async fn a_watch_open_at_a_restart_never_sends_a_later_change() {
+        let sim = Sim::in_process(SimConfig::default()).unwrap();
+        // More than the watch's channel holds (16 chunks of 256 KiB): its task waits on it.
+        let data = "x".repeat(300);
+        let cms = (0..20_000)
+            .map(|i| json!({"metadata": {"name": format!("cm-{i}"), "namespace": "default"}, "data": {"k": data}}));
+        sim.bulk_load("configmaps", cms).unwrap();
+        let req = http::Request::get(
+            "/api/v1/namespaces/default/configmaps?watch=1&sendInitialEvents=true\
+             &allowWatchBookmarks=true&resourceVersionMatch=NotOlderThan",
+        )
+        .body(Full::new(Bytes::new()))
+        .unwrap();
+        let resp = sim.handle(req).await;
+        assert_eq!(resp.status(), 200);
+        for _ in 0..100 {
+            tokio::task::yield_now().await;
+        }
+        sim.restart();
+        sim.create("configmaps", Some("default"), json!({"metadata": {"name": "late"}}))
+            .unwrap();
+        let body = tokio::time::timeout(Duration::from_secs(60), resp.into_body().collect())
+            .await
+            .expect("the watch ends after a restart")
+            .expect("the body reads")
+            .to_bytes();
+        let text = String::from_utf8_lossy(&body);
+        assert!(text.contains("\"cm-0\""), "the initial events were sent");
+        assert!(
+            !text.contains("\"late\""),
+            "a change made after the restart reached a watch opened before it"
+        );
+    }
+}

@@ -428,8 +428,9 @@ impl Sim {
         self.shared.lock().compact_to(rv);
     }
 
-    /// Simulate an API server restart: every open watch ends and the history is dropped
-    /// (watches from older revisions get 410); the objects and the revision stay.
+    /// Simulate an API server restart: every open watch ends, without sending anything
+    /// written after the restart, and the history is dropped (watches from older revisions
+    /// get 410); the objects and the revision stay.
     pub fn restart(&self) {
         self.shared.lock().reset_history();
         self.shared.epoch_tx.send_modify(|e| *e += 1);

@@ -424,6 +424,11 @@ pub(super) async fn run_watch(
         // Drain the history after `pos`.
         let drained = {
             let mut st = shared.lock();
+            // A restart ends the watch before it sends anything written after it: the epoch
+            // moves before `restart` returns, so a change in the history after it is seen here.
+            if !matches!(epoch_rx.has_changed(), Ok(false)) {
+                return;
+            }
             st.maintain();
             if pos < st.compact_rv {
                 Err(expired_line(watch_cache, pos, st.compact_rv))
