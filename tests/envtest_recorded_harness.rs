@@ -96,21 +96,42 @@ fn summaries_match(w: &World<'_>) -> Result<(), String> {
 
 /// Records `resource` in `NS` from now on, as watch lines: the (empty) initial state closed by
 /// an `initial-events-end` bookmark, then every event.
-async fn record(client: kube::Client, gvk: GroupVersionKind, plural: &str, lines: Arc<Mutex<Vec<String>>>) {
+/// Records `plural` into `lines` until aborted; what stops it early is put in `failed`, for
+/// the test's waits to report at once instead of timing out.
+async fn record(
+    client: kube::Client,
+    gvk: GroupVersionKind,
+    plural: &'static str,
+    lines: Arc<Mutex<Vec<String>>>,
+    failed: Arc<Mutex<Option<String>>>,
+) {
+    let why = match record_until_ended(client, gvk, plural, lines).await {
+        Ok(()) => format!("the watch of {plural} ended"),
+        Err(e) => format!("recording {plural}: {e}"),
+    };
+    *failed.lock().unwrap() = Some(why);
+}
+
+async fn record_until_ended(
+    client: kube::Client,
+    gvk: GroupVersionKind,
+    plural: &str,
+    lines: Arc<Mutex<Vec<String>>>,
+) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     let ar = ApiResource::from_gvk_with_plural(&gvk, plural);
     let api: Api<DynamicObject> = Api::namespaced_with(client, NS, &ar);
-    let list = api.list(&ListParams::default()).await.expect("list");
+    let list = api.list(&ListParams::default()).await?;
     let rv = list.metadata.resource_version.clone().unwrap_or_default();
-    let typed = |o: &DynamicObject| {
-        let mut v = serde_json::to_value(o).expect("object");
+    let typed = |o: &DynamicObject| -> Result<Value, serde_json::Error> {
+        let mut v = serde_json::to_value(o)?;
         v["apiVersion"] = json!(ar.api_version);
         v["kind"] = json!(ar.kind);
-        v
+        Ok(v)
     };
     {
         let mut l = lines.lock().unwrap();
         for o in &list.items {
-            l.push(json!({"type": "ADDED", "object": typed(o)}).to_string());
+            l.push(json!({"type": "ADDED", "object": typed(o)?}).to_string());
         }
         l.push(
             json!({"type": "BOOKMARK", "object": {"apiVersion": ar.api_version, "kind": ar.kind,
@@ -118,13 +139,9 @@ async fn record(client: kube::Client, gvk: GroupVersionKind, plural: &str, lines
             .to_string(),
         );
     }
-    let mut events = Box::pin(
-        api.watch(&WatchParams::default().timeout(120), &rv)
-            .await
-            .expect("watch"),
-    );
+    let mut events = Box::pin(api.watch(&WatchParams::default().timeout(120), &rv).await?);
     while let Some(ev) = events.next().await {
-        let (kind, o) = match ev.expect("watch event") {
+        let (kind, o) = match ev? {
             WatchEvent::Added(o) => ("ADDED", o),
             WatchEvent::Modified(o) => ("MODIFIED", o),
             WatchEvent::Deleted(o) => ("DELETED", o),
@@ -133,8 +150,9 @@ async fn record(client: kube::Client, gvk: GroupVersionKind, plural: &str, lines
         lines
             .lock()
             .unwrap()
-            .push(json!({"type": kind, "object": typed(&o)}).to_string());
+            .push(json!({"type": kind, "object": typed(&o)?}).to_string());
     }
+    Ok(())
 }
 
 fn owned_by(kind: &str, o: &Value) -> Value {
@@ -190,21 +208,23 @@ async fn workload(client: &kube::Client) -> [usize; 3] {
             create(&pods, pod).await;
         }
     }
-    let merge = |v: Value| Patch::Merge(v);
     let patch = PatchParams::default();
     deploys
-        .patch("web-0", &patch, &merge(json!({"spec": {"replicas": 3}})))
+        .patch("web-0", &patch, &Patch::Merge(json!({"spec": {"replicas": 3}})))
         .await
         .expect("scale");
-    rss.patch("web-0-5d4f", &patch, &merge(json!({"spec": {"replicas": 3}})))
+    rss.patch("web-0-5d4f", &patch, &Patch::Merge(json!({"spec": {"replicas": 3}})))
         .await
         .expect("scale rs");
     deploys
-        .patch("web-1", &patch, &merge(json!({"spec": {"replicas": 2}})))
+        .patch("web-1", &patch, &Patch::Merge(json!({"spec": {"replicas": 2}})))
         .await
         .expect("scale");
     let image = json!({"spec": {"template": {"spec": {"containers": [{"name": "web", "image": "nginx:1.27"}]}}}});
-    deploys.patch("web-2", &patch, &merge(image)).await.expect("image");
+    deploys
+        .patch("web-2", &patch, &Patch::Merge(image))
+        .await
+        .expect("image");
     pods.delete("web-1-5d4f-1", &DeleteParams::default().grace_period(0))
         .await
         .expect("pod");
@@ -239,18 +259,32 @@ async fn a_recording_from_a_real_server_drives_the_harness(server: Server) {
     ];
     let mut recorded = Vec::new();
     let mut tasks = Vec::new();
+    let failed = Arc::new(Mutex::new(None));
     for (gvk, plural) in kinds.clone() {
         let lines = Arc::new(Mutex::new(Vec::new()));
-        tasks.push(tokio::spawn(record(client.clone(), gvk, plural, lines.clone())));
+        tasks.push(tokio::spawn(record(
+            client.clone(),
+            gvk,
+            plural,
+            lines.clone(),
+            failed.clone(),
+        )));
         recorded.push(lines);
     }
+    let recording = || {
+        if let Some(why) = failed.lock().unwrap().as_ref() {
+            panic!("{why}");
+        }
+    };
     // Each recorder has listed and bookmarked before the workload starts.
     eventually("the recorders started", 30, async || {
+        recording();
         recorded.iter().all(|l| !l.lock().unwrap().is_empty()).then_some(())
     })
     .await;
     let want = workload(&client).await;
     eventually("the workload recorded", 30, async || {
+        recording();
         recorded
             .iter()
             .zip(want)
