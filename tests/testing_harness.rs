@@ -78,6 +78,40 @@ fn the_correct_controller_passes_sampled_schedules() {
     assert!(report.faults >= CI_SCHEDULES, "{report}");
 }
 
+/// A time budget stops a check from starting schedules once it has passed and says how many
+/// it skipped; which ran is always the first ones in seed order.
+#[test]
+fn a_time_budget_bounds_a_check_and_says_what_it_skipped() {
+    use std::time::Duration;
+    // No time at all: only the fault-free run, so a bug that needs a fault is not reached.
+    let report = harness(Variant::StaleCache, RECORDING)
+        .expect("harness")
+        .time_budget(Duration::ZERO)
+        .check(50)
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!((report.schedules, report.not_run, report.faults), (1, 50, 0));
+    assert!(
+        report.to_string().ends_with("; 50 not run: the time budget ran out"),
+        "{report}"
+    );
+    // Cut short on the way: far more schedules than 200 ms can run.
+    let report = harness(Variant::Correct, RECORDING)
+        .expect("harness")
+        .time_budget(Duration::from_millis(200))
+        .check(1_000)
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert!(report.not_run > 0, "{report}");
+    assert_eq!(report.schedules - 1 + report.not_run, 1_000, "{report}");
+    // Room to spare: every schedule runs.
+    let report = harness(Variant::Correct, RECORDING)
+        .expect("harness")
+        .time_budget(Duration::from_secs(3600))
+        .check(10)
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!((report.schedules, report.not_run), (11, 0));
+    assert!(!report.to_string().contains("not run"), "{report}");
+}
+
 #[test]
 #[ignore = "long: 1,000 schedules (90 s in a debug build); CI runs the_correct_controller_passes_sampled_schedules"]
 fn the_correct_controller_passes_1000_schedules() {

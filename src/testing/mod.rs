@@ -267,6 +267,9 @@ pub struct Report {
     pub reconciles: u64,
     /// The fault-free run's trace.
     pub baseline_trace: String,
+    /// Schedules asked for that did not run because the
+    /// [`time_budget`](Harness::time_budget) ran out (0 without one).
+    pub not_run: u64,
 }
 
 impl fmt::Display for Report {
@@ -275,7 +278,11 @@ impl fmt::Display for Report {
             f,
             "{} schedules passed ({} faults, {} steps, {} reconciles)",
             self.schedules, self.faults, self.steps, self.reconciles
-        )
+        )?;
+        if self.not_run > 0 {
+            write!(f, "; {} not run: the time budget ran out", self.not_run)?;
+        }
+        Ok(())
     }
 }
 
@@ -578,6 +585,8 @@ pub struct Harness<K, Ctx, E> {
     pub(crate) save_dir: Option<PathBuf>,
     pub(crate) name: String,
     pub(crate) threads: usize,
+    /// Wall time after which a check starts no more schedules.
+    pub(crate) budget: Option<Duration>,
     /// Controller mode: the user's `Controller`, built and run by the harness.
     pub(crate) controller: Option<ControllerFn<Ctx>>,
     /// A leader and a warm standby, with these election timings.
@@ -632,6 +641,7 @@ where
                 .unwrap_or("controller")
                 .to_lowercase(),
             threads: std::thread::available_parallelism().map_or(1, usize::from),
+            budget: None,
             controller: None,
             election: None,
         }
@@ -854,6 +864,26 @@ where
     #[must_use]
     pub fn threads(mut self, n: usize) -> Self {
         self.threads = n.max(1);
+        self
+    }
+
+    /// Wall time a check may take: once it has passed (the fault-free run counted), no
+    /// further schedule starts, and the check reports what ran, with
+    /// [`Report::not_run`] saying how many it skipped (`cargo fuzz`'s `-max_total_time`, Go's
+    /// `-fuzztime`). How many schedules fit depends on the machine; which ran does not:
+    /// always the first ones in seed order, and a failure among them replays by its seed.
+    ///
+    /// ```no_run
+    /// # use durable_informer::testing::Harness;
+    /// # fn f<K: kube::Resource<DynamicType = ()> + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + Sync + 'static, C: Send + Sync + 'static>(h: Harness<K, C, kube::Error>) -> Result<(), Box<dyn std::error::Error>> where K::Scope: 'static {
+    /// use std::time::Duration;
+    /// let report = h.time_budget(Duration::from_secs(30)).check(1_000)?;
+    /// println!("{report}");
+    /// # Ok(()) }
+    /// ```
+    #[must_use]
+    pub fn time_budget(mut self, budget: Duration) -> Self {
+        self.budget = Some(budget);
         self
     }
 

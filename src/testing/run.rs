@@ -1596,6 +1596,7 @@ where
     Ctx: Send + Sync + 'static,
     E: fmt::Display + Send + 'static,
 {
+    let deadline = h.budget.map(|b| std::time::Instant::now() + b);
     let recordings = &h.recordings;
     let base = run_with(
         h,
@@ -1613,6 +1614,7 @@ where
         steps: base.steps,
         reconciles: base.reconciles,
         baseline_trace: base.trace.clone(),
+        not_run: 0,
     };
     if base.failure.is_some() {
         return Err(finish_failure(
@@ -1630,9 +1632,12 @@ where
     let all: Vec<Schedule> = (0..schedules)
         .map(|i| sample(h.first_seed + i, h.kinds, h.max_faults, extent))
         .collect();
-    let (passed, failed) = run_all(h, recordings, &all, &base.end)?;
+    let (passed, failed) = run_all(h, recordings, &all, &base.end, deadline)?;
     for (schedule, t) in all.iter().zip(&passed) {
         report.add(schedule, t);
+    }
+    if failed.is_none() {
+        report.not_run = (all.len() - passed.len()) as u64;
     }
     if let Some((i, out)) = failed {
         let schedule = all[i].clone();
@@ -1677,13 +1682,15 @@ impl Report {
 
 /// Runs `schedules` on [`Harness::threads`] threads, each on its own runtime; returns what
 /// the passing ones before the first failure ran, in order, and that failure (the lowest
-/// index fails, whichever thread got there first): the same answer as one thread's.
+/// index fails, whichever thread got there first): the same answer as one thread's. None
+/// starts after `deadline`.
 #[allow(clippy::type_complexity)]
 fn run_all<K, Ctx, E>(
     h: &Harness<K, Ctx, E>,
     recordings: &[Recording],
     schedules: &[Schedule],
     base: &BTreeMap<String, Value>,
+    deadline: Option<std::time::Instant>,
 ) -> Result<(Vec<Totals>, Option<(usize, Outcome)>), HarnessError>
 where
     K: Resource<DynamicType = ()> + Clone + DeserializeOwned + fmt::Debug + Send + Sync + 'static,
@@ -1702,6 +1709,11 @@ where
     let first_bad = AtomicUsize::new(usize::MAX);
     let done: Mutex<Vec<Option<Done>>> = Mutex::new((0..n).map(|_| None).collect());
     let work = || loop {
+        // Past the budget no schedule starts; one taken is run to its end. Indexes are
+        // taken in order, so what ran is a prefix of `schedules`.
+        if deadline.is_some_and(|d| std::time::Instant::now() >= d) {
+            return;
+        }
         let i = next.fetch_add(1, Ordering::Relaxed);
         if i >= n || i > first_bad.load(Ordering::Relaxed) {
             return;
@@ -1816,6 +1828,7 @@ where
     Ctx: Send + Sync + 'static,
     E: fmt::Display + Send + 'static,
 {
+    let deadline = h.budget.map(|b| std::time::Instant::now() + b);
     let recordings = &h.recordings;
     let seed = h.first_seed;
     let base = run_with(
@@ -1834,6 +1847,7 @@ where
         steps: base.steps,
         reconciles: base.reconciles,
         baseline_trace: base.trace.clone(),
+        not_run: 0,
     };
     if base.failure.is_some() {
         return Err(finish_failure(
@@ -1855,9 +1869,12 @@ where
             faults: vec![fault],
         })
         .collect();
-    let (passed, failed) = run_all(h, recordings, &all, &base.end)?;
+    let (passed, failed) = run_all(h, recordings, &all, &base.end, deadline)?;
     for (schedule, t) in all.iter().zip(&passed) {
         report.add(schedule, t);
+    }
+    if failed.is_none() {
+        report.not_run = (all.len() - passed.len()) as u64;
     }
     if let Some((i, out)) = failed {
         report.schedules += 1;
