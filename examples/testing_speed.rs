@@ -11,7 +11,9 @@
 //! ```
 //!
 //! `testing_speed_mimalloc` is the same with mimalloc as the global allocator, as a test
-//! binary may choose (docs/testing-controllers.md has both).
+//! binary may choose (docs/testing-controllers.md has both). With `TESTING_SPEED_BUDGET=S`
+//! the check gets a [time budget](durable_informer::testing::Harness::time_budget) of `S`
+//! seconds and prints how many schedules fit in it.
 
 #![allow(missing_docs)] // an example
 #![allow(clippy::disallowed_names)] // `Foo` is the resource sample-controller is about
@@ -89,6 +91,10 @@ pub(crate) fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut h = sample::harness(sample::Variant::Correct, path.to_str().ok_or("path")?)?;
     if let Some(n) = threads {
         h = h.threads(n);
+    }
+    if let Some(secs) = std::env::var_os("TESTING_SPEED_BUDGET") {
+        let secs: f64 = secs.to_str().ok_or("TESTING_SPEED_BUDGET")?.parse()?;
+        h = h.time_budget(std::time::Duration::try_from_secs_f64(secs)?);
     }
     if list {
         h = h.invariant("at most one Deployment per Foo (listed)", |w| {
