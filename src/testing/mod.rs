@@ -872,6 +872,7 @@ where
     /// [`Report::not_run`] saying how many it skipped (`cargo fuzz`'s `-max_total_time`, Go's
     /// `-fuzztime`). How many schedules fit depends on the machine; which ran does not:
     /// always the first ones in seed order, and a failure among them replays by its seed.
+    /// Shrinking a failure found is not cut short.
     ///
     /// ```no_run
     /// # use durable_informer::testing::Harness;
