@@ -438,8 +438,8 @@ where
 
 /// A typed informer cache the harness fills.
 pub(crate) trait Feed: Send {
-    /// An ADDED/MODIFIED (`deleted` false) or DELETED event.
-    /// Applies one event; gives back the object as decoded (a `T`), for the watch's mapper.
+    /// Applies an ADDED/MODIFIED (`deleted` false) or DELETED event; gives back the object
+    /// as decoded (a `T`), for the watch's mapper or the delete handler.
     fn apply(&mut self, deleted: bool, object: &Value) -> Result<Box<dyn Any + Send>, String>;
     /// A relist: the cache becomes exactly `objects`.
     fn reset(&mut self, objects: &[Arc<Value>]) -> Result<(), String>;
