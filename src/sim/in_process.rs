@@ -241,5 +241,28 @@ mod tests {
             !text.contains("\"late\""),
             "a change made after the restart reached a watch opened before it"
         );
+
+        // A watch asked for before the restart whose task had not yet read the state: it ends
+        // without sending the state after the restart.
+        let req = http::Request::get(
+            "/api/v1/namespaces/default/configmaps?watch=1&sendInitialEvents=true\
+             &allowWatchBookmarks=true&resourceVersionMatch=NotOlderThan",
+        )
+        .body(Full::new(Bytes::new()))
+        .unwrap();
+        let resp = sim.handle(req).await;
+        assert_eq!(resp.status(), 200);
+        sim.restart();
+        sim.create("configmaps", Some("default"), json!({"metadata": {"name": "later"}}))
+            .unwrap();
+        let body = tokio::time::timeout(Duration::from_secs(60), resp.into_body().collect())
+            .await
+            .expect("the watch ends after a restart")
+            .expect("the body reads")
+            .to_bytes();
+        assert!(
+            !String::from_utf8_lossy(&body).contains("\"later\""),
+            "a watch asked for before the restart listed the state after it"
+        );
     }
 }

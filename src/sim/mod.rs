@@ -432,7 +432,9 @@ impl Sim {
     /// written after the restart, and the history is dropped (watches from older revisions
     /// get 410); the objects and the revision stay.
     pub fn restart(&self) {
-        self.shared.lock().reset_history();
+        let mut st = self.shared.lock();
+        st.reset_history();
+        // Under the state's lock: a watch reading the state after this sees the restart.
         self.shared.epoch_tx.send_modify(|e| *e += 1);
     }
 
@@ -447,9 +449,9 @@ impl Sim {
         let rv = {
             let mut st = self.shared.lock();
             st.restore(backup);
+            self.shared.epoch_tx.send_modify(|e| *e += 1);
             st.rv
         };
-        self.shared.epoch_tx.send_modify(|e| *e += 1);
         self.shared.notify(rv);
     }
 

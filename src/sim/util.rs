@@ -133,6 +133,20 @@ fn index_token(token: &str) -> Option<usize> {
     token.parse().ok()
 }
 
+/// One pointer token's step into `v`.
+fn child<'a>(v: &'a serde_json::Value, token: &str) -> Option<&'a serde_json::Value> {
+    match v {
+        serde_json::Value::Object(m) => m.get(token),
+        serde_json::Value::Array(a) => index_token(token).and_then(|i| a.get(i)),
+        _ => None,
+    }
+}
+
+/// The value at a field path (`spec.nodeName`): the pointer's tokens, split at dots.
+pub(crate) fn at_dotted<'a>(v: &'a serde_json::Value, path: &str) -> Option<&'a serde_json::Value> {
+    path.split('.').try_fold(v, child)
+}
+
 impl JsonAt for serde_json::Value {
     fn at(&self, path: &str) -> Option<&serde_json::Value> {
         if path.contains('~') {
@@ -141,11 +155,7 @@ impl JsonAt for serde_json::Value {
         if path.is_empty() {
             return Some(self);
         }
-        path.strip_prefix('/')?.split('/').try_fold(self, |v, token| match v {
-            serde_json::Value::Object(m) => m.get(token),
-            serde_json::Value::Array(a) => index_token(token).and_then(|i| a.get(i)),
-            _ => None,
-        })
+        path.strip_prefix('/')?.split('/').try_fold(self, child)
     }
 
     fn at_mut(&mut self, path: &str) -> Option<&mut serde_json::Value> {

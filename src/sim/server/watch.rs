@@ -340,6 +340,13 @@ impl Sink {
     }
 }
 
+/// Whether the server restarted (or a backup was restored) since the watch began. Read with
+/// the state's lock held, which the restart moves the epoch under: a watch then sends nothing
+/// written after the restart.
+fn restarted(epoch_rx: &tokio::sync::watch::Receiver<u64>) -> bool {
+    !matches!(epoch_rx.has_changed(), Ok(false))
+}
+
 pub(super) async fn run_watch(
     shared: Arc<Shared>,
     plan: WatchPlan,
@@ -379,6 +386,9 @@ pub(super) async fn run_watch(
         Start::Initial { end_bookmark } => {
             let (objs, rv) = {
                 let mut st = shared.lock();
+                if restarted(&epoch_rx) {
+                    return;
+                }
                 st.maintain();
                 let rv = st.rv;
                 let objs: Vec<Arc<Obj>> = st.snapshot_iter(plan.res, rv, &prefix, "").collect();
@@ -424,9 +434,7 @@ pub(super) async fn run_watch(
         // Drain the history after `pos`.
         let drained = {
             let mut st = shared.lock();
-            // A restart ends the watch before it sends anything written after it: the epoch
-            // moves before `restart` returns, so a change in the history after it is seen here.
-            if !matches!(epoch_rx.has_changed(), Ok(false)) {
+            if restarted(&epoch_rx) {
                 return;
             }
             st.maintain();

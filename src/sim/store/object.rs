@@ -1,5 +1,6 @@
 //! One stored object version, the events of the history, and building objects from request bodies.
 
+use crate::sim::util::at_dotted;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Instant;
@@ -301,15 +302,6 @@ fn merge_list(cur: &mut Vec<Value>, items: &[Value], key: &str) {
             (None, false) => cur.push(strip_directives(item)),
         }
     }
-}
-
-/// The value at a field path (`spec.nodeName`): JSON pointer tokens split at dots.
-fn at_dotted<'a>(v: &'a Value, path: &str) -> Option<&'a Value> {
-    path.split('.').try_fold(v, |cur, token| match cur {
-        Value::Object(m) => m.get(token),
-        Value::Array(a) => token.parse::<usize>().ok().and_then(|i| a.get(i)),
-        _ => None,
-    })
 }
 
 /// Serialize an object (kind/apiVersion first) and extract its index.
