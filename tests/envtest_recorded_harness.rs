@@ -94,8 +94,6 @@ fn summaries_match(w: &World<'_>) -> Result<(), String> {
     Ok(())
 }
 
-/// Records `resource` in `NS` from now on, as watch lines: the (empty) initial state closed by
-/// an `initial-events-end` bookmark, then every event.
 /// Records `plural` into `lines` until aborted; what stops it early is put in `failed`, for
 /// the test's waits to report at once instead of timing out.
 async fn record(
@@ -112,6 +110,8 @@ async fn record(
     *failed.lock().unwrap() = Some(why);
 }
 
+/// Records `plural` in `NS` from now on, as watch lines: the (empty) initial state closed by
+/// an `initial-events-end` bookmark, then every event.
 async fn record_until_ended(
     client: kube::Client,
     gvk: GroupVersionKind,
