@@ -3,14 +3,22 @@
 //! `Harness::for_controller` against the Foo recording. Its informers keep their caches in a
 //! real redb file: a crash drops the controller, and the restart opens the same file.
 //!
-//! Two variants: `correct`, and `crash-create`, with a planted bug of Sieve's class
-//! "non-idempotent create after a crash": the Deployment gets a generated name, remembered in
-//! the Foo's status only after the create; a crash in between forgets a Deployment that
-//! exists, and the restarted controller makes a second one.
+//! Three variants: `correct`, and two with a planted bug each:
+//!
+//! * `crash-create`, Sieve's class "non-idempotent create after a crash": the Deployment gets
+//!   a generated name, remembered in the Foo's status only after the create; a crash in
+//!   between forgets a Deployment that exists, and the restarted controller makes a second
+//!   one;
+//! * `stale-cache`, Sieve's "stale read": the controller builds its Deployment informer
+//!   itself (`Harness::for_controller_with`, as a `main` that keeps the informer's reader
+//!   does), looks its Deployment up in that cache and creates one with a generated name when
+//!   the cache shows none. A delayed Deployment informer, or a restart against a server whose
+//!   watch cache is behind (time travel), makes a second one.
 //!
 //! ```text
 //! cargo run --features testing --example testing_controller -- correct 50
 //! cargo run --features testing --example testing_controller -- crash-create boundaries
+//! cargo run --features testing --example testing_controller -- stale-cache 50
 //! ```
 
 #![allow(missing_docs)] // an example; its items are described in the module docs
@@ -24,7 +32,8 @@ pub mod sample;
 use std::sync::Arc;
 use std::time::Duration;
 
-use durable_informer::controller::{Action, Controller};
+use durable_informer::controller::{Action, Controller, Relation};
+use durable_informer::informer::{Informer, Reader};
 use durable_informer::store::DurableStore;
 use durable_informer::testing::{Env, Harness, Recording};
 use k8s_openapi::api::apps::v1::Deployment;
@@ -40,11 +49,14 @@ pub use sample::Foo;
 pub enum Bug {
     None,
     CrashCreate,
+    StaleCache,
 }
 
 pub struct Ctx {
     pub client: kube::Client,
     pub bug: Bug,
+    /// The Deployment informer's cache (`stale-cache` only).
+    pub deployments: Option<Reader<Deployment>>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -84,7 +96,16 @@ fn remembered(foo: &Foo, ctx: &Ctx) -> Option<String> {
     match ctx.bug {
         Bug::None => Some(foo.spec.deployment_name.clone()),
         Bug::CrashCreate => foo.status.as_ref().and_then(|s| s.deployment.clone()),
+        Bug::StaleCache => cached(foo, ctx).map(|d| d.name_any()),
     }
+}
+
+/// The Deployment labelled for `foo` in the informer's cache (`stale-cache`).
+fn cached(foo: &Foo, ctx: &Ctx) -> Option<Arc<Deployment>> {
+    let name = foo.name_any();
+    ctx.deployments
+        .as_ref()?
+        .find(|d| d.namespace() == foo.namespace() && d.labels().get(sample::LABEL) == Some(&name))
 }
 
 async fn cleanup(foo: Arc<Foo>, ctx: &Ctx) -> Result<Action, Error> {
@@ -108,15 +129,21 @@ async fn apply(foo: Arc<Foo>, ctx: &Ctx) -> Result<Action, Error> {
     }
     // The status as the server has it now (the cached Foo may not show the name yet).
     let foo = match ctx.bug {
-        Bug::None => foo,
+        Bug::None | Bug::StaleCache => foo,
         Bug::CrashCreate => Arc::new(foos.get(&foo.name_any()).await.map_err(err)?),
     };
-    let existing = match remembered(&foo, ctx) {
-        Some(name) => deployments.get_opt(&name).await.map_err(err)?,
-        None => None,
+    let existing = match (ctx.bug, remembered(&foo, ctx)) {
+        // BUG: trusts the cache, which may not show the Deployment created a moment ago.
+        (Bug::StaleCache, _) => cached(&foo, ctx).map(|d| (*d).clone()),
+        (_, Some(name)) => deployments.get_opt(&name).await.map_err(err)?,
+        (_, None) => None,
     };
     let deployment = match existing {
         Some(d) => d,
+        None if ctx.bug == Bug::StaleCache => deployments
+            .create(&PostParams::default(), &sample::deployment_for(&foo, None, true))
+            .await
+            .map_err(err)?,
         None if ctx.bug == Bug::CrashCreate => {
             // BUG: the generated name is remembered only after the create.
             let d = deployments
@@ -148,16 +175,52 @@ async fn apply(foo: Arc<Foo>, ctx: &Ctx) -> Result<Action, Error> {
             .await
             .map_err(err)?;
     }
+    if ctx.bug == Bug::StaleCache {
+        // The Deployment's state in the Foo's status, as sample-controller keeps it.
+        let available = deployment
+            .status
+            .as_ref()
+            .and_then(|s| s.available_replicas)
+            .unwrap_or(0);
+        if foo.status.as_ref().and_then(|s| s.available_replicas) != Some(available) {
+            let patch = json!({"metadata": {"resourceVersion": foo.resource_version()},
+                "status": {"availableReplicas": available}});
+            foos.patch_status(&foo.name_any(), &PatchParams::default(), &Patch::Merge(&patch))
+                .await
+                .map_err(err)?;
+        }
+    }
     Ok(Action::requeue(Duration::from_secs(300)))
+}
+
+/// The `stale-cache` controller as its `main` builds it: the Deployment informer first, so
+/// the context keeps its reader.
+pub async fn stale_cache_setup(env: Env) -> Result<(Controller<Foo>, Ctx), Box<dyn std::error::Error + Send + Sync>> {
+    let db = env.database().ok_or("no database")?;
+    let deployments = Informer::from_api(&db, Api::<Deployment>::all(env.client()))
+        .build()
+        .await?;
+    let ctx = Ctx {
+        client: env.client(),
+        bug: Bug::StaleCache,
+        deployments: Some(deployments.reader()),
+    };
+    let c = Controller::new(&db, Api::<Foo>::all(env.client()), Default::default())
+        .owns_informer(deployments, Relation::default());
+    Ok((c, ctx))
 }
 
 /// The harness for the controller above, with the sample's checks.
 pub fn harness(bug: Bug, recording: &str) -> Result<Harness<Foo, Ctx, Error>, Box<dyn std::error::Error>> {
-    let h = Harness::for_controller(controller, reconcile, error_policy, move |env: &Env| Ctx {
-        client: env.client(),
-        bug,
-    })
-    .recording(Recording::open(recording)?);
+    let h = match bug {
+        Bug::StaleCache => Harness::for_controller_with(stale_cache_setup, reconcile, error_policy),
+        _ => Harness::for_controller(controller, reconcile, error_policy, move |env: &Env| Ctx {
+            client: env.client(),
+            bug,
+            deployments: None,
+        }),
+    };
+    let h = h.recording(Recording::open(recording)?);
     Ok(sample::checks(h))
 }
 
@@ -169,7 +232,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let bug = match name.as_str() {
         "correct" => Bug::None,
         "crash-create" => Bug::CrashCreate,
-        other => return Err(format!("unknown variant {other:?}: correct or crash-create").into()),
+        "stale-cache" => Bug::StaleCache,
+        other => return Err(format!("unknown variant {other:?}: correct, crash-create or stale-cache").into()),
     };
     let recording = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/recordings/foos.jsonl");
     let start = std::time::Instant::now();

@@ -289,6 +289,68 @@ fn a_planted_bug_in_the_shipped_controller_is_found_after_a_restart_from_its_dat
     assert!(trace.contains("hold the same key"), "{trace}");
 }
 
+/// Sieve's stale read in the shipped controller: its Deployment informer (informer 1; 0 is
+/// the Foos) held back while the Foos move on, so its cache shows no Deployment for a Foo
+/// that has one, and the controller creates a second.
+#[test]
+fn a_stale_cache_bug_in_the_shipped_controller_is_found_by_a_delayed_informer() {
+    let h = shipped::harness(shipped::Bug::StaleCache, RECORDING).expect("harness");
+    let schedule = Schedule {
+        seed: 1,
+        faults: vec![Fault::Delay {
+            at: 1,
+            informer: 1,
+            steps: 10,
+        }],
+    };
+    let (trace, failure) = h.run(&schedule).expect("run");
+    let f = failure.unwrap_or_else(|| panic!("not found:\n{trace}"));
+    assert_eq!(f.oracle, Oracle::Invariant, "{f}");
+    assert!(f.detail.contains("at most one Deployment per Foo"), "{f}");
+    assert!(
+        trace.contains("deployments.apps: watch events held until step 11"),
+        "{trace}"
+    );
+    // (Without a fault it may show too, when a Foo's event overtakes its Deployment's: two
+    // informers, two streams. The delay makes it certain.)
+    // The correct controller reads its Deployment from the server: the same delay is harmless.
+    let correct = shipped::harness(shipped::Bug::None, RECORDING).expect("harness");
+    let (trace, failure) = correct.run(&schedule).expect("run");
+    assert!(failure.is_none(), "{trace}");
+    assert!(trace.contains("watch events flow again"), "{trace}");
+}
+
+/// Sieve's time travel in the shipped controller: restarted from an empty database against a
+/// server whose watch cache is behind, it lists Deployments as they were and makes a second
+/// one for a Foo whose Deployment the old state does not show.
+#[test]
+fn a_stale_cache_bug_in_the_shipped_controller_is_found_by_time_travel() {
+    let h = shipped::harness(shipped::Bug::StaleCache, RECORDING).expect("harness");
+    let correct = shipped::harness(shipped::Bug::None, RECORDING).expect("harness");
+    let found = (2..=8).find_map(|at| {
+        let schedule = Schedule {
+            seed: 1,
+            faults: vec![Fault::Crash {
+                at,
+                restart: Restart::TimeTravel { behind: 6 },
+            }],
+        };
+        let (trace, failure) = correct.run(&schedule).expect("run");
+        assert!(failure.is_none(), "{trace}");
+        let (trace, failure) = h.run(&schedule).expect("run");
+        failure.filter(|f| f.oracle == Oracle::Invariant).map(|_| trace)
+    });
+    let trace = found.expect("a restart against a server behind makes a second Deployment");
+    assert!(
+        trace.contains("start controller TimeTravel { behind: 6 }: database 2"),
+        "{trace}"
+    );
+    assert!(
+        trace.contains("deployments.apps: listed by a server behind, at rv"),
+        "{trace}"
+    );
+}
+
 /// A leader and a warm standby: a schedule with both kinds of hand-over (one in the middle of
 /// a reconcile) and the standby's Deployment informer delayed.
 fn hand_over_schedule(seed: u64) -> Schedule {

@@ -206,6 +206,80 @@ mod tests {
     use serde_json::json;
     use std::time::Duration;
 
+    /// A streaming list that reaches a lagging watch cache lists the state at the cache's
+    /// revision, then sends the changes after it; without the mark it lists the current state.
+    #[cfg(feature = "testing")]
+    #[tokio::test]
+    async fn a_lagging_cache_lists_an_older_state_then_catches_up() {
+        let sim = Sim::in_process(SimConfig::default()).unwrap();
+        sim.create(
+            "configmaps",
+            Some("default"),
+            json!({"metadata": {"name": "a"}, "data": {"v": "1"}}),
+        )
+        .unwrap();
+        sim.create("configmaps", Some("default"), json!({"metadata": {"name": "b"}}))
+            .unwrap();
+        let at = sim.current_rv();
+        sim.patch("configmaps", Some("default"), "a", &json!({"data": {"v": "2"}}))
+            .unwrap();
+        sim.delete("configmaps", Some("default"), "b").unwrap();
+        let now = sim.current_rv();
+        let list = |lagging: bool| {
+            let mut req = http::Request::get(
+                "/api/v1/namespaces/default/configmaps?watch=1&sendInitialEvents=true\
+                 &allowWatchBookmarks=true&resourceVersionMatch=NotOlderThan&timeoutSeconds=1",
+            )
+            .body(Full::new(Bytes::new()))
+            .unwrap();
+            if lagging {
+                req.extensions_mut().insert(crate::sim::LaggingCache(at));
+            }
+            let sim = &sim;
+            async move {
+                let body = sim.handle(req).await.into_body().collect().await.unwrap().to_bytes();
+                String::from_utf8_lossy(&body)
+                    .lines()
+                    .map(|l| {
+                        let e: Value = serde_json::from_str(l).unwrap();
+                        let o = &e["object"];
+                        format!(
+                            "{} {} {} {}",
+                            e["type"].as_str().unwrap(),
+                            o["metadata"]["name"].as_str().unwrap_or("-"),
+                            o["metadata"]["resourceVersion"].as_str().unwrap(),
+                            o["data"]["v"].as_str().unwrap_or("-"),
+                        )
+                    })
+                    .filter(|l| {
+                        !l.starts_with("BOOKMARK") || l.contains(&format!(" {at} ")) || l.contains(&format!(" {now} "))
+                    })
+                    .collect::<Vec<_>>()
+            }
+        };
+        let lagging = list(true).await;
+        assert_eq!(
+            &lagging[..3],
+            [
+                format!("ADDED a {} 1", at - 1),
+                format!("ADDED b {at} -"),
+                format!("BOOKMARK - {at} -"),
+            ],
+            "{lagging:?}"
+        );
+        assert_eq!(
+            &lagging[3..5],
+            [format!("MODIFIED a {} 2", at + 1), format!("DELETED b {now} -")],
+            "{lagging:?}"
+        );
+        let current = list(false).await;
+        assert_eq!(
+            &current[..2],
+            [format!("ADDED a {} 2", at + 1), format!("BOOKMARK - {now} -")],
+            "{current:?}"
+        );
+    }
+
     /// A restart ends every open watch: a change made after it never reaches a watch opened
     /// before it, even one still sending its initial events to a reader that is behind.
     #[tokio::test]

@@ -87,6 +87,8 @@ pub use store::{Backup, Prebuilt};
 
 #[cfg(feature = "testing")]
 pub(crate) use in_process::HistoryEvent;
+#[cfg(feature = "testing")]
+pub(crate) use server::LaggingCache;
 use store::{State, Window};
 
 /// Errors of the simulated server's handle.

@@ -137,6 +137,12 @@ pub(crate) struct RunShared {
     pub reconciled: Vec<Reconciled>,
     /// The controller's watches by resource (controller mode).
     pub watches: HashMap<String, Watching>,
+    /// Controller mode: resources whose watches send nothing for now (a delayed informer),
+    /// with the wakers of their streams waiting.
+    pub held: HashMap<String, Vec<std::task::Waker>>,
+    /// Controller mode, after a time-travel restart: the revision the lagging server's
+    /// watch cache is at, and the resources whose first streaming list it has answered.
+    pub lagging: Option<(u64, HashSet<String>)>,
     /// With a standby: the Lease and the replicas' identities.
     pub lease: Option<LeaseName>,
     /// Cut the writer off from the server right after this write (a hand-over).
@@ -179,6 +185,8 @@ impl RunShared {
             inflight: 0,
             reconciled: Vec::new(),
             watches: HashMap::new(),
+            held: HashMap::new(),
+            lagging: None,
             lease: None,
             stall_after_write: None,
             reconciling: None,
@@ -352,8 +360,11 @@ impl RunShared {
     /// Whether every resource the controller watched has a watch open that has sent
     /// everything up to now (controller mode: nothing is on its way to the controller).
     pub(crate) fn watches_caught_up(&self, sim: &Sim) -> bool {
+        // A held watch (a delayed informer) is behind on purpose: the controller is idle as
+        // far as what it was shown goes.
         self.watches
             .iter()
+            .filter(|(res, _)| !self.held.contains_key(*res))
             .all(|(res, w)| w.open > 0 && sim.events_after(res, w.at, 1).is_ok_and(|e| e.is_empty()))
     }
 }
@@ -629,7 +640,24 @@ impl InProcess {
             .and_then(|q| q.split('&').find_map(|kv| kv.strip_prefix("resourceVersion=")))
             .and_then(|v| v.parse().ok())
             .unwrap_or(0);
-        let resp = self.sim.handle(Request::from_parts(parts, Full::new(body))).await;
+        let streaming_list = parts
+            .uri
+            .query()
+            .is_some_and(|q| q.split('&').any(|kv| kv == "sendInitialEvents=true"));
+        let mut req = Request::from_parts(parts, Full::new(body));
+        if streaming_list {
+            let mut sh = lock(&self.shared);
+            if let Some((at, listed)) = &mut sh.lagging {
+                // Only the first list of each resource: the lagging cache catches up after.
+                if listed.insert(resource.clone()) {
+                    req.extensions_mut().insert(crate::sim::LaggingCache(*at));
+                    let at = *at;
+                    sh.trace
+                        .push(format_args!("  {resource}: listed by a server behind, at rv {at}"));
+                }
+            }
+        }
+        let resp = self.sim.handle(req).await;
         let shared = self.shared.clone();
         let mut partial: Vec<u8> = Vec::new();
         {
@@ -646,32 +674,86 @@ impl InProcess {
             resource: resource.clone(),
             counted: resp.status().is_success(),
         };
+        let held_shared = shared.clone();
+        let held_resource = resource.clone();
         resp.map(move |b| {
-            b.map_frame(move |f| {
-                let _open = &open;
-                if let Some(d) = f.data_ref() {
-                    partial.extend_from_slice(d);
-                    let mut sh = lock(&shared);
-                    sh.served += 1;
-                    while let Some(i) = partial.iter().position(|c| *c == b'\n') {
-                        let line: Vec<u8> = partial.drain(..=i).collect();
-                        let Ok(ev) = serde_json::from_slice::<Value>(&line) else {
-                            continue;
-                        };
-                        let kind = ev.get("type").and_then(Value::as_str).unwrap_or("");
-                        if let (Some(o), true) = (ev.get("object"), matches!(kind, "ADDED" | "MODIFIED" | "DELETED")) {
-                            let rv = rv_of(o);
-                            if let Some(w) = sh.watches.get_mut(&resource) {
-                                w.at = w.at.max(rv);
+            let body = b
+                .map_frame(move |f| {
+                    let _open = &open;
+                    if let Some(d) = f.data_ref() {
+                        partial.extend_from_slice(d);
+                        let mut sh = lock(&shared);
+                        sh.served += 1;
+                        while let Some(i) = partial.iter().position(|c| *c == b'\n') {
+                            let line: Vec<u8> = partial.drain(..=i).collect();
+                            let Ok(ev) = serde_json::from_slice::<Value>(&line) else {
+                                continue;
+                            };
+                            let kind = ev.get("type").and_then(Value::as_str).unwrap_or("");
+                            if let (Some(o), true) =
+                                (ev.get("object"), matches!(kind, "ADDED" | "MODIFIED" | "DELETED"))
+                            {
+                                let rv = rv_of(o);
+                                if let Some(w) = sh.watches.get_mut(&resource) {
+                                    w.at = w.at.max(rv);
+                                }
+                                sh.saw(0, key_of_value(&resource, o), Arc::new(o.clone()));
                             }
-                            sh.saw(0, key_of_value(&resource, o), Arc::new(o.clone()));
                         }
                     }
-                }
-                f
-            })
+                    f
+                })
+                .boxed_unsync();
+            Held {
+                inner: body,
+                shared: held_shared,
+                resource: held_resource,
+            }
             .boxed_unsync()
         })
+    }
+}
+
+/// A watch's body that sends nothing while its resource is held (a delayed informer, in
+/// controller mode): the server's events wait behind it, in order.
+struct Held {
+    inner: UnsyncBoxBody<Bytes, std::io::Error>,
+    shared: Arc<Mutex<RunShared>>,
+    resource: String,
+}
+
+impl hyper::body::Body for Held {
+    type Data = Bytes;
+    type Error = std::io::Error;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<hyper::body::Frame<Bytes>, std::io::Error>>> {
+        {
+            let mut sh = lock(&self.shared);
+            if let Some(waiting) = sh.held.get_mut(&self.resource) {
+                if !waiting.iter().any(|w| w.will_wake(cx.waker())) {
+                    waiting.push(cx.waker().clone());
+                }
+                return Poll::Pending;
+            }
+        }
+        std::pin::Pin::new(&mut self.inner).poll_frame(cx)
+    }
+}
+
+impl RunShared {
+    /// Holds `resource`'s watches: they send nothing until [`release`](Self::release).
+    pub(crate) fn hold(&mut self, resource: &str) {
+        self.held.entry(resource.to_string()).or_default();
+    }
+
+    /// Lets `resource`'s watches send again (what waited arrives in order).
+    pub(crate) fn release(&mut self, resource: &str) {
+        for w in self.held.remove(resource).unwrap_or_default() {
+            w.wake();
+        }
     }
 }
 

@@ -287,9 +287,10 @@ impl fmt::Display for Report {
 }
 
 /// What a controller's context is built from, at each (re)start.
+#[derive(Clone)]
 pub struct Env {
     client: kube::Client,
-    stores: HashMap<TypeId, Box<dyn Any + Send + Sync>>,
+    stores: Arc<HashMap<TypeId, Box<dyn Any + Send + Sync>>>,
     db: Option<Arc<DurableStore>>,
     leadership: Leadership,
 }
@@ -534,9 +535,13 @@ pub(crate) enum Reconciled {
     Other(String),
 }
 
-/// Builds and runs the user's controller on a database and a client, with a context.
-pub(crate) type ControllerFn<Ctx> = Arc<
-    dyn Fn(&Arc<DurableStore>, kube::Client, Arc<Ctx>) -> (WorkQueue<ObjectKey>, BoxStream<'static, Reconciled>)
+/// Builds a controller's context at each start.
+pub(crate) type ContextFn<Ctx> = Arc<dyn Fn(&Env) -> Ctx + Send + Sync>;
+
+/// Builds the user's controller and its context from an [`Env`] (its database and client)
+/// and runs it: its queue, and what its `run` stream reports. An error is the setup's.
+pub(crate) type ControllerFn = Arc<
+    dyn Fn(Env) -> BoxFuture<'static, Result<(WorkQueue<ObjectKey>, BoxStream<'static, Reconciled>), String>>
         + Send
         + Sync,
 >;
@@ -566,7 +571,8 @@ type DeleteFn<K, Ctx> = Arc<dyn Fn(Arc<K>, Arc<Ctx>) -> BoxFuture<'static, ()> +
 pub struct Harness<K, Ctx, E> {
     pub(crate) reconcile: ReconcileFn<K, Ctx, E>,
     pub(crate) error_policy: ErrorPolicyFn<K, Ctx, E>,
-    pub(crate) context: Arc<dyn Fn(&Env) -> Ctx + Send + Sync>,
+    /// `None` in controller mode with a setup function, which builds the context itself.
+    pub(crate) context: Option<ContextFn<Ctx>>,
     pub(crate) on_delete: Option<DeleteFn<K, Ctx>>,
     pub(crate) recordings: Vec<Recording>,
     pub(crate) resources: Vec<ResourceDef>,
@@ -588,7 +594,7 @@ pub struct Harness<K, Ctx, E> {
     /// Wall time after which a check starts no more schedules.
     pub(crate) budget: Option<Duration>,
     /// Controller mode: the user's `Controller`, built and run by the harness.
-    pub(crate) controller: Option<ControllerFn<Ctx>>,
+    pub(crate) controller: Option<ControllerFn>,
     /// A leader and a warm standby, with these election timings.
     pub(crate) election: Option<LeaderElectionConfig>,
 }
@@ -610,6 +616,15 @@ where
         P: Fn(Arc<K>, &E, Arc<Ctx>) -> Action + Send + Sync + 'static,
         C: Fn(&Env) -> Ctx + Send + Sync + 'static,
     {
+        Self::base(reconcile, error_policy, Some(Arc::new(context)))
+    }
+
+    fn base<R, RF, P>(reconcile: R, error_policy: P, context: Option<ContextFn<Ctx>>) -> Self
+    where
+        R: Fn(Arc<K>, Arc<Ctx>) -> RF + Send + Sync + 'static,
+        RF: Future<Output = Result<Action, E>> + Send + 'static,
+        P: Fn(Arc<K>, &E, Arc<Ctx>) -> Action + Send + Sync + 'static,
+    {
         let primary = watch_spec::<K>(Arc::new(|v: &Value, _: Option<Box<dyn Any + Send>>| {
             let ns = v.at("/metadata/namespace").and_then(Value::as_str).map(str::to_owned);
             let name = v.at("/metadata/name").and_then(Value::as_str).unwrap_or("");
@@ -618,7 +633,7 @@ where
         Self {
             reconcile: Arc::new(move |k, c| boxed_in_place(|| reconcile(k, c))),
             error_policy: Arc::new(error_policy),
-            context: Arc::new(context),
+            context,
             on_delete: None,
             recordings: Vec::new(),
             resources: Vec::new(),
@@ -966,8 +981,13 @@ where
     /// step releases one recorded change and waits until the controller is idle (its queue
     /// empty, no request in flight, nothing sent for a few milliseconds of real time). The
     /// faults injected at those boundaries are crashes (from the database, empty), a crash
-    /// right after a write, and a relist (every watch ends with 410); the others are traced
-    /// and skipped. Retries the error policy asks for come back at once (20 ms at most);
+    /// right after a write, a relist (every watch ends with 410), time travel (a restart from
+    /// an empty database against a server whose watch cache is behind: each resource's first
+    /// streaming list answers that older state, then its events catch up) and a delayed
+    /// informer (its resource's watches send nothing for that many steps; informer 0 is the
+    /// primary resource, then the others the controller watches, by name). Duplicate
+    /// deliveries and hand-overs are not drawn: this crate's informer drops an event it already
+    /// holds, and one controller runs here. Retries the error policy asks for come back at once (20 ms at most);
     /// requeues of successful reconciles do not fire (the run is on real time). Two runs of a
     /// schedule give the same boundaries; the order of writes within one may differ when
     /// several reconciles run at once.
@@ -1006,41 +1026,127 @@ where
         P: Fn(Arc<K>, &E, Arc<Ctx>) -> Action + Send + Sync + 'static,
         C: Fn(&Env) -> Ctx + Send + Sync + 'static,
     {
-        let mut h = Self::new(reconcile, error_policy, context);
+        let build = Arc::new(build);
+        let context = Arc::new(context);
+        Self::controller_mode(
+            move |env: Env| {
+                let (build, context) = (build.clone(), context.clone());
+                async move {
+                    let ctx = context(&env);
+                    let db = env.database().ok_or("controller mode without a database")?;
+                    Ok::<_, &str>((build(&db, env.client()), ctx))
+                }
+            },
+            reconcile,
+            error_policy,
+        )
+    }
+
+    /// [`for_controller`](Self::for_controller) for a controller whose setup is async, as a
+    /// `main` that builds informers is: `setup` gets the [`Env`] (its database and client)
+    /// at each start and returns the controller with its context, so the context can hold
+    /// readers of informers the controller was given (`Informer::reader`, then
+    /// `Controller::owns_informer`). An error fails the run (oracle `harness`).
+    ///
+    /// ```no_run
+    /// use std::sync::Arc;
+    /// use std::time::Duration;
+    /// use durable_informer::controller::{Action, Controller, Relation};
+    /// use durable_informer::informer::{Informer, Reader};
+    /// use durable_informer::testing::{Env, Harness, Recording};
+    /// use k8s_openapi::api::core::v1::{ConfigMap, Secret};
+    /// use kube::Api;
+    ///
+    /// struct Ctx {
+    ///     secrets: Reader<Secret>,
+    /// }
+    /// async fn reconcile(_: Arc<ConfigMap>, ctx: Arc<Ctx>) -> Result<Action, kube::Error> {
+    ///     let _cached = ctx.secrets.state();
+    ///     Ok(Action::await_change())
+    /// }
+    /// fn error_policy(_: Arc<ConfigMap>, _: &kube::Error, _: Arc<Ctx>) -> Action {
+    ///     Action::requeue(Duration::from_secs(5))
+    /// }
+    ///
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// Harness::for_controller_with(
+    ///     |env: Env| async move {
+    ///         let db = env.database().ok_or("no database")?;
+    ///         let secrets = Informer::from_api(&db, Api::<Secret>::all(env.client()))
+    ///             .allow_secrets()
+    ///             .build()
+    ///             .await?;
+    ///         let ctx = Ctx { secrets: secrets.reader() };
+    ///         let c = Controller::new(&db, Api::<ConfigMap>::all(env.client()), Default::default())
+    ///             .owns_informer(secrets, Relation::default());
+    ///         Ok::<_, Box<dyn std::error::Error + Send + Sync>>((c, ctx))
+    ///     },
+    ///     reconcile,
+    ///     error_policy,
+    /// )
+    /// .recording(Recording::open("tests/data/recordings/configmaps.jsonl")?)
+    /// .check(50)?;
+    /// # Ok(()) }
+    /// ```
+    pub fn for_controller_with<S, SF, SE, R, RF, P>(setup: S, reconcile: R, error_policy: P) -> Self
+    where
+        S: Fn(Env) -> SF + Send + Sync + 'static,
+        SF: Future<Output = Result<(Controller<K>, Ctx), SE>> + Send + 'static,
+        SE: fmt::Display,
+        R: Fn(Arc<K>, Arc<Ctx>) -> RF + Send + Sync + 'static,
+        RF: Future<Output = Result<Action, E>> + Send + 'static,
+        P: Fn(Arc<K>, &E, Arc<Ctx>) -> Action + Send + Sync + 'static,
+    {
+        Self::controller_mode(setup, reconcile, error_policy)
+    }
+
+    fn controller_mode<S, SF, SE, R, RF, P>(setup: S, reconcile: R, error_policy: P) -> Self
+    where
+        S: Fn(Env) -> SF + Send + Sync + 'static,
+        SF: Future<Output = Result<(Controller<K>, Ctx), SE>> + Send + 'static,
+        SE: fmt::Display,
+        R: Fn(Arc<K>, Arc<Ctx>) -> RF + Send + Sync + 'static,
+        RF: Future<Output = Result<Action, E>> + Send + 'static,
+        P: Fn(Arc<K>, &E, Arc<Ctx>) -> Action + Send + Sync + 'static,
+    {
+        let mut h = Self::base(reconcile, error_policy, None);
         let (rec, pol) = (h.reconcile.clone(), h.error_policy.clone());
-        h.controller = Some(Arc::new(move |db, client, ctx| {
-            let c = build(db, client);
-            let queue = c.queue();
-            let (rec, pol) = (rec.clone(), pol.clone());
-            let stream = c
-                .run(
-                    move |k, c| rec(k, c),
-                    move |k, e: &E, c| {
-                        let a = pol(k, e, c);
-                        match run::requeue_after(&a) {
-                            Some(d) if d > CONTROLLER_RETRY => Action::requeue(CONTROLLER_RETRY),
-                            _ => a,
+        let setup = Arc::new(setup);
+        h.controller = Some(Arc::new(move |env: Env| {
+            let (rec, pol, setup) = (rec.clone(), pol.clone(), setup.clone());
+            Box::pin(async move {
+                let (c, ctx) = setup(env).await.map_err(|e| e.to_string())?;
+                let queue = c.queue();
+                let stream = c
+                    .run(
+                        move |k, c| rec(k, c),
+                        move |k, e: &E, c| {
+                            let a = pol(k, e, c);
+                            match run::requeue_after(&a) {
+                                Some(d) if d > CONTROLLER_RETRY => Action::requeue(CONTROLLER_RETRY),
+                                _ => a,
+                            }
+                        },
+                        Arc::new(ctx),
+                    )
+                    .map(|r| {
+                        use crate::controller::Error;
+                        match r {
+                            Ok((o, _)) => Reconciled::Ok(o.to_string()),
+                            Err(Error::ReconcilerFailed(e, o)) => Reconciled::Failed(o.to_string(), e.to_string()),
+                            Err(Error::ReconcilerPanicked(m, o)) => Reconciled::Panicked(o.to_string(), m),
+                            Err(e) => Reconciled::Other(e.to_string()),
                         }
-                    },
-                    ctx,
-                )
-                .map(|r| {
-                    use crate::controller::Error;
-                    match r {
-                        Ok((o, _)) => Reconciled::Ok(o.to_string()),
-                        Err(Error::ReconcilerFailed(e, o)) => Reconciled::Failed(o.to_string(), e.to_string()),
-                        Err(Error::ReconcilerPanicked(m, o)) => Reconciled::Panicked(o.to_string(), m),
-                        Err(e) => Reconciled::Other(e.to_string()),
-                    }
-                })
-                .boxed();
-            (queue, stream)
+                    })
+                    .boxed();
+                Ok((queue, stream))
+            })
         }));
         h.kinds = FaultKinds {
             crash: true,
             crash_after_write: true,
-            time_travel: false,
-            delay: false,
+            time_travel: true,
+            delay: true,
             relist: true,
             duplicate: false,
             hand_over: false,

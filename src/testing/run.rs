@@ -61,6 +61,8 @@ pub(crate) struct Outcome {
     pub writes: u64,
     pub reconciles: u64,
     pub revisions: u64,
+    /// Informers faults can name: the controller's watched resources in controller mode.
+    pub informers: usize,
 }
 
 /// A primary object's key.
@@ -277,6 +279,8 @@ struct Run<'h, K: Resource<DynamicType = ()> + Clone + 'static, Ctx, E> {
     gc_pending: BTreeSet<Dependent>,
     /// Controller mode: reconciles of each object since the last change from the world.
     counts: HashMap<String, u32>,
+    /// Controller mode: held resources (delayed informers) and the step each delay ends at.
+    held_until: BTreeMap<String, u64>,
     seq: u64,
 }
 
@@ -427,6 +431,7 @@ where
             gc_index: HashMap::new(),
             gc_pending: BTreeSet::new(),
             counts: HashMap::new(),
+            held_until: BTreeMap::new(),
             seq: 0,
         })
     }
@@ -462,7 +467,7 @@ where
         (
             Env {
                 client,
-                stores,
+                stores: Arc::new(stores),
                 db: None,
                 leadership,
             },
@@ -563,7 +568,7 @@ where
             }
         }
         self.reps[r].life = Lifetime {
-            ctx: Some(Arc::new((self.h.context)(&env))),
+            ctx: self.h.context.as_ref().map(|c| Arc::new(c(&env))),
             primary,
             queue: VecDeque::new(),
             queued: HashSet::new(),
@@ -1376,6 +1381,10 @@ where
 
     fn finish(self, baseline: Option<&BTreeMap<String, Value>>) -> Outcome {
         let end = self.end_state();
+        let informers = match self.h.controller {
+            Some(_) => lock(&self.shared).watches.len().max(1),
+            None => self.informer_count(),
+        };
         if !self.failed() {
             let parsed = lock(&self.shared).parsed.clone();
             let world = World {
@@ -1435,6 +1444,7 @@ where
             writes: sh.writes,
             reconciles: self.reconciles,
             revisions: self.sim.current_rv().saturating_sub(self.start_rv),
+            informers,
         }
     }
 }
@@ -1659,7 +1669,7 @@ fn extent_of<K, Ctx, E>(h: &Harness<K, Ctx, E>, base: &Outcome) -> Extent {
     Extent {
         steps: base.steps,
         writes: base.writes,
-        informers: h.watches.len() * replicas,
+        informers: base.informers,
         revisions: base.revisions,
         replicas,
     }

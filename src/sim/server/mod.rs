@@ -107,7 +107,17 @@ pub(super) struct Accept {
     /// `application/json;as=PartialObjectMetadata[List];g=meta.k8s.io;v=v1` comes first: the
     /// metadata-only form (kube's `list_metadata`/`watch_metadata`, client-go's metadata client).
     pub(super) partial: bool,
+    /// The revision of a lagging watch cache this request reaches ([`LaggingCache`]).
+    pub(super) cache_at: Option<u64>,
 }
+
+/// A request extension for the in-process server: the request reaches an API server whose
+/// watch cache is behind, at this revision (an HA server catching up). A streaming list
+/// answers the state at that revision (then the events after it); reads from etcd are not
+/// affected. The controller test harness's time travel (`crate::testing`) sets it.
+#[cfg(feature = "testing")]
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct LaggingCache(pub u64);
 
 impl Accept {
     fn parse(header: &str) -> Self {
@@ -115,6 +125,7 @@ impl Accept {
             prefers_protobuf: false,
             json: header.trim().is_empty(),
             partial: false,
+            cache_at: None,
         };
         for entry in header.split(',') {
             let mut parts = entry.split(';').map(str::trim);
@@ -189,7 +200,12 @@ where
         .and_then(|v| v.to_str().ok())
         .unwrap_or("");
     let accept_protobuf = accept_header.contains("protobuf");
-    let accept = Accept::parse(accept_header);
+    #[allow(unused_mut)]
+    let mut accept = Accept::parse(accept_header);
+    #[cfg(feature = "testing")]
+    {
+        accept.cache_at = req.extensions().get::<LaggingCache>().map(|l| l.0);
+    }
     let segs: Vec<&str> = path.split('/').filter(|s| !s.is_empty()).collect();
 
     let resp = match segs.as_slice() {
@@ -360,7 +376,7 @@ async fn resource_request(
         };
     }
     let result = match (&method, &t.name) {
-        (&Method::GET, None) if is_watch => return watch(shared, &t, q, accept.partial).await,
+        (&Method::GET, None) if is_watch => return watch(shared, &t, q, accept.partial, accept.cache_at).await,
         (&Method::GET, None) => return list(shared, &t, q, accept.partial).await,
         (&Method::GET, Some(name)) => shared
             .lock()

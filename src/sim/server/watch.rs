@@ -44,9 +44,11 @@ pub(super) struct WatchPlan {
     delay_replay: Option<Duration>,
     /// Objects as `PartialObjectMetadata` (a metadata-only client).
     partial: bool,
+    /// A lagging watch cache's revision: the initial state is listed at it.
+    cache_at: Option<u64>,
 }
 
-pub(super) async fn watch(shared: &Arc<Shared>, t: &Target, q: &Query, partial: bool) -> Resp {
+pub(super) async fn watch(shared: &Arc<Shared>, t: &Target, q: &Query, partial: bool, cache_at: Option<u64>) -> Resp {
     // Subscribed before the plan reads any state: a restore that lands while the request
     // waits or while its task starts must still end the stream.
     let mut epoch = shared.epoch_tx.subscribe();
@@ -54,6 +56,7 @@ pub(super) async fn watch(shared: &Arc<Shared>, t: &Target, q: &Query, partial: 
     match plan_watch(shared, t, q) {
         Ok(mut plan) => {
             plan.partial = partial;
+            plan.cache_at = cache_at;
             // Like the cacher's waitUntilFreshAndBlock: a streaming list for a revision the
             // server has not reached waits for it, then fails before the stream starts. The
             // `too_large_watches` fault does the same for plain watches from a future revision.
@@ -179,6 +182,7 @@ pub(super) fn plan_watch(shared: &Shared, t: &Target, q: &Query) -> Result<Watch
         garble,
         delay_replay,
         partial: false,
+        cache_at: None,
     })
 }
 
@@ -390,7 +394,8 @@ pub(super) async fn run_watch(
                     return;
                 }
                 st.maintain();
-                let rv = st.rv;
+                // A lagging cache lists an older state, never one the history no longer has.
+                let rv = plan.cache_at.map_or(st.rv, |at| at.clamp(st.compact_rv, st.rv));
                 let objs: Vec<Arc<Obj>> = st.snapshot_iter(plan.res, rv, &prefix, "").collect();
                 (objs, rv)
             };

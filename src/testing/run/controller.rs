@@ -75,7 +75,18 @@ where
             // The old process's requests and watches died with it.
             sh.inflight = 0;
             sh.watches.clear();
+            // A time-travel restart reaches a server whose watch cache is behind (never
+            // before the recording's initial state).
+            sh.lagging = match restart {
+                Restart::TimeTravel { behind } => Some((
+                    self.sim.current_rv().saturating_sub(behind).max(self.start_rv),
+                    std::collections::HashSet::new(),
+                )),
+                _ => None,
+            };
         }
+        // A delayed informer was the crashed process's: the new one's watches are not held.
+        self.release_all();
         if restart != Restart::FromDatabase {
             *generation += 1;
         }
@@ -115,13 +126,18 @@ where
             "default",
         );
         let env = Env {
-            client: client.clone(),
-            stores: std::collections::HashMap::new(),
+            client,
+            stores: Arc::default(),
             db: Some(db.clone()),
             leadership: crate::leader::Leadership::from(tokio::sync::watch::channel(true).1),
         };
-        let ctx = Arc::new((self.h.context)(&env));
-        let (queue, mut stream) = build(&db, client, ctx);
+        let (queue, mut stream) = match build(env).await {
+            Ok(built) => built,
+            Err(e) => {
+                self.fail(Oracle::Harness, format!("setting up the controller: {e}"));
+                return None;
+            }
+        };
         let shared = self.shared.clone();
         let task = tokio::spawn(async move {
             while let Some(r) = stream.next().await {
@@ -279,6 +295,34 @@ where
         }
     }
 
+    /// Informer `i`'s resource in controller mode: the primary resource first, then the
+    /// others the controller watches, by name (the order its tasks open them in varies).
+    fn informer_resource(&self, i: usize) -> Option<String> {
+        let primary = crate::testing::sim_resource::<K>();
+        let mut others: Vec<String> = lock(&self.shared)
+            .watches
+            .keys()
+            .filter(|r| **r != primary)
+            .cloned()
+            .collect();
+        others.sort();
+        std::iter::once(primary).chain(others).nth(i)
+    }
+
+    fn release_held(&mut self, resource: &str) {
+        if self.held_until.remove(resource).is_some() {
+            self.trace(|| format!("  {resource}: watch events flow again"));
+        }
+        lock(&self.shared).release(resource);
+    }
+
+    fn release_all(&mut self) {
+        let held: Vec<String> = self.held_until.keys().cloned().collect();
+        for r in held {
+            self.release_held(&r);
+        }
+    }
+
     /// The next crash after a write, if the schedule has one.
     fn arm_crash(&self) {
         let mut sh = lock(&self.shared);
@@ -314,13 +358,19 @@ where
                 .filter(|f| f.step() == Some(self.step))
                 .copied()
                 .collect();
+            let ending: Vec<String> = self
+                .held_until
+                .iter()
+                .filter(|(_, until)| **until <= self.step)
+                .map(|(r, _)| r.clone())
+                .collect();
+            for r in ending {
+                self.release_held(&r);
+            }
             for f in due {
                 self.trace(|| format!("FAULT {f}"));
                 match f {
-                    Fault::Crash {
-                        restart: restart @ (Restart::FromDatabase | Restart::Empty),
-                        ..
-                    } => {
+                    Fault::Crash { restart, .. } => {
                         if let Some(l) = live.take() {
                             self.stop_controller(l).await;
                         }
@@ -334,10 +384,21 @@ where
                         self.sim.restart();
                         self.gc_seen = self.sim.current_rv();
                     }
+                    Fault::Delay { informer, steps, .. } => match self.informer_resource(informer) {
+                        Some(r) => {
+                            let until = self.step + steps;
+                            self.trace(|| format!("  {r}: watch events held until step {until}"));
+                            lock(&self.shared).hold(&r);
+                            self.held_until.insert(r, until);
+                        }
+                        None => self.trace(|| "  (not injected: no such informer)".into()),
+                    },
                     _ => self.trace(|| "  (not injected in controller mode)".into()),
                 }
             }
             if self.world.is_empty() {
+                // Nothing else will happen: the delays end.
+                self.release_all();
                 break;
             }
             self.counts.clear();
