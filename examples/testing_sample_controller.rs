@@ -408,12 +408,16 @@ where
         .eventually("every Deployment belongs to a Foo, every Foo has its Deployment", |w| {
             let foos: Vec<Foo> = w.objects();
             let kids = children(&w.list("deployments.apps"));
-            for ((ns, foo), names) in &kids {
-                if !foos
-                    .iter()
-                    .any(|f| f.namespace().as_deref() == Some(ns) && &f.name_any() == foo)
-                {
-                    return Err(format!("Deployments {names:?} of Foo {ns}/{foo}, which is gone"));
+            let live: std::collections::BTreeSet<(String, String)> = foos
+                .iter()
+                .map(|f| (f.namespace().unwrap_or_default(), f.name_any()))
+                .collect();
+            for (key, names) in &kids {
+                if !live.contains(key) {
+                    return Err(format!(
+                        "Deployments {names:?} of Foo {}/{}, which is gone",
+                        key.0, key.1
+                    ));
                 }
             }
             for f in &foos {

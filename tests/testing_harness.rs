@@ -484,3 +484,86 @@ fn the_correct_controller_passes_1000_schedules_with_hand_overs() {
         .unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(report.schedules, 1001);
 }
+
+/// Only delays: no restart, so each run builds its context once (the fault-free run first).
+const DELAYS_ONLY: FaultKinds = FaultKinds {
+    crash: false,
+    crash_after_write: false,
+    time_travel: false,
+    delay: true,
+    relist: false,
+    duplicate: false,
+    hand_over: false,
+};
+
+/// A failure that does not come again when its schedule runs again to record a trace: the
+/// report says so instead of showing the trace of a run that passed.
+#[test]
+fn a_failure_that_does_not_come_again_says_so() {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    use std::sync::Arc;
+    static BUILDS: AtomicU32 = AtomicU32::new(0);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let h = durable_informer::testing::Harness::new(
+        |_: Arc<shipped::Foo>, run: Arc<u32>| async move {
+            // Only the sampled schedule's first run (the fault-free run is the first).
+            assert_ne!(*run, 2, "a panic in run 2 only");
+            Ok::<_, std::io::Error>(durable_informer::controller::Action::await_change())
+        },
+        |_, _, _| durable_informer::controller::Action::await_change(),
+        |_: &durable_informer::testing::Env| BUILDS.fetch_add(1, Ordering::SeqCst) + 1,
+    )
+    .recording(durable_informer::testing::Recording::open(RECORDING).expect("recording"))
+    .faults(DELAYS_ONLY)
+    .threads(1)
+    .save_to(dir.path(), "once");
+    match h.check(1) {
+        Err(HarnessError::Failed(f)) => {
+            assert_eq!(f.oracle, Oracle::Panic, "{f}");
+            assert!(
+                f.detail
+                    .contains("gave another result: it passed; the controller or its context is not deterministic"),
+                "{f}"
+            );
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+/// In controller mode (real time) a failure that comes again with another detail (here the
+/// run's number; there the order of the writes) is the same failure: its rerun's trace is shown.
+#[test]
+fn in_controller_mode_the_same_oracle_is_the_same_failure() {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    use std::sync::Arc;
+    static BUILDS: AtomicU32 = AtomicU32::new(0);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let h = durable_informer::testing::Harness::for_controller(
+        |db, client| {
+            durable_informer::controller::Controller::new(
+                db,
+                kube::Api::<shipped::Foo>::all(client),
+                Default::default(),
+            )
+        },
+        |_: Arc<shipped::Foo>, run: Arc<u32>| async move {
+            assert!(*run < 2, "a panic in run {run}");
+            Ok::<_, std::io::Error>(durable_informer::controller::Action::await_change())
+        },
+        |_, _, _| durable_informer::controller::Action::await_change(),
+        |_: &durable_informer::testing::Env| BUILDS.fetch_add(1, Ordering::SeqCst) + 1,
+    )
+    .recording(durable_informer::testing::Recording::open(RECORDING).expect("recording"))
+    .faults(DELAYS_ONLY)
+    .threads(1)
+    .save_to(dir.path(), "every-time");
+    match h.check(1) {
+        Err(HarnessError::Failed(f)) => {
+            assert_eq!(f.oracle, Oracle::Panic, "{f}");
+            assert!(f.detail.contains("a panic in run"), "{f}");
+            assert!(!f.detail.contains("gave another result"), "{f}");
+            assert!(!f.trace_tail.is_empty(), "{f}");
+        }
+        other => panic!("{other:?}"),
+    }
+}

@@ -986,8 +986,9 @@ where
     /// streaming list answers that older state, then its events catch up) and a delayed
     /// informer (its resource's watches send nothing for that many steps; informer 0 is the
     /// primary resource, then the others the controller watches, by name). Duplicate
-    /// deliveries and hand-overs are not drawn: this crate's informer drops an event it already
-    /// holds, and one controller runs here. Retries the error policy asks for come back at once (20 ms at most);
+    /// deliveries and hand-overs are not drawn: a duplicate models a client that resumes a
+    /// watch from before what it delivered, which this crate's informer does not do (it
+    /// resumes after the revision stored with its data), and one controller runs here. Retries the error policy asks for come back at once (20 ms at most);
     /// requeues of successful reconciles do not fire (the run is on real time). Two runs of a
     /// schedule give the same boundaries; the order of writes within one may differ when
     /// several reconciles run at once.
