@@ -984,8 +984,9 @@ where
     /// right after a write, a relist (every watch ends with 410), time travel (a restart from
     /// an empty database against a server whose watch cache is behind: each resource's first
     /// streaming list answers that older state, then its events catch up) and a delayed
-    /// informer (its resource's watches send nothing for that many steps; informer 0 is the
-    /// primary resource, then the others the controller watches, by name). Duplicate
+    /// informer (its resource's watches send nothing for that many steps, or until the
+    /// controller waits for it with work queued; informer 0 is the primary resource, then the
+    /// others the controller watches, by name). Duplicate
     /// deliveries and hand-overs are not drawn: a duplicate models a client that resumes a
     /// watch from before what it delivered, which this crate's informer does not do (it
     /// resumes after the revision stored with its data), and one controller runs here. Retries the error policy asks for come back at once (20 ms at most);

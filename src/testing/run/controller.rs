@@ -25,6 +25,9 @@ use crate::testing::{Env, Fault, Oracle, Reconciled, Restart};
 const POLL: Duration = Duration::from_millis(1);
 /// Idle for this many polls in a row: settled.
 const QUIET_POLLS: u32 = 8;
+/// Work queued but nothing moving for this many polls, with an informer held: the controller
+/// waits for it (longer than an error policy's retry in controller mode).
+const WAIT_POLLS: u32 = 50;
 /// A boundary that does not settle within this (real time) fails the run as stuck.
 const SETTLE_TIMEOUT: Duration = Duration::from_secs(20);
 
@@ -175,6 +178,7 @@ where
         let deadline = std::time::Instant::now() + SETTLE_TIMEOUT;
         let mut last = None;
         let mut quiet = 0;
+        let mut waiting = 0;
         loop {
             tokio::time::sleep(POLL).await;
             let m = live.queue.metrics();
@@ -189,13 +193,26 @@ where
             let now = (m.adds, served, done);
             // An informer waiting to watch again (after a 410, in its backoff) sends and
             // queues nothing, but is not done.
-            if m.depth == 0 && m.processing == 0 && inflight == 0 && caught_up && last == Some(now) {
+            let still = m.processing == 0 && inflight == 0 && last == Some(now);
+            if m.depth == 0 && still && caught_up {
                 quiet += 1;
                 if quiet >= QUIET_POLLS {
                     return true;
                 }
+            } else if still && !self.held_until.is_empty() {
+                // Work queued but nothing moves: the controller waits for a held informer (its
+                // caches must sync before it reconciles). As in the harness-driven mode, the
+                // delay ends early when nothing else can happen.
+                quiet = 0;
+                waiting += 1;
+                if waiting >= WAIT_POLLS {
+                    self.trace(|| "  the controller waits for a held informer: the delay ends early".into());
+                    self.release_all();
+                    waiting = 0;
+                }
             } else {
                 quiet = 0;
+                waiting = 0;
             }
             last = Some(now);
             if std::time::Instant::now() > deadline {
