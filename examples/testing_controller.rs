@@ -177,17 +177,9 @@ async fn apply(foo: Arc<Foo>, ctx: &Ctx) -> Result<Action, Error> {
     }
     if ctx.bug == Bug::StaleCache {
         // The Deployment's state in the Foo's status, as sample-controller keeps it.
-        let available = deployment
-            .status
-            .as_ref()
-            .and_then(|s| s.available_replicas)
-            .unwrap_or(0);
+        let available = sample::available_of(&deployment);
         if foo.status.as_ref().and_then(|s| s.available_replicas) != Some(available) {
-            let patch = json!({"metadata": {"resourceVersion": foo.resource_version()},
-                "status": {"availableReplicas": available}});
-            foos.patch_status(&foo.name_any(), &PatchParams::default(), &Patch::Merge(&patch))
-                .await
-                .map_err(err)?;
+            sample::patch_available(&foos, &foo, available).await.map_err(err)?;
         }
     }
     Ok(Action::requeue(Duration::from_secs(300)))

@@ -318,11 +318,7 @@ async fn apply(foo: Arc<Foo>, ctx: &Ctx) -> Result<Action, Error> {
             .await
             .map_err(err)?;
     }
-    let available = deployment
-        .status
-        .as_ref()
-        .and_then(|s| s.available_replicas)
-        .unwrap_or(0);
+    let available = available_of(&deployment);
     if foo.status.as_ref().and_then(|s| s.available_replicas) != Some(available) {
         fence(ctx)?;
         if ctx.variant == Variant::StatusOverwrite {
@@ -337,14 +333,28 @@ async fn apply(foo: Arc<Foo>, ctx: &Ctx) -> Result<Action, Error> {
                 .await
                 .map_err(err)?;
         } else {
-            let patch = json!({"metadata": {"resourceVersion": foo.resource_version()},
-                "status": {"availableReplicas": available}});
-            foos.patch_status(&foo.name_any(), &PatchParams::default(), &Patch::Merge(&patch))
-                .await
-                .map_err(err)?;
+            patch_available(&foos, &foo, available).await.map_err(err)?;
         }
     }
     Ok(Action::requeue(Duration::from_secs(300)))
+}
+
+/// A Deployment's available replicas (0 before its status has any).
+pub fn available_of(deployment: &Deployment) -> i32 {
+    deployment
+        .status
+        .as_ref()
+        .and_then(|s| s.available_replicas)
+        .unwrap_or(0)
+}
+
+/// Writes `available` into the Foo's status, on the version read (a stale read gets a conflict).
+pub async fn patch_available(foos: &Api<Foo>, foo: &Foo, available: i32) -> Result<(), kube::Error> {
+    let patch = json!({"metadata": {"resourceVersion": foo.resource_version()},
+        "status": {"availableReplicas": available}});
+    foos.patch_status(&foo.name_any(), &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .map(|_| ())
 }
 
 /// The Deployments labelled for each Foo in a state.

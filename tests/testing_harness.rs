@@ -512,19 +512,30 @@ fn a_failure_that_does_not_come_again_says_so() {
         },
         |_, _, _| durable_informer::controller::Action::await_change(),
         |_: &durable_informer::testing::Env| BUILDS.fetch_add(1, Ordering::SeqCst) + 1,
-    )
-    .recording(durable_informer::testing::Recording::open(RECORDING).expect("recording"))
-    .faults(DELAYS_ONLY)
-    .threads(1)
-    .save_to(dir.path(), "once");
+    );
+    let f = one_panicking_schedule(h, dir.path());
+    assert!(
+        f.detail
+            .contains("gave another result: it passed; the controller or its context is not deterministic"),
+        "{f}"
+    );
+}
+
+/// Checks one sampled schedule (delays only, one thread: the context's builds are counted in
+/// order) of a controller that panics: the failure found.
+fn one_panicking_schedule<Ctx: Send + Sync + 'static>(
+    h: durable_informer::testing::Harness<shipped::Foo, Ctx, std::io::Error>,
+    dir: &std::path::Path,
+) -> Box<durable_informer::testing::Failure> {
+    let h = h
+        .recording(durable_informer::testing::Recording::open(RECORDING).expect("recording"))
+        .faults(DELAYS_ONLY)
+        .threads(1)
+        .save_to(dir, "panics");
     match h.check(1) {
         Err(HarnessError::Failed(f)) => {
             assert_eq!(f.oracle, Oracle::Panic, "{f}");
-            assert!(
-                f.detail
-                    .contains("gave another result: it passed; the controller or its context is not deterministic"),
-                "{f}"
-            );
+            f
         }
         other => panic!("{other:?}"),
     }
@@ -552,20 +563,11 @@ fn in_controller_mode_the_same_oracle_is_the_same_failure() {
         },
         |_, _, _| durable_informer::controller::Action::await_change(),
         |_: &durable_informer::testing::Env| BUILDS.fetch_add(1, Ordering::SeqCst) + 1,
-    )
-    .recording(durable_informer::testing::Recording::open(RECORDING).expect("recording"))
-    .faults(DELAYS_ONLY)
-    .threads(1)
-    .save_to(dir.path(), "every-time");
-    match h.check(1) {
-        Err(HarnessError::Failed(f)) => {
-            assert_eq!(f.oracle, Oracle::Panic, "{f}");
-            assert!(f.detail.contains("a panic in run"), "{f}");
-            assert!(!f.detail.contains("gave another result"), "{f}");
-            assert!(!f.trace_tail.is_empty(), "{f}");
-        }
-        other => panic!("{other:?}"),
-    }
+    );
+    let f = one_panicking_schedule(h, dir.path());
+    assert!(f.detail.contains("a panic in run"), "{f}");
+    assert!(!f.detail.contains("gave another result"), "{f}");
+    assert!(!f.trace_tail.is_empty(), "{f}");
 }
 
 /// A delay of the primary informer right after a restart: the controller waits for that cache

@@ -1030,7 +1030,7 @@ where
     {
         let build = Arc::new(build);
         let context = Arc::new(context);
-        Self::controller_mode(
+        Self::for_controller_with(
             move |env: Env| {
                 let (build, context) = (build.clone(), context.clone());
                 async move {
@@ -1091,18 +1091,6 @@ where
     /// # Ok(()) }
     /// ```
     pub fn for_controller_with<S, SF, SE, R, RF, P>(setup: S, reconcile: R, error_policy: P) -> Self
-    where
-        S: Fn(Env) -> SF + Send + Sync + 'static,
-        SF: Future<Output = Result<(Controller<K>, Ctx), SE>> + Send + 'static,
-        SE: fmt::Display,
-        R: Fn(Arc<K>, Arc<Ctx>) -> RF + Send + Sync + 'static,
-        RF: Future<Output = Result<Action, E>> + Send + 'static,
-        P: Fn(Arc<K>, &E, Arc<Ctx>) -> Action + Send + Sync + 'static,
-    {
-        Self::controller_mode(setup, reconcile, error_policy)
-    }
-
-    fn controller_mode<S, SF, SE, R, RF, P>(setup: S, reconcile: R, error_policy: P) -> Self
     where
         S: Fn(Env) -> SF + Send + Sync + 'static,
         SF: Future<Output = Result<(Controller<K>, Ctx), SE>> + Send + 'static,
