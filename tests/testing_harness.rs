@@ -597,3 +597,30 @@ fn a_delay_the_restarted_controller_waits_on_ends_early() {
         "{trace}"
     );
 }
+
+/// A delay right after a restart names the informer the restarted process has not opened yet:
+/// the resources the run watched so far count, not only the new process's watches.
+#[test]
+fn a_delay_right_after_a_restart_holds_the_informer_it_names() {
+    let h = shipped::harness(shipped::Bug::None, RECORDING).expect("harness");
+    let schedule = Schedule {
+        seed: 1,
+        faults: vec![
+            Fault::Crash {
+                at: 5,
+                restart: Restart::FromDatabase,
+            },
+            Fault::Delay {
+                at: 5,
+                informer: 1,
+                steps: 3,
+            },
+        ],
+    };
+    let (trace, failure) = h.run(&schedule).expect("run");
+    assert!(failure.is_none(), "{failure:?}\n{trace}");
+    assert!(
+        trace.contains("deployments.apps: watch events held until step 8"),
+        "{trace}"
+    );
+}

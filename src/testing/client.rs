@@ -137,6 +137,9 @@ pub(crate) struct RunShared {
     pub reconciled: Vec<Reconciled>,
     /// The controller's watches by resource (controller mode).
     pub watches: HashMap<String, Watching>,
+    /// Every resource the controller watched in this run, across restarts (controller mode:
+    /// what a fault's informer index names).
+    pub watched: BTreeSet<String>,
     /// Controller mode: resources whose watches send nothing for now (a delayed informer),
     /// with the wakers of their streams waiting.
     pub held: HashMap<String, Vec<std::task::Waker>>,
@@ -185,6 +188,7 @@ impl RunShared {
             inflight: 0,
             reconciled: Vec::new(),
             watches: HashMap::new(),
+            watched: BTreeSet::new(),
             held: HashMap::new(),
             lagging: None,
             lease: None,
@@ -667,6 +671,9 @@ impl InProcess {
                 let w = sh.watches.entry(resource.clone()).or_default();
                 w.open += 1;
                 w.at = from;
+                if !sh.watched.contains(&resource) {
+                    sh.watched.insert(resource.clone());
+                }
             }
         }
         let open = WatchOpen {

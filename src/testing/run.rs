@@ -1382,7 +1382,7 @@ where
     fn finish(self, baseline: Option<&BTreeMap<String, Value>>) -> Outcome {
         let end = self.end_state();
         let informers = match self.h.controller {
-            Some(_) => lock(&self.shared).watches.len().max(1),
+            Some(_) => lock(&self.shared).watched.len().max(1),
             None => self.informer_count(),
         };
         if !self.failed() {

@@ -313,17 +313,13 @@ where
     }
 
     /// Informer `i`'s resource in controller mode: the primary resource first, then the
-    /// others the controller watches, by name (the order its tasks open them in varies).
+    /// others the controller watched in this run, by name (the order its tasks open them in
+    /// varies, and a process just restarted may not have opened them yet).
     fn informer_resource(&self, i: usize) -> Option<String> {
         let primary = crate::testing::sim_resource::<K>();
-        let mut others: Vec<String> = lock(&self.shared)
-            .watches
-            .keys()
-            .filter(|r| **r != primary)
-            .cloned()
-            .collect();
-        others.sort();
-        std::iter::once(primary).chain(others).nth(i)
+        let sh = lock(&self.shared);
+        let others = sh.watched.iter().filter(|r| **r != primary).cloned();
+        std::iter::once(primary.clone()).chain(others).nth(i)
     }
 
     fn release_held(&mut self, resource: &str) {
