@@ -197,6 +197,12 @@ async fn an_expired_watch_is_recorded_with_its_relist_and_replays_to_the_servers
     let (stop, stop_rx) = tokio::sync::watch::channel(false);
     let task = tokio::spawn(recorder.run(stop_rx));
     settle(&fake, &mut progress).await;
+    // The list's bookmark settles it before the first watch is open; a fault queued then would
+    // go to that watch. The recorder publishes `watches == 1` once the watch is open and idle.
+    tokio::time::timeout(Duration::from_secs(10), progress.wait_for(|p| p.watches == 1))
+        .await
+        .expect("the first watch opens")
+        .expect("the recorder runs");
 
     // The next watch sends an ERROR 500 (written and flushed, then a re-watch after a 1 s
     // backoff), the one after that answers 410. The delete happens during the backoff, while no watch is
