@@ -575,52 +575,64 @@ fn in_controller_mode_the_same_oracle_is_the_same_failure() {
 /// ends early then (found by 1,000 sampled schedules as a run stuck for 20 s).
 #[test]
 fn a_delay_the_restarted_controller_waits_on_ends_early() {
-    let h = shipped::harness(shipped::Bug::None, RECORDING).expect("harness");
-    let schedule = Schedule {
-        seed: 252,
-        faults: vec![
-            Fault::Crash {
-                at: 10,
-                restart: Restart::FromDatabase,
-            },
-            Fault::Delay {
-                at: 10,
-                informer: 0,
-                steps: 3,
-            },
-        ],
-    };
-    let (trace, failure) = h.run(&schedule).expect("run");
-    assert!(failure.is_none(), "{failure:?}\n{trace}");
+    let trace = passes_a_crash_then_a_delay(252, 10, 0);
     assert!(
         trace.contains("the controller waits for a held informer: the delay ends early"),
         "{trace}"
     );
 }
 
-/// A delay right after a restart names the informer the restarted process has not opened yet:
-/// the resources the run watched so far count, not only the new process's watches.
-#[test]
-fn a_delay_right_after_a_restart_holds_the_informer_it_names() {
+/// The correct shipped controller crashed before step `at` (restarting from its database) and
+/// informer `informer` delayed 3 steps from the same step: it passes; the trace.
+fn passes_a_crash_then_a_delay(seed: u64, at: u64, informer: usize) -> String {
     let h = shipped::harness(shipped::Bug::None, RECORDING).expect("harness");
     let schedule = Schedule {
-        seed: 1,
+        seed,
         faults: vec![
             Fault::Crash {
-                at: 5,
+                at,
                 restart: Restart::FromDatabase,
             },
-            Fault::Delay {
-                at: 5,
-                informer: 1,
-                steps: 3,
-            },
+            Fault::Delay { at, informer, steps: 3 },
         ],
     };
     let (trace, failure) = h.run(&schedule).expect("run");
     assert!(failure.is_none(), "{failure:?}\n{trace}");
+    trace
+}
+
+/// A delay right after a restart names the informer the restarted process has not opened yet:
+/// the resources the run watched so far count, not only the new process's watches.
+#[test]
+fn a_delay_right_after_a_restart_holds_the_informer_it_names() {
+    let trace = passes_a_crash_then_a_delay(1, 5, 1);
     assert!(
         trace.contains("deployments.apps: watch events held until step 8"),
         "{trace}"
     );
+}
+
+/// A setup that fails fails the run with what it said, instead of a run without a controller.
+#[test]
+fn a_failing_controller_setup_is_reported() {
+    use std::sync::Arc;
+    let h = durable_informer::testing::Harness::for_controller_with(
+        |_: durable_informer::testing::Env| async {
+            Err::<(durable_informer::controller::Controller<shipped::Foo>, ()), _>("no cluster here")
+        },
+        |_: Arc<shipped::Foo>, _: Arc<()>| async {
+            Ok::<_, std::io::Error>(durable_informer::controller::Action::await_change())
+        },
+        |_, _, _| durable_informer::controller::Action::await_change(),
+    )
+    .recording(durable_informer::testing::Recording::open(RECORDING).expect("recording"));
+    let (trace, failure) = h
+        .run(&Schedule {
+            seed: 1,
+            faults: vec![],
+        })
+        .expect("run");
+    let f = failure.unwrap_or_else(|| panic!("passed:\n{trace}"));
+    assert_eq!(f.oracle, Oracle::Harness, "{f}");
+    assert!(f.detail.contains("setting up the controller: no cluster here"), "{f}");
 }

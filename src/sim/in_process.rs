@@ -206,6 +206,29 @@ mod tests {
     use serde_json::json;
     use std::time::Duration;
 
+    /// A streaming list of the ConfigMaps in `default`, with `extra` query parameters.
+    fn streaming_list(extra: &str) -> http::Request<Full<Bytes>> {
+        http::Request::get(format!(
+            "/api/v1/namespaces/default/configmaps?watch=1&sendInitialEvents=true\
+             &allowWatchBookmarks=true&resourceVersionMatch=NotOlderThan{extra}"
+        ))
+        .body(Full::new(Bytes::new()))
+        .unwrap()
+    }
+
+    /// Restarts the server, writes ConfigMap `name`, and reads to its end a watch opened before.
+    async fn restart_write_and_read(sim: &Sim, resp: crate::sim::server::Resp, name: &str) -> String {
+        sim.restart();
+        sim.create("configmaps", Some("default"), json!({"metadata": {"name": name}}))
+            .unwrap();
+        let body = tokio::time::timeout(Duration::from_secs(60), resp.into_body().collect())
+            .await
+            .expect("the watch ends after a restart")
+            .expect("the body reads")
+            .to_bytes();
+        String::from_utf8_lossy(&body).into_owned()
+    }
+
     /// A streaming list that reaches a lagging watch cache lists the state at the cache's
     /// revision, then sends the changes after it; without the mark it lists the current state.
     #[cfg(feature = "testing")]
@@ -226,12 +249,7 @@ mod tests {
         sim.delete("configmaps", Some("default"), "b").unwrap();
         let now = sim.current_rv();
         let list = |lagging: bool| {
-            let mut req = http::Request::get(
-                "/api/v1/namespaces/default/configmaps?watch=1&sendInitialEvents=true\
-                 &allowWatchBookmarks=true&resourceVersionMatch=NotOlderThan&timeoutSeconds=1",
-            )
-            .body(Full::new(Bytes::new()))
-            .unwrap();
+            let mut req = streaming_list("&timeoutSeconds=1");
             if lagging {
                 req.extensions_mut().insert(crate::sim::LaggingCache(at));
             }
@@ -290,26 +308,12 @@ mod tests {
         let cms = (0..20_000)
             .map(|i| json!({"metadata": {"name": format!("cm-{i}"), "namespace": "default"}, "data": {"k": data}}));
         sim.bulk_load("configmaps", cms).unwrap();
-        let req = http::Request::get(
-            "/api/v1/namespaces/default/configmaps?watch=1&sendInitialEvents=true\
-             &allowWatchBookmarks=true&resourceVersionMatch=NotOlderThan",
-        )
-        .body(Full::new(Bytes::new()))
-        .unwrap();
-        let resp = sim.handle(req).await;
+        let resp = sim.handle(streaming_list("")).await;
         assert_eq!(resp.status(), 200);
         for _ in 0..100 {
             tokio::task::yield_now().await;
         }
-        sim.restart();
-        sim.create("configmaps", Some("default"), json!({"metadata": {"name": "late"}}))
-            .unwrap();
-        let body = tokio::time::timeout(Duration::from_secs(60), resp.into_body().collect())
-            .await
-            .expect("the watch ends after a restart")
-            .expect("the body reads")
-            .to_bytes();
-        let text = String::from_utf8_lossy(&body);
+        let text = restart_write_and_read(&sim, resp, "late").await;
         assert!(text.contains("\"cm-0\""), "the initial events were sent");
         assert!(
             !text.contains("\"late\""),
@@ -318,24 +322,11 @@ mod tests {
 
         // A watch asked for before the restart whose task had not yet read the state: it ends
         // without sending the state after the restart.
-        let req = http::Request::get(
-            "/api/v1/namespaces/default/configmaps?watch=1&sendInitialEvents=true\
-             &allowWatchBookmarks=true&resourceVersionMatch=NotOlderThan",
-        )
-        .body(Full::new(Bytes::new()))
-        .unwrap();
-        let resp = sim.handle(req).await;
+        let resp = sim.handle(streaming_list("")).await;
         assert_eq!(resp.status(), 200);
-        sim.restart();
-        sim.create("configmaps", Some("default"), json!({"metadata": {"name": "later"}}))
-            .unwrap();
-        let body = tokio::time::timeout(Duration::from_secs(60), resp.into_body().collect())
-            .await
-            .expect("the watch ends after a restart")
-            .expect("the body reads")
-            .to_bytes();
+        let text = restart_write_and_read(&sim, resp, "later").await;
         assert!(
-            !String::from_utf8_lossy(&body).contains("\"later\""),
+            !text.contains("\"later\""),
             "a watch asked for before the restart listed the state after it"
         );
     }
