@@ -120,12 +120,16 @@ pub struct Ctx {
     pub leadership: Leadership,
 }
 
+/// The reconcile's error, kept typed as kube-rs controllers do: its text is made only when
+/// someone shows it (a refused write is half of this controller's requests).
 #[derive(Debug, thiserror::Error)]
-#[error("{0}")]
-pub struct Error(String);
-
-fn err(e: impl std::fmt::Display) -> Error {
-    Error(e.to_string())
+pub enum Error {
+    #[error(transparent)]
+    Kube(#[from] kube::Error),
+    #[error(transparent)]
+    Finalizer(#[from] Box<kube::runtime::finalizer::Error<Error>>),
+    #[error("leadership lost in the middle of the reconcile")]
+    Fenced,
 }
 
 /// Before each write: a leader deposed while it waited for an answer (its term ran out on
@@ -134,7 +138,7 @@ fn fence(ctx: &Ctx) -> Result<(), Error> {
     if ctx.variant == Variant::Unfenced || ctx.leadership.is_leading() {
         Ok(())
     } else {
-        Err(Error("leadership lost in the middle of the reconcile".into()))
+        Err(Error::Fenced)
     }
 }
 
@@ -199,15 +203,15 @@ pub async fn reconcile(foo: Arc<Foo>, ctx: Arc<Ctx>) -> Result<Action, Error> {
     let ns = foo.namespace().unwrap_or_default();
     let foos: Api<Foo> = Api::namespaced(ctx.client.clone(), &ns);
     match ctx.variant {
-        Variant::MissedDelete => apply(foo, &ctx).await,
+        Variant::MissedDelete => apply(foo, &foos, &ctx).await,
         _ => finalizer(&foos, FINALIZER, foo, |event| async {
             match event {
-                FinalizerEvent::Apply(foo) => apply(foo, &ctx).await,
+                FinalizerEvent::Apply(foo) => apply(foo, &foos, &ctx).await,
                 FinalizerEvent::Cleanup(foo) => cleanup(foo, &ctx).await,
             }
         })
         .await
-        .map_err(err),
+        .map_err(|e| Error::Finalizer(Box::new(e))),
     }
 }
 
@@ -234,7 +238,7 @@ async fn cleanup(foo: Arc<Foo>, ctx: &Ctx) -> Result<Action, Error> {
         match api.delete(&name, &DeleteParams::default()).await {
             Ok(_) => {}
             Err(kube::Error::Api(e)) if e.code == 404 => {}
-            Err(e) => return Err(err(e)),
+            Err(e) => return Err(e.into()),
         }
     }
     // The finalizer's removal comes next: a write too.
@@ -242,10 +246,9 @@ async fn cleanup(foo: Arc<Foo>, ctx: &Ctx) -> Result<Action, Error> {
     Ok(Action::await_change())
 }
 
-async fn apply(foo: Arc<Foo>, ctx: &Ctx) -> Result<Action, Error> {
+async fn apply(foo: Arc<Foo>, foos: &Api<Foo>, ctx: &Ctx) -> Result<Action, Error> {
     let ns = foo.namespace().unwrap_or_default();
     let deployments: Api<Deployment> = Api::namespaced(ctx.client.clone(), &ns);
-    let foos: Api<Foo> = Api::namespaced(ctx.client.clone(), &ns);
     if foo.spec.deployment_name.is_empty() {
         return Ok(Action::await_change());
     }
@@ -262,46 +265,45 @@ async fn apply(foo: Arc<Foo>, ctx: &Ctx) -> Result<Action, Error> {
                             &PostParams::default(),
                             &deployment_for(&foo, Some(&foo.spec.deployment_name), true),
                         )
-                        .await
-                        .map_err(err)?
+                        .await?
                 }
             }
         }
         Variant::StaleCache => match cached_children(ctx, &foo).first() {
             Some(d) => (**d).clone(),
             // BUG: the cache may not show the Deployment created a moment ago.
-            None => deployments
-                .create(&PostParams::default(), &deployment_for(&foo, None, true))
-                .await
-                .map_err(err)?,
+            None => {
+                deployments
+                    .create(&PostParams::default(), &deployment_for(&foo, None, true))
+                    .await?
+            }
         },
         Variant::MissedDelete => match cached_children(ctx, &foo).first() {
             Some(d) => (**d).clone(),
             // BUG (with on_delete): no owner reference and no finalizer.
-            None => deployments
-                .create(
-                    &PostParams::default(),
-                    &deployment_for(&foo, Some(&foo.spec.deployment_name), false),
-                )
-                .await
-                .map_err(err)?,
+            None => {
+                deployments
+                    .create(
+                        &PostParams::default(),
+                        &deployment_for(&foo, Some(&foo.spec.deployment_name), false),
+                    )
+                    .await?
+            }
         },
         Variant::CrashCreate => {
-            let fresh = foos.get(&foo.name_any()).await.map_err(err)?;
+            let fresh = foos.get(&foo.name_any()).await?;
             match fresh.status.as_ref().and_then(|s| s.deployment.clone()) {
-                Some(name) => deployments.get(&name).await.map_err(err)?,
+                Some(name) => deployments.get(&name).await?,
                 None => {
                     // BUG: the name is remembered only after the create; a crash in between
                     // forgets a Deployment that exists.
                     let d = deployments
                         .create(&PostParams::default(), &deployment_for(&foo, None, true))
-                        .await
-                        .map_err(err)?;
+                        .await?;
                     let patch = json!({"metadata": {"resourceVersion": fresh.resource_version()},
                         "status": {"deployment": d.name_any()}});
                     foos.patch_status(&foo.name_any(), &PatchParams::default(), &Patch::Merge(&patch))
-                        .await
-                        .map_err(err)?;
+                        .await?;
                     d
                 }
             }
@@ -315,8 +317,7 @@ async fn apply(foo: Arc<Foo>, ctx: &Ctx) -> Result<Action, Error> {
         fence(ctx)?;
         deployments
             .patch(&deployment.name_any(), &PatchParams::default(), &Patch::Merge(&patch))
-            .await
-            .map_err(err)?;
+            .await?;
     }
     let available = available_of(&deployment);
     if foo.status.as_ref().and_then(|s| s.available_replicas) != Some(available) {
@@ -330,10 +331,9 @@ async fn apply(foo: Arc<Foo>, ctx: &Ctx) -> Result<Action, Error> {
             obj.metadata.resource_version = None;
             obj.metadata.managed_fields = None;
             foos.replace_status(&foo.name_any(), &PostParams::default(), &obj)
-                .await
-                .map_err(err)?;
+                .await?;
         } else {
-            patch_available(&foos, &foo, available).await.map_err(err)?;
+            patch_available(foos, &foo, available).await?;
         }
     }
     Ok(Action::requeue(Duration::from_secs(300)))

@@ -167,19 +167,23 @@ impl Sim {
     pub(crate) fn uid_of(&self, resource: &str, ns: Option<&str>, name: &str) -> Result<Option<(String, bool)>> {
         let st = self.shared.lock();
         let res = self.resource(&st, resource)?;
-        Ok(st.get(res, ns, name).ok().map(|o| {
+        Ok(st.lookup(res, ns, name).map(|o| {
             let terminating = memchr::memmem::find(&o.full, b"\"deletionTimestamp\"").is_some()
                 && o.value().at("/metadata/deletionTimestamp").is_some();
             (o.uid.clone(), terminating)
         }))
     }
 
-    /// The current objects of `resource` in key order, unparsed: each version's revision
-    /// (global, so it names the version) and its JSON. The harness parses each version once.
-    pub(crate) fn objects_raw(&self, resource: &str) -> Result<Vec<(u64, bytes::Bytes)>> {
+    /// The current objects of `resource` in key order: each version's revision (global, so
+    /// it names the version), its JSON, and its parsed form when the server keeps it. The
+    /// harness parses each version once.
+    pub(crate) fn objects_raw(&self, resource: &str) -> Result<Vec<(u64, bytes::Bytes, Option<Arc<Value>>)>> {
         let st = self.shared.lock();
         let res = self.resource(&st, resource)?;
-        Ok(st.objects[res].values().map(|o| (o.rv, o.full.clone())).collect())
+        Ok(st.objects[res]
+            .values()
+            .map(|o| (o.rv, o.full.clone(), st.parsed.kept(o)))
+            .collect())
     }
 
     /// The objects of `resource` at revision `rv` (the current state when `rv` is the current

@@ -87,7 +87,12 @@ impl ResourceDef {
         if self.group.is_empty() {
             self.version.clone()
         } else {
-            format!("{}/{}", self.group, self.version)
+            // Built by hand: every stored version asks for it, and `format!` costs more.
+            let mut s = String::with_capacity(self.group.len() + 1 + self.version.len());
+            s.push_str(&self.group);
+            s.push('/');
+            s.push_str(&self.version);
+            s
         }
     }
 

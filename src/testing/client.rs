@@ -3,7 +3,10 @@
 //! controller read, lost updates, invariants after each write, a crash right after a write).
 
 use crate::sim::util::JsonAt as _;
-use std::collections::{BTreeSet, HashMap, HashSet};
+use std::collections::BTreeSet;
+
+// Hashed on every request and delivery; never iterated in an order that matters.
+use foldhash::{HashMap, HashSet};
 use std::convert::Infallible;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::task::{Context, Poll};
@@ -171,13 +174,13 @@ impl RunShared {
     pub(crate) fn new(invariants: Arc<Vec<Invariant>>, check_lost_updates: bool, traced: bool) -> Self {
         Self {
             trace: Trace::new(traced),
-            reads: vec![HashMap::new()],
-            own: HashMap::new(),
+            reads: vec![HashMap::default()],
+            own: HashMap::default(),
             writes: 0,
             crash_after_write: None,
             crashed: false,
             crash_notify: Arc::new(tokio::sync::Notify::new()),
-            controller_rvs: HashSet::new(),
+            controller_rvs: HashSet::default(),
             failure: None,
             invariants,
             check_lost_updates,
@@ -187,9 +190,9 @@ impl RunShared {
             served: 0,
             inflight: 0,
             reconciled: Vec::new(),
-            watches: HashMap::new(),
+            watches: HashMap::default(),
             watched: BTreeSet::new(),
-            held: HashMap::new(),
+            held: HashMap::default(),
             lagging: None,
             lease: None,
             stall_after_write: None,
@@ -280,8 +283,8 @@ impl UniqueIndex {
         Self {
             spec,
             at: 0,
-            key_of: HashMap::new(),
-            holders: HashMap::new(),
+            key_of: HashMap::default(),
+            holders: HashMap::default(),
         }
     }
 
@@ -414,28 +417,30 @@ fn named(v: Option<&Value>, pointer: &str) -> Option<String> {
 
 /// Which object a request path names: (`plural` or `plural.group`, namespace, name).
 fn target(path: &str) -> Option<(String, Option<String>, Option<String>)> {
-    let segs: Vec<&str> = path.split('/').filter(|s| !s.is_empty()).collect();
-    let (group, rest) = match segs.as_slice() {
-        ["api", "v1", rest @ ..] => ("", rest),
-        ["apis", g, _, rest @ ..] => (*g, rest),
+    // Read in place (every request asks): `/api/v1/…` or `/apis/<group>/<version>/…`, then
+    // `namespaces/<ns>/<plural>[/<name>…]` or `<plural>[/<name>…]`.
+    let mut segs = path.split('/').filter(|s| !s.is_empty());
+    let group = match (segs.next()?, segs.next()?) {
+        ("api", "v1") => "",
+        ("apis", g) => {
+            segs.next()?;
+            g
+        }
         _ => return None,
     };
-    let (ns, rest) = match rest {
-        ["namespaces", ns, plural, rest @ ..] => (Some((*ns).to_string()), {
-            let mut v = vec![*plural];
-            v.extend_from_slice(rest);
-            v
-        }),
-        _ => (None, rest.to_vec()),
+    let first = segs.next()?;
+    let (second, third) = (segs.next(), segs.next());
+    let (ns, plural, name) = match (first, second, third) {
+        ("namespaces", Some(ns), Some(plural)) => (Some(ns.to_string()), plural, segs.next()),
+        _ => (None, first, second),
     };
-    let plural = rest.first()?;
     let mut resource = String::with_capacity(plural.len() + 1 + group.len());
     resource.push_str(plural);
     if !group.is_empty() {
         resource.push('.');
         resource.push_str(group);
     }
-    Some((resource, ns, rest.get(1).map(|s| (*s).to_string())))
+    Some((resource, ns, name.map(str::to_string)))
 }
 
 /// The in-process service behind the controller's `kube::Client`.
@@ -767,6 +772,43 @@ impl RunShared {
 #[cfg(test)]
 mod tests {
     use super::target;
+    use proptest::prelude::*;
+
+    /// The plain reading `target` does in place: the segments collected, then matched.
+    fn target_model(path: &str) -> Option<(String, Option<String>, Option<String>)> {
+        let segs: Vec<&str> = path.split('/').filter(|s| !s.is_empty()).collect();
+        let (group, rest) = match segs.as_slice() {
+            ["api", "v1", rest @ ..] => ("", rest.to_vec()),
+            ["apis", g, _, rest @ ..] => (*g, rest.to_vec()),
+            _ => return None,
+        };
+        let (ns, rest) = match rest.as_slice() {
+            ["namespaces", ns, rest @ ..] if !rest.is_empty() => (Some((*ns).to_string()), rest.to_vec()),
+            _ => (None, rest),
+        };
+        let plural = rest.first()?;
+        let resource = if group.is_empty() {
+            (*plural).to_string()
+        } else {
+            format!("{plural}.{group}")
+        };
+        Some((resource, ns, rest.get(1).map(|s| (*s).to_string())))
+    }
+
+    proptest! {
+        #[test]
+        fn reads_a_path_as_the_model_does(
+            segs in proptest::collection::vec(
+                prop_oneof![Just("api"), Just("apis"), Just("v1"), Just("apps"), Just("namespaces"),
+                    Just("ns"), Just("pods"), Just("status"), Just("")],
+                0..9,
+            ),
+            lead in any::<bool>(),
+        ) {
+            let path = format!("{}{}", if lead { "/" } else { "" }, segs.join("/"));
+            prop_assert_eq!(target(&path), target_model(&path));
+        }
+    }
 
     #[test]
     fn paths_name_their_objects() {
@@ -779,6 +821,21 @@ mod tests {
             Some(("namespaces".into(), None, Some("a".into())))
         );
         assert_eq!(target("/api/v1/pods"), Some(("pods".into(), None, None)));
+        assert_eq!(
+            target("/api/v1/namespaces/ns/pods"),
+            Some(("pods".into(), Some("ns".into()), None))
+        );
+        assert_eq!(
+            target("/apis/samplecontroller.k8s.io/v1alpha1/namespaces/default/foos/x"),
+            Some((
+                "foos.samplecontroller.k8s.io".into(),
+                Some("default".into()),
+                Some("x".into())
+            ))
+        );
+        assert_eq!(target("/api/v1/namespaces"), Some(("namespaces".into(), None, None)));
+        assert_eq!(target("/api/v1"), None);
+        assert_eq!(target("/apis/apps"), None);
         assert_eq!(target("/version"), None);
     }
 }

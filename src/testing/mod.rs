@@ -365,10 +365,11 @@ impl World<'_> {
         let mut now = HashMap::with_capacity(raw.len());
         let out = raw
             .into_iter()
-            .map(|(rv, json)| {
+            .map(|(rv, json, kept)| {
                 let v = old
                     .get(&rv)
                     .cloned()
+                    .or(kept)
                     .unwrap_or_else(|| Arc::new(serde_json::from_slice(&json).unwrap_or(Value::Null)));
                 now.insert(rv, v.clone());
                 v

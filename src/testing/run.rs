@@ -4,7 +4,10 @@
 
 use crate::sim::util::JsonAt as _;
 use std::borrow::Cow;
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+
+// Keys are hashed on every step; none of these maps is iterated in an order that matters.
+use foldhash::{HashMap, HashSet};
 use std::fmt;
 use std::panic::AssertUnwindSafe;
 use std::path::Path;
@@ -165,15 +168,22 @@ pub(crate) fn requeue_after(a: &Action) -> Option<Duration> {
     if *a == Action::await_change() {
         return None;
     }
-    // A controller returns the same few actions over and over: the last one's answer is kept.
+    // A controller returns the same few actions over and over (a requeue on success, another
+    // on error): the last few answers are kept.
+    const KEEP: usize = 4;
     thread_local! {
-        static LAST: std::cell::RefCell<Option<(Action, Option<Duration>)>> = const { std::cell::RefCell::new(None) };
+        static LAST: std::cell::RefCell<Vec<(Action, Option<Duration>)>> = const { std::cell::RefCell::new(Vec::new()) };
     }
-    if let Some(d) = LAST.with_borrow(|l| l.as_ref().filter(|(b, _)| b == a).map(|(_, d)| *d)) {
+    if let Some(d) = LAST.with_borrow(|l| l.iter().find(|(b, _)| b == a).map(|(_, d)| *d)) {
         return d;
     }
     let d = parse_requeue_after(a);
-    LAST.set(Some((a.clone(), d)));
+    LAST.with_borrow_mut(|l| {
+        if l.len() == KEEP {
+            l.remove(0);
+        }
+        l.push((a.clone(), d));
+    });
     d
 }
 
@@ -393,10 +403,10 @@ where
                         ctx: None,
                         primary: kube::runtime::reflector::store::Writer::<K>::default().as_reader(),
                         queue: VecDeque::new(),
-                        queued: HashSet::new(),
+                        queued: HashSet::default(),
                         timers: BTreeMap::new(),
-                        timer_of: HashMap::new(),
-                        counts: HashMap::new(),
+                        timer_of: HashMap::default(),
+                        counts: HashMap::default(),
                     },
                     elector,
                     partitioned: false,
@@ -405,7 +415,7 @@ where
             .collect();
         if lease.is_some() {
             let mut sh = lock(&shared);
-            sh.reads = vec![HashMap::new(); replicas];
+            sh.reads = vec![HashMap::default(); replicas];
             sh.lease = lease;
         }
         let now = Instant::now();
@@ -428,9 +438,9 @@ where
             reconciles: 0,
             compared,
             gc_seen: 0,
-            gc_index: HashMap::new(),
+            gc_index: HashMap::default(),
             gc_pending: BTreeSet::new(),
-            counts: HashMap::new(),
+            counts: HashMap::default(),
             held_until: BTreeMap::new(),
             seq: 0,
         })
@@ -453,7 +463,7 @@ where
             Some(e) => e.fenced_leadership(),
             None => Leadership::from(tokio::sync::watch::channel(true).1),
         };
-        let mut stores = HashMap::new();
+        let mut stores = std::collections::HashMap::new();
         for spec in &h.watches {
             let (feed, id, store) = (spec.make)();
             feeds.push(feed);
@@ -571,10 +581,10 @@ where
             ctx: self.h.context.as_ref().map(|c| Arc::new(c(&env))),
             primary,
             queue: VecDeque::new(),
-            queued: HashSet::new(),
+            queued: HashSet::default(),
             timers: BTreeMap::new(),
-            timer_of: HashMap::new(),
-            counts: HashMap::new(),
+            timer_of: HashMap::default(),
+            counts: HashMap::default(),
         };
         if r == self.lead {
             self.enqueue_all();
@@ -931,8 +941,9 @@ where
                     self.gc_pending.extend(deps.iter().cloned());
                 }
             }
-            let pending = std::mem::take(&mut self.gc_pending);
-            self.gc_pending = pending.into_iter().filter(|d| self.is_orphan(d)).collect();
+            let mut pending = std::mem::take(&mut self.gc_pending);
+            pending.retain(|d| self.is_orphan(d));
+            self.gc_pending = pending;
         }
         !self.gc_pending.is_empty()
     }
@@ -1033,15 +1044,15 @@ where
         } else {
             Vec::new()
         };
-        let resource = inf.spec.resource.clone();
         let from_world = {
             let mut sh = lock(&self.shared);
             sh.saw(r, key, ev.object.clone());
             !sh.controller_rvs.contains(&ev.rv)
         };
-        let name = ev.object.at("/metadata/name").and_then(Value::as_str).unwrap_or("");
-        let ns = ev.object.at("/metadata/namespace").and_then(Value::as_str);
         self.trace(|| {
+            let name = ev.object.at("/metadata/name").and_then(Value::as_str).unwrap_or("");
+            let ns = ev.object.at("/metadata/namespace").and_then(Value::as_str);
+            let resource = &self.reps[r].informers[i].spec.resource;
             format!(
                 "deliver {g}:{resource} {} {}{name} rv={} -> {}",
                 ev.kind,
@@ -1251,14 +1262,16 @@ where
             if self.stalled.as_ref().is_some_and(|s| s.resume_at <= self.step) {
                 self.resume_stalled().await;
             }
-            let due: Vec<Fault> = self
-                .faults
-                .iter()
-                .filter(|f| f.step() == Some(self.step))
-                .copied()
-                .collect();
-            for f in due {
-                self.apply_fault(f).await;
+            if self.faults.iter().any(|f| f.step() == Some(self.step)) {
+                let due: Vec<Fault> = self
+                    .faults
+                    .iter()
+                    .filter(|f| f.step() == Some(self.step))
+                    .copied()
+                    .collect();
+                for f in due {
+                    self.apply_fault(f).await;
+                }
             }
             {
                 let mut sh = lock(&self.shared);
@@ -1295,20 +1308,23 @@ where
                 }
             }
             let orphans = self.orphans();
-            let mut kinds: Vec<u8> = Vec::new();
-            if !self.world.is_empty() {
-                kinds.push(0);
+            let mut kinds = [0u8; 4];
+            let mut n_kinds = 0;
+            for (kind, possible) in [
+                !self.world.is_empty(),
+                !deliverable.is_empty(),
+                !self.reps[lead].life.queue.is_empty(),
+                orphans,
+            ]
+            .into_iter()
+            .enumerate()
+            {
+                if possible {
+                    kinds[n_kinds] = kind as u8;
+                    n_kinds += 1;
+                }
             }
-            if !deliverable.is_empty() {
-                kinds.push(1);
-            }
-            if !self.reps[lead].life.queue.is_empty() {
-                kinds.push(2);
-            }
-            if orphans {
-                kinds.push(3);
-            }
-            if kinds.is_empty() {
+            if n_kinds == 0 {
                 let step = self.step;
                 if self
                     .reps
@@ -1346,7 +1362,7 @@ where
                     _ => break,
                 }
             }
-            match kinds[self.rng.random_range(0..kinds.len())] {
+            match kinds[self.rng.random_range(0..n_kinds)] {
                 0 => self.release(),
                 1 => {
                     let g = deliverable[self.rng.random_range(0..deliverable.len())];
@@ -2047,12 +2063,15 @@ mod tests {
 
     #[test]
     fn requeue_delays_are_read_back_from_actions() {
-        for d in [
+        let delays = [
             Duration::from_secs(300),
             Duration::from_millis(1500),
             Duration::from_millis(5),
             Duration::from_micros(7),
-        ] {
+            Duration::from_secs(2),
+        ];
+        // Twice round, more than are kept: answers come from the cache and after evictions.
+        for d in delays.into_iter().chain(delays) {
             let got = requeue_after(&Action::requeue(d)).expect("a delay");
             assert!(got.abs_diff(d) < Duration::from_micros(1), "{d:?} read as {got:?}");
             // Again: the kept answer is this action's, not the one before.

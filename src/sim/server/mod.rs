@@ -351,12 +351,14 @@ async fn resource_request(
     }
     // A protobuf-only client of a kind without a protobuf message gets what a real server
     // answers for custom resources: 406.
-    let (answer_api_version, answer_kind) = if t.scale {
-        ("autoscaling/v1".to_string(), "Scale".to_string())
-    } else {
-        (t.def.api_version(), t.def.kind.clone())
+    // Named only where protobuf may be read or written (a JSON client never needs them).
+    let protobuf_wanted = !accept.json || accept.prefers_protobuf || protobuf_body;
+    let (answer_api_version, answer_kind) = match (protobuf_wanted, t.scale) {
+        (false, _) => (String::new(), String::new()),
+        (true, true) => ("autoscaling/v1".to_string(), "Scale".to_string()),
+        (true, false) => (t.def.api_version(), t.def.kind.clone()),
     };
-    let protobuf_ok = pb::supports(&answer_api_version, &answer_kind);
+    let protobuf_ok = protobuf_wanted && pb::supports(&answer_api_version, &answer_kind);
     if !accept.json && !protobuf_ok && !is_list && !is_watch {
         return not_acceptable();
     }

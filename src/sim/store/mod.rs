@@ -85,6 +85,8 @@ pub(crate) struct State {
     /// Object versions parsed for the harness, which reads each one several times.
     #[cfg(feature = "testing")]
     pub parsed: ParsedVersions,
+    /// `plural` and `plural.group` → the first resource so named (see [`State::find`]).
+    by_name: std::collections::HashMap<String, usize>,
 }
 
 /// The harness's source of uids, generated names and the current time.
@@ -120,7 +122,7 @@ impl State {
 impl State {
     pub fn new(resources: Vec<ResourceDef>, window: Window) -> Self {
         let n = resources.len();
-        Self {
+        let mut st = Self {
             rv: 1,
             compact_rv: 1,
             resources: resources.into_iter().map(Arc::new).collect(),
@@ -133,7 +135,10 @@ impl State {
             deterministic: None,
             #[cfg(feature = "testing")]
             parsed: Default::default(),
-        }
+            by_name: Default::default(),
+        };
+        (0..n).for_each(|i| st.index_name(i));
+        st
     }
 
     /// A new object's uid: random, or from the counter in deterministic mode.
@@ -169,14 +174,29 @@ impl State {
 
     /// Find a resource by plural, `plural.group`, or (group, version, plural).
     pub fn find(&self, name: &str) -> Option<usize> {
-        self.resources.iter().position(|d| {
-            // `plural.group` compared in place: lookups are on the harness's hot path.
-            d.plural == name
-                || name
-                    .strip_prefix(d.plural.as_str())
-                    .and_then(|rest| rest.strip_prefix('.'))
-                    == Some(d.group.as_str())
-        })
+        // By map: every request and every delivery of the harness looks its resource up.
+        let found = self.by_name.get(name).copied();
+        debug_assert_eq!(
+            found,
+            self.resources.iter().position(|d| {
+                d.plural == name
+                    || name
+                        .strip_prefix(d.plural.as_str())
+                        .and_then(|rest| rest.strip_prefix('.'))
+                        == Some(d.group.as_str())
+            })
+        );
+        found
+    }
+
+    /// Names resource `i` in [`by_name`](Self::by_name); an earlier resource keeps a name.
+    fn index_name(&mut self, i: usize) {
+        let Some(d) = self.resources.get(i) else {
+            return;
+        };
+        let dotted = format!("{}.{}", d.plural, d.group);
+        self.by_name.entry(d.plural.clone()).or_insert(i);
+        self.by_name.entry(dotted).or_insert(i);
     }
 
     pub fn find_gvr(&self, group: &str, version: &str, plural: &str) -> Option<usize> {
@@ -190,6 +210,7 @@ impl State {
             return i;
         }
         self.resources.push(Arc::new(def));
+        self.index_name(self.resources.len() - 1);
         self.objects.push(BTreeMap::new());
         // A new cacher starts from a list at the current revision.
         self.cache_rv.push(self.rv);
@@ -401,7 +422,10 @@ impl State {
         let mut new_v = (*old_v).clone();
         if status_only {
             if let Some(s) = patch.get("status") {
-                let mut st = new_v.get("status").cloned().unwrap_or(Value::Null);
+                let mut st = new_v
+                    .as_object_mut()
+                    .and_then(|o| o.remove("status"))
+                    .unwrap_or(Value::Null);
                 merge(&mut st, s);
                 if let Some(o) = new_v.as_object_mut() {
                     o.insert("status".into(), st);
@@ -582,6 +606,14 @@ impl State {
 
     pub fn get(&self, res: usize, ns: Option<&str>, name: &str) -> Result<Arc<Obj>, ApiError> {
         self.stored(res, ns, name).map(|(_, _, obj)| obj)
+    }
+
+    /// [`get`](Self::get) for a caller that does not need the 404 (building its message costs
+    /// more than the lookup).
+    pub fn lookup(&self, res: usize, ns: Option<&str>, name: &str) -> Option<Arc<Obj>> {
+        let def = self.resources.get(res)?;
+        let ns_s = if def.namespaced { ns.unwrap_or("default") } else { "" };
+        self.objects.get(res)?.get(&key_of(def, ns_s, name)).cloned()
     }
 
     /// The resource, storage key and current state of an object (404 when absent). A

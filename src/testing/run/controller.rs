@@ -73,7 +73,7 @@ where
         let build = self.h.controller.clone()?;
         {
             let mut sh = lock(&self.shared);
-            sh.reads.iter_mut().for_each(std::collections::HashMap::clear);
+            sh.reads.iter_mut().for_each(|r| r.clear());
             sh.crashed = false;
             // The old process's requests and watches died with it.
             sh.inflight = 0;
@@ -83,7 +83,7 @@ where
             sh.lagging = match restart {
                 Restart::TimeTravel { behind } => Some((
                     self.sim.current_rv().saturating_sub(behind).max(self.start_rv),
-                    std::collections::HashSet::new(),
+                    foldhash::HashSet::default(),
                 )),
                 _ => None,
             };
