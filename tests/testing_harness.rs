@@ -14,6 +14,21 @@ use shipped::sample::{ha_harness, harness, Variant};
 
 const RECORDING: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/recordings/foos.jsonl");
 
+#[path = "common/backend.rs"]
+mod backend;
+
+/// A disk whose every write takes 10 ms (a loaded CI machine starves the store's writer as
+/// long): what the controller was sent reaches its store well after it was sent.
+#[derive(Debug)]
+struct SlowWrites;
+
+impl backend::Hooks for SlowWrites {
+    fn write(&self, file: &redb::backends::FileBackend, offset: u64, data: &[u8]) -> Result<(), std::io::Error> {
+        std::thread::sleep(std::time::Duration::from_millis(10));
+        redb::StorageBackend::write(file, offset, data)
+    }
+}
+
 /// Schedules per check in CI; the ignored test runs 1,000.
 const CI_SCHEDULES: u64 = 100;
 
@@ -232,6 +247,19 @@ fn a_crash_between_create_and_status_is_found_at_its_boundary() {
         }
         other => panic!("not found: {other:?}"),
     }
+}
+
+/// Controller mode waits for the controller's store to hold what its informers were sent
+/// before it calls a boundary idle: with a slow disk, the quiet polls alone passed while an
+/// event waited for its commit, and the run ended (or the next change came) early.
+#[test]
+fn a_slow_disk_does_not_end_a_boundary_before_the_store_has_what_was_sent() {
+    let report = shipped::harness(shipped::Bug::None, RECORDING)
+        .expect("harness")
+        .store_config(|c| backend::hooked(c, &std::sync::Arc::new(SlowWrites)))
+        .check(1)
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(report.schedules, 2, "{report}");
 }
 
 /// The Foo controller built with this crate's `Controller` (examples/testing_controller.rs),

@@ -94,7 +94,7 @@ use crate::leader::{LeaderElectionConfig, Leadership};
 use crate::object::ObjectKey;
 use crate::queue::WorkQueue;
 use crate::sim::{ResourceDef, Sim};
-use crate::store::DurableStore;
+use crate::store::{DurableStore, StoreConfig};
 use futures::stream::BoxStream;
 use futures::StreamExt;
 
@@ -541,6 +541,9 @@ pub(crate) type ContextFn<Ctx> = Arc<dyn Fn(&Env) -> Ctx + Send + Sync>;
 
 /// Builds the user's controller and its context from an [`Env`] (its database and client)
 /// and runs it: its queue, and what its `run` stream reports. An error is the setup's.
+/// How controller mode opens a lifetime's database ([`Harness::store_config`]).
+pub(crate) type StoreConfigFn = Arc<dyn Fn(StoreConfig) -> StoreConfig + Send + Sync>;
+
 pub(crate) type ControllerFn = Arc<
     dyn Fn(Env) -> BoxFuture<'static, Result<(WorkQueue<ObjectKey>, BoxStream<'static, Reconciled>), String>>
         + Send
@@ -598,6 +601,8 @@ pub struct Harness<K, Ctx, E> {
     pub(crate) controller: Option<ControllerFn>,
     /// A leader and a warm standby, with these election timings.
     pub(crate) election: Option<LeaderElectionConfig>,
+    /// Controller mode: how each lifetime's database is opened.
+    pub(crate) store_config: Option<StoreConfigFn>,
 }
 
 impl<K, Ctx, E> Harness<K, Ctx, E>
@@ -658,6 +663,7 @@ where
                 .to_lowercase(),
             threads: std::thread::available_parallelism().map_or(1, usize::from),
             budget: None,
+            store_config: None,
             controller: None,
             election: None,
         }
@@ -904,6 +910,24 @@ where
         self
     }
 
+    /// Controller mode ([`for_controller`](Self::for_controller)): the store options each
+    /// lifetime's database is opened with, as the controller's `main` would set them (a
+    /// memory budget, compression, a backend wrapper that makes the disk slow or failing).
+    /// The harness gives the path; by default the store's defaults apply.
+    ///
+    /// ```no_run
+    /// # use durable_informer::testing::Harness;
+    /// # fn f<K: kube::Resource<DynamicType = ()> + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + Sync + 'static, C: Send + Sync + 'static>(h: Harness<K, C, kube::Error>) -> Result<(), Box<dyn std::error::Error>> where K::Scope: 'static {
+    /// let report = h.store_config(|c| c.object_cache_bytes(64 << 20)).check(100)?;
+    /// println!("{report}");
+    /// # Ok(()) }
+    /// ```
+    #[must_use]
+    pub fn store_config(mut self, f: impl Fn(StoreConfig) -> StoreConfig + Send + Sync + 'static) -> Self {
+        self.store_config = Some(Arc::new(f));
+        self
+    }
+
     /// Runs the controller as two replicas, a leader and a warm standby, elected by this
     /// crate's [`LeaderElector`](crate::leader::LeaderElector) over a Lease on the simulated
     /// server (`default/controller-leader`), with `config`'s timings on the virtual clock: every
@@ -980,7 +1004,8 @@ where
     ///
     /// The controller's own tasks decide the order of its work here, not the harness: each
     /// step releases one recorded change and waits until the controller is idle (its queue
-    /// empty, no request in flight, nothing sent for a few milliseconds of real time). The
+    /// empty, no request in flight, nothing sent for a few milliseconds of real time, its
+    /// store's writer flushed: what its informers were sent is stored). The
     /// faults injected at those boundaries are crashes (from the database, empty), a crash
     /// right after a write, a relist (every watch ends with 410), time travel (a restart from
     /// an empty database against a server whose watch cache is behind: each resource's first

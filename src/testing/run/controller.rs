@@ -97,9 +97,18 @@ where
         // The crashed process's last informer closes the file on a thread of its own: a
         // reopen may find it still locked for a moment.
         let mut tries = 0;
+        let configure = self.h.store_config.clone();
         let opened = loop {
             let p = path.clone();
-            let r = tokio::task::spawn_blocking(move || DurableStore::open(StoreConfig::new(p))).await;
+            let configure = configure.clone();
+            let r = tokio::task::spawn_blocking(move || {
+                let config = StoreConfig::new(p);
+                DurableStore::open(match &configure {
+                    Some(f) => f(config),
+                    None => config,
+                })
+            })
+            .await;
             match r {
                 Ok(Err(StoreError::Locked { .. })) if tries < 2_000 => {
                     tries += 1;
@@ -179,6 +188,7 @@ where
         let mut last = None;
         let mut quiet = 0;
         let mut waiting = 0;
+        let mut flushed_at = None;
         loop {
             tokio::time::sleep(POLL).await;
             let m = live.queue.metrics();
@@ -197,7 +207,19 @@ where
             if m.depth == 0 && still && caught_up {
                 quiet += 1;
                 if quiet >= QUIET_POLLS {
-                    return true;
+                    if flushed_at == Some(now) {
+                        return true;
+                    }
+                    // Sent is not stored: an event the informer took may still wait for the
+                    // store's writer (a commit is a disk sync, and a loaded machine starves its
+                    // thread longer than the quiet polls). A flush returns after everything
+                    // submitted before it; then the controller must stay quiet once more.
+                    if let Err(e) = live.db.writer().flush().await {
+                        self.fail(Oracle::Harness, format!("flushing the controller's database: {e}"));
+                        return false;
+                    }
+                    flushed_at = Some(now);
+                    quiet = 0;
                 }
             } else if still && !self.held_until.is_empty() {
                 // Work queued but nothing moves: the controller waits for a held informer (its
