@@ -22,6 +22,9 @@ pub(crate) struct HistoryEvent {
     pub object: Arc<Value>,
 }
 
+/// An object as the harness reads it: its revision, its JSON, and its parsed form if kept.
+pub(crate) type RawObject = (u64, Bytes, Option<Arc<Value>>);
+
 impl Sim {
     /// A server reached only in-process ([`handle`](Self::handle)): no listener, no runtime,
     /// uids and timestamps from a counter and [`set_clock`](Self::set_clock).
@@ -177,7 +180,7 @@ impl Sim {
     /// The current objects of `resource` in key order: each version's revision (global, so
     /// it names the version), its JSON, and its parsed form when the server keeps it. The
     /// harness parses each version once.
-    pub(crate) fn objects_raw(&self, resource: &str) -> Result<Vec<(u64, bytes::Bytes, Option<Arc<Value>>)>> {
+    pub(crate) fn objects_raw(&self, resource: &str) -> Result<Vec<RawObject>> {
         let st = self.shared.lock();
         let res = self.resource(&st, resource)?;
         Ok(st.objects[res]

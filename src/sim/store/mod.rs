@@ -610,6 +610,7 @@ impl State {
 
     /// [`get`](Self::get) for a caller that does not need the 404 (building its message costs
     /// more than the lookup).
+    #[cfg(feature = "testing")]
     pub fn lookup(&self, res: usize, ns: Option<&str>, name: &str) -> Option<Arc<Obj>> {
         let def = self.resources.get(res)?;
         let ns_s = if def.namespaced { ns.unwrap_or("default") } else { "" };
