@@ -609,6 +609,15 @@ where
         }
     }
 
+    /// The faults injected before this step (no allocation when none is).
+    fn due_faults(&self) -> Vec<Fault> {
+        self.faults
+            .iter()
+            .filter(|f| f.step() == Some(self.step))
+            .copied()
+            .collect()
+    }
+
     /// Queues `k` on the leader.
     fn enqueue(&mut self, k: Key, from_world: bool) {
         let life = &mut self.reps[self.lead].life;
@@ -1262,16 +1271,8 @@ where
             if self.stalled.as_ref().is_some_and(|s| s.resume_at <= self.step) {
                 self.resume_stalled().await;
             }
-            if self.faults.iter().any(|f| f.step() == Some(self.step)) {
-                let due: Vec<Fault> = self
-                    .faults
-                    .iter()
-                    .filter(|f| f.step() == Some(self.step))
-                    .copied()
-                    .collect();
-                for f in due {
-                    self.apply_fault(f).await;
-                }
+            for f in self.due_faults() {
+                self.apply_fault(f).await;
             }
             {
                 let mut sh = lock(&self.shared);

@@ -387,12 +387,7 @@ where
         while !self.failed() && live.is_some() {
             self.step += 1;
             self.sim.set_clock(CLOCK_BASE + self.step);
-            let due: Vec<Fault> = self
-                .faults
-                .iter()
-                .filter(|f| f.step() == Some(self.step))
-                .copied()
-                .collect();
+            let due = self.due_faults();
             let ending: Vec<String> = self
                 .held_until
                 .iter()
