@@ -214,9 +214,15 @@ where
                     // store's writer (a commit is a disk sync, and a loaded machine starves its
                     // thread longer than the quiet polls). A flush returns after everything
                     // submitted before it; then the controller must stay quiet once more.
-                    if let Err(e) = live.db.writer().flush().await {
-                        self.fail(Oracle::Harness, format!("flushing the controller's database: {e}"));
-                        return false;
+                    let left = deadline.saturating_duration_since(std::time::Instant::now());
+                    match tokio::time::timeout(left, live.db.writer().flush()).await {
+                        Ok(Ok(())) => {}
+                        Ok(Err(e)) => {
+                            self.fail(Oracle::Harness, format!("flushing the controller's database: {e}"));
+                            return false;
+                        }
+                        // A wedged writer is a boundary that does not settle.
+                        Err(_) => return false,
                     }
                     flushed_at = Some(now);
                     quiet = 0;
