@@ -539,11 +539,11 @@ pub(crate) enum Reconciled {
 /// Builds a controller's context at each start.
 pub(crate) type ContextFn<Ctx> = Arc<dyn Fn(&Env) -> Ctx + Send + Sync>;
 
-/// Builds the user's controller and its context from an [`Env`] (its database and client)
-/// and runs it: its queue, and what its `run` stream reports. An error is the setup's.
 /// How controller mode opens a lifetime's database ([`Harness::store_config`]).
 pub(crate) type StoreConfigFn = Arc<dyn Fn(StoreConfig) -> StoreConfig + Send + Sync>;
 
+/// Builds the user's controller and its context from an [`Env`] (its database and client)
+/// and runs it: its queue, and what its `run` stream reports. An error is the setup's.
 pub(crate) type ControllerFn = Arc<
     dyn Fn(Env) -> BoxFuture<'static, Result<(WorkQueue<ObjectKey>, BoxStream<'static, Reconciled>), String>>
         + Send

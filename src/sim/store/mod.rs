@@ -613,8 +613,7 @@ impl State {
     #[cfg(feature = "testing")]
     pub fn lookup(&self, res: usize, ns: Option<&str>, name: &str) -> Option<Arc<Obj>> {
         let def = self.resources.get(res)?;
-        let ns_s = if def.namespaced { ns.unwrap_or("default") } else { "" };
-        self.objects.get(res)?.get(&key_of(def, ns_s, name)).cloned()
+        self.objects.get(res)?.get(&storage_key(def, ns, name)).cloned()
     }
 
     /// The resource, storage key and current state of an object (404 when absent). A
@@ -626,8 +625,7 @@ impl State {
         name: &str,
     ) -> Result<(Arc<ResourceDef>, String, Arc<Obj>), ApiError> {
         let def = self.def(res)?;
-        let ns_s = if def.namespaced { ns.unwrap_or("default") } else { "" };
-        let key = key_of(&def, ns_s, name);
+        let key = storage_key(&def, ns, name);
         match self.objects[res].get(&key).cloned() {
             Some(obj) => Ok((def, key, obj)),
             None => Err(ApiError::not_found(&def, name)),
@@ -719,4 +717,11 @@ fn finalizers(field: Option<&Value>) -> Vec<String> {
         .and_then(Value::as_array)
         .map(|a| a.iter().filter_map(Value::as_str).map(str::to_owned).collect())
         .unwrap_or_default()
+}
+
+/// Where an object is stored: a namespaced object without a namespace is looked up in
+/// `default`, as the server does; a cluster-scoped one has none.
+fn storage_key(def: &ResourceDef, ns: Option<&str>, name: &str) -> String {
+    let ns = if def.namespaced { ns.unwrap_or("default") } else { "" };
+    key_of(def, ns, name)
 }
