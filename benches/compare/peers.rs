@@ -230,7 +230,8 @@ impl GoPeer {
 
     /// Timed reads inside the peer (same rules as `scenarios::time_per_op`).
     pub fn reads(&mut self, n: usize, gets: usize, lists: usize, namespaces: &[String]) -> Res<Reads> {
-        let w = self.cmd(&format!("reads {n} {gets} {lists} {}", namespaces.join(" ")))?;
+        let hot = scenarios::HOT_SET;
+        let w = self.cmd(&format!("reads {n} {gets} {lists} {hot} {}", namespaces.join(" ")))?;
         let f = |i: usize| -> Res<f64> { Ok(w.get(i).ok_or("peer: short reads answer")?.parse::<f64>()?) };
         Ok(Reads {
             get_us: f(0)?,
@@ -240,6 +241,13 @@ impl GoPeer {
             by_label_len: f(4)? as u64,
             cold: None,
             object_cache_mib: None,
+            hot: scenarios::HotReads {
+                get_us: f(5)?,
+                list_ns_us: f(6)?,
+                list_ns_len: f(7)? as u64,
+                select_us: f(8)?,
+                select_len: f(9)? as u64,
+            },
         })
     }
 

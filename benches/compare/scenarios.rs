@@ -850,6 +850,52 @@ pub struct Reads {
     pub cold: Option<ColdReads>,
     /// Ours only: what the object cache holds after the reads (MiB charged).
     pub object_cache_mib: Option<f64>,
+    /// The same kinds of reads over a hot set, after those over every object.
+    pub hot: HotReads,
+}
+
+/// Objects in the hot set: the first of the gets' stride (all of them below this N).
+pub const HOT_SET: usize = 1_000;
+
+/// Reads over a hot set, what a controller rereads while it works: gets of the first
+/// [`HOT_SET`] objects of the stride, and the first namespace listed whole and by `app=web`.
+/// Each is read once before it is timed, after the reads over every object, so ours' cache
+/// holds the hot set decoded whatever N is (its budget holds every object only at small N).
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct HotReads {
+    pub get_us: f64,
+    pub list_ns_us: f64,
+    pub list_ns_len: u64,
+    /// `app=web` within the first namespace.
+    pub select_us: f64,
+    pub select_len: u64,
+}
+
+/// Times the hot-set reads through three closures: get the `i`th object of the stride, list
+/// a namespace whole or by `app=web` (`true`). Every system goes through this one function.
+fn hot_reads(
+    n: usize,
+    gets: usize,
+    lists: usize,
+    mut get: impl FnMut(usize) -> Res<u64>,
+    mut list: impl FnMut(bool) -> Res<u64>,
+) -> Res<HotReads> {
+    let hot = HOT_SET.clamp(1, n.max(1));
+    for i in 0..hot {
+        get(i)?;
+    }
+    list(false)?;
+    list(true)?;
+    let (get_us, _) = time_per_op(gets, |i| get(i % hot))?;
+    let (list_ns_us, list_ns_len) = time_per_op(lists, |_| list(false))?;
+    let (select_us, select_len) = time_per_op(lists, |_| list(true))?;
+    Ok(HotReads {
+        get_us,
+        list_ns_us,
+        list_ns_len,
+        select_us,
+        select_len,
+    })
 }
 
 /// Ours' reads with an object cache budget of 0 (every object read from redb), in
@@ -909,6 +955,26 @@ fn lister_reads(lister: &Lister<Pod>, n: usize, gets: usize, lists: usize) -> Re
     ))
 }
 
+/// [`hot_reads`] through our lister.
+fn lister_hot_reads(lister: &Lister<Pod>, n: usize, gets: usize, lists: usize) -> Res<HotReads> {
+    let ns = namespaces(n);
+    let all = LabelSelector::everything();
+    let web = LabelSelector::parse("app=web")?;
+    hot_reads(
+        n,
+        gets,
+        lists,
+        |i| {
+            let (namespace, name) = pod_ref(&ns, i.wrapping_mul(7919) % n);
+            Ok(u64::from(lister.namespace(namespace).get(&name)?.is_some()))
+        },
+        |select| {
+            let sel = if select { &web } else { &all };
+            Ok(lister.namespace(&ns[0]).list(sel)?.len() as u64)
+        },
+    )
+}
+
 /// Mean µs to decode one stored Pod's JSON into `Pod` and drop it (the JSON read beforehand,
 /// outside the timing): what any read that is not served decoded costs at least.
 fn decode_alone(store: &durable_informer::store::Store, n: usize) -> Res<f64> {
@@ -949,6 +1015,7 @@ pub async fn ours_reads(sim: &Sim, n: usize, gets: usize, lists: usize, dir: &Pa
         lister.list(&LabelSelector::everything())?;
         lister_reads(&lister, n, gets, lists)
     })?;
+    let hot_set = tokio::task::block_in_place(|| lister_hot_reads(&lister, n, gets, lists))?;
     let object_cache_mib = Some(ours.informer.cache_stats().charged_bytes as f64 / f64::from(1 << 20));
     drop(lister);
     ours.stop().await?;
@@ -979,6 +1046,7 @@ pub async fn ours_reads(sim: &Sim, n: usize, gets: usize, lists: usize, dir: &Pa
         by_label_len,
         cold: Some(cold),
         object_cache_mib,
+        hot: hot_set,
     })
 }
 
@@ -1010,6 +1078,25 @@ pub async fn theirs_reads(sim: &Sim, n: usize, gets: usize, lists: usize) -> Res
             })
             .len() as u64)
     })?;
+    let is_web = |p: &Pod| {
+        p.metadata
+            .labels
+            .as_ref()
+            .and_then(|l| l.get("app"))
+            .is_some_and(|v| v == "web")
+    };
+    let in_first = |p: &Pod| p.metadata.namespace.as_deref() == Some(ns[0].as_str());
+    let hot = hot_reads(
+        n,
+        gets,
+        lists,
+        |i| {
+            let (namespace, name) = pod_ref(&ns, i.wrapping_mul(7919) % n);
+            let r = ObjectRef::<Pod>::new(&name).within(namespace);
+            Ok(u64::from(store.get(&r).is_some()))
+        },
+        |select| Ok(store.state_filter(|p| in_first(p) && (!select || is_web(p))).len() as u64),
+    )?;
     theirs.stop();
     Ok(Reads {
         get_us,
@@ -1019,6 +1106,7 @@ pub async fn theirs_reads(sim: &Sim, n: usize, gets: usize, lists: usize) -> Res
         by_label_len,
         cold: None,
         object_cache_mib: None,
+        hot,
     })
 }
 

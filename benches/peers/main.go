@@ -99,7 +99,17 @@ type informer interface {
 	waitSynced(ctx context.Context) error
 	len() int
 	stop()
-	reads(ctx context.Context, n int, ns []string, gets, lists int) (string, error)
+	// reader gives the Pod reads the harness times; an error when the informer has no Pods.
+	reader() (reader, error)
+}
+
+// reader: the reads the harness times, through each system's own read API.
+type reader interface {
+	get(ctx context.Context, namespace, name string) (bool, error)
+	// list one namespace, with a label selector.
+	list(ctx context.Context, namespace string, sel labels.Selector) (int, error)
+	// byLabel: every Pod labelled app=web, through the label index where the system has one.
+	byLabel(ctx context.Context) (int, error)
 }
 
 // counter is the handler both systems register: it counts every call and, while reporting,
@@ -228,41 +238,26 @@ func (g *clientGo) stop() {
 	g.factory.Shutdown()
 }
 
-func (g *clientGo) reads(_ context.Context, n int, ns []string, gets, lists int) (string, error) {
+func (g *clientGo) reader() (reader, error) {
 	if g.lister == nil {
-		return "", errors.New("reads are defined over Pods")
+		return nil, errors.New("reads are defined over Pods")
 	}
-	var err error
-	getUs, _ := timePerOp(gets, func(i int) int {
-		namespace, name := podRef(ns, (i*7919)%n)
-		p, e := g.lister.Pods(namespace).Get(name)
-		if e != nil {
-			err = e
-			return 0
-		}
-		if p != nil {
-			return 1
-		}
-		return 0
-	})
-	if err != nil {
-		return "", err
-	}
-	listUs, listLen := timePerOp(lists, func(i int) int {
-		l, e := g.lister.Pods(ns[i%len(ns)]).List(labels.Everything())
-		if e != nil {
-			err = e
-		}
-		return len(l)
-	})
-	labelUs, labelLen := timePerOp(lists, func(int) int {
-		l, e := g.informer.GetIndexer().ByIndex("labels", "app=web")
-		if e != nil {
-			err = e
-		}
-		return len(l)
-	})
-	return fmt.Sprintf("%f %f %d %f %d", getUs, listUs, listLen, labelUs, labelLen), err
+	return g, nil
+}
+
+func (g *clientGo) get(_ context.Context, namespace, name string) (bool, error) {
+	p, err := g.lister.Pods(namespace).Get(name)
+	return p != nil, err
+}
+
+func (g *clientGo) list(_ context.Context, namespace string, sel labels.Selector) (int, error) {
+	l, err := g.lister.Pods(namespace).List(sel)
+	return len(l), err
+}
+
+func (g *clientGo) byLabel(context.Context) (int, error) {
+	l, err := g.informer.GetIndexer().ByIndex("labels", "app=web")
+	return len(l), err
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -329,38 +324,85 @@ func (r *controllerRuntime) stop() {
 	<-r.done
 }
 
-func (r *controllerRuntime) reads(ctx context.Context, n int, ns []string, gets, lists int) (string, error) {
-	var err error
-	getUs, _ := timePerOp(gets, func(i int) int {
-		namespace, name := podRef(ns, (i*7919)%n)
-		var p corev1.Pod
-		if e := r.cache.Get(ctx, client.ObjectKey{Namespace: namespace, Name: name}, &p); e != nil {
-			err = e
-			return 0
-		}
-		return 1
-	})
-	if err != nil {
-		return "", err
+func (r *controllerRuntime) reader() (reader, error) {
+	if configMaps {
+		return nil, errors.New("reads are defined over Pods")
 	}
-	listUs, listLen := timePerOp(lists, func(i int) int {
-		var l corev1.PodList
-		if e := r.cache.List(ctx, &l, client.InNamespace(ns[i%len(ns)])); e != nil {
-			err = e
-		}
-		return len(l.Items)
-	})
-	labelUs, labelLen := timePerOp(lists, func(int) int {
-		var l corev1.PodList
-		if e := r.cache.List(ctx, &l, client.MatchingLabels{"app": "web"}); e != nil {
-			err = e
-		}
-		return len(l.Items)
-	})
-	return fmt.Sprintf("%f %f %d %f %d", getUs, listUs, listLen, labelUs, labelLen), err
+	return r, nil
+}
+
+func (r *controllerRuntime) get(ctx context.Context, namespace, name string) (bool, error) {
+	var p corev1.Pod
+	if err := r.cache.Get(ctx, client.ObjectKey{Namespace: namespace, Name: name}, &p); err != nil {
+		return false, err
+	}
+	return true, nil
+}
+
+func (r *controllerRuntime) list(ctx context.Context, namespace string, sel labels.Selector) (int, error) {
+	var l corev1.PodList
+	err := r.cache.List(ctx, &l, client.InNamespace(namespace), client.MatchingLabelsSelector{Selector: sel})
+	return len(l.Items), err
+}
+
+func (r *controllerRuntime) byLabel(ctx context.Context) (int, error) {
+	var l corev1.PodList
+	err := r.cache.List(ctx, &l, client.MatchingLabels{"app": "web"})
+	return len(l.Items), err
 }
 
 // ---------------------------------------------------------------------------------------------
+
+// reads times the harness's reads (docs/bench/peers.md): over every object (gets by the
+// stride 7919, each namespace in turn, the label index), then over a hot set of the first
+// `hot` objects of that stride and the first namespace, each read once before it is timed.
+// The answer: get, list, its length, select, its length, for each of the two, in that order.
+func reads(ctx context.Context, r reader, n int, ns []string, gets, lists, hot int) (string, error) {
+	var err error
+	keep := func(e error) {
+		if e != nil && err == nil {
+			err = e
+		}
+	}
+	one := func(k int, f func(int) (int, error)) func(int) int {
+		return func(i int) int {
+			v, e := f(i % k)
+			keep(e)
+			return v
+		}
+	}
+	get := func(i int) (int, error) {
+		namespace, name := podRef(ns, (i*7919)%n)
+		found, e := r.get(ctx, namespace, name)
+		if found {
+			return 1, e
+		}
+		return 0, e
+	}
+	everything := labels.Everything()
+	web := labels.SelectorFromSet(labels.Set{"app": "web"})
+	listNs := func(i int) (int, error) { return r.list(ctx, ns[i%len(ns)], everything) }
+	getUs, _ := timePerOp(gets, one(n, get))
+	listUs, listLen := timePerOp(lists, one(len(ns), listNs))
+	labelUs, labelLen := timePerOp(lists, one(1, func(int) (int, error) { return r.byLabel(ctx) }))
+	// The hot set: read once, then timed.
+	hot = min(max(hot, 1), n)
+	for i := 0; i < hot; i++ {
+		_, e := get(i)
+		keep(e)
+	}
+	hotList := func(int) (int, error) { return r.list(ctx, ns[0], everything) }
+	hotSelect := func(int) (int, error) { return r.list(ctx, ns[0], web) }
+	for _, f := range []func(int) (int, error){hotList, hotSelect} {
+		_, e := f(0)
+		keep(e)
+	}
+	hotGetUs, _ := timePerOp(gets, one(hot, get))
+	hotListUs, hotListLen := timePerOp(lists, one(1, hotList))
+	hotSelectUs, hotSelectLen := timePerOp(lists, one(1, hotSelect))
+	return fmt.Sprintf("%f %f %d %f %d %f %f %d %f %d", getUs, listUs, listLen, labelUs, labelLen,
+		hotGetUs, hotListUs, hotListLen, hotSelectUs, hotSelectLen), err
+}
 
 func podRef(ns []string, i int) (string, string) {
 	return ns[i%len(ns)], "pod-" + strconv.Itoa(i)
@@ -509,16 +551,25 @@ func main() {
 		case cmd == "gc":
 			runtime.GC()
 			o.reply("ok gc")
-		case cmd == "reads" && len(f) >= 5:
-			// reads N GETS LISTS NS...
-			n, e1 := strconv.Atoi(f[1])
-			gets, e2 := strconv.Atoi(f[2])
-			lists, e3 := strconv.Atoi(f[3])
-			if err := errors.Join(e1, e2, e3); err != nil || inf == nil || n < 1 {
+		case cmd == "reads" && len(f) >= 6:
+			// reads N GETS LISTS HOT NS...
+			var errs []error
+			num := func(v string) int {
+				x, err := strconv.Atoi(v)
+				errs = append(errs, err)
+				return x
+			}
+			n, gets, lists, hot := num(f[1]), num(f[2]), num(f[3]), num(f[4])
+			if err := errors.Join(errs...); err != nil || inf == nil || n < 1 {
 				o.reply("err reads: bad arguments or not started: %v", err)
 				continue
 			}
-			res, err := inf.reads(context.Background(), n, f[4:], gets, lists)
+			r, err := inf.reader()
+			if err != nil {
+				o.reply("err reads: %s", oneLine(err))
+				continue
+			}
+			res, err := reads(context.Background(), r, n, f[5:], gets, lists, hot)
 			if err != nil {
 				o.reply("err reads: %s", oneLine(err))
 				continue
