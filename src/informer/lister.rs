@@ -98,7 +98,7 @@ impl<K: DeserializeOwned + Send + Sync + 'static> Lister<K> {
             match entry {
                 Some(None) => return Ok(None),
                 Some(Some(e)) => {
-                    if let Some(k) = e.object() {
+                    if let Some(k) = e.read() {
                         return k.map(Some).map_err(|_| decode_error::<K>(e.json()));
                     }
                     if let Some(mut found) = self.materialize(cache, vec![e])? {
@@ -134,7 +134,7 @@ impl<K: DeserializeOwned + Send + Sync + 'static> Lister<K> {
         };
         match entry {
             None => Some(Ok(None)),
-            Some(e) => e.object().map(|k| k.map(Some).map_err(|_| decode_error::<K>(e.json()))),
+            Some(e) => e.read().map(|k| k.map(Some).map_err(|_| decode_error::<K>(e.json()))),
         }
     }
 
@@ -177,7 +177,7 @@ impl<K: DeserializeOwned + Send + Sync + 'static> Lister<K> {
         let mut out: Vec<Option<Arc<K>>> = Vec::with_capacity(entries.len());
         let mut cold = Vec::new();
         for (i, e) in entries.iter().enumerate() {
-            match e.object() {
+            match e.read() {
                 Some(Ok(k)) => out.push(Some(k)),
                 Some(Err(_)) => return Err(decode_error::<K>(e.json())),
                 None => {
@@ -365,7 +365,7 @@ impl<K: DeserializeOwned + Send + Sync + 'static> Lister<K> {
             if let Some(entries) = cache.view().map(|v| v.select(None, |_| true)) {
                 let mut fell_back = false;
                 for e in entries {
-                    let k = match e.object() {
+                    let k = match e.read() {
                         Some(k) => k.map_err(|_| decode_error::<K>(e.json()))?,
                         None => match self.materialize(cache, vec![e])? {
                             Some(mut one) => match one.pop() {
@@ -633,6 +633,55 @@ mod tests {
         assert_eq!(lister.namespace("a").get("o1").unwrap().unwrap()["data"]["rv"], 3);
         // A budget of one byte holds no JSON, even of an object just read.
         assert_eq!(f.cache.stats().with_json, 0);
+    }
+
+    /// A cache full of objects only written takes in what a lister reads back, and keeps it
+    /// for the next read, as the budget's docs promise ("the least recently written or read
+    /// go first"): before, a full cache took in nothing read back, so a controller's reads
+    /// went to redb for ever.
+    #[test]
+    fn a_full_cache_keeps_what_a_lister_reads_back_for_the_next_read() {
+        let add = |f: &Fixture, i: u64| {
+            let b = Batch::new(f.store.scope()).delta(DeltaKind::Added, obj("a", &format!("o{i}"), 10 + i, "web"));
+            f.apply(b.rv((10 + i).to_string()));
+        };
+        // What one object is charged, then a cache with room for three.
+        let one = {
+            let dir = tempfile::tempdir().unwrap();
+            let f = Fixture::open(dir.path(), 1 << 20);
+            add(&f, 1);
+            f.cache.stats().charged_bytes
+        };
+        let dir = tempfile::tempdir().unwrap();
+        let f = Fixture::open(dir.path(), 3 * one + one / 2);
+        for i in 1..=6 {
+            add(&f, i);
+        }
+        let held = |name: &str| {
+            f.cache
+                .entry(&ObjectKey::namespaced("a", name))
+                .flatten()
+                .is_some_and(|e| e.has_json())
+        };
+        assert!(!held("o1") && held("o6"), "the oldest written went");
+        let lister = f.lister();
+        let first = lister.namespace("a").get("o1").unwrap().unwrap();
+        assert!(held("o1"), "read back: taken in");
+        let again = lister.namespace("a").get("o1").unwrap().unwrap();
+        assert!(
+            Arc::ptr_eq(&first, &again),
+            "the second read is served decoded from the cache"
+        );
+        assert!(!held("o4"), "the least recently written gave way");
+        let stats = f.cache.stats();
+        assert!(stats.charged_bytes <= stats.budget_bytes, "{stats:?}");
+        assert_eq!(stats.with_json, 3);
+        // Read again, o1 outlasts o7, written after it and never read.
+        for i in 7..=9 {
+            add(&f, i);
+        }
+        assert!(held("o1"), "o1 was read: a second chance");
+        assert!(!held("o7") && held("o8") && held("o9"));
     }
 
     #[test]

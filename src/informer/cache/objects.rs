@@ -13,7 +13,7 @@ use std::borrow::Borrow;
 use std::cmp::Ordering;
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::hash::{BuildHasher, Hash, Hasher};
-use std::sync::atomic::{AtomicUsize, Ordering as Atomic};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering as Atomic};
 use std::sync::{Arc, OnceLock};
 
 use bytes::Bytes;
@@ -154,6 +154,18 @@ struct Data<K> {
     charge: AtomicUsize,
     /// Decoded once, by the first reader (a handler, a lister), for all.
     object: OnceLock<Result<Arc<K>, Arc<str>>>,
+    /// A lister or reader read it since eviction last passed it: it gets a second chance
+    /// (eviction is a clock over the write order, so a read needs no write lock).
+    read: AtomicBool,
+}
+
+impl<K> Data<K> {
+    fn mark_read(&self) {
+        // A load first: readers of a hot entry do not keep writing its cache line.
+        if !self.read.load(Atomic::Relaxed) {
+            self.read.store(true, Atomic::Relaxed);
+        }
+    }
 }
 
 impl<K> Entry<K> {
@@ -173,6 +185,7 @@ impl<K> Entry<K> {
                     json,
                     charge: AtomicUsize::new(0),
                     object: OnceLock::new(),
+                    read: AtomicBool::new(false),
                 })
             }),
         }
@@ -206,9 +219,20 @@ impl<K> Entry<K> {
 }
 
 impl<K> Entry<K> {
-    /// The decoded object, when a reader decoded it already (never decodes).
+    /// The decoded object, when a reader decoded it already (never decodes); for a lister or
+    /// reader, so it counts as read (see [`read`](Self::read)).
     pub(crate) fn decoded(&self) -> Option<&Arc<K>> {
-        self.data.as_ref()?.object.get()?.as_ref().ok()
+        let d = self.data.as_ref()?;
+        let k = d.object.get()?.as_ref().ok()?;
+        d.mark_read();
+        Some(k)
+    }
+
+    /// Whether a lister or reader read it since eviction last gave it a second chance
+    /// (tests).
+    #[cfg(test)]
+    pub(crate) fn was_read(&self) -> bool {
+        self.data.as_ref().is_some_and(|d| d.read.load(Atomic::Relaxed))
     }
 }
 
@@ -221,6 +245,17 @@ impl<K: DeserializeOwned> Entry<K> {
                 .get_or_init(|| d.json.decode::<K>().map(Arc::new).map_err(Arc::from))
                 .clone(),
         )
+    }
+
+    /// [`object`](Self::object) for a lister or reader: the entry counts as read, so eviction
+    /// passes over it once (handlers' decoding does not count: every change is decoded for
+    /// them, which would say nothing of what is read again).
+    pub(crate) fn read(&self) -> Option<Result<Arc<K>, Arc<str>>> {
+        let k = self.object()?;
+        if let Some(d) = &self.data {
+            d.mark_read();
+        }
+        Some(k)
     }
 }
 
@@ -648,7 +683,13 @@ impl<K> Objects<K> {
 
     /// Whether the shared budget is over, for a table `cap` does not exempt.
     fn pressed(&self, cap: usize) -> bool {
-        cap != usize::MAX && self.memory.as_ref().is_some_and(|m| m.over())
+        self.pressed_for(0, cap)
+    }
+
+    /// Whether `need` more bytes would put the shared budget over, for a table `cap` does
+    /// not exempt.
+    fn pressed_for(&self, need: usize, cap: usize) -> bool {
+        cap != usize::MAX && self.memory.as_ref().is_some_and(|m| !m.fits(need))
     }
 
     /// Drops the JSON (and decoded form) of the oldest entries while this table is over its
@@ -672,15 +713,29 @@ impl<K> Objects<K> {
     }
 
     fn evict_while(&mut self, cap: usize, committed: Seq) {
+        self.evict_for(0, cap, committed);
+    }
+
+    /// Evicts, oldest first, until `need` more bytes fit the `cap` and the shared budget. An
+    /// entry read since eviction last passed it goes to the back of the queue once instead
+    /// (a clock: what listers read again stays, what was only written goes first). At most
+    /// one pass of second chances: readers marking entries meanwhile cannot keep it going.
+    fn evict_for(&mut self, need: usize, cap: usize, committed: Seq) {
         let mut kept = Vec::new();
-        while self.charged > cap || self.pressed(cap) {
+        let mut chances = self.queue.len();
+        while self.charged.saturating_add(need) > cap || self.pressed_for(need, cap) {
             let Some((k, gen)) = self.queue.pop_front() else { break };
             let Some(e) = self.get(&k).cloned() else { continue };
-            if e.gen != gen || e.data.is_none() {
+            let Some(d) = e.data.as_ref().filter(|_| e.gen == gen) else {
                 continue;
-            }
+            };
             if e.seq > committed {
                 kept.push((k, gen));
+                continue;
+            }
+            if chances > 0 && d.read.swap(false, Atomic::Relaxed) {
+                chances -= 1;
+                self.queue.push_back((k, gen));
                 continue;
             }
             self.make_cold(&e);
@@ -777,6 +832,30 @@ impl<K> Objects<K> {
         // Handed over alone, so `put` can give it its own place in the eviction queue.
         self.put(&key, Some(filled));
         self.get(&key).cloned()
+    }
+
+    /// [`fill`](Self::fill) for a lister's read: when the JSON does not fit, the least
+    /// recently written or read entries on disk (`committed`) give way to it, as to a write.
+    /// Without this, a full cache would never take in what its readers read again.
+    pub(crate) fn fill_making_room(
+        &mut self,
+        entry: &Arc<Entry<K>>,
+        bytes: Bytes,
+        cap: usize,
+        committed: Seq,
+    ) -> Option<Arc<Entry<K>>> {
+        match self.get(&entry.meta.key()) {
+            Some(e) if Arc::ptr_eq(e, entry) && e.data.is_none() => {}
+            _ => return None,
+        }
+        let cost = self.estimate(&Json::Plain(bytes.clone()));
+        // What would not fit even with this table empty (the rest of the shared budget held
+        // by other caches) evicts nothing.
+        if cost > cap || self.pressed_for(cost.saturating_sub(self.charged), cap) {
+            return None;
+        }
+        self.evict_for(cost, cap, committed);
+        self.fill(entry, bytes, cap)
     }
 
     fn insert(&mut self, entry: Arc<Entry<K>>) {
