@@ -28,7 +28,7 @@
 //!    (this binary re-executed with `COMPARE_CHILD=ours|theirs`, or a Go peer), the sim staying
 //!    in the parent; `BENCH_HUGE=1` adds ours alone at 1,000,000 objects (`BENCH_HUGE_N`);
 //! 6. reads: get by key, list one namespace, select by label; over every object, then over a
-//!    hot set (the first 1,000 objects and one namespace, read once before they are timed).
+//!    hot set (the first 1,000 objects and one namespace, read twice before they are timed).
 //!
 //! `BENCH_MEMORY_ONLY=1` runs only the child processes (scenarios 5 and 2's peak RSS);
 //! `BENCH_ONLY=reads,steady` runs only the named parts (`lifecycle` for 1, 2 and 4, `steady`,

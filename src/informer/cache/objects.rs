@@ -371,6 +371,45 @@ pub(crate) struct Objects<K> {
     measure: Option<Measure>,
     /// Entries charged since the table was made, to measure one in [`SAMPLE_EVERY`].
     priced: u64,
+    /// The keys read back lately, for a full table's admission.
+    doorkeeper: Doorkeeper,
+}
+
+/// Which keys were read back lately, two bits per key (TinyLFU's doorkeeper, a Bloom filter):
+/// a full table takes in only an object read back a second time, so one-off reads (a scan,
+/// a list of everything) neither push out what is read again nor churn the allocator for
+/// nothing. Cleared once a quarter of its bits are set (about 16,000 keys: "lately"; a key
+/// not read back is taken for one about one time in sixteen then). 16 KiB, allocated at the
+/// first read back into a full table.
+#[derive(Default)]
+struct Doorkeeper {
+    bits: Vec<u64>,
+    set: usize,
+}
+
+impl Doorkeeper {
+    const BITS: usize = 1 << 17;
+
+    /// Whether `hash` was seen since the last clearing; remembers it.
+    fn seen(&mut self, hash: u64) -> bool {
+        if self.bits.is_empty() {
+            self.bits = vec![0; Self::BITS / 64];
+        }
+        let mut seen = true;
+        for i in [hash as usize, (hash >> 32) as usize].map(|i| i & (Self::BITS - 1)) {
+            let (word, bit) = (i / 64, 1u64 << (i % 64));
+            if self.bits[word] & bit == 0 {
+                self.bits[word] |= bit;
+                self.set += 1;
+                seen = false;
+            }
+        }
+        if self.set >= Self::BITS / 4 {
+            self.bits.fill(0);
+            self.set = 0;
+        }
+        seen
+    }
 }
 
 fn name_hash(hasher: &DefaultHashBuilder, namespace: Option<&str>, name: &str) -> u64 {
@@ -404,6 +443,7 @@ impl<K> Default for Objects<K> {
             ratio: FIRST_RATIO,
             measure: None,
             priced: 0,
+            doorkeeper: Doorkeeper::default(),
         }
     }
 }
@@ -834,9 +874,10 @@ impl<K> Objects<K> {
         self.get(&key).cloned()
     }
 
-    /// [`fill`](Self::fill) for a lister's read: when the JSON does not fit, the least
-    /// recently written or read entries on disk (`committed`) give way to it, as to a write.
-    /// Without this, a full cache would never take in what its readers read again.
+    /// [`fill`](Self::fill) for a lister's read: when the JSON does not fit and the object
+    /// was read back lately before ([`Doorkeeper`]), the least recently written or read
+    /// entries on disk (`committed`) give way to it, as to a write. Without this, a full
+    /// cache would never take in what its readers read again.
     pub(crate) fn fill_making_room(
         &mut self,
         entry: &Arc<Entry<K>>,
@@ -854,7 +895,13 @@ impl<K> Objects<K> {
         if cost > cap || self.pressed_for(cost.saturating_sub(self.charged), cap) {
             return None;
         }
-        self.evict_for(cost, cap, committed);
+        if self.charged.saturating_add(cost) > cap || self.pressed_for(cost, cap) {
+            let hash = name_hash(&self.hasher, entry.meta.namespace.as_deref(), &entry.meta.name);
+            if !self.doorkeeper.seen(hash) {
+                return None;
+            }
+            self.evict_for(cost, cap, committed);
+        }
         self.fill(entry, bytes, cap)
     }
 
@@ -1270,5 +1317,22 @@ mod tests {
             .expect("kept")
             .object()
             .is_none());
+    }
+
+    #[test]
+    fn the_doorkeeper_remembers_a_key_until_a_quarter_of_its_bits_are_set() {
+        let mut d = Doorkeeper::default();
+        let key = |k: u64| k | ((k + Doorkeeper::BITS as u64 / 2) << 32);
+        assert!(!d.seen(key(7)), "first time");
+        assert!(d.seen(key(7)), "second time");
+        assert!(!d.seen(7), "one of its bits is another key's only");
+        // A quarter of the bits set (7's two included) clears them all.
+        let mut k = 8;
+        while d.set != 0 {
+            assert!(!d.seen(key(k)));
+            k += 1;
+        }
+        assert_eq!(k - 8, (Doorkeeper::BITS as u64 / 4 - 3).div_ceil(2));
+        assert!(!d.seen(key(7)), "forgotten after clearing");
     }
 }
