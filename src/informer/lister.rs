@@ -635,27 +635,33 @@ mod tests {
         assert_eq!(f.cache.stats().with_json, 0);
     }
 
+    /// Object `i` of the cache tests: `a/o{i:05}` at resourceVersion 10000 + i, all of one
+    /// size, so each is charged the same.
+    fn add_numbered(f: &Fixture, i: u64) {
+        let b = Batch::new(f.store.scope()).delta(DeltaKind::Added, obj("a", &format!("o{i:05}"), 10_000 + i, "web"));
+        f.apply(b.rv((10_000 + i).to_string()));
+    }
+
+    /// What the cache charges for one numbered object.
+    fn charge_of_one() -> usize {
+        let dir = tempfile::tempdir().unwrap();
+        let f = Fixture::open(dir.path(), 1 << 20);
+        add_numbered(&f, 1);
+        f.cache.stats().charged_bytes
+    }
+
     /// A cache full of objects only written takes in what a lister reads back a second time,
     /// and keeps it for the next read, as the budget's docs promise ("the least recently
     /// written or read go first"): before, a full cache took in nothing read back, so a
     /// controller's reads went to redb for ever.
     #[test]
     fn a_full_cache_keeps_what_a_lister_reads_back_for_the_next_read() {
-        let add = |f: &Fixture, i: u64| {
-            let b = Batch::new(f.store.scope()).delta(DeltaKind::Added, obj("a", &format!("o{i}"), 10 + i, "web"));
-            f.apply(b.rv((10 + i).to_string()));
-        };
-        // What one object is charged, then a cache with room for three.
-        let one = {
-            let dir = tempfile::tempdir().unwrap();
-            let f = Fixture::open(dir.path(), 1 << 20);
-            add(&f, 1);
-            f.cache.stats().charged_bytes
-        };
+        // A cache with room for three.
+        let one = charge_of_one();
         let dir = tempfile::tempdir().unwrap();
         let f = Fixture::open(dir.path(), 3 * one + one / 2);
         for i in 1..=6 {
-            add(&f, i);
+            add_numbered(&f, i);
         }
         let held = |name: &str| {
             f.cache
@@ -663,28 +669,28 @@ mod tests {
                 .flatten()
                 .is_some_and(|e| e.has_json())
         };
-        assert!(!held("o1") && held("o6"), "the oldest written went");
+        assert!(!held("o00001") && held("o00006"), "the oldest written went");
         let lister = f.lister();
-        let once = lister.namespace("a").get("o1").unwrap().unwrap();
-        assert!(!held("o1"), "read back once (a scan, say): not taken in");
-        let first = lister.namespace("a").get("o1").unwrap().unwrap();
+        let once = lister.namespace("a").get("o00001").unwrap().unwrap();
+        assert!(!held("o00001"), "read back once (a scan, say): not taken in");
+        let first = lister.namespace("a").get("o00001").unwrap().unwrap();
         assert!(!Arc::ptr_eq(&once, &first));
-        assert!(held("o1"), "read back again: taken in");
-        let again = lister.namespace("a").get("o1").unwrap().unwrap();
+        assert!(held("o00001"), "read back again: taken in");
+        let again = lister.namespace("a").get("o00001").unwrap().unwrap();
         assert!(
             Arc::ptr_eq(&first, &again),
             "the third read is served decoded from the cache"
         );
-        assert!(!held("o4"), "the least recently written gave way");
+        assert!(!held("o00004"), "the least recently written gave way");
         let stats = f.cache.stats();
         assert!(stats.charged_bytes <= stats.budget_bytes, "{stats:?}");
         assert_eq!(stats.with_json, 3);
         // Read again, o1 outlasts o7, written after it and never read.
         for i in 7..=9 {
-            add(&f, i);
+            add_numbered(&f, i);
         }
-        assert!(held("o1"), "o1 was read: a second chance");
-        assert!(!held("o7") && held("o8") && held("o9"));
+        assert!(held("o00001"), "o1 was read: a second chance");
+        assert!(!held("o00007") && held("o00008") && held("o00009"));
     }
 
     /// After a list of everything and reads of every object, more than the cache holds, a
@@ -692,21 +698,11 @@ mod tests {
     /// read back, and the reads before do not push it out).
     #[test]
     fn a_set_read_again_after_reads_of_everything_is_held() {
-        let add = |f: &Fixture, i: u64| {
-            let b =
-                Batch::new(f.store.scope()).delta(DeltaKind::Added, obj("a", &format!("o{i:05}"), 10000 + i, "web"));
-            f.apply(b.rv((10000 + i).to_string()));
-        };
-        let one = {
-            let dir = tempfile::tempdir().unwrap();
-            let f = Fixture::open(dir.path(), 1 << 20);
-            add(&f, 1);
-            f.cache.stats().charged_bytes
-        };
+        let one = charge_of_one();
         let dir = tempfile::tempdir().unwrap();
         let f = Fixture::open(dir.path(), 200 * one);
         for i in 0..2000 {
-            add(&f, i);
+            add_numbered(&f, i);
         }
         let lister = f.lister();
         lister.list(&LabelSelector::everything()).unwrap();
