@@ -937,14 +937,16 @@ fn time_per_op(iters: usize, mut f: impl FnMut(usize) -> Res<u64>) -> Res<(f64, 
     Ok((t.elapsed().as_secs_f64() * 1e6 / done.max(1) as f64, last))
 }
 
+/// Gets the `i`th object of the gets' stride through `lister`: 1 if found.
+fn lister_get(lister: &Lister<Pod>, ns: &[String], n: usize, i: usize) -> Res<u64> {
+    let (namespace, name) = pod_ref(ns, i.wrapping_mul(7919) % n);
+    Ok(u64::from(lister.namespace(namespace).get(&name)?.is_some()))
+}
+
 /// Timed reads through one lister: get by key, list a namespace, the label index.
 fn lister_reads(lister: &Lister<Pod>, n: usize, gets: usize, lists: usize) -> Res<(ColdReads, u64, u64)> {
     let ns = namespaces(n);
-    let (get_us, _) = time_per_op(gets, |i| {
-        let (namespace, name) = pod_ref(&ns, i.wrapping_mul(7919) % n);
-        let p = lister.namespace(namespace).get(&name)?;
-        Ok(u64::from(p.is_some()))
-    })?;
+    let (get_us, _) = time_per_op(gets, |i| lister_get(lister, &ns, n, i))?;
     let all = LabelSelector::everything();
     let (list_ns_us, list_ns_len) = time_per_op(lists, |i| {
         Ok(lister.namespace(&ns[i % ns.len()]).list(&all)?.len() as u64)
@@ -971,10 +973,7 @@ fn lister_hot_reads(lister: &Lister<Pod>, n: usize, gets: usize, lists: usize) -
         n,
         gets,
         lists,
-        |i| {
-            let (namespace, name) = pod_ref(&ns, i.wrapping_mul(7919) % n);
-            Ok(u64::from(lister.namespace(namespace).get(&name)?.is_some()))
-        },
+        |i| lister_get(lister, &ns, n, i),
         |select| {
             let sel = if select { &web } else { &all };
             Ok(lister.namespace(&ns[0]).list(sel)?.len() as u64)
@@ -1063,28 +1062,11 @@ pub async fn theirs_reads(sim: &Sim, n: usize, gets: usize, lists: usize) -> Res
     theirs.synced().await?;
     let ns = namespaces(n);
     let store = theirs.store.clone();
-    let (get_us, _) = time_per_op(gets, |i| {
+    let get = |i: usize| {
         let (namespace, name) = pod_ref(&ns, i.wrapping_mul(7919) % n);
         let r = ObjectRef::<Pod>::new(&name).within(namespace);
         Ok(u64::from(store.get(&r).is_some()))
-    })?;
-    let (list_ns_us, list_ns_len) = time_per_op(lists, |i| {
-        let want = &ns[i % ns.len()];
-        Ok(store
-            .state_filter(|p| p.metadata.namespace.as_deref() == Some(want.as_str()))
-            .len() as u64)
-    })?;
-    let (by_label_us, by_label_len) = time_per_op(lists, |_| {
-        Ok(store
-            .state_filter(|p| {
-                p.metadata
-                    .labels
-                    .as_ref()
-                    .and_then(|l| l.get("app"))
-                    .is_some_and(|v| v == "web")
-            })
-            .len() as u64)
-    })?;
+    };
     let is_web = |p: &Pod| {
         p.metadata
             .labels
@@ -1092,18 +1074,18 @@ pub async fn theirs_reads(sim: &Sim, n: usize, gets: usize, lists: usize) -> Res
             .and_then(|l| l.get("app"))
             .is_some_and(|v| v == "web")
     };
+    let (get_us, _) = time_per_op(gets, get)?;
+    let (list_ns_us, list_ns_len) = time_per_op(lists, |i| {
+        let want = &ns[i % ns.len()];
+        Ok(store
+            .state_filter(|p| p.metadata.namespace.as_deref() == Some(want.as_str()))
+            .len() as u64)
+    })?;
+    let (by_label_us, by_label_len) = time_per_op(lists, |_| Ok(store.state_filter(is_web).len() as u64))?;
     let in_first = |p: &Pod| p.metadata.namespace.as_deref() == Some(ns[0].as_str());
-    let hot = hot_reads(
-        n,
-        gets,
-        lists,
-        |i| {
-            let (namespace, name) = pod_ref(&ns, i.wrapping_mul(7919) % n);
-            let r = ObjectRef::<Pod>::new(&name).within(namespace);
-            Ok(u64::from(store.get(&r).is_some()))
-        },
-        |select| Ok(store.state_filter(|p| in_first(p) && (!select || is_web(p))).len() as u64),
-    )?;
+    let hot = hot_reads(n, gets, lists, get, |select| {
+        Ok(store.state_filter(|p| in_first(p) && (!select || is_web(p))).len() as u64)
+    })?;
     theirs.stop();
     Ok(Reads {
         get_us,

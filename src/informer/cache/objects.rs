@@ -885,7 +885,8 @@ impl<K> Objects<K> {
         cap: usize,
         committed: Seq,
     ) -> Option<Arc<Entry<K>>> {
-        match self.get(&entry.meta.key()) {
+        let (ns, name) = (entry.meta.namespace.as_deref(), entry.meta.name.as_str());
+        match self.named(ns, name) {
             Some(e) if Arc::ptr_eq(e, entry) && e.data.is_none() => {}
             _ => return None,
         }
@@ -896,8 +897,7 @@ impl<K> Objects<K> {
             return None;
         }
         if self.charged.saturating_add(cost) > cap || self.pressed_for(cost, cap) {
-            let hash = name_hash(&self.hasher, entry.meta.namespace.as_deref(), &entry.meta.name);
-            if !self.doorkeeper.seen(hash) {
+            if !self.doorkeeper.seen(name_hash(&self.hasher, ns, name)) {
                 return None;
             }
             self.evict_for(cost, cap, committed);
